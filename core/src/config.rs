@@ -1,0 +1,94 @@
+//! Model configuration and its validation.
+
+use core::fmt;
+
+/// The shape of a GPT-2 style model (nanoGPT's `GPTConfig`, without dropout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GptConfig {
+    /// Number of token ids.
+    pub vocab_size: usize,
+    /// Longest sequence the model can attend over (rows of the position embedding).
+    pub block_size: usize,
+    /// Number of transformer blocks.
+    pub n_layer: usize,
+    /// Attention heads per block; must divide `n_embd`.
+    pub n_head: usize,
+    /// Width of the residual stream.
+    pub n_embd: usize,
+}
+
+/// Why a configuration or a requested shape cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A size that must be positive is zero.
+    Zero(&'static str),
+    /// `n_head` does not divide `n_embd`.
+    HeadsDoNotDivide {
+        /// Requested heads.
+        n_head: usize,
+        /// Requested embedding width.
+        n_embd: usize,
+    },
+    /// A sequence longer than the model's block size was requested.
+    SequenceTooLong {
+        /// Requested sequence length.
+        seq: usize,
+        /// The model's block size.
+        block_size: usize,
+    },
+    /// The arenas would not fit in the address space.
+    TooLarge,
+    /// The caller's buffer is smaller than the plan needs.
+    BufferTooSmall {
+        /// Which buffer.
+        what: &'static str,
+        /// Elements needed.
+        needed: usize,
+        /// Elements given.
+        given: usize,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ConfigError::Zero(what) => write!(f, "{what} must be at least 1"),
+            ConfigError::HeadsDoNotDivide { n_head, n_embd } => {
+                write!(f, "the number of heads ({n_head}) must divide the embedding width ({n_embd})")
+            }
+            ConfigError::SequenceTooLong { seq, block_size } => {
+                write!(f, "sequence length {seq} is larger than the model's block size {block_size}")
+            }
+            ConfigError::TooLarge => write!(f, "the model's memory plan does not fit in the address space"),
+            ConfigError::BufferTooSmall { what, needed, given } => {
+                write!(f, "the {what} buffer holds {given} elements but the plan needs {needed}")
+            }
+        }
+    }
+}
+
+impl GptConfig {
+    /// Checks that every size is positive and the heads divide the width.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (value, name) in [
+            (self.vocab_size, "vocab_size"),
+            (self.block_size, "block_size"),
+            (self.n_layer, "n_layer"),
+            (self.n_head, "n_head"),
+            (self.n_embd, "n_embd"),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        if self.n_embd % self.n_head != 0 {
+            return Err(ConfigError::HeadsDoNotDivide { n_head: self.n_head, n_embd: self.n_embd });
+        }
+        Ok(())
+    }
+
+    /// Width of one attention head.
+    pub fn head_size(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+}

@@ -1,0 +1,37 @@
+//! # alpha-core
+//!
+//! Allocation-free training of GPT-2 style language models, usable without `std`.
+//!
+//! - [`plan::Plan`] computes, from a [`GptConfig`] and the batch shape, where every tensor
+//!   lives in caller-owned arenas.
+//! - [`tape::record`] turns the model into a static list of fused ops; [`tape::forward`] and
+//!   [`tape::backward`] walk it with hand-written kernels from [`ops`].
+//! - [`train::Trainer`] adds batching ([`data`]), gradient clipping and AdamW ([`optim`]).
+//! - [`tokenizer::CharTokenizer`] maps text to ids; [`model::generate`] samples.
+//!
+//! Nothing allocates inside a training step. Features: `alloc` adds owned buffers
+//! ([`train::OwnedMemory`]) and building a vocabulary from text; `std` adds
+//! [`parallel::ThreadPool`] and run-time SIMD detection in the GEMM.
+#![cfg_attr(not(any(test, feature = "std")), no_std)]
+
+#[cfg(feature = "alloc")]
+extern crate alloc;
+
+pub mod config;
+pub mod data;
+pub mod float;
+pub mod model;
+pub mod ops;
+pub mod optim;
+pub mod parallel;
+pub mod plan;
+pub mod rng;
+pub mod tape;
+pub mod tokenizer;
+pub mod train;
+
+pub use config::{ConfigError, GptConfig};
+pub use float::Float;
+pub use parallel::{Parallel, Serial};
+pub use plan::Plan;
+pub use rng::Rng;

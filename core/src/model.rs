@@ -1,0 +1,169 @@
+//! The GPT: parameter initialisation and sampling on top of the tape.
+
+use crate::float::Float;
+use crate::parallel::Parallel;
+use crate::plan::{ParamKind, Plan};
+use crate::rng::Rng;
+use crate::tape::{self, Op};
+
+/// GPT-2 initialisation into `params`: weights and embeddings N(0, 0.02), residual output
+/// projections N(0, 0.02 / sqrt(2 * n_layer)), biases 0, LayerNorm weights 1.
+pub fn init_params<T: Float>(plan: &Plan, params: &mut [T], rng: &mut Rng) {
+    let proj_std = 0.02 / libm::sqrt(2.0 * plan.config.n_layer as f64);
+    for info in plan.params() {
+        let dst = &mut params[info.span.range()];
+        match info.kind {
+            ParamKind::Ln1Weight | ParamKind::Ln2Weight | ParamKind::LnfWeight => dst.fill(T::ONE),
+            k if !k.is_matrix() => dst.fill(T::ZERO),
+            k => {
+                let std = if matches!(k, ParamKind::AttnProjWeight | ParamKind::MlpProjWeight) { proj_std } else { 0.02 };
+                for x in dst.iter_mut() {
+                    *x = T::from_f64(rng.normal() * std);
+                }
+            }
+        }
+    }
+}
+
+/// How the next token is drawn from the logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingConfig {
+    /// Logits are divided by this; 0 means greedy (argmax).
+    pub temperature: f64,
+    /// Keep only the `top_k` most likely tokens (and ties); 0 keeps all.
+    pub top_k: usize,
+}
+
+/// Draws a token id from one row of logits (nanoGPT's `sample.py`: temperature, then top-k,
+/// then softmax and a multinomial draw). Uses `logits` as scratch; allocation-free.
+pub fn sample_token<T: Float>(logits: &mut [T], cfg: &SamplingConfig, rng: &mut Rng) -> u32 {
+    let argmax = logits.iter().enumerate().fold(0, |best, (i, &x)| if x > logits[best] { i } else { best });
+    if cfg.temperature <= 0.0 {
+        return argmax as u32;
+    }
+    let max = logits[argmax].to_f64();
+    let threshold = if cfg.top_k > 0 && cfg.top_k < logits.len() { kth_largest(logits, cfg.top_k) } else { f64::NEG_INFINITY };
+    let mut total = 0.0;
+    for x in logits.iter_mut() {
+        let v = x.to_f64();
+        let p = if v >= threshold { libm::exp((v - max) / cfg.temperature) } else { 0.0 };
+        total += p;
+        *x = T::from_f64(p);
+    }
+    let mut r = rng.next_f64() * total;
+    for (i, p) in logits.iter().enumerate() {
+        r -= p.to_f64();
+        if r < 0.0 {
+            return i as u32;
+        }
+    }
+    argmax as u32
+}
+
+/// The `k`-th largest value of `xs` (1-based), by bisection on the value: no allocation.
+fn kth_largest<T: Float>(xs: &[T], k: usize) -> f64 {
+    let count_at_least = |t: f64| xs.iter().filter(|x| x.to_f64() >= t).count();
+    let (mut lo, mut hi) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x.to_f64()), hi.max(x.to_f64())));
+    // Invariant: at least k values >= lo; fewer than k values >= hi (unless all tie at hi).
+    if count_at_least(hi) >= k {
+        return hi;
+    }
+    for _ in 0..200 {
+        let mid = lo + (hi - lo) / 2.0;
+        if mid <= lo || mid >= hi {
+            break;
+        }
+        if count_at_least(mid) >= k {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    xs.iter().map(|x| x.to_f64()).filter(|&x| x >= lo).fold(f64::INFINITY, f64::min)
+}
+
+/// Generates `count` tokens after `context`, calling `emit` with each. `plan` must have
+/// batch 1; `window` is caller scratch of `plan.seq` tokens. The model sees the last
+/// `plan.seq` tokens (positions after the context are padding the causal mask ignores).
+#[allow(clippy::too_many_arguments)]
+pub fn generate<T: Float>(
+    par: &dyn Parallel,
+    plan: &Plan,
+    tape: &[Op],
+    params: &[T],
+    acts: &mut [T],
+    window: &mut [u32],
+    context: &[u32],
+    count: usize,
+    cfg: &SamplingConfig,
+    rng: &mut Rng,
+    mut emit: impl FnMut(u32),
+) {
+    assert!(plan.batch == 1 && window.len() == plan.seq, "generate needs a batch-1 plan and a window of plan.seq tokens");
+    let t = plan.seq;
+    let v = plan.config.vocab_size;
+    // The window holds the most recent tokens; `filled` of them are real.
+    let take = context.len().min(t);
+    window[..take].copy_from_slice(&context[context.len() - take..]);
+    window[take..].fill(0);
+    let mut filled = take;
+    for _ in 0..count {
+        if filled == 0 {
+            // No context at all: start from token 0, as the padding would.
+            filled = 1;
+        }
+        tape::forward(par, plan, tape, params, acts, window, None, None);
+        let logits = &mut acts[plan.head_acts().logits.range()][(filled - 1) * v..filled * v];
+        let next = sample_token(logits, cfg, rng);
+        emit(next);
+        if filled == t {
+            window.copy_within(1.., 0);
+            window[t - 1] = next;
+        } else {
+            window[filled] = next;
+            filled += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kth_largest_finds_the_value() {
+        let xs = [0.3f32, -1.0, 2.5, 2.5, 0.0, 7.0];
+        assert_eq!(kth_largest(&xs, 1), 7.0);
+        assert_eq!(kth_largest(&xs, 2), 2.5);
+        assert_eq!(kth_largest(&xs, 3), 2.5);
+        assert_eq!(kth_largest(&xs, 4), 0.3f32 as f64);
+        assert_eq!(kth_largest(&xs, 6), -1.0);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_respects_temperature_zero() {
+        let mut rng = Rng::new(3);
+        for _ in 0..20 {
+            let mut l = [0.1f32, 3.0, 2.9, -4.0];
+            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 1 }, &mut rng), 1);
+            let mut l = [0.1f32, 3.0, 2.9, -4.0];
+            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 0.0, top_k: 0 }, &mut rng), 1);
+        }
+    }
+
+    #[test]
+    fn sampling_follows_the_softmax() {
+        let mut rng = Rng::new(9);
+        let mut counts = [0usize; 3];
+        let n = 60_000;
+        for _ in 0..n {
+            let mut l = [0.0f32, 1.0, 2.0];
+            counts[sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 0 }, &mut rng) as usize] += 1;
+        }
+        let z: f64 = (0..3).map(|i| libm::exp(i as f64)).sum();
+        for (i, &c) in counts.iter().enumerate() {
+            let p = libm::exp(i as f64) / z;
+            assert!((c as f64 / n as f64 - p).abs() < 0.01, "token {i}: {c}");
+        }
+    }
+}

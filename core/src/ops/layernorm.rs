@@ -1,0 +1,148 @@
+//! LayerNorm over the last dimension with weight and bias, eps 1e-5 (PyTorch's default).
+
+use super::COLUMN_CHUNK;
+use crate::float::Float;
+use crate::parallel::{split_range, Parallel, SharedMut};
+
+/// PyTorch's `nn.LayerNorm` epsilon.
+pub const EPS: f64 = 1e-5;
+
+/// Forward. `x, out [N, C]`; saves per-row `mean [N]` and `rstd [N]` for backward.
+#[allow(clippy::too_many_arguments)]
+pub fn forward<T: Float>(
+    par: &dyn Parallel,
+    out: &mut [T],
+    mean: &mut [T],
+    rstd: &mut [T],
+    x: &[T],
+    w: &[T],
+    b: &[T],
+    c: usize,
+) {
+    let n = mean.len();
+    let tasks = par.threads().min(n);
+    let (out_p, mean_p, rstd_p) = (SharedMut(out.as_mut_ptr()), SharedMut(mean.as_mut_ptr()), SharedMut(rstd.as_mut_ptr()));
+    let inv_c = T::from_f64(1.0 / c as f64);
+    let eps = T::from_f64(EPS);
+    par.run(tasks, &|task| {
+        for i in split_range(n, tasks, task) {
+            let xr = &x[i * c..(i + 1) * c];
+            let mut sum = T::ZERO;
+            for &v in xr {
+                sum += v;
+            }
+            let m = sum * inv_c;
+            let mut var = T::ZERO;
+            for &v in xr {
+                let d = v - m;
+                var += d * d;
+            }
+            let s = T::ONE / (var * inv_c + eps).sqrt();
+            // SAFETY: tasks own disjoint rows.
+            let (o, mo, ro) = unsafe { (out_p.slice(i * c, c), mean_p.slice(i, 1), rstd_p.slice(i, 1)) };
+            for (((o, &v), &wi), &bi) in o.iter_mut().zip(xr).zip(w).zip(b) {
+                *o = (v - m) * s * wi + bi;
+            }
+            mo[0] = m;
+            ro[0] = s;
+        }
+    });
+}
+
+/// Backward. Accumulates `dx += d(out)/dx`, `dw`, `db` from `dout [N, C]`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: Float>(
+    par: &dyn Parallel,
+    dx: &mut [T],
+    dw: &mut [T],
+    db: &mut [T],
+    dout: &[T],
+    x: &[T],
+    mean: &[T],
+    rstd: &[T],
+    w: &[T],
+    c: usize,
+) {
+    let n = mean.len();
+    let inv_c = T::from_f64(1.0 / c as f64);
+    // Input gradient: rows in parallel.
+    let tasks = par.threads().min(n);
+    let dx_p = SharedMut(dx.as_mut_ptr());
+    par.run(tasks, &|task| {
+        for i in split_range(n, tasks, task) {
+            let (xr, dr) = (&x[i * c..(i + 1) * c], &dout[i * c..(i + 1) * c]);
+            let (m, s) = (mean[i], rstd[i]);
+            let (mut dnorm_mean, mut dnorm_xhat_mean) = (T::ZERO, T::ZERO);
+            for ((&xv, &g), &wi) in xr.iter().zip(dr).zip(w) {
+                let dnorm = g * wi;
+                dnorm_mean += dnorm;
+                dnorm_xhat_mean += dnorm * (xv - m) * s;
+            }
+            dnorm_mean *= inv_c;
+            dnorm_xhat_mean *= inv_c;
+            // SAFETY: tasks own disjoint rows.
+            let dxr = unsafe { dx_p.slice(i * c, c) };
+            for (((d, &xv), &g), &wi) in dxr.iter_mut().zip(xr).zip(dr).zip(w) {
+                let xhat = (xv - m) * s;
+                *d += (g * wi - dnorm_mean - xhat * dnorm_xhat_mean) * s;
+            }
+        }
+    });
+    // Weight and bias gradients: column chunks in parallel, rows summed in order.
+    let chunks = c.div_ceil(COLUMN_CHUNK);
+    let (dw_p, db_p) = (SharedMut(dw.as_mut_ptr()), SharedMut(db.as_mut_ptr()));
+    par.run(chunks, &|chunk| {
+        let cols = chunk * COLUMN_CHUNK..((chunk + 1) * COLUMN_CHUNK).min(c);
+        // SAFETY: tasks own disjoint column ranges.
+        let (dwc, dbc) = unsafe { (dw_p.slice(cols.start, cols.len()), db_p.slice(cols.start, cols.len())) };
+        for i in 0..n {
+            let (m, s) = (mean[i], rstd[i]);
+            let row = i * c + cols.start..i * c + cols.end;
+            for (((a, bb), &xv), &g) in dwc.iter_mut().zip(dbc.iter_mut()).zip(&x[row.clone()]).zip(&dout[row]) {
+                *a += g * (xv - m) * s;
+                *bb += g;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::gradcheck::*;
+    use crate::parallel::Serial;
+    use crate::rng::Rng;
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        let (n, c) = (5, 7);
+        let mut rng = Rng::new(2);
+        let mut x = random(&mut rng, n * c, 2.0);
+        let mut w = random(&mut rng, c, 1.0);
+        let mut b = random(&mut rng, c, 1.0);
+        let g = random(&mut rng, n * c, 1.0);
+        let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
+        forward(&Serial, &mut out, &mut mean, &mut rstd, &x, &w, &b, c);
+        let (mut dx, mut dw, mut db) = (vec![0.0; n * c], vec![0.0; c], vec![0.0; c]);
+        backward(&Serial, &mut dx, &mut dw, &mut db, &g, &x, &mean, &rstd, &w, c);
+        let mut loss = |x: &[f64], w: &[f64], b: &[f64]| {
+            forward(&Serial, &mut out, &mut mean, &mut rstd, x, w, b, c);
+            weighted_sum(&out, &g)
+        };
+        let (w0, b0, x0) = (w.clone(), b.clone(), x.clone());
+        assert_close("dx", &dx, &numeric_grad(&mut x, |x| loss(x, &w0, &b0)));
+        assert_close("dw", &dw, &numeric_grad(&mut w, |w| loss(&x0, w, &b0)));
+        assert_close("db", &db, &numeric_grad(&mut b, |b| loss(&x0, &w0, b)));
+    }
+
+    #[test]
+    fn matches_the_definition() {
+        let x = [1.0f32, 2.0, 3.0, 6.0];
+        let (mut out, mut mean, mut rstd) = ([0.0f32; 4], [0.0f32], [0.0f32]);
+        forward(&Serial, &mut out, &mut mean, &mut rstd, &x, &[1.0; 4], &[0.5; 4], 4);
+        let var: f32 = x.iter().map(|v| (v - 3.0) * (v - 3.0)).sum::<f32>() / 4.0;
+        for (o, v) in out.iter().zip(x) {
+            assert!((o - ((v - 3.0) / (var + 1e-5).sqrt() + 0.5)).abs() < 1e-6);
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Linear layer with fused epilogues: `out [N, M] = epilogue(x [N, K] · wᵀ + bias)`, with
+//! `w [M, K]` in `nn.Linear` layout. Epilogues: none, GELU (tanh approximation, the
+//! pre-activation saved for backward), or a residual add (`out = input + x·wᵀ + bias`).
+
+use super::COLUMN_CHUNK;
+use crate::float::Float;
+use crate::parallel::{split_range, Parallel, SharedMut};
+
+/// What is applied to `x·wᵀ + bias` before it is stored.
+pub enum Epilogue<'a, T> {
+    /// Store as is.
+    None,
+    /// Store the pre-activation in `pre [N, M]` and `gelu(pre)` in `out`.
+    Gelu {
+        /// Pre-activation, saved for backward.
+        pre: &'a mut [T],
+    },
+    /// Store `input + x·wᵀ + bias`. In backward the input's gradient is `dout` itself.
+    Residual {
+        /// The residual stream `[N, M]`.
+        input: &'a [T],
+    },
+}
+
+const GELU_SCALE: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
+const GELU_CUBIC: f64 = 0.044715;
+
+/// GELU, tanh approximation (PyTorch's `approximate="tanh"`).
+#[inline(always)]
+pub fn gelu<T: Float>(x: T) -> T {
+    let half = T::from_f64(0.5);
+    let u = T::from_f64(GELU_SCALE) * (x + T::from_f64(GELU_CUBIC) * x * x * x);
+    half * x * (T::ONE + u.tanh())
+}
+
+/// Derivative of [`gelu`].
+#[inline(always)]
+pub fn gelu_grad<T: Float>(x: T) -> T {
+    let half = T::from_f64(0.5);
+    let k = T::from_f64(GELU_SCALE);
+    let a = T::from_f64(GELU_CUBIC);
+    let th = (k * (x + a * x * x * x)).tanh();
+    half * (T::ONE + th) + half * x * (T::ONE - th * th) * k * (T::ONE + T::from_f64(3.0) * a * x * x)
+}
+
+/// Forward. `out [N, M]`, `x [N, K]`, `w [M, K]`, `bias [M]`; rows split across tasks.
+#[allow(clippy::too_many_arguments)]
+pub fn forward<T: Float>(
+    par: &dyn Parallel,
+    out: &mut [T],
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    epilogue: Epilogue<'_, T>,
+    k: usize,
+    m: usize,
+) {
+    let n = x.len() / k;
+    assert!(x.len() == n * k && w.len() == m * k && out.len() == n * m, "matmul forward: shape mismatch");
+    let tasks = par.threads().min(n).max(1);
+    let out_p = SharedMut(out.as_mut_ptr());
+    let (pre_p, residual) = match epilogue {
+        Epilogue::None => (None, None),
+        Epilogue::Gelu { pre } => {
+            assert_eq!(pre.len(), n * m);
+            (Some(SharedMut(pre.as_mut_ptr())), None)
+        }
+        Epilogue::Residual { input } => {
+            assert_eq!(input.len(), n * m);
+            (None, Some(input))
+        }
+    };
+    par.run(tasks, &|task| {
+        let rows = split_range(n, tasks, task);
+        if rows.is_empty() {
+            return;
+        }
+        let (start, len) = (rows.start * m, rows.len() * m);
+        // SAFETY: tasks own disjoint row ranges of `out` and `pre`.
+        let target = unsafe { pre_p.unwrap_or(out_p).slice(start, len) };
+        let mut beta = T::ZERO;
+        if let Some(input) = residual {
+            target.copy_from_slice(&input[start..start + len]);
+            beta = T::ONE;
+        }
+        if let Some(b) = bias {
+            for row in target.chunks_exact_mut(m) {
+                for (t, &bi) in row.iter_mut().zip(b) {
+                    *t = if residual.is_some() { *t + bi } else { bi };
+                }
+            }
+            beta = T::ONE;
+        }
+        // SAFETY: x rows [rows] are K-strided, w is read transposed (rsb = 1, csb = K),
+        // target is exactly rows.len() x m; target does not overlap x or w.
+        unsafe {
+            T::gemm(
+                rows.len(),
+                k,
+                m,
+                x.as_ptr().add(rows.start * k),
+                k as isize,
+                1,
+                w.as_ptr(),
+                1,
+                k as isize,
+                beta,
+                target.as_mut_ptr(),
+                m as isize,
+                1,
+            );
+        }
+        if pre_p.is_some() {
+            // SAFETY: as above, the same rows of `out`.
+            let o = unsafe { out_p.slice(start, len) };
+            for (o, &p) in o.iter_mut().zip(target.iter()) {
+                *o = gelu(p);
+            }
+        }
+    });
+}
+
+/// Backward. From `dout [N, M]` computes `dx = dout·w` (overwriting, if requested) and
+/// accumulates `dw += doutᵀ·x`, `db += Σ_rows dout`. With `gelu_pre`, `dout` holds the
+/// gradient of the GELU output and is turned into the pre-activation gradient in place.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: Float>(
+    par: &dyn Parallel,
+    dx: Option<&mut [T]>,
+    dw: &mut [T],
+    db: Option<&mut [T]>,
+    dout: &mut [T],
+    x: &[T],
+    w: &[T],
+    gelu_pre: Option<&[T]>,
+    k: usize,
+    m: usize,
+) {
+    let n = x.len() / k;
+    assert!(x.len() == n * k && w.len() == m * k && dout.len() == n * m && dw.len() == m * k, "matmul backward: shape mismatch");
+    let tasks = par.threads().min(n).max(1);
+    if let Some(pre) = gelu_pre {
+        let d_p = SharedMut(dout.as_mut_ptr());
+        par.run(tasks, &|task| {
+            let rows = split_range(n, tasks, task);
+            // SAFETY: tasks own disjoint row ranges.
+            let d = unsafe { d_p.slice(rows.start * m, rows.len() * m) };
+            for (d, &p) in d.iter_mut().zip(&pre[rows.start * m..rows.end * m]) {
+                *d *= gelu_grad(p);
+            }
+        });
+    }
+    let dout: &[T] = dout;
+    if let Some(dx) = dx {
+        assert_eq!(dx.len(), n * k);
+        let dx_p = SharedMut(dx.as_mut_ptr());
+        par.run(tasks, &|task| {
+            let rows = split_range(n, tasks, task);
+            if rows.is_empty() {
+                return;
+            }
+            // SAFETY: dx rows are disjoint per task; dout rows are M-strided; w is [M, K].
+            unsafe {
+                T::gemm(
+                    rows.len(),
+                    m,
+                    k,
+                    dout.as_ptr().add(rows.start * m),
+                    m as isize,
+                    1,
+                    w.as_ptr(),
+                    k as isize,
+                    1,
+                    T::ZERO,
+                    dx_p.ptr().add(rows.start * k),
+                    k as isize,
+                    1,
+                );
+            }
+        });
+    }
+    let w_tasks = par.threads().min(m).max(1);
+    let dw_p = SharedMut(dw.as_mut_ptr());
+    par.run(w_tasks, &|task| {
+        let rows = split_range(m, w_tasks, task);
+        if rows.is_empty() {
+            return;
+        }
+        // SAFETY: dw rows are disjoint per task; doutᵀ is read with rsa = 1, csa = M.
+        unsafe {
+            T::gemm(
+                rows.len(),
+                n,
+                k,
+                dout.as_ptr().add(rows.start),
+                1,
+                m as isize,
+                x.as_ptr(),
+                k as isize,
+                1,
+                T::ONE,
+                dw_p.ptr().add(rows.start * k),
+                k as isize,
+                1,
+            );
+        }
+    });
+    if let Some(db) = db {
+        let chunks = m.div_ceil(COLUMN_CHUNK);
+        let db_p = SharedMut(db.as_mut_ptr());
+        par.run(chunks, &|chunk| {
+            let cols = chunk * COLUMN_CHUNK..((chunk + 1) * COLUMN_CHUNK).min(m);
+            // SAFETY: tasks own disjoint column ranges.
+            let dbc = unsafe { db_p.slice(cols.start, cols.len()) };
+            for row in dout.chunks_exact(m) {
+                for (d, &g) in dbc.iter_mut().zip(&row[cols.clone()]) {
+                    *d += g;
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::gradcheck::*;
+    use crate::parallel::Serial;
+    use crate::rng::Rng;
+
+    fn check(kind: &str, with_bias: bool) {
+        let (n, k, m) = (5, 7, 9);
+        let mut rng = Rng::new(3);
+        let mut x = random(&mut rng, n * k, 1.0);
+        let mut w = random(&mut rng, m * k, 1.0);
+        let mut b = random(&mut rng, m, 1.0);
+        let mut r = random(&mut rng, n * m, 1.0);
+        let g = random(&mut rng, n * m, 1.0);
+        let mut out = vec![0.0; n * m];
+        let mut pre = vec![0.0; n * m];
+        let run = |x: &[f64], w: &[f64], b: &[f64], r: &[f64], pre: &mut [f64], out: &mut [f64]| {
+            let epi = match kind {
+                "gelu" => Epilogue::Gelu { pre },
+                "residual" => Epilogue::Residual { input: r },
+                _ => Epilogue::None,
+            };
+            forward(&Serial, out, x, w, with_bias.then_some(b), epi, k, m);
+            weighted_sum(out, &g)
+        };
+        run(&x, &w, &b, &r, &mut pre, &mut out);
+        let (mut dx, mut dw, mut db, mut dout) = (vec![0.0; n * k], vec![0.0; m * k], vec![0.0; m], g.clone());
+        let gelu_pre = (kind == "gelu").then_some(&pre[..]);
+        backward(&Serial, Some(&mut dx), &mut dw, with_bias.then_some(&mut db[..]), &mut dout, &x, &w, gelu_pre, k, m);
+        let (x0, w0, b0, r0) = (x.clone(), w.clone(), b.clone(), r.clone());
+        let mut scratch = (vec![0.0; n * m], vec![0.0; n * m]);
+        let mut loss = |x: &[f64], w: &[f64], b: &[f64], r: &[f64]| run(x, w, b, r, &mut scratch.0, &mut scratch.1);
+        assert_close("dx", &dx, &numeric_grad(&mut x, |x| loss(x, &w0, &b0, &r0)));
+        assert_close("dw", &dw, &numeric_grad(&mut w, |w| loss(&x0, w, &b0, &r0)));
+        if with_bias {
+            assert_close("db", &db, &numeric_grad(&mut b, |b| loss(&x0, &w0, b, &r0)));
+        }
+        if kind == "residual" {
+            // The residual input's gradient is dout itself (the plan shares the buffer).
+            assert_close("dresidual", &g, &numeric_grad(&mut r, |r| loss(&x0, &w0, &b0, r)));
+        }
+    }
+
+    #[test]
+    fn plain_gradients_match_finite_differences() {
+        check("none", true);
+        check("none", false);
+    }
+
+    #[test]
+    fn gelu_gradients_match_finite_differences() {
+        check("gelu", true);
+    }
+
+    #[test]
+    fn residual_gradients_match_finite_differences() {
+        check("residual", true);
+    }
+
+    #[test]
+    fn threaded_split_matches_serial() {
+        struct Four;
+        impl Parallel for Four {
+            fn threads(&self) -> usize {
+                4
+            }
+            fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+                (0..tasks).rev().for_each(task);
+            }
+        }
+        let (n, k, m) = (13, 6, 5);
+        let mut rng = Rng::new(4);
+        let x: Vec<f32> = random(&mut rng, n * k, 1.0).into_iter().map(|v| v as f32).collect();
+        let w: Vec<f32> = random(&mut rng, m * k, 1.0).into_iter().map(|v| v as f32).collect();
+        let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
+        forward(&Serial, &mut a, &x, &w, None, Epilogue::None, k, m);
+        forward(&Four, &mut b, &x, &w, None, Epilogue::None, k, m);
+        assert_eq!(a, b);
+    }
+}

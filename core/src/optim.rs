@@ -1,0 +1,161 @@
+//! AdamW (PyTorch's formulation, decoupled weight decay on matrices only) with the gradient
+//! clip factor folded in, and nanoGPT's warmup + cosine learning-rate schedule.
+
+use crate::float::Float;
+use crate::parallel::{split_range, Parallel, SharedMut};
+use crate::plan::Plan;
+
+/// AdamW hyper-parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig {
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator epsilon.
+    pub eps: f64,
+    /// Decoupled weight decay, applied to 2-D weights only.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    /// nanoGPT's Shakespeare-char settings: betas (0.9, 0.99), eps 1e-8, weight decay 0.1.
+    fn default() -> Self {
+        AdamWConfig { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 }
+    }
+}
+
+/// Warmup then cosine decay (nanoGPT's `get_lr`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LrSchedule {
+    /// Peak learning rate.
+    pub max_lr: f64,
+    /// Floor reached at `decay_iters`.
+    pub min_lr: f64,
+    /// Linear warmup steps.
+    pub warmup_iters: u64,
+    /// Step at which the cosine reaches `min_lr`.
+    pub decay_iters: u64,
+}
+
+impl LrSchedule {
+    /// Learning rate for step `it` (0-based).
+    pub fn at(&self, it: u64) -> f64 {
+        if it < self.warmup_iters {
+            return self.max_lr * (it + 1) as f64 / (self.warmup_iters + 1) as f64;
+        }
+        if it > self.decay_iters || self.decay_iters <= self.warmup_iters {
+            return self.min_lr;
+        }
+        let ratio = (it - self.warmup_iters) as f64 / (self.decay_iters - self.warmup_iters) as f64;
+        let coeff = 0.5 * (1.0 + libm::cos(core::f64::consts::PI * ratio));
+        self.min_lr + coeff * (self.max_lr - self.min_lr)
+    }
+}
+
+/// One AdamW update of every parameter. `step` is 1-based (bias correction); `grad_scale`
+/// multiplies every gradient first (the clip factor). Moments and parameters are updated in
+/// one pass; gradients are left as they were.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_step<T: Float>(
+    par: &dyn Parallel,
+    plan: &Plan,
+    params: &mut [T],
+    grads: &[T],
+    m: &mut [T],
+    v: &mut [T],
+    cfg: &AdamWConfig,
+    lr: f64,
+    step: u64,
+    grad_scale: f64,
+) {
+    let len = plan.params_len();
+    assert!(params.len() == len && grads.len() == len && m.len() == len && v.len() == len);
+    let bc1 = 1.0 - libm::pow(cfg.beta1, step as f64);
+    let bc2_sqrt = libm::sqrt(1.0 - libm::pow(cfg.beta2, step as f64));
+    let b2 = T::from_f64(cfg.beta2);
+    let (one_m_b1, one_m_b2) = (T::from_f64(1.0 - cfg.beta1), T::from_f64(1.0 - cfg.beta2));
+    let step_size = T::from_f64(lr / bc1);
+    let (bc2_sqrt, eps, scale) = (T::from_f64(bc2_sqrt), T::from_f64(cfg.eps), T::from_f64(grad_scale));
+    let decay = T::from_f64(1.0 - lr * cfg.weight_decay);
+    let tasks = par.threads() * 4;
+    let (p_ptr, m_ptr, v_ptr) = (SharedMut(params.as_mut_ptr()), SharedMut(m.as_mut_ptr()), SharedMut(v.as_mut_ptr()));
+    par.run(tasks, &|task| {
+        let mine = split_range(len, tasks, task);
+        for info in plan.params() {
+            let lo = info.span.offset.max(mine.start);
+            let hi = info.span.end().min(mine.end);
+            if lo >= hi {
+                continue;
+            }
+            // SAFETY: tasks own disjoint element ranges.
+            let (p, mm, vv) = unsafe { (p_ptr.slice(lo, hi - lo), m_ptr.slice(lo, hi - lo), v_ptr.slice(lo, hi - lo)) };
+            let decays = info.kind.is_matrix();
+            for (((p, mm), vv), &g) in p.iter_mut().zip(mm.iter_mut()).zip(vv.iter_mut()).zip(&grads[lo..hi]) {
+                let g = g * scale;
+                if decays {
+                    *p *= decay;
+                }
+                *mm += (g - *mm) * one_m_b1;
+                *vv = *vv * b2 + one_m_b2 * g * g;
+                let denom = vv.sqrt() / bc2_sqrt + eps;
+                *p -= step_size * *mm / denom;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_matches_nanogpt() {
+        let s = LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 100, decay_iters: 2000 };
+        assert!((s.at(0) - 1e-3 / 101.0).abs() < 1e-18);
+        assert!((s.at(99) - 1e-3 * 100.0 / 101.0).abs() < 1e-18);
+        assert!((s.at(100) - 1e-3).abs() < 1e-18);
+        assert!((s.at(1050) - 5.5e-4).abs() < 1e-12);
+        assert!((s.at(2000) - 1e-4).abs() < 1e-18);
+        assert_eq!(s.at(5000), 1e-4);
+    }
+}
+
+#[cfg(test)]
+mod adamw_tests {
+    use super::*;
+    use crate::config::GptConfig;
+    use crate::parallel::Serial;
+
+    /// Two steps against the formula in PyTorch's `torch.optim.AdamW` docs, element by element.
+    #[test]
+    fn matches_the_reference_update_and_decays_only_matrices() {
+        let plan = Plan::new(GptConfig { vocab_size: 3, block_size: 2, n_layer: 1, n_head: 1, n_embd: 2 }, 1, 1).unwrap();
+        let n = plan.params_len();
+        let cfg = AdamWConfig { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 };
+        let mut p: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin()).collect();
+        let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);
+        let (mut rp, mut rm, mut rv) = (p.clone(), m.clone(), v.clone());
+        let (lr, clip) = (0.01, 0.5);
+        for step in 1..=2u64 {
+            let g: Vec<f64> = (0..n).map(|i| ((i + step as usize) as f64 * 0.91).cos()).collect();
+            adamw_step(&Serial, &plan, &mut p, &g, &mut m, &mut v, &cfg, lr, step, clip);
+            for info in plan.params() {
+                for i in info.span.range() {
+                    let gi = g[i] * clip;
+                    if info.kind.is_matrix() {
+                        rp[i] *= 1.0 - lr * cfg.weight_decay;
+                    }
+                    rm[i] = cfg.beta1 * rm[i] + (1.0 - cfg.beta1) * gi;
+                    rv[i] = cfg.beta2 * rv[i] + (1.0 - cfg.beta2) * gi * gi;
+                    let mhat = rm[i] / (1.0 - cfg.beta1.powi(step as i32));
+                    let vhat = rv[i] / (1.0 - cfg.beta2.powi(step as i32));
+                    rp[i] -= lr * mhat / (vhat.sqrt() + cfg.eps);
+                }
+            }
+        }
+        for i in 0..n {
+            assert!((p[i] - rp[i]).abs() < 1e-12, "param {i}: {} vs {}", p[i], rp[i]);
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! The memory plan: from (config, batch, sequence) the offset of every tensor in the arenas.
+//!
+//! Five arenas, all owned by the caller:
+//! - `params`, `grads`, `adam_m`, `adam_v`: [`Plan::params_len`] elements each, one layout
+//!   (a parameter's gradient and moments sit at the parameter's offset);
+//! - `acts`: [`Plan::acts_len`] elements: saved activations, then backward scratch.
+//!
+//! Parameters are laid out in nanoGPT's `state_dict` order with `nn.Linear` layout
+//! (`[out_features, in_features]`), so a checkpoint is the params arena cut at the offsets.
+
+use crate::config::{ConfigError, GptConfig};
+use core::fmt;
+
+/// A contiguous range of one arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Span {
+    /// First element.
+    pub offset: usize,
+    /// Number of elements.
+    pub len: usize,
+}
+
+impl Span {
+    /// One past the last element.
+    pub fn end(&self) -> usize {
+        self.offset + self.len
+    }
+    /// The span as a range, for slicing an arena.
+    pub fn range(&self) -> core::ops::Range<usize> {
+        self.offset..self.end()
+    }
+}
+
+/// The parameter tensors of a GPT, in nanoGPT's `state_dict` order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// Token embedding `[V, C]`, tied to the LM head.
+    Wte,
+    /// Position embedding `[block_size, C]`.
+    Wpe,
+    /// First LayerNorm weight `[C]`.
+    Ln1Weight,
+    /// First LayerNorm bias `[C]`.
+    Ln1Bias,
+    /// Fused QKV projection `[3C, C]`.
+    QkvWeight,
+    /// Fused QKV bias `[3C]`.
+    QkvBias,
+    /// Attention output projection `[C, C]`.
+    AttnProjWeight,
+    /// Attention output bias `[C]`.
+    AttnProjBias,
+    /// Second LayerNorm weight `[C]`.
+    Ln2Weight,
+    /// Second LayerNorm bias `[C]`.
+    Ln2Bias,
+    /// MLP expansion `[4C, C]`.
+    FcWeight,
+    /// MLP expansion bias `[4C]`.
+    FcBias,
+    /// MLP projection `[C, 4C]`.
+    MlpProjWeight,
+    /// MLP projection bias `[C]`.
+    MlpProjBias,
+    /// Final LayerNorm weight `[C]`.
+    LnfWeight,
+    /// Final LayerNorm bias `[C]`.
+    LnfBias,
+}
+
+/// The per-block parameters, in order.
+pub const LAYER_PARAMS: [ParamKind; 12] = [
+    ParamKind::Ln1Weight,
+    ParamKind::Ln1Bias,
+    ParamKind::QkvWeight,
+    ParamKind::QkvBias,
+    ParamKind::AttnProjWeight,
+    ParamKind::AttnProjBias,
+    ParamKind::Ln2Weight,
+    ParamKind::Ln2Bias,
+    ParamKind::FcWeight,
+    ParamKind::FcBias,
+    ParamKind::MlpProjWeight,
+    ParamKind::MlpProjBias,
+];
+
+impl ParamKind {
+    /// The name's suffix after `transformer.` / `transformer.h.{i}.`.
+    pub fn suffix(self) -> &'static str {
+        use ParamKind::*;
+        match self {
+            Wte => "wte.weight",
+            Wpe => "wpe.weight",
+            Ln1Weight => "ln_1.weight",
+            Ln1Bias => "ln_1.bias",
+            QkvWeight => "attn.c_attn.weight",
+            QkvBias => "attn.c_attn.bias",
+            AttnProjWeight => "attn.c_proj.weight",
+            AttnProjBias => "attn.c_proj.bias",
+            Ln2Weight => "ln_2.weight",
+            Ln2Bias => "ln_2.bias",
+            FcWeight => "mlp.c_fc.weight",
+            FcBias => "mlp.c_fc.bias",
+            MlpProjWeight => "mlp.c_proj.weight",
+            MlpProjBias => "mlp.c_proj.bias",
+            LnfWeight => "ln_f.weight",
+            LnfBias => "ln_f.bias",
+        }
+    }
+
+    /// The tensor's shape: `[rows, cols]` for matrices, `[len, 1]` for vectors.
+    pub fn shape(self, cfg: &GptConfig) -> [usize; 2] {
+        use ParamKind::*;
+        let c = cfg.n_embd;
+        match self {
+            Wte => [cfg.vocab_size, c],
+            Wpe => [cfg.block_size, c],
+            QkvWeight => [3 * c, c],
+            QkvBias => [3 * c, 1],
+            AttnProjWeight => [c, c],
+            FcWeight => [4 * c, c],
+            FcBias => [4 * c, 1],
+            MlpProjWeight => [c, 4 * c],
+            Ln1Weight | Ln1Bias | AttnProjBias | Ln2Weight | Ln2Bias | MlpProjBias | LnfWeight | LnfBias => [c, 1],
+        }
+    }
+
+    /// Whether the tensor is a matrix (2-D): AdamW decays exactly these.
+    pub fn is_matrix(self) -> bool {
+        use ParamKind::*;
+        matches!(self, Wte | Wpe | QkvWeight | AttnProjWeight | FcWeight | MlpProjWeight)
+    }
+}
+
+/// One parameter tensor: what it is and where it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// Which tensor.
+    pub kind: ParamKind,
+    /// The block it belongs to, `None` for embeddings and the final LayerNorm.
+    pub layer: Option<usize>,
+    /// Where it lives in the params arena (and in grads, adam_m, adam_v).
+    pub span: Span,
+    /// `[rows, cols]`; vectors have `cols == 1`.
+    pub shape: [usize; 2],
+}
+
+impl ParamInfo {
+    /// Number of dimensions as nanoGPT stores the tensor (1 or 2).
+    pub fn ndim(&self) -> usize {
+        if self.kind.is_matrix() {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+impl fmt::Display for ParamInfo {
+    /// The nanoGPT `state_dict` name, e.g. `transformer.h.3.attn.c_attn.weight`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.layer {
+            Some(l) => write!(f, "transformer.h.{l}.{}", self.kind.suffix()),
+            None => write!(f, "transformer.{}", self.kind.suffix()),
+        }
+    }
+}
+
+/// The activations saved by one block's forward pass, `[rows]` shapes with `N = B*T`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerActs {
+    /// LN1 output `[N, C]`.
+    pub ln1: Span,
+    /// LN1 row means `[N]`.
+    pub ln1_mean: Span,
+    /// LN1 row reciprocal standard deviations `[N]`.
+    pub ln1_rstd: Span,
+    /// Fused QKV `[N, 3C]`.
+    pub qkv: Span,
+    /// Attention output, heads concatenated `[N, C]`.
+    pub atty: Span,
+    /// Attention row log-sum-exp `[B, NH, T]`.
+    pub lse: Span,
+    /// Residual after attention `[N, C]`.
+    pub res_mid: Span,
+    /// LN2 output `[N, C]`.
+    pub ln2: Span,
+    /// LN2 row means `[N]`.
+    pub ln2_mean: Span,
+    /// LN2 row reciprocal standard deviations `[N]`.
+    pub ln2_rstd: Span,
+    /// MLP pre-activation `[N, 4C]`.
+    pub fc_pre: Span,
+    /// MLP GELU output `[N, 4C]`.
+    pub fc_gelu: Span,
+    /// Residual after the MLP `[N, C]`.
+    pub res_out: Span,
+}
+
+/// Sizes of every tensor for one (config, batch, sequence) and their offsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The model.
+    pub config: GptConfig,
+    /// Sequences per batch (`B`).
+    pub batch: usize,
+    /// Tokens per sequence (`T`), at most `config.block_size`.
+    pub seq: usize,
+    layer_params_len: usize,
+    layer_acts_len: usize,
+    params_len: usize,
+    acts_len: usize,
+}
+
+fn mul(a: usize, b: usize) -> Result<usize, ConfigError> {
+    a.checked_mul(b).ok_or(ConfigError::TooLarge)
+}
+
+struct Bump(usize);
+impl Bump {
+    fn take(&mut self, len: usize) -> Span {
+        let s = Span { offset: self.0, len };
+        self.0 += len;
+        s
+    }
+}
+
+impl Plan {
+    /// Plans a model of `config` run on `batch` sequences of `seq` tokens.
+    pub fn new(config: GptConfig, batch: usize, seq: usize) -> Result<Plan, ConfigError> {
+        config.validate()?;
+        if batch == 0 {
+            return Err(ConfigError::Zero("batch size"));
+        }
+        if seq == 0 {
+            return Err(ConfigError::Zero("sequence length"));
+        }
+        if seq > config.block_size {
+            return Err(ConfigError::SequenceTooLong { seq, block_size: config.block_size });
+        }
+        let c = config.n_embd;
+        let n = mul(batch, seq)?;
+        let nc = mul(n, c)?;
+        // Checked once here; every later size is a sum of these products.
+        mul(nc, 32)?;
+        mul(mul(n, config.vocab_size)?, 2)?;
+        mul(mul(config.vocab_size + config.block_size, c)?, 4)?;
+        let layer_params_len = mul(12 * c + 13, c)?;
+        let layer_acts_len = 16 * nc + 4 * n + batch * config.n_head * seq;
+        let mut plan = Plan { config, batch, seq, layer_params_len, layer_acts_len, params_len: 0, acts_len: 0 };
+        let lnf_b = plan.param(ParamKind::LnfBias, None);
+        plan.params_len = lnf_b.span.end();
+        let total_layer_acts = mul(layer_acts_len, config.n_layer)?;
+        plan.acts_len = nc
+            .checked_add(total_layer_acts)
+            .and_then(|x| x.checked_add(nc + 3 * n + n * config.vocab_size))
+            .and_then(|x| x.checked_add(6 * nc))
+            .ok_or(ConfigError::TooLarge)?;
+        // The layout functions below rely on the lengths counted above.
+        debug_assert_eq!(plan.scratch().dsmall.end(), plan.acts_len);
+        Ok(plan)
+    }
+
+    /// Tokens per step, `B * T`.
+    pub fn tokens(&self) -> usize {
+        self.batch * self.seq
+    }
+
+    /// Elements of each parameter-shaped arena (params, grads, adam_m, adam_v).
+    pub fn params_len(&self) -> usize {
+        self.params_len
+    }
+
+    /// Elements of the activations arena.
+    pub fn acts_len(&self) -> usize {
+        self.acts_len
+    }
+
+    /// Where parameter `kind` of `layer` lives. `layer` is ignored for non-block tensors.
+    pub fn param(&self, kind: ParamKind, layer: Option<usize>) -> ParamInfo {
+        let cfg = &self.config;
+        let c = cfg.n_embd;
+        let shape = kind.shape(cfg);
+        let wte = cfg.vocab_size * c;
+        let wpe = cfg.block_size * c;
+        let layers_start = wte + wpe;
+        let offset = match kind {
+            ParamKind::Wte => 0,
+            ParamKind::Wpe => wte,
+            ParamKind::LnfWeight => layers_start + cfg.n_layer * self.layer_params_len,
+            ParamKind::LnfBias => layers_start + cfg.n_layer * self.layer_params_len + c,
+            _ => {
+                let l = layer.expect("block parameters need a layer index");
+                let mut within = 0;
+                for k in LAYER_PARAMS {
+                    if k == kind {
+                        break;
+                    }
+                    let s = k.shape(cfg);
+                    within += s[0] * s[1];
+                }
+                layers_start + l * self.layer_params_len + within
+            }
+        };
+        let layer = if matches!(kind, ParamKind::Wte | ParamKind::Wpe | ParamKind::LnfWeight | ParamKind::LnfBias) {
+            None
+        } else {
+            layer
+        };
+        ParamInfo { kind, layer, span: Span { offset, len: shape[0] * shape[1] }, shape }
+    }
+
+    /// Every parameter tensor in `state_dict` order.
+    pub fn params(&self) -> impl Iterator<Item = ParamInfo> + '_ {
+        let head = [ParamKind::Wte, ParamKind::Wpe].into_iter().map(|k| self.param(k, None));
+        let blocks = (0..self.config.n_layer).flat_map(move |l| LAYER_PARAMS.into_iter().map(move |k| self.param(k, Some(l))));
+        let tail = [ParamKind::LnfWeight, ParamKind::LnfBias].into_iter().map(|k| self.param(k, None));
+        head.chain(blocks).chain(tail)
+    }
+
+    /// Total number of parameters (the tied LM head counted once).
+    pub fn num_params(&self) -> usize {
+        self.params_len
+    }
+
+    /// The embedding output (residual stream before block 0) `[N, C]`.
+    pub fn encoded(&self) -> Span {
+        Span { offset: 0, len: self.tokens() * self.config.n_embd }
+    }
+
+    /// Activations of block `l`.
+    pub fn layer_acts(&self, l: usize) -> LayerActs {
+        let (n, c) = (self.tokens(), self.config.n_embd);
+        let mut b = Bump(self.encoded().end() + l * self.layer_acts_len);
+        LayerActs {
+            ln1: b.take(n * c),
+            ln1_mean: b.take(n),
+            ln1_rstd: b.take(n),
+            qkv: b.take(3 * n * c),
+            atty: b.take(n * c),
+            lse: b.take(self.batch * self.config.n_head * self.seq),
+            res_mid: b.take(n * c),
+            ln2: b.take(n * c),
+            ln2_mean: b.take(n),
+            ln2_rstd: b.take(n),
+            fc_pre: b.take(4 * n * c),
+            fc_gelu: b.take(4 * n * c),
+            res_out: b.take(n * c),
+        }
+    }
+
+    /// The residual stream entering block `l` (`encoded` for block 0).
+    pub fn residual_in(&self, l: usize) -> Span {
+        if l == 0 {
+            self.encoded()
+        } else {
+            self.layer_acts(l - 1).res_out
+        }
+    }
+
+    /// Activations after the last block.
+    pub fn head_acts(&self) -> HeadActs {
+        let (n, c, v) = (self.tokens(), self.config.n_embd, self.config.vocab_size);
+        let mut b = Bump(self.encoded().end() + self.config.n_layer * self.layer_acts_len);
+        HeadActs {
+            lnf: b.take(n * c),
+            lnf_mean: b.take(n),
+            lnf_rstd: b.take(n),
+            logits: b.take(n * v),
+            losses: b.take(n),
+        }
+    }
+
+    /// Backward scratch buffers.
+    pub fn scratch(&self) -> Scratch {
+        let nc = self.tokens() * self.config.n_embd;
+        let mut b = Bump(self.head_acts().losses.end());
+        Scratch { dres: b.take(nc), dbig: b.take(4 * nc), dsmall: b.take(nc) }
+    }
+}
+
+/// Activations of the final LayerNorm and the LM head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadActs {
+    /// Final LayerNorm output `[N, C]`.
+    pub lnf: Span,
+    /// Its row means `[N]`.
+    pub lnf_mean: Span,
+    /// Its row reciprocal standard deviations `[N]`.
+    pub lnf_rstd: Span,
+    /// Logits `[N, V]`; after a training forward they hold d(loss)/d(logits).
+    pub logits: Span,
+    /// Per-position cross-entropy `[N]`.
+    pub losses: Span,
+}
+
+/// Gradient buffers reused by every block during backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scratch {
+    /// Gradient of the residual stream `[N, C]`, accumulated through the blocks.
+    pub dres: Span,
+    /// Gradient of a wide activation: MLP hidden `[N, 4C]` or QKV `[N, 3C]`.
+    pub dbig: Span,
+    /// Gradient of a narrow activation: a LayerNorm output or the attention output `[N, C]`.
+    pub dsmall: Span,
+}

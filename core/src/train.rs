@@ -1,0 +1,248 @@
+//! A training loop over caller-owned memory: batching, forward, backward, gradient clipping
+//! and AdamW, split into phases a frontend can time, plus evaluation.
+
+use crate::config::ConfigError;
+use crate::data::sample_batch;
+use crate::float::Float;
+use crate::ops::grad_norm;
+use crate::optim::{adamw_step, AdamWConfig, LrSchedule};
+use crate::parallel::Parallel;
+use crate::plan::Plan;
+use crate::rng::Rng;
+use crate::tape::{self, Op};
+use core::fmt;
+
+/// Optimisation settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainConfig {
+    /// Learning-rate schedule.
+    pub schedule: LrSchedule,
+    /// AdamW settings.
+    pub adamw: AdamWConfig,
+    /// Clip the global gradient norm to this; 0 disables clipping.
+    pub grad_clip: f64,
+    /// Micro-batches accumulated per optimizer step.
+    pub grad_accum: usize,
+}
+
+/// The caller's memory for one model: four parameter-shaped arenas, the activations, and
+/// the batch (`2 * B * T` token ids: inputs then targets).
+pub struct Memory<'a, T> {
+    /// Parameters (`plan.params_len()`).
+    pub params: &'a mut [T],
+    /// Gradients (`plan.params_len()`).
+    pub grads: &'a mut [T],
+    /// AdamW first moments (`plan.params_len()`).
+    pub adam_m: &'a mut [T],
+    /// AdamW second moments (`plan.params_len()`).
+    pub adam_v: &'a mut [T],
+    /// Activations and scratch (`plan.acts_len()`).
+    pub acts: &'a mut [T],
+    /// Batch token ids (`2 * plan.tokens()`).
+    pub batch: &'a mut [u32],
+}
+
+/// A non-finite loss or gradient norm: the update was not applied.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NonFinite {
+    /// The step that failed (0-based).
+    pub step: u64,
+    /// Mean loss of the step.
+    pub loss: f64,
+    /// Global gradient norm of the step.
+    pub grad_norm: f64,
+}
+
+impl fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "step {}: loss is {}, gradient norm is {}; the update was not applied", self.step, self.loss, self.grad_norm)
+    }
+}
+
+/// What one optimizer step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// Mean training loss over the step's micro-batches.
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f64,
+}
+
+/// Trains a model held in caller memory. `step` and `rng` are the whole training state
+/// beside the arenas: saving them with params and moments makes resuming exact.
+pub struct Trainer<'a, T> {
+    /// The memory plan.
+    pub plan: Plan,
+    tape: &'a [Op],
+    /// The arenas.
+    pub mem: Memory<'a, T>,
+    /// Optimisation settings.
+    pub cfg: TrainConfig,
+    /// Optimizer steps taken so far.
+    pub step: u64,
+    /// Draws the training batches.
+    pub rng: Rng,
+}
+
+impl<'a, T: Float> Trainer<'a, T> {
+    /// A trainer over `mem`, which must match `plan`; `tape` must be `record(plan)`.
+    pub fn new(plan: Plan, tape: &'a [Op], mem: Memory<'a, T>, cfg: TrainConfig, rng: Rng) -> Result<Self, ConfigError> {
+        let p = plan.params_len();
+        for (what, len, needed) in [
+            ("params", mem.params.len(), p),
+            ("grads", mem.grads.len(), p),
+            ("adam_m", mem.adam_m.len(), p),
+            ("adam_v", mem.adam_v.len(), p),
+            ("acts", mem.acts.len(), plan.acts_len()),
+            ("batch", mem.batch.len(), 2 * plan.tokens()),
+        ] {
+            if len != needed {
+                return Err(ConfigError::BufferTooSmall { what, needed, given: len });
+            }
+        }
+        if cfg.grad_accum == 0 {
+            return Err(ConfigError::Zero("gradient accumulation steps"));
+        }
+        Ok(Trainer { plan, tape, mem, cfg, step: 0, rng })
+    }
+
+    /// Zeroes the gradients (start of an optimizer step).
+    pub fn zero_grads(&mut self) {
+        self.mem.grads.fill(T::ZERO);
+    }
+
+    /// Draws the next training batch from `data`.
+    pub fn load_batch(&mut self, data: &[u32]) {
+        let (x, y) = self.mem.batch.split_at_mut(self.plan.tokens());
+        sample_batch(&mut self.rng, data, self.plan.seq, x, y);
+    }
+
+    /// Training forward on the loaded batch; returns its mean loss and leaves the scaled
+    /// logits gradient for [`Trainer::backward`].
+    pub fn forward(&mut self, par: &dyn Parallel) -> f64 {
+        let (x, y) = self.mem.batch.split_at(self.plan.tokens());
+        let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
+        tape::forward(par, &self.plan, self.tape, self.mem.params, self.mem.acts, x, Some(y), Some(scale)).unwrap_or(f64::NAN)
+    }
+
+    /// Backward of the last [`Trainer::forward`], accumulating into the gradients.
+    pub fn backward(&mut self, par: &dyn Parallel) {
+        let x = &self.mem.batch[..self.plan.tokens()];
+        tape::backward(par, &self.plan, self.tape, self.mem.params, self.mem.grads, self.mem.acts, x);
+    }
+
+    /// The global gradient norm.
+    pub fn grad_norm(&self, par: &dyn Parallel) -> f64 {
+        libm::sqrt(grad_norm::sum_squares(par, self.mem.grads))
+    }
+
+    /// The learning rate of the current step.
+    pub fn lr(&self) -> f64 {
+        self.cfg.schedule.at(self.step)
+    }
+
+    /// AdamW with the clip factor for `grad_norm`; advances `step`.
+    pub fn apply(&mut self, par: &dyn Parallel, grad_norm: f64) {
+        let clip = if self.cfg.grad_clip > 0.0 { grad_norm::clip_factor(grad_norm, self.cfg.grad_clip) } else { 1.0 };
+        let lr = self.lr();
+        self.step += 1;
+        let m = &mut self.mem;
+        adamw_step(par, &self.plan, m.params, m.grads, m.adam_m, m.adam_v, &self.cfg.adamw, lr, self.step, clip);
+    }
+
+    /// One whole optimizer step on batches from `data`: `grad_accum` micro-batches, clip,
+    /// AdamW. A non-finite loss or norm is returned as an error and nothing is updated.
+    pub fn train_step(&mut self, par: &dyn Parallel, data: &[u32]) -> Result<StepStats, NonFinite> {
+        self.zero_grads();
+        let mut loss = 0.0;
+        for _ in 0..self.cfg.grad_accum {
+            self.load_batch(data);
+            loss += self.forward(par);
+            self.backward(par);
+        }
+        loss /= self.cfg.grad_accum as f64;
+        let grad_norm = self.grad_norm(par);
+        self.check_finite(loss, grad_norm)?;
+        let lr = self.lr();
+        self.apply(par, grad_norm);
+        Ok(StepStats { loss, grad_norm, lr })
+    }
+
+    /// An error if the loss or gradient norm is NaN or infinite.
+    pub fn check_finite(&self, loss: f64, grad_norm: f64) -> Result<(), NonFinite> {
+        if loss.is_finite() && grad_norm.is_finite() {
+            Ok(())
+        } else {
+            Err(NonFinite { step: self.step, loss, grad_norm })
+        }
+    }
+
+    /// Mean loss over `iters` random batches of `data` drawn with `rng` (nanoGPT's
+    /// `estimate_loss`). Leaves the training state untouched, gradients included.
+    pub fn evaluate(&mut self, par: &dyn Parallel, data: &[u32], iters: usize, rng: &mut Rng) -> f64 {
+        let n = self.plan.tokens();
+        let mut total = 0.0;
+        for _ in 0..iters {
+            let (x, y) = self.mem.batch.split_at_mut(n);
+            sample_batch(rng, data, self.plan.seq, x, y);
+            let (x, y) = self.mem.batch.split_at(n);
+            total += tape::forward(par, &self.plan, self.tape, self.mem.params, self.mem.acts, x, Some(y), None).unwrap_or(f64::NAN);
+        }
+        total / iters.max(1) as f64
+    }
+}
+
+/// Heap-allocated memory for a plan, allocated once (`alloc` feature).
+#[cfg(feature = "alloc")]
+pub struct OwnedMemory<T> {
+    /// The recorded tape.
+    pub tape: alloc::vec::Vec<Op>,
+    /// Parameters.
+    pub params: alloc::vec::Vec<T>,
+    /// Gradients.
+    pub grads: alloc::vec::Vec<T>,
+    /// AdamW first moments.
+    pub adam_m: alloc::vec::Vec<T>,
+    /// AdamW second moments.
+    pub adam_v: alloc::vec::Vec<T>,
+    /// Activations and scratch.
+    pub acts: alloc::vec::Vec<T>,
+    /// Batch token ids.
+    pub batch: alloc::vec::Vec<u32>,
+}
+
+#[cfg(feature = "alloc")]
+impl<T: Float> OwnedMemory<T> {
+    /// Zeroed memory and the recorded tape for `plan`.
+    pub fn new(plan: &Plan) -> Self {
+        use alloc::vec;
+        let blank = Op::CrossEntropy { logits: Default::default(), losses: Default::default() };
+        let mut tape = vec![blank; tape::tape_len(plan)];
+        tape::record(plan, &mut tape).expect("the tape buffer has tape_len entries");
+        let p = plan.params_len();
+        OwnedMemory {
+            tape,
+            params: vec![T::ZERO; p],
+            grads: vec![T::ZERO; p],
+            adam_m: vec![T::ZERO; p],
+            adam_v: vec![T::ZERO; p],
+            acts: vec![T::ZERO; plan.acts_len()],
+            batch: vec![0; 2 * plan.tokens()],
+        }
+    }
+
+    /// A trainer borrowing this memory.
+    pub fn trainer(&mut self, plan: Plan, cfg: TrainConfig, rng: Rng) -> Result<Trainer<'_, T>, ConfigError> {
+        let mem = Memory {
+            params: &mut self.params,
+            grads: &mut self.grads,
+            adam_m: &mut self.adam_m,
+            adam_v: &mut self.adam_v,
+            acts: &mut self.acts,
+            batch: &mut self.batch,
+        };
+        Trainer::new(plan, &self.tape, mem, cfg, rng)
+    }
+}

@@ -1,0 +1,1 @@
+//! Cross-crate tests of Alpha; see the files under `tests/tests/`.
