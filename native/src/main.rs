@@ -1,1 +1,41 @@
-fn main() {}
+//! `alpha-native`: train, sample and evaluate GPT language models on the CPU.
+
+use alpha_native::{eval, sample, train};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+/// Alpha: train small GPT language models fast.
+#[derive(Parser, Debug)]
+#[command(name = "alpha-native", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Train a GPT (default: nanoGPT's Shakespeare-char CPU run on the embedded corpus).
+    Train(train::TrainArgs),
+    /// Generate text from a checkpoint.
+    Sample(sample::SampleArgs),
+    /// Print the mean cross-entropy of a checkpoint on a text file as one JSON line.
+    Eval(eval::EvalArgs),
+}
+
+fn main() {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let result = match &cli.command {
+        Command::Train(args) => {
+            let sub = matches.subcommand_matches("train").expect("the train subcommand matched");
+            let explicit = |id: &str| sub.value_source(id) == Some(ValueSource::CommandLine);
+            train::run(args, &explicit)
+        }
+        Command::Sample(args) => sample::run(args),
+        Command::Eval(args) => eval::run(args),
+    };
+    if let Err(msg) = result {
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,30 @@
+//! Training and evaluation text: the embedded default corpus and user files.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+/// What `--data` is recorded as when the embedded corpus is used.
+pub const EMBEDDED: &str = "<embedded shakespeare>";
+
+/// 42 Shakespeare plays from Project Gutenberg (public domain), 5.06 MB of ASCII.
+pub static SHAKESPEARE: &str = include_str!("../../data/shakespeare.txt");
+
+/// Reads a UTF-8 text file; `what` names it in errors ("data file", "text file").
+pub fn read_text(path: &Path, what: &str) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    if bytes.is_empty() {
+        return Err(format!("{what} {} is empty", path.display()));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        format!("{what} {} is not valid UTF-8 (invalid byte at offset {})", path.display(), e.utf8_error().valid_up_to())
+    })
+}
+
+/// The training text named by `data`: [`EMBEDDED`] or a path.
+pub fn training_text(data: &str) -> Result<Cow<'static, str>, String> {
+    if data == EMBEDDED {
+        Ok(Cow::Borrowed(SHAKESPEARE))
+    } else {
+        read_text(Path::new(data), "data file").map(Cow::Owned)
+    }
+}

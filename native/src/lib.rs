@@ -1,0 +1,29 @@
+//! # alpha-native
+//!
+//! The Alpha command line (`alpha-native train | sample | eval`) as a library: the commands,
+//! the checkpoint format and the file helpers they share.
+
+pub mod checkpoint;
+pub mod corpus;
+pub mod eval;
+pub mod fsutil;
+pub mod sample;
+pub mod train;
+
+use alpha_core::parallel::ThreadPool;
+
+/// A thread pool of `threads` threads (`None`: one per available core).
+pub fn thread_pool(threads: Option<usize>) -> Result<ThreadPool, String> {
+    let n = match threads {
+        Some(0) => return Err("--threads must be at least 1".into()),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    };
+    Ok(ThreadPool::new(n))
+}
+
+/// Mixes a seed with a stream and a step into an independent generator seed.
+pub fn derive_seed(seed: u64, stream: u64, step: u64) -> u64 {
+    let mut rng = alpha_core::Rng::new(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    rng.next_u64() ^ step.wrapping_mul(0xD1B5_4A32_D192_ED03)
+}

@@ -1,0 +1,75 @@
+//! `alpha-native sample`: generate text from a checkpoint.
+
+use crate::checkpoint;
+use crate::train::Sampler;
+use alpha_core::model::SamplingConfig;
+use alpha_core::tokenizer::CharTokenizer;
+use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Flags of `alpha-native sample` (nanoGPT's `sample.py` defaults).
+#[derive(Args, Debug, Clone)]
+pub struct SampleArgs {
+    /// Checkpoint to sample from.
+    #[arg(long, value_name = "FILE")]
+    pub checkpoint: PathBuf,
+    /// Text the sample continues (printed first).
+    #[arg(long, default_value = "\n")]
+    pub prompt: String,
+    /// Characters to generate.
+    #[arg(long, default_value_t = 500)]
+    pub tokens: usize,
+    /// Softmax temperature (0: always the most likely character).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Sample only among the K most likely characters (0: all).
+    #[arg(long, default_value_t = 200)]
+    pub top_k: usize,
+    /// Seed of the sampling.
+    #[arg(long, default_value_t = 1337)]
+    pub seed: u64,
+    /// Context the model sees, in tokens. Default: the checkpoint's block size.
+    #[arg(long)]
+    pub block: Option<usize>,
+    /// Worker threads. Default: one per core.
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Runs `sample`, writing the prompt and the generated text to stdout.
+pub fn run(args: &SampleArgs) -> Result<(), String> {
+    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
+        return Err(format!("--temperature must be a non-negative number, got {}", args.temperature));
+    }
+    if args.prompt.is_empty() {
+        return Err("--prompt is empty; give at least one character".into());
+    }
+    let ck = checkpoint::load(&args.checkpoint)?;
+    let block = context_len(args.block, ck.config.block_size)?;
+    let tok = CharTokenizer::new(ck.chars.clone()).map_err(|e| e.to_string())?;
+    let prompt = tok.encode_to_vec(&args.prompt).map_err(|e| format!("--prompt: {e}"))?;
+    let pool = crate::thread_pool(args.threads)?;
+    let mut sampler = Sampler::with_context(ck.config, block)?;
+    let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut result = write!(out, "{}", args.prompt);
+    sampler.generate(&pool, &ck.params, &prompt, args.tokens, &cfg, args.seed, |id| {
+        if result.is_ok() {
+            let ch = tok.decode(id).unwrap_or('\u{FFFD}');
+            result = write!(out, "{ch}").and_then(|_| if ch == '\n' { out.flush() } else { Ok(()) });
+        }
+    });
+    result.and_then(|_| writeln!(out)).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
+}
+
+/// The context length to use: `requested` (at most the checkpoint's) or the checkpoint's.
+pub fn context_len(requested: Option<usize>, block_size: usize) -> Result<usize, String> {
+    match requested {
+        Some(0) => Err("--block must be at least 1".into()),
+        Some(b) if b > block_size => Err(format!("--block {b} is larger than the checkpoint's block size {block_size}")),
+        Some(b) => Ok(b),
+        None => Ok(block_size),
+    }
+}

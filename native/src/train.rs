@@ -1,0 +1,505 @@
+//! `alpha-native train`: nanoGPT's training loop on the CPU, with evaluation, samples,
+//! atomic checkpoints, exact resume, JSON Lines metrics and a progress bar.
+
+use crate::checkpoint::{self, TrainSettings, TrainState};
+use crate::corpus;
+use crate::derive_seed;
+use alpha_core::model::{generate, init_params, SamplingConfig};
+use alpha_core::optim::{AdamWConfig, LrSchedule};
+use alpha_core::parallel::ThreadPool;
+use alpha_core::tape;
+use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::train::{OwnedMemory, TrainConfig, Trainer};
+use alpha_core::{data, GptConfig, Plan, Rng};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Flags of `alpha-native train` (nanoGPT's names; defaults are its Shakespeare-char CPU run).
+#[derive(Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// Training text (UTF-8). Default: the embedded Shakespeare corpus. The last 10% is validation.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// Directory for the checkpoint (DIR/ckpt.safetensors).
+    #[arg(long, value_name = "DIR", default_value = "out")]
+    pub out: PathBuf,
+    /// Optimizer steps (the learning rate reaches --min-lr at the last one).
+    #[arg(long, default_value_t = 2000)]
+    pub iters: u64,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 12)]
+    pub batch: usize,
+    /// Context length in tokens (the model's block size).
+    #[arg(long, default_value_t = 64)]
+    pub block: usize,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// Attention heads per block (must divide --embd).
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Embedding width.
+    #[arg(long, default_value_t = 128)]
+    pub embd: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Final learning rate of the cosine decay.
+    #[arg(long, default_value_t = 1e-4)]
+    pub min_lr: f64,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 100)]
+    pub warmup: u64,
+    /// AdamW decoupled weight decay (2-D weights only).
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f64,
+    /// AdamW beta1.
+    #[arg(long, default_value_t = 0.9)]
+    pub beta1: f64,
+    /// AdamW beta2.
+    #[arg(long, default_value_t = 0.99)]
+    pub beta2: f64,
+    /// Clip the global gradient norm to this (0 disables).
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f64,
+    /// Micro-batches accumulated per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Seed for initialisation, batches, evaluation and samples.
+    #[arg(long, default_value_t = 1337)]
+    pub seed: u64,
+    /// Evaluate train and val loss every N steps and at the end (0 disables).
+    #[arg(long, default_value_t = 250)]
+    pub eval_interval: u64,
+    /// Batches per split and evaluation.
+    #[arg(long, default_value_t = 20)]
+    pub eval_iters: usize,
+    /// Print a sample every N steps and at the end (0 disables).
+    #[arg(long, default_value_t = 500)]
+    pub sample_interval: u64,
+    /// Save a checkpoint every N steps (0: only at the end and on Ctrl-C).
+    #[arg(long, default_value_t = 500)]
+    pub checkpoint_interval: u64,
+    /// Log a metrics record (and a plain line when not on a terminal) every N steps.
+    #[arg(long, default_value_t = 10)]
+    pub log_interval: u64,
+    /// Worker threads. Default: one per core.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Continue the run saved in this checkpoint (model and settings come from it; flags
+    /// given explicitly override the settings).
+    #[arg(long, value_name = "FILE")]
+    pub resume: Option<PathBuf>,
+    /// Append JSON Lines metrics to this file.
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
+    /// Replace an existing DIR/ckpt.safetensors that does not belong to this run.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+/// Name of the checkpoint inside `--out`.
+pub const CHECKPOINT_FILE: &str = "ckpt.safetensors";
+
+/// Prints above the progress bar, or plainly when there is none.
+struct Console {
+    bar: ProgressBar,
+}
+
+impl Console {
+    fn line(&self, msg: &str) {
+        if self.bar.is_hidden() {
+            println!("{msg}");
+        } else {
+            self.bar.println(msg);
+        }
+    }
+}
+
+/// Seconds spent in each phase, summed over a logging window.
+#[derive(Default, Clone, Copy)]
+struct Phases {
+    data: f64,
+    forward: f64,
+    backward: f64,
+    grad_norm: f64,
+    optimizer: f64,
+    total: f64,
+}
+
+impl Phases {
+    fn json_ms(&self, steps: f64) -> serde_json::Value {
+        let ms = |s: f64| s * 1e3 / steps;
+        json!({"data": ms(self.data), "forward": ms(self.forward), "backward": ms(self.backward),
+               "grad_norm": ms(self.grad_norm), "optimizer": ms(self.optimizer)})
+    }
+}
+
+/// Resolved run: model, settings and where it starts.
+struct Run {
+    config: GptConfig,
+    settings: TrainSettings,
+    chars: Vec<char>,
+    resume: Option<checkpoint::Checkpoint>,
+}
+
+fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, String> {
+    let data_arg = args.data.as_ref().map(|p| p.to_string_lossy().into_owned());
+    let fresh_settings = TrainSettings {
+        data: data_arg.clone().unwrap_or_else(|| corpus::EMBEDDED.to_string()),
+        batch: args.batch,
+        iters: args.iters,
+        lr: args.lr,
+        min_lr: args.min_lr,
+        warmup: args.warmup,
+        weight_decay: args.weight_decay,
+        beta1: args.beta1,
+        beta2: args.beta2,
+        grad_clip: args.grad_clip,
+        grad_accum: args.grad_accum,
+        seed: args.seed,
+    };
+    let Some(path) = &args.resume else {
+        return Ok(Run {
+            config: GptConfig { vocab_size: 0, block_size: args.block, n_layer: args.layers, n_head: args.heads, n_embd: args.embd },
+            settings: fresh_settings,
+            chars: Vec::new(),
+            resume: None,
+        });
+    };
+    let ck = checkpoint::load(path)?;
+    let Some((_, _, state)) = &ck.optimizer else {
+        return Err(format!("checkpoint {} has no training state (no optimizer moments) and cannot be resumed", path.display()));
+    };
+    let c = ck.config;
+    for (flag, given, stored, name) in [
+        ("block", args.block, c.block_size, "block size"),
+        ("layers", args.layers, c.n_layer, "number of layers"),
+        ("heads", args.heads, c.n_head, "number of heads"),
+        ("embd", args.embd, c.n_embd, "embedding width"),
+    ] {
+        if explicit(flag) && given != stored {
+            let rel = if given > stored { "is larger than" } else { "differs from" };
+            return Err(format!("--{flag} {given} {rel} the checkpoint's {name} {stored}; a resumed run keeps the checkpoint's model"));
+        }
+    }
+    let mut s = state.settings.clone();
+    macro_rules! take {
+        ($($field:ident => $flag:literal),*) => {$( if explicit($flag) { s.$field = fresh_settings.$field.clone(); } )*};
+    }
+    take!(data => "data", batch => "batch", iters => "iters", lr => "lr", min_lr => "min_lr", warmup => "warmup",
+          weight_decay => "weight_decay", beta1 => "beta1", beta2 => "beta2", grad_clip => "grad_clip",
+          grad_accum => "grad_accum", seed => "seed");
+    Ok(Run { config: c, settings: s, chars: ck.chars.clone(), resume: Some(ck) })
+}
+
+fn validate(args: &TrainArgs, s: &TrainSettings) -> Result<(), String> {
+    let positive = [("--lr", s.lr), ("--beta1", s.beta1), ("--beta2", s.beta2)];
+    for (flag, v) in positive {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!("{flag} must be a positive number, got {v}"));
+        }
+    }
+    for (flag, v) in [("--min-lr", s.min_lr), ("--weight-decay", s.weight_decay), ("--grad-clip", s.grad_clip)] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(format!("{flag} must be a non-negative number, got {v}"));
+        }
+    }
+    if s.beta1 >= 1.0 || s.beta2 >= 1.0 {
+        return Err("--beta1 and --beta2 must be below 1".into());
+    }
+    if s.iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    if s.grad_accum == 0 {
+        return Err("--grad-accum must be at least 1".into());
+    }
+    if args.eval_interval > 0 && args.eval_iters == 0 {
+        return Err("--eval-iters must be at least 1 when --eval-interval is set".into());
+    }
+    if args.log_interval == 0 {
+        return Err("--log-interval must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// Runs `train`. `explicit(flag)` tells whether a flag (clap id, e.g. `"min_lr"`) was given on
+/// the command line, which decides what a resumed run takes from its checkpoint.
+pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), String> {
+    let mut run = resolve(args, explicit)?;
+    validate(args, &run.settings)?;
+    let s = run.settings.clone();
+    let text = corpus::training_text(&s.data)?;
+    let data_name = if s.data == corpus::EMBEDDED { s.data.clone() } else { format!("data file {}", s.data) };
+    let tokenizer = if run.resume.is_some() {
+        CharTokenizer::new(run.chars.clone()).map_err(|e| e.to_string())?
+    } else {
+        let t = CharTokenizer::from_text(&text).map_err(|e| format!("{data_name}: {e}"))?;
+        run.config.vocab_size = t.vocab_size();
+        run.chars = t.chars().to_vec();
+        t
+    };
+    let tokens = tokenizer.encode_to_vec(&text).map_err(|e| format!("{data_name}: {e}"))?;
+    drop(text);
+    let block = run.config.block_size;
+    let (train_tokens, val_tokens) = data::split(&tokens);
+    if val_tokens.len() <= block {
+        return Err(format!(
+            "{data_name} is too short: {} characters, but a block of {block} needs at least {} so that the 10% validation split holds {} tokens",
+            tokens.len(),
+            (block + 1) * 10,
+            block + 1
+        ));
+    }
+    let plan = Plan::new(run.config, s.batch, block).map_err(|e| e.to_string())?;
+    let pool = crate::thread_pool(args.threads)?;
+
+    let ckpt_path = args.out.join(CHECKPOINT_FILE);
+    let resuming_in_place = args.resume.as_ref().is_some_and(|r| same_file(r, &ckpt_path));
+    if ckpt_path.exists() && !resuming_in_place && !args.overwrite {
+        return Err(format!(
+            "{} already exists; resume it with --resume {}, choose another --out, or pass --overwrite",
+            ckpt_path.display(),
+            ckpt_path.display()
+        ));
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let mut metrics = match &args.metrics {
+        Some(p) => Some(OpenOptions::new().create(true).append(true).open(p).map_err(|e| format!("cannot open metrics file {}: {e}", p.display()))?),
+        None => None,
+    };
+
+    let mut mem = OwnedMemory::<f32>::new(&plan);
+    let (start_step, rng) = match run.resume.take() {
+        Some(ck) => {
+            let (m, v, state) = ck.optimizer.expect("resolve() checked the training state");
+            mem.params.copy_from_slice(&ck.params);
+            mem.adam_m.copy_from_slice(&m);
+            mem.adam_v.copy_from_slice(&v);
+            (state.step, Rng::from_state(state.rng_state.parse().expect("checked on load")))
+        }
+        None => {
+            init_params(&plan, &mut mem.params, &mut Rng::new(s.seed));
+            (0, Rng::new(derive_seed(s.seed, 1, 0)))
+        }
+    };
+    let cfg = TrainConfig {
+        schedule: LrSchedule { max_lr: s.lr, min_lr: s.min_lr, warmup_iters: s.warmup, decay_iters: s.iters },
+        adamw: AdamWConfig { beta1: s.beta1, beta2: s.beta2, eps: 1e-8, weight_decay: s.weight_decay },
+        grad_clip: s.grad_clip,
+        grad_accum: s.grad_accum,
+    };
+    let mut trainer = mem.trainer(plan, cfg, rng).map_err(|e| e.to_string())?;
+    trainer.step = start_step;
+    let mut sampler = Sampler::new(run.config)?;
+
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let flag = Arc::clone(&interrupted);
+        // A second Ctrl-C exits at once; the checkpoint on disk is always a whole one.
+        let _ = ctrlc::set_handler(move || {
+            if flag.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+    }
+
+    let bar = ProgressBar::with_draw_target(Some(s.iters), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .expect("static template")
+            .progress_chars("##-"),
+    );
+    bar.set_position(start_step);
+    let console = Console { bar };
+    let params_count = plan.num_params();
+    let what = if start_step > 0 { format!("resuming at step {start_step}") } else { "training from scratch".into() };
+    console.line(&format!(
+        "{what}: {params_count} parameters ({:.2}M), vocab {}, {} layers, {} heads, {} embd, block {block}, batch {}x{}, {} threads, data {}",
+        params_count as f64 / 1e6,
+        run.config.vocab_size,
+        run.config.n_layer,
+        run.config.n_head,
+        run.config.n_embd,
+        s.batch,
+        s.grad_accum,
+        ThreadPoolInfo(&pool),
+        s.data
+    ));
+    write_metrics(&mut metrics, json!({"type": "start", "step": start_step, "params": params_count,
+        "config": checkpoint::ConfigJson::from(run.config), "settings": s}))?;
+
+    let save = |trainer: &Trainer<'_, f32>| -> Result<(), String> {
+        let state = TrainState { step: trainer.step, rng_state: trainer.rng.state().to_string(), settings: s.clone() };
+        let m = &trainer.mem;
+        checkpoint::save(&ckpt_path, run.config, &run.chars, m.params, Some((m.adam_m, m.adam_v, &state)))
+    };
+    let mut last_saved: Option<u64> = None;
+    let tokens_per_step = (plan.tokens() * s.grad_accum) as f64;
+    let mut window = Phases::default();
+    let mut window_steps = 0u64;
+    loop {
+        let step = trainer.step;
+        if args.eval_interval > 0 && (step % args.eval_interval == 0 || step == s.iters) {
+            let eval_rng = |split: u64| Rng::new(derive_seed(s.seed, 2 + split, step));
+            let train_loss = trainer.evaluate(&pool, train_tokens, args.eval_iters, &mut eval_rng(0));
+            let val_loss = trainer.evaluate(&pool, val_tokens, args.eval_iters, &mut eval_rng(1));
+            console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
+            write_metrics(&mut metrics, json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
+        }
+        if args.sample_interval > 0 && step > 0 && (step % args.sample_interval == 0 || step == s.iters) {
+            let text = sampler.sample(&pool, trainer.mem.params, &tokenizer, 200, derive_seed(s.seed, 4, step));
+            console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
+        }
+        if step >= s.iters {
+            break;
+        }
+        if interrupted.load(Ordering::SeqCst) {
+            save(&trainer)?;
+            console.bar.abandon();
+            println!("interrupted: checkpoint at step {step} saved to {}; continue with --resume {}", ckpt_path.display(), ckpt_path.display());
+            return Ok(());
+        }
+
+        // One optimizer step, phase by phase.
+        let t0 = Instant::now();
+        let mut ph = Phases::default();
+        trainer.zero_grads();
+        let mut loss = 0.0;
+        for _ in 0..s.grad_accum {
+            let t = Instant::now();
+            trainer.load_batch(train_tokens);
+            ph.data += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            loss += trainer.forward(&pool);
+            ph.forward += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            trainer.backward(&pool);
+            ph.backward += t.elapsed().as_secs_f64();
+        }
+        loss /= s.grad_accum as f64;
+        let t = Instant::now();
+        let grad_norm = trainer.grad_norm(&pool);
+        ph.grad_norm = t.elapsed().as_secs_f64();
+        if let Err(e) = trainer.check_finite(loss, grad_norm) {
+            console.bar.abandon();
+            let kept = match last_saved.or(args.resume.as_ref().map(|_| start_step)) {
+                Some(at) if ckpt_path.exists() => format!("the last good checkpoint ({}, step {at}) is kept", ckpt_path.display()),
+                _ => "no checkpoint was written".into(),
+            };
+            return Err(format!("training diverged at {e}; {kept}. Try a lower --lr or a smaller --grad-clip"));
+        }
+        let lr = trainer.lr();
+        let t = Instant::now();
+        trainer.apply(&pool, grad_norm);
+        ph.optimizer = t.elapsed().as_secs_f64();
+        ph.total = t0.elapsed().as_secs_f64();
+        for (acc, x) in [
+            (&mut window.data, ph.data),
+            (&mut window.forward, ph.forward),
+            (&mut window.backward, ph.backward),
+            (&mut window.grad_norm, ph.grad_norm),
+            (&mut window.optimizer, ph.optimizer),
+            (&mut window.total, ph.total),
+        ] {
+            *acc += x;
+        }
+        window_steps += 1;
+        let done = trainer.step;
+        console.bar.set_position(done);
+        console.bar.set_message(format!("loss {loss:.4} | {:.1}k tok/s", tokens_per_step / ph.total / 1e3));
+        if step % args.log_interval == 0 || done == s.iters {
+            let n = window_steps as f64;
+            let ms_per_step = window.total * 1e3 / n;
+            let tok_s = tokens_per_step * n / window.total;
+            if console.bar.is_hidden() {
+                println!("step {step}: loss {loss:.4}, lr {lr:.3e}, grad norm {grad_norm:.3}, {ms_per_step:.1} ms/step, {tok_s:.0} tok/s");
+            }
+            write_metrics(&mut metrics, json!({"type": "train", "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n)}))?;
+            window = Phases::default();
+            window_steps = 0;
+        }
+        if args.checkpoint_interval > 0 && done % args.checkpoint_interval == 0 && done < s.iters {
+            save(&trainer)?;
+            last_saved = Some(done);
+        }
+    }
+    if last_saved != Some(trainer.step) {
+        save(&trainer)?;
+    }
+    console.bar.finish_and_clear();
+    println!("done: {} steps; checkpoint saved to {}", trainer.step, ckpt_path.display());
+    Ok(())
+}
+
+struct ThreadPoolInfo<'a>(&'a ThreadPool);
+impl std::fmt::Display for ThreadPoolInfo<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use alpha_core::Parallel;
+        write!(f, "{}", self.0.threads())
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+fn write_metrics(file: &mut Option<File>, record: serde_json::Value) -> Result<(), String> {
+    if let Some(f) = file {
+        let mut line = record.to_string();
+        line.push('\n');
+        // One write per record, so a reader never sees half a line from a live run.
+        f.write_all(line.as_bytes()).map_err(|e| format!("cannot write metrics: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A batch-1 model over the trainer's parameters, for samples during training.
+pub struct Sampler {
+    plan: Plan,
+    tape: Vec<tape::Op>,
+    acts: Vec<f32>,
+    window: Vec<u32>,
+}
+
+impl Sampler {
+    /// Sampling memory for `config` with its full block as context.
+    pub fn new(config: GptConfig) -> Result<Self, String> {
+        Self::with_context(config, config.block_size)
+    }
+
+    /// Sampling memory with a context of `seq` tokens (at most the block size).
+    pub fn with_context(config: GptConfig, seq: usize) -> Result<Self, String> {
+        let plan = Plan::new(config, 1, seq).map_err(|e| e.to_string())?;
+        let mem = OwnedMemory::<f32>::new(&plan);
+        Ok(Sampler { plan, tape: mem.tape, acts: mem.acts, window: vec![0; seq] })
+    }
+
+    /// Generates `count` characters after `prompt` ids, calling `emit` with each id.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate(&mut self, pool: &ThreadPool, params: &[f32], prompt: &[u32], count: usize, cfg: &SamplingConfig, seed: u64, emit: impl FnMut(u32)) {
+        let mut rng = Rng::new(seed);
+        generate(pool, &self.plan, &self.tape, params, &mut self.acts, &mut self.window, prompt, count, cfg, &mut rng, emit);
+    }
+
+    /// A `count`-character sample starting from a newline (nanoGPT's default start), with
+    /// temperature 0.8 and top-k 200.
+    pub fn sample(&mut self, pool: &ThreadPool, params: &[f32], tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> String {
+        let start = [tok.id('\n').unwrap_or(0)];
+        let mut out = String::new();
+        let cfg = SamplingConfig { temperature: 0.8, top_k: 200 };
+        self.generate(pool, params, &start, count, &cfg, seed, |id| out.push(tok.decode(id).unwrap_or('?')));
+        out
+    }
+}
