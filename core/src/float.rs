@@ -3,6 +3,7 @@
 //! Kernels are written once, generic over [`Float`], so the finite-difference tests run the
 //! very same code in double precision.
 
+use crate::gemm::Kernel;
 use core::fmt::Debug;
 use core::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
@@ -50,28 +51,10 @@ pub trait Float:
     }
     /// True unless NaN or infinite.
     fn is_finite(self) -> bool;
-    /// `C = A * B + beta * C` for row-major strided matrices: `A` is `m x k`, `B` is `k x n`,
-    /// `C` is `m x n`; `rs*`/`cs*` are the row and column strides.
-    ///
-    /// # Safety
-    /// Every index reached through the shapes and strides must lie inside its slice's
-    /// allocation, and `c` must not overlap `a` or `b`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        beta: Self,
-        c: *mut Self,
-        rsc: isize,
-        csc: isize,
-    );
+    /// The fastest full-tile GEMM micro-kernel this CPU runs for this type, if any.
+    fn fast_kernel() -> Option<Kernel<Self>> {
+        None
+    }
 }
 
 impl Float for f32 {
@@ -87,7 +70,7 @@ impl Float for f32 {
     }
     #[inline(always)]
     fn exp(self) -> Self {
-        libm::expf(self)
+        exp_f32(self)
     }
     #[inline(always)]
     fn ln(self) -> Self {
@@ -97,31 +80,18 @@ impl Float for f32 {
     fn sqrt(self) -> Self {
         libm::sqrtf(self)
     }
+    /// `1 - 2 / (exp(2|x|) + 1)` with [`exp_f32`]: branch-free, so loops over it vectorise.
     #[inline(always)]
     fn tanh(self) -> Self {
-        libm::tanhf(self)
+        let t = 1.0 - 2.0 / (exp_f32(2.0 * self.abs()) + 1.0);
+        t.copysign(self)
     }
     #[inline(always)]
     fn is_finite(self) -> bool {
         f32::is_finite(self)
     }
-    unsafe fn gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        beta: Self,
-        c: *mut Self,
-        rsc: isize,
-        csc: isize,
-    ) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { matrixmultiply::sgemm(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+    fn fast_kernel() -> Option<Kernel<Self>> {
+        crate::gemm::fast_f32_kernel()
     }
 }
 
@@ -156,24 +126,6 @@ impl Float for f64 {
     fn is_finite(self) -> bool {
         f64::is_finite(self)
     }
-    unsafe fn gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        beta: Self,
-        c: *mut Self,
-        rsc: isize,
-        csc: isize,
-    ) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { matrixmultiply::dgemm(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
-    }
 }
 
 /// Dot product with eight independent partial sums, so the loop vectorises.
@@ -200,5 +152,62 @@ pub fn axpy<T: Float>(alpha: T, x: &[T], y: &mut [T]) {
     debug_assert_eq!(x.len(), y.len());
     for (yi, &xi) in y.iter_mut().zip(x) {
         *yi += alpha * xi;
+    }
+}
+
+
+/// e^x for f32 without branches or table lookups (Cephes `expf` polynomial), so it inlines
+/// and vectorises. Inputs are clamped to [-87, 88]: below, the result is the smallest
+/// value e^-87 ≈ 1.6e-38 instead of a subnormal; within 1 ulp elsewhere (tested below).
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = core::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer in the FPU.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let er = p * r * r + r + 1.0;
+    f32::from_bits(((n as i32 + 127) as u32) << 23) * er
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn max_error(f: impl Fn(f32) -> f32, exact: impl Fn(f64) -> f64, lo: f32, hi: f32, relative: bool) -> f64 {
+        let n = 400_000;
+        (0..=n)
+            .map(|i| {
+                let x = lo + (hi - lo) * i as f32 / n as f32;
+                let e = exact(x as f64);
+                let d = (f(x) as f64 - e).abs();
+                if relative { d / e.abs() } else { d }
+            })
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn exp_is_within_one_ulp() {
+        // One f32 ulp is at most 2^-23 ≈ 1.19e-7 relative.
+        let worst = max_error(exp_f32, libm::exp, -87.0, 88.0, true);
+        assert!(worst < 1.2e-7, "max relative error {worst}");
+        assert_eq!(exp_f32(0.0), 1.0);
+    }
+
+    #[test]
+    fn tanh_is_accurate() {
+        let worst = max_error(<f32 as Float>::tanh, libm::tanh, -20.0, 20.0, false);
+        // Absolute: one ulp of values near ±1 is 6e-8 (below 1) to 1.2e-7.
+        assert!(worst < 1.2e-7, "max absolute error {worst}");
+        assert_eq!(<f32 as Float>::tanh(-30.0), -1.0);
     }
 }

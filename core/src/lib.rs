@@ -20,6 +20,7 @@ extern crate alloc;
 pub mod config;
 pub mod data;
 pub mod float;
+pub mod gemm;
 pub mod model;
 pub mod ops;
 pub mod optim;

@@ -255,9 +255,10 @@ impl Plan {
             .checked_add(total_layer_acts)
             .and_then(|x| x.checked_add(nc + 3 * n + n * config.vocab_size))
             .and_then(|x| x.checked_add(6 * nc))
+            .and_then(|x| x.checked_add((4 * c * c).max(config.vocab_size * c)))
             .ok_or(ConfigError::TooLarge)?;
         // The layout functions below rely on the lengths counted above.
-        debug_assert_eq!(plan.scratch().dsmall.end(), plan.acts_len);
+        debug_assert_eq!(plan.scratch().wt.end(), plan.acts_len);
         Ok(plan)
     }
 
@@ -375,7 +376,9 @@ impl Plan {
     pub fn scratch(&self) -> Scratch {
         let nc = self.tokens() * self.config.n_embd;
         let mut b = Bump(self.head_acts().losses.end());
-        Scratch { dres: b.take(nc), dbig: b.take(4 * nc), dsmall: b.take(nc) }
+        let c = self.config.n_embd;
+        let wt = (4 * c * c).max(self.config.vocab_size * c);
+        Scratch { dres: b.take(nc), dbig: b.take(4 * nc), dsmall: b.take(nc), wt: b.take(wt) }
     }
 }
 
@@ -403,4 +406,6 @@ pub struct Scratch {
     pub dbig: Span,
     /// Gradient of a narrow activation: a LayerNorm output or the attention output `[N, C]`.
     pub dsmall: Span,
+    /// A matmul weight transposed for the forward GEMM `[K, M]` (largest: `max(4C², VC)`).
+    pub wt: Span,
 }

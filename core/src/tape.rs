@@ -265,6 +265,7 @@ pub fn forward<T: Float>(
     assert!(params.len() == plan.params_len() && acts.len() == plan.acts_len() && tokens.len() == plan.tokens());
     let a = Arena::new(acts);
     let p = |s: Span| &params[s.range()];
+    let wt = plan.scratch().wt;
     let mut loss = None;
     for op in tape {
         // SAFETY (every `a.get` below): the spans named in one op are pairwise disjoint.
@@ -289,7 +290,7 @@ pub fn forward<T: Float>(
                         EpilogueSpan::Gelu { pre } => Epilogue::Gelu { pre: a.get(pre) },
                         EpilogueSpan::Residual { input } => Epilogue::Residual { input: a.get(input) },
                     };
-                    matmul::forward(par, a.get(out), a.get(x), p(weight), bias.map(p), epi, k, m)
+                    matmul::forward(par, a.get(wt), a.get(out), a.get(x), p(weight), bias.map(p), epi, k, m)
                 }
                 Op::Attention { qkv, out, lse, shape, .. } => attention::forward(par, a.get(out), a.get(lse), a.get(qkv), shape),
                 Op::CrossEntropy { logits, losses } => {

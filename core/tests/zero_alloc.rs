@@ -1,1 +1,72 @@
+//! Proves that training steps, evaluation and sampling perform no heap allocation once the
+//! memory is set up: a counting global allocator watches several steps after the first.
 
+use alpha_core::model::{generate, SamplingConfig};
+use alpha_core::optim::{AdamWConfig, LrSchedule};
+use alpha_core::parallel::ThreadPool;
+use alpha_core::train::{OwnedMemory, TrainConfig};
+use alpha_core::{GptConfig, Plan, Rng};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+struct Counting;
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator, only counting calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn training_evaluation_and_sampling_do_not_allocate() {
+    let cfg = GptConfig { vocab_size: 13, block_size: 16, n_layer: 2, n_head: 2, n_embd: 16 };
+    let plan = Plan::new(cfg, 3, 16).unwrap();
+    let train_cfg = TrainConfig {
+        schedule: LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 2, decay_iters: 10 },
+        adamw: AdamWConfig::default(),
+        grad_clip: 1.0,
+        grad_accum: 2,
+    };
+    let data: Vec<u32> = (0..500u32).map(|i| (i * 7 + i / 3) % 13).collect();
+    let pool = ThreadPool::new(2);
+    let mut mem = OwnedMemory::<f32>::new(&plan);
+    alpha_core::model::init_params(&plan, &mut mem.params, &mut Rng::new(1));
+    let sample_plan = Plan::new(cfg, 1, 16).unwrap();
+    let mut sample_mem = OwnedMemory::<f32>::new(&sample_plan);
+    let mut window = vec![0u32; 16];
+    let mut trainer = mem.trainer(plan, train_cfg, Rng::new(2)).unwrap();
+    trainer.train_step(&pool, &data).unwrap();
+
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let mut eval_rng = Rng::new(3);
+    for _ in 0..4 {
+        trainer.train_step(&pool, &data).unwrap();
+    }
+    let eval_loss = trainer.evaluate(&pool, &data, 2, &mut eval_rng);
+    let mut emitted = 0;
+    let scfg = SamplingConfig { temperature: 0.8, top_k: 5 };
+    let params = &*trainer.mem.params;
+    let (sp, st) = (&sample_plan, &sample_mem.tape);
+    generate(&pool, sp, st, params, &mut sample_mem.acts, &mut window, &[1, 2], 20, &scfg, &mut eval_rng, |_| emitted += 1);
+    let after = ALLOCATIONS.load(Ordering::SeqCst);
+
+    assert!(eval_loss.is_finite());
+    assert_eq!(emitted, 20);
+    assert_eq!(after - before, 0, "heap allocations during 4 training steps, an evaluation and sampling");
+}

@@ -4,6 +4,7 @@
 
 use super::COLUMN_CHUNK;
 use crate::float::Float;
+use crate::gemm::{gemm, transpose, Strided};
 use crate::parallel::{split_range, Parallel, SharedMut};
 
 /// What is applied to `x·wᵀ + bias` before it is stored.
@@ -44,9 +45,11 @@ pub fn gelu_grad<T: Float>(x: T) -> T {
 }
 
 /// Forward. `out [N, M]`, `x [N, K]`, `w [M, K]`, `bias [M]`; rows split across tasks.
+/// `wt` is scratch of at least `M * K` elements (wᵀ is staged there for the GEMM).
 #[allow(clippy::too_many_arguments)]
 pub fn forward<T: Float>(
     par: &dyn Parallel,
+    wt: &mut [T],
     out: &mut [T],
     x: &[T],
     w: &[T],
@@ -57,6 +60,9 @@ pub fn forward<T: Float>(
 ) {
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && out.len() == n * m, "matmul forward: shape mismatch");
+    let wt = &mut wt[..m * k];
+    transpose(w, m, k, wt);
+    let wt: &[T] = wt;
     let tasks = par.threads().min(n).max(1);
     let out_p = SharedMut(out.as_mut_ptr());
     let (pre_p, residual) = match epilogue {
@@ -91,24 +97,11 @@ pub fn forward<T: Float>(
             }
             beta = T::ONE;
         }
-        // SAFETY: x rows [rows] are K-strided, w is read transposed (rsb = 1, csb = K),
-        // target is exactly rows.len() x m; target does not overlap x or w.
+        // SAFETY: x rows are K-strided, wt is [K, M]; target is exactly rows.len() x m and
+        // overlaps neither.
         unsafe {
-            T::gemm(
-                rows.len(),
-                k,
-                m,
-                x.as_ptr().add(rows.start * k),
-                k as isize,
-                1,
-                w.as_ptr(),
-                1,
-                k as isize,
-                beta,
-                target.as_mut_ptr(),
-                m as isize,
-                1,
-            );
+            let a = Strided { ptr: x.as_ptr().add(rows.start * k), rs: k, cs: 1 };
+            gemm(rows.len(), m, k, a, wt.as_ptr(), m, beta, target.as_mut_ptr(), m);
         }
         if pre_p.is_some() {
             // SAFETY: as above, the same rows of `out`.
@@ -161,21 +154,8 @@ pub fn backward<T: Float>(
             }
             // SAFETY: dx rows are disjoint per task; dout rows are M-strided; w is [M, K].
             unsafe {
-                T::gemm(
-                    rows.len(),
-                    m,
-                    k,
-                    dout.as_ptr().add(rows.start * m),
-                    m as isize,
-                    1,
-                    w.as_ptr(),
-                    k as isize,
-                    1,
-                    T::ZERO,
-                    dx_p.ptr().add(rows.start * k),
-                    k as isize,
-                    1,
-                );
+                let a = Strided { ptr: dout.as_ptr().add(rows.start * m), rs: m, cs: 1 };
+                gemm(rows.len(), k, m, a, w.as_ptr(), k, T::ZERO, dx_p.ptr().add(rows.start * k), k);
             }
         });
     }
@@ -186,23 +166,10 @@ pub fn backward<T: Float>(
         if rows.is_empty() {
             return;
         }
-        // SAFETY: dw rows are disjoint per task; doutᵀ is read with rsa = 1, csa = M.
+        // SAFETY: dw rows are disjoint per task; doutᵀ is read with rs = 1, cs = M; x is [N, K].
         unsafe {
-            T::gemm(
-                rows.len(),
-                n,
-                k,
-                dout.as_ptr().add(rows.start),
-                1,
-                m as isize,
-                x.as_ptr(),
-                k as isize,
-                1,
-                T::ONE,
-                dw_p.ptr().add(rows.start * k),
-                k as isize,
-                1,
-            );
+            let a = Strided { ptr: dout.as_ptr().add(rows.start), rs: 1, cs: m };
+            gemm(rows.len(), k, n, a, x.as_ptr(), k, T::ONE, dw_p.ptr().add(rows.start * k), k);
         }
     });
     if let Some(db) = db {
@@ -244,7 +211,7 @@ mod tests {
                 "residual" => Epilogue::Residual { input: r },
                 _ => Epilogue::None,
             };
-            forward(&Serial, out, x, w, with_bias.then_some(b), epi, k, m);
+            forward(&Serial, &mut vec![0.0; m * k], out, x, w, with_bias.then_some(b), epi, k, m);
             weighted_sum(out, &g)
         };
         run(&x, &w, &b, &r, &mut pre, &mut out);
@@ -297,8 +264,8 @@ mod tests {
         let x: Vec<f32> = random(&mut rng, n * k, 1.0).into_iter().map(|v| v as f32).collect();
         let w: Vec<f32> = random(&mut rng, m * k, 1.0).into_iter().map(|v| v as f32).collect();
         let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
-        forward(&Serial, &mut a, &x, &w, None, Epilogue::None, k, m);
-        forward(&Four, &mut b, &x, &w, None, Epilogue::None, k, m);
+        forward(&Serial, &mut vec![0.0; m * k], &mut a, &x, &w, None, Epilogue::None, k, m);
+        forward(&Four, &mut vec![0.0; m * k], &mut b, &x, &w, None, Epilogue::None, k, m);
         assert_eq!(a, b);
     }
 }

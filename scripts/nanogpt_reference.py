@@ -1,0 +1,159 @@
+"""PyTorch reference for Alpha: a nanoGPT-style GPT built from an Alpha checkpoint.
+
+Optional tooling (Alpha never needs PyTorch to build, run or test):
+
+  eval   python3 scripts/nanogpt_reference.py eval CKPT TEXT
+         Mean cross-entropy over every non-overlapping window, the same definition as
+         `alpha-native eval --checkpoint CKPT --text TEXT`; prints one JSON line.
+  bench  python3 scripts/nanogpt_reference.py bench [--threads N] [--iters N] [--warmup N]
+         Times nanoGPT's training step (AdamW, clip 1.0) on the default CPU config
+         (4 layers, 4 heads, 128 embd, block 64, batch 12) and prints ms/iter and tok/s.
+
+Needs: pip install torch numpy safetensors
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, c, n_head):
+        super().__init__()
+        self.n_head = n_head
+        self.ln_1 = nn.LayerNorm(c)
+        self.attn = nn.Module()
+        self.attn.c_attn = nn.Linear(c, 3 * c)
+        self.attn.c_proj = nn.Linear(c, c)
+        self.ln_2 = nn.LayerNorm(c)
+        self.mlp = nn.Module()
+        self.mlp.c_fc = nn.Linear(c, 4 * c)
+        self.mlp.c_proj = nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.attn.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd),
+            wpe=nn.Embedding(block_size, n_embd),
+            h=nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)]),
+            ln_f=nn.LayerNorm(n_embd),
+        ))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, as in nanoGPT
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+            elif p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+            elif "ln_" in name and name.endswith("weight"):
+                nn.init.ones_(p)
+            else:
+                nn.init.zeros_(p)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T))
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+
+
+def load(path):
+    from safetensors import safe_open
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+        cfg = json.loads(meta["config"])
+        chars = json.loads(meta["tokenizer"])["chars"]
+        model = GPT(**cfg)
+        state = {k: f.get_tensor(k) for k in f.keys() if not k.startswith("optimizer.")}
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    model.load_state_dict(state, strict=True)
+    return model, cfg, chars
+
+
+def cmd_eval(args):
+    torch.set_num_threads(args.threads)
+    model, cfg, chars = load(args.checkpoint)
+    stoi = {c: i for i, c in enumerate(chars)}
+    ids = torch.tensor([stoi[c] for c in open(args.text, encoding="utf-8").read()], dtype=torch.long)
+    T = cfg["block_size"]
+    n = (len(ids) - 1) // T
+    x = ids[: n * T].view(n, T)
+    y = ids[1 : n * T + 1].view(n, T)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, n, 64):
+            total += model(x[i : i + 64], y[i : i + 64]).double().sum().item()
+    print(json.dumps({"loss": total / (n * T), "windows": n, "tokens": n * T}))
+
+
+def cmd_bench(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1337)
+    text = open(args.data, encoding="utf-8").read()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+    B, T = args.batch, args.block
+    model = GPT(len(chars), T, args.layers, args.heads, args.embd)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99))
+    times = []
+    for it in range(args.warmup + args.iters):
+        t0 = time.perf_counter()
+        ix = torch.randint(len(data) - T, (B,))
+        x = torch.stack([data[i : i + T] for i in ix])
+        y = torch.stack([data[i + 1 : i + 1 + T] for i in ix])
+        loss = model(x, y).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if it >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    ms = statistics.median(times) * 1e3
+    print(json.dumps({"impl": f"pytorch {torch.__version__} eager", "threads": args.threads, "ms_per_iter": ms,
+                      "tokens_per_sec": B * T / ms * 1e3, "iters": args.iters}))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("eval")
+    e.add_argument("checkpoint")
+    e.add_argument("text")
+    e.add_argument("--threads", type=int, default=2)
+    b = sub.add_parser("bench")
+    b.add_argument("--data", default="data/shakespeare.txt")
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--iters", type=int, default=100)
+    b.add_argument("--warmup", type=int, default=10)
+    b.add_argument("--batch", type=int, default=12)
+    b.add_argument("--block", type=int, default=64)
+    b.add_argument("--layers", type=int, default=4)
+    b.add_argument("--heads", type=int, default=4)
+    b.add_argument("--embd", type=int, default=128)
+    args = p.parse_args()
+    {"eval": cmd_eval, "bench": cmd_bench}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
