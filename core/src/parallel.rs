@@ -69,11 +69,16 @@ pub use pool::ThreadPool;
 #[cfg(feature = "std")]
 mod pool {
     use super::Parallel;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     use std::sync::{Arc, Condvar, Mutex};
     use std::thread::JoinHandle;
 
     type TaskPtr = *const (dyn Fn(usize) + Sync + 'static);
+
+    /// How long an idle worker polls for the next job before it sleeps on the condvar
+    /// (a training step dispatches ~100 jobs back to back; a futex wake-up per job costs
+    /// more than the smaller jobs themselves).
+    const SPIN_ROUNDS: u32 = 1 << 16;
 
     struct Job {
         task: TaskPtr,
@@ -82,37 +87,36 @@ mod pool {
     // SAFETY: the pointee is Sync and outlives the job (run() waits for every worker).
     unsafe impl Send for Job {}
 
-    struct State {
-        job: Option<Job>,
-        generation: u64,
-        busy_workers: usize,
-        shutdown: bool,
-    }
-
     struct Shared {
-        state: Mutex<State>,
-        start: Condvar,
-        done: Condvar,
+        job: Mutex<Option<Job>>,
+        wake: Condvar,
+        /// Bumped once per job; odd values are never used, `u64::MAX` means shut down.
+        generation: AtomicU64,
+        /// Workers still working on the current job.
+        busy: AtomicUsize,
         next_task: AtomicUsize,
     }
 
-    /// A fixed set of worker threads created once; [`Parallel::run`] wakes them, shares the
-    /// tasks through an atomic counter, works on the calling thread too, and waits for all.
-    /// Dispatch performs no heap allocation.
+    /// A fixed set of worker threads created once; [`Parallel::run`] publishes a job, shares
+    /// its tasks through an atomic counter, works on the calling thread too, and waits for all.
+    /// Idle workers poll briefly before sleeping. Dispatch performs no heap allocation.
     pub struct ThreadPool {
         shared: Arc<Shared>,
         workers: Vec<JoinHandle<()>>,
         run_lock: Mutex<()>,
     }
 
+    const SHUTDOWN: u64 = u64::MAX;
+
     impl ThreadPool {
         /// A pool running tasks on `threads` threads in total (the caller plus `threads - 1`
         /// workers). `threads` of 0 is treated as 1.
         pub fn new(threads: usize) -> Self {
             let shared = Arc::new(Shared {
-                state: Mutex::new(State { job: None, generation: 0, busy_workers: 0, shutdown: false }),
-                start: Condvar::new(),
-                done: Condvar::new(),
+                job: Mutex::new(None),
+                wake: Condvar::new(),
+                generation: AtomicU64::new(0),
+                busy: AtomicUsize::new(0),
                 next_task: AtomicUsize::new(0),
             });
             let workers = (1..threads.max(1))
@@ -138,28 +142,40 @@ mod pool {
         }
     }
 
+    /// Waits until the generation differs from `seen`: polls, then sleeps.
+    fn next_generation(shared: &Shared, seen: u64) -> u64 {
+        for _ in 0..SPIN_ROUNDS {
+            let g = shared.generation.load(Ordering::Acquire);
+            if g != seen {
+                return g;
+            }
+            core::hint::spin_loop();
+        }
+        let mut job = shared.job.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let g = shared.generation.load(Ordering::Acquire);
+            if g != seen {
+                return g;
+            }
+            job = shared.wake.wait(job).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     fn worker(shared: &Shared) {
         let mut seen = 0u64;
         loop {
+            seen = next_generation(shared, seen);
+            if seen == SHUTDOWN {
+                return;
+            }
             let (task, tasks) = {
-                let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-                while !st.shutdown && st.generation == seen {
-                    st = shared.start.wait(st).unwrap_or_else(|e| e.into_inner());
-                }
-                if st.shutdown {
-                    return;
-                }
-                seen = st.generation;
-                let job = st.job.as_ref().expect("a new generation carries a job");
+                let job = shared.job.lock().unwrap_or_else(|e| e.into_inner());
+                let job = job.as_ref().expect("a new generation carries a job");
                 (job.task, job.tasks)
             };
-            // SAFETY: run() keeps the closure alive until busy_workers drops to zero.
+            // SAFETY: run() keeps the closure alive until `busy` drops to zero.
             drain(shared, unsafe { &*task }, tasks);
-            let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.busy_workers -= 1;
-            if st.busy_workers == 0 {
-                shared.done.notify_one();
-            }
+            shared.busy.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -176,34 +192,42 @@ mod pool {
             let _one_job_at_a_time = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: only the lifetime is erased; we wait below until no worker uses it.
             let ptr: TaskPtr = unsafe { core::mem::transmute::<&(dyn Fn(usize) + Sync), TaskPtr>(task) };
-            self.shared.next_task.store(0, Ordering::Relaxed);
+            let shared = &*self.shared;
+            shared.next_task.store(0, Ordering::Relaxed);
+            shared.busy.store(self.workers.len(), Ordering::Relaxed);
             {
-                let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-                st.job = Some(Job { task: ptr, tasks });
-                st.generation += 1;
-                st.busy_workers = self.workers.len();
-                self.shared.start.notify_all();
+                let mut job = shared.job.lock().unwrap_or_else(|e| e.into_inner());
+                *job = Some(Job { task: ptr, tasks });
+                shared.generation.fetch_add(2, Ordering::AcqRel);
             }
+            shared.wake.notify_all();
             // A panicking task must not let run() return while workers still hold the pointer.
             struct WaitOnDrop<'a>(&'a Shared);
             impl Drop for WaitOnDrop<'_> {
                 fn drop(&mut self) {
-                    let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-                    while st.busy_workers > 0 {
-                        st = self.0.done.wait(st).unwrap_or_else(|e| e.into_inner());
+                    let mut spins = 0u32;
+                    while self.0.busy.load(Ordering::Acquire) > 0 {
+                        spins += 1;
+                        if spins < SPIN_ROUNDS {
+                            core::hint::spin_loop();
+                        } else {
+                            std::thread::yield_now();
+                        }
                     }
-                    st.job = None;
                 }
             }
-            let _wait = WaitOnDrop(&self.shared);
-            drain(&self.shared, task, tasks);
+            let _wait = WaitOnDrop(shared);
+            drain(shared, task, tasks);
         }
     }
 
     impl Drop for ThreadPool {
         fn drop(&mut self) {
-            self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).shutdown = true;
-            self.shared.start.notify_all();
+            {
+                let _job = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
+                self.shared.generation.store(SHUTDOWN, Ordering::Release);
+            }
+            self.shared.wake.notify_all();
             for w in self.workers.drain(..) {
                 let _ = w.join();
             }
