@@ -105,10 +105,40 @@ unsafe fn gemm_with<T: Float>(
                     let ct = c.add(ic * ldc + jc);
                     match fast {
                         Some(f) if mr == MR && w == nr => (f.run)(kc, packed.as_ptr(), bt, ldb, beta_pc, ct, ldc),
-                        _ => portable_kernel(mr, w, kc, packed.as_ptr(), bt, ldb, beta_pc, ct, ldc),
+                        Some(f) => edge_tile(f, mr, w, kc, packed.as_ptr(), bt, ldb, beta_pc, ct, ldc),
+                        None => portable_kernel(mr, w, kc, packed.as_ptr(), bt, ldb, beta_pc, ct, ldc),
                     }
                 }
             }
+        }
+    }
+}
+
+/// A partial tile through the full-tile kernel, on zero-padded stack copies of B and C, so
+/// every element of C sees the same arithmetic (FMA and order) wherever tile edges fall:
+/// results do not depend on how callers split rows across tasks.
+#[allow(clippy::too_many_arguments)]
+unsafe fn edge_tile<T: Float>(f: Kernel<T>, mr: usize, w: usize, kc: usize, a: *const T, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
+    let nr = f.nr;
+    let mut bpad = [T::ZERO; KC * MAX_NR];
+    for p in 0..kc {
+        // SAFETY: row p of the B panel has w valid columns (caller).
+        let row = unsafe { core::slice::from_raw_parts(b.add(p * ldb), w) };
+        bpad[p * nr..p * nr + w].copy_from_slice(row);
+    }
+    let mut cpad = [T::ZERO; MR * MAX_NR];
+    for i in 0..mr {
+        for j in 0..w {
+            // SAFETY: (i, j) is inside the tile.
+            cpad[i * nr + j] = unsafe { *c.add(i * ldc + j) };
+        }
+    }
+    // SAFETY: the padded buffers hold a full MR x nr tile of depth kc.
+    unsafe { (f.run)(kc, a, bpad.as_ptr(), nr, beta, cpad.as_mut_ptr(), nr) };
+    for i in 0..mr {
+        for j in 0..w {
+            // SAFETY: (i, j) is inside the tile.
+            unsafe { *c.add(i * ldc + j) = cpad[i * nr + j] };
         }
     }
 }
@@ -246,6 +276,25 @@ mod tests {
             }
         }
         v
+    }
+
+    /// A row's result must not depend on which tile it falls in (full or edge).
+    #[test]
+    fn rows_are_independent_of_tiling() {
+        let (m, n, k) = (13, 37, 70);
+        let mut rng = Rng::new(9);
+        let a: Vec<f32> = (0..m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        let b: Vec<f32> = (0..k * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        let mut whole = vec![0f32; m * n];
+        unsafe { gemm(m, n, k, Strided { ptr: a.as_ptr(), rs: k, cs: 1 }, b.as_ptr(), n, 0.0, whole.as_mut_ptr(), n) };
+        for start in 0..m {
+            for rows in 1..=(m - start) {
+                let mut part = vec![0f32; rows * n];
+                let sub = Strided { ptr: a[start * k..].as_ptr(), rs: k, cs: 1 };
+                unsafe { gemm(rows, n, k, sub, b.as_ptr(), n, 0.0, part.as_mut_ptr(), n) };
+                assert_eq!(part, whole[start * n..(start + rows) * n], "rows {start}..{}", start + rows);
+            }
+        }
     }
 
     /// Odd shapes (edge tiles, several K blocks), transposed A, beta 0 and 1, f32 and f64.

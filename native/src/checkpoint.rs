@@ -66,6 +66,8 @@ pub struct TrainSettings {
     pub iters: u64,
     /// Peak learning rate.
     pub lr: f64,
+    /// Step at which the cosine decay reaches `min_lr`.
+    pub lr_decay_iters: u64,
     /// Final learning rate.
     pub min_lr: f64,
     /// Warmup steps.

@@ -6,7 +6,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Alpha: train small GPT language models fast.
 #[derive(Parser, Debug)]
-#[command(name = "alpha-native", version, about, long_about = None)]
+#[command(name = "alpha-native", version, about, long_about = None, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

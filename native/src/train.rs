@@ -51,6 +51,9 @@ pub struct TrainArgs {
     /// Peak learning rate.
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
+    /// Step at which the cosine decay reaches --min-lr. Default: --iters.
+    #[arg(long)]
+    pub lr_decay_iters: Option<u64>,
     /// Final learning rate of the cosine decay.
     #[arg(long, default_value_t = 1e-4)]
     pub min_lr: f64,
@@ -157,6 +160,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         batch: args.batch,
         iters: args.iters,
         lr: args.lr,
+        lr_decay_iters: args.lr_decay_iters.unwrap_or(args.iters),
         min_lr: args.min_lr,
         warmup: args.warmup,
         weight_decay: args.weight_decay,
@@ -194,7 +198,8 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
     macro_rules! take {
         ($($field:ident => $flag:literal),*) => {$( if explicit($flag) { s.$field = fresh_settings.$field.clone(); } )*};
     }
-    take!(data => "data", batch => "batch", iters => "iters", lr => "lr", min_lr => "min_lr", warmup => "warmup",
+    take!(data => "data", batch => "batch", iters => "iters", lr => "lr", lr_decay_iters => "lr_decay_iters",
+          min_lr => "min_lr", warmup => "warmup",
           weight_decay => "weight_decay", beta1 => "beta1", beta2 => "beta2", grad_clip => "grad_clip",
           grad_accum => "grad_accum", seed => "seed");
     Ok(Run { config: c, settings: s, chars: ck.chars.clone(), resume: Some(ck) })
@@ -291,7 +296,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         }
     };
     let cfg = TrainConfig {
-        schedule: LrSchedule { max_lr: s.lr, min_lr: s.min_lr, warmup_iters: s.warmup, decay_iters: s.iters },
+        schedule: LrSchedule { max_lr: s.lr, min_lr: s.min_lr, warmup_iters: s.warmup, decay_iters: s.lr_decay_iters },
         adamw: AdamWConfig { beta1: s.beta1, beta2: s.beta2, eps: 1e-8, weight_decay: s.weight_decay },
         grad_clip: s.grad_clip,
         grad_accum: s.grad_accum,

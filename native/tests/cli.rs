@@ -1,0 +1,321 @@
+//! End-to-end tests of the `alpha-native` binary: bad input, exact resume, Ctrl-C, divergence,
+//! evaluation, sampling and metrics. Models are tiny so the whole file runs in seconds.
+
+use alpha_native::checkpoint;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_alpha-native");
+/// A tiny model: 1 layer, 2 heads, 16 wide, block 16, batch 4.
+const TINY: &[&str] = &["--layers", "1", "--heads", "2", "--embd", "16", "--block", "16", "--batch", "4"];
+const QUIET: &[&str] = &["--eval-interval", "0", "--sample-interval", "0"];
+
+/// A fresh directory for one test.
+fn workdir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli").join(name);
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The first 20,000 characters of the embedded corpus, written to `dir/text.txt`.
+fn text_file(dir: &Path) -> PathBuf {
+    let path = dir.join("text.txt");
+    let corpus = include_str!("../../data/shakespeare.txt");
+    fs::write(&path, &corpus[..20_000]).unwrap();
+    path
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN).args(args).current_dir(dir).output().expect("running alpha-native")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn assert_ok(o: &Output) {
+    assert!(o.status.success(), "failed: {}\n{}", String::from_utf8_lossy(&o.stderr), stdout(o));
+}
+
+/// Trains the tiny model on `text.txt` with extra flags; returns `dir/out/ckpt.safetensors`
+/// (where it lands unless `extra` names another `--out`).
+fn train(dir: &Path, extra: &[&str]) -> PathBuf {
+    text_file(dir);
+    let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--threads", "2"];
+    args.extend(TINY);
+    args.extend(QUIET);
+    args.extend(extra);
+    assert_ok(&run(dir, &args));
+    dir.join("out/ckpt.safetensors")
+}
+
+/// Bad input: exit status 1, one line on stderr that starts with "error:" and contains
+/// `needle`, and no panic.
+fn expect_error(dir: &Path, args: &[&str], needle: &str) {
+    let o = run(dir, args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{args:?}: expected exit 1, stderr: {err}");
+    assert!(err.starts_with("error: ") && err.trim_end().lines().count() == 1, "{args:?}: stderr {err:?}");
+    assert!(err.contains(needle), "{args:?}: {err:?} does not contain {needle:?}");
+}
+
+#[test]
+fn help_explains_every_flag_with_its_default() {
+    let o = run(Path::new("."), &["train", "--help"]);
+    assert_ok(&o);
+    let help = stdout(&o);
+    for flag in [
+        "--data", "--out", "--iters", "--batch", "--block", "--layers", "--heads", "--embd", "--lr", "--min-lr", "--warmup",
+        "--weight-decay", "--grad-clip", "--grad-accum", "--seed", "--eval-interval", "--eval-iters", "--sample-interval",
+        "--checkpoint-interval", "--threads", "--resume", "--metrics",
+    ] {
+        assert!(help.contains(flag), "train --help lacks {flag}");
+    }
+    for default in ["[default: 2000]", "[default: 12]", "[default: 64]", "[default: 0.001]", "[default: 0.0001]", "[default: 0.99]"] {
+        assert!(help.contains(default), "train --help lacks {default}");
+    }
+}
+
+#[test]
+fn bad_training_input_is_a_clear_error() {
+    let dir = workdir("bad_train");
+    let base = |extra: &[&str]| {
+        let mut v = vec!["train", "--out", "out"];
+        v.extend(TINY);
+        v.extend(QUIET);
+        v.extend(extra.iter().copied());
+        v.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let check = |extra: &[&str], needle: &str| {
+        let args = base(extra);
+        expect_error(&dir, &args.iter().map(String::as_str).collect::<Vec<_>>(), needle);
+    };
+    fs::write(dir.join("empty.txt"), "").unwrap();
+    fs::write(dir.join("short.txt"), "a short text, much too short for a block of 16.\n").unwrap();
+    fs::write(dir.join("binary.txt"), b"valid start \xff\xfe then junk").unwrap();
+    text_file(&dir);
+    check(&["--data", "missing.txt"], "cannot read data file missing.txt");
+    check(&["--data", "empty.txt"], "is empty");
+    check(&["--data", "short.txt"], "is too short");
+    check(&["--data", "binary.txt"], "not valid UTF-8 (invalid byte at offset 12)");
+    check(&["--data", "text.txt", "--heads", "3"], "number of heads (3) must divide the embedding width (16)");
+    check(&["--data", "text.txt", "--batch", "0"], "batch size must be at least 1");
+    check(&["--data", "text.txt", "--layers", "0"], "n_layer must be at least 1");
+    check(&["--data", "text.txt", "--embd", "0"], "n_embd must be at least 1");
+    check(&["--data", "text.txt", "--block", "0"], "block_size must be at least 1");
+    check(&["--data", "text.txt", "--iters", "0"], "--iters must be at least 1");
+    check(&["--data", "text.txt", "--threads", "0"], "--threads must be at least 1");
+    check(&["--data", "text.txt", "--grad-accum", "0"], "--grad-accum must be at least 1");
+    check(&["--data", "text.txt", "--lr=-1"], "--lr must be a positive number");
+    check(&["--data", "text.txt", "--beta2", "1"], "--beta1 and --beta2 must be below 1");
+    check(&["--data", "text.txt", "--resume", "missing.safetensors"], "cannot read checkpoint missing.safetensors");
+}
+
+#[test]
+fn bad_checkpoints_and_texts_are_clear_errors() {
+    let dir = workdir("bad_ckpt");
+    let ckpt = train(&dir, &["--iters", "2"]);
+    let bytes = fs::read(&ckpt).unwrap();
+    let v = checkpoint::load(&ckpt).unwrap().config.vocab_size;
+    fs::write(dir.join("truncated.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    fs::write(dir.join("garbage.safetensors"), b"this is not a checkpoint at all, just some text").unwrap();
+    // Header lies: a tensor claims a bigger shape than its byte range holds.
+    fs::write(dir.join("shape_lie.safetensors"), edit_header(&bytes, &format!("[{v},16]"), &format!("[{v},17]"))).unwrap();
+    // Header lies: the config claims a width that the tensors do not have.
+    fs::write(dir.join("config_lie.safetensors"), edit_header(&bytes, r#"\"n_embd\":16"#, r#"\"n_embd\":32"#)).unwrap();
+    let (vocab, vocab_plus) = (format!(r#"\"vocab_size\":{v}"#), format!(r#"\"vocab_size\":{}"#, v + 1));
+    fs::write(dir.join("vocab_lie.safetensors"), edit_header(&bytes, &vocab, &vocab_plus)).unwrap();
+    fs::write(dir.join("unknown.txt"), "To be, or not to be: that is the question.\nWhither 日本?\n").unwrap();
+    for (file, needle) in [
+        ("truncated.safetensors", "not a valid Alpha checkpoint".to_string()),
+        ("garbage.safetensors", "not a valid Alpha checkpoint".into()),
+        ("shape_lie.safetensors", "not a valid Alpha checkpoint".into()),
+        ("config_lie.safetensors", format!("expected F32 [{v}, 32]")),
+        ("vocab_lie.safetensors", format!("the tokenizer has {v} characters but vocab_size is {}", v + 1)),
+        ("missing.safetensors", "cannot read checkpoint missing.safetensors".into()),
+    ] {
+        expect_error(&dir, &["sample", "--checkpoint", file], &needle);
+        expect_error(&dir, &["eval", "--checkpoint", file, "--text", "text.txt"], &needle);
+    }
+    let c = "out/ckpt.safetensors";
+    expect_error(&dir, &["sample", "--checkpoint", c, "--prompt", "Whither 日本"], "character '日' (U+65E5) at line 1, column 9");
+    expect_error(&dir, &["eval", "--checkpoint", c, "--text", "unknown.txt"], "character '日' (U+65E5) at line 2, column 9");
+    expect_error(&dir, &["sample", "--checkpoint", c, "--block", "17"], "--block 17 is larger than the checkpoint's block size 16");
+    expect_error(&dir, &["eval", "--checkpoint", c, "--text", "text.txt", "--block", "99"], "larger than the checkpoint's block size 16");
+    expect_error(&dir, &["eval", "--checkpoint", c, "--text", "missing.txt"], "cannot read text file missing.txt");
+    let resume = ["train", "--data", "text.txt", "--out", "out", "--resume", c, "--block", "32"];
+    expect_error(&dir, &resume, "--block 32 is larger than the checkpoint's block size 16");
+    expect_error(&dir, &["sample", "--checkpoint", c, "--temperature=-1"], "--temperature must be a non-negative number");
+}
+
+/// Rewrites the safetensors JSON header, replacing `from` by `to` (the data is unchanged).
+fn edit_header(bytes: &[u8], from: &str, to: &str) -> Vec<u8> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap();
+    assert!(header.contains(from), "header lacks {from}: {header}");
+    let header = header.replacen(from, to, 1);
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header.as_bytes());
+    out.extend(&bytes[8 + n..]);
+    out
+}
+
+fn train_losses(metrics: &Path) -> Vec<(u64, String)> {
+    fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["type"] == "train")
+        .map(|r| (r["step"].as_u64().unwrap(), r["loss"].to_string()))
+        .collect()
+}
+
+/// N+M steps in one run equal N steps, save, resume, M steps: loss for loss, bit for bit,
+/// and the final checkpoints hold identical tensors.
+#[test]
+fn resume_is_exact() {
+    let dir = workdir("resume");
+    let common = ["--iters", "12", "--lr-decay-iters", "12", "--warmup", "3", "--log-interval", "1", "--eval-interval", "4"];
+    train(&dir, &[&common[..], &["--out", "whole", "--metrics", "whole.jsonl"]].concat());
+    let whole = dir.join("whole/ckpt.safetensors");
+    let mut first = common.to_vec();
+    first[1] = "7";
+    train(&dir, &[&first[..], &["--out", "split", "--metrics", "split.jsonl"]].concat());
+    let c = dir.join("split/ckpt.safetensors");
+    let state = checkpoint::load(&c).unwrap().optimizer.unwrap().2;
+    assert_eq!(state.step, 7);
+    let args = ["train", "--resume", "split/ckpt.safetensors", "--out", "split", "--iters", "12", "--threads", "2", "--metrics", "split.jsonl"];
+    assert_ok(&run(&dir, &[&args[..], QUIET, &["--log-interval", "1"]].concat()));
+
+    let (a, b) = (train_losses(&dir.join("whole.jsonl")), train_losses(&dir.join("split.jsonl")));
+    assert_eq!(a.len(), 12);
+    assert_eq!(a, b, "per-step losses differ between the whole run and the resumed one");
+    let (x, y) = (checkpoint::load(&whole).unwrap(), checkpoint::load(&c).unwrap());
+    assert_eq!(x.params, y.params);
+    let ((xm, xv, xs), (ym, yv, ys)) = (x.optimizer.unwrap(), y.optimizer.unwrap());
+    assert_eq!((xm, xv, xs.step, xs.rng_state), (ym, yv, ys.step, ys.rng_state));
+}
+
+#[test]
+fn ctrl_c_saves_a_checkpoint_and_exits_zero() {
+    let dir = workdir("sigint");
+    text_file(&dir);
+    let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--iters", "100000", "--log-interval", "1"];
+    args.extend(TINY);
+    args.extend(QUIET);
+    let mut child = Command::new(BIN).args(&args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Wait until training is under way.
+    for line in lines.by_ref() {
+        if line.unwrap().starts_with("step 3:") {
+            break;
+        }
+    }
+    let kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let msg = rest.iter().find(|l| l.starts_with("interrupted")).expect("an 'interrupted' line");
+    assert!(msg.contains("out/ckpt.safetensors"), "{msg}");
+    let state = checkpoint::load(&dir.join("out/ckpt.safetensors")).unwrap().optimizer.unwrap().2;
+    assert!(state.step >= 4 && state.step < 100_000, "saved at step {}", state.step);
+    // The saved run continues.
+    let resume = ["train", "--resume", "out/ckpt.safetensors", "--out", "out", "--iters", &(state.step + 2).to_string()];
+    assert_ok(&run(&dir, &[&resume[..], QUIET].concat()));
+}
+
+#[test]
+fn divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint() {
+    let dir = workdir("nan");
+    text_file(&dir);
+    let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--lr", "1e30", "--warmup", "0", "--checkpoint-interval", "1"];
+    args.extend(TINY);
+    args.extend(QUIET);
+    let o = run(&dir, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("training diverged at step 1: loss is NaN"), "{err}");
+    assert!(err.contains("the last good checkpoint (out/ckpt.safetensors, step 1) is kept"), "{err}");
+    let ck = checkpoint::load(&dir.join("out/ckpt.safetensors")).unwrap();
+    assert!(ck.params.iter().all(|p| p.is_finite()));
+    assert_eq!(ck.optimizer.unwrap().2.step, 1);
+}
+
+#[test]
+fn an_existing_checkpoint_is_never_overwritten_by_a_new_run() {
+    let dir = workdir("overwrite");
+    let ckpt = train(&dir, &["--iters", "2"]);
+    let before = fs::read(&ckpt).unwrap();
+    let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--iters", "3"];
+    args.extend(TINY);
+    expect_error(&dir, &args, "out/ckpt.safetensors already exists");
+    assert_eq!(fs::read(&ckpt).unwrap(), before);
+    args.push("--overwrite");
+    args.extend(QUIET);
+    assert_ok(&run(&dir, &args));
+    assert_eq!(checkpoint::load(&ckpt).unwrap().optimizer.unwrap().2.step, 3);
+}
+
+#[test]
+fn eval_is_deterministic_and_counts_windows() {
+    let dir = workdir("eval");
+    train(&dir, &["--iters", "5"]);
+    let eval = |extra: &[&str]| {
+        let o = run(&dir, &[&["eval", "--checkpoint", "out/ckpt.safetensors", "--text", "text.txt"][..], extra].concat());
+        assert_ok(&o);
+        serde_json::from_str::<serde_json::Value>(stdout(&o).trim()).unwrap()
+    };
+    let a = eval(&["--threads", "1", "--batch", "16"]);
+    let b = eval(&["--threads", "2", "--batch", "3"]);
+    assert_eq!(a, b);
+    let windows = (20_000 - 1) / 16;
+    assert_eq!(a["windows"], windows);
+    assert_eq!(a["tokens"], windows * 16);
+    let loss = a["loss"].as_f64().unwrap();
+    assert!(loss > 0.5 && loss < (65f64).ln() + 0.5, "loss {loss}");
+    let short = eval(&["--block", "8"]);
+    assert_eq!(short["windows"], (20_000 - 1) / 8);
+}
+
+#[test]
+fn sample_continues_the_prompt_deterministically() {
+    let dir = workdir("sample");
+    train(&dir, &["--iters", "5"]);
+    let sample = |seed: &str| {
+        let o = run(&dir, &["sample", "--checkpoint", "out/ckpt.safetensors", "--prompt", "ROMEO:", "--tokens", "40", "--seed", seed]);
+        assert_ok(&o);
+        stdout(&o)
+    };
+    let (a, b, c) = (sample("1"), sample("1"), sample("2"));
+    assert!(a.starts_with("ROMEO:"));
+    assert_eq!(a.trim_end_matches('\n').chars().count() + 1, "ROMEO:".len() + 40 + 1 - a.ends_with("\n\n") as usize);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn metrics_hold_one_record_per_logged_step_with_timings() {
+    let dir = workdir("metrics");
+    train(&dir, &["--iters", "6", "--log-interval", "2", "--eval-interval", "3", "--eval-iters", "2", "--metrics", "m.jsonl"]);
+    let records: Vec<serde_json::Value> =
+        fs::read_to_string(dir.join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let of = |t: &str| records.iter().filter(|r| r["type"] == t).collect::<Vec<_>>();
+    assert_eq!(of("start").len(), 1);
+    let steps: Vec<u64> = of("train").iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [0, 2, 4, 5]);
+    for r in of("train") {
+        for key in ["loss", "lr", "grad_norm", "tokens_per_sec", "ms_per_step"] {
+            assert!(r[key].as_f64().unwrap() > 0.0, "{key} in {r}");
+        }
+        let ms = &r["ms"];
+        let parts: f64 = ["data", "forward", "backward", "grad_norm", "optimizer"].iter().map(|k| ms[k].as_f64().unwrap()).sum();
+        let total = r["ms_per_step"].as_f64().unwrap();
+        assert!(parts <= total * 1.0001 && parts > 0.5 * total, "phases {parts} ms vs step {total} ms");
+    }
+    let evals: Vec<u64> = of("eval").iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(evals, [0, 3, 6]);
+}
