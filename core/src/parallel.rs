@@ -78,7 +78,7 @@ mod pool {
     /// How long an idle worker polls for the next job before it sleeps on the condvar
     /// (a training step dispatches ~100 jobs back to back; a futex wake-up per job costs
     /// more than the smaller jobs themselves).
-    const SPIN_ROUNDS: u32 = 1 << 16;
+    const SPIN_ROUNDS: u32 = 1 << 12;
 
     struct Job {
         task: TaskPtr,

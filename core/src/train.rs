@@ -246,3 +246,45 @@ impl<T: Float> OwnedMemory<T> {
         Trainer::new(plan, &self.tape, mem, cfg, rng)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GptConfig;
+    use crate::model::init_params;
+    use crate::parallel::Serial;
+    use alloc::vec::Vec;
+
+    fn one_step(batch: usize, grad_accum: usize) -> (f64, Vec<f32>) {
+        let cfg = GptConfig { vocab_size: 11, block_size: 8, n_layer: 1, n_head: 2, n_embd: 8 };
+        let plan = Plan::new(cfg, batch, 8).unwrap();
+        let mut mem = OwnedMemory::<f32>::new(&plan);
+        init_params(&plan, &mut mem.params, &mut Rng::new(1));
+        let tc = TrainConfig {
+            schedule: LrSchedule { max_lr: 1e-2, min_lr: 1e-3, warmup_iters: 0, decay_iters: 10 },
+            adamw: AdamWConfig::default(),
+            grad_clip: 0.0,
+            grad_accum,
+        };
+        let data: Vec<u32> = (0..300u32).map(|i| (i * 5 + i / 4) % 11).collect();
+        let mut trainer = mem.trainer(plan, tc, Rng::new(2)).unwrap();
+        let loss = trainer.train_step(&Serial, &data).unwrap().loss;
+        drop(trainer);
+        // The step leaves the accumulated gradients in place (Adam's first update barely
+        // depends on their scale, so they are what shows an accumulation error).
+        (loss, mem.grads)
+    }
+
+    /// Two accumulated micro-batches of 3 sequences are one step on the same 6 sequences.
+    #[test]
+    fn gradient_accumulation_equals_a_bigger_batch() {
+        let (loss_a, grads_a) = one_step(3, 2);
+        let (loss_b, grads_b) = one_step(6, 1);
+        assert!((loss_a - loss_b).abs() < 1e-6 * loss_b, "{loss_a} vs {loss_b}");
+        let scale = grads_b.iter().fold(0f32, |m, g| m.max(g.abs()));
+        assert!(scale > 0.0);
+        for (a, b) in grads_a.iter().zip(&grads_b) {
+            assert!((a - b).abs() <= 1e-5 * scale, "{a} vs {b}");
+        }
+    }
+}
