@@ -2,8 +2,9 @@
 
 use core::fmt;
 
-/// The shape of a GPT-2 style model (nanoGPT's `GPTConfig`, without dropout).
+/// The shape of a GPT-2 style model (nanoGPT's `GPTConfig` names, without dropout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct GptConfig {
     /// Number of token ids.
     pub vocab_size: usize,

@@ -3,7 +3,7 @@
 //! Tensors use nanoGPT's `state_dict` names and `nn.Linear` layout (`lm_head` is tied to
 //! `transformer.wte.weight` and omitted). AdamW moments are stored as
 //! `optimizer.exp_avg.<name>` / `optimizer.exp_avg_sq.<name>`. The header's `__metadata__`
-//! holds JSON strings: `config`, `tokenizer`, and, for a resumable checkpoint, `train`
+//! holds JSON strings: `config` (a [`GptConfig`]), `tokenizer`, and, for a resumable checkpoint, `train`
 //! (step, RNG state and the run's settings). Writes are atomic.
 
 use crate::fsutil::write_atomic;
@@ -17,33 +17,6 @@ use std::path::Path;
 
 /// Identifies the file layout in `__metadata__.format`.
 pub const FORMAT: &str = "alpha-gpt/1";
-
-/// The model shape as stored in `__metadata__.config` (nanoGPT's `GPTConfig` names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConfigJson {
-    /// Vocabulary size.
-    pub vocab_size: usize,
-    /// Context length.
-    pub block_size: usize,
-    /// Blocks.
-    pub n_layer: usize,
-    /// Heads.
-    pub n_head: usize,
-    /// Width.
-    pub n_embd: usize,
-}
-
-impl From<GptConfig> for ConfigJson {
-    fn from(c: GptConfig) -> Self {
-        ConfigJson { vocab_size: c.vocab_size, block_size: c.block_size, n_layer: c.n_layer, n_head: c.n_head, n_embd: c.n_embd }
-    }
-}
-
-impl From<ConfigJson> for GptConfig {
-    fn from(c: ConfigJson) -> Self {
-        GptConfig { vocab_size: c.vocab_size, block_size: c.block_size, n_layer: c.n_layer, n_head: c.n_head, n_embd: c.n_embd }
-    }
-}
 
 /// `__metadata__.tokenizer` for the character tokenizer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,7 +113,7 @@ pub fn save(path: &Path, config: GptConfig, chars: &[char], params: &[f32], opti
     }
     let mut meta = HashMap::new();
     meta.insert("format".to_string(), FORMAT.to_string());
-    meta.insert("config".to_string(), json(&ConfigJson::from(config)));
+    meta.insert("config".to_string(), json(&config));
     meta.insert("tokenizer".to_string(), json(&TokenizerJson { kind: "char".into(), chars: chars.iter().collect() }));
     if let Some((_, _, state)) = optimizer {
         meta.insert("train".to_string(), json(state));
@@ -162,7 +135,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, String> {
     let tensors = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
     let meta = header.metadata().as_ref().ok_or_else(|| bad("no __metadata__ in the header".into()))?;
     let field = |key: &str| meta.get(key).ok_or_else(|| bad(format!("__metadata__ has no \"{key}\"")));
-    let config: GptConfig = serde_json::from_str::<ConfigJson>(field("config")?).map_err(|e| bad(format!("config: {e}")))?.into();
+    let config: GptConfig = serde_json::from_str(field("config")?).map_err(|e| bad(format!("config: {e}")))?;
     config.validate().map_err(|e| bad(format!("config: {e}")))?;
     let tok: TokenizerJson = serde_json::from_str(field("tokenizer")?).map_err(|e| bad(format!("tokenizer: {e}")))?;
     if tok.kind != "char" {

@@ -339,7 +339,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         s.data
     ));
     write_metrics(&mut metrics, json!({"type": "start", "step": start_step, "params": params_count,
-        "config": checkpoint::ConfigJson::from(run.config), "settings": s}))?;
+        "config": run.config, "settings": s}))?;
 
     let save = |trainer: &Trainer<'_, f32>| -> Result<(), String> {
         let state = TrainState { step: trainer.step, rng_state: trainer.rng.state().to_string(), settings: s.clone() };
