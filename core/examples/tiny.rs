@@ -18,8 +18,7 @@ fn main() {
 
     // The plan says how much memory the model needs; the caller provides it.
     let plan = Plan::new(config, 4, 16).expect("valid config");
-    let blank = Op::CrossEntropy { logits: Default::default(), losses: Default::default() };
-    let mut ops = vec![blank; tape::tape_len(&plan)];
+    let mut ops = vec![Op::BLANK; tape::tape_len(&plan)];
     let tape = tape::record(&plan, &mut ops).expect("tape buffer of tape_len");
     let (p, a) = (plan.params_len(), plan.acts_len());
     let (mut params, mut grads, mut m, mut v) = (vec![0f32; p], vec![0f32; p], vec![0f32; p], vec![0f32; p]);
@@ -43,7 +42,7 @@ fn main() {
 
     // Sampling uses a batch-1 plan over the same parameters.
     let sample_plan = Plan::new(config, 1, 16).expect("valid config");
-    let mut sample_ops = vec![blank; tape::tape_len(&sample_plan)];
+    let mut sample_ops = vec![Op::BLANK; tape::tape_len(&sample_plan)];
     let sample_tape = tape::record(&sample_plan, &mut sample_ops).expect("tape buffer");
     let mut sample_acts = vec![0f32; sample_plan.acts_len()];
     let mut window = vec![0u32; 16];

@@ -28,6 +28,11 @@ pub struct Strided<T> {
     pub cs: usize,
 }
 
+// SAFETY: a Strided is a read-only view; sharing it between tasks that only read is sound.
+unsafe impl<T: Sync> Sync for Strided<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Send for Strided<T> {}
+
 /// A full-tile micro-kernel: `(kc, packed_a, b, ldb, beta, c, ldc)`, where `packed_a` holds
 /// `kc` groups of [`MR`] consecutive values (column `p` of the row block).
 pub type KernelFn<T> = unsafe fn(usize, *const T, *const T, usize, T, *mut T, usize);

@@ -109,6 +109,11 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// A placeholder to fill a tape buffer with before [`record`].
+    pub const BLANK: Op = Op::CrossEntropy { logits: Span { offset: 0, len: 0 }, losses: Span { offset: 0, len: 0 } };
+}
+
 /// Number of ops in the tape of `plan`.
 pub fn tape_len(plan: &Plan) -> usize {
     7 * plan.config.n_layer + 4
@@ -225,6 +230,14 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
     push(Op::CrossEntropy { logits: h.logits, losses: h.losses });
     debug_assert_eq!(i, len);
     Ok(&ops[..len])
+}
+
+/// The tape of `plan` in a new vector (`alloc` feature).
+#[cfg(feature = "alloc")]
+pub fn record_to_vec(plan: &Plan) -> alloc::vec::Vec<Op> {
+    let mut ops = alloc::vec![Op::BLANK; tape_len(plan)];
+    record(plan, &mut ops).expect("the buffer has tape_len entries");
+    ops
 }
 
 /// Raw views of the arenas for one tape walk. Ops take slices of disjoint spans; the plan
@@ -377,7 +390,7 @@ mod plan_tests {
     fn spans_used_together_are_disjoint() {
         let cfg = GptConfig { vocab_size: 11, block_size: 8, n_layer: 3, n_head: 2, n_embd: 6 };
         let plan = Plan::new(cfg, 3, 7).unwrap();
-        let mut ops = [Op::CrossEntropy { logits: Span::default(), losses: Span::default() }; 64];
+        let mut ops = [Op::BLANK; 64];
         let tape = record(&plan, &mut ops).unwrap();
         for op in tape {
             let spans: &[Span] = &match *op {
@@ -429,7 +442,7 @@ mod model_gradient_tests {
     fn whole_model_gradients_match_finite_differences() {
         let cfg = GptConfig { vocab_size: 7, block_size: 5, n_layer: 2, n_head: 2, n_embd: 6 };
         let plan = Plan::new(cfg, 2, 4).unwrap();
-        let mut ops = [Op::CrossEntropy { logits: Span::default(), losses: Span::default() }; 32];
+        let mut ops = [Op::BLANK; 32];
         let tape = record(&plan, &mut ops).unwrap();
         let mut rng = Rng::new(11);
         let mut params = random(&mut rng, plan.params_len(), 0.5);

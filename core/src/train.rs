@@ -218,12 +218,9 @@ impl<T: Float> OwnedMemory<T> {
     /// Zeroed memory and the recorded tape for `plan`.
     pub fn new(plan: &Plan) -> Self {
         use alloc::vec;
-        let blank = Op::CrossEntropy { logits: Default::default(), losses: Default::default() };
-        let mut tape = vec![blank; tape::tape_len(plan)];
-        tape::record(plan, &mut tape).expect("the tape buffer has tape_len entries");
         let p = plan.params_len();
         OwnedMemory {
-            tape,
+            tape: tape::record_to_vec(plan),
             params: vec![T::ZERO; p],
             grads: vec![T::ZERO; p],
             adam_m: vec![T::ZERO; p],

@@ -146,32 +146,13 @@ pub fn backward<T: Float>(
     let dout: &[T] = dout;
     if let Some(dx) = dx {
         assert_eq!(dx.len(), n * k);
-        let dx_p = SharedMut(dx.as_mut_ptr());
-        par.run(tasks, &|task| {
-            let rows = split_range(n, tasks, task);
-            if rows.is_empty() {
-                return;
-            }
-            // SAFETY: dx rows are disjoint per task; dout rows are M-strided; w is [M, K].
-            unsafe {
-                let a = Strided { ptr: dout.as_ptr().add(rows.start * m), rs: m, cs: 1 };
-                gemm(rows.len(), k, m, a, w.as_ptr(), k, T::ZERO, dx_p.ptr().add(rows.start * k), k);
-            }
-        });
+        // dx [N, K] = dout [N, M] · w [M, K]
+        let a = Strided { ptr: dout.as_ptr(), rs: m, cs: 1 };
+        par_gemm(par, n, k, m, a, w, T::ZERO, dx);
     }
-    let w_tasks = par.threads().min(m).max(1);
-    let dw_p = SharedMut(dw.as_mut_ptr());
-    par.run(w_tasks, &|task| {
-        let rows = split_range(m, w_tasks, task);
-        if rows.is_empty() {
-            return;
-        }
-        // SAFETY: dw rows are disjoint per task; doutᵀ is read with rs = 1, cs = M; x is [N, K].
-        unsafe {
-            let a = Strided { ptr: dout.as_ptr().add(rows.start), rs: 1, cs: m };
-            gemm(rows.len(), k, n, a, x.as_ptr(), k, T::ONE, dw_p.ptr().add(rows.start * k), k);
-        }
-    });
+    // dw [M, K] += doutᵀ [M, N] · x [N, K]
+    let a = Strided { ptr: dout.as_ptr(), rs: 1, cs: m };
+    par_gemm(par, m, k, n, a, x, T::ONE, dw);
     if let Some(db) = db {
         let chunks = m.div_ceil(COLUMN_CHUNK);
         let db_p = SharedMut(db.as_mut_ptr());
@@ -186,6 +167,28 @@ pub fn backward<T: Float>(
             }
         });
     }
+}
+
+/// `c [rows, cols] = a [rows, depth] · b [depth, cols] + beta · c` with the rows of `c`
+/// split across tasks; `b` and `c` are contiguous row-major.
+#[allow(clippy::too_many_arguments)]
+fn par_gemm<T: Float>(par: &dyn Parallel, rows: usize, cols: usize, depth: usize, a: Strided<T>, b: &[T], beta: T, c: &mut [T]) {
+    assert!(b.len() == depth * cols && c.len() == rows * cols);
+    let tasks = par.threads().min(rows).max(1);
+    let c_p = SharedMut(c.as_mut_ptr());
+    par.run(tasks, &|task| {
+        let a = a; // capture the whole (Sync) view, not its raw-pointer field
+        let r = split_range(rows, tasks, task);
+        if r.is_empty() {
+            return;
+        }
+        // SAFETY: each task writes its own rows of c; a's rows r are inside a (caller), b is
+        // depth x cols, and c overlaps neither.
+        unsafe {
+            let a = Strided { ptr: a.ptr.add(r.start * a.rs), ..a };
+            gemm(r.len(), cols, depth, a, b.as_ptr(), cols, beta, c_p.ptr().add(r.start * cols), cols);
+        }
+    });
 }
 
 #[cfg(test)]
