@@ -95,13 +95,8 @@ unsafe fn gemm_with<T: Float>(
         let beta_pc = if pc == 0 { beta } else { T::ONE };
         for ic in (0..m).step_by(MR) {
             let mr = MR.min(m - ic);
-            // Pack rows ic..ic+mr, columns pc..pc+kc of A as kc groups of MR (zero padded).
-            for p in 0..kc {
-                for i in 0..MR {
-                    // SAFETY: (ic+i, pc+p) is inside A for i < mr (caller).
-                    packed[p * MR + i] = if i < mr { unsafe { *a.ptr.add((ic + i) * a.rs + (pc + p) * a.cs) } } else { T::ZERO };
-                }
-            }
+            // SAFETY: rows ic..ic+mr, columns pc..pc+kc are inside A (caller).
+            unsafe { pack_a(&mut packed, a, ic, mr, pc, kc) };
             for jc in (0..n).step_by(nr) {
                 let w = nr.min(n - jc);
                 // SAFETY: the tile (ic.., jc..) with depth pc..pc+kc is inside the operands.
@@ -113,6 +108,40 @@ unsafe fn gemm_with<T: Float>(
                         Some(f) => edge_tile(f, mr, w, kc, packed.as_ptr(), bt, ldb, beta_pc, ct, ldc),
                         None => portable_kernel(mr, w, kc, packed.as_ptr(), bt, ldb, beta_pc, ct, ldc),
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Packs rows `i0..i0+mr`, columns `p0..p0+kc` of `a` into `packed` as `kc` groups of
+/// [`MR`] values (rows past `mr` are zero), with a contiguous fast path for each of the two
+/// layouts the model uses (row-major A, and transposed A with unit row stride).
+///
+/// # Safety
+/// The block must be inside `a`.
+unsafe fn pack_a<T: Float>(packed: &mut [T; MR * KC], a: Strided<T>, i0: usize, mr: usize, p0: usize, kc: usize) {
+    let groups = &mut packed[..kc * MR];
+    if mr < MR {
+        groups.fill(T::ZERO);
+    }
+    // SAFETY (all reads): inside the block (caller).
+    unsafe {
+        if a.cs == 1 {
+            for i in 0..mr {
+                let row = core::slice::from_raw_parts(a.ptr.add((i0 + i) * a.rs + p0), kc);
+                for (g, &x) in groups.chunks_exact_mut(MR).zip(row) {
+                    g[i] = x;
+                }
+            }
+        } else if a.rs == 1 && mr == MR {
+            for (p, g) in groups.chunks_exact_mut(MR).enumerate() {
+                g.copy_from_slice(core::slice::from_raw_parts(a.ptr.add(i0 + (p0 + p) * a.cs), MR));
+            }
+        } else {
+            for (p, g) in groups.chunks_exact_mut(MR).enumerate() {
+                for (i, x) in g.iter_mut().enumerate().take(mr) {
+                    *x = *a.ptr.add((i0 + i) * a.rs + (p0 + p) * a.cs);
                 }
             }
         }
@@ -238,15 +267,17 @@ pub(crate) fn fast_f32_kernel() -> Option<Kernel<f32>> {
     None
 }
 
-/// Transposes `src [rows x cols]` (row-major) into `dst [cols x rows]`, in cache blocks.
-pub fn transpose<T: Float>(src: &[T], rows: usize, cols: usize, dst: &mut [T]) {
-    assert!(src.len() == rows * cols && dst.len() == rows * cols);
+/// Transposes `src [rows x cols]` (rows `row_stride` apart, unit column stride) into the
+/// contiguous `dst [cols x rows]`, in cache blocks.
+pub fn transpose<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T]) {
+    assert!(rows == 0 || src.len() >= (rows - 1) * row_stride + cols);
+    let dst = &mut dst[..rows * cols];
     const BLOCK: usize = 32;
     for r0 in (0..rows).step_by(BLOCK) {
         for c0 in (0..cols).step_by(BLOCK) {
             for r in r0..(r0 + BLOCK).min(rows) {
                 for c in c0..(c0 + BLOCK).min(cols) {
-                    dst[c * rows + r] = src[r * cols + c];
+                    dst[c * rows + r] = src[r * row_stride + c];
                 }
             }
         }
@@ -314,7 +345,7 @@ mod tests {
                 // The same A stored row-major (rs = k) or column-major (rs = 1, cs = m).
                 let (stored, rs, cs) = if transposed {
                     let mut t = vec![0.0; m * k];
-                    transpose(&a, m, k, &mut t);
+                    transpose(&a, m, k, k, &mut t);
                     (t, 1, m)
                 } else {
                     (a.clone(), k, 1)

@@ -9,6 +9,7 @@
 //! (`[out_features, in_features]`), so a checkpoint is the params arena cut at the offsets.
 
 use crate::config::{ConfigError, GptConfig};
+use crate::ops::attention::AttentionShape;
 use core::fmt;
 
 /// A contiguous range of one arena.
@@ -256,10 +257,16 @@ impl Plan {
             .and_then(|x| x.checked_add(nc + 3 * n + n * config.vocab_size))
             .and_then(|x| x.checked_add(6 * nc))
             .and_then(|x| x.checked_add((4 * c * c).max(config.vocab_size * c)))
+            .and_then(|x| x.checked_add(plan.attention_shape().scratch_len()))
             .ok_or(ConfigError::TooLarge)?;
         // The layout functions below rely on the lengths counted above.
-        debug_assert_eq!(plan.scratch().wt.end(), plan.acts_len);
+        debug_assert_eq!(plan.scratch().attention.end(), plan.acts_len);
         Ok(plan)
+    }
+
+    /// The shape of every attention op of this plan.
+    pub fn attention_shape(&self) -> AttentionShape {
+        AttentionShape { batch: self.batch, seq: self.seq, heads: self.config.n_head, head_size: self.config.head_size() }
     }
 
     /// Tokens per step, `B * T`.
@@ -378,7 +385,8 @@ impl Plan {
         let mut b = Bump(self.head_acts().losses.end());
         let c = self.config.n_embd;
         let wt = (4 * c * c).max(self.config.vocab_size * c);
-        Scratch { dres: b.take(nc), dbig: b.take(4 * nc), dsmall: b.take(nc), wt: b.take(wt) }
+        let attention = self.attention_shape().scratch_len();
+        Scratch { dres: b.take(nc), dbig: b.take(4 * nc), dsmall: b.take(nc), wt: b.take(wt), attention: b.take(attention) }
     }
 }
 
@@ -408,4 +416,6 @@ pub struct Scratch {
     pub dsmall: Span,
     /// A matmul weight transposed for the forward GEMM `[K, M]` (largest: `max(4C², VC)`).
     pub wt: Span,
+    /// Attention's per-(batch, head) tiles (see [`AttentionShape::scratch_len`]).
+    pub attention: Span,
 }

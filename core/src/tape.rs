@@ -97,6 +97,8 @@ pub enum Op {
         dout: Span,
         /// Saved log-sum-exp `[B, NH, T]`.
         lse: Span,
+        /// Per-(batch, head) tiles.
+        scratch: Span,
         /// Shape.
         shape: AttentionShape,
     },
@@ -168,7 +170,8 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             out: a.atty,
             dout: sc.dsmall,
             lse: a.lse,
-            shape: AttentionShape { batch: plan.batch, seq: plan.seq, heads: cfg.n_head, head_size: cfg.head_size() },
+            scratch: sc.attention,
+            shape: plan.attention_shape(),
         });
         push(Op::Matmul {
             x: a.atty,
@@ -305,7 +308,9 @@ pub fn forward<T: Float>(
                     };
                     matmul::forward(par, a.get(wt), a.get(out), a.get(x), p(weight), bias.map(p), epi, k, m)
                 }
-                Op::Attention { qkv, out, lse, shape, .. } => attention::forward(par, a.get(out), a.get(lse), a.get(qkv), shape),
+                Op::Attention { qkv, out, lse, scratch, shape, .. } => {
+                    attention::forward(par, a.get(out), a.get(lse), a.get(qkv), a.get(scratch), shape)
+                }
                 Op::CrossEntropy { logits, losses } => {
                     if let Some(targets) = targets {
                         let scale = grad_scale.map(T::from_f64);
@@ -366,8 +371,8 @@ pub fn backward<T: Float>(par: &dyn Parallel, plan: &Plan, tape: &[Op], params: 
                         m,
                     )
                 }
-                Op::Attention { qkv, dqkv, out, dout, lse, shape } => {
-                    attention::backward(par, a.get(dqkv), a.get(dout), a.get(qkv), a.get(out), a.get(lse), shape)
+                Op::Attention { qkv, dqkv, out, dout, lse, scratch, shape } => {
+                    attention::backward(par, a.get(dqkv), a.get(dout), a.get(qkv), a.get(out), a.get(lse), a.get(scratch), shape)
                 }
                 // The fused forward already left the logits' gradient in place.
                 Op::CrossEntropy { .. } => {}
@@ -409,7 +414,7 @@ mod plan_tests {
                     }
                     v
                 }
-                Op::Attention { qkv, dqkv, out, dout, lse, .. } => [qkv, dqkv, out, dout, lse].to_vec(),
+                Op::Attention { qkv, dqkv, out, dout, lse, scratch, .. } => [qkv, dqkv, out, dout, lse, scratch].to_vec(),
                 Op::CrossEntropy { logits, losses } => [logits, losses].to_vec(),
             };
             for (i, a) in spans.iter().enumerate() {

@@ -1,12 +1,15 @@
 //! Fused causal multi-head self-attention over a fused QKV tensor.
 //!
 //! `qkv [B, T, 3C]` holds q, k, v side by side; head `h` uses columns `h*HS..(h+1)*HS` of
-//! each. Forward is online softmax per query row over chunks of keys (FlashAttention
-//! style): at most one chunk of scores is held, on the stack; only the output `[B, T, C]` (heads concatenated, as PyTorch's
-//! `transpose(1, 2).view(B, T, C)`) and each row's log-sum-exp `lse [B, NH, T]`. Backward
-//! recomputes each score from q, k and the saved log-sum-exp.
+//! each. Each (batch, head) pair is one task working through blocks of query rows with the
+//! GEMM: `S = Q·Kᵀ` for the block, the causal softmax in place, `O = P·V`. Only one row block
+//! of scores exists at a time (in the task's scratch, never a `T x T` matrix); forward saves
+//! the output `[B, T, C]` (heads concatenated, as PyTorch's `transpose(1, 2).view(B, T, C)`)
+//! and each row's log-sum-exp `lse [B, NH, T]`, from which backward recomputes the block's
+//! probabilities (FlashAttention style).
 
-use crate::float::{axpy, dot, Float};
+use crate::float::{dot, Float};
+use crate::gemm::{gemm, transpose, Strided};
 use crate::parallel::{Parallel, SharedMut};
 
 /// Shape of one attention call.
@@ -28,55 +31,122 @@ impl AttentionShape {
     }
 }
 
-/// Keys processed together: their scores live in a stack buffer, so max, exp and the
-/// softmax weights run as vector loops (online softmax across chunks).
-const KEY_CHUNK: usize = 64;
+/// Query rows per block.
+const QUERY_BLOCK: usize = 64;
+
+impl AttentionShape {
+    fn query_block(&self) -> usize {
+        QUERY_BLOCK.min(self.seq)
+    }
+
+    /// Scratch one (batch, head) task needs: `Kᵀ` and `Vᵀ` (`HS x T` each) and two row
+    /// blocks of scores (`QUERY_BLOCK x T` each).
+    fn task_scratch(&self) -> usize {
+        2 * self.seq * (self.head_size + self.query_block())
+    }
+
+    /// Elements of scratch [`forward`] and [`backward`] need.
+    pub fn scratch_len(&self) -> usize {
+        self.batch * self.heads * self.task_scratch()
+    }
+}
+
+/// One task's view of qkv and its scratch.
+struct Head<'a, T> {
+    qkv: &'a [T],
+    s: AttentionShape,
+    b: usize,
+    h: usize,
+}
+
+impl<T> Head<'_, T> {
+    /// Offset in a `[B, T, 3C]` tensor of row `i`, part (0 q, 1 k, 2 v) of this head.
+    fn off(&self, i: usize, part: usize) -> usize {
+        let c = self.s.c();
+        (self.b * self.s.seq + i) * 3 * c + part * c + self.h * self.s.head_size
+    }
+    /// Rows `i..` of part `part` as a GEMM operand (row stride 3C).
+    fn part(&self, i: usize, part: usize) -> Strided<T> {
+        Strided { ptr: self.qkv[self.off(i, part)..].as_ptr(), rs: 3 * self.s.c(), cs: 1 }
+    }
+}
+
+/// Turns the raw scores of query rows `rows` (block row `r` is query `rows.start + r`, row
+/// stride `t`) into causal softmax probabilities in place: scaled, masked to keys `<= i`,
+/// normalised; stores each row's log-sum-exp in `lse[i]`.
+fn causal_softmax<T: Float>(p: &mut [T], t: usize, rows: core::ops::Range<usize>, scale: T, lse: &mut [T]) {
+    for (r, i) in rows.enumerate() {
+        let row = &mut p[r * t..r * t + i + 1];
+        let max = row.iter().fold(row[0] * scale, |m, &x| m.max(x * scale));
+        let mut sum = T::ZERO;
+        for x in row.iter_mut() {
+            *x = (*x * scale - max).exp();
+            sum += *x;
+        }
+        let inv = T::ONE / sum;
+        for x in row.iter_mut() {
+            *x *= inv;
+        }
+        lse[i] = max + sum.ln();
+        p[r * t + i + 1..(r + 1) * t].fill(T::ZERO);
+    }
+}
+
+/// Backward's twin of [`causal_softmax`]: the probabilities again, from the saved `lse`.
+fn causal_softmax_recompute<T: Float>(p: &mut [T], t: usize, rows: core::ops::Range<usize>, scale: T, lse: &[T]) {
+    for (r, i) in rows.enumerate() {
+        let l = lse[i];
+        for x in p[r * t..r * t + i + 1].iter_mut() {
+            *x = (*x * scale - l).exp();
+        }
+        p[r * t + i + 1..(r + 1) * t].fill(T::ZERO);
+    }
+}
 
 /// Forward: `out = softmax(q·kᵀ / sqrt(HS) + causal mask) · v` per head; saves `lse`.
-pub fn forward<T: Float>(par: &dyn Parallel, out: &mut [T], lse: &mut [T], qkv: &[T], s: AttentionShape) {
+/// `scratch` holds at least [`AttentionShape::scratch_len`] elements.
+pub fn forward<T: Float>(par: &dyn Parallel, out: &mut [T], lse: &mut [T], qkv: &[T], scratch: &mut [T], s: AttentionShape) {
     let (t, hs, c) = (s.seq, s.head_size, s.c());
     assert!(qkv.len() == s.batch * t * 3 * c && out.len() == s.batch * t * c && lse.len() == s.batch * s.heads * t);
+    assert!(scratch.len() >= s.scratch_len());
     let scale = T::from_f64(1.0 / (hs as f64).sqrt());
-    let (out_p, lse_p) = (SharedMut(out.as_mut_ptr()), SharedMut(lse.as_mut_ptr()));
+    let (out_p, lse_p, scratch_p) = (SharedMut(out.as_mut_ptr()), SharedMut(lse.as_mut_ptr()), SharedMut(scratch.as_mut_ptr()));
     par.run(s.batch * s.heads, &|task| {
-        let (b, h) = (task / s.heads, task % s.heads);
-        let at = |i: usize, part: usize| &qkv[(b * t + i) * 3 * c + part * c + h * hs..][..hs];
-        let mut w = [T::ZERO; KEY_CHUNK];
-        for i in 0..t {
-            let q = at(i, 0);
-            // SAFETY: task (b, h) owns columns of head h in rows of batch b, and lse[b, h, :].
-            let (o, l_out) = unsafe { (out_p.slice((b * t + i) * c + h * hs, hs), lse_p.slice(task * t + i, 1)) };
-            o.fill(T::ZERO);
-            let (mut max, mut sum) = (T::ZERO, T::ZERO);
-            for j0 in (0..=i).step_by(KEY_CHUNK) {
-                let w = &mut w[..KEY_CHUNK.min(i + 1 - j0)];
-                for (jj, x) in w.iter_mut().enumerate() {
-                    *x = dot(q, at(j0 + jj, 1)) * scale;
-                }
-                let chunk_max = w.iter().fold(w[0], |m, &x| m.max(x));
-                if j0 == 0 || chunk_max > max {
-                    let correction = if j0 == 0 { T::ZERO } else { (max - chunk_max).exp() };
-                    for x in o.iter_mut() {
-                        *x *= correction;
-                    }
-                    sum *= correction;
-                    max = chunk_max;
-                }
-                for x in w.iter_mut() {
-                    *x = (*x - max).exp();
-                }
-                for (jj, &p) in w.iter().enumerate() {
-                    sum += p;
-                    axpy(p, at(j0 + jj, 2), o);
-                }
+        let head = Head { qkv, s, b: task / s.heads, h: task % s.heads };
+        // SAFETY: task (b, h) owns its scratch, lse[b, h, :] and head h's output columns.
+        let (kt, p, lse) = unsafe {
+            let mine = scratch_p.slice(task * s.task_scratch(), s.task_scratch());
+            let (kt, rest) = mine.split_at_mut(hs * t);
+            (kt, &mut rest[hs * t..], lse_p.slice(task * t, t))
+        };
+        transpose(&qkv[head.off(0, 1)..], t, hs, 3 * c, kt);
+        let qb = s.query_block();
+        for q0 in (0..t).step_by(qb) {
+            let rows = q0..(q0 + qb).min(t);
+            let keys = rows.end;
+            // SAFETY: the operands are the block's rows of q, Kᵀ's first `keys` columns, the
+            // block's rows of p (stride t), and of this head's output (stride C).
+            unsafe {
+                gemm(rows.len(), keys, hs, head.part(q0, 0), kt.as_ptr(), t, T::ZERO, p.as_mut_ptr(), t);
+                causal_softmax(p, t, rows.clone(), scale, lse);
+                let probs = Strided { ptr: p.as_ptr(), rs: t, cs: 1 };
+                let v = head.part(0, 2);
+                let o = out_p.ptr().add((head.b * t + q0) * c + head.h * hs);
+                gemm_b_strided(rows.len(), hs, keys, probs, v, T::ZERO, o, c);
             }
-            let inv = T::ONE / sum;
-            for x in o.iter_mut() {
-                *x *= inv;
-            }
-            l_out[0] = max + sum.ln();
         }
     });
+}
+
+/// `gemm` whose B operand is a row-strided view (unit column stride).
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_b_strided<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: Strided<T>, beta: T, c: *mut T, ldc: usize) {
+    debug_assert_eq!(b.cs, 1);
+    // SAFETY: forwarded.
+    unsafe { gemm(m, n, k, a, b.ptr, b.rs, beta, c, ldc) }
 }
 
 /// Backward: writes (overwrites) `dqkv [B, T, 3C]` from `dout [B, T, C]`, using the forward's
@@ -89,49 +159,59 @@ pub fn backward<T: Float>(
     qkv: &[T],
     out: &[T],
     lse: &[T],
+    scratch: &mut [T],
     s: AttentionShape,
 ) {
     let (t, hs, c) = (s.seq, s.head_size, s.c());
     assert!(dqkv.len() == qkv.len() && dout.len() == out.len() && qkv.len() == s.batch * t * 3 * c);
+    assert!(scratch.len() >= s.scratch_len());
     let scale = T::from_f64(1.0 / (hs as f64).sqrt());
-    let d_p = SharedMut(dqkv.as_mut_ptr());
+    let (d_p, scratch_p) = (SharedMut(dqkv.as_mut_ptr()), SharedMut(scratch.as_mut_ptr()));
     par.run(s.batch * s.heads, &|task| {
-        let (b, h) = (task / s.heads, task % s.heads);
-        let off = |i: usize, part: usize| (b * t + i) * 3 * c + part * c + h * hs;
-        let at = |i: usize, part: usize| &qkv[off(i, part)..][..hs];
-        // SAFETY (every `d` call): task (b, h) owns head h's columns in rows of batch b, and
-        // the q, k and v column ranges of a row are disjoint.
-        let d = |i: usize, part: usize| unsafe { d_p.slice(off(i, part), hs) };
+        let head = Head { qkv, s, b: task / s.heads, h: task % s.heads };
+        let qb = s.query_block();
+        // SAFETY: task (b, h) owns its scratch and head h's columns of dqkv in batch b.
+        let (kt, vt, p, dp) = unsafe {
+            let mine = scratch_p.slice(task * s.task_scratch(), s.task_scratch());
+            let (kt, rest) = mine.split_at_mut(hs * t);
+            let (vt, rest) = rest.split_at_mut(hs * t);
+            let (p, dp) = rest.split_at_mut(qb * t);
+            (kt, vt, p, dp)
+        };
         for i in 0..t {
             for part in 0..3 {
-                d(i, part).fill(T::ZERO);
+                // SAFETY: as above.
+                unsafe { d_p.slice(head.off(i, part), hs) }.fill(T::ZERO);
             }
         }
-        let (mut p, mut ds) = ([T::ZERO; KEY_CHUNK], [T::ZERO; KEY_CHUNK]);
-        for i in 0..t {
-            let q = at(i, 0);
-            let o_row = (b * t + i) * c + h * hs;
-            let (d_o, o) = (&dout[o_row..o_row + hs], &out[o_row..o_row + hs]);
-            let delta = dot(d_o, o);
-            let l = lse[task * t + i];
-            for j0 in (0..=i).step_by(KEY_CHUNK) {
-                let n = KEY_CHUNK.min(i + 1 - j0);
-                let (p, ds) = (&mut p[..n], &mut ds[..n]);
-                for jj in 0..n {
-                    p[jj] = dot(q, at(j0 + jj, 1)) * scale - l;
-                    ds[jj] = dot(d_o, at(j0 + jj, 2)) - delta;
+        transpose(&qkv[head.off(0, 1)..], t, hs, 3 * c, kt);
+        transpose(&qkv[head.off(0, 2)..], t, hs, 3 * c, vt);
+        let ld = 3 * c;
+        let d_at = |i: usize, part: usize| d_p.ptr().wrapping_add(head.off(i, part));
+        for q0 in (0..t).step_by(qb) {
+            let rows = q0..(q0 + qb).min(t);
+            let (n, keys) = (rows.len(), rows.end);
+            let d_o = Strided { ptr: dout[(head.b * t + q0) * c + head.h * hs..].as_ptr(), rs: c, cs: 1 };
+            // SAFETY: operands as in forward; dp rows have stride t; dq/dk/dv are this head's
+            // columns of dqkv (stride 3C), disjoint from everything read.
+            unsafe {
+                gemm(n, keys, hs, head.part(q0, 0), kt.as_ptr(), t, T::ZERO, p.as_mut_ptr(), t);
+                causal_softmax_recompute(p, t, rows.clone(), scale, &lse[task * t..(task + 1) * t]);
+                gemm(n, keys, hs, d_o, vt.as_ptr(), t, T::ZERO, dp.as_mut_ptr(), t);
+                for (r, i) in rows.clone().enumerate() {
+                    let o_row = (head.b * t + i) * c + head.h * hs;
+                    let delta = dot(&dout[o_row..o_row + hs], &out[o_row..o_row + hs]);
+                    for (dpj, &pj) in dp[r * t..r * t + keys].iter_mut().zip(&p[r * t..r * t + keys]) {
+                        *dpj = pj * (*dpj - delta) * scale;
+                    }
                 }
-                for (pj, dsj) in p.iter_mut().zip(ds.iter_mut()) {
-                    *pj = pj.exp();
-                    *dsj = *pj * *dsj * scale;
-                }
-                let dq = d(i, 0);
-                for jj in 0..n {
-                    let j = j0 + jj;
-                    axpy(p[jj], d_o, d(j, 2));
-                    axpy(ds[jj], at(j, 1), dq);
-                    axpy(ds[jj], q, d(j, 1));
-                }
+                let p_t = Strided { ptr: p.as_ptr(), rs: 1, cs: t };
+                let ds_t = Strided { ptr: dp.as_ptr(), rs: 1, cs: t };
+                let ds = Strided { ptr: dp.as_ptr(), rs: t, cs: 1 };
+                // dV[..keys] += Pᵀ · dO;  dK[..keys] += dSᵀ · Q;  dQ[rows] = dS · K.
+                gemm_b_strided(keys, hs, n, p_t, d_o, T::ONE, d_at(0, 2), ld);
+                gemm_b_strided(keys, hs, n, ds_t, head.part(q0, 0), T::ONE, d_at(0, 1), ld);
+                gemm_b_strided(n, hs, keys, ds, head.part(0, 1), T::ZERO, d_at(q0, 0), ld);
             }
         }
     });
@@ -145,8 +225,8 @@ mod tests {
     use crate::rng::Rng;
 
     const SHAPE: AttentionShape = AttentionShape { batch: 2, seq: 5, heads: 3, head_size: 2 };
-    /// Longer than one key chunk, so the online softmax crosses chunks.
-    const LONG: AttentionShape = AttentionShape { batch: 1, seq: KEY_CHUNK + 7, heads: 2, head_size: 3 };
+    /// Longer than one query block, so later blocks see keys of earlier ones.
+    const LONG: AttentionShape = AttentionShape { batch: 1, seq: QUERY_BLOCK + 7, heads: 2, head_size: 3 };
 
     #[test]
     fn gradients_match_finite_differences() {
@@ -166,11 +246,11 @@ mod tests {
         let mut qkv = random(&mut rng, n * 3 * c, 1.5);
         let g = random(&mut rng, n * c, 1.0);
         let (mut out, mut lse) = (vec![0.0; n * c], vec![0.0; s.batch * s.heads * s.seq]);
-        forward(&Serial, &mut out, &mut lse, &qkv, s);
+        forward(&Serial, &mut out, &mut lse, &qkv, &mut vec![0.0; s.scratch_len()], s);
         let mut dqkv = vec![7.0; n * 3 * c];
-        backward(&Serial, &mut dqkv, &g, &qkv, &out, &lse, s);
+        backward(&Serial, &mut dqkv, &g, &qkv, &out, &lse, &mut vec![0.0; s.scratch_len()], s);
         let numeric = numeric_grad(&mut qkv, |x| {
-            forward(&Serial, &mut out, &mut lse, x, s);
+            forward(&Serial, &mut out, &mut lse, x, &mut vec![0.0; s.scratch_len()], s);
             weighted_sum(&out, &g)
         });
         assert_close("dqkv", &dqkv, &numeric);
@@ -181,7 +261,7 @@ mod tests {
         let mut rng = Rng::new(6);
         let qkv = random(&mut rng, s.batch * t * 3 * c, 2.0);
         let (mut out, mut lse) = (vec![0.0; s.batch * t * c], vec![0.0; s.batch * s.heads * t]);
-        forward(&Serial, &mut out, &mut lse, &qkv, s);
+        forward(&Serial, &mut out, &mut lse, &qkv, &mut vec![0.0; s.scratch_len()], s);
         for b in 0..s.batch {
             for h in 0..s.heads {
                 for i in 0..t {

@@ -61,7 +61,7 @@ pub fn forward<T: Float>(
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && out.len() == n * m, "matmul forward: shape mismatch");
     let wt = &mut wt[..m * k];
-    transpose(w, m, k, wt);
+    transpose(w, m, k, k, wt);
     let wt: &[T] = wt;
     let tasks = par.threads().min(n).max(1);
     let out_p = SharedMut(out.as_mut_ptr());
