@@ -78,7 +78,11 @@ impl Float for f32 {
     }
     #[inline(always)]
     fn sqrt(self) -> Self {
-        libm::sqrtf(self)
+        // std's is an LLVM intrinsic and vectorises; libm's is a scalar call. Both are exact.
+        #[cfg(feature = "std")]
+        return <f32>::sqrt(self);
+        #[cfg(not(feature = "std"))]
+        return libm::sqrtf(self);
     }
     /// `1 - 2 / (exp(2|x|) + 1)` with [`exp_f32`]: branch-free, so loops over it vectorise.
     #[inline(always)]

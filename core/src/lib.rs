@@ -27,6 +27,7 @@ pub mod optim;
 pub mod parallel;
 pub mod plan;
 pub mod rng;
+pub mod simd;
 pub mod tape;
 pub mod tokenizer;
 pub mod train;
