@@ -171,7 +171,11 @@ pub fn exp_f32(x: f32) -> f32 {
     // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer in the FPU.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    // t = ROUND + n exactly, so t's low mantissa bits hold the integer n: 2^n comes from
+    // integer arithmetic on those bits (no float-to-int conversion, which does not vectorise).
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
+    let two_n = f32::from_bits(t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4;
     p = p * r + 1.398_199_9e-3;
@@ -180,7 +184,7 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 5.000_000_1e-1;
     let er = p * r * r + r + 1.0;
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * er
+    two_n * er
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@
 use crate::float::{dot, Float};
 use crate::gemm::{gemm, transpose, Strided};
 use crate::parallel::{Parallel, SharedMut};
+use crate::simd::wide_dispatch;
+use core::ops::Range;
 
 /// Shape of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,18 +73,26 @@ impl<T> Head<'_, T> {
     }
 }
 
-/// Turns the raw scores of query rows `rows` (block row `r` is query `rows.start + r`, row
-/// stride `t`) into causal softmax probabilities in place: scaled, masked to keys `<= i`,
-/// normalised; stores each row's log-sum-exp in `lse[i]`.
-fn causal_softmax<T: Float>(p: &mut [T], t: usize, rows: core::ops::Range<usize>, scale: T, lse: &mut [T]) {
+#[inline(always)]
+fn causal_softmax_rows<T: Float>(p: &mut [T], t: usize, rows: Range<usize>, scale: T, lse: &mut [T]) {
     for (r, i) in rows.enumerate() {
         let row = &mut p[r * t..r * t + i + 1];
-        let max = row.iter().fold(row[0] * scale, |m, &x| m.max(x * scale));
-        let mut sum = T::ZERO;
-        for x in row.iter_mut() {
-            *x = (*x * scale - max).exp();
-            sum += *x;
+        // Max and sum over 16 lanes, so both loops vectorise (fixed order: deterministic).
+        let mut lanes = [row[0]; 16];
+        for chunk in row.chunks(16) {
+            for (l, &x) in lanes.iter_mut().zip(chunk) {
+                *l = l.max(x);
+            }
         }
+        let max = lanes.iter().fold(lanes[0], |m, &x| m.max(x)) * scale;
+        let mut sums = [T::ZERO; 16];
+        for chunk in row.chunks_mut(16) {
+            for (s, x) in sums.iter_mut().zip(chunk.iter_mut()) {
+                *x = (*x * scale - max).exp();
+                *s += *x;
+            }
+        }
+        let sum = sums.iter().fold(T::ZERO, |a, &s| a + s);
         let inv = T::ONE / sum;
         for x in row.iter_mut() {
             *x *= inv;
@@ -92,8 +102,8 @@ fn causal_softmax<T: Float>(p: &mut [T], t: usize, rows: core::ops::Range<usize>
     }
 }
 
-/// Backward's twin of [`causal_softmax`]: the probabilities again, from the saved `lse`.
-fn causal_softmax_recompute<T: Float>(p: &mut [T], t: usize, rows: core::ops::Range<usize>, scale: T, lse: &[T]) {
+#[inline(always)]
+fn causal_softmax_recompute_rows<T: Float>(p: &mut [T], t: usize, rows: Range<usize>, scale: T, lse: &[T]) {
     for (r, i) in rows.enumerate() {
         let l = lse[i];
         for x in p[r * t..r * t + i + 1].iter_mut() {
@@ -102,6 +112,33 @@ fn causal_softmax_recompute<T: Float>(p: &mut [T], t: usize, rows: core::ops::Ra
         p[r * t + i + 1..(r + 1) * t].fill(T::ZERO);
     }
 }
+
+wide_dispatch!(
+    /// Turns the raw scores of query rows `rows` (block row `r` is query `rows.start + r`, row
+    /// stride `t`) into causal softmax probabilities in place: scaled, masked to keys `<= i`,
+    /// normalised; stores each row's log-sum-exp in `lse[i]`.
+    fn causal_softmax<T>(p: &mut [T], t: usize, rows: Range<usize>, scale: T, lse: &mut [T]) => causal_softmax_rows
+);
+wide_dispatch!(
+    /// Backward's twin of [`causal_softmax`]: the probabilities again, from the saved `lse`.
+    fn causal_softmax_recompute<T>(p: &mut [T], t: usize, rows: Range<usize>, scale: T, lse: &[T]) => causal_softmax_recompute_rows
+);
+
+#[inline(always)]
+fn softmax_grad_rows<T: Float>(ds: &mut [T], p: &[T], t: usize, keys: usize, d_o: &[T], o: &[T], stride: usize, hs: usize, scale: T) {
+    for r in 0..ds.len() / t {
+        let delta = dot(&d_o[r * stride..r * stride + hs], &o[r * stride..r * stride + hs]);
+        for (dsj, &pj) in ds[r * t..r * t + keys].iter_mut().zip(&p[r * t..r * t + keys]) {
+            *dsj = pj * (*dsj - delta) * scale;
+        }
+    }
+}
+
+wide_dispatch!(
+    /// `dS = P ⊙ (dP − rowsum(dO ⊙ O)) · scale` in place over `ds` (holding dP), for row blocks
+    /// of stride `t` with `keys` live columns; `d_o` and `o` rows are `stride` apart.
+    fn softmax_grad<T>(ds: &mut [T], p: &[T], t: usize, keys: usize, d_o: &[T], o: &[T], stride: usize, hs: usize, scale: T) => softmax_grad_rows
+);
 
 /// Forward: `out = softmax(q·kᵀ / sqrt(HS) + causal mask) · v` per head; saves `lse`.
 /// `scratch` holds at least [`AttentionShape::scratch_len`] elements.
@@ -198,13 +235,9 @@ pub fn backward<T: Float>(
                 gemm(n, keys, hs, head.part(q0, 0), kt.as_ptr(), t, T::ZERO, p.as_mut_ptr(), t);
                 causal_softmax_recompute(p, t, rows.clone(), scale, &lse[task * t..(task + 1) * t]);
                 gemm(n, keys, hs, d_o, vt.as_ptr(), t, T::ZERO, dp.as_mut_ptr(), t);
-                for (r, i) in rows.clone().enumerate() {
-                    let o_row = (head.b * t + i) * c + head.h * hs;
-                    let delta = dot(&dout[o_row..o_row + hs], &out[o_row..o_row + hs]);
-                    for (dpj, &pj) in dp[r * t..r * t + keys].iter_mut().zip(&p[r * t..r * t + keys]) {
-                        *dpj = pj * (*dpj - delta) * scale;
-                    }
-                }
+                let o0 = (head.b * t + q0) * c + head.h * hs;
+                let (d_o_rows, o_rows) = (&dout[o0..o0 + (n - 1) * c + hs], &out[o0..o0 + (n - 1) * c + hs]);
+                softmax_grad(&mut dp[..n * t], p, t, keys, d_o_rows, o_rows, c, hs, scale);
                 let p_t = Strided { ptr: p.as_ptr(), rs: 1, cs: t };
                 let ds_t = Strided { ptr: dp.as_ptr(), rs: 1, cs: t };
                 let ds = Strided { ptr: dp.as_ptr(), rs: t, cs: 1 };

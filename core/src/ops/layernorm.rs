@@ -3,6 +3,7 @@
 use super::COLUMN_CHUNK;
 use crate::float::Float;
 use crate::parallel::{split_range, Parallel, SharedMut};
+use crate::simd::wide_dispatch;
 
 /// PyTorch's `nn.LayerNorm` epsilon.
 pub const EPS: f64 = 1e-5;
@@ -22,32 +23,42 @@ pub fn forward<T: Float>(
     let n = mean.len();
     let tasks = par.threads().min(n);
     let (out_p, mean_p, rstd_p) = (SharedMut(out.as_mut_ptr()), SharedMut(mean.as_mut_ptr()), SharedMut(rstd.as_mut_ptr()));
-    let inv_c = T::from_f64(1.0 / c as f64);
-    let eps = T::from_f64(EPS);
     par.run(tasks, &|task| {
-        for i in split_range(n, tasks, task) {
-            let xr = &x[i * c..(i + 1) * c];
-            let mut sum = T::ZERO;
-            for &v in xr {
-                sum += v;
-            }
-            let m = sum * inv_c;
-            let mut var = T::ZERO;
-            for &v in xr {
-                let d = v - m;
-                var += d * d;
-            }
-            let s = T::ONE / (var * inv_c + eps).sqrt();
-            // SAFETY: tasks own disjoint rows.
-            let (o, mo, ro) = unsafe { (out_p.slice(i * c, c), mean_p.slice(i, 1), rstd_p.slice(i, 1)) };
-            for (((o, &v), &wi), &bi) in o.iter_mut().zip(xr).zip(w).zip(b) {
-                *o = (v - m) * s * wi + bi;
-            }
-            mo[0] = m;
-            ro[0] = s;
-        }
+        let rows = split_range(n, tasks, task);
+        // SAFETY: tasks own disjoint rows.
+        let (o, mo, ro) = unsafe { (out_p.slice(rows.start * c, rows.len() * c), mean_p.slice(rows.start, rows.len()), rstd_p.slice(rows.start, rows.len())) };
+        forward_rows(o, mo, ro, &x[rows.start * c..rows.end * c], w, b, c);
     });
 }
+
+#[inline(always)]
+fn forward_rows_body<T: Float>(out: &mut [T], mean: &mut [T], rstd: &mut [T], x: &[T], w: &[T], b: &[T], c: usize) {
+    let inv_c = T::from_f64(1.0 / c as f64);
+    let eps = T::from_f64(EPS);
+    for (((xr, o), m_out), r_out) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).zip(mean.iter_mut()).zip(rstd.iter_mut()) {
+        let mut sum = T::ZERO;
+        for &v in xr {
+            sum += v;
+        }
+        let m = sum * inv_c;
+        let mut var = T::ZERO;
+        for &v in xr {
+            let d = v - m;
+            var += d * d;
+        }
+        let s = T::ONE / (var * inv_c + eps).sqrt();
+        for (((o, &v), &wi), &bi) in o.iter_mut().zip(xr).zip(w).zip(b) {
+            *o = (v - m) * s * wi + bi;
+        }
+        *m_out = m;
+        *r_out = s;
+    }
+}
+
+wide_dispatch!(
+    /// LayerNorm of the rows of `x` (`C` wide) into `out`, saving `mean` and `rstd`.
+    fn forward_rows<T>(out: &mut [T], mean: &mut [T], rstd: &mut [T], x: &[T], w: &[T], b: &[T], c: usize) => forward_rows_body
+);
 
 /// Backward. Accumulates `dx += d(out)/dx`, `dw`, `db` from `dout [N, C]`.
 #[allow(clippy::too_many_arguments)]
