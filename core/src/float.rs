@@ -49,8 +49,6 @@ pub trait Float:
             self
         }
     }
-    /// True unless NaN or infinite.
-    fn is_finite(self) -> bool;
     /// The fastest full-tile GEMM micro-kernel this CPU runs for this type, if any.
     fn fast_kernel() -> Option<Kernel<Self>> {
         None
@@ -90,10 +88,6 @@ impl Float for f32 {
         let t = 1.0 - 2.0 / (exp_f32(2.0 * self.abs()) + 1.0);
         t.copysign(self)
     }
-    #[inline(always)]
-    fn is_finite(self) -> bool {
-        f32::is_finite(self)
-    }
     fn fast_kernel() -> Option<Kernel<Self>> {
         crate::gemm::fast_f32_kernel()
     }
@@ -126,10 +120,6 @@ impl Float for f64 {
     fn tanh(self) -> Self {
         libm::tanh(self)
     }
-    #[inline(always)]
-    fn is_finite(self) -> bool {
-        f64::is_finite(self)
-    }
 }
 
 /// Dot product with eight independent partial sums, so the loop vectorises.
@@ -149,16 +139,6 @@ pub fn dot<T: Float>(a: &[T], b: &[T]) -> T {
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
-
-/// `y += alpha * x`.
-#[inline(always)]
-pub fn axpy<T: Float>(alpha: T, x: &[T], y: &mut [T]) {
-    debug_assert_eq!(x.len(), y.len());
-    for (yi, &xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
-    }
-}
-
 
 /// e^x for f32 without branches or table lookups (Cephes `expf` polynomial), so it inlines
 /// and vectorises. Inputs are clamped to [-87, 88]: below, the result is the smallest
