@@ -8,6 +8,7 @@ pub mod corpus;
 pub mod eval;
 pub mod fsutil;
 pub mod sample;
+pub mod step;
 pub mod train;
 
 use alpha_core::parallel::ThreadPool;

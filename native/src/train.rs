@@ -4,6 +4,7 @@
 use crate::checkpoint::{self, TrainSettings, TrainState};
 use crate::corpus;
 use crate::derive_seed;
+use crate::step::{timed_step, Phases, TimedStep};
 use alpha_core::model::{generate, init_params, SamplingConfig};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
@@ -123,25 +124,6 @@ impl Console {
         } else {
             self.bar.println(msg);
         }
-    }
-}
-
-/// Seconds spent in each phase, summed over a logging window.
-#[derive(Default, Clone, Copy)]
-struct Phases {
-    data: f64,
-    forward: f64,
-    backward: f64,
-    grad_norm: f64,
-    optimizer: f64,
-    total: f64,
-}
-
-impl Phases {
-    fn json_ms(&self, steps: f64) -> serde_json::Value {
-        let ms = |s: f64| s * 1e3 / steps;
-        json!({"data": ms(self.data), "forward": ms(self.forward), "backward": ms(self.backward),
-               "grad_norm": ms(self.grad_norm), "optimizer": ms(self.optimizer)})
     }
 }
 
@@ -350,17 +332,22 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let tokens_per_step = (plan.tokens() * s.grad_accum) as f64;
     let mut window = Phases::default();
     let mut window_steps = 0u64;
+    let mut window_start = Instant::now();
     loop {
         let step = trainer.step;
         if args.eval_interval > 0 && (step % args.eval_interval == 0 || step == s.iters) {
+            let t = Instant::now();
             let eval_rng = |split: u64| Rng::new(derive_seed(s.seed, 2 + split, step));
             let train_loss = trainer.evaluate(&pool, train_tokens, args.eval_iters, &mut eval_rng(0));
             let val_loss = trainer.evaluate(&pool, val_tokens, args.eval_iters, &mut eval_rng(1));
+            window.eval += t.elapsed().as_secs_f64();
             console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
             write_metrics(&mut metrics, json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
         }
         if args.sample_interval > 0 && step > 0 && (step % args.sample_interval == 0 || step == s.iters) {
+            let t = Instant::now();
             let text = sampler.sample(&pool, trainer.mem.params, &tokenizer, 200, derive_seed(s.seed, 4, step));
+            window.sample += t.elapsed().as_secs_f64();
             console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
         }
         if step >= s.iters {
@@ -373,55 +360,28 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             return Ok(());
         }
 
-        // One optimizer step, phase by phase.
-        let t0 = Instant::now();
-        let mut ph = Phases::default();
-        trainer.zero_grads();
-        let mut loss = 0.0;
-        for _ in 0..s.grad_accum {
-            let t = Instant::now();
-            trainer.load_batch(train_tokens);
-            ph.data += t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            loss += trainer.forward(&pool);
-            ph.forward += t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            trainer.backward(&pool);
-            ph.backward += t.elapsed().as_secs_f64();
-        }
-        loss /= s.grad_accum as f64;
-        let t = Instant::now();
-        let grad_norm = trainer.grad_norm(&pool);
-        ph.grad_norm = t.elapsed().as_secs_f64();
-        if let Err(e) = trainer.check_finite(loss, grad_norm) {
-            console.bar.abandon();
-            let kept = match last_saved.or(args.resume.as_ref().map(|_| start_step)) {
-                Some(at) if ckpt_path.exists() => format!("the last good checkpoint ({}, step {at}) is kept", ckpt_path.display()),
-                _ => "no checkpoint was written".into(),
-            };
-            return Err(format!("training diverged at {e}; {kept}. Try a lower --lr or a smaller --grad-clip"));
-        }
-        let lr = trainer.lr();
-        let t = Instant::now();
-        trainer.apply(&pool, grad_norm);
-        ph.optimizer = t.elapsed().as_secs_f64();
-        ph.total = t0.elapsed().as_secs_f64();
-        for (acc, x) in [
-            (&mut window.data, ph.data),
-            (&mut window.forward, ph.forward),
-            (&mut window.backward, ph.backward),
-            (&mut window.grad_norm, ph.grad_norm),
-            (&mut window.optimizer, ph.optimizer),
-            (&mut window.total, ph.total),
-        ] {
-            *acc += x;
-        }
+        let step_result = match timed_step(&mut trainer, &pool, train_tokens) {
+            Ok(r) => r,
+            Err(e) => {
+                console.bar.abandon();
+                let kept = match last_saved.or(args.resume.as_ref().map(|_| start_step)) {
+                    Some(at) if ckpt_path.exists() => format!("the last good checkpoint ({}, step {at}) is kept", ckpt_path.display()),
+                    _ => "no checkpoint was written".into(),
+                };
+                return Err(format!("training diverged at {e}; {kept}. Try a lower --lr or a smaller --grad-clip"));
+            }
+        };
+        let TimedStep { loss, grad_norm, lr, phases } = step_result;
+        window.add(&phases);
         window_steps += 1;
         let done = trainer.step;
         console.bar.set_position(done);
-        console.bar.set_message(format!("loss {loss:.4} | {:.1}k tok/s", tokens_per_step / ph.total / 1e3));
+        console.bar.set_message(format!("loss {loss:.4} | {:.1}k tok/s", tokens_per_step / phases.total / 1e3));
         if step % args.log_interval == 0 || done == s.iters {
+            // Full-workflow accounting: the window's wall time, evaluations, samples and
+            // checkpoints included; idle is what no phase accounts for.
             let n = window_steps as f64;
+            window.close(window_start.elapsed().as_secs_f64());
             let ms_per_step = window.total * 1e3 / n;
             let tok_s = tokens_per_step * n / window.total;
             if console.bar.is_hidden() {
@@ -431,9 +391,12 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
                 "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n)}))?;
             window = Phases::default();
             window_steps = 0;
+            window_start = Instant::now();
         }
         if args.checkpoint_interval > 0 && done % args.checkpoint_interval == 0 && done < s.iters {
+            let t = Instant::now();
             save(&trainer)?;
+            window.checkpoint += t.elapsed().as_secs_f64();
             last_saved = Some(done);
         }
     }
