@@ -255,6 +255,15 @@ macro_rules! x86_kernel {
 x86_kernel!(kernel_avx2, "avx2,fma", __m256, 8, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_set1_ps);
 x86_kernel!(kernel_avx512, "avx512f", __m512, 16, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_set1_ps);
 
+/// Name of the f32 micro-kernel [`gemm`] uses on this CPU: `avx512`, `avx2+fma` or `portable`.
+pub fn f32_kernel_name() -> &'static str {
+    match fast_f32_kernel().map(|k| k.nr) {
+        Some(32) => "avx512",
+        Some(_) => "avx2+fma",
+        None => "portable",
+    }
+}
+
 /// The fastest f32 kernel this CPU runs, if any.
 pub(crate) fn fast_f32_kernel() -> Option<Kernel<f32>> {
     #[cfg(all(target_arch = "x86_64", feature = "std"))]

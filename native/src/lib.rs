@@ -1,12 +1,15 @@
 //! # alpha-native
 //!
-//! The Alpha command line (`alpha-native train | sample | eval`) as a library: the commands,
+//! The Alpha command line (`alpha-native train | sample | eval | bench | info`) as a library: the commands,
 //! the checkpoint format and the file helpers they share.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod corpus;
 pub mod eval;
 pub mod fsutil;
+pub mod info;
+pub mod peak;
 pub mod sample;
 pub mod step;
 pub mod train;

@@ -1,6 +1,6 @@
-//! `alpha-native`: train, sample and evaluate GPT language models on the CPU.
+//! `alpha-native`: train, sample, evaluate and benchmark GPT language models on the CPU.
 
-use alpha_native::{eval, sample, train};
+use alpha_native::{bench, eval, info, sample, train};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
@@ -20,6 +20,10 @@ enum Command {
     Sample(sample::SampleArgs),
     /// Print the mean cross-entropy of a checkpoint on a text file as one JSON line.
     Eval(eval::EvalArgs),
+    /// Measure steady-state training throughput, its phases, GFLOP/s and MFU.
+    Bench(bench::BenchArgs),
+    /// Show the machine (CPU, SIMD, peak) and what a configuration needs (memory, time).
+    Info(info::InfoArgs),
 }
 
 fn main() {
@@ -33,6 +37,8 @@ fn main() {
         }
         Command::Sample(args) => sample::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Info(args) => info::run(args),
     };
     if let Err(msg) = result {
         eprintln!("error: {msg}");

@@ -25,30 +25,15 @@ use std::time::Instant;
 /// Flags of `alpha-native train` (nanoGPT's names; defaults are its Shakespeare-char CPU run).
 #[derive(Args, Debug, Clone)]
 pub struct TrainArgs {
-    /// Training text (UTF-8). Default: the embedded Shakespeare corpus. The last 10% is validation.
-    #[arg(long, value_name = "FILE")]
-    pub data: Option<PathBuf>,
+    /// Model shape and data.
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Directory for the checkpoint (DIR/ckpt.safetensors).
     #[arg(long, value_name = "DIR", default_value = "out")]
     pub out: PathBuf,
     /// Optimizer steps (the learning rate reaches --min-lr at the last one).
     #[arg(long, default_value_t = 2000)]
     pub iters: u64,
-    /// Sequences per micro-batch.
-    #[arg(long, default_value_t = 12)]
-    pub batch: usize,
-    /// Context length in tokens (the model's block size).
-    #[arg(long, default_value_t = 64)]
-    pub block: usize,
-    /// Transformer blocks.
-    #[arg(long, default_value_t = 4)]
-    pub layers: usize,
-    /// Attention heads per block (must divide --embd).
-    #[arg(long, default_value_t = 4)]
-    pub heads: usize,
-    /// Embedding width.
-    #[arg(long, default_value_t = 128)]
-    pub embd: usize,
     /// Peak learning rate.
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
@@ -109,6 +94,50 @@ pub struct TrainArgs {
     pub overwrite: bool,
 }
 
+/// The model and data flags `train`, `bench` and `info` share.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Training text (UTF-8). Default: the embedded Shakespeare corpus. The last 10% is validation.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 12)]
+    pub batch: usize,
+    /// Context length in tokens (the model's block size).
+    #[arg(long, default_value_t = 64)]
+    pub block: usize,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// Attention heads per block (must divide --embd).
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Embedding width.
+    #[arg(long, default_value_t = 128)]
+    pub embd: usize,
+}
+
+impl ModelArgs {
+    /// `--data` as recorded in settings: the path, or [`corpus::EMBEDDED`].
+    pub fn data_name(&self) -> String {
+        self.data.as_ref().map_or_else(|| corpus::EMBEDDED.to_string(), |p| p.to_string_lossy().into_owned())
+    }
+
+    /// The configuration for a vocabulary of `vocab_size`.
+    pub fn config(&self, vocab_size: usize) -> GptConfig {
+        GptConfig { vocab_size, block_size: self.block, n_layer: self.layers, n_head: self.heads, n_embd: self.embd }
+    }
+}
+
+/// The text named by `--data`, its character tokenizer and its token ids.
+pub fn load_corpus(data: &str) -> Result<(CharTokenizer<Vec<char>>, Vec<u32>), String> {
+    let text = corpus::training_text(data)?;
+    let name = if data == corpus::EMBEDDED { data.to_string() } else { format!("data file {data}") };
+    let tok = CharTokenizer::from_text(&text).map_err(|e| format!("{name}: {e}"))?;
+    let ids = tok.encode_to_vec(&text).map_err(|e| format!("{name}: {e}"))?;
+    Ok((tok, ids))
+}
+
 /// Name of the checkpoint inside `--out`.
 pub const CHECKPOINT_FILE: &str = "ckpt.safetensors";
 
@@ -136,10 +165,9 @@ struct Run {
 }
 
 fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, String> {
-    let data_arg = args.data.as_ref().map(|p| p.to_string_lossy().into_owned());
     let fresh_settings = TrainSettings {
-        data: data_arg.clone().unwrap_or_else(|| corpus::EMBEDDED.to_string()),
-        batch: args.batch,
+        data: args.model.data_name(),
+        batch: args.model.batch,
         iters: args.iters,
         lr: args.lr,
         lr_decay_iters: args.lr_decay_iters.unwrap_or(args.iters),
@@ -154,7 +182,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
     };
     let Some(path) = &args.resume else {
         return Ok(Run {
-            config: GptConfig { vocab_size: 0, block_size: args.block, n_layer: args.layers, n_head: args.heads, n_embd: args.embd },
+            config: args.model.config(0),
             settings: fresh_settings,
             chars: Vec::new(),
             resume: None,
@@ -166,10 +194,10 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
     };
     let c = ck.config;
     for (flag, given, stored, name) in [
-        ("block", args.block, c.block_size, "block size"),
-        ("layers", args.layers, c.n_layer, "number of layers"),
-        ("heads", args.heads, c.n_head, "number of heads"),
-        ("embd", args.embd, c.n_embd, "embedding width"),
+        ("block", args.model.block, c.block_size, "block size"),
+        ("layers", args.model.layers, c.n_layer, "number of layers"),
+        ("heads", args.model.heads, c.n_head, "number of heads"),
+        ("embd", args.model.embd, c.n_embd, "embedding width"),
     ] {
         if explicit(flag) && given != stored {
             let rel = if given > stored { "is larger than" } else { "differs from" };

@@ -330,3 +330,69 @@ fn metrics_hold_one_record_per_logged_step_with_timings() {
     let evals: Vec<u64> = of("eval").iter().map(|r| r["step"].as_u64().unwrap()).collect();
     assert_eq!(evals, [0, 3, 6]);
 }
+
+fn json_of(o: &Output) -> serde_json::Value {
+    assert_ok(o);
+    serde_json::from_str(stdout(o).trim()).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+#[test]
+fn bench_json_is_complete_and_consistent() {
+    let dir = workdir("bench");
+    text_file(&dir);
+    let mut args = vec!["bench", "--data", "text.txt", "--iters", "6", "--warmup", "1", "--peak-gflops", "50", "--json"];
+    args.extend(TINY);
+    let r = json_of(&run(&dir, &args));
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"));
+    let ms = &r["ms_per_iter"];
+    let (median, mean, min, max) = (f(&ms["median"]), f(&ms["mean"]), f(&ms["min"]), f(&ms["max"]));
+    assert!(0.0 < min && min <= median && median <= max && min <= mean && mean <= max, "{ms}");
+    assert_eq!(r["tokens_per_step"], 4 * 16);
+    assert!((f(&r["tokens_per_sec"]) * median / 1e3 - 64.0).abs() < 1e-6);
+    let phases = r["phases_ms"].as_object().unwrap();
+    let sum: f64 = phases.values().map(f).sum();
+    assert!((sum - mean).abs() <= 0.05 * mean, "phases add to {sum} ms, mean step {mean} ms");
+    assert!(f(&phases["forward"]) > 0.0 && f(&phases["backward"]) > 0.0 && f(&phases["optimizer"]) > 0.0);
+    let params = r["params"].as_u64().unwrap();
+    let v = r["config"]["vocab_size"].as_u64().unwrap();
+    // wte + wpe + one block (12C² + 13C) + ln_f, with C = 16, block 16.
+    assert_eq!(params, v * 16 + 16 * 16 + 12 * 256 + 13 * 16 + 2 * 16);
+    assert_eq!(f(&r["flops_per_token"]), 6.0 * params as f64 + 12.0 * 16.0 * 16.0);
+    assert!((f(&r["achieved_gflops"]) - f(&r["flops_per_token"]) * f(&r["tokens_per_sec"]) / 1e9).abs() < 1e-9);
+    assert_eq!((f(&r["peak_gflops"]), r["peak_source"].as_str()), (50.0, Some("given")));
+    assert!((f(&r["mfu"]) - f(&r["achieved_gflops"]) / 50.0).abs() < 1e-12);
+    expect_error(&dir, &["bench", "--data", "text.txt", "--peak-gflops=-3"], "--peak-gflops must be a positive number");
+}
+
+#[test]
+fn info_reports_machine_memory_and_estimate_and_caches_the_peak() {
+    let dir = workdir("info");
+    text_file(&dir);
+    let cache = dir.join("cache");
+    let info = || {
+        let mut args = vec!["info", "--data", "text.txt", "--json", "--measure-steps", "2", "--iters", "100"];
+        args.extend(TINY);
+        let o = Command::new(BIN).args(&args).current_dir(&dir).env("ALPHA_CACHE_DIR", &cache).output().unwrap();
+        json_of(&o)
+    };
+    let first = info();
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"));
+    assert!(!first["cpu"].as_str().unwrap().is_empty());
+    assert!(first["cores"].as_u64().unwrap() >= 1);
+    assert!(first["simd"].is_array());
+    assert!(f(&first["peak_gflops"]) > 0.0);
+    assert_eq!(first["peak_source"], "measured");
+    let mem = &first["memory_mib"];
+    let parts: f64 = ["params", "grads", "adam_m", "adam_v", "activations", "batch"].iter().map(|k| f(&mem[k])).sum();
+    assert!((parts - f(&mem["total"])).abs() < 1e-9);
+    assert!((f(&mem["params"]) - first["params"].as_f64().unwrap() * 4.0 / 1048576.0).abs() < 1e-12);
+    let e = &first["estimate"];
+    assert!(f(&e["ms_per_iter"]) > 0.0);
+    assert!((f(&e["training_s"]) - f(&e["ms_per_iter"]) * 100.0 / 1e3).abs() < 1e-9);
+    assert!((f(&e["run_s"]) - f(&e["training_s"]) - f(&e["evaluation_s"])).abs() < 1e-9);
+    // The second run reuses the measured peak.
+    let second = info();
+    assert_eq!(second["peak_source"], "cached");
+    assert_eq!(second["peak_gflops"], first["peak_gflops"]);
+    assert!(cache.join("peak.json").exists());
+}
