@@ -111,7 +111,58 @@ pub enum Op {
     },
 }
 
+/// Which walk of the tape an op event belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// [`forward`].
+    Forward,
+    /// [`backward`].
+    Backward,
+}
+
+/// Told when each op of a tape walk starts and ends (for tracing and profiling: the core has
+/// no clock, the caller's observer does). `()` observes nothing.
+pub trait Observer {
+    /// Op `index` of the tape is about to run.
+    fn begin(&mut self, pass: Pass, index: usize, op: &Op);
+    /// Op `index` has finished.
+    fn end(&mut self, pass: Pass, index: usize, op: &Op);
+}
+
+impl Observer for () {
+    #[inline(always)]
+    fn begin(&mut self, _: Pass, _: usize, _: &Op) {}
+    #[inline(always)]
+    fn end(&mut self, _: Pass, _: usize, _: &Op) {}
+}
+
 impl Op {
+    /// The op family's name, as its kernel file is named in `ops/`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embedding { .. } => "embedding",
+            Op::LayerNorm { .. } => "layernorm",
+            Op::Matmul { epilogue: EpilogueSpan::Gelu { .. }, .. } => "matmul+gelu",
+            Op::Matmul { epilogue: EpilogueSpan::Residual { .. }, .. } => "matmul+residual",
+            Op::Matmul { .. } => "matmul",
+            Op::Attention { .. } => "attention",
+            Op::CrossEntropy { .. } => "cross_entropy",
+        }
+    }
+
+    /// The op's main shape, `[rows, in] -> [rows, out]` style, written to `f`.
+    pub fn describe_shape(&self, f: &mut dyn core::fmt::Write) -> core::fmt::Result {
+        match *self {
+            Op::Embedding { out, wte, .. } => write!(f, "tokens -> [{}], vocab x C = {}", out.len, wte.len),
+            Op::LayerNorm { x, mean, .. } => write!(f, "[{} x {}]", mean.len, x.len / mean.len.max(1)),
+            Op::Matmul { x, k, m, .. } => write!(f, "[{} x {}] x [{} x {}]ᵀ", x.len / k.max(1), k, m, k),
+            Op::Attention { shape, .. } => {
+                write!(f, "B {} T {} heads {} x {}", shape.batch, shape.seq, shape.heads, shape.head_size)
+            }
+            Op::CrossEntropy { logits, losses } => write!(f, "[{} x {}]", losses.len, logits.len / losses.len.max(1)),
+        }
+    }
+
     /// A placeholder to fill a tape buffer with before [`record`].
     pub const BLANK: Op = Op::CrossEntropy { logits: Span { offset: 0, len: 0 }, losses: Span { offset: 0, len: 0 } };
 }
@@ -278,12 +329,29 @@ pub fn forward<T: Float>(
     targets: Option<&[u32]>,
     grad_scale: Option<f64>,
 ) -> Option<f64> {
+    forward_observed(par, plan, tape, params, acts, tokens, targets, grad_scale, &mut ())
+}
+
+/// [`forward`], reporting the start and end of every op to `obs`.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_observed<T: Float>(
+    par: &dyn Parallel,
+    plan: &Plan,
+    tape: &[Op],
+    params: &[T],
+    acts: &mut [T],
+    tokens: &[u32],
+    targets: Option<&[u32]>,
+    grad_scale: Option<f64>,
+    obs: &mut dyn Observer,
+) -> Option<f64> {
     assert!(params.len() == plan.params_len() && acts.len() == plan.acts_len() && tokens.len() == plan.tokens());
     let a = Arena::new(acts);
     let p = |s: Span| &params[s.range()];
     let wt = plan.scratch().wt;
     let mut loss = None;
-    for op in tape {
+    for (index, op) in tape.iter().enumerate() {
+        obs.begin(Pass::Forward, index, op);
         // SAFETY (every `a.get` below): the spans named in one op are pairwise disjoint.
         unsafe {
             match *op {
@@ -320,6 +388,7 @@ pub fn forward<T: Float>(
                 }
             }
         }
+        obs.end(Pass::Forward, index, op);
     }
     loss
 }
@@ -327,13 +396,29 @@ pub fn forward<T: Float>(
 /// Runs the tape backward after a training [`forward`] (with targets and `grad_scale`),
 /// accumulating parameter gradients into `grads`.
 pub fn backward<T: Float>(par: &dyn Parallel, plan: &Plan, tape: &[Op], params: &[T], grads: &mut [T], acts: &mut [T], tokens: &[u32]) {
+    backward_observed(par, plan, tape, params, grads, acts, tokens, &mut ())
+}
+
+/// [`backward`], reporting the start and end of every op to `obs`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_observed<T: Float>(
+    par: &dyn Parallel,
+    plan: &Plan,
+    tape: &[Op],
+    params: &[T],
+    grads: &mut [T],
+    acts: &mut [T],
+    tokens: &[u32],
+    obs: &mut dyn Observer,
+) {
     assert!(grads.len() == plan.params_len() && acts.len() == plan.acts_len());
     let a = Arena::new(acts);
     let g = Arena::new(grads);
     let p = |s: Span| &params[s.range()];
     // SAFETY: dres is only used here.
     unsafe { a.get(plan.scratch().dres) }.fill(T::ZERO);
-    for op in tape.iter().rev() {
+    for (index, op) in tape.iter().enumerate().rev() {
+        obs.begin(Pass::Backward, index, op);
         // SAFETY (every `a.get`/`g.get` below): spans in one op are pairwise disjoint, and
         // distinct parameters never overlap.
         unsafe {
@@ -378,6 +463,7 @@ pub fn backward<T: Float>(par: &dyn Parallel, plan: &Plan, tape: &[Op], params: 
                 Op::CrossEntropy { .. } => {}
             }
         }
+        obs.end(Pass::Backward, index, op);
     }
 }
 

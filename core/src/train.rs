@@ -9,7 +9,7 @@ use crate::optim::{adamw_step, AdamWConfig, LrSchedule};
 use crate::parallel::Parallel;
 use crate::plan::Plan;
 use crate::rng::Rng;
-use crate::tape::{self, Op};
+use crate::tape::{self, Observer, Op};
 use core::fmt;
 
 /// Optimisation settings.
@@ -122,15 +122,26 @@ impl<'a, T: Float> Trainer<'a, T> {
     /// Training forward on the loaded batch; returns its mean loss and leaves the scaled
     /// logits gradient for [`Trainer::backward`].
     pub fn forward(&mut self, par: &dyn Parallel) -> f64 {
+        self.forward_observed(par, &mut ())
+    }
+
+    /// [`Trainer::forward`], reporting every op to `obs`.
+    pub fn forward_observed(&mut self, par: &dyn Parallel, obs: &mut dyn Observer) -> f64 {
         let (x, y) = self.mem.batch.split_at(self.plan.tokens());
         let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
-        tape::forward(par, &self.plan, self.tape, self.mem.params, self.mem.acts, x, Some(y), Some(scale)).unwrap_or(f64::NAN)
+        let (p, a) = (&*self.mem.params, &mut *self.mem.acts);
+        tape::forward_observed(par, &self.plan, self.tape, p, a, x, Some(y), Some(scale), obs).unwrap_or(f64::NAN)
     }
 
     /// Backward of the last [`Trainer::forward`], accumulating into the gradients.
     pub fn backward(&mut self, par: &dyn Parallel) {
+        self.backward_observed(par, &mut ())
+    }
+
+    /// [`Trainer::backward`], reporting every op to `obs`.
+    pub fn backward_observed(&mut self, par: &dyn Parallel, obs: &mut dyn Observer) {
         let x = &self.mem.batch[..self.plan.tokens()];
-        tape::backward(par, &self.plan, self.tape, self.mem.params, self.mem.grads, self.mem.acts, x);
+        tape::backward_observed(par, &self.plan, self.tape, self.mem.params, self.mem.grads, self.mem.acts, x, obs);
     }
 
     /// The global gradient norm.

@@ -7,6 +7,7 @@
 
 use crate::peak::{peak, Peak};
 use crate::step::{timed_step, Phases};
+use crate::trace::Trace;
 use crate::train::{load_corpus, ModelArgs};
 use alpha_core::model::init_params;
 use alpha_core::optim::{AdamWConfig, LrSchedule};
@@ -15,6 +16,7 @@ use alpha_core::train::{OwnedMemory, TrainConfig};
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::{Args, ValueEnum};
 use serde_json::json;
+use std::path::PathBuf;
 
 /// Where the model runs.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +52,12 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Write a Chrome trace (open in Perfetto) of the first --trace-steps steps to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Steps recorded by --trace.
+    #[arg(long, default_value_t = 5)]
+    pub trace_steps: u64,
 }
 
 /// Training FLOPs per token of `plan`'s model at its sequence length.
@@ -82,14 +90,23 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         grad_accum: args.grad_accum,
     };
     let mut trainer = mem.trainer(plan, cfg, Rng::new(1)).map_err(|e| e.to_string())?;
+    let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps)).transpose()?;
     let mut ms = Vec::with_capacity(args.iters);
     let mut phases = Phases::default();
     for i in 0..args.warmup + args.iters {
-        let step = timed_step(&mut trainer, &pool, train).map_err(|e| format!("bench diverged at {e}"))?;
+        let traced = trace.as_mut().filter(|t| i >= args.warmup && t.active());
+        let was_traced = traced.is_some();
+        let step = timed_step(&mut trainer, &pool, train, traced).map_err(|e| format!("bench diverged at {e}"))?;
+        if was_traced {
+            trace.as_mut().expect("traced").step_done()?;
+        }
         if i >= args.warmup {
             ms.push(step.phases.total * 1e3);
             phases.add(&step.phases);
         }
+    }
+    if let Some(t) = trace.as_mut() {
+        t.write()?;
     }
     ms.sort_by(f64::total_cmp);
     let median = if ms.len() % 2 == 1 { ms[ms.len() / 2] } else { (ms[ms.len() / 2 - 1] + ms[ms.len() / 2]) / 2.0 };

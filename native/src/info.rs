@@ -74,7 +74,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         let mut trainer = mem.trainer(plan, cfg, Rng::new(1)).map_err(|e| e.to_string())?;
         let (mut step_s, mut forward_s) = (0.0, 0.0);
         for i in 0..=args.measure_steps {
-            let s = timed_step(&mut trainer, &pool, train).map_err(|e| format!("diverged at {e}"))?;
+            let s = timed_step(&mut trainer, &pool, train, None).map_err(|e| format!("diverged at {e}"))?;
             if i > 0 {
                 step_s += s.phases.total;
                 forward_s += s.phases.forward;

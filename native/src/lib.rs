@@ -12,6 +12,7 @@ pub mod info;
 pub mod peak;
 pub mod sample;
 pub mod step;
+pub mod trace;
 pub mod train;
 
 use alpha_core::parallel::ThreadPool;

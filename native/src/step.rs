@@ -1,6 +1,7 @@
 //! One optimizer step with its wall-clock cost split into phases, shared by `train` and
 //! `bench`.
 
+use crate::trace::Trace;
 use alpha_core::parallel::ThreadPool;
 use alpha_core::train::{NonFinite, Trainer};
 use serde_json::{json, Value};
@@ -89,29 +90,47 @@ pub struct TimedStep {
     pub phases: Phases,
 }
 
-/// One optimizer step on batches of `data` (`grad_accum` micro-batches, norm, AdamW), each
-/// phase timed. A non-finite loss or norm is an error and the update is not applied.
-pub fn timed_step(trainer: &mut Trainer<'_, f32>, pool: &ThreadPool, data: &[u32]) -> Result<TimedStep, NonFinite> {
+/// Times `f` into `slot` and, when tracing, records it as a span named `name`.
+fn phase<R>(slot: &mut f64, trace: &mut Option<&mut Trace>, name: &str, f: impl FnOnce(&mut Option<&mut Trace>) -> R) -> R {
     let start = Instant::now();
+    let r = f(trace);
+    let end = Instant::now();
+    *slot += (end - start).as_secs_f64();
+    if let Some(t) = trace {
+        t.span(name, start, end, Value::Null);
+    }
+    r
+}
+
+/// One optimizer step on batches of `data` (`grad_accum` micro-batches, norm, AdamW), each
+/// phase timed, and traced (step, phases, ops) while `trace` is active. A non-finite loss or
+/// norm is an error and the update is not applied.
+pub fn timed_step(trainer: &mut Trainer<'_, f32>, pool: &ThreadPool, data: &[u32], trace: Option<&mut Trace>) -> Result<TimedStep, NonFinite> {
+    let mut trace = trace.filter(|t| t.active());
+    let start = Instant::now();
+    let step = trainer.step;
     let mut ph = Phases::default();
-    let timed = |slot: &mut f64, f: &mut dyn FnMut()| {
-        let t = Instant::now();
-        f();
-        *slot += t.elapsed().as_secs_f64();
-    };
     trainer.zero_grads();
     let mut loss = 0.0;
     for _ in 0..trainer.cfg.grad_accum {
-        timed(&mut ph.data, &mut || trainer.load_batch(data));
-        timed(&mut ph.forward, &mut || loss += trainer.forward(pool));
-        timed(&mut ph.backward, &mut || trainer.backward(pool));
+        phase(&mut ph.data, &mut trace, "data", |_| trainer.load_batch(data));
+        loss += phase(&mut ph.forward, &mut trace, "forward", |t| match t {
+            Some(t) => trainer.forward_observed(pool, &mut **t),
+            None => trainer.forward(pool),
+        });
+        phase(&mut ph.backward, &mut trace, "backward", |t| match t {
+            Some(t) => trainer.backward_observed(pool, &mut **t),
+            None => trainer.backward(pool),
+        });
     }
     loss /= trainer.cfg.grad_accum as f64;
-    let mut grad_norm = 0.0;
-    timed(&mut ph.grad_norm, &mut || grad_norm = trainer.grad_norm(pool));
+    let grad_norm = phase(&mut ph.grad_norm, &mut trace, "grad_norm", |_| trainer.grad_norm(pool));
     trainer.check_finite(loss, grad_norm)?;
     let lr = trainer.lr();
-    timed(&mut ph.optimizer, &mut || trainer.apply(pool, grad_norm));
+    phase(&mut ph.optimizer, &mut trace, "optimizer", |_| trainer.apply(pool, grad_norm));
     ph.close(start.elapsed().as_secs_f64());
+    if let Some(t) = trace {
+        t.span("step", start, Instant::now(), json!({"step": step, "loss": loss}));
+    }
     Ok(TimedStep { loss, grad_norm, lr, phases: ph })
 }

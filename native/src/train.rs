@@ -5,6 +5,7 @@ use crate::checkpoint::{self, TrainSettings, TrainState};
 use crate::corpus;
 use crate::derive_seed;
 use crate::step::{timed_step, Phases, TimedStep};
+use crate::trace::Trace;
 use alpha_core::model::{generate, init_params, SamplingConfig};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
@@ -92,6 +93,12 @@ pub struct TrainArgs {
     /// Replace an existing DIR/ckpt.safetensors that does not belong to this run.
     #[arg(long)]
     pub overwrite: bool,
+    /// Write a Chrome trace (open in Perfetto) of the first --trace-steps steps to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Steps recorded by --trace.
+    #[arg(long, default_value_t = 5)]
+    pub trace_steps: u64,
 }
 
 /// The model and data flags `train`, `bench` and `info` share.
@@ -358,6 +365,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     };
     let mut last_saved: Option<u64> = None;
     let tokens_per_step = (plan.tokens() * s.grad_accum) as f64;
+    let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps)).transpose()?;
     let mut window = Phases::default();
     let mut window_steps = 0u64;
     let mut window_start = Instant::now();
@@ -382,13 +390,18 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             break;
         }
         if interrupted.load(Ordering::SeqCst) {
+            if let Some(t) = trace.as_mut() {
+                t.write()?;
+            }
             save(&trainer)?;
             console.bar.abandon();
             println!("interrupted: checkpoint at step {step} saved to {}; continue with --resume {}", ckpt_path.display(), ckpt_path.display());
             return Ok(());
         }
 
-        let step_result = match timed_step(&mut trainer, &pool, train_tokens) {
+        let traced = trace.as_mut().filter(|t| t.active());
+        let was_traced = traced.is_some();
+        let step_result = match timed_step(&mut trainer, &pool, train_tokens, traced) {
             Ok(r) => r,
             Err(e) => {
                 console.bar.abandon();
@@ -400,6 +413,9 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             }
         };
         let TimedStep { loss, grad_norm, lr, phases } = step_result;
+        if was_traced {
+            trace.as_mut().expect("traced").step_done()?;
+        }
         window.add(&phases);
         window_steps += 1;
         let done = trainer.step;
@@ -430,6 +446,9 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     }
     if last_saved != Some(trainer.step) {
         save(&trainer)?;
+    }
+    if let Some(t) = trace.as_mut() {
+        t.write()?;
     }
     console.bar.finish_and_clear();
     println!("done: {} steps; checkpoint saved to {}", trainer.step, ckpt_path.display());

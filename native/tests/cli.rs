@@ -396,3 +396,35 @@ fn info_reports_machine_memory_and_estimate_and_caches_the_peak() {
     assert_eq!(second["peak_gflops"], first["peak_gflops"]);
     assert!(cache.join("peak.json").exists());
 }
+
+#[test]
+fn trace_spans_nest_step_then_phase_then_op() {
+    let dir = workdir("trace");
+    train(&dir, &["--iters", "3", "--trace", "t.json", "--trace-steps", "2"]);
+    let doc: serde_json::Value = serde_json::from_str(&fs::read_to_string(dir.join("t.json")).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let span = |e: &serde_json::Value| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap());
+    let inside = |inner: (f64, f64), outer: (f64, f64)| inner.0 >= outer.0 - 1e-3 && inner.1 <= outer.1 + 1e-3;
+    let named = |names: &[&str]| events.iter().filter(|e| names.contains(&e["name"].as_str().unwrap())).collect::<Vec<_>>();
+    assert!(events.iter().all(|e| e["ph"] == "X" && e["dur"].as_f64().unwrap() >= 0.0));
+    let steps = named(&["step"]);
+    assert_eq!(steps.len(), 2, "--trace-steps 2");
+    let phases = named(&["data", "forward", "backward", "grad_norm", "optimizer"]);
+    assert_eq!(phases.len(), 10);
+    for p in &phases {
+        assert_eq!(steps.iter().filter(|s| inside(span(p), span(s))).count(), 1, "phase {p} not inside exactly one step");
+    }
+    let families = ["embedding", "layernorm", "matmul", "matmul+gelu", "matmul+residual", "attention", "cross_entropy"];
+    let ops = named(&families);
+    // One layer: a tape of 7 * 1 + 4 ops, walked forward and backward, per step.
+    assert_eq!(ops.len(), 2 * 2 * 11);
+    for op in &ops {
+        let pass = op["args"]["pass"].as_str().unwrap();
+        let home = phases.iter().filter(|p| p["name"] == pass && inside(span(op), span(p))).count();
+        assert_eq!(home, 1, "op {op} not inside its {pass} phase");
+        assert!(!op["args"]["shape"].as_str().unwrap().is_empty());
+    }
+    for f in families {
+        assert!(ops.iter().any(|o| o["name"] == f), "no {f} span");
+    }
+}
