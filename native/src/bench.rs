@@ -6,14 +6,11 @@
 //! machine, measured by a calibrated GEMM run (see [`crate::peak`]) or given.
 
 use crate::peak::{peak, Peak};
-use crate::step::{timed_step, Phases};
+use crate::step::{timed_step, with_fresh_trainer, Phases};
 use crate::trace::Trace;
 use crate::train::{load_corpus, ModelArgs};
-use alpha_core::model::init_params;
-use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::Parallel;
-use alpha_core::train::{OwnedMemory, TrainConfig};
-use alpha_core::{data, GptConfig, Plan, Rng};
+use alpha_core::{GptConfig, Plan};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 use std::path::PathBuf;
@@ -75,38 +72,24 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let (tok, ids) = load_corpus(&m.data_name())?;
     let config: GptConfig = m.config(tok.vocab_size());
     let plan = Plan::new(config, m.batch, m.block).map_err(|e| e.to_string())?;
-    let (train, _) = data::split(&ids);
-    if train.len() <= m.block {
-        return Err(format!("the training text has {} tokens; a block of {} needs more", train.len(), m.block));
-    }
     let pool = crate::thread_pool(args.threads)?;
     let peak = peak(&pool, args.peak_gflops)?;
-    let mut mem = OwnedMemory::<f32>::new(&plan);
-    init_params(&plan, &mut mem.params, &mut Rng::new(1337));
-    let cfg = TrainConfig {
-        schedule: LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 0, decay_iters: (args.warmup + args.iters) as u64 },
-        adamw: AdamWConfig::default(),
-        grad_clip: 1.0,
-        grad_accum: args.grad_accum,
-    };
-    let mut trainer = mem.trainer(plan, cfg, Rng::new(1)).map_err(|e| e.to_string())?;
     let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps)).transpose()?;
-    let mut ms = Vec::with_capacity(args.iters);
-    let mut phases = Phases::default();
-    for i in 0..args.warmup + args.iters {
-        let traced = trace.as_mut().filter(|t| i >= args.warmup && t.active());
-        let was_traced = traced.is_some();
-        let step = timed_step(&mut trainer, &pool, train, traced).map_err(|e| format!("bench diverged at {e}"))?;
-        if was_traced {
-            trace.as_mut().expect("traced").step_done()?;
+    let (mut ms, phases) = with_fresh_trainer(plan, &ids, args.grad_accum, |trainer, train| {
+        let mut ms = Vec::with_capacity(args.iters);
+        let mut phases = Phases::default();
+        for i in 0..args.warmup + args.iters {
+            let traced = trace.as_mut().filter(|_| i >= args.warmup);
+            let step = timed_step(trainer, &pool, train, traced).map_err(|e| format!("bench diverged at {e}"))?;
+            if i >= args.warmup {
+                ms.push(step.phases.total * 1e3);
+                phases.add(&step.phases);
+            }
         }
-        if i >= args.warmup {
-            ms.push(step.phases.total * 1e3);
-            phases.add(&step.phases);
-        }
-    }
+        Ok((ms, phases))
+    })?;
     if let Some(t) = trace.as_mut() {
-        t.write()?;
+        t.finish()?;
     }
     ms.sort_by(f64::total_cmp);
     let median = if ms.len() % 2 == 1 { ms[ms.len() / 2] } else { (ms[ms.len() / 2 - 1] + ms[ms.len() / 2]) / 2.0 };

@@ -2,14 +2,11 @@
 
 use crate::bench::flops_per_token;
 use crate::peak::{cpu_model, peak, simd_features};
-use crate::step::timed_step;
+use crate::step::{timed_step, with_fresh_trainer};
 use crate::train::{load_corpus, ModelArgs};
 use alpha_core::gemm::f32_kernel_name;
-use alpha_core::model::init_params;
-use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::Parallel;
-use alpha_core::train::{OwnedMemory, TrainConfig};
-use alpha_core::{data, Plan, Rng};
+use alpha_core::Plan;
 use clap::Args;
 use serde_json::json;
 
@@ -59,27 +56,17 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     });
     let mut estimate = serde_json::Value::Null;
     if args.measure_steps > 0 {
-        let (train, _) = data::split(&ids);
-        if train.len() <= m.block {
-            return Err(format!("the training text has {} tokens; a block of {} needs more", train.len(), m.block));
-        }
-        let mut mem = OwnedMemory::<f32>::new(&plan);
-        init_params(&plan, &mut mem.params, &mut Rng::new(1));
-        let cfg = TrainConfig {
-            schedule: LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 0, decay_iters: 10 },
-            adamw: AdamWConfig::default(),
-            grad_clip: 1.0,
-            grad_accum: 1,
-        };
-        let mut trainer = mem.trainer(plan, cfg, Rng::new(1)).map_err(|e| e.to_string())?;
-        let (mut step_s, mut forward_s) = (0.0, 0.0);
-        for i in 0..=args.measure_steps {
-            let s = timed_step(&mut trainer, &pool, train, None).map_err(|e| format!("diverged at {e}"))?;
-            if i > 0 {
-                step_s += s.phases.total;
-                forward_s += s.phases.forward;
+        let (step_s, forward_s) = with_fresh_trainer(plan, &ids, 1, |trainer, train| {
+            let (mut step_s, mut forward_s) = (0.0, 0.0);
+            for i in 0..=args.measure_steps {
+                let s = timed_step(trainer, &pool, train, None).map_err(|e| format!("diverged at {e}"))?;
+                if i > 0 {
+                    step_s += s.phases.total;
+                    forward_s += s.phases.forward;
+                }
             }
-        }
+            Ok((step_s, forward_s))
+        })?;
         let (ms_step, ms_forward) = (step_s * 1e3 / args.measure_steps as f64, forward_s * 1e3 / args.measure_steps as f64);
         let evals = if args.eval_interval > 0 { args.iters / args.eval_interval + 1 } else { 0 };
         let eval_ms = (evals * 2 * args.eval_iters) as f64 * ms_forward;

@@ -2,8 +2,11 @@
 //! `bench`.
 
 use crate::trace::Trace;
+use alpha_core::model::init_params;
+use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
-use alpha_core::train::{NonFinite, Trainer};
+use alpha_core::train::{NonFinite, OwnedMemory, TrainConfig, Trainer};
+use alpha_core::{data, Plan, Rng};
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -103,7 +106,7 @@ fn phase<R>(slot: &mut f64, trace: &mut Option<&mut Trace>, name: &str, f: impl 
 }
 
 /// One optimizer step on batches of `data` (`grad_accum` micro-batches, norm, AdamW), each
-/// phase timed, and traced (step, phases, ops) while `trace` is active. A non-finite loss or
+/// phase timed, and traced (step, phases, ops) while `trace` is active (counting the step). A non-finite loss or
 /// norm is an error and the update is not applied.
 pub fn timed_step(trainer: &mut Trainer<'_, f32>, pool: &ThreadPool, data: &[u32], trace: Option<&mut Trace>) -> Result<TimedStep, NonFinite> {
     let mut trace = trace.filter(|t| t.active());
@@ -131,6 +134,31 @@ pub fn timed_step(trainer: &mut Trainer<'_, f32>, pool: &ThreadPool, data: &[u32
     ph.close(start.elapsed().as_secs_f64());
     if let Some(t) = trace {
         t.span("step", start, Instant::now(), json!({"step": step, "loss": loss}));
+        t.step_done();
     }
     Ok(TimedStep { loss, grad_norm, lr, phases: ph })
+}
+
+/// Runs `f` with a freshly initialised trainer for `plan` and the training split of `ids`
+/// (the setup `bench` and `info` share: nanoGPT's optimizer settings, seed 1337).
+pub fn with_fresh_trainer<R>(
+    plan: Plan,
+    ids: &[u32],
+    grad_accum: usize,
+    f: impl FnOnce(&mut Trainer<'_, f32>, &[u32]) -> Result<R, String>,
+) -> Result<R, String> {
+    let (train, _) = data::split(ids);
+    if train.len() <= plan.seq {
+        return Err(format!("the training text has {} tokens; a block of {} needs more", train.len(), plan.seq));
+    }
+    let mut mem = OwnedMemory::<f32>::new(&plan);
+    init_params(&plan, &mut mem.params, &mut Rng::new(1337));
+    let cfg = TrainConfig {
+        schedule: LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 0, decay_iters: 1000 },
+        adamw: AdamWConfig::default(),
+        grad_clip: 1.0,
+        grad_accum,
+    };
+    let mut trainer = mem.trainer(plan, cfg, Rng::new(1)).map_err(|e| e.to_string())?;
+    f(&mut trainer, train)
 }

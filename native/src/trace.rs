@@ -16,6 +16,7 @@ pub struct Trace {
     open_ops: Vec<Instant>,
     steps_left: u64,
     written: bool,
+    error: Option<String>,
 }
 
 impl Trace {
@@ -24,7 +25,7 @@ impl Trace {
         if steps == 0 {
             return Err("--trace-steps must be at least 1".into());
         }
-        Ok(Trace { path: path.to_path_buf(), origin: Instant::now(), events: Vec::new(), open_ops: Vec::new(), steps_left: steps, written: false })
+        Ok(Trace { path: path.to_path_buf(), origin: Instant::now(), events: Vec::new(), open_ops: Vec::new(), steps_left: steps, written: false, error: None })
     }
 
     /// Whether steps are still being traced.
@@ -38,23 +39,30 @@ impl Trace {
         self.events.push(json!({"name": name, "ph": "X", "pid": 1, "tid": 1, "ts": us(start), "dur": us(end) - us(start), "args": args}));
     }
 
-    /// Closes a traced step; writes the file after the last one.
-    pub fn step_done(&mut self) -> Result<(), String> {
+    /// Closes a traced step; writes the file right after the last one (an error is kept
+    /// for [`Trace::finish`]).
+    pub(crate) fn step_done(&mut self) {
         self.steps_left = self.steps_left.saturating_sub(1);
         if self.steps_left == 0 {
-            self.write()?;
+            self.write();
         }
-        Ok(())
     }
 
-    /// Writes what was collected (once; a run that ends early writes its shorter trace).
-    pub fn write(&mut self) -> Result<(), String> {
-        if self.written {
-            return Ok(());
+    fn write(&mut self) {
+        if !self.written {
+            self.written = true;
+            let doc = json!({"traceEvents": self.events, "displayTimeUnit": "ms"});
+            if let Err(e) = write_atomic(&self.path, doc.to_string().as_bytes()) {
+                self.error = Some(format!("cannot write trace {}: {e}", self.path.display()));
+            }
         }
-        self.written = true;
-        let doc = json!({"traceEvents": self.events, "displayTimeUnit": "ms"});
-        write_atomic(&self.path, doc.to_string().as_bytes()).map_err(|e| format!("cannot write trace {}: {e}", self.path.display()))
+    }
+
+    /// Writes what was collected if that has not happened yet (a run that ends early writes a
+    /// shorter trace) and reports a failed write.
+    pub fn finish(&mut self) -> Result<(), String> {
+        self.write();
+        self.error.take().map_or(Ok(()), Err)
     }
 }
 

@@ -391,7 +391,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         }
         if interrupted.load(Ordering::SeqCst) {
             if let Some(t) = trace.as_mut() {
-                t.write()?;
+                t.finish()?;
             }
             save(&trainer)?;
             console.bar.abandon();
@@ -399,9 +399,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             return Ok(());
         }
 
-        let traced = trace.as_mut().filter(|t| t.active());
-        let was_traced = traced.is_some();
-        let step_result = match timed_step(&mut trainer, &pool, train_tokens, traced) {
+        let step_result = match timed_step(&mut trainer, &pool, train_tokens, trace.as_mut()) {
             Ok(r) => r,
             Err(e) => {
                 console.bar.abandon();
@@ -413,9 +411,6 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             }
         };
         let TimedStep { loss, grad_norm, lr, phases } = step_result;
-        if was_traced {
-            trace.as_mut().expect("traced").step_done()?;
-        }
         window.add(&phases);
         window_steps += 1;
         let done = trainer.step;
@@ -448,7 +443,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         save(&trainer)?;
     }
     if let Some(t) = trace.as_mut() {
-        t.write()?;
+        t.finish()?;
     }
     console.bar.finish_and_clear();
     println!("done: {} steps; checkpoint saved to {}", trainer.step, ckpt_path.display());
