@@ -20,6 +20,15 @@ pub fn read_text(path: &Path, what: &str) -> Result<String, String> {
     })
 }
 
+/// How errors name the text `data`: the embedded corpus, or `data file PATH`.
+pub fn label(data: &str) -> String {
+    if data == EMBEDDED {
+        data.to_string()
+    } else {
+        format!("data file {data}")
+    }
+}
+
 /// The training text named by `data`: [`EMBEDDED`] or a path.
 pub fn training_text(data: &str) -> Result<Cow<'static, str>, String> {
     if data == EMBEDDED {

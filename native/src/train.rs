@@ -139,7 +139,7 @@ impl ModelArgs {
 /// The text named by `--data`, its character tokenizer and its token ids.
 pub fn load_corpus(data: &str) -> Result<(CharTokenizer<Vec<char>>, Vec<u32>), String> {
     let text = corpus::training_text(data)?;
-    let name = if data == corpus::EMBEDDED { data.to_string() } else { format!("data file {data}") };
+    let name = corpus::label(data);
     let tok = CharTokenizer::from_text(&text).map_err(|e| format!("{name}: {e}"))?;
     let ids = tok.encode_to_vec(&text).map_err(|e| format!("{name}: {e}"))?;
     Ok((tok, ids))
@@ -258,18 +258,19 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let mut run = resolve(args, explicit)?;
     validate(args, &run.settings)?;
     let s = run.settings.clone();
-    let text = corpus::training_text(&s.data)?;
-    let data_name = if s.data == corpus::EMBEDDED { s.data.clone() } else { format!("data file {}", s.data) };
-    let tokenizer = if run.resume.is_some() {
-        CharTokenizer::new(run.chars.clone()).map_err(|e| e.to_string())?
+    let data_name = corpus::label(&s.data);
+    let (tokenizer, tokens) = if run.resume.is_some() {
+        // A resumed run keeps the checkpoint's vocabulary.
+        let tokenizer = CharTokenizer::new(run.chars.clone()).map_err(|e| e.to_string())?;
+        let text = corpus::training_text(&s.data)?;
+        let tokens = tokenizer.encode_to_vec(&text).map_err(|e| format!("{data_name}: {e}"))?;
+        (tokenizer, tokens)
     } else {
-        let t = CharTokenizer::from_text(&text).map_err(|e| format!("{data_name}: {e}"))?;
-        run.config.vocab_size = t.vocab_size();
-        run.chars = t.chars().to_vec();
-        t
+        let (tokenizer, tokens) = load_corpus(&s.data)?;
+        run.config.vocab_size = tokenizer.vocab_size();
+        run.chars = tokenizer.chars().to_vec();
+        (tokenizer, tokens)
     };
-    let tokens = tokenizer.encode_to_vec(&text).map_err(|e| format!("{data_name}: {e}"))?;
-    drop(text);
     let block = run.config.block_size;
     let (train_tokens, val_tokens) = data::split(&tokens);
     if val_tokens.len() <= block {
