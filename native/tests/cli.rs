@@ -429,3 +429,29 @@ fn trace_spans_nest_step_then_phase_then_op() {
         assert!(ops.iter().any(|o| o["name"] == f), "no {f} span");
     }
 }
+
+/// SIGKILL at many moments of a run that checkpoints every step: whatever is on disk always
+/// loads (writes are temp file + fsync + rename).
+#[test]
+fn killing_the_process_never_leaves_a_corrupt_checkpoint() {
+    let dir = workdir("sigkill");
+    text_file(&dir);
+    let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--iters", "100000", "--checkpoint-interval", "1", "--overwrite"];
+    // ~2.4M parameters: each checkpoint (with moments) is ~29 MB, so kills often land mid-write.
+    args.extend(["--layers", "3", "--heads", "4", "--embd", "256", "--block", "16", "--batch", "4"]);
+    args.extend(QUIET);
+    let mut loaded = 0;
+    for delay_ms in [150u64, 190, 230, 270, 310, 350, 390, 430] {
+        let mut child = Command::new(BIN).args(&args).current_dir(&dir).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let ckpt = dir.join("out/ckpt.safetensors");
+        if ckpt.exists() {
+            let ck = checkpoint::load(&ckpt).unwrap_or_else(|e| panic!("after SIGKILL at {delay_ms} ms: {e}"));
+            assert!(ck.optimizer.is_some());
+            loaded += 1;
+        }
+    }
+    assert!(loaded >= 3, "too few runs got as far as a checkpoint to test anything ({loaded})");
+}
