@@ -120,21 +120,49 @@ pub enum Pass {
     Backward,
 }
 
-/// Told when each op of a tape walk starts and ends (for tracing and profiling: the core has
-/// no clock, the caller's observer does). `()` observes nothing.
-pub trait Observer {
-    /// Op `index` of the tape is about to run.
-    fn begin(&mut self, pass: Pass, index: usize, op: &Op);
-    /// Op `index` has finished.
-    fn end(&mut self, pass: Pass, index: usize, op: &Op);
+/// The phases of a training step ([`crate::train::Trainer::train_step_observed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Drawing a batch.
+    Data,
+    /// A forward pass with the fused loss.
+    Forward,
+    /// A backward pass.
+    Backward,
+    /// The global gradient norm.
+    GradNorm,
+    /// AdamW (with the clip factor folded in).
+    Optimizer,
 }
 
-impl Observer for () {
-    #[inline(always)]
-    fn begin(&mut self, _: Pass, _: usize, _: &Op) {}
-    #[inline(always)]
-    fn end(&mut self, _: Pass, _: usize, _: &Op) {}
+impl Phase {
+    /// The phase's name in metrics and traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Data => "data",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::GradNorm => "grad_norm",
+            Phase::Optimizer => "optimizer",
+        }
+    }
 }
+
+/// Told when each phase of a training step and each op of a tape walk starts and ends (for
+/// timing, tracing and profiling: the core has no clock, the caller's observer does). Every
+/// method does nothing unless overridden; `()` observes nothing.
+pub trait Observer {
+    /// Op `index` of the tape is about to run.
+    fn begin(&mut self, _pass: Pass, _index: usize, _op: &Op) {}
+    /// Op `index` has finished.
+    fn end(&mut self, _pass: Pass, _index: usize, _op: &Op) {}
+    /// A phase of a training step is about to start.
+    fn phase_begin(&mut self, _phase: Phase) {}
+    /// A phase of a training step has finished.
+    fn phase_end(&mut self, _phase: Phase) {}
+}
+
+impl Observer for () {}
 
 impl Op {
     /// The op family's name, as its kernel file is named in `ops/`.

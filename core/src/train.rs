@@ -9,7 +9,7 @@ use crate::optim::{adamw_step, AdamWConfig, LrSchedule};
 use crate::parallel::Parallel;
 use crate::plan::Plan;
 use crate::rng::Rng;
-use crate::tape::{self, Observer, Op};
+use crate::tape::{self, Observer, Op, Phase};
 use core::fmt;
 
 /// Optimisation settings.
@@ -166,18 +166,29 @@ impl<'a, T: Float> Trainer<'a, T> {
     /// One whole optimizer step on batches from `data`: `grad_accum` micro-batches, clip,
     /// AdamW. A non-finite loss or norm is returned as an error and nothing is updated.
     pub fn train_step(&mut self, par: &dyn Parallel, data: &[u32]) -> Result<StepStats, NonFinite> {
+        self.train_step_observed(par, data, &mut ())
+    }
+
+    /// [`Trainer::train_step`], reporting each phase and each op to `obs`.
+    pub fn train_step_observed(&mut self, par: &dyn Parallel, data: &[u32], obs: &mut dyn Observer) -> Result<StepStats, NonFinite> {
+        fn phase<R>(obs: &mut dyn Observer, p: Phase, f: impl FnOnce(&mut dyn Observer) -> R) -> R {
+            obs.phase_begin(p);
+            let r = f(&mut *obs);
+            obs.phase_end(p);
+            r
+        }
         self.zero_grads();
         let mut loss = 0.0;
         for _ in 0..self.cfg.grad_accum {
-            self.load_batch(data);
-            loss += self.forward(par);
-            self.backward(par);
+            phase(obs, Phase::Data, |_| self.load_batch(data));
+            loss += phase(obs, Phase::Forward, |o| self.forward_observed(par, o));
+            phase(obs, Phase::Backward, |o| self.backward_observed(par, o));
         }
         loss /= self.cfg.grad_accum as f64;
-        let grad_norm = self.grad_norm(par);
+        let grad_norm = phase(obs, Phase::GradNorm, |_| self.grad_norm(par));
         self.check_finite(loss, grad_norm)?;
         let lr = self.lr();
-        self.apply(par, grad_norm);
+        phase(obs, Phase::Optimizer, |_| self.apply(par, grad_norm));
         Ok(StepStats { loss, grad_norm, lr })
     }
 

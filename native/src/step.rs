@@ -5,6 +5,7 @@ use crate::trace::Trace;
 use alpha_core::model::init_params;
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
+use alpha_core::tape::{Observer, Op, Pass, Phase};
 use alpha_core::train::{NonFinite, OwnedMemory, TrainConfig, Trainer};
 use alpha_core::{data, Plan, Rng};
 use serde_json::{json, Value};
@@ -93,50 +94,61 @@ pub struct TimedStep {
     pub phases: Phases,
 }
 
-/// Times `f` into `slot` and, when tracing, records it as a span named `name`.
-fn phase<R>(slot: &mut f64, trace: &mut Option<&mut Trace>, name: &str, f: impl FnOnce(&mut Option<&mut Trace>) -> R) -> R {
-    let start = Instant::now();
-    let r = f(trace);
-    let end = Instant::now();
-    *slot += (end - start).as_secs_f64();
-    if let Some(t) = trace {
-        t.span(name, start, end, Value::Null);
-    }
-    r
+/// Times each phase of a step into [`Phases`] and, while tracing, records phase and op spans.
+struct StepTimer<'t> {
+    phases: Phases,
+    phase_start: Instant,
+    trace: Option<&'t mut Trace>,
 }
 
-/// One optimizer step on batches of `data` (`grad_accum` micro-batches, norm, AdamW), each
-/// phase timed, and traced (step, phases, ops) while `trace` is active (counting the step). A non-finite loss or
-/// norm is an error and the update is not applied.
+impl Observer for StepTimer<'_> {
+    fn begin(&mut self, pass: Pass, index: usize, op: &Op) {
+        if let Some(t) = self.trace.as_mut() {
+            t.begin(pass, index, op);
+        }
+    }
+
+    fn end(&mut self, pass: Pass, index: usize, op: &Op) {
+        if let Some(t) = self.trace.as_mut() {
+            t.end(pass, index, op);
+        }
+    }
+
+    fn phase_begin(&mut self, _: Phase) {
+        self.phase_start = Instant::now();
+    }
+
+    fn phase_end(&mut self, phase: Phase) {
+        let end = Instant::now();
+        let ph = &mut self.phases;
+        let slot = match phase {
+            Phase::Data => &mut ph.data,
+            Phase::Forward => &mut ph.forward,
+            Phase::Backward => &mut ph.backward,
+            Phase::GradNorm => &mut ph.grad_norm,
+            Phase::Optimizer => &mut ph.optimizer,
+        };
+        *slot += (end - self.phase_start).as_secs_f64();
+        if let Some(t) = self.trace.as_mut() {
+            t.span(phase.name(), self.phase_start, end, Value::Null);
+        }
+    }
+}
+
+/// One optimizer step ([`Trainer::train_step_observed`]) with each phase timed, and traced
+/// (step, phases, ops) while `trace` is active (counting the step). A non-finite loss or norm
+/// is an error and the update is not applied.
 pub fn timed_step(trainer: &mut Trainer<'_, f32>, pool: &ThreadPool, data: &[u32], trace: Option<&mut Trace>) -> Result<TimedStep, NonFinite> {
-    let mut trace = trace.filter(|t| t.active());
     let start = Instant::now();
     let step = trainer.step;
-    let mut ph = Phases::default();
-    trainer.zero_grads();
-    let mut loss = 0.0;
-    for _ in 0..trainer.cfg.grad_accum {
-        phase(&mut ph.data, &mut trace, "data", |_| trainer.load_batch(data));
-        loss += phase(&mut ph.forward, &mut trace, "forward", |t| match t {
-            Some(t) => trainer.forward_observed(pool, &mut **t),
-            None => trainer.forward(pool),
-        });
-        phase(&mut ph.backward, &mut trace, "backward", |t| match t {
-            Some(t) => trainer.backward_observed(pool, &mut **t),
-            None => trainer.backward(pool),
-        });
-    }
-    loss /= trainer.cfg.grad_accum as f64;
-    let grad_norm = phase(&mut ph.grad_norm, &mut trace, "grad_norm", |_| trainer.grad_norm(pool));
-    trainer.check_finite(loss, grad_norm)?;
-    let lr = trainer.lr();
-    phase(&mut ph.optimizer, &mut trace, "optimizer", |_| trainer.apply(pool, grad_norm));
-    ph.close(start.elapsed().as_secs_f64());
-    if let Some(t) = trace {
-        t.span("step", start, Instant::now(), json!({"step": step, "loss": loss}));
+    let mut timer = StepTimer { phases: Phases::default(), phase_start: start, trace: trace.filter(|t| t.active()) };
+    let stats = trainer.train_step_observed(pool, data, &mut timer)?;
+    timer.phases.close(start.elapsed().as_secs_f64());
+    if let Some(t) = timer.trace {
+        t.span("step", start, Instant::now(), json!({"step": step, "loss": stats.loss}));
         t.step_done();
     }
-    Ok(TimedStep { loss, grad_norm, lr, phases: ph })
+    Ok(TimedStep { loss: stats.loss, grad_norm: stats.grad_norm, lr: stats.lr, phases: timer.phases })
 }
 
 /// Runs `f` with a freshly initialised trainer for `plan` and the training split of `ids`
