@@ -1,21 +1,35 @@
 //! Allocation-free GEMM: `C = A·B + beta·C` with `C` and `B` row-major (unit column stride)
-//! and `A` arbitrarily strided, so transposed operands need no copy except `B`'s.
+//! and `A` arbitrarily strided, so transposed operands need no copy.
 //!
-//! Loop order (per call, single-threaded; callers split rows across tasks): K blocks of
-//! [`KC`] → row blocks of [`MR`], each packed contiguously on the stack → column panels of
-//! the kernel's width → micro-kernel, which keeps an `MR x NR` tile of C in registers and
-//! broadcasts one packed element of A against NR elements of B per step. The f32 kernels use
-//! AVX-512 (`NR = 32`) or AVX2 + FMA (`NR = 16`) on x86-64, detected at run time with `std`
-//! and at compile time without; edge tiles, f64 and other CPUs use the portable kernel.
+//! Loop order (per call, single-threaded; callers split rows across tasks), as in BLIS:
+//! K blocks of [`KC`] → row blocks of [`MC`] of A, packed on the stack as micro-panels of the
+//! kernel's `MR` rows → column panels of the kernel's `NR` columns of B, packed contiguously
+//! and zero-padded (the panel stays in L1 while every micro-panel of A streams past it) →
+//! micro-kernel, which keeps an `MR x NR` tile of C in registers and broadcasts one packed
+//! element of A against `NR` elements of B per step.
+//!
+//! A micro-panel is packed in whichever layout is a plain copy of A's: row-major A as `MR`
+//! rows of `KC` values, transposed A as `kc` groups of `MR` values; the kernel is compiled
+//! for both (the offsets are constants). The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
+//! (6 x 16) on x86-64, detected at run time with `std` and at compile time without, and the
+//! whole blocked loop is compiled with the same features; f64 and other CPUs use the
+//! portable kernel. Edge tiles run the same kernel on a padded copy of C, so every element
+//! sees the same arithmetic wherever tile edges fall: results do not depend on how callers
+//! split rows across tasks.
+//!
+//! Stack use per call: `(MC + MAX_NR) * KC` elements (64 KiB for f32).
 
 use crate::float::Float;
+use core::mem::MaybeUninit;
 
-/// Rows of C per micro-tile.
-pub const MR: usize = 6;
+/// Rows of C per packed block of A (a multiple of every kernel's `MR`).
+pub const MC: usize = 96;
 /// Widest micro-tile of any kernel.
 pub const MAX_NR: usize = 32;
+/// Most rows of any micro-tile.
+pub const MAX_MR: usize = 12;
 /// Depth of one K block.
-pub const KC: usize = 256;
+pub const KC: usize = 128;
 
 /// A strided read-only matrix: element `(i, j)` is at `ptr + i*rs + j*cs`.
 #[derive(Clone, Copy)]
@@ -33,18 +47,29 @@ unsafe impl<T: Sync> Sync for Strided<T> {}
 // SAFETY: as above.
 unsafe impl<T: Sync> Send for Strided<T> {}
 
-/// A full-tile micro-kernel: `(kc, packed_a, b, ldb, beta, c, ldc)`, where `packed_a` holds
-/// `kc` groups of [`MR`] consecutive values (column `p` of the row block).
-pub type KernelFn<T> = unsafe fn(usize, *const T, *const T, usize, T, *mut T, usize);
+/// A whole GEMM as [`gemm`] computes it, for one micro-kernel.
+pub type GemmFn<T> = unsafe fn(usize, usize, usize, Strided<T>, *const T, usize, T, *mut T, usize);
 
-/// A micro-kernel and the width of the tile it computes.
+/// A micro-kernel's tile and the blocked GEMM built on it.
 #[derive(Clone, Copy)]
 pub struct Kernel<T> {
-    /// Columns of C per call (at most [`MAX_NR`]).
+    /// Rows of C per micro-tile.
+    pub mr: usize,
+    /// Columns of C per micro-tile.
     pub nr: usize,
-    /// The kernel.
-    pub run: KernelFn<T>,
+    /// The GEMM.
+    pub gemm: GemmFn<T>,
 }
+
+/// A micro-kernel: `(kc, packed_a, packed_b, beta, c, ldc)` computes the tile
+/// `C[MR x NR] = A·B + beta·C`, where element `(i, p)` of the packed A is at
+/// `i * A_RS + p * A_CS` and `packed_b` holds `kc` rows of `NR` values. With `beta == 0`, C
+/// is only written.
+type TileFn<T> = unsafe fn(usize, *const T, *const T, T, *mut T, usize);
+
+/// Storage aligned to a cache line.
+#[repr(C, align(64))]
+struct Aligned<A>(A);
 
 /// `C[m x n] = A[m x k] · B[k x n] + beta · C`; `B` has row stride `ldb` and unit column
 /// stride, `C` row stride `ldc` and unit column stride. With `beta == 0`, C is only written.
@@ -55,16 +80,19 @@ pub struct Kernel<T> {
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
     // SAFETY: forwarded.
-    unsafe { gemm_with(T::fast_kernel(), m, n, k, a, b, ldb, beta, c, ldc) }
+    unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, c, ldc) }
 }
 
-/// [`gemm`] with an explicit full-tile kernel (`None`: portable only).
+/// The blocked loops for an `MR x NR` micro-kernel, given for A packed as rows (`rows`) and
+/// as groups (`groups`).
 ///
 /// # Safety
-/// As [`gemm`]; the kernel must run on this CPU.
+/// As [`gemm`]; the kernels must run on this CPU.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_with<T: Float>(
-    fast: Option<Kernel<T>>,
+unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
+    rows_tile: TileFn<T>,
+    groups_tile: TileFn<T>,
     m: usize,
     n: usize,
     k: usize,
@@ -75,38 +103,57 @@ unsafe fn gemm_with<T: Float>(
     c: *mut T,
     ldc: usize,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let nr = fast.map_or(16, |f| f.nr);
-    let mut packed = [T::ZERO; MR * KC];
+    const { assert!(MR <= MAX_MR && MC.is_multiple_of(MR) && NR <= MAX_NR) };
     if k == 0 {
-        // C = beta·C: a zero-depth product through the portable kernel.
-        for ic in (0..m).step_by(MR) {
-            for jc in (0..n).step_by(nr) {
-                // SAFETY: the tile is inside C (caller).
-                unsafe { portable_kernel(MR.min(m - ic), nr.min(n - jc), 0, packed.as_ptr(), b, ldb, beta, c.add(ic * ldc + jc), ldc) };
+        // C = beta·C, as the kernels compute it for a zero-depth product.
+        for i in 0..m {
+            for j in 0..n {
+                // SAFETY: inside C (caller).
+                unsafe {
+                    let cij = c.add(i * ldc + j);
+                    *cij = if beta == T::ZERO { T::ZERO } else { T::ZERO + beta * *cij };
+                }
             }
         }
         return;
     }
+    let by_rows = a.cs == 1;
+    let tile = if by_rows { rows_tile } else { groups_tile };
+    let mut a_pack = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
+    let mut b_pack = MaybeUninit::<Aligned<[T; KC * MAX_NR]>>::uninit();
+    let mut c_edge = Aligned([T::ZERO; MAX_MR * MAX_NR]);
+    let (ap, bp) = (a_pack.as_mut_ptr().cast::<T>(), b_pack.as_mut_ptr().cast::<T>());
     for pc in (0..k).step_by(KC) {
         let kc = KC.min(k - pc);
         let beta_pc = if pc == 0 { beta } else { T::ONE };
-        for ic in (0..m).step_by(MR) {
-            let mr = MR.min(m - ic);
-            // SAFETY: rows ic..ic+mr, columns pc..pc+kc are inside A (caller).
-            unsafe { pack_a(&mut packed, a, ic, mr, pc, kc) };
-            for jc in (0..n).step_by(nr) {
-                let w = nr.min(n - jc);
-                // SAFETY: the tile (ic.., jc..) with depth pc..pc+kc is inside the operands.
-                unsafe {
-                    let bt = b.add(pc * ldb + jc);
-                    let ct = c.add(ic * ldc + jc);
-                    match fast {
-                        Some(f) if mr == MR && w == nr => (f.run)(kc, packed.as_ptr(), bt, ldb, beta_pc, ct, ldc),
-                        Some(f) => edge_tile(f, mr, w, kc, packed.as_ptr(), bt, ldb, beta_pc, ct, ldc),
-                        None => portable_kernel(mr, w, kc, packed.as_ptr(), bt, ldb, beta_pc, ct, ldc),
+        for ic in (0..m).step_by(MC) {
+            let mc = MC.min(m - ic);
+            // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
+            // holds MC x KC.
+            unsafe { pack_a::<T, MR>(ap, a, ic, mc, pc, kc, by_rows) };
+            for jc in (0..n).step_by(NR) {
+                let w = NR.min(n - jc);
+                // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds KC x NR.
+                unsafe { pack_b::<T, NR>(bp, b, ldb, pc, kc, jc, w) };
+                for ir in (0..mc).step_by(MR) {
+                    let rows = MR.min(mc - ir);
+                    // SAFETY: micro-panel ir/MR of the packed block (MR x KC apart); the tile
+                    // (ic+ir.., jc..) is inside C; the edge copy holds MR x NR.
+                    unsafe {
+                        let a_panel = ap.add(ir * KC);
+                        let ct = c.add((ic + ir) * ldc + jc);
+                        if rows == MR && w == NR {
+                            tile(kc, a_panel, bp, beta_pc, ct, ldc);
+                        } else {
+                            let e = c_edge.0.as_mut_ptr();
+                            for i in 0..rows {
+                                core::ptr::copy_nonoverlapping(ct.add(i * ldc), e.add(i * NR), w);
+                            }
+                            tile(kc, a_panel, bp, beta_pc, e, NR);
+                            for i in 0..rows {
+                                core::ptr::copy_nonoverlapping(e.add(i * NR), ct.add(i * ldc), w);
+                            }
+                        }
                     }
                 }
             }
@@ -114,93 +161,91 @@ unsafe fn gemm_with<T: Float>(
     }
 }
 
-/// Packs rows `i0..i0+mr`, columns `p0..p0+kc` of `a` into `packed` as `kc` groups of
-/// [`MR`] values (rows past `mr` are zero), with a contiguous fast path for each of the two
-/// layouts the model uses (row-major A, and transposed A with unit row stride).
+/// Packs rows `i0..i0+mc`, columns `p0..p0+kc` of `a` into `dst` as micro-panels of `MR`
+/// rows, `MR x KC` elements apart: as `MR` rows `KC` apart (`by_rows`, for row-major A) or
+/// as `kc` groups of `MR` values. Rows past `mc` are zero.
 ///
 /// # Safety
-/// The block must be inside `a`.
-unsafe fn pack_a<T: Float>(packed: &mut [T; MR * KC], a: Strided<T>, i0: usize, mr: usize, p0: usize, kc: usize) {
-    let groups = &mut packed[..kc * MR];
-    if mr < MR {
-        groups.fill(T::ZERO);
-    }
-    // SAFETY (all reads): inside the block (caller).
-    unsafe {
-        if a.cs == 1 {
-            for i in 0..mr {
-                let row = core::slice::from_raw_parts(a.ptr.add((i0 + i) * a.rs + p0), kc);
-                for (g, &x) in groups.chunks_exact_mut(MR).zip(row) {
-                    g[i] = x;
-                }
-            }
-        } else if a.rs == 1 && mr == MR {
-            for (p, g) in groups.chunks_exact_mut(MR).enumerate() {
-                g.copy_from_slice(core::slice::from_raw_parts(a.ptr.add(i0 + (p0 + p) * a.cs), MR));
-            }
-        } else {
-            for (p, g) in groups.chunks_exact_mut(MR).enumerate() {
-                for (i, x) in g.iter_mut().enumerate().take(mr) {
-                    *x = *a.ptr.add((i0 + i) * a.rs + (p0 + p) * a.cs);
-                }
-            }
-        }
-    }
-}
-
-/// A partial tile through the full-tile kernel, on zero-padded stack copies of B and C, so
-/// every element of C sees the same arithmetic (FMA and order) wherever tile edges fall:
-/// results do not depend on how callers split rows across tasks.
-#[allow(clippy::too_many_arguments)]
-unsafe fn edge_tile<T: Float>(f: Kernel<T>, mr: usize, w: usize, kc: usize, a: *const T, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
-    let nr = f.nr;
-    // Only the kc x nr part the kernel reads is written; zeroing all 32 KB per tile cost more
-    // than the tile.
-    let mut bpad = core::mem::MaybeUninit::<[T; KC * MAX_NR]>::uninit();
-    let bp = bpad.as_mut_ptr().cast::<T>();
-    for p in 0..kc {
-        // SAFETY: row p of the B panel has w valid columns (caller); bp has room for kc x nr.
+/// The block must be inside `a`; `dst` must hold `MC x KC` elements.
+#[inline(always)]
+unsafe fn pack_a<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usize, mc: usize, p0: usize, kc: usize, by_rows: bool) {
+    for r0 in (0..mc).step_by(MR) {
+        let rows = MR.min(mc - r0);
+        // SAFETY (all accesses): inside the block and the buffer (caller).
         unsafe {
-            core::ptr::copy_nonoverlapping(b.add(p * ldb), bp.add(p * nr), w);
-            for j in w..nr {
-                bp.add(p * nr + j).write(T::ZERO);
+            let panel = dst.add(r0 * KC);
+            let src = a.ptr.add((i0 + r0) * a.rs + p0 * a.cs);
+            if by_rows {
+                for i in 0..MR {
+                    let row = panel.add(i * KC);
+                    if i < rows {
+                        core::ptr::copy_nonoverlapping(src.add(i * a.rs), row, kc);
+                    } else {
+                        core::slice::from_raw_parts_mut(row, kc).fill(T::ZERO);
+                    }
+                }
+            } else {
+                let groups = panel.cast::<[T; MR]>();
+                for p in 0..kc {
+                    let g = if a.rs == 1 && rows == MR {
+                        src.add(p * a.cs).cast::<[T; MR]>().read_unaligned()
+                    } else if a.rs == 1 {
+                        let mut g = [T::ZERO; MR];
+                        core::ptr::copy_nonoverlapping(src.add(p * a.cs), g.as_mut_ptr(), rows);
+                        g
+                    } else {
+                        core::array::from_fn(|i| if i < rows { *src.add(i * a.rs + p * a.cs) } else { T::ZERO })
+                    };
+                    groups.add(p).write(g);
+                }
             }
-        }
-    }
-    let mut cpad = [T::ZERO; MR * MAX_NR];
-    for i in 0..mr {
-        for j in 0..w {
-            // SAFETY: (i, j) is inside the tile.
-            cpad[i * nr + j] = unsafe { *c.add(i * ldc + j) };
-        }
-    }
-    // SAFETY: the padded buffers hold a full MR x nr tile of depth kc.
-    unsafe { (f.run)(kc, a, bp, nr, beta, cpad.as_mut_ptr(), nr) };
-    for i in 0..mr {
-        for j in 0..w {
-            // SAFETY: (i, j) is inside the tile.
-            unsafe { *c.add(i * ldc + j) = cpad[i * nr + j] };
         }
     }
 }
 
-/// Any tile up to `MR x MAX_NR`, plain Rust.
-#[allow(clippy::too_many_arguments)]
-unsafe fn portable_kernel<T: Float>(mr: usize, nr: usize, kc: usize, a: *const T, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
-    let mut acc = [[T::ZERO; MAX_NR]; MR];
+/// Packs rows `p0..p0+kc`, columns `j0..j0+w` of `b` into `dst` as `kc` rows of `NR`
+/// (columns past `w` are zero).
+///
+/// # Safety
+/// The block must be inside `b`; `dst` must hold `kc * NR` elements.
+#[inline(always)]
+unsafe fn pack_b<T: Float, const NR: usize>(dst: *mut T, b: *const T, ldb: usize, p0: usize, kc: usize, j0: usize, w: usize) {
+    let dst = dst.cast::<[T; NR]>();
+    // SAFETY (all accesses): inside the block and the buffer (caller).
+    unsafe {
+        let src = b.add(p0 * ldb + j0);
+        for p in 0..kc {
+            let row = if w == NR {
+                src.add(p * ldb).cast::<[T; NR]>().read_unaligned()
+            } else {
+                core::array::from_fn(|j| if j < w { *src.add(p * ldb + j) } else { T::ZERO })
+            };
+            dst.add(p).write(row);
+        }
+    }
+}
+
+/// Rows of the portable kernel's tile.
+const PORTABLE_MR: usize = 4;
+/// Columns of the portable kernel's tile.
+const PORTABLE_NR: usize = 16;
+
+/// The portable micro-kernel (`PORTABLE_MR x PORTABLE_NR`), plain Rust.
+unsafe fn portable_tile<T: Float, const A_RS: usize, const A_CS: usize>(kc: usize, a: *const T, b: *const T, beta: T, c: *mut T, ldc: usize) {
+    let mut acc = [[T::ZERO; PORTABLE_NR]; PORTABLE_MR];
     for p in 0..kc {
-        // SAFETY: inside the tile (caller).
-        let brow = unsafe { core::slice::from_raw_parts(b.add(p * ldb), nr) };
-        for (i, row) in acc.iter_mut().enumerate().take(mr) {
-            // SAFETY: the packed panel holds kc groups of MR.
-            let aip = unsafe { *a.add(p * MR + i) };
+        // SAFETY: the packed panels hold kc columns (caller).
+        let brow = unsafe { &*b.add(p * PORTABLE_NR).cast::<[T; PORTABLE_NR]>() };
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: as above.
+            let ai = unsafe { *a.add(i * A_RS + p * A_CS) };
             for (x, &bj) in row.iter_mut().zip(brow) {
-                *x += aip * bj;
+                *x += ai * bj;
             }
         }
     }
-    for (i, row) in acc.iter().enumerate().take(mr) {
-        for (j, &x) in row.iter().enumerate().take(nr) {
+    for (i, row) in acc.iter().enumerate() {
+        for (j, &x) in row.iter().enumerate() {
             // SAFETY: inside the tile (caller).
             unsafe {
                 let cij = c.add(i * ldc + j);
@@ -210,30 +255,45 @@ unsafe fn portable_kernel<T: Float>(mr: usize, nr: usize, kc: usize, a: *const T
     }
 }
 
-/// Generates an x86-64 f32 micro-kernel for a vector type: `MR` rows of `$vecs` registers.
+/// The portable GEMM.
+#[allow(clippy::too_many_arguments)]
+unsafe fn portable_gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
+    let rows = portable_tile::<T, KC, 1>;
+    let groups = portable_tile::<T, 1, PORTABLE_MR>;
+    // SAFETY: forwarded; plain Rust runs anywhere.
+    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR>(rows, groups, m, n, k, a, b, ldb, beta, c, ldc) }
+}
+
+/// The portable kernel for any element type.
+pub(crate) fn portable<T: Float>() -> Kernel<T> {
+    Kernel { mr: PORTABLE_MR, nr: PORTABLE_NR, gemm: portable_gemm::<T> }
+}
+
+/// Generates an x86-64 f32 micro-kernel for a vector type (`$mr` rows of `$vecs` registers)
+/// and the blocked GEMM on it, both compiled with `$feature`.
 macro_rules! x86_kernel {
-    ($name:ident, $feature:literal, $vec:ty, $lanes:expr, $vecs:expr,
-     $zero:ident, $load:ident, $store:ident, $bcast:ident, $fma:ident, $set1:ident) => {
+    ($tile:ident, $gemm:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, $vecs:expr,
+     $zero:ident, $load:ident, $store:ident, $set1:ident, $fma:ident) => {
         /// An f32 micro-kernel (see the module docs).
         ///
         /// # Safety
         /// The CPU must have the target feature; the tile must be inside the operands.
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $feature)]
-        pub(crate) unsafe fn $name(kc: usize, a: *const f32, b: *const f32, ldb: usize, beta: f32, c: *mut f32, ldc: usize) {
+        #[inline]
+        unsafe fn $tile<const A_RS: usize, const A_CS: usize>(kc: usize, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize) {
             use core::arch::x86_64::*;
             // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
             unsafe {
-                let mut acc: [[$vec; $vecs]; MR] = [[$zero(); $vecs]; MR];
+                let mut acc: [[$vec; $vecs]; $mr] = [[$zero(); $vecs]; $mr];
                 for p in 0..kc {
-                    let bp = b.add(p * ldb);
+                    let bp = b.add(p * $vecs * $lanes);
                     let mut bv: [$vec; $vecs] = [$zero(); $vecs];
                     for (h, v) in bv.iter_mut().enumerate() {
                         *v = $load(bp.add(h * $lanes));
                     }
-                    let ap = a.add(p * MR);
                     for (i, row) in acc.iter_mut().enumerate() {
-                        let ai = $bcast(*ap.add(i));
+                        let ai = $set1(*a.add(i * A_RS + p * A_CS));
                         for (x, &bh) in row.iter_mut().zip(&bv) {
                             *x = $fma(ai, bh, *x);
                         }
@@ -249,38 +309,50 @@ macro_rules! x86_kernel {
                 }
             }
         }
+
+        /// The blocked GEMM on the kernel above.
+        ///
+        /// # Safety
+        /// As [`gemm`]; the CPU must have the target feature.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $gemm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, c: *mut f32, ldc: usize) {
+            // SAFETY: forwarded; the caller checked the features.
+            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }>($tile::<KC, 1>, $tile::<1, $mr>, m, n, k, a, b, ldb, beta, c, ldc) }
+        }
     };
 }
 
-x86_kernel!(kernel_avx2, "avx2,fma", __m256, 8, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_set1_ps);
-x86_kernel!(kernel_avx512, "avx512f", __m512, 16, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_set1_ps);
+x86_kernel!(tile_avx2, gemm_avx2, "avx2,fma", __m256, 8, 6, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps);
+x86_kernel!(tile_avx512, gemm_avx512, "avx512f", __m512, 16, 12, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps);
 
 /// Name of the f32 micro-kernel [`gemm`] uses on this CPU: `avx512`, `avx2+fma` or `portable`.
 pub fn f32_kernel_name() -> &'static str {
-    match fast_f32_kernel().map(|k| k.nr) {
-        Some(32) => "avx512",
-        Some(_) => "avx2+fma",
-        None => "portable",
+    match f32_kernel().nr {
+        32 => "avx512",
+        16 if f32_kernel().mr == 6 => "avx2+fma",
+        _ => "portable",
     }
 }
 
-/// The fastest f32 kernel this CPU runs, if any.
-pub(crate) fn fast_f32_kernel() -> Option<Kernel<f32>> {
+/// The fastest f32 kernel this CPU runs.
+pub(crate) fn f32_kernel() -> Kernel<f32> {
     #[cfg(all(target_arch = "x86_64", feature = "std"))]
     {
         if std::is_x86_feature_detected!("avx512f") {
-            return Some(Kernel { nr: 32, run: kernel_avx512 });
+            return Kernel { mr: 12, nr: 32, gemm: gemm_avx512 };
         }
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return Some(Kernel { nr: 16, run: kernel_avx2 });
+            return Kernel { mr: 6, nr: 16, gemm: gemm_avx2 };
         }
     }
     #[cfg(all(target_arch = "x86_64", not(feature = "std"), target_feature = "avx512f"))]
-    return Some(Kernel { nr: 32, run: kernel_avx512 });
+    return Kernel { mr: 12, nr: 32, gemm: gemm_avx512 };
     #[cfg(all(target_arch = "x86_64", not(feature = "std"), not(target_feature = "avx512f"), target_feature = "avx2", target_feature = "fma"))]
-    return Some(Kernel { nr: 16, run: kernel_avx2 });
+    return Kernel { mr: 6, nr: 16, gemm: gemm_avx2 };
     #[allow(unreachable_code)]
-    None
+    portable()
 }
 
 /// Transposes `src [rows x cols]` (rows `row_stride` apart, unit column stride) into the
@@ -306,6 +378,7 @@ mod tests {
     use super::*;
     use crate::rng::Rng;
 
+    #[allow(clippy::too_many_arguments)]
     fn naive(m: usize, n: usize, k: usize, a: &[f64], rsa: usize, csa: usize, b: &[f64], ldb: usize) -> Vec<f64> {
         let mut c = vec![0.0; m * n];
         for i in 0..m {
@@ -317,15 +390,15 @@ mod tests {
     }
 
     /// Every f32 kernel this CPU can run, and the portable one.
-    fn f32_kernels() -> Vec<(&'static str, Option<Kernel<f32>>)> {
-        let mut v = vec![("portable", None)];
+    fn f32_kernels() -> Vec<(&'static str, Kernel<f32>)> {
+        let mut v = vec![("portable", portable())];
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(("avx2", Some(Kernel { nr: 16, run: kernel_avx2 as KernelFn<f32> })));
+                v.push(("avx2", Kernel { mr: 6, nr: 16, gemm: gemm_avx2 as GemmFn<f32> }));
             }
             if std::is_x86_feature_detected!("avx512f") {
-                v.push(("avx512", Some(Kernel { nr: 32, run: kernel_avx512 as KernelFn<f32> })));
+                v.push(("avx512", Kernel { mr: 12, nr: 32, gemm: gemm_avx512 as GemmFn<f32> }));
             }
         }
         v
@@ -354,10 +427,11 @@ mod tests {
     #[test]
     fn matches_naive_product() {
         let mut rng = Rng::new(8);
-        for &(m, n, k) in &[(1, 1, 1), (7, 17, 5), (13, 33, 300), (6, 16, 513), (20, 3, 2)] {
+        for &(m, n, k) in &[(1, 1, 1), (7, 17, 5), (13, 33, 300), (6, 16, 513), (20, 3, 2), (101, 45, 260)] {
             let a: Vec<f64> = (0..m * k).map(|_| rng.next_f64() - 0.5).collect();
             let b: Vec<f64> = (0..k * n).map(|_| rng.next_f64() - 0.5).collect();
             let c0: Vec<f64> = (0..m * n).map(|_| rng.next_f64() - 0.5).collect();
+            let mut row_major_results: Vec<((&str, u64), Vec<f32>)> = Vec::new();
             for transposed in [false, true] {
                 // The same A stored row-major (rs = k) or column-major (rs = 1, cs = m).
                 let (stored, rs, cs) = if transposed {
@@ -380,11 +454,17 @@ mod tests {
                     for (name, kernel) in f32_kernels() {
                         let mut c32: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
                         let a32 = Strided { ptr: s32.as_ptr(), rs, cs };
-                        unsafe { gemm_with(kernel, m, n, k, a32, b32.as_ptr(), n, beta as f32, c32.as_mut_ptr(), n) };
+                        unsafe { (kernel.gemm)(m, n, k, a32, b32.as_ptr(), n, beta as f32, c32.as_mut_ptr(), n) };
                         for i in 0..m * n {
                             let e = expect[i] + beta * c0[i];
                             // f32 rounding of k products: a few ulp of sqrt(k)-sized sums.
                             assert!((c32[i] as f64 - e).abs() < 1e-5 * (1.0 + k as f64).sqrt(), "{name} {m}x{n}x{k} [{i}]");
+                        }
+                        // Both packed layouts of A do the same arithmetic: bit-identical.
+                        let key = (name, beta.to_bits());
+                        match row_major_results.iter().find(|(k, _)| *k == key) {
+                            Some((_, first)) => assert_eq!(first, &c32, "{name} {m}x{n}x{k}: layouts differ"),
+                            None => row_major_results.push((key, c32)),
                         }
                     }
                 }
