@@ -82,7 +82,7 @@ impl GptConfig {
                 return Err(ConfigError::Zero(name));
             }
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(ConfigError::HeadsDoNotDivide { n_head: self.n_head, n_embd: self.n_embd });
         }
         Ok(())

@@ -68,7 +68,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             Ok((step_s, forward_s))
         })?;
         let (ms_step, ms_forward) = (step_s * 1e3 / args.measure_steps as f64, forward_s * 1e3 / args.measure_steps as f64);
-        let evals = if args.eval_interval > 0 { args.iters / args.eval_interval + 1 } else { 0 };
+        let evals = args.iters.checked_div(args.eval_interval).map_or(0, |e| e + 1);
         let eval_ms = (evals * 2 * args.eval_iters) as f64 * ms_forward;
         estimate = json!({
             "measured_steps": args.measure_steps, "ms_per_iter": ms_step,

@@ -431,7 +431,8 @@ fn trace_spans_nest_step_then_phase_then_op() {
 }
 
 /// SIGKILL at many moments of a run that checkpoints every step: whatever is on disk always
-/// loads (writes are temp file + fsync + rename).
+/// loads (writes are temp file + fsync + rename). Each kill waits for the run's first
+/// checkpoint, then lands a few milliseconds into writing the next one.
 #[test]
 fn killing_the_process_never_leaves_a_corrupt_checkpoint() {
     let dir = workdir("sigkill");
@@ -440,18 +441,20 @@ fn killing_the_process_never_leaves_a_corrupt_checkpoint() {
     // ~2.4M parameters: each checkpoint (with moments) is ~29 MB, so kills often land mid-write.
     args.extend(["--layers", "3", "--heads", "4", "--embd", "256", "--block", "16", "--batch", "4"]);
     args.extend(QUIET);
-    let mut loaded = 0;
-    for delay_ms in [150u64, 190, 230, 270, 310, 350, 390, 430] {
+    let ckpt = dir.join("out/ckpt.safetensors");
+    let modified = || fs::metadata(&ckpt).and_then(|m| m.modified()).ok();
+    for delay_ms in [0u64, 4, 9, 15, 22, 30, 39, 49] {
+        let before = modified();
         let mut child = Command::new(BIN).args(&args).current_dir(&dir).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while modified() == before {
+            assert!(std::time::Instant::now() < deadline, "no checkpoint within 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         child.kill().unwrap();
         child.wait().unwrap();
-        let ckpt = dir.join("out/ckpt.safetensors");
-        if ckpt.exists() {
-            let ck = checkpoint::load(&ckpt).unwrap_or_else(|e| panic!("after SIGKILL at {delay_ms} ms: {e}"));
-            assert!(ck.optimizer.is_some());
-            loaded += 1;
-        }
+        let ck = checkpoint::load(&ckpt).unwrap_or_else(|e| panic!("after SIGKILL {delay_ms} ms after a checkpoint: {e}"));
+        assert!(ck.optimizer.is_some());
     }
-    assert!(loaded >= 3, "too few runs got as far as a checkpoint to test anything ({loaded})");
 }

@@ -21,7 +21,6 @@ fn train(par: &dyn Parallel) -> (Vec<f64>, Vec<f32>) {
     };
     let mut trainer = mem.trainer(plan, tc, Rng::new(2)).unwrap();
     let losses = (0..6).map(|_| trainer.train_step(par, &data).unwrap().loss).collect();
-    drop(trainer);
     (losses, mem.params)
 }
 

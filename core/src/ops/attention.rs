@@ -125,6 +125,7 @@ wide_dispatch!(
 );
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn softmax_grad_rows<T: Float>(ds: &mut [T], p: &[T], t: usize, keys: usize, d_o: &[T], o: &[T], stride: usize, hs: usize, scale: T) {
     for r in 0..ds.len() / t {
         let delta = dot(&d_o[r * stride..r * stride + hs], &o[r * stride..r * stride + hs]);

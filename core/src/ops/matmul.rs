@@ -195,6 +195,7 @@ fn par_gemm<T: Float>(par: &dyn Parallel, rows: usize, cols: usize, depth: usize
     let tasks = par.threads().min(rows).max(1);
     let c_p = SharedMut(c.as_mut_ptr());
     par.run(tasks, &|task| {
+        #[allow(clippy::redundant_locals)]
         let a = a; // capture the whole (Sync) view, not its raw-pointer field
         let r = split_range(rows, tasks, task);
         if r.is_empty() {
