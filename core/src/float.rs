@@ -122,22 +122,51 @@ impl Float for f64 {
     }
 }
 
-/// Dot product with eight independent partial sums, so the loop vectorises.
+/// `Σ term(a[i], b[i], c[i])` over 16 independent partial sums combined pairwise: the loop
+/// vectorises (a plain running sum is one long dependency chain) and the order is fixed, so
+/// the result is deterministic. The slices must have equal lengths.
 #[inline(always)]
-pub fn dot<T: Float>(a: &[T], b: &[T]) -> T {
-    debug_assert_eq!(a.len(), b.len());
-    let mut acc = [T::ZERO; 8];
-    let (ac, at) = (a.chunks_exact(8), a.len() / 8 * 8);
-    for (ca, cb) in ac.zip(b.chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += ca[i] * cb[i];
+pub fn sum_map3<T: Float>(a: &[T], b: &[T], c: &[T], term: impl Fn(T, T, T) -> T) -> T {
+    const LANES: usize = 16;
+    let n = a.len();
+    debug_assert!(b.len() == n && c.len() == n);
+    let (b, c) = (&b[..n], &c[..n]);
+    let mut acc = [T::ZERO; LANES];
+    for ((ca, cb), cc) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)).zip(c.chunks_exact(LANES)) {
+        for (l, s) in acc.iter_mut().enumerate() {
+            *s += term(ca[l], cb[l], cc[l]);
         }
     }
     let mut tail = T::ZERO;
-    for i in at..a.len() {
-        tail += a[i] * b[i];
+    for i in n / LANES * LANES..n {
+        tail += term(a[i], b[i], c[i]);
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+    }
+    acc[0] + tail
+}
+
+/// `Σ term(a[i], b[i])` in [`sum_map3`]'s order.
+#[inline(always)]
+pub fn sum_map2<T: Float>(a: &[T], b: &[T], term: impl Fn(T, T) -> T) -> T {
+    sum_map3(a, b, b, |x, y, _| term(x, y))
+}
+
+/// `Σ term(a[i])` in [`sum_map3`]'s order.
+#[inline(always)]
+pub fn sum_map<T: Float>(a: &[T], term: impl Fn(T) -> T) -> T {
+    sum_map3(a, a, a, |x, _, _| term(x))
+}
+
+/// Dot product in [`sum_map3`]'s order.
+#[inline(always)]
+pub fn dot<T: Float>(a: &[T], b: &[T]) -> T {
+    sum_map2(a, b, |x, y| x * y)
 }
 
 /// e^x for f32 without branches or table lookups (Cephes `expf` polynomial), so it inlines

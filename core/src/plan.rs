@@ -258,9 +258,10 @@ impl Plan {
             .and_then(|x| x.checked_add(6 * nc))
             .and_then(|x| x.checked_add((4 * c * c).max(config.vocab_size * c)))
             .and_then(|x| x.checked_add(plan.attention_shape().scratch_len()))
+            .and_then(|x| x.checked_add(crate::ops::row_blocks::blocks(n) * 4 * c))
             .ok_or(ConfigError::TooLarge)?;
         // The layout functions below rely on the lengths counted above.
-        debug_assert_eq!(plan.scratch().attention.end(), plan.acts_len);
+        debug_assert_eq!(plan.scratch().partials.end(), plan.acts_len);
         Ok(plan)
     }
 
@@ -386,7 +387,15 @@ impl Plan {
         let c = self.config.n_embd;
         let wt = (4 * c * c).max(self.config.vocab_size * c);
         let attention = self.attention_shape().scratch_len();
-        Scratch { dres: b.take(nc), dbig: b.take(4 * nc), dsmall: b.take(nc), wt: b.take(wt), attention: b.take(attention) }
+        let partials = crate::ops::row_blocks::blocks(self.tokens()) * 4 * c;
+        Scratch {
+            dres: b.take(nc),
+            dbig: b.take(4 * nc),
+            dsmall: b.take(nc),
+            wt: b.take(wt),
+            attention: b.take(attention),
+            partials: b.take(partials),
+        }
     }
 }
 
@@ -418,4 +427,7 @@ pub struct Scratch {
     pub wt: Span,
     /// Attention's per-(batch, head) tiles (see [`AttentionShape::scratch_len`]).
     pub attention: Span,
+    /// Per-row-block column sums of the bias and LayerNorm gradients (see
+    /// [`crate::ops::row_blocks`]): `blocks(N) x 4C`.
+    pub partials: Span,
 }

@@ -1,7 +1,7 @@
 //! LayerNorm over the last dimension with weight and bias, eps 1e-5 (PyTorch's default).
 
-use super::COLUMN_CHUNK;
-use crate::float::Float;
+use super::row_blocks;
+use crate::float::{sum_map, sum_map2, sum_map3, Float};
 use crate::parallel::{split_range, Parallel, SharedMut};
 use crate::simd::wide_dispatch;
 
@@ -36,16 +36,8 @@ fn forward_rows_body<T: Float>(out: &mut [T], mean: &mut [T], rstd: &mut [T], x:
     let inv_c = T::from_f64(1.0 / c as f64);
     let eps = T::from_f64(EPS);
     for (((xr, o), m_out), r_out) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).zip(mean.iter_mut()).zip(rstd.iter_mut()) {
-        let mut sum = T::ZERO;
-        for &v in xr {
-            sum += v;
-        }
-        let m = sum * inv_c;
-        let mut var = T::ZERO;
-        for &v in xr {
-            let d = v - m;
-            var += d * d;
-        }
+        let m = sum_map(xr, |x| x) * inv_c;
+        let var = sum_map(xr, |x| (x - m) * (x - m));
         let s = T::ONE / (var * inv_c + eps).sqrt();
         for (((o, &v), &wi), &bi) in o.iter_mut().zip(xr).zip(w).zip(b) {
             *o = (v - m) * s * wi + bi;
@@ -60,13 +52,15 @@ wide_dispatch!(
     fn forward_rows<T>(out: &mut [T], mean: &mut [T], rstd: &mut [T], x: &[T], w: &[T], b: &[T], c: usize) => forward_rows_body
 );
 
-/// Backward. Accumulates `dx += d(out)/dx`, `dw`, `db` from `dout [N, C]`.
+/// Backward. Accumulates `dx += d(out)/dx`, `dw`, `db` from `dout [N, C]`. `partials` is
+/// scratch of at least [`row_blocks::blocks`]`(N) * 2C` elements.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Float>(
     par: &dyn Parallel,
     dx: &mut [T],
     dw: &mut [T],
     db: &mut [T],
+    partials: &mut [T],
     dout: &[T],
     x: &[T],
     mean: &[T],
@@ -75,47 +69,43 @@ pub fn backward<T: Float>(
     c: usize,
 ) {
     let n = mean.len();
-    let inv_c = T::from_f64(1.0 / c as f64);
-    // Input gradient: rows in parallel.
-    let tasks = par.threads().min(n);
+    assert!(dx.len() == n * c && dout.len() == n * c && x.len() == n * c && w.len() == c);
     let dx_p = SharedMut(dx.as_mut_ptr());
-    par.run(tasks, &|task| {
-        for i in split_range(n, tasks, task) {
-            let (xr, dr) = (&x[i * c..(i + 1) * c], &dout[i * c..(i + 1) * c]);
-            let (m, s) = (mean[i], rstd[i]);
-            let (mut dnorm_mean, mut dnorm_xhat_mean) = (T::ZERO, T::ZERO);
-            for ((&xv, &g), &wi) in xr.iter().zip(dr).zip(w) {
-                let dnorm = g * wi;
-                dnorm_mean += dnorm;
-                dnorm_xhat_mean += dnorm * (xv - m) * s;
-            }
-            dnorm_mean *= inv_c;
-            dnorm_xhat_mean *= inv_c;
-            // SAFETY: tasks own disjoint rows.
-            let dxr = unsafe { dx_p.slice(i * c, c) };
-            for (((d, &xv), &g), &wi) in dxr.iter_mut().zip(xr).zip(dr).zip(w) {
-                let xhat = (xv - m) * s;
-                *d += (g * wi - dnorm_mean - xhat * dnorm_xhat_mean) * s;
-            }
-        }
+    row_blocks::for_each_block(par, n, partials, 2 * c, &|rows, partial| {
+        let (r0, r1) = (rows.start * c, rows.end * c);
+        // SAFETY: blocks own disjoint rows.
+        let dxr = unsafe { dx_p.slice(r0, r1 - r0) };
+        block_grads(dxr, partial, &dout[r0..r1], &x[r0..r1], &mean[rows.clone()], &rstd[rows], w);
     });
-    // Weight and bias gradients: column chunks in parallel, rows summed in order.
-    let chunks = c.div_ceil(COLUMN_CHUNK);
-    let (dw_p, db_p) = (SharedMut(dw.as_mut_ptr()), SharedMut(db.as_mut_ptr()));
-    par.run(chunks, &|chunk| {
-        let cols = chunk * COLUMN_CHUNK..((chunk + 1) * COLUMN_CHUNK).min(c);
-        // SAFETY: tasks own disjoint column ranges.
-        let (dwc, dbc) = unsafe { (dw_p.slice(cols.start, cols.len()), db_p.slice(cols.start, cols.len())) };
-        for i in 0..n {
-            let (m, s) = (mean[i], rstd[i]);
-            let row = i * c + cols.start..i * c + cols.end;
-            for (((a, bb), &xv), &g) in dwc.iter_mut().zip(dbc.iter_mut()).zip(&x[row.clone()]).zip(&dout[row]) {
-                *a += g * (xv - m) * s;
-                *bb += g;
-            }
-        }
-    });
+    row_blocks::add_partials(par, n, partials, 2 * c, 0, dw);
+    row_blocks::add_partials(par, n, partials, 2 * c, c, db);
 }
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn block_grads_body<T: Float>(dx: &mut [T], partial: &mut [T], dout: &[T], x: &[T], mean: &[T], rstd: &[T], w: &[T]) {
+    let c = w.len();
+    let inv_c = T::from_f64(1.0 / c as f64);
+    let (dw, db) = partial.split_at_mut(c);
+    dw.fill(T::ZERO);
+    db.fill(T::ZERO);
+    for (((dxr, dr), xr), (&m, &s)) in dx.chunks_exact_mut(c).zip(dout.chunks_exact(c)).zip(x.chunks_exact(c)).zip(mean.iter().zip(rstd)) {
+        let dnorm_mean = sum_map2(dr, w, |g, wi| g * wi) * inv_c;
+        let dnorm_xhat_mean = sum_map3(dr, w, xr, |g, wi, xv| g * wi * ((xv - m) * s)) * inv_c;
+        for (((((d, &xv), &g), &wi), a), bb) in dxr.iter_mut().zip(xr).zip(dr).zip(w).zip(dw.iter_mut()).zip(db.iter_mut()) {
+            let xhat = (xv - m) * s;
+            *d += (g * wi - dnorm_mean - xhat * dnorm_xhat_mean) * s;
+            *a += g * xhat;
+            *bb += g;
+        }
+    }
+}
+
+wide_dispatch!(
+    /// For a block of rows (`C = w.len()` wide): `dx += ∂out/∂x · dout`, and the block's
+    /// `Σ dout · x̂` and `Σ dout` into `partial [2C]`.
+    fn block_grads<T>(dx: &mut [T], partial: &mut [T], dout: &[T], x: &[T], mean: &[T], rstd: &[T], w: &[T]) => block_grads_body
+);
 
 #[cfg(test)]
 mod tests {
@@ -126,7 +116,7 @@ mod tests {
 
     #[test]
     fn gradients_match_finite_differences() {
-        let (n, c) = (5, 7);
+        let (n, c) = (70, 7); // two row blocks
         let mut rng = Rng::new(2);
         let mut x = random(&mut rng, n * c, 2.0);
         let mut w = random(&mut rng, c, 1.0);
@@ -135,7 +125,8 @@ mod tests {
         let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
         forward(&Serial, &mut out, &mut mean, &mut rstd, &x, &w, &b, c);
         let (mut dx, mut dw, mut db) = (vec![0.0; n * c], vec![0.0; c], vec![0.0; c]);
-        backward(&Serial, &mut dx, &mut dw, &mut db, &g, &x, &mean, &rstd, &w, c);
+        let mut partials = vec![0.0; crate::ops::row_blocks::blocks(n) * 2 * c];
+        backward(&Serial, &mut dx, &mut dw, &mut db, &mut partials, &g, &x, &mean, &rstd, &w, c);
         let mut loss = |x: &[f64], w: &[f64], b: &[f64]| {
             forward(&Serial, &mut out, &mut mean, &mut rstd, x, w, b, c);
             weighted_sum(&out, &g)

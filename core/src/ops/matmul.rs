@@ -2,7 +2,7 @@
 //! `w [M, K]` in `nn.Linear` layout. Epilogues: none, GELU (tanh approximation, the
 //! pre-activation saved for backward), or a residual add (`out = input + x·wᵀ + bias`).
 
-use super::COLUMN_CHUNK;
+use super::row_blocks;
 use crate::float::Float;
 use crate::gemm::{gemm, transpose, Strided};
 use crate::parallel::{split_range, Parallel, SharedMut};
@@ -137,12 +137,14 @@ pub fn forward<T: Float>(
 /// Backward. From `dout [N, M]` computes `dx = dout·w` (overwriting, if requested) and
 /// accumulates `dw += doutᵀ·x`, `db += Σ_rows dout`. With `gelu_pre`, `dout` holds the
 /// gradient of the GELU output and is turned into the pre-activation gradient in place.
+/// `partials` is scratch of at least [`row_blocks::blocks`]`(N) * M` elements (for `db`).
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Float>(
     par: &dyn Parallel,
     dx: Option<&mut [T]>,
     dw: &mut [T],
     db: Option<&mut [T]>,
+    partials: &mut [T],
     dout: &mut [T],
     x: &[T],
     w: &[T],
@@ -152,14 +154,23 @@ pub fn backward<T: Float>(
 ) {
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && dout.len() == n * m && dw.len() == m * k, "matmul backward: shape mismatch");
-    let tasks = par.threads().min(n).max(1);
-    if let Some(pre) = gelu_pre {
+    // One pass over row blocks: the GELU's gradient in place, and the blocks' column sums.
+    if gelu_pre.is_some() || db.is_some() {
         let d_p = SharedMut(dout.as_mut_ptr());
-        par.run(tasks, &|task| {
-            let rows = split_range(n, tasks, task);
-            // SAFETY: tasks own disjoint row ranges.
-            gelu_backward(unsafe { d_p.slice(rows.start * m, rows.len() * m) }, &pre[rows.start * m..rows.end * m]);
+        let with_bias = db.is_some();
+        row_blocks::for_each_block(par, n, partials, m, &|rows, partial| {
+            // SAFETY: blocks own disjoint rows.
+            let d = unsafe { d_p.slice(rows.start * m, rows.len() * m) };
+            if let Some(pre) = gelu_pre {
+                gelu_backward(d, &pre[rows.start * m..rows.end * m]);
+            }
+            if with_bias {
+                column_sums(partial, d);
+            }
         });
+    }
+    if let Some(db) = db {
+        row_blocks::add_partials(par, n, partials, m, 0, db);
     }
     let dout: &[T] = dout;
     if let Some(dx) = dx {
@@ -171,21 +182,22 @@ pub fn backward<T: Float>(
     // dw [M, K] += doutᵀ [M, N] · x [N, K]
     let a = Strided { ptr: dout.as_ptr(), rs: 1, cs: m };
     par_gemm(par, m, k, n, a, x, T::ONE, dw);
-    if let Some(db) = db {
-        let chunks = m.div_ceil(COLUMN_CHUNK);
-        let db_p = SharedMut(db.as_mut_ptr());
-        par.run(chunks, &|chunk| {
-            let cols = chunk * COLUMN_CHUNK..((chunk + 1) * COLUMN_CHUNK).min(m);
-            // SAFETY: tasks own disjoint column ranges.
-            let dbc = unsafe { db_p.slice(cols.start, cols.len()) };
-            for row in dout.chunks_exact(m) {
-                for (d, &g) in dbc.iter_mut().zip(&row[cols.clone()]) {
-                    *d += g;
-                }
-            }
-        });
+}
+
+#[inline(always)]
+fn column_sums_body<T: Float>(sums: &mut [T], rows: &[T]) {
+    sums.fill(T::ZERO);
+    for row in rows.chunks_exact(sums.len()) {
+        for (s, &x) in sums.iter_mut().zip(row) {
+            *s += x;
+        }
     }
 }
+
+wide_dispatch!(
+    /// `sums[j] = Σ_i rows[i][j]` over the rows (each `sums.len()` wide), in row order.
+    fn column_sums<T>(sums: &mut [T], rows: &[T]) => column_sums_body
+);
 
 /// `c [rows, cols] = a [rows, depth] · b [depth, cols] + beta · c` with the rows of `c`
 /// split across tasks; `b` and `c` are contiguous row-major.
@@ -218,7 +230,7 @@ mod tests {
     use crate::rng::Rng;
 
     fn check(kind: &str, with_bias: bool) {
-        let (n, k, m) = (5, 7, 9);
+        let (n, k, m) = (70, 7, 9); // two row blocks
         let mut rng = Rng::new(3);
         let mut x = random(&mut rng, n * k, 1.0);
         let mut w = random(&mut rng, m * k, 1.0);
@@ -239,7 +251,8 @@ mod tests {
         run(&x, &w, &b, &r, &mut pre, &mut out);
         let (mut dx, mut dw, mut db, mut dout) = (vec![0.0; n * k], vec![0.0; m * k], vec![0.0; m], g.clone());
         let gelu_pre = (kind == "gelu").then_some(&pre[..]);
-        backward(&Serial, Some(&mut dx), &mut dw, with_bias.then_some(&mut db[..]), &mut dout, &x, &w, gelu_pre, k, m);
+        let mut partials = vec![0.0; crate::ops::row_blocks::blocks(n) * m];
+        backward(&Serial, Some(&mut dx), &mut dw, with_bias.then_some(&mut db[..]), &mut partials, &mut dout, &x, &w, gelu_pre, k, m);
         let (x0, w0, b0, r0) = (x.clone(), w.clone(), b.clone(), r.clone());
         let mut scratch = (vec![0.0; n * m], vec![0.0; n * m]);
         let mut loss = |x: &[f64], w: &[f64], b: &[f64], r: &[f64]| run(x, w, b, r, &mut scratch.0, &mut scratch.1);

@@ -17,3 +17,5 @@ pub(crate) mod gradcheck;
 
 /// Columns per task for kernels that reduce over rows column by column.
 pub(crate) const COLUMN_CHUNK: usize = 64;
+
+pub mod row_blocks;
