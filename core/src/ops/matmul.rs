@@ -27,22 +27,26 @@ pub enum Epilogue<'a, T> {
 const GELU_SCALE: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
 const GELU_CUBIC: f64 = 0.044715;
 
-/// GELU, tanh approximation (PyTorch's `approximate="tanh"`).
+/// `σ(2u)` for GELU's `u = sqrt(2/π)·(x + 0.044715·x³)`: since `(1 + tanh(u)) / 2 = σ(2u)`,
+/// the tanh form costs one exp and one division.
 #[inline(always)]
-pub fn gelu<T: Float>(x: T) -> T {
-    let half = T::from_f64(0.5);
+fn gelu_sigmoid<T: Float>(x: T) -> T {
     let u = T::from_f64(GELU_SCALE) * (x + T::from_f64(GELU_CUBIC) * x * x * x);
-    half * x * (T::ONE + u.tanh())
+    T::ONE / (T::ONE + (T::from_f64(-2.0) * u).exp())
 }
 
-/// Derivative of [`gelu`].
+/// GELU, tanh approximation (PyTorch's `approximate="tanh"`): `0.5·x·(1 + tanh(u)) = x·σ(2u)`.
+#[inline(always)]
+pub fn gelu<T: Float>(x: T) -> T {
+    x * gelu_sigmoid(x)
+}
+
+/// Derivative of [`gelu`]: `s + 2x·s·(1 − s)·u'` with `s = σ(2u)`.
 #[inline(always)]
 pub fn gelu_grad<T: Float>(x: T) -> T {
-    let half = T::from_f64(0.5);
-    let k = T::from_f64(GELU_SCALE);
-    let a = T::from_f64(GELU_CUBIC);
-    let th = (k * (x + a * x * x * x)).tanh();
-    half * (T::ONE + th) + half * x * (T::ONE - th * th) * k * (T::ONE + T::from_f64(3.0) * a * x * x)
+    let s = gelu_sigmoid(x);
+    let du = T::from_f64(GELU_SCALE) * (T::ONE + T::from_f64(3.0 * GELU_CUBIC) * x * x);
+    s + T::from_f64(2.0) * x * s * (T::ONE - s) * du
 }
 
 #[inline(always)]
@@ -58,6 +62,30 @@ fn gelu_grad_rows<T: Float>(d: &mut [T], pre: &[T]) {
         *d *= gelu_grad(p);
     }
 }
+
+#[inline(always)]
+fn add_bias_rows_body<T: Float>(target: &mut [T], input: Option<&[T]>, bias: &[T]) {
+    let m = bias.len();
+    match input {
+        Some(input) => {
+            for (row, inp) in target.chunks_exact_mut(m).zip(input.chunks_exact(m)) {
+                for ((t, &x), &b) in row.iter_mut().zip(inp).zip(bias) {
+                    *t = x + b;
+                }
+            }
+        }
+        None => {
+            for row in target.chunks_exact_mut(m) {
+                row.copy_from_slice(bias);
+            }
+        }
+    }
+}
+
+wide_dispatch!(
+    /// Every row of `target` = `input`'s row + `bias` (or `bias` alone), in one pass.
+    fn add_bias_rows<T>(target: &mut [T], input: Option<&[T]>, bias: &[T]) => add_bias_rows_body
+);
 
 wide_dispatch!(
     /// `out = gelu(pre)` element-wise.
@@ -108,19 +136,23 @@ pub fn forward<T: Float>(
         let (start, len) = (rows.start * m, rows.len() * m);
         // SAFETY: tasks own disjoint row ranges of `out` and `pre`.
         let target = unsafe { pre_p.unwrap_or(out_p).slice(start, len) };
-        let mut beta = T::ZERO;
-        if let Some(input) = residual {
-            target.copy_from_slice(&input[start..start + len]);
-            beta = T::ONE;
-        }
-        if let Some(b) = bias {
-            for row in target.chunks_exact_mut(m) {
-                for (t, &bi) in row.iter_mut().zip(b) {
-                    *t = if residual.is_some() { *t + bi } else { bi };
-                }
+        let input = residual.map(|r| &r[start..start + len]);
+        // The GEMM adds its product to what is already there: the residual and/or the bias.
+        let beta = match (input, bias) {
+            (None, None) => T::ZERO,
+            (Some(input), None) => {
+                target.copy_from_slice(input);
+                T::ONE
             }
-            beta = T::ONE;
-        }
+            (None, Some(b)) => {
+                add_bias_rows(target, None, b);
+                T::ONE
+            }
+            (Some(input), Some(b)) => {
+                add_bias_rows(target, Some(input), b);
+                T::ONE
+            }
+        };
         // SAFETY: x rows are K-strided, wt is [K, M]; target is exactly rows.len() x m and
         // overlaps neither.
         unsafe {
@@ -276,6 +308,21 @@ mod tests {
     #[test]
     fn gelu_gradients_match_finite_differences() {
         check("gelu", true);
+    }
+
+    /// The sigmoid form is PyTorch's `0.5·x·(1 + tanh(u))`: in f64 to rounding, in f32 to a
+    /// few ulp of the f64 value.
+    #[test]
+    fn gelu_is_the_tanh_approximation() {
+        let reference = |x: f64| 0.5 * x * (1.0 + libm::tanh(GELU_SCALE * (x + GELU_CUBIC * x * x * x)));
+        for i in -400..=400 {
+            let x = i as f64 * 0.025;
+            assert!((gelu(x) - reference(x)).abs() <= 1e-15 * (1.0 + reference(x).abs()), "gelu({x})");
+            let x = x as f32 as f64;
+            let reference = reference(x);
+            let g32 = gelu(x as f32) as f64;
+            assert!((g32 - reference).abs() <= 4.0 * f32::EPSILON as f64 * (1e-3 + reference.abs()), "f32 gelu({x}) = {g32}, {reference}");
+        }
     }
 
     #[test]
