@@ -361,14 +361,25 @@ pub(crate) fn f32_kernel() -> Kernel<f32> {
 pub fn transpose<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T]) {
     assert!(rows == 0 || src.len() >= (rows - 1) * row_stride + cols);
     assert!(dst.len() >= rows * cols);
-    let (mut full_r, mut full_c) = (0, 0);
+    let (full_r, full_c) = transpose_whole_tiles(src, rows, cols, row_stride, dst);
+    for r in 0..rows {
+        let c_start = if r < full_r { full_c } else { 0 };
+        for c in c_start..cols {
+            dst[c * rows + r] = src[r * row_stride + c];
+        }
+    }
+}
+
+/// The fast part of [`transpose`]: the whole 8 x 8 tiles where the types and CPU allow;
+/// returns the rows and columns they cover (`(0, 0)` where nothing was done).
+fn transpose_whole_tiles<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T]) -> (usize, usize) {
     #[cfg(all(target_arch = "x86_64", feature = "std"))]
     if core::any::TypeId::of::<T>() == core::any::TypeId::of::<f32>() && std::is_x86_feature_detected!("avx") {
-        (full_r, full_c) = (rows / 8 * 8, cols / 8 * 8);
+        let (full_r, full_c) = (rows / 8 * 8, cols / 8 * 8);
         for r0 in (0..full_r).step_by(8) {
             for c0 in (0..full_c).step_by(8) {
-                // SAFETY: T is f32 (checked); the tile is inside both matrices (asserted);
-                // the CPU has AVX (checked).
+                // SAFETY: T is f32 (checked); the tile is inside both matrices (asserted by
+                // the caller); the CPU has AVX (checked).
                 unsafe {
                     let s = src.as_ptr().cast::<f32>().add(r0 * row_stride + c0);
                     let d = dst.as_mut_ptr().cast::<f32>().add(c0 * rows + r0);
@@ -376,13 +387,10 @@ pub fn transpose<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usiz
                 }
             }
         }
+        return (full_r, full_c);
     }
-    for r in 0..rows {
-        let c_start = if r < full_r { full_c } else { 0 };
-        for c in c_start..cols {
-            dst[c * rows + r] = src[r * row_stride + c];
-        }
-    }
+    let _ = (src, rows, cols, row_stride, dst);
+    (0, 0)
 }
 
 /// Transposes the 8 x 8 f32 tile at `src` (rows `ld_src` apart) into `dst` (rows `ld_dst`
