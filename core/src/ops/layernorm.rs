@@ -82,7 +82,6 @@ pub fn backward<T: Float>(
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn block_grads_body<T: Float>(dx: &mut [T], partial: &mut [T], dout: &[T], x: &[T], mean: &[T], rstd: &[T], w: &[T]) {
     let c = w.len();
     let inv_c = T::from_f64(1.0 / c as f64);

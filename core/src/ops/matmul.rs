@@ -144,12 +144,8 @@ pub fn forward<T: Float>(
                 target.copy_from_slice(input);
                 T::ONE
             }
-            (None, Some(b)) => {
-                add_bias_rows(target, None, b);
-                T::ONE
-            }
-            (Some(input), Some(b)) => {
-                add_bias_rows(target, Some(input), b);
+            (input, Some(b)) => {
+                add_bias_rows(target, input, b);
                 T::ONE
             }
         };
