@@ -14,6 +14,7 @@ use alpha_core::{GptConfig, Plan};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 use std::path::PathBuf;
+use std::time::Instant;
 
 /// Where the model runs.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +56,9 @@ pub struct BenchArgs {
     /// Steps recorded by --trace.
     #[arg(long, default_value_t = 5)]
     pub trace_steps: u64,
+    /// Time whole steps only, without the per-phase clocks (to measure what they cost).
+    #[arg(long, conflicts_with = "trace")]
+    pub no_phases: bool,
 }
 
 /// Training FLOPs per token of `plan`'s model at its sequence length.
@@ -79,11 +83,18 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         let mut ms = Vec::with_capacity(args.iters);
         let mut phases = Phases::default();
         for i in 0..args.warmup + args.iters {
-            let traced = trace.as_mut().filter(|_| i >= args.warmup);
-            let step = timed_step(trainer, &pool, train, traced).map_err(|e| format!("bench diverged at {e}"))?;
+            let diverged = |e| format!("bench diverged at {e}");
+            let step = if args.no_phases {
+                let start = Instant::now();
+                trainer.train_step(&pool, train).map_err(diverged)?;
+                Phases { total: start.elapsed().as_secs_f64(), ..Phases::default() }
+            } else {
+                let traced = trace.as_mut().filter(|_| i >= args.warmup);
+                timed_step(trainer, &pool, train, traced).map_err(diverged)?.phases
+            };
             if i >= args.warmup {
-                ms.push(step.phases.total * 1e3);
-                phases.add(&step.phases);
+                ms.push(step.total * 1e3);
+                phases.add(&step);
             }
         }
         Ok((ms, phases))
@@ -111,7 +122,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         "warmup": args.warmup,
         "ms_per_iter": {"median": median, "mean": mean, "min": ms[0], "max": ms[ms.len() - 1]},
         "tokens_per_sec": tokens_per_sec,
-        "phases_ms": phases.json_ms(args.iters as f64),
+        "phases_ms": if args.no_phases { serde_json::Value::Null } else { phases.json_ms(args.iters as f64) },
         "achieved_gflops": achieved,
         "peak_gflops": peak.gflops,
         "peak_source": peak.source,
@@ -140,7 +151,9 @@ fn print_table(r: &serde_json::Value, peak: &Peak) {
     );
     println!("  tokens/s      {:.0}", f(&r["tokens_per_sec"]));
     let phases: Vec<String> = r["phases_ms"].as_object().into_iter().flatten().filter(|(_, v)| f(v) > 0.0).map(|(k, v)| format!("{k} {:.2}", f(v))).collect();
-    println!("  phases (ms)   {}", phases.join("  "));
+    if !phases.is_empty() {
+        println!("  phases (ms)   {}", phases.join("  "));
+    }
     println!(
         "  FLOPs/token   {:.2}M; achieved {:.1} GFLOP/s; peak {:.1} GFLOP/s ({}); MFU {:.1}%",
         f(&r["flops_per_token"]) / 1e6, f(&r["achieved_gflops"]), peak.gflops, peak.source, 100.0 * f(&r["mfu"])

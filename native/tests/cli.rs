@@ -363,6 +363,10 @@ fn bench_json_is_complete_and_consistent() {
     assert_eq!((f(&r["peak_gflops"]), r["peak_source"].as_str()), (50.0, Some("given")));
     assert!((f(&r["mfu"]) - f(&r["achieved_gflops"]) / 50.0).abs() < 1e-12);
     expect_error(&dir, &["bench", "--data", "text.txt", "--peak-gflops=-3"], "--peak-gflops must be a positive number");
+    args.push("--no-phases");
+    let r = json_of(&run(&dir, &args));
+    assert!(r["phases_ms"].is_null(), "{r}");
+    assert!(f(&r["ms_per_iter"]["median"]) > 0.0 && f(&r["tokens_per_sec"]) > 0.0, "{r}");
 }
 
 #[test]
