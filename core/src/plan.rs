@@ -3,7 +3,8 @@
 //! Five arenas, all owned by the caller:
 //! - `params`, `grads`, `adam_m`, `adam_v`: [`Plan::params_len`] elements each, one layout
 //!   (a parameter's gradient and moments sit at the parameter's offset);
-//! - `acts`: [`Plan::acts_len`] elements: saved activations, then backward scratch.
+//! - `acts`: [`Plan::acts_len`] elements: saved activations, then backward scratch. Every
+//!   activation span starts at a multiple of [`ACT_ALIGN`] elements.
 //!
 //! Parameters are laid out in nanoGPT's `state_dict` order with `nn.Linear` layout
 //! (`[out_features, in_features]`), so a checkpoint is the params arena cut at the offsets.
@@ -217,11 +218,22 @@ fn mul(a: usize, b: usize) -> Result<usize, ConfigError> {
     a.checked_mul(b).ok_or(ConfigError::TooLarge)
 }
 
+/// Every activation span starts at a multiple of this many elements (256 bytes of `f32`):
+/// a GPU can then bind each tensor on its own (WebGPU's storage-buffer offset alignment) and
+/// CPU rows of whole cache lines start aligned.
+pub const ACT_ALIGN: usize = 64;
+
+/// `len` rounded up to a whole number of [`ACT_ALIGN`] blocks.
+const fn aligned(len: usize) -> usize {
+    len.div_ceil(ACT_ALIGN) * ACT_ALIGN
+}
+
+/// Hands out consecutive aligned spans.
 struct Bump(usize);
 impl Bump {
     fn take(&mut self, len: usize) -> Span {
         let s = Span { offset: self.0, len };
-        self.0 += len;
+        self.0 += aligned(len);
         s
     }
 }
@@ -247,21 +259,18 @@ impl Plan {
         mul(mul(n, config.vocab_size)?, 2)?;
         mul(mul(config.vocab_size + config.block_size, c)?, 4)?;
         let layer_params_len = mul(12 * c + 13, c)?;
-        let layer_acts_len = 16 * nc + 4 * n + batch * config.n_head * seq;
-        let mut plan = Plan { config, batch, seq, layer_params_len, layer_acts_len, params_len: 0, acts_len: 0 };
+        let mut plan = Plan { config, batch, seq, layer_params_len, layer_acts_len: 0, params_len: 0, acts_len: 0 };
         let lnf_b = plan.param(ParamKind::LnfBias, None);
         plan.params_len = lnf_b.span.end();
-        let total_layer_acts = mul(layer_acts_len, config.n_layer)?;
-        plan.acts_len = nc
-            .checked_add(total_layer_acts)
-            .and_then(|x| x.checked_add(nc + 3 * n + n * config.vocab_size))
-            .and_then(|x| x.checked_add(6 * nc))
-            .and_then(|x| x.checked_add((4 * c * c).max(config.vocab_size * c)))
-            .and_then(|x| x.checked_add(plan.attention_shape().scratch_len()))
-            .and_then(|x| x.checked_add(crate::ops::row_blocks::blocks(n) * 4 * c))
-            .ok_or(ConfigError::TooLarge)?;
-        // The layout functions below rely on the lengths counted above.
-        debug_assert_eq!(plan.scratch().partials.end(), plan.acts_len);
+        // Lengths checked against overflow before the layout functions below add them up.
+        plan.layer_acts_len = aligned(plan.layer_acts(0).res_out.end() - plan.encoded().end());
+        let layers = mul(plan.layer_acts_len, config.n_layer)?;
+        let rest = aligned(nc) + 6 * aligned(nc) + 3 * aligned(n) + aligned(n * config.vocab_size);
+        let scratch = aligned((4 * c * c).max(config.vocab_size * c))
+            + aligned(plan.attention_shape().scratch_len())
+            + aligned(crate::ops::row_blocks::blocks(n) * 4 * c);
+        layers.checked_add(rest).and_then(|x| x.checked_add(scratch)).ok_or(ConfigError::TooLarge)?;
+        plan.acts_len = aligned(plan.scratch().partials.end());
         Ok(plan)
     }
 
@@ -340,7 +349,7 @@ impl Plan {
     /// Activations of block `l`.
     pub fn layer_acts(&self, l: usize) -> LayerActs {
         let (n, c) = (self.tokens(), self.config.n_embd);
-        let mut b = Bump(self.encoded().end() + l * self.layer_acts_len);
+        let mut b = Bump(aligned(self.encoded().end()) + l * self.layer_acts_len);
         LayerActs {
             ln1: b.take(n * c),
             ln1_mean: b.take(n),
@@ -370,7 +379,7 @@ impl Plan {
     /// Activations after the last block.
     pub fn head_acts(&self) -> HeadActs {
         let (n, c, v) = (self.tokens(), self.config.n_embd, self.config.vocab_size);
-        let mut b = Bump(self.encoded().end() + self.config.n_layer * self.layer_acts_len);
+        let mut b = Bump(aligned(self.encoded().end()) + self.config.n_layer * self.layer_acts_len);
         HeadActs {
             lnf: b.take(n * c),
             lnf_mean: b.take(n),
@@ -383,7 +392,7 @@ impl Plan {
     /// Backward scratch buffers.
     pub fn scratch(&self) -> Scratch {
         let nc = self.tokens() * self.config.n_embd;
-        let mut b = Bump(self.head_acts().losses.end());
+        let mut b = Bump(aligned(self.head_acts().losses.end()));
         let c = self.config.n_embd;
         let wt = (4 * c * c).max(self.config.vocab_size * c);
         let attention = self.attention_shape().scratch_len();

@@ -506,7 +506,8 @@ mod plan_tests {
         a.offset < b.end() && b.offset < a.end()
     }
 
-    /// Every pair of activation spans one op uses together must be disjoint.
+    /// Every pair of activation spans one op uses together must be disjoint, and each
+    /// must start aligned.
     #[test]
     fn spans_used_together_are_disjoint() {
         let cfg = GptConfig { vocab_size: 11, block_size: 8, n_layer: 3, n_head: 2, n_embd: 6 };
@@ -535,6 +536,7 @@ mod plan_tests {
             };
             for (i, a) in spans.iter().enumerate() {
                 assert!(a.end() <= plan.acts_len());
+                assert_eq!(a.offset % crate::plan::ACT_ALIGN, 0, "{op:?}: {a:?} is not aligned");
                 for b in &spans[i + 1..] {
                     assert!(!overlap(*a, *b), "{op:?}: {a:?} overlaps {b:?}");
                 }
