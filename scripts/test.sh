@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite (the README's test command):
 #   unit tests and finite-difference gradient checks, the zero-allocation test, end-to-end
-#   CLI tests, cross-crate tests, the embedding example, and alpha-core's no_std builds.
+#   CLI tests, cross-crate tests, every GPU kernel and the whole model against the CPU (on
+#   any Vulkan adapter; without a GPU, lavapipe from mesa-vulkan-drivers), the embedding
+#   example, and alpha-core's no_std builds.
 # The no_std builds use the rustup target thumbv7em-none-eabihf when it is installed, else
 # Debian's rustc-web/cargo-web/rust-web-src (.ci/run installs them); ALPHA_SKIP_NO_STD=1 skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Mesa wants a private runtime directory; without one it warns on every device it opens.
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+    XDG_RUNTIME_DIR="$(mktemp -d)"
+    export XDG_RUNTIME_DIR
+fi
 
 cargo test --workspace --profile test-opt
 cargo run --profile test-opt -p alpha-core --example tiny --features alloc

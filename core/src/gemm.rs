@@ -270,7 +270,8 @@ pub(crate) fn portable<T: Float>() -> Kernel<T> {
 }
 
 /// Generates an x86-64 f32 micro-kernel for a vector type (`$mr` rows of `$vecs` registers)
-/// and the blocked GEMM on it, both compiled with `$feature`.
+/// and the blocked GEMM on it, both compiled with `$feature` (without `std` only where the
+/// build enables AVX2 or more: there is no run-time detection then).
 macro_rules! x86_kernel {
     ($tile:ident, $gemm:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, $vecs:expr,
      $zero:ident, $load:ident, $store:ident, $set1:ident, $fma:ident) => {
@@ -278,7 +279,7 @@ macro_rules! x86_kernel {
         ///
         /// # Safety
         /// The CPU must have the target feature; the tile must be inside the operands.
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
         #[target_feature(enable = $feature)]
         #[inline]
         unsafe fn $tile<const A_RS: usize, const A_CS: usize>(kc: usize, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize) {
@@ -314,7 +315,7 @@ macro_rules! x86_kernel {
         ///
         /// # Safety
         /// As [`gemm`]; the CPU must have the target feature.
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
         #[target_feature(enable = $feature)]
         #[allow(clippy::too_many_arguments)]
         unsafe fn $gemm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, c: *mut f32, ldc: usize) {

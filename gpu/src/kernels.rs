@@ -1,0 +1,405 @@
+//! The compiled kernels and the dispatch lists ([`Program`]) built from them.
+//!
+//! Every entry point takes one uniform block of 16 words (binding 0) and its tensors as
+//! storage bindings 1..=n, each bound to exactly its own range of a buffer (offsets are
+//! multiples of 256 bytes: the plan aligns activations, [`crate::layout`] parameters), so
+//! the bindings of one dispatch never overlap. Pipelines, layouts and bind groups are made
+//! once; a program is encoded into a compute pass as it is.
+
+use crate::context::{Gpu, GpuError};
+use alpha_core::plan::Span;
+use std::num::NonZeroU64;
+
+/// A WGSL entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Tiled GEMM with epilogues (matmul.wgsl).
+    Matmul,
+    /// GELU backward and bias column sums (matmul.wgsl).
+    BiasGrad,
+    /// Finishes column sums from row-block partials (row_blocks.wgsl).
+    AddPartials,
+    /// LayerNorm forward (layernorm.wgsl).
+    LayerNormForward,
+    /// LayerNorm input gradient (layernorm.wgsl).
+    LayerNormBackward,
+    /// LayerNorm weight/bias gradient partials (layernorm.wgsl).
+    LayerNormParamPartials,
+    /// Causal attention forward (attention.wgsl).
+    AttentionForward,
+    /// Row deltas for attention backward (attention.wgsl).
+    AttentionDelta,
+    /// Attention dQ (attention.wgsl).
+    AttentionBackwardQ,
+    /// Attention dK, dV (attention.wgsl).
+    AttentionBackwardKv,
+    /// Token + position embedding (embedding.wgsl).
+    EmbeddingForward,
+    /// Token embedding gradient (embedding.wgsl).
+    EmbeddingBackwardWte,
+    /// Position embedding gradient (embedding.wgsl).
+    EmbeddingBackwardWpe,
+    /// Fused softmax cross-entropy (cross_entropy.wgsl).
+    CrossEntropy,
+    /// Loss sum into the statistics buffer (cross_entropy.wgsl).
+    SumLosses,
+    /// Σ x² per chunk (grad_norm.wgsl).
+    SumSquaresPartials,
+    /// Σ of the chunks (grad_norm.wgsl).
+    SumSquaresFinish,
+    /// AdamW with clip (adamw.wgsl).
+    AdamW,
+}
+
+/// The WGSL files, each compiled with `common.wgsl` in front.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shader {
+    Matmul,
+    RowBlocks,
+    LayerNorm,
+    Attention,
+    Embedding,
+    CrossEntropy,
+    GradNorm,
+    AdamW,
+}
+
+impl Shader {
+    const ALL: [Shader; 8] =
+        [Shader::Matmul, Shader::RowBlocks, Shader::LayerNorm, Shader::Attention, Shader::Embedding, Shader::CrossEntropy, Shader::GradNorm, Shader::AdamW];
+
+    fn source(self) -> &'static str {
+        match self {
+            Shader::Matmul => include_str!("../../shaders/matmul.wgsl"),
+            Shader::RowBlocks => include_str!("../../shaders/row_blocks.wgsl"),
+            Shader::LayerNorm => include_str!("../../shaders/layernorm.wgsl"),
+            Shader::Attention => include_str!("../../shaders/attention.wgsl"),
+            Shader::Embedding => include_str!("../../shaders/embedding.wgsl"),
+            Shader::CrossEntropy => include_str!("../../shaders/cross_entropy.wgsl"),
+            Shader::GradNorm => include_str!("../../shaders/grad_norm.wgsl"),
+            Shader::AdamW => include_str!("../../shaders/adamw.wgsl"),
+        }
+    }
+}
+
+const COMMON: &str = include_str!("../../shaders/common.wgsl");
+
+impl Kernel {
+    /// Every kernel, in pipeline order.
+    pub const ALL: [Kernel; 18] = [
+        Kernel::Matmul,
+        Kernel::BiasGrad,
+        Kernel::AddPartials,
+        Kernel::LayerNormForward,
+        Kernel::LayerNormBackward,
+        Kernel::LayerNormParamPartials,
+        Kernel::AttentionForward,
+        Kernel::AttentionDelta,
+        Kernel::AttentionBackwardQ,
+        Kernel::AttentionBackwardKv,
+        Kernel::EmbeddingForward,
+        Kernel::EmbeddingBackwardWte,
+        Kernel::EmbeddingBackwardWpe,
+        Kernel::CrossEntropy,
+        Kernel::SumLosses,
+        Kernel::SumSquaresPartials,
+        Kernel::SumSquaresFinish,
+        Kernel::AdamW,
+    ];
+
+    /// (shader file, entry point, tensors bound).
+    fn spec(self) -> (Shader, &'static str, usize) {
+        match self {
+            Kernel::Matmul => (Shader::Matmul, "matmul", 5),
+            Kernel::BiasGrad => (Shader::Matmul, "bias_grad", 3),
+            Kernel::AddPartials => (Shader::RowBlocks, "add_partials", 2),
+            Kernel::LayerNormForward => (Shader::LayerNorm, "layernorm_forward", 6),
+            Kernel::LayerNormBackward => (Shader::LayerNorm, "layernorm_backward", 6),
+            Kernel::LayerNormParamPartials => (Shader::LayerNorm, "layernorm_param_partials", 5),
+            Kernel::AttentionForward => (Shader::Attention, "attention_forward", 3),
+            Kernel::AttentionDelta => (Shader::Attention, "attention_delta", 3),
+            Kernel::AttentionBackwardQ => (Shader::Attention, "attention_backward_q", 5),
+            Kernel::AttentionBackwardKv => (Shader::Attention, "attention_backward_kv", 5),
+            Kernel::EmbeddingForward => (Shader::Embedding, "embedding_forward", 4),
+            Kernel::EmbeddingBackwardWte => (Shader::Embedding, "embedding_backward_wte", 4),
+            Kernel::EmbeddingBackwardWpe => (Shader::Embedding, "embedding_backward_wpe", 2),
+            Kernel::CrossEntropy => (Shader::CrossEntropy, "cross_entropy", 3),
+            Kernel::SumLosses => (Shader::CrossEntropy, "sum_losses", 2),
+            Kernel::SumSquaresPartials => (Shader::GradNorm, "sum_squares_partials", 2),
+            Kernel::SumSquaresFinish => (Shader::GradNorm, "sum_squares_finish", 2),
+            Kernel::AdamW => (Shader::AdamW, "adamw", 5),
+        }
+    }
+
+    /// The entry point's name (trace spans use it).
+    pub fn name(self) -> &'static str {
+        self.spec().1
+    }
+}
+
+/// Most tensors one kernel binds.
+const MAX_TENSORS: usize = 6;
+/// Bytes of one dispatch's uniform words, and the stride between them.
+const WORDS_BYTES: u64 = 64;
+const WORDS_STRIDE: u64 = 256;
+
+/// Every pipeline, compiled once for one head size.
+pub struct Kernels {
+    pipelines: Vec<wgpu::ComputePipeline>,
+    layouts: Vec<wgpu::BindGroupLayout>,
+    /// Stands in for unused bindings (a disjoint 256-byte range per binding slot).
+    dummy: wgpu::Buffer,
+}
+
+impl Kernels {
+    /// Compiles every kernel; attention's for heads of `head_size`. An adapter that cannot
+    /// run them (too few bindings, too little workgroup memory) is an error, not a panic.
+    pub async fn new(gpu: &Gpu, head_size: usize) -> Result<Kernels, GpuError> {
+        if head_size == 0 || head_size > 256 {
+            return Err(GpuError(format!("the GPU attention kernels take head sizes 1..=256 (n_embd / n_head), not {head_size}")));
+        }
+        let device = &gpu.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let layouts: Vec<wgpu::BindGroupLayout> = (0..=MAX_TENSORS)
+            .map(|n| {
+                let uniform = wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: NonZeroU64::new(WORDS_BYTES),
+                    },
+                    count: None,
+                };
+                let storage = (1..=n as u32).map(|binding| wgpu::BindGroupLayoutEntry {
+                    binding,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                });
+                let entries: Vec<_> = std::iter::once(uniform).chain(storage).collect();
+                device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries })
+            })
+            .collect();
+        // Attention's tiles: two of KT rows x HS within 8 KiB of workgroup memory.
+        let kt = (1024 / head_size).clamp(1, 64);
+        let modules: Vec<wgpu::ShaderModule> = Shader::ALL
+            .iter()
+            .map(|&s| {
+                let consts = if s == Shader::Attention { format!("const HS: u32 = {head_size}u;\nconst KT: u32 = {kt}u;\n") } else { String::new() };
+                let source = format!("{consts}{COMMON}\n{}", s.source());
+                device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(s.name()), source: wgpu::ShaderSource::Wgsl(source.into()) })
+            })
+            .collect();
+        let pipelines = Kernel::ALL
+            .iter()
+            .map(|&k| {
+                let (shader, entry, n) = k.spec();
+                let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: None,
+                    bind_group_layouts: &[Some(&layouts[n])],
+                    immediate_size: 0,
+                });
+                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(entry),
+                    layout: Some(&layout),
+                    module: &modules[Shader::ALL.iter().position(|&s| s == shader).expect("listed")],
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+            })
+            .collect();
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused binding"),
+            size: WORDS_STRIDE * (MAX_TENSORS as u64 + 1),
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        if let Some(e) = scope.pop().await {
+            return Err(GpuError(format!("{} cannot run alpha's kernels: {e}", gpu.adapter.name)));
+        }
+        Ok(Kernels { pipelines, layouts, dummy })
+    }
+
+    fn pipeline(&self, k: Kernel) -> &wgpu::ComputePipeline {
+        &self.pipelines[Kernel::ALL.iter().position(|&x| x == k).expect("listed")]
+    }
+}
+
+impl Shader {
+    fn name(self) -> &'static str {
+        match self {
+            Shader::Matmul => "matmul.wgsl",
+            Shader::RowBlocks => "row_blocks.wgsl",
+            Shader::LayerNorm => "layernorm.wgsl",
+            Shader::Attention => "attention.wgsl",
+            Shader::Embedding => "embedding.wgsl",
+            Shader::CrossEntropy => "cross_entropy.wgsl",
+            Shader::GradNorm => "grad_norm.wgsl",
+            Shader::AdamW => "adamw.wgsl",
+        }
+    }
+}
+
+/// A tensor: `len` 32-bit elements of `buffer` from element `offset`.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    /// The buffer.
+    pub buffer: &'a wgpu::Buffer,
+    /// First element.
+    pub offset: usize,
+    /// Elements.
+    pub len: usize,
+}
+
+impl<'a> View<'a> {
+    /// The elements of `span` in `buffer`.
+    pub fn span(buffer: &'a wgpu::Buffer, span: Span) -> View<'a> {
+        View { buffer, offset: span.offset, len: span.len }
+    }
+
+    /// The first `len` elements of `buffer`.
+    pub fn first(buffer: &'a wgpu::Buffer, len: usize) -> View<'a> {
+        View { buffer, offset: 0, len }
+    }
+}
+
+/// One dispatch before it is built.
+struct Pending<'a> {
+    kernel: Kernel,
+    words: [u32; 16],
+    views: Vec<Option<View<'a>>>,
+    groups: [u32; 3],
+}
+
+/// Collects dispatches, then builds their bind groups and uniform words at once.
+#[derive(Default)]
+pub struct ProgramBuilder<'a> {
+    pending: Vec<Pending<'a>>,
+}
+
+impl<'a> ProgramBuilder<'a> {
+    /// Adds a dispatch of `kernel` over `groups` workgroups binding `views` (None: unused)
+    /// with uniform `words`; returns its index in the program.
+    pub fn push(&mut self, kernel: Kernel, words: &[u32], views: &[Option<View<'a>>], groups: [u32; 3]) -> usize {
+        assert_eq!(views.len(), kernel.spec().2, "{kernel:?} binds {} tensors", kernel.spec().2);
+        let mut w = [0u32; 16];
+        w[..words.len()].copy_from_slice(words);
+        self.pending.push(Pending { kernel, words: w, views: views.to_vec(), groups });
+        self.pending.len() - 1
+    }
+
+    /// Bind groups and one uniform buffer for every dispatch pushed.
+    pub fn build(self, gpu: &Gpu, kernels: &Kernels) -> Result<Program, GpuError> {
+        let device = &gpu.device;
+        let align = gpu.limits.min_storage_buffer_offset_alignment as usize;
+        let uniforms = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dispatch words"),
+            size: WORDS_STRIDE * self.pending.len().max(1) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let max_groups = gpu.limits.max_compute_workgroups_per_dimension;
+        let mut dispatches = Vec::with_capacity(self.pending.len());
+        for (i, p) in self.pending.iter().enumerate() {
+            if p.groups.iter().any(|&g| g > max_groups) {
+                return Err(GpuError(format!("{} needs {:?} workgroups; the device allows {max_groups} per dimension", p.kernel.name(), p.groups)));
+            }
+            gpu.queue.write_buffer(&uniforms, WORDS_STRIDE * i as u64, bytemuck::cast_slice(&p.words));
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &uniforms,
+                    offset: WORDS_STRIDE * i as u64,
+                    size: NonZeroU64::new(WORDS_BYTES),
+                }),
+            }];
+            for (slot, v) in p.views.iter().enumerate() {
+                let binding = match v {
+                    Some(v) if v.len > 0 => {
+                        assert_eq!((v.offset * 4) % align, 0, "{}: binding {} is not aligned", p.kernel.name(), slot + 1);
+                        gpu.check_size(&format!("a tensor of {}", p.kernel.name()), (v.len * 4) as u64, true)?;
+                        wgpu::BufferBinding { buffer: v.buffer, offset: (v.offset * 4) as u64, size: NonZeroU64::new((v.len * 4) as u64) }
+                    }
+                    _ => wgpu::BufferBinding {
+                        buffer: &kernels.dummy,
+                        offset: WORDS_STRIDE * (slot as u64 + 1),
+                        size: NonZeroU64::new(WORDS_STRIDE),
+                    },
+                };
+                entries.push(wgpu::BindGroupEntry { binding: slot as u32 + 1, resource: wgpu::BindingResource::Buffer(binding) });
+            }
+            let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(p.kernel.name()),
+                layout: &kernels.layouts[p.views.len()],
+                entries: &entries,
+            });
+            dispatches.push(Dispatch { kernel: p.kernel, bind_group, groups: p.groups });
+        }
+        Ok(Program { dispatches, uniforms })
+    }
+}
+
+/// A built dispatch.
+struct Dispatch {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    groups: [u32; 3],
+}
+
+/// A fixed list of dispatches with their bind groups and uniform words.
+pub struct Program {
+    dispatches: Vec<Dispatch>,
+    uniforms: wgpu::Buffer,
+}
+
+impl Program {
+    /// Records every dispatch into `pass`, in order.
+    pub fn encode(&self, kernels: &Kernels, pass: &mut wgpu::ComputePass<'_>) {
+        for d in &self.dispatches {
+            pass.set_pipeline(kernels.pipeline(d.kernel));
+            pass.set_bind_group(0, &d.bind_group, &[]);
+            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        }
+    }
+
+    /// Encodes the program alone and submits it.
+    pub fn submit(&self, gpu: &Gpu, kernels: &Kernels) {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        self.encode(kernels, &mut enc.begin_compute_pass(&Default::default()));
+        gpu.queue.submit([enc.finish()]);
+    }
+
+    /// Replaces the uniform words of dispatch `index` (takes effect at the next submit).
+    pub fn set_words(&self, queue: &wgpu::Queue, index: usize, words: &[u32; 16]) {
+        queue.write_buffer(&self.uniforms, WORDS_STRIDE * index as u64, bytemuck::cast_slice(words));
+    }
+
+    /// Number of dispatches.
+    pub fn len(&self) -> usize {
+        self.dispatches.len()
+    }
+
+    /// True if the program dispatches nothing.
+    pub fn is_empty(&self) -> bool {
+        self.dispatches.is_empty()
+    }
+
+    /// The kernel of each dispatch, in order.
+    pub fn kernels(&self) -> impl Iterator<Item = Kernel> + '_ {
+        self.dispatches.iter().map(|d| d.kernel)
+    }
+}
+
+/// Workgroups for `cols_groups` column groups over `rows` rows spread over y and z (65535
+/// at most per dimension; the kernels use `grid_row`).
+pub fn rows_grid(cols_groups: usize, rows: usize) -> [u32; 3] {
+    let y = rows.clamp(1, 65535);
+    [cols_groups as u32, y as u32, rows.div_ceil(y).max(1) as u32]
+}

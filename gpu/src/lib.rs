@@ -1,0 +1,24 @@
+//! alpha-gpu: runs alpha-core's tape on a GPU through wgpu, with the fused WGSL kernels in
+//! `shaders/` (one file per op family, forward and backward together).
+//!
+//! One code path serves native Vulkan (Metal, DX12) and browser WebGPU: nothing here blocks
+//! or spawns threads; readbacks are `async` (native callers drive them with
+//! [`block_on`], which polls the device).
+//!
+//! - [`context`]: adapter choice, features and limits ([`Gpu`]).
+//! - [`kernels`]: the compiled pipelines and how a dispatch binds its tensors.
+//! - [`ops`]: per op family, the dispatches of its forward and backward (twins of
+//!   `alpha_core::ops`).
+//! - [`layout`]: where each parameter lives on the device.
+//! - [`trainer`]: the whole training step, one submission per step ([`GpuTrainer`]).
+
+pub mod context;
+pub mod kernels;
+pub mod layout;
+pub mod ops;
+mod readback;
+pub mod trainer;
+
+pub use context::{AdapterSummary, Gpu, GpuError};
+pub use readback::{block_on, read};
+pub use trainer::GpuTrainer;

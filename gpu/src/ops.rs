@@ -1,0 +1,238 @@
+//! The dispatches of each op family, forward and backward side by side: the GPU twins of
+//! `alpha_core::ops`, with the same arguments as views of device buffers. Shapes in comments
+//! use `N` rows (`B*T` tokens), `C` channels, `V` vocabulary.
+
+use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
+use alpha_core::ops::attention::AttentionShape;
+use alpha_core::ops::row_blocks::blocks;
+use alpha_core::optim::AdamWConfig;
+
+const EPI_ACCUMULATE: u32 = 1;
+const EPI_BIAS: u32 = 2;
+const EPI_GELU: u32 = 4;
+const EPI_RESIDUAL: u32 = 8;
+
+fn u(x: usize) -> u32 {
+    u32::try_from(x).expect("GPU shapes fit in 32 bits (checked when the trainer is built)")
+}
+
+/// What the forward matmul does after `x·wᵀ + bias`.
+#[derive(Clone, Copy, Debug)]
+pub enum Epilogue<'a> {
+    /// Nothing.
+    None,
+    /// GELU, saving the pre-activation `[N, M]`.
+    Gelu(View<'a>),
+    /// Adds the residual stream `[N, M]`.
+    Residual(View<'a>),
+}
+
+/// `c[rows, cols] (+)= a·b` with `a[i, k]` at `i*a_rs + k*a_cs`, `b[k, j]` at `k*b_rs + j*b_cs`.
+#[allow(clippy::too_many_arguments)]
+fn gemm<'a>(p: &mut ProgramBuilder<'a>, c: View<'a>, a: View<'a>, b: View<'a>, bias: Option<View<'a>>, aux: Option<View<'a>>, flags: u32, [rows, cols, depth]: [usize; 3], [a_rs, a_cs, b_rs, b_cs]: [usize; 4]) {
+    let words = [u(rows), u(cols), u(depth), flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs)];
+    p.push(Kernel::Matmul, &words, &[Some(a), Some(b), Some(c), bias, aux], [u(cols.div_ceil(64)), u(rows.div_ceil(64)), 1]);
+}
+
+/// Forward: `out [N, M] = epilogue(x [N, K] · w [M, K]ᵀ + bias [M])`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, x: View<'a>, w: View<'a>, bias: Option<View<'a>>, epilogue: Epilogue<'a>, k: usize, m: usize) {
+    let n = x.len / k;
+    let (aux, epi) = match epilogue {
+        Epilogue::None => (None, 0),
+        Epilogue::Gelu(pre) => (Some(pre), EPI_GELU),
+        Epilogue::Residual(res) => (Some(res), EPI_RESIDUAL),
+    };
+    let flags = epi | if bias.is_some() { EPI_BIAS } else { 0 };
+    gemm(p, out, x, w, bias, aux, flags, [n, m, k], [k, 1, 1, k]);
+}
+
+/// Backward: GELU backward in place on `dout [N, M]` (with `pre`), `dbias += Σ rows`,
+/// `dx [N, K] = dout·w` (overwritten), `dw [M, K] += doutᵀ·x`. `partials`: at least
+/// `blocks(N) * M` elements of scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_backward<'a>(
+    p: &mut ProgramBuilder<'a>,
+    dx: Option<View<'a>>,
+    dw: View<'a>,
+    dbias: Option<View<'a>>,
+    partials: View<'a>,
+    dout: View<'a>,
+    x: View<'a>,
+    w: View<'a>,
+    pre: Option<View<'a>>,
+    k: usize,
+    m: usize,
+) {
+    let n = x.len / k;
+    if pre.is_some() || dbias.is_some() {
+        let words = [u(n), u(m), u32::from(pre.is_some())];
+        p.push(Kernel::BiasGrad, &words, &[Some(dout), pre, Some(partials)], [u(m.div_ceil(64)), u(blocks(n)), 1]);
+    }
+    if let Some(db) = dbias {
+        add_partials(p, db, partials, blocks(n), m, 0);
+    }
+    if let Some(dx) = dx {
+        gemm(p, dx, dout, w, None, None, 0, [n, k, m], [m, 1, k, 1]);
+    }
+    gemm(p, dw, dout, x, None, None, EPI_ACCUMULATE, [m, k, n], [1, m, k, 1]);
+}
+
+/// `out [W] += Σ_b partials[b * stride + offset ..][..W]` over `count` row blocks.
+pub fn add_partials<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, partials: View<'a>, count: usize, stride: usize, offset: usize) {
+    let words = [u(count), u(out.len), u(stride), u(offset)];
+    p.push(Kernel::AddPartials, &words, &[Some(partials), Some(out)], [u(out.len.div_ceil(64)), 1, 1]);
+}
+
+/// LayerNorm forward: `out [N, C]`, saving `mean [N]` and `rstd [N]`.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, mean: View<'a>, rstd: View<'a>, x: View<'a>, w: View<'a>, b: View<'a>, c: usize) {
+    let n = mean.len;
+    p.push(Kernel::LayerNormForward, &[u(n), u(c)], &[Some(out), Some(mean), Some(rstd), Some(x), Some(w), Some(b)], rows_grid(1, n));
+}
+
+/// LayerNorm backward: `dx += ...`, `dw`, `db` accumulated. `partials`: at least
+/// `blocks(N) * 2C` elements of scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_backward<'a>(
+    p: &mut ProgramBuilder<'a>,
+    dx: View<'a>,
+    dw: View<'a>,
+    db: View<'a>,
+    partials: View<'a>,
+    dout: View<'a>,
+    x: View<'a>,
+    mean: View<'a>,
+    rstd: View<'a>,
+    w: View<'a>,
+    c: usize,
+) {
+    let n = mean.len;
+    let views = [Some(dx), Some(dout), Some(x), Some(mean), Some(rstd), Some(w)];
+    p.push(Kernel::LayerNormBackward, &[u(n), u(c)], &views, rows_grid(1, n));
+    let views = [Some(partials), Some(dout), Some(x), Some(mean), Some(rstd)];
+    p.push(Kernel::LayerNormParamPartials, &[u(n), u(c)], &views, [u(c.div_ceil(64)), u(blocks(n)), 1]);
+    add_partials(p, dw, partials, blocks(n), 2 * c, 0);
+    add_partials(p, db, partials, blocks(n), 2 * c, c);
+}
+
+fn attention_words(s: AttentionShape) -> [u32; 4] {
+    let scale = 1.0 / (s.head_size as f32).sqrt();
+    [u(s.batch), u(s.seq), u(s.heads), scale.to_bits()]
+}
+
+fn attention_grid(s: AttentionShape) -> [u32; 3] {
+    [u(s.seq.div_ceil(64)), u(s.batch * s.heads), 1]
+}
+
+/// Causal attention forward: `out [B, T, C]` and `lse [B, NH, T]` from `qkv [B, T, 3C]`.
+pub fn attention_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, lse: View<'a>, qkv: View<'a>, s: AttentionShape) {
+    p.push(Kernel::AttentionForward, &attention_words(s), &[Some(out), Some(qkv), Some(lse)], attention_grid(s));
+}
+
+/// Causal attention backward: `dqkv [B, T, 3C]` (overwritten) from `dout [B, T, C]`, using
+/// `delta [B, NH, T]` as scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward<'a>(p: &mut ProgramBuilder<'a>, dqkv: View<'a>, delta: View<'a>, dout: View<'a>, qkv: View<'a>, out: View<'a>, lse: View<'a>, s: AttentionShape) {
+    let (w, g) = (attention_words(s), attention_grid(s));
+    p.push(Kernel::AttentionDelta, &w, &[Some(delta), Some(dout), Some(out)], g);
+    let views = [Some(dqkv), Some(qkv), Some(dout), Some(lse), Some(delta)];
+    p.push(Kernel::AttentionBackwardQ, &w, &views, g);
+    p.push(Kernel::AttentionBackwardKv, &w, &views, g);
+}
+
+/// Embedding forward: `out [N, C] = wte[tokens] + wpe[position]`.
+pub fn embedding_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, tokens: View<'a>, wte: View<'a>, wpe: View<'a>, t: usize, c: usize) {
+    let n = tokens.len;
+    p.push(Kernel::EmbeddingForward, &[u(n), u(c), u(t)], &[Some(out), Some(tokens), Some(wte), Some(wpe)], rows_grid(c.div_ceil(64), n));
+}
+
+/// Embedding backward: `dwte`, `dwpe` accumulated from `dout [N, C]`. `order [N]` lists the
+/// rows grouped by token and `starts [V + 1]` where each token's rows begin (see
+/// [`group_rows_by_token`]).
+#[allow(clippy::too_many_arguments)]
+pub fn embedding_backward<'a>(p: &mut ProgramBuilder<'a>, dwte: View<'a>, dwpe: View<'a>, order: View<'a>, starts: View<'a>, dout: View<'a>, t: usize, c: usize) {
+    let vocab = starts.len - 1;
+    p.push(Kernel::EmbeddingBackwardWte, &[u(vocab), u(c)], &[Some(dwte), Some(order), Some(starts), Some(dout)], rows_grid(c.div_ceil(64), vocab));
+    let batch = order.len / t;
+    p.push(Kernel::EmbeddingBackwardWpe, &[u(t), u(c), u(batch)], &[Some(dwpe), Some(dout)], rows_grid(c.div_ceil(64), t));
+}
+
+/// Fills `order [N]` and `starts [V + 1]` so that the rows holding token `v` are
+/// `order[starts[v]..starts[v + 1]]`, in increasing order (a counting sort).
+pub fn group_rows_by_token(tokens: &[u32], order: &mut [u32], starts: &mut [u32]) {
+    let vocab = starts.len() - 1;
+    // starts[v + 1] = end of token v's rows (counts, then a running sum) ...
+    starts.fill(0);
+    for &t in tokens {
+        starts[t as usize + 1] += 1;
+    }
+    for v in 1..=vocab {
+        starts[v] += starts[v - 1];
+    }
+    // ... counted down to their start while placing the rows from the last.
+    for (i, &t) in tokens.iter().enumerate().rev() {
+        let end = &mut starts[t as usize + 1];
+        *end -= 1;
+        order[*end as usize] = i as u32;
+    }
+    starts.copy_within(1..=vocab, 0);
+    starts[vocab] = tokens.len() as u32;
+}
+
+/// Fused cross-entropy: `losses [N]`, and with `grad_scale` the logits `[N, V]` replaced by
+/// `grad_scale * (softmax - onehot)`.
+pub fn cross_entropy<'a>(p: &mut ProgramBuilder<'a>, logits: View<'a>, losses: View<'a>, targets: View<'a>, v: usize, grad_scale: Option<f32>) {
+    let n = losses.len;
+    let words = [u(n), u(v), u32::from(grad_scale.is_some()), grad_scale.unwrap_or(0.0).to_bits()];
+    p.push(Kernel::CrossEntropy, &words, &[Some(logits), Some(losses), Some(targets)], rows_grid(1, n));
+}
+
+/// `stats[slot] += Σ losses`.
+pub fn sum_losses<'a>(p: &mut ProgramBuilder<'a>, losses: View<'a>, stats: View<'a>, slot: usize) {
+    p.push(Kernel::SumLosses, &[u(losses.len), u(slot)], &[Some(losses), Some(stats)], [1, 1, 1]);
+}
+
+/// Chunks of the squared-norm reduction (the size of its `partials`).
+pub const NORM_CHUNKS: usize = 256;
+
+/// `stats[slot] = Σ x²`, through `partials [NORM_CHUNKS]`.
+pub fn sum_squares<'a>(p: &mut ProgramBuilder<'a>, x: View<'a>, partials: View<'a>, stats: View<'a>, slot: usize) {
+    let chunk = x.len.div_ceil(NORM_CHUNKS).max(1);
+    let count = x.len.div_ceil(chunk);
+    p.push(Kernel::SumSquaresPartials, &[u(x.len), u(chunk)], &[Some(x), Some(partials)], [u(count), 1, 1]);
+    p.push(Kernel::SumSquaresFinish, &[u(count), u(slot)], &[Some(partials), Some(stats)], [1, 1, 1]);
+}
+
+/// The AdamW dispatch over whole arenas; its words change every step ([`adamw_words`]).
+/// Returns the dispatch's index in the program.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw<'a>(p: &mut ProgramBuilder<'a>, params: View<'a>, grads: View<'a>, m: View<'a>, v: View<'a>, stats: View<'a>) -> usize {
+    let groups = params.len.div_ceil(64);
+    let x = groups.min(65535);
+    p.push(Kernel::AdamW, &[], &[Some(params), Some(grads), Some(m), Some(v), Some(stats)], [u(x), u(groups.div_ceil(x)), 1])
+}
+
+/// The step's AdamW words (see adamw.wgsl): the constants computed in f64 as the CPU does.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_words(len: usize, decay_end: usize, cfg: &AdamWConfig, lr: f64, step: u64, max_norm: f64, loss_slot: usize, norm_slot: usize) -> [u32; 16] {
+    let bc1 = 1.0 - cfg.beta1.powf(step as f64);
+    let bc2_sqrt = (1.0 - cfg.beta2.powf(step as f64)).sqrt();
+    let f = |x: f64| (x as f32).to_bits();
+    let mut w = [0u32; 16];
+    w[..12].copy_from_slice(&[
+        u(len),
+        u(decay_end),
+        f(lr / bc1),
+        f(1.0 - lr * cfg.weight_decay),
+        f(1.0 - cfg.beta1),
+        f(cfg.beta2),
+        f(1.0 - cfg.beta2),
+        f(bc2_sqrt),
+        f(cfg.eps),
+        f(max_norm),
+        u(loss_slot),
+        u(norm_slot),
+    ]);
+    w
+}

@@ -1,0 +1,67 @@
+// Token + position embedding: forward, and the gradients of both tables, each element summed
+// by one thread in row order (deterministic, the CPU's order).
+// CPU twin: core/src/ops/embedding.rs.
+
+@group(0) @binding(1) var<storage, read_write> em_out: array<f32>;
+@group(0) @binding(2) var<storage, read_write> em_tokens: array<u32>;
+@group(0) @binding(3) var<storage, read_write> em_wte: array<f32>;
+@group(0) @binding(4) var<storage, read_write> em_wpe: array<f32>;
+
+// out[i, :] = wte[tokens[i], :] + wpe[i % T, :]. Words: rows, C, T.
+// Grid: (C / 64, rows over y and z).
+@compute @workgroup_size(64)
+fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let i = grid_row(wid, groups);
+    let c = word(1u);
+    let j = wid.x * 64u + lid;
+    if (i >= word(0u) || j >= c) {
+        return;
+    }
+    em_out[i * c + j] = em_wte[em_tokens[i] * c + j] + em_wpe[(i % word(2u)) * c + j];
+}
+
+@group(0) @binding(1) var<storage, read_write> eb_dwte: array<f32>;
+@group(0) @binding(2) var<storage, read_write> eb_order: array<u32>;
+@group(0) @binding(3) var<storage, read_write> eb_starts: array<u32>;
+@group(0) @binding(4) var<storage, read_write> eb_dout: array<f32>;
+
+// dwte[v, j] += dout[i, j] over the rows i holding token v, in increasing i: order lists the
+// rows grouped by token (rows of token v are order[starts[v]..starts[v + 1]]).
+// Words: vocab, C. Grid: (C / 64, vocab over y and z).
+@compute @workgroup_size(64)
+fn embedding_backward_wte(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    let v = grid_row(wid, groups);
+    let c = word(1u);
+    let j = wid.x * 64u + lid;
+    if (v >= word(0u) || j >= c) {
+        return;
+    }
+    var acc = eb_dwte[v * c + j];
+    for (var k = eb_starts[v]; k < eb_starts[v + 1u]; k++) {
+        acc += eb_dout[eb_order[k] * c + j];
+    }
+    eb_dwte[v * c + j] = acc;
+}
+
+@group(0) @binding(1) var<storage, read_write> ep_dwpe: array<f32>;
+@group(0) @binding(2) var<storage, read_write> ep_dout: array<f32>;
+
+// dwpe[t, j] += dout[b*T + t, j] over b. Words: T, C, batch. Grid: (C / 64, T).
+@compute @workgroup_size(64)
+fn embedding_backward_wpe(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    let t = grid_row(wid, groups);
+    let seq = word(0u);
+    let c = word(1u);
+    let j = wid.x * 64u + lid;
+    if (t >= seq || j >= c) {
+        return;
+    }
+    var acc = ep_dwpe[t * c + j];
+    for (var b = 0u; b < word(2u); b++) {
+        acc += ep_dout[(b * seq + t) * c + j];
+    }
+    ep_dwpe[t * c + j] = acc;
+}

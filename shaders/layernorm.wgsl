@@ -1,0 +1,92 @@
+// LayerNorm over rows of C with weight and bias, eps 1e-5: forward, the input gradient, and
+// per-row-block weight/bias gradient partials (finished by add_partials).
+// CPU twin: core/src/ops/layernorm.rs.
+
+@group(0) @binding(1) var<storage, read_write> ln_1: array<f32>;
+@group(0) @binding(2) var<storage, read_write> ln_2: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ln_3: array<f32>;
+@group(0) @binding(4) var<storage, read_write> ln_4: array<f32>;
+@group(0) @binding(5) var<storage, read_write> ln_5: array<f32>;
+@group(0) @binding(6) var<storage, read_write> ln_6: array<f32>;
+
+// One workgroup per row. Words: rows, C.
+// Bindings: 1 out [N, C], 2 mean [N], 3 rstd [N], 4 x [N, C], 5 weight [C], 6 bias [C].
+@compute @workgroup_size(64)
+fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let row = grid_row(wid, groups);
+    let c = word(1u);
+    if (row >= word(0u)) {
+        return;
+    }
+    let base = row * c;
+    var s = 0.0;
+    for (var j = lid; j < c; j += 64u) {
+        s += ln_4[base + j];
+    }
+    let mean = workgroup_sum(s, lid) / f32(c);
+    var q = 0.0;
+    for (var j = lid; j < c; j += 64u) {
+        let d = ln_4[base + j] - mean;
+        q += d * d;
+    }
+    let rstd = 1.0 / sqrt(workgroup_sum(q, lid) / f32(c) + 1e-5);
+    for (var j = lid; j < c; j += 64u) {
+        ln_1[base + j] = (ln_4[base + j] - mean) * rstd * ln_5[j] + ln_6[j];
+    }
+    if (lid == 0u) {
+        ln_2[row] = mean;
+        ln_3[row] = rstd;
+    }
+}
+
+// dx += rstd (dout·w - mean(dout·w) - x̂ mean(dout·w·x̂)), one workgroup per row.
+// Words: rows, C. Bindings: 1 dx, 2 dout, 3 x, 4 mean, 5 rstd, 6 weight.
+@compute @workgroup_size(64)
+fn layernorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let row = grid_row(wid, groups);
+    let c = word(1u);
+    if (row >= word(0u)) {
+        return;
+    }
+    let base = row * c;
+    let mean = ln_4[row];
+    let rstd = ln_5[row];
+    var a = 0.0;
+    var b = 0.0;
+    for (var j = lid; j < c; j += 64u) {
+        let g = ln_2[base + j] * ln_6[j];
+        a += g;
+        b += g * (ln_3[base + j] - mean) * rstd;
+    }
+    let dnorm_mean = workgroup_sum(a, lid) / f32(c);
+    let dnorm_xhat_mean = workgroup_sum(b, lid) / f32(c);
+    for (var j = lid; j < c; j += 64u) {
+        let xhat = (ln_3[base + j] - mean) * rstd;
+        ln_1[base + j] += (ln_2[base + j] * ln_6[j] - dnorm_mean - xhat * dnorm_xhat_mean) * rstd;
+    }
+}
+
+// Per block of 64 rows: partials[block, j] = Σ dout·x̂ and partials[block, C + j] = Σ dout.
+// Words: rows, C. Bindings: 1 partials [blocks, 2C], 2 dout, 3 x, 4 mean, 5 rstd.
+// Grid: (C / 64, row blocks).
+@compute @workgroup_size(64)
+fn layernorm_param_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = word(0u);
+    let c = word(1u);
+    let j = wid.x * 64u + lid;
+    if (j >= c) {
+        return;
+    }
+    let block = wid.y;
+    var dw = 0.0;
+    var db = 0.0;
+    for (var r = block * 64u; r < min(rows, (block + 1u) * 64u); r++) {
+        let g = ln_2[r * c + j];
+        dw += g * (ln_3[r * c + j] - ln_4[r]) * ln_5[r];
+        db += g;
+    }
+    ln_1[block * 2u * c + j] = dw;
+    ln_1[block * 2u * c + c + j] = db;
+}

@@ -1,0 +1,133 @@
+// Matmul family: the tiled GEMM with its fused epilogues (forward, and with transposed
+// operands both backward products), and the bias gradient with GELU backward folded in.
+// CPU twin: core/src/ops/matmul.rs.
+
+@group(0) @binding(1) var<storage, read_write> mm_a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> mm_b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> mm_c: array<f32>;
+@group(0) @binding(4) var<storage, read_write> mm_bias: array<f32>;
+@group(0) @binding(5) var<storage, read_write> mm_aux: array<f32>;
+
+const TILE: u32 = 64u;
+const BK: u32 = 16u;
+const EPI_ACCUMULATE: u32 = 1u;
+const EPI_BIAS: u32 = 2u;
+const EPI_GELU: u32 = 4u;
+const EPI_RESIDUAL: u32 = 8u;
+
+var<workgroup> a_tile: array<f32, 1024>; // [BK][TILE]
+var<workgroup> b_tile: array<f32, 1024>; // [BK][TILE]
+
+// c[rows, cols] = epilogue(a·b): a[i, k] at i*a_rs + k*a_cs, b[k, j] at k*b_rs + j*b_cs.
+// Words: rows, cols, depth, flags (EPI_*), a_rs, a_cs, b_rs, b_cs.
+// Epilogue order: (+ c if ACCUMULATE) (+ bias[j]) (GELU: aux = pre-activation) (+ aux[i, j]
+// if RESIDUAL). Grid: (cols / 64, rows / 64), workgroup 16x16, each thread a 4x4 block.
+@compute @workgroup_size(16, 16)
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let rows = word(0u);
+    let cols = word(1u);
+    let depth = word(2u);
+    let flags = word(3u);
+    let a_rs = word(4u);
+    let a_cs = word(5u);
+    let b_rs = word(6u);
+    let b_cs = word(7u);
+    let row0 = wid.y * TILE;
+    let col0 = wid.x * TILE;
+    var acc: array<array<f32, 4>, 4>;
+    for (var k0 = 0u; k0 < depth; k0 += BK) {
+        for (var e = lid; e < BK * TILE; e += 256u) {
+            // Walk memory contiguously: along k when a's rows are contiguous, else along rows.
+            var k = e / TILE;
+            var r = e % TILE;
+            if (a_cs == 1u) {
+                k = e % BK;
+                r = e / BK;
+            }
+            var x = 0.0;
+            if (row0 + r < rows && k0 + k < depth) {
+                x = mm_a[(row0 + r) * a_rs + (k0 + k) * a_cs];
+            }
+            a_tile[k * TILE + r] = x;
+            var kb = e / TILE;
+            var c = e % TILE;
+            if (b_cs != 1u) {
+                kb = e % BK;
+                c = e / BK;
+            }
+            var y = 0.0;
+            if (col0 + c < cols && k0 + kb < depth) {
+                y = mm_b[(k0 + kb) * b_rs + (col0 + c) * b_cs];
+            }
+            b_tile[kb * TILE + c] = y;
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < BK; k++) {
+            var av: array<f32, 4>;
+            var bv: array<f32, 4>;
+            for (var i = 0u; i < 4u; i++) {
+                av[i] = a_tile[k * TILE + l.y + 16u * i];
+                bv[i] = b_tile[k * TILE + l.x + 16u * i];
+            }
+            for (var i = 0u; i < 4u; i++) {
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let r = row0 + l.y + 16u * i;
+        for (var j = 0u; j < 4u; j++) {
+            let c = col0 + l.x + 16u * j;
+            if (r < rows && c < cols) {
+                let idx = r * cols + c;
+                var v = acc[i][j];
+                if ((flags & EPI_ACCUMULATE) != 0u) {
+                    v = mm_c[idx] + v;
+                }
+                if ((flags & EPI_BIAS) != 0u) {
+                    v += mm_bias[c];
+                }
+                if ((flags & EPI_GELU) != 0u) {
+                    mm_aux[idx] = v;
+                    v = v * gelu_gate(v);
+                }
+                if ((flags & EPI_RESIDUAL) != 0u) {
+                    v += mm_aux[idx];
+                }
+                mm_c[idx] = v;
+            }
+        }
+    }
+}
+
+// Backward of the epilogue: with GELU, dout[rows, cols] *= gelu'(pre) in place; then the
+// column sums of dout over each block of 64 rows into partials[block, cols] (the bias
+// gradient, finished by add_partials). Words: rows, cols, gelu (0/1).
+// Bindings: 1 dout, 2 pre, 3 partials. Grid: (cols / 64, row blocks).
+@compute @workgroup_size(64)
+fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = word(0u);
+    let cols = word(1u);
+    let gelu = word(2u);
+    let j = wid.x * 64u + lid;
+    if (j >= cols) {
+        return;
+    }
+    let block = wid.y;
+    let end = min(rows, (block + 1u) * 64u);
+    var sum = 0.0;
+    for (var r = block * 64u; r < end; r++) {
+        let idx = r * cols + j;
+        var g = mm_a[idx];
+        if (gelu != 0u) {
+            g = g * gelu_grad(mm_b[idx]);
+            mm_a[idx] = g;
+        }
+        sum += g;
+    }
+    mm_c[block * cols + j] = sum;
+}
