@@ -151,26 +151,36 @@ pub fn timed_step(trainer: &mut Trainer<'_, f32>, pool: &ThreadPool, data: &[u32
     Ok(TimedStep { loss: stats.loss, grad_norm: stats.grad_norm, lr: stats.lr, phases: timer.phases })
 }
 
+/// The settings `bench` and `info` train with: nanoGPT's optimizer settings.
+pub fn bench_train_config(grad_accum: usize) -> TrainConfig {
+    TrainConfig {
+        schedule: LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 0, decay_iters: 1000 },
+        adamw: AdamWConfig::default(),
+        grad_clip: 1.0,
+        grad_accum,
+    }
+}
+
+/// The training split of `ids`, or an error if it is too short for `plan`'s blocks.
+pub fn train_split<'a>(plan: &Plan, ids: &'a [u32]) -> Result<&'a [u32], String> {
+    let (train, _) = data::split(ids);
+    if train.len() <= plan.seq {
+        return Err(format!("the training text has {} tokens; a block of {} needs more", train.len(), plan.seq));
+    }
+    Ok(train)
+}
+
 /// Runs `f` with a freshly initialised trainer for `plan` and the training split of `ids`
-/// (the setup `bench` and `info` share: nanoGPT's optimizer settings, seed 1337).
+/// (the setup `bench` and `info` share: [`bench_train_config`], seed 1337).
 pub fn with_fresh_trainer<R>(
     plan: Plan,
     ids: &[u32],
     grad_accum: usize,
     f: impl FnOnce(&mut Trainer<'_, f32>, &[u32]) -> Result<R, String>,
 ) -> Result<R, String> {
-    let (train, _) = data::split(ids);
-    if train.len() <= plan.seq {
-        return Err(format!("the training text has {} tokens; a block of {} needs more", train.len(), plan.seq));
-    }
+    let train = train_split(&plan, ids)?;
     let mut mem = OwnedMemory::<f32>::new(&plan);
     init_params(&plan, &mut mem.params, &mut Rng::new(1337));
-    let cfg = TrainConfig {
-        schedule: LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 0, decay_iters: 1000 },
-        adamw: AdamWConfig::default(),
-        grad_clip: 1.0,
-        grad_accum,
-    };
-    let mut trainer = mem.trainer(plan, cfg, Rng::new(1)).map_err(|e| e.to_string())?;
+    let mut trainer = mem.trainer(plan, bench_train_config(grad_accum), Rng::new(1)).map_err(|e| e.to_string())?;
     f(&mut trainer, train)
 }

@@ -369,6 +369,23 @@ fn bench_json_is_complete_and_consistent() {
     assert!(f(&r["ms_per_iter"]["median"]) > 0.0 && f(&r["tokens_per_sec"]) > 0.0, "{r}");
 }
 
+/// The GPU backend (lavapipe in CI): one submit per step of a known number of kernels
+/// (16 outside the blocks + 34 per block: forward 7, backward 27).
+#[test]
+fn bench_runs_on_the_gpu() {
+    let dir = workdir("bench-gpu");
+    text_file(&dir);
+    let mut args = vec!["bench", "--backend", "gpu", "--data", "text.txt", "--iters", "3", "--warmup", "1", "--json"];
+    args.extend(TINY);
+    let r = json_of(&run(&dir, &args));
+    assert_eq!(r["backend"], "gpu");
+    assert_eq!(r["device"]["kernels_per_step"], 16 + 34);
+    assert_eq!(r["device"]["submits_per_step"], 1);
+    assert!(r["device"]["device_memory_mib"].as_f64().unwrap() > 0.0 && r["tokens_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["phases_ms"].is_null() && r["mfu"].is_null(), "{r}");
+    expect_error(&dir, &["bench", "--backend", "gpu", "--data", "text.txt", "--adapter", "no-such-gpu"], "no adapter matches --adapter no-such-gpu");
+}
+
 #[test]
 fn info_reports_machine_memory_and_estimate_and_caches_the_peak() {
     let dir = workdir("info");
