@@ -85,7 +85,7 @@ impl Shader {
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 impl Kernel {
-    /// Every kernel, in pipeline order.
+    /// Every kernel, in declaration order (pipelines are indexed by `kernel as usize`).
     pub const ALL: [Kernel; 18] = [
         Kernel::Matmul,
         Kernel::BiasGrad,
@@ -208,7 +208,7 @@ impl Kernels {
                 device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(entry),
                     layout: Some(&layout),
-                    module: &modules[Shader::ALL.iter().position(|&s| s == shader).expect("listed")],
+                    module: &modules[shader as usize],
                     entry_point: Some(entry),
                     compilation_options: Default::default(),
                     cache: None,
@@ -228,7 +228,8 @@ impl Kernels {
     }
 
     fn pipeline(&self, k: Kernel) -> &wgpu::ComputePipeline {
-        &self.pipelines[Kernel::ALL.iter().position(|&x| x == k).expect("listed")]
+        // Pipelines are built in `Kernel::ALL` order, which is declaration order.
+        &self.pipelines[k as usize]
     }
 }
 
@@ -402,4 +403,16 @@ impl Program {
 pub fn rows_grid(cols_groups: usize, rows: usize) -> [u32; 3] {
     let y = rows.clamp(1, 65535);
     [cols_groups as u32, y as u32, rows.div_ceil(y).max(1) as u32]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pipelines and shader modules are indexed by discriminant: the lists must follow it.
+    #[test]
+    fn lists_are_in_declaration_order() {
+        assert!(Kernel::ALL.iter().enumerate().all(|(i, &k)| k as usize == i));
+        assert!(Shader::ALL.iter().enumerate().all(|(i, &s)| s as usize == i));
+    }
 }
