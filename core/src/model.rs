@@ -82,9 +82,51 @@ fn kth_largest<T: Float>(xs: &[T], k: usize) -> f64 {
     xs.iter().map(|x| x.to_f64()).filter(|&x| x >= lo).fold(f64::INFINITY, f64::min)
 }
 
+/// The tokens a model sees while generating: the most recent `window.len()` tokens, left
+/// aligned; positions after the real ones are padding the causal mask ignores. Shared by
+/// every executor's sampling loop.
+pub struct ContextWindow<'w> {
+    window: &'w mut [u32],
+    filled: usize,
+}
+
+impl<'w> ContextWindow<'w> {
+    /// A window over caller scratch `window` (the model's sequence length), holding the end
+    /// of `context`. An empty context starts from token 0, as the padding would.
+    pub fn new(window: &'w mut [u32], context: &[u32]) -> Self {
+        assert!(!window.is_empty(), "a context window needs at least one position");
+        let take = context.len().min(window.len());
+        window[..take].copy_from_slice(&context[context.len() - take..]);
+        window[take..].fill(0);
+        ContextWindow { window, filled: take.max(1) }
+    }
+
+    /// The whole window (real tokens, then padding).
+    pub fn tokens(&self) -> &[u32] {
+        self.window
+    }
+
+    /// The position whose logits predict the next token.
+    pub fn last(&self) -> usize {
+        self.filled - 1
+    }
+
+    /// Appends `next`, dropping the oldest token when the window is full.
+    pub fn push(&mut self, next: u32) {
+        let t = self.window.len();
+        if self.filled == t {
+            self.window.copy_within(1.., 0);
+            self.window[t - 1] = next;
+        } else {
+            self.window[self.filled] = next;
+            self.filled += 1;
+        }
+    }
+}
+
 /// Generates `count` tokens after `context`, calling `emit` with each. `plan` must have
 /// batch 1; `window` is caller scratch of `plan.seq` tokens. The model sees the last
-/// `plan.seq` tokens (positions after the context are padding the causal mask ignores).
+/// `plan.seq` tokens (see [`ContextWindow`]).
 #[allow(clippy::too_many_arguments)]
 pub fn generate<T: Float>(
     par: &dyn Parallel,
@@ -100,35 +142,36 @@ pub fn generate<T: Float>(
     mut emit: impl FnMut(u32),
 ) {
     assert!(plan.batch == 1 && window.len() == plan.seq, "generate needs a batch-1 plan and a window of plan.seq tokens");
-    let t = plan.seq;
     let v = plan.config.vocab_size;
-    // The window holds the most recent tokens; `filled` of them are real.
-    let take = context.len().min(t);
-    window[..take].copy_from_slice(&context[context.len() - take..]);
-    window[take..].fill(0);
-    let mut filled = take;
+    let mut window = ContextWindow::new(window, context);
     for _ in 0..count {
-        if filled == 0 {
-            // No context at all: start from token 0, as the padding would.
-            filled = 1;
-        }
-        tape::forward(par, plan, tape, params, acts, window, None, None);
-        let logits = &mut acts[plan.head_acts().logits.range()][(filled - 1) * v..filled * v];
-        let next = sample_token(logits, cfg, rng);
+        tape::forward(par, plan, tape, params, acts, window.tokens(), None, None);
+        let row = window.last();
+        let next = sample_token(&mut acts[plan.head_acts().logits.range()][row * v..(row + 1) * v], cfg, rng);
         emit(next);
-        if filled == t {
-            window.copy_within(1.., 0);
-            window[t - 1] = next;
-        } else {
-            window[filled] = next;
-            filled += 1;
-        }
+        window.push(next);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn context_window_keeps_the_most_recent_tokens() {
+        let mut scratch = [9u32; 3];
+        let mut w = ContextWindow::new(&mut scratch, &[]);
+        assert_eq!((w.tokens(), w.last()), (&[0, 0, 0][..], 0));
+        w.push(5);
+        assert_eq!((w.tokens(), w.last()), (&[0, 5, 0][..], 1));
+        let mut w = ContextWindow::new(&mut scratch, &[1, 2, 3, 4]);
+        assert_eq!((w.tokens(), w.last()), (&[2, 3, 4][..], 2));
+        w.push(7);
+        assert_eq!((w.tokens(), w.last()), (&[3, 4, 7][..], 2));
+        let mut w = ContextWindow::new(&mut scratch, &[8]);
+        w.push(6);
+        assert_eq!((w.tokens(), w.last()), (&[8, 6, 0][..], 1));
+    }
 
     #[test]
     fn kth_largest_finds_the_value() {

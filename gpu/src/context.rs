@@ -77,7 +77,8 @@ pub async fn adapters() -> Vec<AdapterSummary> {
     list.iter().enumerate().map(|(i, a)| summary(i, a)).collect()
 }
 
-/// An open device and its queue.
+/// An open device and its queue (cloning shares them).
+#[derive(Clone)]
 pub struct Gpu {
     /// The device.
     pub device: Device,

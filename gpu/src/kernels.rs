@@ -7,6 +7,7 @@
 //! once; a program is encoded into a compute pass as it is.
 
 use crate::context::{Gpu, GpuError};
+use crate::profile::QueryCursor;
 use alpha_core::plan::Span;
 use std::num::NonZeroU64;
 
@@ -143,7 +144,8 @@ const MAX_TENSORS: usize = 6;
 const WORDS_BYTES: u64 = 64;
 const WORDS_STRIDE: u64 = 256;
 
-/// Every pipeline, compiled once for one head size.
+/// Every pipeline, compiled once for one head size (cloning shares them).
+#[derive(Clone)]
 pub struct Kernels {
     pipelines: Vec<wgpu::ComputePipeline>,
     layouts: Vec<wgpu::BindGroupLayout>,
@@ -274,6 +276,7 @@ impl<'a> View<'a> {
 /// One dispatch before it is built.
 struct Pending<'a> {
     kernel: Kernel,
+    label: &'static str,
     words: [u32; 16],
     views: Vec<Option<View<'a>>>,
     groups: [u32; 3],
@@ -283,16 +286,22 @@ struct Pending<'a> {
 #[derive(Default)]
 pub struct ProgramBuilder<'a> {
     pending: Vec<Pending<'a>>,
+    label: &'static str,
 }
 
 impl<'a> ProgramBuilder<'a> {
+    /// Names the dispatches pushed from now on (the tape op they belong to, for traces).
+    pub fn label(&mut self, label: &'static str) {
+        self.label = label;
+    }
+
     /// Adds a dispatch of `kernel` over `groups` workgroups binding `views` (None: unused)
     /// with uniform `words`; returns its index in the program.
     pub fn push(&mut self, kernel: Kernel, words: &[u32], views: &[Option<View<'a>>], groups: [u32; 3]) -> usize {
         assert_eq!(views.len(), kernel.spec().2, "{kernel:?} binds {} tensors", kernel.spec().2);
         let mut w = [0u32; 16];
         w[..words.len()].copy_from_slice(words);
-        self.pending.push(Pending { kernel, words: w, views: views.to_vec(), groups });
+        self.pending.push(Pending { kernel, label: self.label, words: w, views: views.to_vec(), groups });
         self.pending.len() - 1
     }
 
@@ -341,7 +350,7 @@ impl<'a> ProgramBuilder<'a> {
                 layout: &kernels.layouts[p.views.len()],
                 entries: &entries,
             });
-            dispatches.push(Dispatch { kernel: p.kernel, bind_group, groups: p.groups });
+            dispatches.push(Dispatch { kernel: p.kernel, label: p.label, bind_group, groups: p.groups });
         }
         Ok(Program { dispatches, uniforms })
     }
@@ -350,6 +359,7 @@ impl<'a> ProgramBuilder<'a> {
 /// A built dispatch.
 struct Dispatch {
     kernel: Kernel,
+    label: &'static str,
     bind_group: wgpu::BindGroup,
     groups: [u32; 3],
 }
@@ -392,9 +402,26 @@ impl Program {
         self.dispatches.is_empty()
     }
 
-    /// The kernel of each dispatch, in order.
-    pub fn kernels(&self) -> impl Iterator<Item = Kernel> + '_ {
-        self.dispatches.iter().map(|d| d.kernel)
+    /// The tape op label and kernel of each dispatch, in order.
+    pub fn dispatches(&self) -> impl Iterator<Item = (&'static str, Kernel)> + '_ {
+        self.dispatches.iter().map(|d| (d.label, d.kernel))
+    }
+
+    /// Records each dispatch in a pass of its own with a timestamp before and after it,
+    /// taking query indices from `queries` (profiling: the extra passes cost a little).
+    pub(crate) fn encode_timed(&self, kernels: &Kernels, enc: &mut wgpu::CommandEncoder, queries: &mut QueryCursor<'_>) {
+        for d in &self.dispatches {
+            let (set, begin) = queries.next_pair();
+            let timestamp_writes = wgpu::ComputePassTimestampWrites {
+                query_set: set,
+                beginning_of_pass_write_index: Some(begin),
+                end_of_pass_write_index: Some(begin + 1),
+            };
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(d.label), timestamp_writes: Some(timestamp_writes) });
+            pass.set_pipeline(kernels.pipeline(d.kernel));
+            pass.set_bind_group(0, &d.bind_group, &[]);
+            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        }
     }
 }
 

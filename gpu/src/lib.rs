@@ -10,15 +10,21 @@
 //! - [`ops`]: per op family, the dispatches of its forward and backward (twins of
 //!   `alpha_core::ops`).
 //! - [`layout`]: where each parameter lives on the device.
+//! - [`forward`]: the forward walk alone, for evaluation and sampling ([`GpuForward`]).
 //! - [`trainer`]: the whole training step, one submission per step ([`GpuTrainer`]).
+//! - [`profile`]: timestamp queries around every kernel, for traces ([`KernelTime`]).
 
 pub mod context;
+pub mod forward;
 pub mod kernels;
 pub mod layout;
 pub mod ops;
+pub mod profile;
 mod readback;
 pub mod trainer;
 
 pub use context::{AdapterSummary, Gpu, GpuError};
+pub use forward::GpuForward;
+pub use profile::KernelTime;
 pub use readback::{block_on, read};
-pub use trainer::GpuTrainer;
+pub use trainer::{GpuStats, GpuTrainer};

@@ -215,12 +215,13 @@ pub fn adamw<'a>(p: &mut ProgramBuilder<'a>, params: View<'a>, grads: View<'a>, 
 
 /// The step's AdamW words (see adamw.wgsl): the constants computed in f64 as the CPU does.
 #[allow(clippy::too_many_arguments)]
-pub fn adamw_words(len: usize, decay_end: usize, cfg: &AdamWConfig, lr: f64, step: u64, max_norm: f64, loss_slot: usize, norm_slot: usize) -> [u32; 16] {
+pub fn adamw_words(len: usize, decay_end: usize, cfg: &AdamWConfig, lr: f64, step: u64, max_norm: f64, stats_slots: [usize; 3]) -> [u32; 16] {
     let bc1 = 1.0 - cfg.beta1.powf(step as f64);
     let bc2_sqrt = (1.0 - cfg.beta2.powf(step as f64)).sqrt();
     let f = |x: f64| (x as f32).to_bits();
     let mut w = [0u32; 16];
-    w[..12].copy_from_slice(&[
+    let [loss_slot, norm_slot, skipped_slot] = stats_slots;
+    w[..13].copy_from_slice(&[
         u(len),
         u(decay_end),
         f(lr / bc1),
@@ -233,6 +234,7 @@ pub fn adamw_words(len: usize, decay_end: usize, cfg: &AdamWConfig, lr: f64, ste
         f(max_norm),
         u(loss_slot),
         u(norm_slot),
+        u(skipped_slot),
     ]);
     w
 }

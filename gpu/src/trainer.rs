@@ -5,44 +5,24 @@
 //! small statistics buffer until [`GpuTrainer::stats`] reads them.
 
 use crate::context::{Gpu, GpuError};
+use crate::forward::{aligned, check_indexable, compile_forward, storage, BatchSlot, ForwardBuffers, GpuForward, LossUse};
 use crate::kernels::{Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
-use crate::ops::{self, Epilogue};
+use crate::ops;
+use crate::profile::{KernelTime, Profiler};
 use crate::readback::read;
 use alpha_core::data::sample_batch;
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape::{self, EpilogueSpan, Op};
-use alpha_core::train::{NonFinite, StepStats, TrainConfig};
+use alpha_core::train::{StepStats, TrainConfig};
 use alpha_core::Rng;
 
-/// Statistics buffer slots.
+/// Statistics buffer slots: the step's loss sum and squared gradient norm, the evaluation's
+/// loss sum, and the count of steps whose update was skipped (not reset by a step).
 const LOSS_SLOT: usize = 0;
 const NORM_SLOT: usize = 1;
 const EVAL_SLOT: usize = 2;
-
-fn aligned(n: usize) -> usize {
-    n.div_ceil(ACT_ALIGN) * ACT_ALIGN
-}
-
-/// Where one batch's token ids live in the batch buffer (u32 elements).
-#[derive(Clone, Copy, Debug)]
-struct BatchSlot {
-    tokens: Span,
-    targets: Span,
-    order: Span,
-    starts: Span,
-}
-
-impl BatchSlot {
-    fn new(index: usize, n: usize, vocab: usize) -> BatchSlot {
-        let base = index * BatchSlot::len(n, vocab);
-        let s = |i: usize, len| Span { offset: base + i * aligned(n), len };
-        BatchSlot { tokens: s(0, n), targets: s(1, n), order: s(2, n), starts: s(3, vocab + 1) }
-    }
-    fn len(n: usize, vocab: usize) -> usize {
-        3 * aligned(n) + aligned(vocab + 1)
-    }
-}
+const SKIPPED_SLOT: usize = 3;
 
 /// The device buffers of one model.
 struct Buffers {
@@ -83,17 +63,17 @@ pub struct GpuTrainer {
     adamw_index: usize,
     host_batch: Vec<u32>,
     dres: Span,
+    profiler: Option<Profiler>,
 }
 
-fn storage(gpu: &Gpu, label: &str, elements: usize) -> Result<wgpu::Buffer, GpuError> {
-    let bytes = (elements.max(ACT_ALIGN) * 4) as u64;
-    gpu.check_size(label, bytes, false)?;
-    Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: bytes,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    }))
+/// What [`GpuTrainer::stats`] reads: the last step and the steps skipped before it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuStats {
+    /// Loss, gradient norm and learning rate of the last step.
+    pub last: StepStats,
+    /// Steps since the previous read whose loss or gradient norm was not finite (their
+    /// updates were skipped on the device).
+    pub skipped: u64,
 }
 
 impl GpuTrainer {
@@ -106,9 +86,7 @@ impl GpuTrainer {
         if cfg.grad_accum == 0 {
             return Err(GpuError("gradient accumulation steps must be at least 1".into()));
         }
-        if plan.acts_len().max(plan.params_len() * 4) >= u32::MAX as usize / 4 {
-            return Err(GpuError(format!("the model needs {} activation elements; the GPU kernels index at most 2^30", plan.acts_len())));
-        }
+        check_indexable(&plan)?;
         let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
         let layout = DeviceLayout::new(&plan);
         let n = plan.tokens();
@@ -129,16 +107,19 @@ impl GpuTrainer {
         }
         let tape = tape::record_to_vec(&plan);
         let scale = 1.0 / (n * cfg.grad_accum) as f32;
+        let fwd = ForwardBuffers { params: &bufs.params, acts: &bufs.acts, batch: &bufs.batch, stats: &bufs.stats };
         let mut micro = Vec::with_capacity(cfg.grad_accum);
         for slot in 0..cfg.grad_accum {
             let b = BatchSlot::new(slot, n, vocab);
             micro.push(MicroStep {
-                forward: compile_forward(&gpu, &kernels, &plan, &layout, &bufs, &tape, b, Some(scale))?,
+                forward: compile_forward(&gpu, &kernels, &plan, &layout, &fwd, &tape, b, LossUse { grad_scale: Some(scale), slot: LOSS_SLOT })?,
                 backward: compile_backward(&gpu, &kernels, &plan, &layout, &bufs, &tape, b)?,
             });
         }
-        let eval = compile_forward(&gpu, &kernels, &plan, &layout, &bufs, &tape, BatchSlot::new(cfg.grad_accum, n, vocab), None)?;
+        let eval_slot = BatchSlot::new(cfg.grad_accum, n, vocab);
+        let eval = compile_forward(&gpu, &kernels, &plan, &layout, &fwd, &tape, eval_slot, LossUse { grad_scale: None, slot: EVAL_SLOT })?;
         let mut p = ProgramBuilder::default();
+        p.label("update");
         let whole = |buf| View::first(buf, layout.len());
         let stats = View::first(&bufs.stats, ACT_ALIGN);
         ops::sum_squares(&mut p, whole(&bufs.grads), View::first(&bufs.norm_partials, ops::NORM_CHUNKS), stats, NORM_SLOT);
@@ -160,6 +141,7 @@ impl GpuTrainer {
             adamw_index,
             host_batch: vec![0; slot_len],
             dres,
+            profiler: None,
         };
         t.upload(params, None)?;
         Ok(t)
@@ -218,37 +200,72 @@ impl GpuTrainer {
             self.write_batch(slot, data, None);
         }
         self.step += 1;
-        let words = ops::adamw_words(self.layout.len(), self.layout.decay_end(), &self.cfg.adamw, lr, self.step, self.cfg.grad_clip, LOSS_SLOT, NORM_SLOT);
+        let words = ops::adamw_words(
+            self.layout.len(),
+            self.layout.decay_end(),
+            &self.cfg.adamw,
+            lr,
+            self.step,
+            self.cfg.grad_clip,
+            [LOSS_SLOT, NORM_SLOT, SKIPPED_SLOT],
+        );
         self.update.set_words(&self.gpu.queue, self.adamw_index, &words);
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         enc.clear_buffer(&self.bufs.grads, 0, None);
-        enc.clear_buffer(&self.bufs.stats, 0, None);
+        enc.clear_buffer(&self.bufs.stats, 0, Some((2 * 4) as u64));
+        let mut queries = self.profiler.as_ref().map(Profiler::cursor);
+        let mut encode = |enc: &mut wgpu::CommandEncoder, program: &Program| match queries.as_mut() {
+            Some(q) => program.encode_timed(&self.kernels, enc, q),
+            None => program.encode(&self.kernels, &mut enc.begin_compute_pass(&Default::default())),
+        };
         for m in &self.micro {
-            self.encode(&mut enc, &m.forward);
+            encode(&mut enc, &m.forward);
             enc.clear_buffer(&self.bufs.acts, (self.dres.offset * 4) as u64, Some((self.dres.len * 4) as u64));
-            self.encode(&mut enc, &m.backward);
+            encode(&mut enc, &m.backward);
         }
-        self.encode(&mut enc, &self.update);
+        encode(&mut enc, &self.update);
+        if let Some(p) = &self.profiler {
+            p.resolve(&mut enc);
+        }
         self.gpu.queue.submit([enc.finish()]);
         lr
     }
 
-    fn encode(&self, enc: &mut wgpu::CommandEncoder, program: &Program) {
-        program.encode(&self.kernels, &mut enc.begin_compute_pass(&Default::default()));
+    /// Stamps every kernel of the following steps with timestamp queries (for traces), or
+    /// stops. An error if the device has no timestamp queries.
+    pub fn set_profiling(&mut self, on: bool) -> Result<(), GpuError> {
+        self.profiler = None;
+        if on {
+            let named = |pass: &'static str, p: &Program| p.dispatches().map(move |(op, k)| (pass, op, k.name())).collect::<Vec<_>>();
+            let mut names = Vec::new();
+            for m in &self.micro {
+                names.extend(named("forward", &m.forward));
+                names.extend(named("backward", &m.backward));
+            }
+            names.extend(named("update", &self.update));
+            self.profiler = Some(Profiler::new(&self.gpu, names)?);
+        }
+        Ok(())
     }
 
-    /// Loss and gradient norm of the last [`GpuTrainer::step`] (reads the statistics back:
-    /// call it every log interval, not every step). An error if either is not finite (the
-    /// update was skipped).
-    pub async fn stats(&self, lr: f64) -> Result<Result<StepStats, NonFinite>, GpuError> {
-        let s: Vec<f32> = read(&self.gpu, &self.bufs.stats, 0, 2).await?;
+    /// Every kernel's time in the last step (taken while profiling; see
+    /// [`GpuTrainer::set_profiling`]).
+    pub async fn kernel_times(&self) -> Result<Vec<KernelTime>, GpuError> {
+        match &self.profiler {
+            Some(p) => p.read(&self.gpu).await,
+            None => Err(GpuError("kernel times need set_profiling(true) before the step".into())),
+        }
+    }
+
+    /// Loss and gradient norm of the last [`GpuTrainer::step`], and how many steps since the
+    /// previous call had a non-finite loss or norm (their updates were skipped). Reads the
+    /// statistics back: call it every log interval, not every step.
+    pub async fn stats(&self, lr: f64) -> Result<GpuStats, GpuError> {
+        let s: Vec<f32> = read(&self.gpu, &self.bufs.stats, 0, SKIPPED_SLOT + 1).await?;
+        self.gpu.queue.write_buffer(&self.bufs.stats, (SKIPPED_SLOT * 4) as u64, bytemuck::bytes_of(&0f32));
         let loss = s[LOSS_SLOT] as f64 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
         let grad_norm = (s[NORM_SLOT] as f64).sqrt();
-        if loss.is_finite() && grad_norm.is_finite() {
-            Ok(Ok(StepStats { loss, grad_norm, lr }))
-        } else {
-            Ok(Err(NonFinite { step: self.step - 1, loss, grad_norm }))
-        }
+        Ok(GpuStats { last: StepStats { loss, grad_norm, lr }, skipped: s[SKIPPED_SLOT] as u64 })
     }
 
     /// Mean loss over `iters` random batches of `data` drawn with `rng` (nanoGPT's
@@ -280,40 +297,14 @@ impl GpuTrainer {
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
-}
 
-/// The forward walk of the tape; with `grad_scale`, the loss gradient is left in the logits
-/// and the loss sum added to the training slot, else to the evaluation slot.
-#[allow(clippy::too_many_arguments)]
-fn compile_forward(gpu: &Gpu, kernels: &Kernels, plan: &Plan, layout: &DeviceLayout, bufs: &Buffers, tape: &[Op], batch: BatchSlot, grad_scale: Option<f32>) -> Result<Program, GpuError> {
-    let mut p = ProgramBuilder::default();
-    let a = |s: Span| View::span(&bufs.acts, s);
-    let w = |s: Span| View::span(&bufs.params, layout.device(s));
-    let ids = |s: Span| View::span(&bufs.batch, s);
-    let c = plan.config.n_embd;
-    for op in tape {
-        match *op {
-            Op::Embedding { wte, wpe, out, .. } => ops::embedding_forward(&mut p, a(out), ids(batch.tokens), w(wte), w(wpe), plan.seq, c),
-            Op::LayerNorm { x, out, mean, rstd, weight, bias, .. } => {
-                ops::layernorm_forward(&mut p, a(out), a(mean), a(rstd), a(x), w(weight), w(bias), c)
-            }
-            Op::Matmul { x, weight, bias, out, epilogue, k, m, .. } => {
-                let epi = match epilogue {
-                    EpilogueSpan::None => Epilogue::None,
-                    EpilogueSpan::Gelu { pre } => Epilogue::Gelu(a(pre)),
-                    EpilogueSpan::Residual { input } => Epilogue::Residual(a(input)),
-                };
-                ops::matmul_forward(&mut p, a(out), a(x), w(weight), bias.map(w), epi, k, m)
-            }
-            Op::Attention { qkv, out, lse, shape, .. } => ops::attention_forward(&mut p, a(out), a(lse), a(qkv), shape),
-            Op::CrossEntropy { logits, losses } => {
-                ops::cross_entropy(&mut p, a(logits), a(losses), ids(batch.targets), plan.config.vocab_size, grad_scale);
-                let slot = if grad_scale.is_some() { LOSS_SLOT } else { EVAL_SLOT };
-                ops::sum_losses(&mut p, a(losses), View::first(&bufs.stats, ACT_ALIGN), slot);
-            }
-        }
+    /// A forward-only model of `batch` sequences of `seq` tokens over this trainer's
+    /// parameters on the device (for samples during training: no copy, and it sees every
+    /// update).
+    pub fn forward_model(&self, batch: usize, seq: usize) -> Result<GpuForward, GpuError> {
+        let plan = Plan::new(self.plan.config, batch, seq).map_err(|e| GpuError(e.to_string()))?;
+        GpuForward::sharing(self.gpu.clone(), self.kernels.clone(), plan, self.bufs.params.clone())
     }
-    p.build(gpu, kernels)
 }
 
 /// The backward walk of the tape (the residual gradient is zeroed before it runs).
@@ -326,6 +317,7 @@ fn compile_backward(gpu: &Gpu, kernels: &Kernels, plan: &Plan, layout: &DeviceLa
     let c = plan.config.n_embd;
     let partials = a(plan.scratch().partials);
     for op in tape.iter().rev() {
+        p.label(op.name());
         match *op {
             Op::Embedding { wte, wpe, dout, .. } => {
                 ops::embedding_backward(&mut p, g(wte), g(wpe), ids(batch.order), ids(batch.starts), a(dout), plan.seq, c)

@@ -261,10 +261,11 @@ fn squared_norm_and_adamw_with_clip() {
     ops::sum_squares(&mut p, whole(&gg, &grads), View::first(&gpart, 256), View::first(&gstats, 4), 1);
     let i = ops::adamw(&mut p, whole(&gp, &params), whole(&gg, &grads), whole(&gm, &m0), whole(&gv, &v0), View::first(&gstats, 4));
     let program = p.build(gpu(), &kernels).unwrap();
-    program.set_words(&gpu().queue, i, &ops::adamw_words(len, decay_end, &cfg, lr, step, clip, 0, 1));
+    program.set_words(&gpu().queue, i, &ops::adamw_words(len, decay_end, &cfg, lr, step, clip, [0, 1, 2]));
     program.submit(gpu(), &kernels);
-    let stats = download(&gstats, 2);
+    let stats = download(&gstats, 3);
     assert!((stats[1] as f64 - sumsq).abs() < 1e-5 * sumsq, "Σ g² {} vs {sumsq}", stats[1]);
+    assert_eq!(stats[2], 0.0, "a finite step is not counted as skipped");
     // The reference: PyTorch's AdamW formula in f64, decaying the first `decay_end` elements.
     let clip_factor = grad_norm::clip_factor(sumsq.sqrt(), clip);
     let (p_gpu, m_gpu, v_gpu) = (download(&gp, len), download(&gm, len), download(&gv, len));
@@ -282,8 +283,10 @@ fn squared_norm_and_adamw_with_clip() {
         assert!((p_gpu[i] as f64 - p).abs() < 1e-6, "param {i}: {} vs {p}", p_gpu[i]);
         assert!((m_gpu[i] as f64 - m).abs() < 1e-6 && (v_gpu[i] as f64 - v).abs() < 1e-6, "moments {i}");
     }
-    // A non-finite loss sum skips the update.
+    // A non-finite loss sum skips the update, and each skip is counted once.
     gpu().queue.write_buffer(&gstats, 0, bytemuck::cast_slice(&[f32::NAN]));
     program.submit(gpu(), &kernels);
+    program.submit(gpu(), &kernels);
     assert_eq!(download(&gp, len), p_gpu, "update skipped after a NaN loss");
+    assert_eq!(download(&gstats, 3)[2], 2.0, "two skipped steps counted");
 }

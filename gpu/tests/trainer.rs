@@ -6,7 +6,9 @@ use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::Serial;
 use alpha_core::train::{OwnedMemory, TrainConfig};
 use alpha_core::{GptConfig, Plan, Rng};
-use alpha_gpu::{block_on, Gpu, GpuTrainer};
+use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
+use alpha_core::model::{generate, SamplingConfig};
+use alpha_core::tape;
 
 fn setup() -> (Plan, TrainConfig, Vec<u32>) {
     // Head size 12 and T = 21: neither fills the kernels' tiles.
@@ -33,7 +35,9 @@ fn twenty_steps_match_the_cpu() {
     for step in 0..20 {
         let cpu = ct.train_step(&Serial, &data).unwrap();
         let lr = gt.step(&data);
-        let g = block_on(gt.stats(lr)).unwrap().unwrap();
+        let s = block_on(gt.stats(lr)).unwrap();
+        assert_eq!(s.skipped, 0);
+        let g = s.last;
         assert_eq!(g.lr, cpu.lr);
         assert!((g.loss - cpu.loss).abs() <= 1e-4 * cpu.loss, "step {step}: loss GPU {} vs CPU {}", g.loss, cpu.loss);
         assert!((g.grad_norm - cpu.grad_norm).abs() <= 1e-4 * cpu.grad_norm, "step {step}: norm GPU {} vs CPU {}", g.grad_norm, cpu.grad_norm);
@@ -74,7 +78,97 @@ fn resumes_from_cpu_state_and_round_trips_it_exactly() {
     gt.step = step;
     assert_eq!(block_on(gt.download()).unwrap(), state, "upload then download is exact");
     let lr = gt.step(&data);
-    let g = block_on(gt.stats(lr)).unwrap().unwrap();
+    let g = block_on(gt.stats(lr)).unwrap().last;
     assert!((g.loss - cpu_next.loss).abs() <= 1e-4 * cpu_next.loss, "resumed loss GPU {} vs CPU {}", g.loss, cpu_next.loss);
     assert!((g.grad_norm - cpu_next.grad_norm).abs() <= 1e-4 * cpu_next.grad_norm);
+}
+
+#[test]
+fn non_finite_steps_are_skipped_and_counted() {
+    let (plan, cfg, data) = setup();
+    let mut params = vec![0.0; plan.params_len()];
+    init_params(&plan, &mut params, &mut Rng::new(3));
+    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
+    let mut gt = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(2), &params)).unwrap();
+    let lr = gt.step(&data);
+    assert_eq!(block_on(gt.stats(lr)).unwrap().skipped, 0);
+    // A NaN in the final LayerNorm's bias makes every loss NaN.
+    let lnf_bias = plan.params().last().unwrap().span;
+    params[lnf_bias.offset] = f32::NAN;
+    gt.upload(&params, None).unwrap();
+    gt.step(&data);
+    let lr = gt.step(&data);
+    let s = block_on(gt.stats(lr)).unwrap();
+    assert!(s.last.loss.is_nan() && s.skipped == 2, "{s:?}");
+    let lr = gt.step(&data);
+    assert_eq!(block_on(gt.stats(lr)).unwrap().skipped, 1, "the count restarts after each read");
+    let (after, _, _) = block_on(gt.download()).unwrap();
+    assert!(after.iter().zip(&params).all(|(a, b)| a.to_bits() == b.to_bits()), "no update was applied");
+}
+
+#[test]
+fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
+    let (plan, _, data) = setup();
+    let mut mem = OwnedMemory::<f32>::new(&plan);
+    init_params(&plan, &mut mem.params, &mut Rng::new(5));
+    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
+    // Losses of one batch.
+    let n = plan.tokens();
+    let (x, y) = (&data[..n], &data[1..n + 1]);
+    tape::forward(&Serial, &plan, &mem.tape, &mem.params, &mut mem.acts, x, Some(y), None);
+    let cpu = &mem.acts[plan.head_acts().losses.range()];
+    let mut model = block_on(GpuForward::new(gpu.clone(), plan, &mem.params)).unwrap();
+    let got = block_on(model.losses(x, y)).unwrap();
+    let worst = got.iter().zip(cpu).map(|(g, c)| ((g - c) / c).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-5, "losses differ by {worst:e} relative");
+    assert!(block_on(model.losses(&x[1..], y)).is_err(), "a batch of the wrong size is an error");
+    // Greedy samples: the same tokens as the CPU, past the end of the window.
+    let sampling = Plan::new(plan.config, 1, 9).unwrap();
+    let mut smem = OwnedMemory::<f32>::new(&sampling);
+    let greedy = SamplingConfig { temperature: 0.0, top_k: 0 };
+    let (mut want, mut window) = (Vec::new(), vec![0; 9]);
+    generate(&Serial, &sampling, &smem.tape, &mem.params, &mut smem.acts, &mut window, &[3, 1, 4], 12, &greedy, &mut Rng::new(1), |t| want.push(t));
+    let mut sampler = block_on(GpuForward::new(gpu, sampling, &mem.params)).unwrap();
+    let mut got = Vec::new();
+    block_on(sampler.generate(&[3, 1, 4], 12, &greedy, &mut Rng::new(1), |t| got.push(t))).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_trainers_forward_model_sees_its_updates() {
+    let (plan, cfg, data) = setup();
+    let mut params = vec![0.0; plan.params_len()];
+    init_params(&plan, &mut params, &mut Rng::new(8));
+    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
+    let mut gt = block_on(GpuTrainer::new(gpu.clone(), plan, cfg, Rng::new(2), &params)).unwrap();
+    let mut shared = gt.forward_model(1, 8).unwrap();
+    let (x, y) = (&data[..8], &data[1..9]);
+    let before = block_on(shared.losses(x, y)).unwrap();
+    gt.step(&data);
+    let after = block_on(shared.losses(x, y)).unwrap();
+    let (trained, _, _) = block_on(gt.download()).unwrap();
+    let mut own = block_on(GpuForward::new(gpu, *shared.plan(), &trained)).unwrap();
+    assert_ne!(before, after);
+    assert_eq!(after, block_on(own.losses(x, y)).unwrap(), "the shared model reads the trained parameters");
+}
+
+#[test]
+fn profiling_times_every_kernel_of_a_step() {
+    let (plan, cfg, data) = setup();
+    let mut params = vec![0.0; plan.params_len()];
+    init_params(&plan, &mut params, &mut Rng::new(4));
+    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
+    let mut gt = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(2), &params)).unwrap();
+    assert!(block_on(gt.kernel_times()).is_err(), "no times without profiling");
+    gt.set_profiling(true).unwrap();
+    gt.step(&data);
+    let times = block_on(gt.kernel_times()).unwrap();
+    assert_eq!(times.len(), gt.kernels_per_step());
+    assert!(times.iter().all(|t| t.end_ns >= t.start_ns && t.start_ns >= 0.0), "spans are well formed");
+    assert!(times.windows(2).all(|w| w[1].start_ns >= w[0].start_ns), "kernels run in encoding order");
+    assert!(times.last().unwrap().end_ns > 0.0);
+    let passes: Vec<&str> = times.iter().map(|t| t.pass).collect();
+    assert_eq!((passes[0], *passes.last().unwrap()), ("forward", "update"));
+    assert_eq!((times[0].op, times[0].kernel), ("embedding", "embedding_forward"));
+    assert!(times.iter().any(|t| t.pass == "backward" && t.op == "attention"));
 }

@@ -175,7 +175,10 @@ fn run_gpu(args: &BenchArgs, plan: Plan, ids: &[u32]) -> Result<(Vec<f64>, serde
     for i in 0..args.warmup + args.iters {
         let start = Instant::now();
         let lr = trainer.step(train);
-        block_on(trainer.stats(lr)).map_err(|e| e.to_string())?.map_err(|e| format!("bench diverged at {e}"))?;
+        let stats = block_on(trainer.stats(lr)).map_err(|e| e.to_string())?;
+        if stats.skipped > 0 {
+            return Err(format!("bench diverged at step {}: loss {}, gradient norm {}", trainer.step, stats.last.loss, stats.last.grad_norm));
+        }
         if i >= args.warmup {
             ms.push(start.elapsed().as_secs_f64() * 1e3);
         }

@@ -1,0 +1,229 @@
+//! The forward walk of the tape on the GPU: compiled into a program for training (loss and
+//! its gradient), evaluation (losses) and sampling (logits), and [`GpuForward`], a model
+//! that only runs forward: `eval` over whole texts and `sample`.
+
+use crate::context::{Gpu, GpuError};
+use crate::kernels::{Kernels, Program, ProgramBuilder, View};
+use crate::layout::DeviceLayout;
+use crate::ops::{self, Epilogue};
+use crate::readback::read;
+use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
+use alpha_core::plan::{Plan, Span, ACT_ALIGN};
+use alpha_core::tape::{self, EpilogueSpan, Op};
+use alpha_core::Rng;
+
+/// `n` rounded up to a whole number of [`ACT_ALIGN`] elements.
+pub(crate) fn aligned(n: usize) -> usize {
+    n.div_ceil(ACT_ALIGN) * ACT_ALIGN
+}
+
+/// Where one batch's token ids live in a batch buffer (u32 elements): inputs and targets,
+/// and for the embedding's backward the rows grouped by token.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchSlot {
+    pub tokens: Span,
+    pub targets: Span,
+    pub order: Span,
+    pub starts: Span,
+}
+
+impl BatchSlot {
+    /// Slot `index` for batches of `n` tokens over a vocabulary of `vocab`.
+    pub fn new(index: usize, n: usize, vocab: usize) -> BatchSlot {
+        let base = index * BatchSlot::len(n, vocab);
+        let s = |i: usize, len| Span { offset: base + i * aligned(n), len };
+        BatchSlot { tokens: s(0, n), targets: s(1, n), order: s(2, n), starts: s(3, vocab + 1) }
+    }
+
+    /// Elements of one slot.
+    pub fn len(n: usize, vocab: usize) -> usize {
+        3 * aligned(n) + aligned(vocab + 1)
+    }
+}
+
+/// A storage buffer of `elements` 32-bit words (at least one aligned block), checked against
+/// the device's limits.
+pub(crate) fn storage(gpu: &Gpu, label: &str, elements: usize) -> Result<wgpu::Buffer, GpuError> {
+    let bytes = (elements.max(ACT_ALIGN) * 4) as u64;
+    gpu.check_size(label, bytes, false)?;
+    Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    }))
+}
+
+/// An error unless `plan`'s arenas can be indexed by the kernels (u32 element offsets).
+pub(crate) fn check_indexable(plan: &Plan) -> Result<(), GpuError> {
+    if plan.acts_len().max(plan.params_len() * 4) >= u32::MAX as usize / 4 {
+        return Err(GpuError(format!("the model needs {} activation elements; the GPU kernels index at most 2^30", plan.acts_len())));
+    }
+    Ok(())
+}
+
+/// The buffers a forward walk reads and writes.
+pub(crate) struct ForwardBuffers<'a> {
+    pub params: &'a wgpu::Buffer,
+    pub acts: &'a wgpu::Buffer,
+    pub batch: &'a wgpu::Buffer,
+    pub stats: &'a wgpu::Buffer,
+}
+
+/// What the forward walk does with the loss: the per-position losses are summed into
+/// `stats[slot]`; with `grad_scale`, the logits are replaced by the loss gradient.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LossUse {
+    pub grad_scale: Option<f32>,
+    pub slot: usize,
+}
+
+/// The forward walk of `tape` over `bufs`, reading the batch in `batch`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compile_forward(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    plan: &Plan,
+    layout: &DeviceLayout,
+    bufs: &ForwardBuffers<'_>,
+    tape: &[Op],
+    batch: BatchSlot,
+    loss: LossUse,
+) -> Result<Program, GpuError> {
+    let mut p = ProgramBuilder::default();
+    let a = |s: Span| View::span(bufs.acts, s);
+    let w = |s: Span| View::span(bufs.params, layout.device(s));
+    let ids = |s: Span| View::span(bufs.batch, s);
+    let c = plan.config.n_embd;
+    for op in tape {
+        p.label(op.name());
+        match *op {
+            Op::Embedding { wte, wpe, out, .. } => ops::embedding_forward(&mut p, a(out), ids(batch.tokens), w(wte), w(wpe), plan.seq, c),
+            Op::LayerNorm { x, out, mean, rstd, weight, bias, .. } => {
+                ops::layernorm_forward(&mut p, a(out), a(mean), a(rstd), a(x), w(weight), w(bias), c)
+            }
+            Op::Matmul { x, weight, bias, out, epilogue, k, m, .. } => {
+                let epi = match epilogue {
+                    EpilogueSpan::None => Epilogue::None,
+                    EpilogueSpan::Gelu { pre } => Epilogue::Gelu(a(pre)),
+                    EpilogueSpan::Residual { input } => Epilogue::Residual(a(input)),
+                };
+                ops::matmul_forward(&mut p, a(out), a(x), w(weight), bias.map(w), epi, k, m)
+            }
+            Op::Attention { qkv, out, lse, shape, .. } => ops::attention_forward(&mut p, a(out), a(lse), a(qkv), shape),
+            Op::CrossEntropy { logits, losses } => {
+                ops::cross_entropy(&mut p, a(logits), a(losses), ids(batch.targets), plan.config.vocab_size, loss.grad_scale);
+                ops::sum_losses(&mut p, a(losses), View::first(bufs.stats, ACT_ALIGN), loss.slot);
+            }
+        }
+    }
+    p.build(gpu, kernels)
+}
+
+/// A model that only runs forward, batch by batch: the losses of given windows (`eval`) or
+/// the logits at one position (`sample`). Its parameters are its own or a trainer's.
+pub struct GpuForward {
+    gpu: Gpu,
+    kernels: Kernels,
+    plan: Plan,
+    layout: DeviceLayout,
+    params: wgpu::Buffer,
+    acts: wgpu::Buffer,
+    batch: wgpu::Buffer,
+    program: Program,
+    host_batch: Vec<u32>,
+}
+
+impl GpuForward {
+    /// A forward-only model for `plan` (any batch and sequence length) with `params` (host
+    /// layout) uploaded.
+    pub async fn new(gpu: Gpu, plan: Plan, params: &[f32]) -> Result<GpuForward, GpuError> {
+        if params.len() != plan.params_len() {
+            return Err(GpuError(format!("{} parameters given, the model has {}", params.len(), plan.params_len())));
+        }
+        check_indexable(&plan)?;
+        let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
+        let layout = DeviceLayout::new(&plan);
+        let buffer = storage(&gpu, "parameters", layout.len())?;
+        gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&layout.to_device(params)));
+        GpuForward::sharing(gpu, kernels, plan, buffer)
+    }
+
+    /// A forward-only model over an existing device parameter buffer (a trainer's: it sees
+    /// each update as it happens). `kernels` must be compiled for `plan`'s head size.
+    pub(crate) fn sharing(gpu: Gpu, kernels: Kernels, plan: Plan, params: wgpu::Buffer) -> Result<GpuForward, GpuError> {
+        check_indexable(&plan)?;
+        let layout = DeviceLayout::new(&plan);
+        let (n, vocab) = (plan.tokens(), plan.config.vocab_size);
+        let slot_len = BatchSlot::len(n, vocab);
+        let acts = storage(&gpu, "activations", plan.acts_len())?;
+        let batch = storage(&gpu, "batch", slot_len)?;
+        let stats = storage(&gpu, "statistics", ACT_ALIGN)?;
+        let tape = tape::record_to_vec(&plan);
+        let bufs = ForwardBuffers { params: &params, acts: &acts, batch: &batch, stats: &stats };
+        let program = compile_forward(&gpu, &kernels, &plan, &layout, &bufs, &tape, BatchSlot::new(0, n, vocab), LossUse { grad_scale: None, slot: 0 })?;
+        Ok(GpuForward { gpu, kernels, plan, layout, params, acts, batch, program, host_batch: vec![0; slot_len] })
+    }
+
+    /// The plan (batch, sequence length, model).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Replaces the parameters (host layout).
+    pub fn upload(&self, params: &[f32]) -> Result<(), GpuError> {
+        if params.len() != self.plan.params_len() {
+            return Err(GpuError(format!("parameter arenas must have {} elements", self.plan.params_len())));
+        }
+        self.gpu.queue.write_buffer(&self.params, 0, bytemuck::cast_slice(&self.layout.to_device(params)));
+        Ok(())
+    }
+
+    /// Runs the model on `tokens` `[B, T]` (and `targets`, or none: zeros) in one submit.
+    fn run(&mut self, tokens: &[u32], targets: Option<&[u32]>) -> Result<(), GpuError> {
+        let n = self.plan.tokens();
+        if tokens.len() != n || targets.is_some_and(|y| y.len() != n) {
+            return Err(GpuError(format!("a batch of this model has {n} tokens, got {}", tokens.len())));
+        }
+        let slot = BatchSlot::new(0, n, self.plan.config.vocab_size);
+        self.host_batch[slot.tokens.range()].copy_from_slice(tokens);
+        match targets {
+            Some(y) => self.host_batch[slot.targets.range()].copy_from_slice(y),
+            None => self.host_batch[slot.targets.range()].fill(0),
+        }
+        let written = &self.host_batch[..slot.targets.offset + n];
+        self.gpu.queue.write_buffer(&self.batch, 0, bytemuck::cast_slice(written));
+        self.program.submit(&self.gpu, &self.kernels);
+        Ok(())
+    }
+
+    /// The loss at every position `[B * T]` of `tokens` predicting `targets`.
+    pub async fn losses(&mut self, tokens: &[u32], targets: &[u32]) -> Result<Vec<f32>, GpuError> {
+        self.run(tokens, Some(targets))?;
+        read(&self.gpu, &self.acts, self.plan.head_acts().losses.offset, self.plan.tokens()).await
+    }
+
+    /// The logits `[V]` at position `position` (of all `B * T`) after running `tokens`.
+    pub async fn logits(&mut self, tokens: &[u32], position: usize) -> Result<Vec<f32>, GpuError> {
+        self.run(tokens, None)?;
+        let v = self.plan.config.vocab_size;
+        read(&self.gpu, &self.acts, self.plan.head_acts().logits.offset + position * v, v).await
+    }
+
+    /// Generates `count` tokens after `context` (a batch-1 model; see
+    /// [`alpha_core::model::generate`], whose draws this repeats), calling `emit` with each.
+    pub async fn generate(&mut self, context: &[u32], count: usize, cfg: &SamplingConfig, rng: &mut Rng, mut emit: impl FnMut(u32)) -> Result<(), GpuError> {
+        if self.plan.batch != 1 {
+            return Err(GpuError("sampling needs a batch-1 model".into()));
+        }
+        let mut scratch = vec![0; self.plan.seq];
+        let mut window = ContextWindow::new(&mut scratch, context);
+        for _ in 0..count {
+            let mut logits = self.logits(window.tokens(), window.last()).await?;
+            let next = sample_token(&mut logits, cfg, rng);
+            emit(next);
+            window.push(next);
+        }
+        Ok(())
+    }
+}
