@@ -5,27 +5,18 @@
 //! T × C (attention scores and weighted sums). MFU = achieved FLOP/s ÷ the peak of this
 //! machine, measured by a calibrated GEMM run (see [`crate::peak`]) or given.
 
+use crate::engine::{Backend, DeviceArgs, Engine, StepError};
 use crate::peak::{peak, Peak};
-use crate::step::{bench_train_config, timed_step, train_split, with_fresh_trainer, Phases};
+use crate::step::{bench_train_config, fresh_start, train_split, Phases};
 use crate::trace::Trace;
 use crate::train::{load_corpus, ModelArgs};
-use alpha_core::model::init_params;
-use alpha_core::parallel::{Parallel, ThreadPool};
-use alpha_gpu::{block_on, Gpu, GpuTrainer};
-use alpha_core::{GptConfig, Plan, Rng};
-use clap::{Args, ValueEnum};
+use alpha_core::parallel::Parallel;
+use alpha_core::train::OwnedMemory;
+use alpha_core::{GptConfig, Plan};
+use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
-
-/// Where the model runs.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// The CPU kernels of alpha-core.
-    Cpu,
-    /// alpha-gpu's WGSL kernels through wgpu (Vulkan, Metal, DX12).
-    Gpu,
-}
 
 /// Flags of `alpha-native bench`.
 #[derive(Args, Debug, Clone)]
@@ -37,14 +28,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub grad_accum: usize,
     /// Where to run.
-    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
-    pub backend: Backend,
-    /// Worker threads. Default: one per core.
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// GPU adapter (--backend gpu): an index or part of a name, as `info` lists them.
-    #[arg(long)]
-    pub adapter: Option<String>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Timed steps.
     #[arg(long, default_value_t = 50)]
     pub iters: usize,
@@ -83,21 +68,24 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let (tok, ids) = load_corpus(&m.data_name())?;
     let config: GptConfig = m.config(tok.vocab_size());
     let plan = Plan::new(config, m.batch, m.block).map_err(|e| e.to_string())?;
-    let pool = crate::thread_pool(args.threads)?;
-    let (mut ms, phases, peak, device) = match args.backend {
+    args.device.check()?;
+    if args.device.backend == Backend::Gpu && args.no_phases {
+        return Err("--no-phases measures the CPU's phase clocks; a GPU step has none inside it".into());
+    }
+    let train = train_split(&plan, &ids)?;
+    let start = fresh_start(&plan);
+    let cfg = bench_train_config(args.grad_accum);
+    let pool = args.device.pool()?;
+    let mut cpu_memory;
+    let (mut engine, peak) = match args.device.backend {
         Backend::Cpu => {
-            let (ms, phases) = run_cpu(args, plan, &ids, &pool)?;
-            (ms, Some(phases), Some(peak(&pool, args.peak_gflops)?), serde_json::Value::Null)
+            cpu_memory = OwnedMemory::<f32>::new(&plan);
+            (Engine::cpu(&mut cpu_memory, &pool, plan, cfg, start)?, Some(peak(&pool, args.peak_gflops)?))
         }
-        Backend::Gpu => {
-            if args.trace.is_some() || args.no_phases {
-                return Err("--trace and --no-phases time CPU phases; the GPU backend has neither yet".into());
-            }
-            let (ms, device) = run_gpu(args, plan, &ids)?;
-            let given = args.peak_gflops.map(|gflops| Peak { gflops, source: "given" });
-            (ms, None, given, device)
-        }
+        Backend::Gpu => (Engine::gpu(args.device.open_gpu()?, plan, cfg, start)?, args.peak_gflops.map(|gflops| Peak { gflops, source: "given" })),
     };
+    let (mut ms, phases) = timed_steps(args, &mut engine, train)?;
+    let device = engine.device_json();
     ms.sort_by(f64::total_cmp);
     let median = if ms.len() % 2 == 1 { ms[ms.len() / 2] } else { (ms[ms.len() / 2 - 1] + ms[ms.len() / 2]) / 2.0 };
     let tokens_per_step = plan.tokens() * args.grad_accum;
@@ -106,7 +94,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let fpt = flops_per_token(&plan);
     let achieved = fpt * tokens_per_sec / 1e9;
     let report = json!({
-        "backend": if args.backend == Backend::Gpu { "gpu" } else { "cpu" },
+        "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
         "device": device,
         "threads": pool.threads(),
         "config": config,
@@ -119,7 +107,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         "warmup": args.warmup,
         "ms_per_iter": {"median": median, "mean": mean, "min": ms[0], "max": ms[ms.len() - 1]},
         "tokens_per_sec": tokens_per_sec,
-        "phases_ms": phases.filter(|_| !args.no_phases).map(|p| p.json_ms(args.iters as f64)),
+        "phases_ms": (!args.no_phases).then(|| phases.json_ms(args.iters as f64)),
         "achieved_gflops": achieved,
         "peak_gflops": peak.as_ref().map(|p| p.gflops),
         "peak_source": peak.as_ref().map(|p| p.source),
@@ -133,66 +121,39 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Steps on the CPU: each step's milliseconds and the summed phases.
-fn run_cpu(args: &BenchArgs, plan: Plan, ids: &[u32], pool: &ThreadPool) -> Result<(Vec<f64>, Phases), String> {
+/// The timed steps (after the warm-up): each step's milliseconds and the summed phases. On
+/// the GPU each step ends with the read of its loss (what training does every log interval),
+/// so its time is submit to result.
+fn timed_steps(args: &BenchArgs, engine: &mut Engine<'_>, train: &[u32]) -> Result<(Vec<f64>, Phases), String> {
     let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps)).transpose()?;
-    let result = with_fresh_trainer(plan, ids, args.grad_accum, |trainer, train| {
-        let mut ms = Vec::with_capacity(args.iters);
-        let mut phases = Phases::default();
-        for i in 0..args.warmup + args.iters {
-            let diverged = |e| format!("bench diverged at {e}");
-            let step = if args.no_phases {
+    let mut ms = Vec::with_capacity(args.iters);
+    let mut phases = Phases::default();
+    for i in 0..args.warmup + args.iters {
+        let diverged = |e: &dyn std::fmt::Display| format!("bench diverged at {e}");
+        let step = match engine {
+            Engine::Cpu { trainer, pool, .. } if args.no_phases => {
                 let start = Instant::now();
-                trainer.train_step(pool, train).map_err(diverged)?;
+                trainer.train_step(*pool, train).map_err(|e| diverged(&e))?;
                 Phases { total: start.elapsed().as_secs_f64(), ..Phases::default() }
-            } else {
-                let traced = trace.as_mut().filter(|_| i >= args.warmup);
-                timed_step(trainer, pool, train, traced).map_err(diverged)?.phases
-            };
-            if i >= args.warmup {
-                ms.push(step.total * 1e3);
-                phases.add(&step);
             }
+            _ => {
+                let traced = trace.as_mut().filter(|_| i >= args.warmup);
+                match engine.step(train, traced, true) {
+                    Ok(r) => r.phases,
+                    Err(StepError::Diverged(e)) => return Err(diverged(&e)),
+                    Err(StepError::Device(e)) => return Err(e),
+                }
+            }
+        };
+        if i >= args.warmup {
+            ms.push(step.total * 1e3);
+            phases.add(&step);
         }
-        Ok((ms, phases))
-    })?;
+    }
     if let Some(t) = trace.as_mut() {
         t.finish()?;
     }
-    Ok(result)
-}
-
-/// Steps on the GPU: each step's milliseconds (submit to results, so each timed step ends
-/// with the one read of its loss that training does every log interval) and what ran.
-fn run_gpu(args: &BenchArgs, plan: Plan, ids: &[u32]) -> Result<(Vec<f64>, serde_json::Value), String> {
-    let train = train_split(&plan, ids)?;
-    let gpu = block_on(Gpu::open(args.adapter.as_deref())).map_err(|e| e.to_string())?;
-    let mut params = vec![0.0; plan.params_len()];
-    init_params(&plan, &mut params, &mut Rng::new(1337));
-    let cfg = bench_train_config(args.grad_accum);
-    let mut trainer = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(1), &params)).map_err(|e| e.to_string())?;
-    let mut ms = Vec::with_capacity(args.iters);
-    for i in 0..args.warmup + args.iters {
-        let start = Instant::now();
-        let lr = trainer.step(train);
-        let stats = block_on(trainer.stats(lr)).map_err(|e| e.to_string())?;
-        if stats.skipped > 0 {
-            return Err(format!("bench diverged at step {}: loss {}, gradient norm {}", trainer.step, stats.last.loss, stats.last.grad_norm));
-        }
-        if i >= args.warmup {
-            ms.push(start.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    let a = &trainer.gpu().adapter;
-    let device = json!({
-        "adapter": a.name,
-        "backend": a.backend,
-        "device_type": a.device_type,
-        "kernels_per_step": trainer.kernels_per_step(),
-        "submits_per_step": 1,
-        "device_memory_mib": trainer.device_bytes() as f64 / 1048576.0,
-    });
-    Ok((ms, device))
+    Ok((ms, phases))
 }
 
 fn print_table(r: &serde_json::Value) {

@@ -4,10 +4,14 @@
 use crate::checkpoint;
 use crate::corpus::read_text;
 use crate::sample::context_len;
+use crate::engine::{Backend, DeviceArgs};
+use alpha_core::parallel::ThreadPool;
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::OwnedMemory;
 use alpha_core::{tape, Plan};
+use alpha_gpu::{block_on, GpuForward};
 use clap::Args;
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// Flags of `alpha-native eval`.
@@ -25,9 +29,9 @@ pub struct EvalArgs {
     /// Windows evaluated at once (memory/speed only; the result does not depend on it).
     #[arg(long, default_value_t = 16)]
     pub batch: usize,
-    /// Worker threads. Default: one per core.
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// Where to run.
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// The result of an evaluation.
@@ -42,7 +46,8 @@ pub struct EvalResult {
 }
 
 /// Evaluates `checkpoint` on the text file at `text`.
-pub fn evaluate(checkpoint: &Path, text: &Path, block: Option<usize>, batch: usize, threads: Option<usize>) -> Result<EvalResult, String> {
+pub fn evaluate(checkpoint: &Path, text: &Path, block: Option<usize>, batch: usize, device: &DeviceArgs) -> Result<EvalResult, String> {
+    device.check()?;
     if batch == 0 {
         return Err("--batch must be at least 1".into());
     }
@@ -57,29 +62,52 @@ pub fn evaluate(checkpoint: &Path, text: &Path, block: Option<usize>, batch: usi
     }
     let b = batch.min(windows);
     let plan = Plan::new(ck.config, b, t).map_err(|e| e.to_string())?;
-    let mut mem = OwnedMemory::<f32>::new(&plan);
-    let pool = crate::thread_pool(threads)?;
-    let losses_span = plan.head_acts().losses;
+    let mut model = Forward::new(device, plan, ck.params)?;
+    let (mut x, mut y) = (vec![0; plan.tokens()], vec![0; plan.tokens()]);
     let mut total = 0.0f64;
     for first in (0..windows).step_by(b) {
         let real = b.min(windows - first);
-        let (x, y) = mem.batch.split_at_mut(plan.tokens());
         for r in 0..b {
             // Rows past the last window repeat it; their losses are not counted.
             let w = first + r.min(real - 1);
             x[r * t..(r + 1) * t].copy_from_slice(&ids[w * t..(w + 1) * t]);
             y[r * t..(r + 1) * t].copy_from_slice(&ids[w * t + 1..(w + 1) * t + 1]);
         }
-        let (x, y) = mem.batch.split_at(plan.tokens());
-        tape::forward(&pool, &plan, &mem.tape, &ck.params, &mut mem.acts, x, Some(y), None);
-        total += mem.acts[losses_span.range()][..real * t].iter().map(|&l| l as f64).sum::<f64>();
+        total += model.losses(&x, &y)?[..real * t].iter().map(|&l| l as f64).sum::<f64>();
     }
     Ok(EvalResult { loss: total / (windows * t) as f64, windows, tokens: windows * t })
 }
 
+/// A model that runs forward only, on the CPU or a GPU (one per evaluation).
+#[allow(clippy::large_enum_variant)]
+enum Forward {
+    Cpu { pool: ThreadPool, plan: Plan, mem: OwnedMemory<f32>, params: Vec<f32> },
+    Gpu(GpuForward),
+}
+
+impl Forward {
+    fn new(device: &DeviceArgs, plan: Plan, params: Vec<f32>) -> Result<Forward, String> {
+        Ok(match device.backend {
+            Backend::Cpu => Forward::Cpu { pool: device.pool()?, plan, mem: OwnedMemory::new(&plan), params },
+            Backend::Gpu => Forward::Gpu(block_on(GpuForward::new(device.open_gpu()?, plan, &params)).map_err(|e| e.to_string())?),
+        })
+    }
+
+    /// The loss at every position of `x` predicting `y`.
+    fn losses(&mut self, x: &[u32], y: &[u32]) -> Result<Cow<'_, [f32]>, String> {
+        match self {
+            Forward::Cpu { pool, plan, mem, params } => {
+                tape::forward(pool, plan, &mem.tape, params, &mut mem.acts, x, Some(y), None);
+                Ok(Cow::Borrowed(&mem.acts[plan.head_acts().losses.range()]))
+            }
+            Forward::Gpu(m) => block_on(m.losses(x, y)).map(Cow::Owned).map_err(|e| e.to_string()),
+        }
+    }
+}
+
 /// Runs `eval` and prints `{"loss": L, "windows": n, "tokens": n*T}`.
 pub fn run(args: &EvalArgs) -> Result<(), String> {
-    let r = evaluate(&args.checkpoint, &args.text, args.block, args.batch, args.threads)?;
+    let r = evaluate(&args.checkpoint, &args.text, args.block, args.batch, &args.device)?;
     println!("{}", serde_json::json!({"loss": r.loss, "windows": r.windows, "tokens": r.tokens}));
     Ok(())
 }

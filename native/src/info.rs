@@ -2,13 +2,17 @@
 
 use crate::bench::flops_per_token;
 use crate::peak::{cpu_model, peak, simd_features};
-use crate::step::{timed_step, with_fresh_trainer};
+use crate::engine::{Backend, DeviceArgs, Engine, StepError};
+use crate::step::{bench_train_config, fresh_start, train_split};
 use crate::train::{load_corpus, ModelArgs};
 use alpha_core::gemm::f32_kernel_name;
 use alpha_core::parallel::Parallel;
-use alpha_core::Plan;
+use alpha_core::train::OwnedMemory;
+use alpha_core::{Plan, Rng};
+use alpha_gpu::{block_on, AdapterSummary};
 use clap::Args;
 use serde_json::json;
+use std::time::Instant;
 
 /// Flags of `alpha-native info`.
 #[derive(Args, Debug, Clone)]
@@ -28,9 +32,9 @@ pub struct InfoArgs {
     /// Steps timed for the estimate (after one warm-up step); 0 skips it.
     #[arg(long, default_value_t = 3)]
     pub measure_steps: usize,
-    /// Worker threads. Default: one per core.
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// Where the estimate is measured.
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// The machine's peak GFLOP/s. Default: measured once and cached.
     #[arg(long)]
     pub peak_gflops: Option<f64>,
@@ -45,8 +49,10 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let (tok, ids) = load_corpus(&m.data_name())?;
     let config = m.config(tok.vocab_size());
     let plan = Plan::new(config, m.batch, m.block).map_err(|e| e.to_string())?;
-    let pool = crate::thread_pool(args.threads)?;
+    args.device.check()?;
+    let pool = args.device.pool()?;
     let peak = peak(&pool, args.peak_gflops)?;
+    let adapters = block_on(alpha_gpu::context::adapters());
     let mib = |elements: usize| (elements * 4) as f64 / (1024.0 * 1024.0);
     let p = plan.params_len();
     let memory = json!({
@@ -55,23 +61,36 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "total": mib(4 * p + plan.acts_len() + 2 * plan.tokens()),
     });
     let mut estimate = serde_json::Value::Null;
+    let mut device = serde_json::Value::Null;
     if args.measure_steps > 0 {
-        let (step_s, forward_s) = with_fresh_trainer(plan, &ids, 1, |trainer, train| {
-            let (mut step_s, mut forward_s) = (0.0, 0.0);
-            for i in 0..=args.measure_steps {
-                let s = timed_step(trainer, &pool, train, None).map_err(|e| format!("diverged at {e}"))?;
-                if i > 0 {
-                    step_s += s.phases.total;
-                    forward_s += s.phases.forward;
-                }
+        let train = train_split(&plan, &ids)?;
+        let mut cpu_memory;
+        let mut engine = match args.device.backend {
+            Backend::Cpu => {
+                cpu_memory = OwnedMemory::<f32>::new(&plan);
+                Engine::cpu(&mut cpu_memory, &pool, plan, bench_train_config(1), fresh_start(&plan))?
             }
-            Ok((step_s, forward_s))
-        })?;
-        let (ms_step, ms_forward) = (step_s * 1e3 / args.measure_steps as f64, forward_s * 1e3 / args.measure_steps as f64);
+            Backend::Gpu => Engine::gpu(args.device.open_gpu()?, plan, bench_train_config(1), fresh_start(&plan))?,
+        };
+        device = engine.device_json();
+        let n = args.measure_steps;
+        let failed = |e| match e {
+            StepError::Diverged(e) => format!("diverged at {e}"),
+            StepError::Device(e) => e,
+        };
+        engine.step(train, None, true).map_err(failed)?;
+        let t = Instant::now();
+        for _ in 0..n {
+            engine.step(train, None, true).map_err(failed)?;
+        }
+        let ms_step = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+        let t = Instant::now();
+        engine.evaluate(train, n, &mut Rng::new(2))?;
+        let ms_eval_batch = t.elapsed().as_secs_f64() * 1e3 / n as f64;
         let evals = args.iters.checked_div(args.eval_interval).map_or(0, |e| e + 1);
-        let eval_ms = (evals * 2 * args.eval_iters) as f64 * ms_forward;
+        let eval_ms = (evals * 2 * args.eval_iters) as f64 * ms_eval_batch;
         estimate = json!({
-            "measured_steps": args.measure_steps, "ms_per_iter": ms_step,
+            "measured_steps": n, "ms_per_iter": ms_step, "ms_per_eval_batch": ms_eval_batch,
             "training_s": ms_step * args.iters as f64 / 1e3, "evaluation_s": eval_ms / 1e3,
             "run_s": (ms_step * args.iters as f64 + eval_ms) / 1e3,
         });
@@ -89,7 +108,10 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "params": plan.num_params(),
         "flops_per_token": flops_per_token(&plan),
         "memory_mib": memory,
+        "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
+        "device": device,
         "estimate": estimate,
+        "gpu_adapters": adapters.iter().map(adapter_json).collect::<Vec<_>>(),
     });
     if args.json {
         println!("{report}");
@@ -109,12 +131,36 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "memory     params {:.2} MiB, grads {:.2}, AdamW m {:.2}, v {:.2}, activations {:.2} (batch {}), total {:.2} MiB",
         f(&mm["params"]), f(&mm["grads"]), f(&mm["adam_m"]), f(&mm["adam_v"]), f(&mm["activations"]), m.batch, f(&mm["total"])
     );
+    if !device.is_null() {
+        println!(
+            "GPU run    {} ({}): {:.2} MiB of device memory, {} kernels and 1 submit per step",
+            device["adapter"].as_str().unwrap_or("?"), device["backend"].as_str().unwrap_or("?"), f(&device["device_memory_mib"]), device["kernels_per_step"]
+        );
+    }
     if !estimate.is_null() {
         println!(
-            "estimate   {:.1} ms/iter (measured over {} steps); {} iters: {:.0} s training + {:.0} s evaluation = {:.1} min",
-            f(&estimate["ms_per_iter"]), args.measure_steps, args.iters, f(&estimate["training_s"]), f(&estimate["evaluation_s"]),
-            f(&estimate["run_s"]) / 60.0
+            "estimate   {:.1} ms/iter on the {} (measured over {} steps); {} iters: {:.0} s training + {:.0} s evaluation = {:.1} min",
+            f(&estimate["ms_per_iter"]), report["backend"].as_str().unwrap_or("?"), args.measure_steps, args.iters, f(&estimate["training_s"]),
+            f(&estimate["evaluation_s"]), f(&estimate["run_s"]) / 60.0
+        );
+    }
+    if adapters.is_empty() {
+        println!("GPUs       none found (on Linux, a Vulkan driver is needed: mesa-vulkan-drivers gives lavapipe)");
+    }
+    for a in &adapters {
+        println!(
+            "GPU {:<6} {} ({}, {}; {}); features: {}; max buffer {:.0} MiB, max storage binding {:.0} MiB",
+            a.index, a.name, a.backend, a.device_type, a.driver,
+            if a.features.is_empty() { "none we use".to_string() } else { a.features.join(", ") },
+            a.max_buffer as f64 / 1048576.0, a.max_storage_binding as f64 / 1048576.0
         );
     }
     Ok(())
+}
+
+fn adapter_json(a: &AdapterSummary) -> serde_json::Value {
+    json!({
+        "index": a.index, "name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver,
+        "features": a.features, "max_buffer_bytes": a.max_buffer, "max_storage_binding_bytes": a.max_storage_binding,
+    })
 }

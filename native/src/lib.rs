@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod corpus;
+pub mod engine;
 pub mod eval;
 pub mod fsutil;
 pub mod info;

@@ -1,9 +1,14 @@
 //! `alpha-native sample`: generate text from a checkpoint.
 
 use crate::checkpoint;
-use crate::train::Sampler;
-use alpha_core::model::SamplingConfig;
+use crate::engine::{Backend, DeviceArgs};
+use alpha_core::model::{generate, SamplingConfig};
+use alpha_core::parallel::ThreadPool;
+use alpha_core::tape;
 use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::train::OwnedMemory;
+use alpha_core::{GptConfig, Plan, Rng};
+use alpha_gpu::{block_on, GpuForward};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -32,9 +37,9 @@ pub struct SampleArgs {
     /// Context the model sees, in tokens. Default: the checkpoint's block size.
     #[arg(long)]
     pub block: Option<usize>,
-    /// Worker threads. Default: one per core.
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// Where to run.
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Runs `sample`, writing the prompt and the generated text to stdout.
@@ -49,18 +54,29 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     let block = context_len(args.block, ck.config.block_size)?;
     let tok = CharTokenizer::new(ck.chars.clone()).map_err(|e| e.to_string())?;
     let prompt = tok.encode_to_vec(&args.prompt).map_err(|e| format!("--prompt: {e}"))?;
-    let pool = crate::thread_pool(args.threads)?;
-    let mut sampler = Sampler::with_context(ck.config, block)?;
+    args.device.check()?;
     let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut result = write!(out, "{}", args.prompt);
-    sampler.generate(&pool, &ck.params, &prompt, args.tokens, &cfg, args.seed, |id| {
+    let emit = |id| {
         if result.is_ok() {
             let ch = tok.decode(id).unwrap_or('\u{FFFD}');
             result = write!(out, "{ch}").and_then(|_| if ch == '\n' { out.flush() } else { Ok(()) });
         }
-    });
+    };
+    match args.device.backend {
+        Backend::Cpu => {
+            let pool = args.device.pool()?;
+            let mut sampler = Sampler::with_context(ck.config, block)?;
+            sampler.generate(&pool, &ck.params, &prompt, args.tokens, &cfg, args.seed, emit);
+        }
+        Backend::Gpu => {
+            let plan = Plan::new(ck.config, 1, block).map_err(|e| e.to_string())?;
+            let mut model = block_on(GpuForward::new(args.device.open_gpu()?, plan, &ck.params)).map_err(|e| e.to_string())?;
+            block_on(model.generate(&prompt, args.tokens, &cfg, &mut Rng::new(args.seed), emit)).map_err(|e| e.to_string())?;
+        }
+    }
     result.and_then(|_| writeln!(out)).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
 }
 
@@ -71,5 +87,51 @@ pub fn context_len(requested: Option<usize>, block_size: usize) -> Result<usize,
         Some(b) if b > block_size => Err(format!("--block {b} is larger than the checkpoint's block size {block_size}")),
         Some(b) => Ok(b),
         None => Ok(block_size),
+    }
+}
+
+/// How samples during training are drawn: temperature 0.8 and top-k 200 (nanoGPT's
+/// `sample.py` defaults), starting from [`start_token`].
+pub const TRAINING_SAMPLES: SamplingConfig = SamplingConfig { temperature: 0.8, top_k: 200 };
+
+/// The token samples during training start from: a newline (nanoGPT's default start), or
+/// id 0 if the vocabulary has none.
+pub fn start_token(tok: &CharTokenizer<Vec<char>>) -> u32 {
+    tok.id('\n').unwrap_or(0)
+}
+
+/// A batch-1 model over the trainer's parameters, for samples during training.
+pub struct Sampler {
+    plan: Plan,
+    tape: Vec<tape::Op>,
+    acts: Vec<f32>,
+    window: Vec<u32>,
+}
+
+impl Sampler {
+    /// Sampling memory for `config` with its full block as context.
+    pub fn new(config: GptConfig) -> Result<Self, String> {
+        Self::with_context(config, config.block_size)
+    }
+
+    /// Sampling memory with a context of `seq` tokens (at most the block size).
+    pub fn with_context(config: GptConfig, seq: usize) -> Result<Self, String> {
+        let plan = Plan::new(config, 1, seq).map_err(|e| e.to_string())?;
+        let mem = OwnedMemory::<f32>::new(&plan);
+        Ok(Sampler { plan, tape: mem.tape, acts: mem.acts, window: vec![0; seq] })
+    }
+
+    /// Generates `count` characters after `prompt` ids, calling `emit` with each id.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate(&mut self, pool: &ThreadPool, params: &[f32], prompt: &[u32], count: usize, cfg: &SamplingConfig, seed: u64, emit: impl FnMut(u32)) {
+        let mut rng = Rng::new(seed);
+        generate(pool, &self.plan, &self.tape, params, &mut self.acts, &mut self.window, prompt, count, cfg, &mut rng, emit);
+    }
+
+    /// A `count`-character sample for training logs (see [`TRAINING_SAMPLES`]).
+    pub fn sample(&mut self, pool: &ThreadPool, params: &[f32], tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> String {
+        let mut out = String::new();
+        self.generate(pool, params, &[start_token(tok)], count, &TRAINING_SAMPLES, seed, |id| out.push(tok.decode(id).unwrap_or('?')));
+        out
     }
 }

@@ -6,7 +6,8 @@ use alpha_core::model::init_params;
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
 use alpha_core::tape::{Observer, Op, Pass, Phase};
-use alpha_core::train::{NonFinite, OwnedMemory, TrainConfig, Trainer};
+use crate::engine::Start;
+use alpha_core::train::{NonFinite, TrainConfig, Trainer};
 use alpha_core::{data, Plan, Rng};
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -31,6 +32,10 @@ pub struct Phases {
     pub sample: f64,
     /// Checkpoint writes.
     pub checkpoint: f64,
+    /// GPU: drawing and writing the batches, encoding and submitting the step.
+    pub submit: f64,
+    /// GPU: waiting for the device to finish and reading results back.
+    pub device_wait: f64,
     /// Wall time between the phases above.
     pub idle: f64,
     /// Wall time of everything.
@@ -38,7 +43,7 @@ pub struct Phases {
 }
 
 impl Phases {
-    fn named(&self) -> [(&'static str, f64); 8] {
+    fn named(&self) -> [(&'static str, f64); 10] {
         [
             ("data", self.data),
             ("forward", self.forward),
@@ -48,6 +53,8 @@ impl Phases {
             ("eval", self.eval),
             ("sample", self.sample),
             ("checkpoint", self.checkpoint),
+            ("submit", self.submit),
+            ("device_wait", self.device_wait),
         ]
     }
 
@@ -67,6 +74,8 @@ impl Phases {
         self.eval += o.eval;
         self.sample += o.sample;
         self.checkpoint += o.checkpoint;
+        self.submit += o.submit;
+        self.device_wait += o.device_wait;
         self.idle += o.idle;
         self.total += o.total;
     }
@@ -170,17 +179,9 @@ pub fn train_split<'a>(plan: &Plan, ids: &'a [u32]) -> Result<&'a [u32], String>
     Ok(train)
 }
 
-/// Runs `f` with a freshly initialised trainer for `plan` and the training split of `ids`
-/// (the setup `bench` and `info` share: [`bench_train_config`], seed 1337).
-pub fn with_fresh_trainer<R>(
-    plan: Plan,
-    ids: &[u32],
-    grad_accum: usize,
-    f: impl FnOnce(&mut Trainer<'_, f32>, &[u32]) -> Result<R, String>,
-) -> Result<R, String> {
-    let train = train_split(&plan, ids)?;
-    let mut mem = OwnedMemory::<f32>::new(&plan);
-    init_params(&plan, &mut mem.params, &mut Rng::new(1337));
-    let mut trainer = mem.trainer(plan, bench_train_config(grad_accum), Rng::new(1)).map_err(|e| e.to_string())?;
-    f(&mut trainer, train)
+/// Where `bench` and `info` start: GPT-2 initialisation with seed 1337, batches from seed 1.
+pub fn fresh_start(plan: &Plan) -> Start {
+    let mut params = vec![0.0; plan.params_len()];
+    init_params(plan, &mut params, &mut Rng::new(1337));
+    Start { params, moments: None, step: 0, rng: Rng::new(1) }
 }

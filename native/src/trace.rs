@@ -1,12 +1,20 @@
 //! `--trace FILE`: a Chrome trace (JSON trace-event format; open it in Perfetto or
 //! chrome://tracing) of the first few steps: one span per step, per phase inside it, and per
-//! op inside forward and backward, with the op's shape.
+//! op inside forward and backward, with the op's shape. GPU runs add a second track with every
+//! kernel's time from timestamp queries.
 
 use crate::fsutil::write_atomic;
 use alpha_core::tape::{Observer, Op, Pass};
+use alpha_gpu::KernelTime;
 use serde_json::{json, Value};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// Track (trace "thread") of host spans.
+const CPU_TRACK: u32 = 1;
+/// Track of GPU kernel spans.
+const GPU_TRACK: u32 = 2;
 
 /// Collects spans for a bounded number of steps, then writes them once.
 pub struct Trace {
@@ -25,7 +33,9 @@ impl Trace {
         if steps == 0 {
             return Err("--trace-steps must be at least 1".into());
         }
-        Ok(Trace { path: path.to_path_buf(), origin: Instant::now(), events: Vec::new(), open_ops: Vec::new(), steps_left: steps, written: false, error: None })
+        let track = |tid: u32, name: &str| json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}});
+        let events = vec![track(CPU_TRACK, "CPU"), track(GPU_TRACK, "GPU")];
+        Ok(Trace { path: path.to_path_buf(), origin: Instant::now(), events, open_ops: Vec::new(), steps_left: steps, written: false, error: None })
     }
 
     /// Whether steps are still being traced.
@@ -33,10 +43,28 @@ impl Trace {
         self.steps_left > 0
     }
 
-    /// Records a span from `start` to `end`.
+    fn us(&self, t: Instant) -> f64 {
+        t.duration_since(self.origin).as_secs_f64() * 1e6
+    }
+
+    /// Records a span from `start` to `end` on the CPU track.
     pub fn span(&mut self, name: &str, start: Instant, end: Instant, args: Value) {
-        let us = |t: Instant| t.duration_since(self.origin).as_secs_f64() * 1e6;
-        self.events.push(json!({"name": name, "ph": "X", "pid": 1, "tid": 1, "ts": us(start), "dur": us(end) - us(start), "args": args}));
+        let (ts, dur) = (self.us(start), self.us(end) - self.us(start));
+        self.events.push(json!({"name": name, "ph": "X", "pid": 1, "tid": CPU_TRACK, "ts": ts, "dur": dur, "args": args}));
+    }
+
+    /// Records one step's kernels on the GPU track. The device's clock is not the host's:
+    /// the kernels ran after the submit began (`submit.start`) and ended before their results
+    /// were read (`read`), so the first is placed at the end of the submit call, moved earlier
+    /// when that would end the last one after `read`.
+    pub fn gpu_kernels(&mut self, submit: Range<Instant>, read: Instant, kernels: &[KernelTime]) {
+        let busy_us = kernels.iter().map(|k| k.end_ns).fold(0.0, f64::max) / 1e3;
+        let at = self.us(submit.end).min(self.us(read) - busy_us).max(self.us(submit.start));
+        for k in kernels {
+            let args = json!({"pass": k.pass, "kernel": k.kernel});
+            let (ts, dur) = (at + k.start_ns / 1e3, (k.end_ns - k.start_ns) / 1e3);
+            self.events.push(json!({"name": k.op, "ph": "X", "pid": 1, "tid": GPU_TRACK, "ts": ts, "dur": dur, "args": args}));
+        }
     }
 
     /// Closes a traced step; writes the file right after the last one (an error is kept

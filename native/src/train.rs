@@ -1,17 +1,16 @@
-//! `alpha-native train`: nanoGPT's training loop on the CPU, with evaluation, samples,
-//! atomic checkpoints, exact resume, JSON Lines metrics and a progress bar.
+//! `alpha-native train`: nanoGPT's training loop on the CPU or a GPU, with evaluation,
+//! samples, atomic checkpoints, exact resume, JSON Lines metrics and a progress bar.
 
 use crate::checkpoint::{self, TrainSettings, TrainState};
 use crate::corpus;
 use crate::derive_seed;
-use crate::step::{timed_step, Phases, TimedStep};
+use crate::engine::{Backend, DeviceArgs, Engine, Start, StepError};
+use crate::step::Phases;
 use crate::trace::Trace;
-use alpha_core::model::{generate, init_params, SamplingConfig};
+use alpha_core::model::init_params;
 use alpha_core::optim::{AdamWConfig, LrSchedule};
-use alpha_core::parallel::ThreadPool;
-use alpha_core::tape;
 use alpha_core::tokenizer::CharTokenizer;
-use alpha_core::train::{OwnedMemory, TrainConfig, Trainer};
+use alpha_core::train::{OwnedMemory, TrainConfig};
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -80,9 +79,9 @@ pub struct TrainArgs {
     /// Log a metrics record (and a plain line when not on a terminal) every N steps.
     #[arg(long, default_value_t = 10)]
     pub log_interval: u64,
-    /// Worker threads. Default: one per core.
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// Where to train.
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Continue the run saved in this checkpoint (model and settings come from it; flags
     /// given explicitly override the settings).
     #[arg(long, value_name = "FILE")]
@@ -282,7 +281,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         ));
     }
     let plan = Plan::new(run.config, s.batch, block).map_err(|e| e.to_string())?;
-    let pool = crate::thread_pool(args.threads)?;
+    args.device.check()?;
 
     let ckpt_path = args.out.join(CHECKPOINT_FILE);
     let resuming_in_place = args.resume.as_ref().is_some_and(|r| same_file(r, &ckpt_path));
@@ -299,29 +298,35 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         None => None,
     };
 
-    let mut mem = OwnedMemory::<f32>::new(&plan);
-    let (start_step, rng) = match run.resume.take() {
+    let start = match run.resume.take() {
         Some(ck) => {
             let (m, v, state) = ck.optimizer.expect("resolve() checked the training state");
-            mem.params.copy_from_slice(&ck.params);
-            mem.adam_m.copy_from_slice(&m);
-            mem.adam_v.copy_from_slice(&v);
-            (state.step, Rng::from_state(state.rng_state.parse().expect("checked on load")))
+            let rng = Rng::from_state(state.rng_state.parse().expect("checked on load"));
+            Start { params: ck.params, moments: Some((m, v)), step: state.step, rng }
         }
         None => {
-            init_params(&plan, &mut mem.params, &mut Rng::new(s.seed));
-            (0, Rng::new(derive_seed(s.seed, 1, 0)))
+            let mut params = vec![0.0; plan.params_len()];
+            init_params(&plan, &mut params, &mut Rng::new(s.seed));
+            Start { params, moments: None, step: 0, rng: Rng::new(derive_seed(s.seed, 1, 0)) }
         }
     };
+    let start_step = start.step;
     let cfg = TrainConfig {
         schedule: LrSchedule { max_lr: s.lr, min_lr: s.min_lr, warmup_iters: s.warmup, decay_iters: s.lr_decay_iters },
         adamw: AdamWConfig { beta1: s.beta1, beta2: s.beta2, eps: 1e-8, weight_decay: s.weight_decay },
         grad_clip: s.grad_clip,
         grad_accum: s.grad_accum,
     };
-    let mut trainer = mem.trainer(plan, cfg, rng).map_err(|e| e.to_string())?;
-    trainer.step = start_step;
-    let mut sampler = Sampler::new(run.config)?;
+    let pool;
+    let mut cpu_memory;
+    let mut engine = match args.device.backend {
+        Backend::Cpu => {
+            pool = args.device.pool()?;
+            cpu_memory = OwnedMemory::<f32>::new(&plan);
+            Engine::cpu(&mut cpu_memory, &pool, plan, cfg, start)?
+        }
+        Backend::Gpu => Engine::gpu(args.device.open_gpu()?, plan, cfg, start)?,
+    };
 
     let interrupted = Arc::new(AtomicBool::new(false));
     {
@@ -345,7 +350,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let params_count = plan.num_params();
     let what = if start_step > 0 { format!("resuming at step {start_step}") } else { "training from scratch".into() };
     console.line(&format!(
-        "{what}: {params_count} parameters ({:.2}M), vocab {}, {} layers, {} heads, {} embd, block {block}, batch {}x{}, {} threads, data {}",
+        "{what}: {params_count} parameters ({:.2}M), vocab {}, {} layers, {} heads, {} embd, block {block}, batch {}x{}, on {}, data {}",
         params_count as f64 / 1e6,
         run.config.vocab_size,
         run.config.n_layer,
@@ -353,37 +358,48 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         run.config.n_embd,
         s.batch,
         s.grad_accum,
-        ThreadPoolInfo(&pool),
+        engine.describe(),
         s.data
     ));
+    let device = engine.device_json();
     write_metrics(&mut metrics, json!({"type": "start", "step": start_step, "params": params_count,
-        "config": run.config, "settings": s}))?;
+        "config": run.config, "settings": s, "device": device}))?;
 
-    let save = |trainer: &Trainer<'_, f32>| -> Result<(), String> {
-        let state = TrainState { step: trainer.step, rng_state: trainer.rng.state().to_string(), settings: s.clone() };
-        let m = &trainer.mem;
-        checkpoint::save(&ckpt_path, run.config, &run.chars, m.params, Some((m.adam_m, m.adam_v, &state)))
+    let save = |engine: &Engine<'_>| -> Result<(), String> {
+        let state = TrainState { step: engine.step_count(), rng_state: engine.rng().state().to_string(), settings: s.clone() };
+        let (params, m, v) = engine.state()?;
+        checkpoint::save(&ckpt_path, run.config, &run.chars, &params, Some((&m, &v, &state)))
     };
     let mut last_saved: Option<u64> = None;
+    let diverged = |e: StepError, last_saved: Option<u64>| match e {
+        StepError::Diverged(msg) => {
+            let kept = match last_saved.or(args.resume.as_ref().map(|_| start_step)) {
+                Some(at) if ckpt_path.exists() => format!("the last good checkpoint ({}, step {at}) is kept", ckpt_path.display()),
+                _ => "no checkpoint was written".into(),
+            };
+            format!("training diverged at {msg}; {kept}. Try a lower --lr or a smaller --grad-clip")
+        }
+        StepError::Device(msg) => msg,
+    };
     let tokens_per_step = (plan.tokens() * s.grad_accum) as f64;
     let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps)).transpose()?;
     let mut window = Phases::default();
     let mut window_steps = 0u64;
     let mut window_start = Instant::now();
     loop {
-        let step = trainer.step;
+        let step = engine.step_count();
         if args.eval_interval > 0 && (step % args.eval_interval == 0 || step == s.iters) {
             let t = Instant::now();
             let eval_rng = |split: u64| Rng::new(derive_seed(s.seed, 2 + split, step));
-            let train_loss = trainer.evaluate(&pool, train_tokens, args.eval_iters, &mut eval_rng(0));
-            let val_loss = trainer.evaluate(&pool, val_tokens, args.eval_iters, &mut eval_rng(1));
+            let train_loss = engine.evaluate(train_tokens, args.eval_iters, &mut eval_rng(0))?;
+            let val_loss = engine.evaluate(val_tokens, args.eval_iters, &mut eval_rng(1))?;
             window.eval += t.elapsed().as_secs_f64();
             console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
             write_metrics(&mut metrics, json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
         }
         if args.sample_interval > 0 && step > 0 && (step % args.sample_interval == 0 || step == s.iters) {
             let t = Instant::now();
-            let text = sampler.sample(&pool, trainer.mem.params, &tokenizer, 200, derive_seed(s.seed, 4, step));
+            let text = engine.sample(&tokenizer, 200, derive_seed(s.seed, 4, step))?;
             window.sample += t.elapsed().as_secs_f64();
             console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
         }
@@ -394,30 +410,29 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             if let Some(t) = trace.as_mut() {
                 t.finish()?;
             }
-            save(&trainer)?;
             console.bar.abandon();
+            engine.check().map_err(|e| diverged(e, last_saved))?;
+            save(&engine)?;
             println!("interrupted: checkpoint at step {step} saved to {}; continue with --resume {}", ckpt_path.display(), ckpt_path.display());
             return Ok(());
         }
 
-        let step_result = match timed_step(&mut trainer, &pool, train_tokens, trace.as_mut()) {
+        let done = step + 1;
+        let log = step % args.log_interval == 0 || done == s.iters;
+        let report = match engine.step(train_tokens, trace.as_mut(), log) {
             Ok(r) => r,
             Err(e) => {
                 console.bar.abandon();
-                let kept = match last_saved.or(args.resume.as_ref().map(|_| start_step)) {
-                    Some(at) if ckpt_path.exists() => format!("the last good checkpoint ({}, step {at}) is kept", ckpt_path.display()),
-                    _ => "no checkpoint was written".into(),
-                };
-                return Err(format!("training diverged at {e}; {kept}. Try a lower --lr or a smaller --grad-clip"));
+                return Err(diverged(e, last_saved));
             }
         };
-        let TimedStep { loss, grad_norm, lr, phases } = step_result;
-        window.add(&phases);
+        window.add(&report.phases);
         window_steps += 1;
-        let done = trainer.step;
         console.bar.set_position(done);
-        console.bar.set_message(format!("loss {loss:.4} | {:.1}k tok/s", tokens_per_step / phases.total / 1e3));
-        if step % args.log_interval == 0 || done == s.iters {
+        if let Some(st) = report.stats {
+            console.bar.set_message(format!("loss {:.4} | {:.1}k tok/s", st.loss, tokens_per_step / report.phases.total / 1e3));
+        }
+        if let (true, Some(st)) = (log, report.stats) {
             // Full-workflow accounting: the window's wall time, evaluations, samples and
             // checkpoints included; idle is what no phase accounts for.
             let n = window_steps as f64;
@@ -425,38 +440,32 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             let ms_per_step = window.total * 1e3 / n;
             let tok_s = tokens_per_step * n / window.total;
             if console.bar.is_hidden() {
-                println!("step {step}: loss {loss:.4}, lr {lr:.3e}, grad norm {grad_norm:.3}, {ms_per_step:.1} ms/step, {tok_s:.0} tok/s");
+                println!("step {step}: loss {:.4}, lr {:.3e}, grad norm {:.3}, {ms_per_step:.1} ms/step, {tok_s:.0} tok/s", st.loss, st.lr, st.grad_norm);
             }
-            write_metrics(&mut metrics, json!({"type": "train", "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n)}))?;
+            write_metrics(&mut metrics, json!({"type": "train", "step": step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
+                "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n), "device": device}))?;
             window = Phases::default();
             window_steps = 0;
             window_start = Instant::now();
         }
         if args.checkpoint_interval > 0 && done % args.checkpoint_interval == 0 && done < s.iters {
             let t = Instant::now();
-            save(&trainer)?;
+            engine.check().map_err(|e| diverged(e, last_saved))?;
+            save(&engine)?;
             window.checkpoint += t.elapsed().as_secs_f64();
             last_saved = Some(done);
         }
     }
-    if last_saved != Some(trainer.step) {
-        save(&trainer)?;
+    if last_saved != Some(engine.step_count()) {
+        engine.check().map_err(|e| diverged(e, last_saved))?;
+        save(&engine)?;
     }
     if let Some(t) = trace.as_mut() {
         t.finish()?;
     }
     console.bar.finish_and_clear();
-    println!("done: {} steps; checkpoint saved to {}", trainer.step, ckpt_path.display());
+    println!("done: {} steps; checkpoint saved to {}", engine.step_count(), ckpt_path.display());
     Ok(())
-}
-
-struct ThreadPoolInfo<'a>(&'a ThreadPool);
-impl std::fmt::Display for ThreadPoolInfo<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use alpha_core::Parallel;
-        write!(f, "{}", self.0.threads())
-    }
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -474,43 +483,4 @@ fn write_metrics(file: &mut Option<File>, record: serde_json::Value) -> Result<(
         f.write_all(line.as_bytes()).map_err(|e| format!("cannot write metrics: {e}"))?;
     }
     Ok(())
-}
-
-/// A batch-1 model over the trainer's parameters, for samples during training.
-pub struct Sampler {
-    plan: Plan,
-    tape: Vec<tape::Op>,
-    acts: Vec<f32>,
-    window: Vec<u32>,
-}
-
-impl Sampler {
-    /// Sampling memory for `config` with its full block as context.
-    pub fn new(config: GptConfig) -> Result<Self, String> {
-        Self::with_context(config, config.block_size)
-    }
-
-    /// Sampling memory with a context of `seq` tokens (at most the block size).
-    pub fn with_context(config: GptConfig, seq: usize) -> Result<Self, String> {
-        let plan = Plan::new(config, 1, seq).map_err(|e| e.to_string())?;
-        let mem = OwnedMemory::<f32>::new(&plan);
-        Ok(Sampler { plan, tape: mem.tape, acts: mem.acts, window: vec![0; seq] })
-    }
-
-    /// Generates `count` characters after `prompt` ids, calling `emit` with each id.
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate(&mut self, pool: &ThreadPool, params: &[f32], prompt: &[u32], count: usize, cfg: &SamplingConfig, seed: u64, emit: impl FnMut(u32)) {
-        let mut rng = Rng::new(seed);
-        generate(pool, &self.plan, &self.tape, params, &mut self.acts, &mut self.window, prompt, count, cfg, &mut rng, emit);
-    }
-
-    /// A `count`-character sample starting from a newline (nanoGPT's default start), with
-    /// temperature 0.8 and top-k 200.
-    pub fn sample(&mut self, pool: &ThreadPool, params: &[f32], tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> String {
-        let start = [tok.id('\n').unwrap_or(0)];
-        let mut out = String::new();
-        let cfg = SamplingConfig { temperature: 0.8, top_k: 200 };
-        self.generate(pool, params, &start, count, &cfg, seed, |id| out.push(tok.decode(id).unwrap_or('?')));
-        out
-    }
 }

@@ -1,0 +1,301 @@
+//! The model being trained, on the CPU or a GPU, behind one interface for `train` and `bench`:
+//! a step (timed by phase, traced), the loss read every log interval, evaluation, samples, and
+//! the state a checkpoint saves.
+//!
+//! On the CPU every step reports its loss. On the GPU a step is one submission and nothing is
+//! read back until the loss is wanted (`report`), before a checkpoint, or while tracing; the
+//! device counts the steps whose update it skipped (non-finite loss or norm), so a divergence
+//! between two reads is still found.
+
+use crate::sample::{Sampler, TRAINING_SAMPLES};
+use crate::step::{timed_step, Phases};
+use crate::trace::Trace;
+use alpha_core::parallel::{Parallel, ThreadPool};
+use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::train::{OwnedMemory, StepStats, TrainConfig, Trainer};
+use alpha_core::{Plan, Rng};
+use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+use std::borrow::Cow;
+use std::time::Instant;
+
+/// Where the model runs.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The CPU kernels of alpha-core.
+    Cpu,
+    /// alpha-gpu's WGSL kernels through wgpu (Vulkan, Metal, DX12).
+    Gpu,
+}
+
+/// The flags that choose where a command runs.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
+    /// Worker threads (CPU backend; the GPU backend's host work is one thread). Default: one
+    /// per core.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// GPU adapter (--backend gpu): an index or part of a name, as `info` lists them.
+    /// Default: the high-performance adapter.
+    #[arg(long)]
+    pub adapter: Option<String>,
+}
+
+impl DeviceArgs {
+    /// The CPU thread pool (`--threads`).
+    pub fn pool(&self) -> Result<ThreadPool, String> {
+        crate::thread_pool(self.threads)
+    }
+
+    /// Opens the GPU `--adapter` names.
+    pub fn open_gpu(&self) -> Result<Gpu, String> {
+        block_on(Gpu::open(self.adapter.as_deref())).map_err(|e| e.to_string())
+    }
+
+    /// An error if `--adapter` is given without `--backend gpu` (it would be ignored).
+    pub fn check(&self) -> Result<(), String> {
+        if self.backend == Backend::Cpu && self.adapter.is_some() {
+            return Err("--adapter selects a GPU; add --backend gpu".into());
+        }
+        Ok(())
+    }
+}
+
+/// Where a run starts: parameters (host layout), AdamW moments (none: zeros), the step and
+/// the batch generator.
+pub struct Start {
+    /// Parameters.
+    pub params: Vec<f32>,
+    /// AdamW `(m, v)`.
+    pub moments: Option<(Vec<f32>, Vec<f32>)>,
+    /// Optimizer steps already taken.
+    pub step: u64,
+    /// Draws the training batches.
+    pub rng: Rng,
+}
+
+/// Parameters and AdamW moments `(params, m, v)` in host layout: borrowed from CPU memory,
+/// read back from a GPU.
+pub type HostState<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>, Cow<'a, [f32]>);
+
+/// What a step reports.
+#[derive(Clone, Copy, Debug)]
+pub struct StepReport {
+    /// Loss, norm and learning rate (on the GPU only when asked for).
+    pub stats: Option<StepStats>,
+    /// Where the time went.
+    pub phases: Phases,
+}
+
+/// Why a step failed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepError {
+    /// A non-finite loss or gradient norm: which step(s), and that nothing was applied.
+    Diverged(String),
+    /// The device failed (a readback, a lost device).
+    Device(String),
+}
+
+/// The GPU side of [`Engine`].
+pub struct GpuEngine {
+    trainer: GpuTrainer,
+    sampler: GpuForward,
+    /// Learning rate of the last step.
+    lr: f64,
+    /// Steps taken since the statistics were last read.
+    unread: u64,
+    profiling: bool,
+}
+
+/// A model being trained (one per run, so its size does not matter).
+#[allow(clippy::large_enum_variant)]
+pub enum Engine<'m> {
+    /// On the CPU, in caller memory.
+    Cpu {
+        /// The trainer.
+        trainer: Trainer<'m, f32>,
+        /// Its thread pool.
+        pool: &'m ThreadPool,
+        /// Batch-1 memory for samples.
+        sampler: Sampler,
+    },
+    /// On a GPU.
+    Gpu(GpuEngine),
+}
+
+impl<'m> Engine<'m> {
+    /// A CPU engine over `mem` (allocated for `plan`) starting from `start`.
+    pub fn cpu(mem: &'m mut OwnedMemory<f32>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: Start) -> Result<Self, String> {
+        mem.params.copy_from_slice(&start.params);
+        if let Some((m, v)) = &start.moments {
+            mem.adam_m.copy_from_slice(m);
+            mem.adam_v.copy_from_slice(v);
+        }
+        let mut trainer = mem.trainer(plan, cfg, start.rng).map_err(|e| e.to_string())?;
+        trainer.step = start.step;
+        Ok(Engine::Cpu { trainer, pool, sampler: Sampler::new(plan.config)? })
+    }
+
+    /// A GPU engine on `gpu` starting from `start`.
+    pub fn gpu(gpu: Gpu, plan: Plan, cfg: TrainConfig, start: Start) -> Result<Self, String> {
+        let mut trainer = block_on(GpuTrainer::new(gpu, plan, cfg, start.rng, &start.params)).map_err(|e| e.to_string())?;
+        if let Some((m, v)) = &start.moments {
+            trainer.upload(&start.params, Some((m, v))).map_err(|e| e.to_string())?;
+        }
+        trainer.step = start.step;
+        let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
+        Ok(Engine::Gpu(GpuEngine { trainer, sampler, lr: 0.0, unread: 0, profiling: false }))
+    }
+
+    /// Optimizer steps taken.
+    pub fn step_count(&self) -> u64 {
+        match self {
+            Engine::Cpu { trainer, .. } => trainer.step,
+            Engine::Gpu(g) => g.trainer.step,
+        }
+    }
+
+    /// The batch generator's state.
+    pub fn rng(&self) -> &Rng {
+        match self {
+            Engine::Cpu { trainer, .. } => &trainer.rng,
+            Engine::Gpu(g) => &g.trainer.rng,
+        }
+    }
+
+    /// One optimizer step on batches from `data`, traced while `trace` is active. With
+    /// `report` the step's loss is returned (on the GPU that waits for the step).
+    pub fn step(&mut self, data: &[u32], trace: Option<&mut Trace>, report: bool) -> Result<StepReport, StepError> {
+        match self {
+            Engine::Cpu { trainer, pool, .. } => {
+                let s = timed_step(trainer, pool, data, trace).map_err(|e| StepError::Diverged(e.to_string()))?;
+                Ok(StepReport { stats: Some(StepStats { loss: s.loss, grad_norm: s.grad_norm, lr: s.lr }), phases: s.phases })
+            }
+            Engine::Gpu(g) => g.step(data, trace.filter(|t| t.active()), report),
+        }
+    }
+
+    /// Confirms that every step so far was applied (the GPU reads its statistics if steps
+    /// ran since the last read): call before saving a checkpoint.
+    pub fn check(&mut self) -> Result<(), StepError> {
+        match self {
+            Engine::Cpu { .. } => Ok(()),
+            Engine::Gpu(g) if g.unread > 0 => g.read_stats().map(|_| ()),
+            Engine::Gpu(_) => Ok(()),
+        }
+    }
+
+    /// nanoGPT's `estimate_loss` for one split: the mean loss of `iters` batches drawn with `rng`.
+    pub fn evaluate(&mut self, data: &[u32], iters: usize, rng: &mut Rng) -> Result<f64, String> {
+        match self {
+            Engine::Cpu { trainer, pool, .. } => Ok(trainer.evaluate(*pool, data, iters, rng)),
+            Engine::Gpu(g) => block_on(g.trainer.evaluate(data, iters, rng)).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// A `count`-character sample of the current model (see [`TRAINING_SAMPLES`]).
+    pub fn sample(&mut self, tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> Result<String, String> {
+        match self {
+            Engine::Cpu { trainer, pool, sampler } => Ok(sampler.sample(pool, trainer.mem.params, tok, count, seed)),
+            Engine::Gpu(g) => {
+                let mut out = String::new();
+                let start = [crate::sample::start_token(tok)];
+                let emit = |id| out.push(tok.decode(id).unwrap_or('?'));
+                block_on(g.sampler.generate(&start, count, &TRAINING_SAMPLES, &mut Rng::new(seed), emit)).map_err(|e| e.to_string())?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Parameters and AdamW moments `(params, m, v)` in host layout, for a checkpoint (the
+    /// GPU reads them back).
+    pub fn state(&self) -> Result<HostState<'_>, String> {
+        match self {
+            Engine::Cpu { trainer, .. } => {
+                let m = &trainer.mem;
+                Ok((Cow::Borrowed(&*m.params), Cow::Borrowed(&*m.adam_m), Cow::Borrowed(&*m.adam_v)))
+            }
+            Engine::Gpu(g) => {
+                let (p, m, v) = block_on(g.trainer.download()).map_err(|e| e.to_string())?;
+                Ok((Cow::Owned(p), Cow::Owned(m), Cow::Owned(v)))
+            }
+        }
+    }
+
+    /// Where it runs, for the start line: "2 threads" or "GPU <adapter> (<backend>)".
+    pub fn describe(&self) -> String {
+        match self {
+            Engine::Cpu { pool, .. } => format!("{} threads", pool.threads()),
+            Engine::Gpu(g) => {
+                let a = &g.trainer.gpu().adapter;
+                format!("GPU {} ({})", a.name, a.backend)
+            }
+        }
+    }
+
+    /// The device for reports: null on the CPU; adapter, kernels and submits per step and
+    /// device memory on the GPU.
+    pub fn device_json(&self) -> Value {
+        match self {
+            Engine::Cpu { .. } => Value::Null,
+            Engine::Gpu(g) => {
+                let t = &g.trainer;
+                let a = &t.gpu().adapter;
+                json!({
+                    "adapter": a.name,
+                    "backend": a.backend,
+                    "device_type": a.device_type,
+                    "kernels_per_step": t.kernels_per_step(),
+                    "submits_per_step": 1,
+                    "device_memory_mib": t.device_bytes() as f64 / 1048576.0,
+                })
+            }
+        }
+    }
+}
+
+impl GpuEngine {
+    fn step(&mut self, data: &[u32], mut trace: Option<&mut Trace>, report: bool) -> Result<StepReport, StepError> {
+        let device = |e: alpha_gpu::GpuError| StepError::Device(e.to_string());
+        if trace.is_some() != self.profiling {
+            self.trainer.set_profiling(trace.is_some()).map_err(device)?;
+            self.profiling = trace.is_some();
+        }
+        let step = self.trainer.step;
+        let start = Instant::now();
+        self.lr = self.trainer.step(data);
+        self.unread += 1;
+        let submitted = Instant::now();
+        let stats = if report || trace.is_some() { Some(self.read_stats()?) } else { None };
+        let done = Instant::now();
+        let mut phases = Phases { submit: (submitted - start).as_secs_f64(), device_wait: (done - submitted).as_secs_f64(), ..Phases::default() };
+        phases.close((done - start).as_secs_f64());
+        if let Some(t) = trace.as_mut() {
+            let kernels = block_on(self.trainer.kernel_times()).map_err(device)?;
+            t.span("submit", start, submitted, Value::Null);
+            t.span("device_wait", submitted, done, Value::Null);
+            t.gpu_kernels(start..submitted, done, &kernels);
+            t.span("step", start, done, json!({"step": step, "loss": stats.map(|s| s.loss)}));
+            t.step_done();
+        }
+        Ok(StepReport { stats, phases })
+    }
+
+    /// The last step's statistics; an error if any step since the last read was skipped.
+    fn read_stats(&mut self) -> Result<StepStats, StepError> {
+        let s = block_on(self.trainer.stats(self.lr)).map_err(|e| StepError::Device(e.to_string()))?;
+        let (unread, step) = (std::mem::take(&mut self.unread), self.trainer.step);
+        if s.skipped > 0 {
+            let which = if unread == 1 { format!("step {}", step - 1) } else { format!("{} of steps {}..={}", s.skipped, step - unread, step - 1) };
+            return Err(StepError::Diverged(format!(
+                "{which}: the loss or gradient norm was not finite (last step: loss {}, gradient norm {}); those updates were not applied",
+                s.last.loss, s.last.grad_norm
+            )));
+        }
+        Ok(s.last)
+    }
+}
