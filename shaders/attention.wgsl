@@ -31,17 +31,45 @@ fn row_at(b: u32, i: u32, h: u32) -> u32 {
     return (b * word(1u) + i) * word(2u) * HS + h * HS;
 }
 
-/// Loads key and value rows j0 .. j0 + KT of this head into tile_a and tile_b
-/// (zeros past T) from qkv (binding 2); all threads of the workgroup must call it.
-fn load_kv_tiles(b: u32, h: u32, j0: u32, lid: u32) {
+/// The row a thread handles (grid (T / 64, B * NH)): batch `b`, head `h`, row `i`; past T
+/// `valid` is false and `safe` (T - 1) stands in for `i` in loads.
+struct HeadRow { b: u32, h: u32, i: u32, valid: bool, safe: u32 }
+
+fn head_row(wid: vec3<u32>, lid: u32) -> HeadRow {
+    let nh = word(2u);
+    let i = wid.x * 64u + lid;
+    return HeadRow(wid.y / nh, wid.y % nh, i, i < word(1u), min(i, word(1u) - 1u));
+}
+
+/// Element `d` of row `r` of head `h` in source `src`: 0 q, 1 k, 2 v (qkv, binding 2) or
+/// 3 dout (binding 3, backward only).
+fn head_elem(src: u32, b: u32, r: u32, h: u32, d: u32) -> f32 {
+    if (src == 3u) {
+        return at_3[row_at(b, r, h) + d];
+    }
+    return at_2[qkv_at(b, r, src, h) + d];
+}
+
+/// Row `r` of head `h` in source `src` (see head_elem), in registers.
+fn head_vec(src: u32, b: u32, r: u32, h: u32) -> array<f32, HS> {
+    var x: array<f32, HS>;
+    for (var d = 0u; d < HS; d++) {
+        x[d] = head_elem(src, b, r, h, d);
+    }
+    return x;
+}
+
+/// Loads rows r0 .. r0 + KT of head `h` from sources `src_a` and `src_b` into tile_a and
+/// tile_b (zeros past T); all threads of the workgroup must call it.
+fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
     for (var e = lid; e < KT * HS; e += 64u) {
-        let j = j0 + e / HS;
+        let r = r0 + e / HS;
         let d = e % HS;
         var x = 0.0;
         var y = 0.0;
-        if (j < word(1u)) {
-            x = at_2[qkv_at(b, j, 1u, h) + d];
-            y = at_2[qkv_at(b, j, 2u, h) + d];
+        if (r < word(1u)) {
+            x = head_elem(src_a, b, r, h, d);
+            y = head_elem(src_b, b, r, h, d);
         }
         tile_a[e] = x;
         tile_b[e] = y;
@@ -52,25 +80,18 @@ fn load_kv_tiles(b: u32, h: u32, j0: u32, lid: u32) {
 @compute @workgroup_size(64)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
-    let nh = word(2u);
     let scale = wordf(3u);
-    let b = wid.y / nh;
-    let h = wid.y % nh;
-    let i = wid.x * 64u + lid;
-    let in_range = i < seq;
-    let ii = min(i, seq - 1u);
-    var q: array<f32, HS>;
+    let row = head_row(wid, lid);
+    let i = row.i;
+    let q = head_vec(0u, row.b, row.safe, row.h);
     var o: array<f32, HS>;
-    for (var d = 0u; d < HS; d++) {
-        q[d] = at_2[qkv_at(b, ii, 0u, h) + d];
-    }
     var m = MASKED;
     var l = 0.0;
     let keys = min(seq, wid.x * 64u + 64u);
     for (var j0 = 0u; j0 < keys; j0 += KT) {
-        load_kv_tiles(b, h, j0, lid);
+        load_tiles(1u, 2u, row.b, row.h, j0, lid);
         workgroupBarrier();
-        if (in_range && j0 <= i) {
+        if (row.valid && j0 <= i) {
             var s: array<f32, KT>;
             var tile_max = m;
             for (var jj = 0u; jj < KT; jj++) {
@@ -103,10 +124,10 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         }
         workgroupBarrier();
     }
-    if (in_range) {
+    if (row.valid) {
         let inv = 1.0 / l;
         for (var d = 0u; d < HS; d++) {
-            at_1[row_at(b, i, h) + d] = o[d] * inv;
+            at_1[row_at(row.b, i, row.h) + d] = o[d] * inv;
         }
         at_3[wid.y * seq + i] = m + log(l);
     }
@@ -115,18 +136,16 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
 // delta[b, h, i] = Σ_d dout·out over the head's columns. Bindings: 1 delta, 2 dout, 3 out.
 @compute @workgroup_size(64)
 fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let seq = word(1u);
-    let nh = word(2u);
-    let i = wid.x * 64u + lid;
-    if (i >= seq) {
+    let row = head_row(wid, lid);
+    if (!row.valid) {
         return;
     }
-    let at = row_at(wid.y / nh, i, wid.y % nh);
+    let at = row_at(row.b, row.i, row.h);
     var s = 0.0;
     for (var d = 0u; d < HS; d++) {
         s = fma(at_2[at + d], at_3[at + d], s);
     }
-    at_1[wid.y * seq + i] = s;
+    at_1[wid.y * word(1u) + row.i] = s;
 }
 
 // dQ of each query row (written to the q part of dqkv).
@@ -134,27 +153,19 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 @compute @workgroup_size(64)
 fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
-    let nh = word(2u);
     let scale = wordf(3u);
-    let b = wid.y / nh;
-    let h = wid.y % nh;
-    let i = wid.x * 64u + lid;
-    let in_range = i < seq;
-    let ii = min(i, seq - 1u);
-    var q: array<f32, HS>;
-    var g: array<f32, HS>;
+    let row = head_row(wid, lid);
+    let i = row.i;
+    let q = head_vec(0u, row.b, row.safe, row.h);
+    let g = head_vec(3u, row.b, row.safe, row.h);
     var dq: array<f32, HS>;
-    for (var d = 0u; d < HS; d++) {
-        q[d] = at_2[qkv_at(b, ii, 0u, h) + d];
-        g[d] = at_3[row_at(b, ii, h) + d];
-    }
-    let lse = at_4[wid.y * seq + ii];
-    let delta = at_5[wid.y * seq + ii];
+    let lse = at_4[wid.y * seq + row.safe];
+    let delta = at_5[wid.y * seq + row.safe];
     let keys = min(seq, wid.x * 64u + 64u);
     for (var j0 = 0u; j0 < keys; j0 += KT) {
-        load_kv_tiles(b, h, j0, lid);
+        load_tiles(1u, 2u, row.b, row.h, j0, lid);
         workgroupBarrier();
-        if (in_range && j0 <= i) {
+        if (row.valid && j0 <= i) {
             for (var jj = 0u; jj < KT; jj++) {
                 if (j0 + jj <= i) {
                     var s = 0.0;
@@ -172,9 +183,9 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
         }
         workgroupBarrier();
     }
-    if (in_range) {
+    if (row.valid) {
         for (var d = 0u; d < HS; d++) {
-            at_1[qkv_at(b, i, 0u, h) + d] = dq[d] * scale;
+            at_1[qkv_at(row.b, i, 0u, row.h) + d] = dq[d] * scale;
         }
     }
 }
@@ -184,35 +195,16 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
 @compute @workgroup_size(64)
 fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
-    let nh = word(2u);
     let scale = wordf(3u);
-    let b = wid.y / nh;
-    let h = wid.y % nh;
-    let j = wid.x * 64u + lid;
-    let in_range = j < seq;
-    let jj = min(j, seq - 1u);
-    var k: array<f32, HS>;
-    var v: array<f32, HS>;
+    let row = head_row(wid, lid);
+    let j = row.i;
+    let k = head_vec(1u, row.b, row.safe, row.h);
+    let v = head_vec(2u, row.b, row.safe, row.h);
     var dk: array<f32, HS>;
     var dv: array<f32, HS>;
-    for (var d = 0u; d < HS; d++) {
-        k[d] = at_2[qkv_at(b, jj, 1u, h) + d];
-        v[d] = at_2[qkv_at(b, jj, 2u, h) + d];
-    }
     for (var i0 = wid.x * 64u; i0 < seq; i0 += KT) {
         // Query rows i0 .. i0 + KT: q in tile_a, dout in tile_b, (lse, delta) in tile_rows.
-        for (var e = lid; e < KT * HS; e += 64u) {
-            let i = i0 + e / HS;
-            let d = e % HS;
-            var x = 0.0;
-            var y = 0.0;
-            if (i < seq) {
-                x = at_2[qkv_at(b, i, 0u, h) + d];
-                y = at_3[row_at(b, i, h) + d];
-            }
-            tile_a[e] = x;
-            tile_b[e] = y;
-        }
+        load_tiles(0u, 3u, row.b, row.h, i0, lid);
         for (var r = lid; r < KT; r += 64u) {
             var stats = vec2<f32>(0.0, 0.0);
             if (i0 + r < seq) {
@@ -221,7 +213,7 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
             tile_rows[r] = stats;
         }
         workgroupBarrier();
-        if (in_range) {
+        if (row.valid) {
             for (var r = 0u; r < KT; r++) {
                 let i = i0 + r;
                 if (i < seq && i >= j) {
@@ -242,10 +234,10 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
         }
         workgroupBarrier();
     }
-    if (in_range) {
+    if (row.valid) {
         for (var d = 0u; d < HS; d++) {
-            at_1[qkv_at(b, j, 1u, h) + d] = dk[d] * scale;
-            at_1[qkv_at(b, j, 2u, h) + d] = dv[d];
+            at_1[qkv_at(row.b, j, 1u, row.h) + d] = dk[d] * scale;
+            at_1[qkv_at(row.b, j, 2u, row.h) + d] = dv[d];
         }
     }
 }

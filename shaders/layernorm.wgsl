@@ -9,34 +9,41 @@
 @group(0) @binding(5) var<storage, read_write> ln_5: array<f32>;
 @group(0) @binding(6) var<storage, read_write> ln_6: array<f32>;
 
+/// The row a workgroup handles (one per workgroup; words: rows, C): its index, width and
+/// first element; `valid` is false for workgroups past the last row.
+struct LnRow { row: u32, c: u32, base: u32, valid: bool }
+
+fn ln_row(wid: vec3<u32>, groups: vec3<u32>) -> LnRow {
+    let row = grid_row(wid, groups);
+    return LnRow(row, word(1u), row * word(1u), row < word(0u));
+}
+
 // One workgroup per row. Words: rows, C.
 // Bindings: 1 out [N, C], 2 mean [N], 3 rstd [N], 4 x [N, C], 5 weight [C], 6 bias [C].
 @compute @workgroup_size(64)
 fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
-    let row = grid_row(wid, groups);
-    let c = word(1u);
-    if (row >= word(0u)) {
+    let r = ln_row(wid, groups);
+    if (!r.valid) {
         return;
     }
-    let base = row * c;
     var s = 0.0;
-    for (var j = lid; j < c; j += 64u) {
-        s += ln_4[base + j];
+    for (var j = lid; j < r.c; j += 64u) {
+        s += ln_4[r.base + j];
     }
-    let mean = workgroup_sum(s, lid) / f32(c);
+    let mean = workgroup_sum(s, lid) / f32(r.c);
     var q = 0.0;
-    for (var j = lid; j < c; j += 64u) {
-        let d = ln_4[base + j] - mean;
+    for (var j = lid; j < r.c; j += 64u) {
+        let d = ln_4[r.base + j] - mean;
         q += d * d;
     }
-    let rstd = 1.0 / sqrt(workgroup_sum(q, lid) / f32(c) + 1e-5);
-    for (var j = lid; j < c; j += 64u) {
-        ln_1[base + j] = (ln_4[base + j] - mean) * rstd * ln_5[j] + ln_6[j];
+    let rstd = 1.0 / sqrt(workgroup_sum(q, lid) / f32(r.c) + 1e-5);
+    for (var j = lid; j < r.c; j += 64u) {
+        ln_1[r.base + j] = (ln_4[r.base + j] - mean) * rstd * ln_5[j] + ln_6[j];
     }
     if (lid == 0u) {
-        ln_2[row] = mean;
-        ln_3[row] = rstd;
+        ln_2[r.row] = mean;
+        ln_3[r.row] = rstd;
     }
 }
 
@@ -45,26 +52,24 @@ fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
 @compute @workgroup_size(64)
 fn layernorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let row = grid_row(wid, groups);
-    let c = word(1u);
-    if (row >= word(0u)) {
+    let r = ln_row(wid, groups);
+    if (!r.valid) {
         return;
     }
-    let base = row * c;
-    let mean = ln_4[row];
-    let rstd = ln_5[row];
+    let mean = ln_4[r.row];
+    let rstd = ln_5[r.row];
     var a = 0.0;
     var b = 0.0;
-    for (var j = lid; j < c; j += 64u) {
-        let g = ln_2[base + j] * ln_6[j];
+    for (var j = lid; j < r.c; j += 64u) {
+        let g = ln_2[r.base + j] * ln_6[j];
         a += g;
-        b += g * (ln_3[base + j] - mean) * rstd;
+        b += g * (ln_3[r.base + j] - mean) * rstd;
     }
-    let dnorm_mean = workgroup_sum(a, lid) / f32(c);
-    let dnorm_xhat_mean = workgroup_sum(b, lid) / f32(c);
-    for (var j = lid; j < c; j += 64u) {
-        let xhat = (ln_3[base + j] - mean) * rstd;
-        ln_1[base + j] += (ln_2[base + j] * ln_6[j] - dnorm_mean - xhat * dnorm_xhat_mean) * rstd;
+    let dnorm_mean = workgroup_sum(a, lid) / f32(r.c);
+    let dnorm_xhat_mean = workgroup_sum(b, lid) / f32(r.c);
+    for (var j = lid; j < r.c; j += 64u) {
+        let xhat = (ln_3[r.base + j] - mean) * rstd;
+        ln_1[r.base + j] += (ln_2[r.base + j] * ln_6[j] - dnorm_mean - xhat * dnorm_xhat_mean) * rstd;
     }
 }
 
