@@ -24,12 +24,25 @@ fn setup() -> (Plan, TrainConfig, Vec<u32>) {
     (plan, cfg, data)
 }
 
+fn open_gpu() -> Gpu {
+    block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"))
+}
+
+/// A fresh GPU trainer for [`setup`]'s model, its parameters initialised with `init_seed`
+/// (returned too) and batches drawn with seed 2.
+fn fresh_trainer(gpu: Gpu, init_seed: u64) -> (GpuTrainer, Vec<f32>, Vec<u32>) {
+    let (plan, cfg, data) = setup();
+    let mut params = vec![0.0; plan.params_len()];
+    init_params(&plan, &mut params, &mut Rng::new(init_seed));
+    (block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(2), &params)).unwrap(), params, data)
+}
+
 #[test]
 fn twenty_steps_match_the_cpu() {
     let (plan, cfg, data) = setup();
     let mut mem = OwnedMemory::<f32>::new(&plan);
     init_params(&plan, &mut mem.params, &mut Rng::new(7));
-    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
+    let gpu = open_gpu();
     let mut gt = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(11), &mem.params)).unwrap();
     let mut ct = mem.trainer(plan, cfg, Rng::new(11)).unwrap();
     for step in 0..20 {
@@ -72,7 +85,7 @@ fn resumes_from_cpu_state_and_round_trips_it_exactly() {
     let state = (ct.mem.params.to_vec(), ct.mem.adam_m.to_vec(), ct.mem.adam_v.to_vec());
     let (step, rng) = (ct.step, ct.rng);
     let cpu_next = ct.train_step(&Serial, &data).unwrap();
-    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
+    let gpu = open_gpu();
     let mut gt = block_on(GpuTrainer::new(gpu, plan, cfg, rng, &state.0)).unwrap();
     gt.upload(&state.0, Some((&state.1, &state.2))).unwrap();
     gt.step = step;
@@ -85,15 +98,11 @@ fn resumes_from_cpu_state_and_round_trips_it_exactly() {
 
 #[test]
 fn non_finite_steps_are_skipped_and_counted() {
-    let (plan, cfg, data) = setup();
-    let mut params = vec![0.0; plan.params_len()];
-    init_params(&plan, &mut params, &mut Rng::new(3));
-    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
-    let mut gt = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(2), &params)).unwrap();
+    let (mut gt, mut params, data) = fresh_trainer(open_gpu(), 3);
     let lr = gt.step(&data);
     assert_eq!(block_on(gt.stats(lr)).unwrap().skipped, 0);
     // A NaN in the final LayerNorm's bias makes every loss NaN.
-    let lnf_bias = plan.params().last().unwrap().span;
+    let lnf_bias = gt.plan.params().last().unwrap().span;
     params[lnf_bias.offset] = f32::NAN;
     gt.upload(&params, None).unwrap();
     gt.step(&data);
@@ -111,7 +120,7 @@ fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
     let (plan, _, data) = setup();
     let mut mem = OwnedMemory::<f32>::new(&plan);
     init_params(&plan, &mut mem.params, &mut Rng::new(5));
-    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
+    let gpu = open_gpu();
     // Losses of one batch.
     let n = plan.tokens();
     let (x, y) = (&data[..n], &data[1..n + 1]);
@@ -136,11 +145,8 @@ fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
 
 #[test]
 fn a_trainers_forward_model_sees_its_updates() {
-    let (plan, cfg, data) = setup();
-    let mut params = vec![0.0; plan.params_len()];
-    init_params(&plan, &mut params, &mut Rng::new(8));
-    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
-    let mut gt = block_on(GpuTrainer::new(gpu.clone(), plan, cfg, Rng::new(2), &params)).unwrap();
+    let gpu = open_gpu();
+    let (mut gt, _, data) = fresh_trainer(gpu.clone(), 8);
     let mut shared = gt.forward_model(1, 8).unwrap();
     let (x, y) = (&data[..8], &data[1..9]);
     let before = block_on(shared.losses(x, y)).unwrap();
@@ -154,11 +160,7 @@ fn a_trainers_forward_model_sees_its_updates() {
 
 #[test]
 fn profiling_times_every_kernel_of_a_step() {
-    let (plan, cfg, data) = setup();
-    let mut params = vec![0.0; plan.params_len()];
-    init_params(&plan, &mut params, &mut Rng::new(4));
-    let gpu = block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"));
-    let mut gt = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(2), &params)).unwrap();
+    let (mut gt, _, data) = fresh_trainer(open_gpu(), 4);
     assert!(block_on(gt.kernel_times()).is_err(), "no times without profiling");
     gt.set_profiling(true).unwrap();
     gt.step(&data);

@@ -229,21 +229,25 @@ fn ctrl_c_saves_a_checkpoint_and_exits_zero() {
     assert_ok(&run(&dir, &[&resume[..], QUIET].concat()));
 }
 
+/// A diverging run stops with the step and keeps the last good checkpoint. The GPU finds it
+/// at the next read of its statistics (here the checkpoint after the bad step).
 #[test]
 fn divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint() {
-    let dir = workdir("nan");
-    text_file(&dir);
-    let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--lr", "1e30", "--warmup", "0", "--checkpoint-interval", "1"];
-    args.extend(TINY);
-    args.extend(QUIET);
-    let o = run(&dir, &args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("training diverged at step 1: loss is NaN"), "{err}");
-    assert!(err.contains("the last good checkpoint (out/ckpt.safetensors, step 1) is kept"), "{err}");
-    let ck = checkpoint::load(&dir.join("out/ckpt.safetensors")).unwrap();
-    assert!(ck.params.iter().all(|p| p.is_finite()));
-    assert_eq!(ck.optimizer.unwrap().2.step, 1);
+    for (backend, message) in [("cpu", "training diverged at step 1: loss is NaN"), ("gpu", "training diverged at step 1: the loss or gradient norm was not finite")] {
+        let dir = workdir(&format!("nan-{backend}"));
+        text_file(&dir);
+        let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--lr", "1e30", "--warmup", "0", "--checkpoint-interval", "1", "--backend", backend];
+        args.extend(TINY);
+        args.extend(QUIET);
+        let o = run(&dir, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(message), "{err}");
+        assert!(err.contains("the last good checkpoint (out/ckpt.safetensors, step 1) is kept"), "{err}");
+        let ck = checkpoint::load(&dir.join("out/ckpt.safetensors")).unwrap();
+        assert!(ck.params.iter().all(|p| p.is_finite()));
+        assert_eq!(ck.optimizer.unwrap().2.step, 1);
+    }
 }
 
 #[test]
@@ -560,25 +564,6 @@ fn gpu_eval_and_sample_match_the_cpu() {
     let text = sample("gpu");
     assert!(text.starts_with("ROMEO:") && text.chars().count() > 30, "{text:?}");
     assert_eq!(text, sample("cpu"));
-}
-
-/// A diverging GPU run stops at the first read after the bad step and keeps the last
-/// checkpoint written before it.
-#[test]
-fn gpu_divergence_keeps_the_last_good_checkpoint() {
-    let dir = workdir("nan-gpu");
-    text_file(&dir);
-    let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--lr", "1e30", "--warmup", "0", "--checkpoint-interval", "1", "--backend", "gpu"];
-    args.extend(TINY);
-    args.extend(QUIET);
-    let o = run(&dir, &args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("training diverged at step 1: the loss or gradient norm was not finite"), "{err}");
-    assert!(err.contains("the last good checkpoint (out/ckpt.safetensors, step 1) is kept"), "{err}");
-    let ck = checkpoint::load(&dir.join("out/ckpt.safetensors")).unwrap();
-    assert!(ck.params.iter().all(|p| p.is_finite()));
-    assert_eq!(ck.optimizer.unwrap().2.step, 1);
 }
 
 /// `--trace` on the GPU: every kernel of each traced step on the GPU track, inside its step.
