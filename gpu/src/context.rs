@@ -135,22 +135,30 @@ impl Gpu {
     pub fn check_size(&self, what: &str, bytes: u64, bound: bool) -> Result<(), GpuError> {
         let max_buffer = self.limits.max_buffer_size;
         let max_binding = self.limits.max_storage_buffer_binding_size;
+        let name = &self.adapter.name;
         if bytes > max_buffer {
             return Err(GpuError(format!(
-                "{what} needs a {:.1} MiB buffer; {} allows at most {:.1} MiB (max_buffer_size): use a smaller batch, block or model",
-                bytes as f64 / 1048576.0,
-                self.adapter.name,
-                max_buffer as f64 / 1048576.0
+                "{what}: {} in one buffer; {name} allows at most {} (max_buffer_size): use a smaller batch, block or model",
+                human_size(bytes),
+                human_size(max_buffer)
             )));
         }
         if bound && bytes > max_binding {
             return Err(GpuError(format!(
-                "{what} is {:.1} MiB; {} binds at most {:.1} MiB to one shader binding (max_storage_buffer_binding_size): use a smaller batch, block or model",
-                bytes as f64 / 1048576.0,
-                self.adapter.name,
-                max_binding as f64 / 1048576.0
+                "{what}: {} in one shader binding; {name} binds at most {} (max_storage_buffer_binding_size): use a smaller batch, block or model",
+                human_size(bytes),
+                human_size(max_binding)
             )));
         }
         Ok(())
+    }
+}
+
+/// `bytes` in MiB, KiB or bytes, whichever reads best.
+fn human_size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / 1048576.0),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} bytes"),
     }
 }

@@ -87,8 +87,10 @@ impl GpuTrainer {
             return Err(GpuError("gradient accumulation steps must be at least 1".into()));
         }
         check_indexable(&plan)?;
-        let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
         let layout = DeviceLayout::new(&plan);
+        // AdamW and the gradient norm bind whole arenas.
+        gpu.check_size("the parameter arena (bound whole by AdamW)", (layout.len() * 4) as u64, true)?;
+        let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
         let n = plan.tokens();
         let vocab = plan.config.vocab_size;
         let slot_len = BatchSlot::len(n, vocab);
@@ -102,9 +104,6 @@ impl GpuTrainer {
             stats: storage(&gpu, "statistics", ACT_ALIGN)?,
             norm_partials: storage(&gpu, "norm partials", ops::NORM_CHUNKS)?,
         };
-        for (what, len) in [("the parameters", layout.len()), ("the gradients", layout.len())] {
-            gpu.check_size(what, (len * 4) as u64, true)?;
-        }
         let tape = tape::record_to_vec(&plan);
         let scale = 1.0 / (n * cfg.grad_accum) as f32;
         let fwd = ForwardBuffers { params: &bufs.params, acts: &bufs.acts, batch: &bufs.batch, stats: &bufs.stats };

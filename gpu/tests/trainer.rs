@@ -174,3 +174,19 @@ fn profiling_times_every_kernel_of_a_step() {
     assert_eq!((times[0].op, times[0].kernel), ("embedding", "embedding_forward"));
     assert!(times.iter().any(|t| t.pass == "backward" && t.op == "attention"));
 }
+
+/// A model over the device's limits is refused with the sizes, before anything large is
+/// allocated. (The limits are lowered here so the test fits any device.)
+#[test]
+fn a_model_over_the_binding_limit_is_refused_with_the_numbers() {
+    let (plan, cfg, _) = setup();
+    let params = vec![0.0; plan.params_len()];
+    let mut gpu = open_gpu();
+    gpu.limits.max_storage_buffer_binding_size = 32 * 1024;
+    let err = block_on(GpuTrainer::new(gpu.clone(), plan, cfg, Rng::new(1), &params)).err().expect("refused");
+    assert!(err.0.contains("max_storage_buffer_binding_size") && err.0.contains("binds at most 32.0 KiB"), "{err}");
+    assert!(err.0.contains("the parameter arena") && err.0.contains("64.0 KiB in one shader binding"), "{err}");
+    gpu.limits.max_buffer_size = 8 * 1024;
+    let err = block_on(GpuForward::new(gpu, plan, &params)).err().expect("refused");
+    assert!(err.0.contains("max_buffer_size") && err.0.contains("allows at most 8.0 KiB"), "{err}");
+}
