@@ -3,7 +3,7 @@
 //! that only runs forward: `eval` over whole texts and `sample`.
 
 use crate::context::{Gpu, GpuError};
-use crate::kernels::{Kernels, Program, ProgramBuilder, View};
+use crate::kernels::{bytes, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops::{self, Epilogue};
 use crate::readback::read;
@@ -44,20 +44,22 @@ impl BatchSlot {
 /// A storage buffer of `elements` 32-bit words (at least one aligned block), checked against
 /// the device's limits.
 pub(crate) fn storage(gpu: &Gpu, label: &str, elements: usize) -> Result<wgpu::Buffer, GpuError> {
-    let bytes = (elements.max(ACT_ALIGN) * 4) as u64;
-    gpu.check_size(label, bytes, false)?;
+    let size = bytes(elements.max(ACT_ALIGN));
+    gpu.check_size(label, size, false)?;
     Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
-        size: bytes,
+        size,
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     }))
 }
 
-/// An error unless `plan`'s arenas can be indexed by the kernels (u32 element offsets).
+/// An error unless `plan`'s arenas can be indexed by the kernels: they compute element
+/// indices in u32, so each arena stays under 2^30 elements (headroom for index arithmetic).
 pub(crate) fn check_indexable(plan: &Plan) -> Result<(), GpuError> {
-    if plan.acts_len().max(plan.params_len() * 4) >= u32::MAX as usize / 4 {
-        return Err(GpuError(format!("the model needs {} activation elements; the GPU kernels index at most 2^30", plan.acts_len())));
+    let largest = plan.acts_len().max(plan.params_len());
+    if largest >= 1 << 30 {
+        return Err(GpuError(format!("the model needs an arena of {largest} elements; the GPU kernels index at most 2^30")));
     }
     Ok(())
 }

@@ -11,6 +11,16 @@ use crate::profile::QueryCursor;
 use alpha_core::plan::Span;
 use std::num::NonZeroU64;
 
+/// Bytes of one element of a device arena: every arena holds f32 (or u32 token ids) today.
+/// Every byte size and offset on the host goes through [`bytes`], so f16 storage (a later
+/// issue) changes it here and in the WGSL `array<f32>` declarations.
+pub const ELEMENT_BYTES: usize = 4;
+
+/// Bytes of `elements` arena elements.
+pub fn bytes(elements: usize) -> u64 {
+    (elements * ELEMENT_BYTES) as u64
+}
+
 /// A WGSL entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -333,9 +343,9 @@ impl<'a> ProgramBuilder<'a> {
             for (slot, v) in p.views.iter().enumerate() {
                 let binding = match v {
                     Some(v) if v.len > 0 => {
-                        assert_eq!((v.offset * 4) % align, 0, "{}: binding {} is not aligned", p.kernel.name(), slot + 1);
-                        gpu.check_size(&format!("a tensor of {}", p.kernel.name()), (v.len * 4) as u64, true)?;
-                        wgpu::BufferBinding { buffer: v.buffer, offset: (v.offset * 4) as u64, size: NonZeroU64::new((v.len * 4) as u64) }
+                        assert_eq!(bytes(v.offset) % align as u64, 0, "{}: binding {} is not aligned", p.kernel.name(), slot + 1);
+                        gpu.check_size(&format!("a tensor of {}", p.kernel.name()), bytes(v.len), true)?;
+                        wgpu::BufferBinding { buffer: v.buffer, offset: bytes(v.offset), size: NonZeroU64::new(bytes(v.len)) }
                     }
                     _ => wgpu::BufferBinding {
                         buffer: &kernels.dummy,

@@ -3,6 +3,7 @@
 //! completion first, so the future is ready at once).
 
 use crate::context::{Gpu, GpuError};
+use crate::kernels::bytes;
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex};
@@ -46,18 +47,18 @@ impl Future for Mapped {
 
 /// `len` 32-bit words of `src` from word `offset`, read back as `T` (f32 or u32).
 pub async fn read<T: bytemuck::Pod>(gpu: &Gpu, src: &wgpu::Buffer, offset: usize, len: usize) -> Result<Vec<T>, GpuError> {
-    let bytes = (len * 4) as u64;
-    if bytes == 0 {
+    let size = bytes(len);
+    if size == 0 {
         return Ok(Vec::new());
     }
     let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("readback"),
-        size: bytes,
+        size,
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    enc.copy_buffer_to_buffer(src, (offset * 4) as u64, &staging, 0, bytes);
+    enc.copy_buffer_to_buffer(src, bytes(offset), &staging, 0, size);
     gpu.queue.submit([enc.finish()]);
     let state = Arc::new(Mutex::new(MapState::default()));
     let cb_state = state.clone();

@@ -6,7 +6,7 @@
 
 use crate::context::{Gpu, GpuError};
 use crate::forward::{aligned, check_indexable, compile_forward, storage, BatchSlot, ForwardBuffers, GpuForward, LossUse};
-use crate::kernels::{Kernels, Program, ProgramBuilder, View};
+use crate::kernels::{bytes, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
 use crate::profile::{KernelTime, Profiler};
@@ -89,7 +89,7 @@ impl GpuTrainer {
         check_indexable(&plan)?;
         let layout = DeviceLayout::new(&plan);
         // AdamW and the gradient norm bind whole arenas.
-        gpu.check_size("the parameter arena (bound whole by AdamW)", (layout.len() * 4) as u64, true)?;
+        gpu.check_size("the parameter arena (bound whole by AdamW)", bytes(layout.len()), true)?;
         let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
         let n = plan.tokens();
         let vocab = plan.config.vocab_size;
@@ -186,7 +186,7 @@ impl GpuTrainer {
         let (head, starts) = hb.split_at_mut(b.starts.offset);
         let (tokens, order) = head.split_at_mut(b.order.offset);
         ops::group_rows_by_token(&tokens[b.tokens.range()], &mut order[..n], &mut starts[..vocab + 1]);
-        let offset = (slot * BatchSlot::len(n, vocab) * 4) as u64;
+        let offset = bytes(slot * BatchSlot::len(n, vocab));
         self.gpu.queue.write_buffer(&self.bufs.batch, offset, bytemuck::cast_slice(&self.host_batch));
     }
 
@@ -211,7 +211,7 @@ impl GpuTrainer {
         self.update.set_words(&self.gpu.queue, self.adamw_index, &words);
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         enc.clear_buffer(&self.bufs.grads, 0, None);
-        enc.clear_buffer(&self.bufs.stats, 0, Some((2 * 4) as u64));
+        enc.clear_buffer(&self.bufs.stats, 0, Some(bytes(2)));
         let mut queries = self.profiler.as_ref().map(Profiler::cursor);
         let mut encode = |enc: &mut wgpu::CommandEncoder, program: &Program| match queries.as_mut() {
             Some(q) => program.encode_timed(&self.kernels, enc, q),
@@ -219,7 +219,7 @@ impl GpuTrainer {
         };
         for m in &self.micro {
             encode(&mut enc, &m.forward);
-            enc.clear_buffer(&self.bufs.acts, (self.dres.offset * 4) as u64, Some((self.dres.len * 4) as u64));
+            enc.clear_buffer(&self.bufs.acts, bytes(self.dres.offset), Some(bytes(self.dres.len)));
             encode(&mut enc, &m.backward);
         }
         encode(&mut enc, &self.update);
@@ -261,7 +261,7 @@ impl GpuTrainer {
     /// statistics back: call it every log interval, not every step.
     pub async fn stats(&self, lr: f64) -> Result<GpuStats, GpuError> {
         let s: Vec<f32> = read(&self.gpu, &self.bufs.stats, 0, SKIPPED_SLOT + 1).await?;
-        self.gpu.queue.write_buffer(&self.bufs.stats, (SKIPPED_SLOT * 4) as u64, bytemuck::bytes_of(&0f32));
+        self.gpu.queue.write_buffer(&self.bufs.stats, bytes(SKIPPED_SLOT), bytemuck::bytes_of(&0f32));
         let loss = s[LOSS_SLOT] as f64 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
         let grad_norm = (s[NORM_SLOT] as f64).sqrt();
         Ok(GpuStats { last: StepStats { loss, grad_norm, lr }, skipped: s[SKIPPED_SLOT] as u64 })
@@ -271,7 +271,7 @@ impl GpuTrainer {
     /// `estimate_loss`); the training state is untouched. One submit per batch, one read.
     pub async fn evaluate(&mut self, data: &[u32], iters: usize, rng: &mut Rng) -> Result<f64, GpuError> {
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        enc.clear_buffer(&self.bufs.stats, (EVAL_SLOT * 4) as u64, Some(4));
+        enc.clear_buffer(&self.bufs.stats, bytes(EVAL_SLOT), Some(bytes(1)));
         self.gpu.queue.submit([enc.finish()]);
         for _ in 0..iters {
             self.write_batch(self.cfg.grad_accum, data, Some(&mut *rng));
