@@ -11,7 +11,6 @@ use crate::step::{bench_train_config, fresh_start, train_split, Phases};
 use crate::trace::Trace;
 use crate::train::{load_corpus, ModelArgs};
 use alpha_core::parallel::Parallel;
-use alpha_core::train::OwnedMemory;
 use alpha_core::{GptConfig, Plan};
 use clap::Args;
 use serde_json::json;
@@ -76,14 +75,12 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let start = fresh_start(&plan);
     let cfg = bench_train_config(args.grad_accum);
     let pool = args.device.pool()?;
-    let mut cpu_memory;
-    let (mut engine, peak) = match args.device.backend {
-        Backend::Cpu => {
-            cpu_memory = OwnedMemory::<f32>::new(&plan);
-            (Engine::cpu(&mut cpu_memory, &pool, plan, cfg, start)?, Some(peak(&pool, args.peak_gflops)?))
-        }
-        Backend::Gpu => (Engine::gpu(args.device.open_gpu()?, plan, cfg, start)?, args.peak_gflops.map(|gflops| Peak { gflops, source: "given" })),
+    let peak = match args.device.backend {
+        Backend::Cpu => Some(peak(&pool, args.peak_gflops)?),
+        Backend::Gpu => args.peak_gflops.map(|gflops| Peak { gflops, source: "given" }),
     };
+    let mut cpu_memory = None;
+    let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, cfg, start)?;
     let (mut ms, phases) = timed_steps(args, &mut engine, train)?;
     let device = engine.device_json();
     ms.sort_by(f64::total_cmp);

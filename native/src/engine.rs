@@ -56,6 +56,15 @@ impl DeviceArgs {
         block_on(Gpu::open(self.adapter.as_deref())).map_err(|e| e.to_string())
     }
 
+    /// An engine for `plan` on the chosen backend, starting from `start`; on the CPU its
+    /// arenas are allocated into `memory` and it runs on `pool`.
+    pub fn engine<'m>(&self, memory: &'m mut Option<OwnedMemory<f32>>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: Start) -> Result<Engine<'m>, String> {
+        match self.backend {
+            Backend::Cpu => Engine::cpu(memory.insert(OwnedMemory::new(&plan)), pool, plan, cfg, start),
+            Backend::Gpu => Engine::gpu(self.open_gpu()?, plan, cfg, start),
+        }
+    }
+
     /// An error if `--adapter` is given without `--backend gpu` (it would be ignored).
     pub fn check(&self) -> Result<(), String> {
         if self.backend == Backend::Cpu && self.adapter.is_some() {

@@ -2,12 +2,11 @@
 
 use crate::bench::flops_per_token;
 use crate::peak::{cpu_model, peak, simd_features};
-use crate::engine::{Backend, DeviceArgs, Engine, StepError};
+use crate::engine::{Backend, DeviceArgs, StepError};
 use crate::step::{bench_train_config, fresh_start, train_split};
 use crate::train::{load_corpus, ModelArgs};
 use alpha_core::gemm::f32_kernel_name;
 use alpha_core::parallel::Parallel;
-use alpha_core::train::OwnedMemory;
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, AdapterSummary};
 use clap::Args;
@@ -64,14 +63,8 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let mut device = serde_json::Value::Null;
     if args.measure_steps > 0 {
         let train = train_split(&plan, &ids)?;
-        let mut cpu_memory;
-        let mut engine = match args.device.backend {
-            Backend::Cpu => {
-                cpu_memory = OwnedMemory::<f32>::new(&plan);
-                Engine::cpu(&mut cpu_memory, &pool, plan, bench_train_config(1), fresh_start(&plan))?
-            }
-            Backend::Gpu => Engine::gpu(args.device.open_gpu()?, plan, bench_train_config(1), fresh_start(&plan))?,
-        };
+        let mut cpu_memory = None;
+        let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, bench_train_config(1), fresh_start(&plan))?;
         device = engine.device_json();
         let n = args.measure_steps;
         let failed = |e| match e {

@@ -4,13 +4,13 @@
 use crate::checkpoint::{self, TrainSettings, TrainState};
 use crate::corpus;
 use crate::derive_seed;
-use crate::engine::{Backend, DeviceArgs, Engine, Start, StepError};
+use crate::engine::{DeviceArgs, Engine, Start, StepError};
 use crate::step::Phases;
 use crate::trace::Trace;
 use alpha_core::model::init_params;
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::tokenizer::CharTokenizer;
-use alpha_core::train::{OwnedMemory, TrainConfig};
+use alpha_core::train::TrainConfig;
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -317,16 +317,9 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         grad_clip: s.grad_clip,
         grad_accum: s.grad_accum,
     };
-    let pool;
-    let mut cpu_memory;
-    let mut engine = match args.device.backend {
-        Backend::Cpu => {
-            pool = args.device.pool()?;
-            cpu_memory = OwnedMemory::<f32>::new(&plan);
-            Engine::cpu(&mut cpu_memory, &pool, plan, cfg, start)?
-        }
-        Backend::Gpu => Engine::gpu(args.device.open_gpu()?, plan, cfg, start)?,
-    };
+    let pool = args.device.pool()?;
+    let mut cpu_memory = None;
+    let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, cfg, start)?;
 
     let interrupted = Arc::new(AtomicBool::new(false));
     {
