@@ -20,7 +20,7 @@ cargo run --profile test-opt -p alpha-core --example tiny --features alloc
 
 if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then
     target=thumbv7em-none-eabihf
-    for features in "" "--features alloc"; do
+    for features in "" "--features alloc" "--features checkpoint"; do
         echo "no_std build of alpha-core for $target ${features:-(no features)}"
         if rustup target list --installed 2>/dev/null | grep -qx "$target"; then
             # shellcheck disable=SC2086

@@ -11,12 +11,15 @@
 //!
 //! Nothing allocates inside a training step. Features: `alloc` adds owned buffers
 //! ([`train::OwnedMemory`]) and building a vocabulary from text; `std` adds
-//! [`parallel::ThreadPool`] and run-time SIMD detection in the GEMM.
+//! [`parallel::ThreadPool`] and run-time SIMD detection in the GEMM; `checkpoint` adds the
+//! safetensors checkpoint format (`checkpoint`).
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
+#[cfg(feature = "checkpoint")]
+pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod float;
