@@ -153,6 +153,32 @@ pub fn generate<T: Float>(
     }
 }
 
+/// Memory for sampling from a model with batch 1: its plan, tape, activations and context
+/// window, allocated once; the parameters are passed to each call (a trainer's, a checkpoint's).
+#[cfg(feature = "alloc")]
+pub struct Sampler<T> {
+    plan: Plan,
+    tape: alloc::vec::Vec<Op>,
+    acts: alloc::vec::Vec<T>,
+    window: alloc::vec::Vec<u32>,
+}
+
+#[cfg(feature = "alloc")]
+impl<T: Float> Sampler<T> {
+    /// Sampling memory for `config` with a context of `seq` tokens (at most the block size).
+    pub fn new(config: crate::GptConfig, seq: usize) -> Result<Self, crate::ConfigError> {
+        let plan = Plan::new(config, 1, seq)?;
+        Ok(Sampler { plan, tape: tape::record_to_vec(&plan), acts: alloc::vec![T::ZERO; plan.acts_len()], window: alloc::vec![0; seq] })
+    }
+
+    /// Generates `count` tokens after `prompt` with `params`, calling `emit` with each (see
+    /// [`generate`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate(&mut self, par: &dyn Parallel, params: &[T], prompt: &[u32], count: usize, cfg: &SamplingConfig, rng: &mut Rng, emit: impl FnMut(u32)) {
+        generate(par, &self.plan, &self.tape, params, &mut self.acts, &mut self.window, prompt, count, cfg, rng, emit);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

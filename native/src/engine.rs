@@ -7,7 +7,8 @@
 //! device counts the steps whose update it skipped (non-finite loss or norm), so a divergence
 //! between two reads is still found.
 
-use crate::sample::{Sampler, TRAINING_SAMPLES};
+use crate::sample::{training_sample, TRAINING_SAMPLES};
+use alpha_core::model::Sampler;
 use crate::step::{timed_step, Phases};
 use crate::trace::Trace;
 use alpha_core::parallel::{Parallel, ThreadPool};
@@ -130,7 +131,7 @@ pub enum Engine<'m> {
         /// Its thread pool.
         pool: &'m ThreadPool,
         /// Batch-1 memory for samples.
-        sampler: Sampler,
+        sampler: Sampler<f32>,
     },
     /// On a GPU.
     Gpu(GpuEngine),
@@ -146,7 +147,8 @@ impl<'m> Engine<'m> {
         }
         let mut trainer = mem.trainer(plan, cfg, start.rng).map_err(|e| e.to_string())?;
         trainer.step = start.step;
-        Ok(Engine::Cpu { trainer, pool, sampler: Sampler::new(plan.config)? })
+        let sampler = Sampler::new(plan.config, plan.config.block_size).map_err(|e| e.to_string())?;
+        Ok(Engine::Cpu { trainer, pool, sampler })
     }
 
     /// A GPU engine on `gpu` starting from `start`.
@@ -209,7 +211,7 @@ impl<'m> Engine<'m> {
     /// A `count`-character sample of the current model (see [`TRAINING_SAMPLES`]).
     pub fn sample(&mut self, tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> Result<String, String> {
         match self {
-            Engine::Cpu { trainer, pool, sampler } => Ok(sampler.sample(pool, trainer.mem.params, tok, count, seed)),
+            Engine::Cpu { trainer, pool, sampler } => Ok(training_sample(sampler, pool, trainer.mem.params, tok, count, seed)),
             Engine::Gpu(g) => {
                 let mut out = String::new();
                 let start = [crate::sample::start_token(tok)];

@@ -2,12 +2,10 @@
 
 use crate::checkpoint;
 use crate::engine::{Backend, DeviceArgs};
-use alpha_core::model::{generate, SamplingConfig};
+use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::parallel::ThreadPool;
-use alpha_core::tape;
 use alpha_core::tokenizer::CharTokenizer;
-use alpha_core::train::OwnedMemory;
-use alpha_core::{GptConfig, Plan, Rng};
+use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, GpuForward};
 use clap::Args;
 use std::io::Write;
@@ -68,8 +66,8 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     match args.device.backend {
         Backend::Cpu => {
             let pool = args.device.pool()?;
-            let mut sampler = Sampler::with_context(ck.config, block)?;
-            sampler.generate(&pool, &ck.params, &prompt, args.tokens, &cfg, args.seed, emit);
+            let mut sampler = Sampler::new(ck.config, block).map_err(|e| e.to_string())?;
+            sampler.generate(&pool, &ck.params, &prompt, args.tokens, &cfg, &mut Rng::new(args.seed), emit);
         }
         Backend::Gpu => {
             let plan = Plan::new(ck.config, 1, block).map_err(|e| e.to_string())?;
@@ -100,38 +98,10 @@ pub fn start_token(tok: &CharTokenizer<Vec<char>>) -> u32 {
     tok.id('\n').unwrap_or(0)
 }
 
-/// A batch-1 model over the trainer's parameters, for samples during training.
-pub struct Sampler {
-    plan: Plan,
-    tape: Vec<tape::Op>,
-    acts: Vec<f32>,
-    window: Vec<u32>,
-}
-
-impl Sampler {
-    /// Sampling memory for `config` with its full block as context.
-    pub fn new(config: GptConfig) -> Result<Self, String> {
-        Self::with_context(config, config.block_size)
-    }
-
-    /// Sampling memory with a context of `seq` tokens (at most the block size).
-    pub fn with_context(config: GptConfig, seq: usize) -> Result<Self, String> {
-        let plan = Plan::new(config, 1, seq).map_err(|e| e.to_string())?;
-        let mem = OwnedMemory::<f32>::new(&plan);
-        Ok(Sampler { plan, tape: mem.tape, acts: mem.acts, window: vec![0; seq] })
-    }
-
-    /// Generates `count` characters after `prompt` ids, calling `emit` with each id.
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate(&mut self, pool: &ThreadPool, params: &[f32], prompt: &[u32], count: usize, cfg: &SamplingConfig, seed: u64, emit: impl FnMut(u32)) {
-        let mut rng = Rng::new(seed);
-        generate(pool, &self.plan, &self.tape, params, &mut self.acts, &mut self.window, prompt, count, cfg, &mut rng, emit);
-    }
-
-    /// A `count`-character sample for training logs (see [`TRAINING_SAMPLES`]).
-    pub fn sample(&mut self, pool: &ThreadPool, params: &[f32], tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> String {
-        let mut out = String::new();
-        self.generate(pool, params, &[start_token(tok)], count, &TRAINING_SAMPLES, seed, |id| out.push(tok.decode(id).unwrap_or('?')));
-        out
-    }
+/// A `count`-character sample for training logs (see [`TRAINING_SAMPLES`]) from `params`.
+pub fn training_sample(sampler: &mut Sampler<f32>, pool: &ThreadPool, params: &[f32], tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> String {
+    let mut out = String::new();
+    let emit = |id| out.push(tok.decode(id).unwrap_or('?'));
+    sampler.generate(pool, params, &[start_token(tok)], count, &TRAINING_SAMPLES, &mut Rng::new(seed), emit);
+    out
 }
