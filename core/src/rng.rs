@@ -1,6 +1,26 @@
 //! A small seeded generator (SplitMix64) whose whole state is one `u64`, so it can be saved in
 //! a checkpoint and restored exactly.
 
+/// The independent streams a training run draws from its one seed (see [`derive_seed`]).
+/// Every frontend uses the same, so a run is reproducible anywhere.
+pub mod stream {
+    /// Training batches (step 0: the generator lives on in checkpoints).
+    pub const BATCHES: u64 = 1;
+    /// Evaluation batches of the training split, per evaluation step.
+    pub const EVAL_TRAIN: u64 = 2;
+    /// Evaluation batches of the validation split, per evaluation step.
+    pub const EVAL_VAL: u64 = 3;
+    /// Samples printed during training, per step.
+    pub const SAMPLES: u64 = 4;
+}
+
+/// Mixes a run's `seed` with a `stream` and a `step` into an independent generator seed.
+/// (Parameters are initialised from the seed itself.)
+pub fn derive_seed(seed: u64, stream: u64, step: u64) -> u64 {
+    let mut rng = Rng::new(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    rng.next_u64() ^ step.wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
 /// SplitMix64 pseudo-random generator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rng {

@@ -27,9 +27,3 @@ pub fn thread_pool(threads: Option<usize>) -> Result<ThreadPool, String> {
     };
     Ok(ThreadPool::new(n))
 }
-
-/// Mixes a seed with a stream and a step into an independent generator seed.
-pub fn derive_seed(seed: u64, stream: u64, step: u64) -> u64 {
-    let mut rng = alpha_core::Rng::new(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    rng.next_u64() ^ step.wrapping_mul(0xD1B5_4A32_D192_ED03)
-}

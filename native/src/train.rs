@@ -3,7 +3,6 @@
 
 use crate::checkpoint::{self, TrainSettings, TrainState};
 use crate::corpus;
-use crate::derive_seed;
 use crate::engine::{DeviceArgs, Engine, Start, StepError};
 use crate::step::Phases;
 use crate::trace::Trace;
@@ -11,6 +10,7 @@ use alpha_core::model::init_params;
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::TrainConfig;
+use alpha_core::rng::{derive_seed, stream};
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -307,7 +307,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         None => {
             let mut params = vec![0.0; plan.params_len()];
             init_params(&plan, &mut params, &mut Rng::new(s.seed));
-            Start { params, moments: None, step: 0, rng: Rng::new(derive_seed(s.seed, 1, 0)) }
+            Start { params, moments: None, step: 0, rng: Rng::new(derive_seed(s.seed, stream::BATCHES, 0)) }
         }
     };
     let start_step = start.step;
@@ -383,16 +383,16 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         let step = engine.step_count();
         if args.eval_interval > 0 && (step % args.eval_interval == 0 || step == s.iters) {
             let t = Instant::now();
-            let eval_rng = |split: u64| Rng::new(derive_seed(s.seed, 2 + split, step));
-            let train_loss = engine.evaluate(train_tokens, args.eval_iters, &mut eval_rng(0))?;
-            let val_loss = engine.evaluate(val_tokens, args.eval_iters, &mut eval_rng(1))?;
+            let eval_rng = |split| Rng::new(derive_seed(s.seed, split, step));
+            let train_loss = engine.evaluate(train_tokens, args.eval_iters, &mut eval_rng(stream::EVAL_TRAIN))?;
+            let val_loss = engine.evaluate(val_tokens, args.eval_iters, &mut eval_rng(stream::EVAL_VAL))?;
             window.eval += t.elapsed().as_secs_f64();
             console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
             write_metrics(&mut metrics, json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
         }
         if args.sample_interval > 0 && step > 0 && (step % args.sample_interval == 0 || step == s.iters) {
             let t = Instant::now();
-            let text = engine.sample(&tokenizer, 200, derive_seed(s.seed, 4, step))?;
+            let text = engine.sample(&tokenizer, 200, derive_seed(s.seed, stream::SAMPLES, step))?;
             window.sample += t.elapsed().as_secs_f64();
             console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
         }
