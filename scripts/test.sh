@@ -3,9 +3,13 @@
 #   unit tests and finite-difference gradient checks, the zero-allocation test, end-to-end
 #   CLI tests, cross-crate tests, every GPU kernel and the whole model against the CPU (on
 #   any Vulkan adapter; without a GPU, lavapipe from mesa-vulkan-drivers), the embedding
-#   example, and alpha-core's no_std builds.
+#   example, alpha-core's no_std builds, and the browser demo (alpha-web built with wasm-pack,
+#   then tested in Debian's Chromium through playwright-core: WebGPU on SwiftShader and the
+#   WebAssembly CPU path).
 # The no_std builds use the rustup target thumbv7em-none-eabihf when it is installed, else
 # Debian's rustc-web/cargo-web/rust-web-src (.ci/run installs them); ALPHA_SKIP_NO_STD=1 skips.
+# The browser build uses the active toolchain when it has wasm32-unknown-unknown, else the one
+# scripts/setup-wasm-toolchain.sh registers; ALPHA_SKIP_WEB=1 skips the browser tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,4 +36,17 @@ if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then
                 --target "$target" -Zbuild-std=core,alloc --target-dir target/no-std
         fi
     done
+fi
+
+if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
+    echo "browser demo: wasm-pack build of alpha-web, then the Chromium tests"
+    if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
+        # shellcheck disable=SC1091
+        . "$HOME/.config/wasm-toolchain.env"
+        export RUSTUP_TOOLCHAIN="$WASM_TOOLCHAIN"
+    fi
+    (cd web && wasm-pack --quiet build --target web --release --out-dir ../www/pkg --no-pack)
+    unset RUSTUP_TOOLCHAIN
+    cargo build -q --profile test-opt -p alpha-native
+    (cd www && npm ci --no-audit --no-fund --silent && ALPHA_NATIVE="$PWD/../target/test-opt/alpha-native" npm test --silent)
 fi

@@ -7,7 +7,9 @@
 //! holds JSON strings: `format`, `config` (a [`GptConfig`]), `tokenizer`, and, for a resumable
 //! checkpoint, `train` (step, RNG state and the run's settings).
 
+use crate::optim::{AdamWConfig, LrSchedule};
 use crate::plan::{ParamInfo, Plan};
+use crate::train::TrainConfig;
 use crate::tokenizer::CharTokenizer;
 use crate::GptConfig;
 use alloc::format;
@@ -59,6 +61,42 @@ pub struct TrainSettings {
     pub grad_accum: usize,
     /// Seed of the run (initialisation and the evaluation batches).
     pub seed: u64,
+}
+
+impl TrainSettings {
+    /// The optimisation settings of the run (AdamW eps 1e-8, as PyTorch's default).
+    pub fn train_config(&self) -> TrainConfig {
+        TrainConfig {
+            schedule: LrSchedule { max_lr: self.lr, min_lr: self.min_lr, warmup_iters: self.warmup, decay_iters: self.lr_decay_iters },
+            adamw: AdamWConfig { beta1: self.beta1, beta2: self.beta2, eps: 1e-8, weight_decay: self.weight_decay },
+            grad_clip: self.grad_clip,
+            grad_accum: self.grad_accum,
+        }
+    }
+
+    /// An error naming the first setting out of range; `name` spells a field (given in
+    /// snake_case, e.g. `"min_lr"`) the way the caller's users write it (`--min-lr`, `minLr`).
+    pub fn validate(&self, name: impl Fn(&str) -> String) -> Result<(), String> {
+        for (field, v) in [("lr", self.lr), ("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("{} must be a positive number, got {v}", name(field)));
+            }
+        }
+        for (field, v) in [("min_lr", self.min_lr), ("weight_decay", self.weight_decay), ("grad_clip", self.grad_clip)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{} must be a non-negative number, got {v}", name(field)));
+            }
+        }
+        if self.beta1 >= 1.0 || self.beta2 >= 1.0 {
+            return Err(format!("{} and {} must be below 1", name("beta1"), name("beta2")));
+        }
+        for (field, v) in [("iters", self.iters), ("grad_accum", self.grad_accum as u64)] {
+            if v == 0 {
+                return Err(format!("{} must be at least 1", name(field)));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `__metadata__.train`: where a run stands.

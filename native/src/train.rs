@@ -7,9 +7,7 @@ use crate::engine::{DeviceArgs, Engine, Start, StepError};
 use crate::step::Phases;
 use crate::trace::Trace;
 use alpha_core::model::init_params;
-use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::tokenizer::CharTokenizer;
-use alpha_core::train::TrainConfig;
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
@@ -222,26 +220,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
 }
 
 fn validate(args: &TrainArgs, s: &TrainSettings) -> Result<(), String> {
-    let positive = [("--lr", s.lr), ("--beta1", s.beta1), ("--beta2", s.beta2)];
-    for (flag, v) in positive {
-        if !(v.is_finite() && v > 0.0) {
-            return Err(format!("{flag} must be a positive number, got {v}"));
-        }
-    }
-    for (flag, v) in [("--min-lr", s.min_lr), ("--weight-decay", s.weight_decay), ("--grad-clip", s.grad_clip)] {
-        if !(v.is_finite() && v >= 0.0) {
-            return Err(format!("{flag} must be a non-negative number, got {v}"));
-        }
-    }
-    if s.beta1 >= 1.0 || s.beta2 >= 1.0 {
-        return Err("--beta1 and --beta2 must be below 1".into());
-    }
-    if s.iters == 0 {
-        return Err("--iters must be at least 1".into());
-    }
-    if s.grad_accum == 0 {
-        return Err("--grad-accum must be at least 1".into());
-    }
+    s.validate(|field| format!("--{}", field.replace('_', "-")))?;
     if args.eval_interval > 0 && args.eval_iters == 0 {
         return Err("--eval-iters must be at least 1 when --eval-interval is set".into());
     }
@@ -311,12 +290,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         }
     };
     let start_step = start.step;
-    let cfg = TrainConfig {
-        schedule: LrSchedule { max_lr: s.lr, min_lr: s.min_lr, warmup_iters: s.warmup, decay_iters: s.lr_decay_iters },
-        adamw: AdamWConfig { beta1: s.beta1, beta2: s.beta2, eps: 1e-8, weight_decay: s.weight_decay },
-        grad_clip: s.grad_clip,
-        grad_accum: s.grad_accum,
-    };
+    let cfg = s.train_config();
     let pool = args.device.pool()?;
     let mut cpu_memory = None;
     let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, cfg, start)?;

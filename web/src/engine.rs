@@ -1,0 +1,177 @@
+//! The model being trained in the page: alpha-gpu on WebGPU, or alpha-core's CPU kernels in
+//! WebAssembly (one thread). Every call is async: WebGPU readbacks resolve on the browser's
+//! event loop, and the page stays responsive between them.
+
+use crate::options::BackendChoice;
+use alpha_core::model::{Sampler, SamplingConfig};
+use alpha_core::train::{OwnedMemory, TrainConfig};
+use alpha_core::{Plan, Rng, Serial};
+use alpha_gpu::{Gpu, GpuForward, GpuTrainer};
+
+/// Where a run starts: parameters (plan order), AdamW moments (none: zeros), step and the
+/// batch generator.
+pub struct Start {
+    pub params: Vec<f32>,
+    pub moments: Option<(Vec<f32>, Vec<f32>)>,
+    pub step: u64,
+    pub rng: Rng,
+}
+
+/// The CPU engine: the arenas, and the training state between calls (a core `Trainer`
+/// borrows the arenas for the length of one call).
+pub struct CpuEngine {
+    plan: Plan,
+    cfg: TrainConfig,
+    mem: OwnedMemory<f32>,
+    step: u64,
+    rng: Rng,
+    sampler: Sampler<f32>,
+}
+
+/// The WebGPU engine.
+pub struct GpuEngine {
+    trainer: GpuTrainer,
+    sampler: GpuForward,
+}
+
+/// A model being trained.
+pub enum Engine {
+    Cpu(Box<CpuEngine>),
+    Gpu(Box<GpuEngine>),
+}
+
+impl Engine {
+    /// An engine on the chosen backend; with `Auto`, the CPU when WebGPU cannot be used, and
+    /// why (returned beside it).
+    pub async fn new(choice: BackendChoice, plan: Plan, cfg: TrainConfig, start: Start) -> Result<(Engine, Option<String>), String> {
+        if choice == BackendChoice::Cpu {
+            return Ok((Engine::cpu(plan, cfg, start)?, None));
+        }
+        match Engine::gpu(plan, cfg, &start).await {
+            Ok(engine) => Ok((engine, None)),
+            Err(e) if choice == BackendChoice::Auto => Ok((Engine::cpu(plan, cfg, start)?, Some(e))),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn cpu(plan: Plan, cfg: TrainConfig, start: Start) -> Result<Engine, String> {
+        let mut mem = OwnedMemory::<f32>::new(&plan);
+        mem.params.copy_from_slice(&start.params);
+        if let Some((m, v)) = &start.moments {
+            mem.adam_m.copy_from_slice(m);
+            mem.adam_v.copy_from_slice(v);
+        }
+        let sampler = Sampler::new(plan.config, plan.config.block_size).map_err(|e| e.to_string())?;
+        Ok(Engine::Cpu(Box::new(CpuEngine { plan, cfg, mem, step: start.step, rng: start.rng, sampler })))
+    }
+
+    async fn gpu(plan: Plan, cfg: TrainConfig, start: &Start) -> Result<Engine, String> {
+        let gpu = Gpu::open(None).await.map_err(|e| format!("WebGPU is not available: {e}"))?;
+        let mut trainer = GpuTrainer::new(gpu, plan, cfg, start.rng, &start.params).await.map_err(|e| e.to_string())?;
+        if let Some((m, v)) = &start.moments {
+            trainer.upload(&start.params, Some((m, v))).map_err(|e| e.to_string())?;
+        }
+        trainer.step = start.step;
+        let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
+        Ok(Engine::Gpu(Box::new(GpuEngine { trainer, sampler })))
+    }
+
+    /// One optimizer step on batches from `data`; its loss. An error (and no update) when
+    /// the loss or gradient norm is not finite.
+    pub async fn step(&mut self, data: &[u32]) -> Result<f64, String> {
+        match self {
+            Engine::Cpu(c) => c.with_trainer(|t| t.train_step(&Serial, data).map(|s| s.loss).map_err(|e| format!("training diverged at {e}")))?,
+            Engine::Gpu(g) => {
+                let lr = g.trainer.step(data);
+                let s = g.trainer.stats(lr).await.map_err(|e| e.to_string())?;
+                if s.skipped > 0 {
+                    return Err(format!(
+                        "training diverged at step {}: loss is {}, gradient norm is {}; the update was not applied",
+                        g.trainer.step - 1,
+                        s.last.loss,
+                        s.last.grad_norm
+                    ));
+                }
+                Ok(s.last.loss)
+            }
+        }
+    }
+
+    /// The mean loss of `iters` batches of `data` drawn with `rng`.
+    pub async fn evaluate(&mut self, data: &[u32], iters: usize, rng: &mut Rng) -> Result<f64, String> {
+        match self {
+            Engine::Cpu(c) => c.with_trainer(|t| Ok(t.evaluate(&Serial, data, iters, rng)))?,
+            Engine::Gpu(g) => g.trainer.evaluate(data, iters, rng).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// `count` token ids after `prompt`.
+    pub async fn sample(&mut self, prompt: &[u32], count: usize, cfg: &SamplingConfig, rng: &mut Rng) -> Result<Vec<u32>, String> {
+        let mut out = Vec::with_capacity(count);
+        match self {
+            Engine::Cpu(c) => c.sampler.generate(&Serial, &c.mem.params, prompt, count, cfg, rng, |id| out.push(id)),
+            Engine::Gpu(g) => g.sampler.generate(prompt, count, cfg, rng, |id| out.push(id)).await.map_err(|e| e.to_string())?,
+        }
+        Ok(out)
+    }
+
+    /// Parameters and AdamW moments `(params, m, v)` in plan order.
+    pub async fn state(&self) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), String> {
+        match self {
+            Engine::Cpu(c) => Ok((c.mem.params.clone(), c.mem.adam_m.clone(), c.mem.adam_v.clone())),
+            Engine::Gpu(g) => g.trainer.download().await.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Optimizer steps taken.
+    pub fn step_count(&self) -> u64 {
+        match self {
+            Engine::Cpu(c) => c.step,
+            Engine::Gpu(g) => g.trainer.step,
+        }
+    }
+
+    /// The batch generator.
+    pub fn rng(&self) -> Rng {
+        match self {
+            Engine::Cpu(c) => c.rng,
+            Engine::Gpu(g) => g.trainer.rng,
+        }
+    }
+
+    /// The training plan.
+    pub fn plan(&self) -> &Plan {
+        match self {
+            Engine::Cpu(c) => &c.plan,
+            Engine::Gpu(g) => &g.trainer.plan,
+        }
+    }
+
+    /// `"webgpu"` or `"cpu"`.
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            Engine::Cpu(_) => "cpu",
+            Engine::Gpu(_) => "webgpu",
+        }
+    }
+
+    /// The WebGPU adapter's name.
+    pub fn adapter(&self) -> Option<String> {
+        match self {
+            Engine::Cpu(_) => None,
+            Engine::Gpu(g) => Some(g.trainer.gpu().adapter.name.clone()),
+        }
+    }
+}
+
+impl CpuEngine {
+    /// Runs `f` with a core trainer over the arenas, keeping its step and generator after.
+    fn with_trainer<R>(&mut self, f: impl FnOnce(&mut alpha_core::train::Trainer<'_, f32>) -> R) -> Result<R, String> {
+        let mut t = self.mem.trainer(self.plan, self.cfg, self.rng).map_err(|e| e.to_string())?;
+        t.step = self.step;
+        let r = f(&mut t);
+        self.step = t.step;
+        self.rng = t.rng;
+        Ok(r)
+    }
+}

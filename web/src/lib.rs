@@ -1,0 +1,222 @@
+//! # alpha-web
+//!
+//! Alpha in a web page: a [`Trainer`] that JavaScript creates from a configuration object and
+//! a text, then steps, evaluates, samples and checkpoints. It trains on WebGPU through
+//! alpha-gpu (the same WGSL kernels as native Vulkan) or, where the browser has no WebGPU, on
+//! alpha-core's CPU kernels compiled to WebAssembly. Runs are the native CLI's: the same
+//! initialisation, batches and seeds, and checkpoints in the same safetensors format, so
+//! `alpha-native sample` reads what the page saves and the page loads what `train` writes.
+//!
+//! ```js
+//! import init, { Trainer } from "./pkg/alpha_web.js";
+//! await init();
+//! const t = await Trainer.create({ layers: 2, heads: 2, embd: 32, block: 32, batch: 8 }, text);
+//! const losses = await t.step(10);          // Float32Array, one loss per step
+//! const { train, val } = await t.evaluate();
+//! const text = await t.sample("ROMEO:", 200, 0.8);
+//! const bytes = await t.save();             // Uint8Array, a .safetensors checkpoint
+//! ```
+
+mod engine;
+mod options;
+
+use alpha_core::checkpoint::{self, TrainSettings, TrainState};
+use alpha_core::model::init_params;
+use alpha_core::rng::{derive_seed, stream};
+use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::{data, GptConfig, Plan, Rng};
+use engine::{Engine, Start};
+use options::{BackendChoice, Options};
+use serde::Serialize;
+use wasm_bindgen::prelude::*;
+
+/// Installs a panic hook that prints Rust panics to the browser console.
+#[wasm_bindgen(start)]
+pub fn start() {
+    console_error_panic_hook::set_once();
+}
+
+/// What `stats()` returns.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Stats {
+    backend: &'static str,
+    adapter: Option<String>,
+    /// Why the page runs on the CPU although WebGPU was allowed, if it does.
+    fallback: Option<String>,
+    step: u64,
+    params: usize,
+    vocab: usize,
+    tokens_per_step: usize,
+    tokens_per_sec: Option<f64>,
+    config: GptConfig,
+}
+
+/// A model being trained in the page.
+#[wasm_bindgen]
+pub struct Trainer {
+    config: GptConfig,
+    settings: TrainSettings,
+    tok: CharTokenizer<Vec<char>>,
+    tokens: Vec<u32>,
+    eval_iters: usize,
+    engine: Engine,
+    fallback: Option<String>,
+    tokens_per_sec: Option<f64>,
+}
+
+fn js_error(msg: impl core::fmt::Display) -> JsError {
+    JsError::new(&msg.to_string())
+}
+
+/// The text's token ids with `tok`, and a check that its validation split holds a block.
+fn tokenize(tok: &CharTokenizer<Vec<char>>, text: &str, block: usize) -> Result<Vec<u32>, JsError> {
+    let tokens = tok.encode_to_vec(text).map_err(|e| js_error(format!("the text: {e}")))?;
+    let (_, val) = data::split(&tokens);
+    if val.len() <= block {
+        return Err(js_error(format!(
+            "the text is too short: {} characters, but a block of {block} needs at least {} so that the 10% validation split holds {} tokens",
+            tokens.len(),
+            (block + 1) * 10,
+            block + 1
+        )));
+    }
+    Ok(tokens)
+}
+
+#[wasm_bindgen]
+impl Trainer {
+    /// A new model for `options` (see the README for the fields and defaults) trained on
+    /// `text`: GPT-2 initialisation from `options.seed`, the vocabulary of `text`.
+    pub async fn create(options: JsValue, text: String) -> Result<Trainer, JsError> {
+        let opts = Options::from_js(options)?;
+        let tok = CharTokenizer::from_text(&text).map_err(|e| js_error(format!("the text: {e}")))?;
+        let config = opts.config(tok.vocab_size());
+        let plan = Plan::new(config, opts.batch, opts.block).map_err(js_error)?;
+        let tokens = tokenize(&tok, &text, opts.block)?;
+        let mut params = vec![0.0; plan.params_len()];
+        init_params(&plan, &mut params, &mut Rng::new(opts.seed));
+        let start = Start { params, moments: None, step: 0, rng: Rng::new(derive_seed(opts.seed, stream::BATCHES, 0)) };
+        Trainer::build(opts.settings(), opts.backend, opts.eval_iters, tok, tokens, plan, start).await
+    }
+
+    /// Continues the run saved in checkpoint `bytes` (from `save()` or `alpha-native train`)
+    /// on `text`, which must use the checkpoint's characters. `options` may set `backend`,
+    /// `evalIters` and `iters`; the model and the other settings come from the checkpoint.
+    pub async fn load(bytes: Vec<u8>, text: String, options: JsValue) -> Result<Trainer, JsError> {
+        let opts = Options::from_js(options)?;
+        let ck = checkpoint::from_bytes(&bytes).map_err(js_error)?;
+        let tok = CharTokenizer::new(ck.chars.clone()).map_err(js_error)?;
+        let (moments, step, rng, mut settings) = match ck.optimizer {
+            Some((m, v, state)) => {
+                let rng = Rng::from_state(state.rng_state.parse().map_err(|_| js_error("the checkpoint's RNG state is not an integer"))?);
+                (Some((m, v)), state.step, rng, state.settings)
+            }
+            // Weights only: a fresh optimizer with this page's settings.
+            None => (None, 0, Rng::new(derive_seed(opts.seed, stream::BATCHES, 0)), opts.settings()),
+        };
+        if opts.iters_given {
+            settings.iters = opts.iters;
+        }
+        let plan = Plan::new(ck.config, settings.batch, ck.config.block_size).map_err(js_error)?;
+        let tokens = tokenize(&tok, &text, ck.config.block_size)?;
+        let start = Start { params: ck.params, moments, step, rng };
+        Trainer::build(settings, opts.backend, opts.eval_iters, tok, tokens, plan, start).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn build(
+        settings: TrainSettings,
+        backend: BackendChoice,
+        eval_iters: usize,
+        tok: CharTokenizer<Vec<char>>,
+        tokens: Vec<u32>,
+        plan: Plan,
+        start: Start,
+    ) -> Result<Trainer, JsError> {
+        let cfg = settings.train_config();
+        let (engine, fallback) = Engine::new(backend, plan, cfg, start).await.map_err(js_error)?;
+        Ok(Trainer { config: plan.config, settings, tok, tokens, eval_iters, engine, fallback, tokens_per_sec: None })
+    }
+
+    /// `n` optimizer steps; resolves to their losses (a `Float32Array`). Rejects if a loss or
+    /// gradient norm is not finite (that step's update is not applied).
+    pub async fn step(&mut self, n: u32) -> Result<Vec<f32>, JsError> {
+        let (train, _) = data::split(&self.tokens);
+        let started = js_sys::Date::now();
+        let mut losses = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            losses.push(self.engine.step(train).await.map_err(js_error)? as f32);
+        }
+        let seconds = (js_sys::Date::now() - started) / 1e3;
+        if n > 0 && seconds > 0.0 {
+            self.tokens_per_sec = Some(f64::from(n) * self.tokens_per_step() as f64 / seconds);
+        }
+        Ok(losses)
+    }
+
+    /// nanoGPT's `estimate_loss`: the mean loss of `evalIters` batches of each split, drawn
+    /// with the run's evaluation seeds for this step; resolves to `{ train, val }`.
+    pub async fn evaluate(&mut self) -> Result<JsValue, JsError> {
+        let step = self.engine.step_count();
+        let (train, val) = data::split(&self.tokens);
+        let mut losses = [0.0; 2];
+        for (loss, (split, stream)) in losses.iter_mut().zip([(train, stream::EVAL_TRAIN), (val, stream::EVAL_VAL)]) {
+            let mut rng = Rng::new(derive_seed(self.settings.seed, stream, step));
+            *loss = self.engine.evaluate(split, self.eval_iters, &mut rng).await.map_err(js_error)?;
+        }
+        #[derive(Serialize)]
+        struct Losses {
+            train: f64,
+            val: f64,
+        }
+        serde_wasm_bindgen::to_value(&Losses { train: losses[0], val: losses[1] }).map_err(js_error)
+    }
+
+    /// `count` characters continuing `prompt` (empty: a newline) at `temperature` (0:
+    /// greedy), top-k 200, with the run's sample seed for this step.
+    pub async fn sample(&mut self, prompt: String, count: u32, temperature: f64) -> Result<String, JsError> {
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(js_error(format!("the temperature must be a non-negative number, got {temperature}")));
+        }
+        let prompt = if prompt.is_empty() { "\n".to_string() } else { prompt };
+        let ids = self.tok.encode_to_vec(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?;
+        let seed = derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count());
+        let cfg = alpha_core::model::SamplingConfig { temperature, top_k: 200 };
+        let generated = self.engine.sample(&ids, count as usize, &cfg, &mut Rng::new(seed)).await.map_err(js_error)?;
+        Ok(generated.into_iter().map(|id| self.tok.decode(id).unwrap_or('\u{FFFD}')).collect())
+    }
+
+    /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, fallback, step,
+    /// params, vocab, tokensPerStep, tokensPerSec, config }` (`tokensPerSec` of the last
+    /// `step()` call).
+    pub fn stats(&self) -> Result<JsValue, JsError> {
+        let plan = self.engine.plan();
+        let stats = Stats {
+            backend: self.engine.backend_name(),
+            adapter: self.engine.adapter(),
+            fallback: self.fallback.clone(),
+            step: self.engine.step_count(),
+            params: plan.num_params(),
+            vocab: self.config.vocab_size,
+            tokens_per_step: self.tokens_per_step(),
+            tokens_per_sec: self.tokens_per_sec,
+            config: self.config,
+        };
+        serde_wasm_bindgen::to_value(&stats).map_err(js_error)
+    }
+
+    /// The run as a safetensors checkpoint (`Uint8Array`): weights, AdamW moments, step and
+    /// batch generator, the format `alpha-native` reads and writes.
+    pub async fn save(&self) -> Result<Vec<u8>, JsError> {
+        let (params, m, v) = self.engine.state().await.map_err(js_error)?;
+        let state = TrainState { step: self.engine.step_count(), rng_state: self.engine.rng().state().to_string(), settings: self.settings.clone() };
+        checkpoint::to_bytes(self.config, self.tok.chars(), &params, Some((&m, &v, &state))).map_err(js_error)
+    }
+}
+
+impl Trainer {
+    fn tokens_per_step(&self) -> usize {
+        self.engine.plan().tokens() * self.settings.grad_accum
+    }
+}
