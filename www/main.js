@@ -37,6 +37,8 @@ const state = {
   losses: [],
   evals: [], // { step, train, val }
   samples: [], // { step, text }
+  trainMs: 0, // time spent in steps (not evaluations or samples) since the page started training
+  trainedSteps: 0,
   stats: null,
   error: null,
   message: "",
@@ -111,11 +113,16 @@ async function describeAdapter() {
   adapterLabel = info ? [info.vendor, info.architecture, info.description].filter(Boolean).join(" ") : "";
 }
 
+/** Tokens per second over the steps trained so far. */
+function tokensPerSec() {
+  return (state.trainedSteps * state.stats.tokensPerStep) / (state.trainMs / 1e3);
+}
+
 function showStats() {
   const s = (state.stats = trainer.stats());
   $("backend-name").textContent = s.backend === "webgpu" ? `WebGPU (${s.adapter || adapterLabel || "default adapter"})` : "CPU (WebAssembly)";
   $("step").textContent = String(s.step);
-  if (s.tokensPerSec) $("tok-s").textContent = Math.round(s.tokensPerSec).toLocaleString("en");
+  if (state.trainMs > 0) $("tok-s").textContent = Math.round(tokensPerSec()).toLocaleString("en");
   if (s.fallback) say(`WebGPU could not be used (${s.fallback}): training on the CPU (WebAssembly).`);
 }
 
@@ -130,6 +137,8 @@ async function createTrainer() {
   state.losses = [];
   state.evals = [];
   state.samples = [];
+  state.trainMs = 0;
+  state.trainedSteps = 0;
   say(`${trainer.stats().params.toLocaleString("en")} parameters, vocabulary of ${trainer.stats().vocab} characters.`);
 }
 
@@ -174,6 +183,8 @@ async function train() {
     const started = performance.now();
     const losses = await use((t) => t.step(n));
     const ms = performance.now() - started;
+    state.trainMs += ms;
+    state.trainedSteps += n;
     chunk = Math.max(1, Math.min(50, Math.round((n * 100) / Math.max(ms, 1))));
     state.losses.push(...losses);
     $("loss").textContent = losses[losses.length - 1].toFixed(4);

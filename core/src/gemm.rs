@@ -12,8 +12,8 @@
 //! rows of `KC` values, transposed A as `kc` groups of `MR` values; the kernel is compiled
 //! for both (the offsets are constants). The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
 //! (6 x 16) on x86-64, detected at run time with `std` and at compile time without, and the
-//! whole blocked loop is compiled with the same features; f64 and other CPUs use the
-//! portable kernel. Edge tiles run the same kernel on a padded copy of C, so every element
+//! whole blocked loop is compiled with the same features; WebAssembly builds with `simd128`
+//! use a 6 x 8 `v128` kernel; f64 and other CPUs use the portable kernel. Edge tiles run the same kernel on a padded copy of C, so every element
 //! sees the same arithmetic wherever tile edges fall: results do not depend on how callers
 //! split rows across tasks.
 //!
@@ -328,11 +328,67 @@ macro_rules! x86_kernel {
 x86_kernel!(tile_avx2, gemm_avx2, "avx2,fma", __m256, 8, 6, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps);
 x86_kernel!(tile_avx512, gemm_avx512, "avx512f", __m512, 16, 12, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps);
 
-/// Name of the f32 micro-kernel [`gemm`] uses on this CPU: `avx512`, `avx2+fma` or `portable`.
+/// Rows and columns of the WebAssembly SIMD kernel's tile: 12 accumulators, two B vectors
+/// and a broadcast fit the 16 vector registers engines map v128 to on x86-64.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+const WASM_MR: usize = 6;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+const WASM_NR: usize = 8;
+
+/// The f32 micro-kernel for WebAssembly with SIMD (`simd128`, enabled for the whole build:
+/// wasm has no run-time detection). Multiply then add, as the portable kernel (wasm has no
+/// fused multiply-add outside relaxed SIMD).
+///
+/// # Safety
+/// The tile must be inside the operands.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[inline]
+unsafe fn tile_wasm<const A_RS: usize, const A_CS: usize>(kc: usize, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize) {
+    use core::arch::wasm32::*;
+    const VECS: usize = WASM_NR / 4;
+    // SAFETY: pointers inside the packed panels and the tile (caller); v128 loads and stores
+    // are unaligned.
+    unsafe {
+        let mut acc = [[f32x4_splat(0.0); VECS]; WASM_MR];
+        for p in 0..kc {
+            let bp = b.add(p * WASM_NR);
+            let bv: [v128; VECS] = core::array::from_fn(|h| v128_load(bp.add(h * 4).cast()));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let ai = f32x4_splat(*a.add(i * A_RS + p * A_CS));
+                for (x, &bh) in row.iter_mut().zip(&bv) {
+                    *x = f32x4_add(*x, f32x4_mul(ai, bh));
+                }
+            }
+        }
+        let vbeta = f32x4_splat(beta);
+        for (i, row) in acc.iter().enumerate() {
+            for (h, &v) in row.iter().enumerate() {
+                let cp = c.add(i * ldc + h * 4);
+                let out = if beta == 0.0 { v } else { f32x4_add(v, f32x4_mul(vbeta, v128_load(cp.cast()))) };
+                v128_store(cp.cast(), out);
+            }
+        }
+    }
+}
+
+/// The blocked GEMM on the WebAssembly SIMD kernel.
+///
+/// # Safety
+/// As [`gemm`].
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, c: *mut f32, ldc: usize) {
+    // SAFETY: forwarded.
+    unsafe { gemm_blocked::<f32, WASM_MR, WASM_NR>(tile_wasm::<KC, 1>, tile_wasm::<1, WASM_MR>, m, n, k, a, b, ldb, beta, c, ldc) }
+}
+
+/// Name of the f32 micro-kernel [`gemm`] uses on this CPU: `avx512`, `avx2+fma`,
+/// `wasm-simd128` or `portable`.
 pub fn f32_kernel_name() -> &'static str {
-    match f32_kernel().nr {
-        32 => "avx512",
-        16 if f32_kernel().mr == 6 => "avx2+fma",
+    match (f32_kernel().mr, f32_kernel().nr) {
+        (12, 32) => "avx512",
+        (6, 16) => "avx2+fma",
+        (6, 8) => "wasm-simd128",
         _ => "portable",
     }
 }
@@ -352,6 +408,8 @@ pub(crate) fn f32_kernel() -> Kernel<f32> {
     return Kernel { mr: 12, nr: 32, gemm: gemm_avx512 };
     #[cfg(all(target_arch = "x86_64", not(feature = "std"), not(target_feature = "avx512f"), target_feature = "avx2", target_feature = "fma"))]
     return Kernel { mr: 6, nr: 16, gemm: gemm_avx2 };
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    return Kernel { mr: WASM_MR, nr: WASM_NR, gemm: gemm_wasm };
     #[allow(unreachable_code)]
     portable()
 }

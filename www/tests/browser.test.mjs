@@ -5,12 +5,12 @@
 
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, execFileSync } from "node:child_process";
+import { execFileSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { chromium } from "playwright-core";
+import { finished, launchChromium, startServer } from "../browser.mjs";
 
 const www = fileURLToPath(new URL("..", import.meta.url));
 const results = join(www, "test-results");
@@ -29,25 +29,14 @@ const firstLoss = {};
 
 before(async () => {
   assert.ok(native, "set ALPHA_NATIVE to the alpha-native binary (scripts/test.sh does)");
-  server = spawn(process.execPath, [join(www, "serve.mjs")], { env: { ...process.env, PORT: "0" }, stdio: ["ignore", "pipe", "inherit"] });
-  base = await new Promise((resolve, reject) => {
-    server.stdout.once("data", (d) => resolve(String(d).match(/http:\/\/\S+/)[0]));
-    server.once("exit", (code) => reject(new Error(`the demo server exited with ${code}`)));
-  });
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
-    headless: false,
-    args: [
-      "--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--enable-features=Vulkan",
-      "--use-webgpu-adapter=swiftshader", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    ],
-  });
+  server = await startServer();
+  base = server.base;
+  browser = await launchChromium();
 });
 
 after(async () => {
   await browser?.close();
-  server?.kill();
+  server?.stop();
 });
 
 /** A page at `query` whose console errors and uncaught exceptions are collected. */
@@ -58,12 +47,6 @@ async function open(query = "") {
   page.on("pageerror", (e) => errors.push(String(e)));
   await page.goto(`${base}${query}`);
   return { page, errors };
-}
-
-/** Waits until training has finished (or failed) and returns the page's state. */
-async function finished(page, timeout = 240_000) {
-  await page.waitForFunction(() => ["done", "error"].includes(window.alpha?.status), null, { timeout, polling: 250 });
-  return page.evaluate(() => window.alpha);
 }
 
 const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
