@@ -4,11 +4,16 @@
 //   ALPHA_NATIVE=../target/release/alpha-native node bench.mjs [rounds]
 
 import { execFileSync } from "node:child_process";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { finished, launchChromium, startServer } from "./browser.mjs";
 
 const native = process.env.ALPHA_NATIVE;
 if (!native) throw new Error("set ALPHA_NATIVE to the alpha-native binary");
 const rounds = Number(process.argv[2] ?? 3);
+// Mesa (lavapipe) wants a private runtime directory, as in scripts/test.sh.
+const env = { ...process.env, XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? mkdtempSync(join(tmpdir(), "alpha-xdg-")) };
 const MODEL = ["--layers", "2", "--heads", "2", "--embd", "32", "--block", "32", "--batch", "8"];
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
@@ -25,7 +30,7 @@ for (let r = 0; r < rounds; r++) {
     await page.close();
   }
   for (const [name, extra] of [["native CPU, 1 thread", ["--threads", "1", "--iters", "200"]], ["native GPU (lavapipe)", ["--backend", "gpu", "--iters", "40"]]]) {
-    const out = execFileSync(native, ["bench", ...MODEL, ...extra, "--warmup", "5", "--json", "--peak-gflops", "1"], { encoding: "utf8" });
+    const out = execFileSync(native, ["bench", ...MODEL, ...extra, "--warmup", "5", "--json", "--peak-gflops", "1"], { encoding: "utf8", env });
     runs[name].push(JSON.parse(out).tokens_per_sec);
   }
 }
