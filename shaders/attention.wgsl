@@ -76,6 +76,18 @@ fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
     }
 }
 
+/// (x · tile_a row `r`, y · tile_b row `r`): the score and dout·v terms both backward
+/// kernels recompute (one function, so they agree bit for bit).
+fn tile_dots(x: array<f32, HS>, y: array<f32, HS>, r: u32) -> vec2<f32> {
+    var s = 0.0;
+    var dp = 0.0;
+    for (var d = 0u; d < HS; d++) {
+        s = fma(x[d], tile_a[r * HS + d], s);
+        dp = fma(y[d], tile_b[r * HS + d], dp);
+    }
+    return vec2<f32>(s, dp);
+}
+
 // Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T].
 @compute @workgroup_size(64)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -168,13 +180,8 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
         if (row.valid && j0 <= i) {
             for (var jj = 0u; jj < KT; jj++) {
                 if (j0 + jj <= i) {
-                    var s = 0.0;
-                    var dp = 0.0;
-                    for (var d = 0u; d < HS; d++) {
-                        s = fma(q[d], tile_a[jj * HS + d], s);
-                        dp = fma(g[d], tile_b[jj * HS + d], dp);
-                    }
-                    let ds = exp(s * scale - lse) * (dp - delta);
+                    let t = tile_dots(q, g, jj);
+                    let ds = exp(t.x * scale - lse) * (t.y - delta);
                     for (var d = 0u; d < HS; d++) {
                         dq[d] = fma(ds, tile_a[jj * HS + d], dq[d]);
                     }
@@ -217,14 +224,9 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
             for (var r = 0u; r < KT; r++) {
                 let i = i0 + r;
                 if (i < seq && i >= j) {
-                    var s = 0.0;
-                    var dp = 0.0;
-                    for (var d = 0u; d < HS; d++) {
-                        s = fma(tile_a[r * HS + d], k[d], s);
-                        dp = fma(tile_b[r * HS + d], v[d], dp);
-                    }
-                    let p = exp(s * scale - tile_rows[r].x);
-                    let ds = p * (dp - tile_rows[r].y);
+                    let t = tile_dots(k, v, r);
+                    let p = exp(t.x * scale - tile_rows[r].x);
+                    let ds = p * (t.y - tile_rows[r].y);
                     for (var d = 0u; d < HS; d++) {
                         dv[d] = fma(p, tile_b[r * HS + d], dv[d]);
                         dk[d] = fma(ds, tile_a[r * HS + d], dk[d]);
