@@ -110,6 +110,14 @@ pub struct TrainState {
     pub settings: TrainSettings,
 }
 
+impl TrainState {
+    /// The batch generator the run saved.
+    pub fn rng(&self) -> Result<crate::Rng, InvalidCheckpoint> {
+        let state = self.rng_state.parse().map_err(|_| InvalidCheckpoint(format!("train.rng_state {:?} is not an integer", self.rng_state)))?;
+        Ok(crate::Rng::from_state(state))
+    }
+}
+
 /// Everything in a checkpoint.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checkpoint {
@@ -223,7 +231,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, InvalidCheckpoint> {
         None => None,
         Some(train) => {
             let state: TrainState = serde_json::from_str(train).map_err(|e| bad(format!("train: {e}")))?;
-            state.rng_state.parse::<u64>().map_err(|_| bad(format!("train.rng_state {:?} is not an integer", state.rng_state)))?;
+            state.rng()?;
             Some((read_arena("optimizer.exp_avg.")?, read_arena("optimizer.exp_avg_sq.")?, state))
         }
     };

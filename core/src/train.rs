@@ -216,6 +216,33 @@ impl<'a, T: Float> Trainer<'a, T> {
     }
 }
 
+/// Where a run starts or resumes: parameters, AdamW moments (`None`: zeros), the optimizer
+/// steps taken and the batch generator; what a checkpoint restores (`alloc` feature).
+#[cfg(feature = "alloc")]
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunState<T> {
+    /// Parameters (plan order).
+    pub params: alloc::vec::Vec<T>,
+    /// AdamW `(m, v)` (plan order).
+    pub moments: Option<(alloc::vec::Vec<T>, alloc::vec::Vec<T>)>,
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Draws the training batches.
+    pub rng: Rng,
+}
+
+#[cfg(feature = "alloc")]
+impl<T: Float> RunState<T> {
+    /// A new run from `seed`, as every frontend starts one: GPT-2 initialisation from the
+    /// seed, batches from its [`stream::BATCHES`](crate::rng::stream::BATCHES) stream.
+    pub fn fresh(plan: &Plan, seed: u64) -> Self {
+        let mut params = alloc::vec![T::ZERO; plan.params_len()];
+        crate::model::init_params(plan, &mut params, &mut Rng::new(seed));
+        let rng = Rng::new(crate::rng::derive_seed(seed, crate::rng::stream::BATCHES, 0));
+        RunState { params, moments: None, step: 0, rng }
+    }
+}
+
 /// Heap-allocated memory for a plan, allocated once (`alloc` feature).
 #[cfg(feature = "alloc")]
 pub struct OwnedMemory<T> {
@@ -250,6 +277,30 @@ impl<T: Float> OwnedMemory<T> {
             acts: vec![T::ZERO; plan.acts_len()],
             batch: vec![0; 2 * plan.tokens()],
         }
+    }
+
+    /// A trainer borrowing this memory that continues `state` (its parameters and moments
+    /// are copied into the arenas).
+    pub fn resume(&mut self, plan: Plan, cfg: TrainConfig, state: &RunState<T>) -> Result<Trainer<'_, T>, ConfigError> {
+        let p = plan.params_len();
+        let given = [Some(state.params.len()), state.moments.as_ref().map(|m| m.0.len()), state.moments.as_ref().map(|m| m.1.len())];
+        if let Some(&Some(len)) = given.iter().find(|l| l.is_some_and(|l| l != p)) {
+            return Err(ConfigError::BufferTooSmall { what: "run state", needed: p, given: len });
+        }
+        self.params.copy_from_slice(&state.params);
+        match &state.moments {
+            Some((m, v)) => {
+                self.adam_m.copy_from_slice(m);
+                self.adam_v.copy_from_slice(v);
+            }
+            None => {
+                self.adam_m.fill(T::ZERO);
+                self.adam_v.fill(T::ZERO);
+            }
+        }
+        let mut t = self.trainer(plan, cfg, state.rng)?;
+        t.step = state.step;
+        Ok(t)
     }
 
     /// A trainer borrowing this memory.

@@ -14,7 +14,7 @@ use crate::readback::read;
 use alpha_core::data::sample_batch;
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape::{self, EpilogueSpan, Op};
-use alpha_core::train::{StepStats, TrainConfig};
+use alpha_core::train::{RunState, StepStats, TrainConfig};
 use alpha_core::Rng;
 
 /// Statistics buffer slots: the step's loss sum and squared gradient norm, the evaluation's
@@ -80,6 +80,18 @@ impl GpuTrainer {
     /// Builds every buffer and dispatch for `plan` on `gpu` and uploads `params` (host
     /// layout, `plan.params_len()` elements); moments start at zero.
     pub async fn new(gpu: Gpu, plan: Plan, cfg: TrainConfig, rng: Rng, params: &[f32]) -> Result<GpuTrainer, GpuError> {
+        GpuTrainer::build(gpu, plan, cfg, rng, params, None).await
+    }
+
+    /// A trainer that continues `state` (parameters, moments, step, batch generator).
+    pub async fn resume(gpu: Gpu, plan: Plan, cfg: TrainConfig, state: &RunState<f32>) -> Result<GpuTrainer, GpuError> {
+        let moments = state.moments.as_ref().map(|(m, v)| (&m[..], &v[..]));
+        let mut t = GpuTrainer::build(gpu, plan, cfg, state.rng, &state.params, moments).await?;
+        t.step = state.step;
+        Ok(t)
+    }
+
+    async fn build(gpu: Gpu, plan: Plan, cfg: TrainConfig, rng: Rng, params: &[f32], moments: Option<(&[f32], &[f32])>) -> Result<GpuTrainer, GpuError> {
         if params.len() != plan.params_len() {
             return Err(GpuError(format!("{} parameters given, the model has {}", params.len(), plan.params_len())));
         }
@@ -142,7 +154,7 @@ impl GpuTrainer {
             dres,
             profiler: None,
         };
-        t.upload(params, None)?;
+        t.upload(params, moments)?;
         Ok(t)
     }
 

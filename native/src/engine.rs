@@ -13,7 +13,7 @@ use crate::step::{timed_step, Phases};
 use crate::trace::Trace;
 use alpha_core::parallel::{Parallel, ThreadPool};
 use alpha_core::tokenizer::CharTokenizer;
-use alpha_core::train::{OwnedMemory, StepStats, TrainConfig, Trainer};
+use alpha_core::train::{OwnedMemory, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
 use clap::{Args, ValueEnum};
@@ -59,7 +59,7 @@ impl DeviceArgs {
 
     /// An engine for `plan` on the chosen backend, starting from `start`; on the CPU its
     /// arenas are allocated into `memory` and it runs on `pool`.
-    pub fn engine<'m>(&self, memory: &'m mut Option<OwnedMemory<f32>>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: Start) -> Result<Engine<'m>, String> {
+    pub fn engine<'m>(&self, memory: &'m mut Option<OwnedMemory<f32>>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Engine<'m>, String> {
         match self.backend {
             Backend::Cpu => Engine::cpu(memory.insert(OwnedMemory::new(&plan)), pool, plan, cfg, start),
             Backend::Gpu => Engine::gpu(self.open_gpu()?, plan, cfg, start),
@@ -73,19 +73,6 @@ impl DeviceArgs {
         }
         Ok(())
     }
-}
-
-/// Where a run starts: parameters (host layout), AdamW moments (none: zeros), the step and
-/// the batch generator.
-pub struct Start {
-    /// Parameters.
-    pub params: Vec<f32>,
-    /// AdamW `(m, v)`.
-    pub moments: Option<(Vec<f32>, Vec<f32>)>,
-    /// Optimizer steps already taken.
-    pub step: u64,
-    /// Draws the training batches.
-    pub rng: Rng,
 }
 
 /// Parameters and AdamW moments `(params, m, v)` in host layout: borrowed from CPU memory,
@@ -138,26 +125,16 @@ pub enum Engine<'m> {
 }
 
 impl<'m> Engine<'m> {
-    /// A CPU engine over `mem` (allocated for `plan`) starting from `start`.
-    pub fn cpu(mem: &'m mut OwnedMemory<f32>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: Start) -> Result<Self, String> {
-        mem.params.copy_from_slice(&start.params);
-        if let Some((m, v)) = &start.moments {
-            mem.adam_m.copy_from_slice(m);
-            mem.adam_v.copy_from_slice(v);
-        }
-        let mut trainer = mem.trainer(plan, cfg, start.rng).map_err(|e| e.to_string())?;
-        trainer.step = start.step;
+    /// A CPU engine over `mem` (allocated for `plan`) continuing `start`.
+    pub fn cpu(mem: &'m mut OwnedMemory<f32>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Self, String> {
+        let trainer = mem.resume(plan, cfg, &start).map_err(|e| e.to_string())?;
         let sampler = Sampler::new(plan.config, plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Cpu { trainer, pool, sampler })
     }
 
-    /// A GPU engine on `gpu` starting from `start`.
-    pub fn gpu(gpu: Gpu, plan: Plan, cfg: TrainConfig, start: Start) -> Result<Self, String> {
-        let mut trainer = block_on(GpuTrainer::new(gpu, plan, cfg, start.rng, &start.params)).map_err(|e| e.to_string())?;
-        if let Some((m, v)) = &start.moments {
-            trainer.upload(&start.params, Some((m, v))).map_err(|e| e.to_string())?;
-        }
-        trainer.step = start.step;
+    /// A GPU engine on `gpu` continuing `start`.
+    pub fn gpu(gpu: Gpu, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Self, String> {
+        let trainer = block_on(GpuTrainer::resume(gpu, plan, cfg, &start)).map_err(|e| e.to_string())?;
         let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Gpu(GpuEngine { trainer, sampler, lr: 0.0, unread: 0, profiling: false }))
     }

@@ -2,12 +2,10 @@
 //! `bench`.
 
 use crate::trace::Trace;
-use alpha_core::model::init_params;
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
 use alpha_core::tape::{Observer, Op, Pass, Phase};
-use crate::engine::Start;
-use alpha_core::train::{NonFinite, TrainConfig, Trainer};
+use alpha_core::train::{NonFinite, RunState, TrainConfig, Trainer};
 use alpha_core::{data, Plan, Rng};
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -180,8 +178,6 @@ pub fn train_split<'a>(plan: &Plan, ids: &'a [u32]) -> Result<&'a [u32], String>
 }
 
 /// Where `bench` and `info` start: GPT-2 initialisation with seed 1337, batches from seed 1.
-pub fn fresh_start(plan: &Plan) -> Start {
-    let mut params = vec![0.0; plan.params_len()];
-    init_params(plan, &mut params, &mut Rng::new(1337));
-    Start { params, moments: None, step: 0, rng: Rng::new(1) }
+pub fn fresh_start(plan: &Plan) -> RunState<f32> {
+    RunState { rng: Rng::new(1), ..RunState::fresh(plan, 1337) }
 }

@@ -3,11 +3,11 @@
 
 use crate::checkpoint::{self, TrainSettings, TrainState};
 use crate::corpus;
-use crate::engine::{DeviceArgs, Engine, Start, StepError};
+use crate::engine::{DeviceArgs, Engine, StepError};
 use crate::step::Phases;
 use crate::trace::Trace;
-use alpha_core::model::init_params;
 use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::train::RunState;
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
@@ -280,14 +280,10 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let start = match run.resume.take() {
         Some(ck) => {
             let (m, v, state) = ck.optimizer.expect("resolve() checked the training state");
-            let rng = Rng::from_state(state.rng_state.parse().expect("checked on load"));
-            Start { params: ck.params, moments: Some((m, v)), step: state.step, rng }
+            let rng = state.rng().map_err(|e| e.to_string())?;
+            RunState { params: ck.params, moments: Some((m, v)), step: state.step, rng }
         }
-        None => {
-            let mut params = vec![0.0; plan.params_len()];
-            init_params(&plan, &mut params, &mut Rng::new(s.seed));
-            Start { params, moments: None, step: 0, rng: Rng::new(derive_seed(s.seed, stream::BATCHES, 0)) }
-        }
+        None => RunState::fresh(&plan, s.seed),
     };
     let start_step = start.step;
     let cfg = s.train_config();

@@ -4,18 +4,9 @@
 
 use crate::options::BackendChoice;
 use alpha_core::model::{Sampler, SamplingConfig};
-use alpha_core::train::{OwnedMemory, TrainConfig};
+use alpha_core::train::{OwnedMemory, RunState, TrainConfig};
 use alpha_core::{Plan, Rng, Serial};
 use alpha_gpu::{Gpu, GpuForward, GpuTrainer};
-
-/// Where a run starts: parameters (plan order), AdamW moments (none: zeros), step and the
-/// batch generator.
-pub struct Start {
-    pub params: Vec<f32>,
-    pub moments: Option<(Vec<f32>, Vec<f32>)>,
-    pub step: u64,
-    pub rng: Rng,
-}
 
 /// The CPU engine: the arenas, and the training state between calls (a core `Trainer`
 /// borrows the arenas for the length of one call).
@@ -43,7 +34,7 @@ pub enum Engine {
 impl Engine {
     /// An engine on the chosen backend; with `Auto`, the CPU when WebGPU cannot be used, and
     /// why (returned beside it).
-    pub async fn new(choice: BackendChoice, plan: Plan, cfg: TrainConfig, start: Start) -> Result<(Engine, Option<String>), String> {
+    pub async fn new(choice: BackendChoice, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<(Engine, Option<String>), String> {
         if choice == BackendChoice::Cpu {
             return Ok((Engine::cpu(plan, cfg, start)?, None));
         }
@@ -54,24 +45,16 @@ impl Engine {
         }
     }
 
-    fn cpu(plan: Plan, cfg: TrainConfig, start: Start) -> Result<Engine, String> {
+    fn cpu(plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Engine, String> {
         let mut mem = OwnedMemory::<f32>::new(&plan);
-        mem.params.copy_from_slice(&start.params);
-        if let Some((m, v)) = &start.moments {
-            mem.adam_m.copy_from_slice(m);
-            mem.adam_v.copy_from_slice(v);
-        }
+        mem.resume(plan, cfg, &start).map_err(|e| e.to_string())?;
         let sampler = Sampler::new(plan.config, plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Cpu(Box::new(CpuEngine { plan, cfg, mem, step: start.step, rng: start.rng, sampler })))
     }
 
-    async fn gpu(plan: Plan, cfg: TrainConfig, start: &Start) -> Result<Engine, String> {
+    async fn gpu(plan: Plan, cfg: TrainConfig, start: &RunState<f32>) -> Result<Engine, String> {
         let gpu = Gpu::open(None).await.map_err(|e| format!("WebGPU is not available: {e}"))?;
-        let mut trainer = GpuTrainer::new(gpu, plan, cfg, start.rng, &start.params).await.map_err(|e| e.to_string())?;
-        if let Some((m, v)) = &start.moments {
-            trainer.upload(&start.params, Some((m, v))).map_err(|e| e.to_string())?;
-        }
-        trainer.step = start.step;
+        let trainer = GpuTrainer::resume(gpu, plan, cfg, start).await.map_err(|e| e.to_string())?;
         let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Gpu(Box::new(GpuEngine { trainer, sampler })))
     }

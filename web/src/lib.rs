@@ -21,11 +21,11 @@ mod engine;
 mod options;
 
 use alpha_core::checkpoint::{self, TrainSettings, TrainState};
-use alpha_core::model::init_params;
+use alpha_core::train::RunState;
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::{data, GptConfig, Plan, Rng};
-use engine::{Engine, Start};
+use engine::Engine;
 use options::{BackendChoice, Options};
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
@@ -94,9 +94,7 @@ impl Trainer {
         let config = opts.config(tok.vocab_size());
         let plan = Plan::new(config, opts.batch, opts.block).map_err(js_error)?;
         let tokens = tokenize(&tok, &text, opts.block)?;
-        let mut params = vec![0.0; plan.params_len()];
-        init_params(&plan, &mut params, &mut Rng::new(opts.seed));
-        let start = Start { params, moments: None, step: 0, rng: Rng::new(derive_seed(opts.seed, stream::BATCHES, 0)) };
+        let start = RunState::fresh(&plan, opts.seed);
         Trainer::build(opts.settings(), opts.backend, opts.eval_iters, tok, tokens, plan, start).await
     }
 
@@ -109,8 +107,7 @@ impl Trainer {
         let tok = CharTokenizer::new(ck.chars.clone()).map_err(js_error)?;
         let (moments, step, rng, mut settings) = match ck.optimizer {
             Some((m, v, state)) => {
-                let rng = Rng::from_state(state.rng_state.parse().map_err(|_| js_error("the checkpoint's RNG state is not an integer"))?);
-                (Some((m, v)), state.step, rng, state.settings)
+                (Some((m, v)), state.step, state.rng().map_err(js_error)?, state.settings)
             }
             // Weights only: a fresh optimizer with this page's settings.
             None => (None, 0, Rng::new(derive_seed(opts.seed, stream::BATCHES, 0)), opts.settings()),
@@ -120,7 +117,7 @@ impl Trainer {
         }
         let plan = Plan::new(ck.config, settings.batch, ck.config.block_size).map_err(js_error)?;
         let tokens = tokenize(&tok, &text, ck.config.block_size)?;
-        let start = Start { params: ck.params, moments, step, rng };
+        let start = RunState { params: ck.params, moments, step, rng };
         Trainer::build(settings, opts.backend, opts.eval_iters, tok, tokens, plan, start).await
     }
 
@@ -132,7 +129,7 @@ impl Trainer {
         tok: CharTokenizer<Vec<char>>,
         tokens: Vec<u32>,
         plan: Plan,
-        start: Start,
+        start: RunState<f32>,
     ) -> Result<Trainer, JsError> {
         let cfg = settings.train_config();
         let (engine, fallback) = Engine::new(backend, plan, cfg, start).await.map_err(js_error)?;
