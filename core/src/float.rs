@@ -151,6 +151,20 @@ pub fn sum_map<T: Float>(a: &[T], term: impl Fn(T) -> T) -> T {
     sum_map3(a, a, a, |x, _, _| term(x))
 }
 
+/// The largest element of a non-empty slice, over 16 lanes so the loop vectorises.
+#[inline(always)]
+pub fn max_of<T: Float>(a: &[T]) -> T {
+    let mut lanes = [a[0]; 16];
+    let whole = a.chunks_exact(16);
+    let tail = whole.remainder().iter().fold(a[0], |m, &x| m.max(x));
+    for chunk in whole {
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l = l.max(x);
+        }
+    }
+    lanes.iter().fold(tail, |m, &x| m.max(x))
+}
+
 /// Dot product in [`sum_map3`]'s order.
 #[inline(always)]
 pub fn dot<T: Float>(a: &[T], b: &[T]) -> T {

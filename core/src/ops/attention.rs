@@ -8,7 +8,7 @@
 //! and each row's log-sum-exp `lse [B, NH, T]`, from which backward recomputes the block's
 //! probabilities (FlashAttention style).
 
-use crate::float::{dot, Float};
+use crate::float::{dot, max_of, sum_map, Float};
 use crate::gemm::{gemm, transpose, Strided};
 use crate::parallel::{Parallel, SharedMut};
 use crate::simd::wide_dispatch;
@@ -73,43 +73,39 @@ impl<T> Head<'_, T> {
     }
 }
 
+/// `row[j] = exp(row[j]·scale − shift)` for the first `live` entries and 0 after them. The
+/// exponentials run over whole 16-lane chunks (past `live` they are computed, then zeroed), so
+/// short causal rows vectorise too.
+#[inline(always)]
+fn exp_causal_row<T: Float>(row: &mut [T], live: usize, scale: T, shift: T) {
+    let padded = live.next_multiple_of(16).min(row.len());
+    for x in &mut row[..padded] {
+        *x = (*x * scale - shift).exp();
+    }
+    row[live..].fill(T::ZERO);
+}
+
 #[inline(always)]
 fn causal_softmax_rows<T: Float>(p: &mut [T], t: usize, rows: Range<usize>, scale: T, lse: &mut [T]) {
     for (r, i) in rows.enumerate() {
-        let row = &mut p[r * t..r * t + i + 1];
+        let row = &mut p[r * t..(r + 1) * t];
         // Max and sum over 16 lanes, so both loops vectorise (fixed order: deterministic).
-        let mut lanes = [row[0]; 16];
-        for chunk in row.chunks(16) {
-            for (l, &x) in lanes.iter_mut().zip(chunk) {
-                *l = l.max(x);
-            }
-        }
-        let max = lanes.iter().fold(lanes[0], |m, &x| m.max(x)) * scale;
-        let mut sums = [T::ZERO; 16];
-        for chunk in row.chunks_mut(16) {
-            for (s, x) in sums.iter_mut().zip(chunk.iter_mut()) {
-                *x = (*x * scale - max).exp();
-                *s += *x;
-            }
-        }
-        let sum = sums.iter().fold(T::ZERO, |a, &s| a + s);
+        let max = max_of(&row[..=i]) * scale;
+        exp_causal_row(row, i + 1, scale, max);
+        let live = (i + 1).next_multiple_of(16).min(t);
+        let sum = sum_map(&row[..live], |e| e);
         let inv = T::ONE / sum;
-        for x in row.iter_mut() {
+        for x in &mut row[..=i] {
             *x *= inv;
         }
         lse[i] = max + sum.ln();
-        p[r * t + i + 1..(r + 1) * t].fill(T::ZERO);
     }
 }
 
 #[inline(always)]
 fn causal_softmax_recompute_rows<T: Float>(p: &mut [T], t: usize, rows: Range<usize>, scale: T, lse: &[T]) {
     for (r, i) in rows.enumerate() {
-        let l = lse[i];
-        for x in p[r * t..r * t + i + 1].iter_mut() {
-            *x = (*x * scale - l).exp();
-        }
-        p[r * t + i + 1..(r + 1) * t].fill(T::ZERO);
+        exp_causal_row(&mut p[r * t..(r + 1) * t], i + 1, scale, lse[i]);
     }
 }
 
