@@ -25,13 +25,12 @@ pub fn forward<T: Float>(
         let rows = split_range(n, tasks, task);
         // SAFETY: tasks own disjoint rows.
         let (logits, losses) = unsafe { (logit_p.slice(rows.start * v, rows.len() * v), loss_p.slice(rows.start, rows.len())) };
-        softmax_rows(logits, losses, &targets[rows], grad_scale);
+        softmax_rows(logits, losses, &targets[rows], v, grad_scale);
     });
 }
 
 #[inline(always)]
-fn softmax_rows_body<T: Float>(logits: &mut [T], losses: &mut [T], targets: &[u32], grad_scale: Option<T>) {
-    let v = logits.len() / losses.len().max(1);
+fn softmax_rows_body<T: Float>(logits: &mut [T], losses: &mut [T], targets: &[u32], v: usize, grad_scale: Option<T>) {
     for ((row, loss), &target) in logits.chunks_exact_mut(v).zip(losses).zip(targets) {
         let (max, target_logit) = (max_of(row), row[target as usize]);
         // With a gradient to write, the exponentials are kept in the row (one exp per logit).
@@ -56,9 +55,9 @@ fn softmax_rows_body<T: Float>(logits: &mut [T], losses: &mut [T], targets: &[u3
 }
 
 wide_dispatch!(
-    /// Each row's loss `logsumexp(row) - row[target]` into `losses`, and with `grad_scale` the
-    /// row replaced by its gradient (see [`forward`]).
-    fn softmax_rows<T>(logits: &mut [T], losses: &mut [T], targets: &[u32], grad_scale: Option<T>) => softmax_rows_body
+    /// Each `v`-wide row's loss `logsumexp(row) - row[target]` into `losses`, and with
+    /// `grad_scale` the row replaced by its gradient (see [`forward`]).
+    fn softmax_rows<T>(logits: &mut [T], losses: &mut [T], targets: &[u32], v: usize, grad_scale: Option<T>) => softmax_rows_body
 );
 
 /// The mean of `losses`, summed in `f64` in index order.
