@@ -17,7 +17,7 @@
 //! sees the same arithmetic wherever tile edges fall: results do not depend on how callers
 //! split rows across tasks.
 //!
-//! Stack use per call: `(MC + MAX_NR) * KC` elements (64 KiB for f32).
+//! Stack use per call: `(MC + MAX_NR) * KC` elements (192 KiB for f32).
 
 use crate::float::Float;
 use core::mem::MaybeUninit;
@@ -29,7 +29,7 @@ pub const MAX_NR: usize = 32;
 /// Most rows of any micro-tile.
 pub const MAX_MR: usize = 12;
 /// Depth of one K block.
-pub const KC: usize = 128;
+pub const KC: usize = 384;
 
 /// A strided read-only matrix: element `(i, j)` is at `ptr + i*rs + j*cs`.
 #[derive(Clone, Copy)]
