@@ -1,16 +1,18 @@
 // Tokens/s of the tiny preset in one run: in the page (WebGPU on SwiftShader, the CPU in
 // WebAssembly) and natively (`alpha-native bench`: CPU on 1 thread, GPU on the default
 // adapter, lavapipe without a GPU). Page figures count step() time only, as bench does.
-//   ALPHA_NATIVE=../target/release/alpha-native node bench.mjs [rounds]
+//   node www/bench.mjs [rounds]   (after `cargo build --release`; ALPHA_NATIVE=path overrides
+//   the workspace's target/release/alpha-native)
 
 import { execFileSync } from "node:child_process";
-import { mkdtempSync } from "node:fs";
+import { existsSync, mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { finished, launchChromium, startServer } from "./browser.mjs";
 
-const native = process.env.ALPHA_NATIVE;
-if (!native) throw new Error("set ALPHA_NATIVE to the alpha-native binary");
+const native = process.env.ALPHA_NATIVE ?? fileURLToPath(new URL("../target/release/alpha-native", import.meta.url));
+if (!existsSync(native)) throw new Error(`${native} not found: run \`cargo build --release\` first, or set ALPHA_NATIVE`);
 const rounds = Number(process.argv[2] ?? 3);
 // Mesa (lavapipe) wants a private runtime directory, as in scripts/test.sh.
 const env = { ...process.env, XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? mkdtempSync(join(tmpdir(), "alpha-xdg-")) };
