@@ -6,7 +6,7 @@
 //! kernel's `MR` rows → column panels of the kernel's `NR` columns of B, packed contiguously
 //! and zero-padded (the panel stays in L1 or L2 while every micro-panel of A streams past it)
 //! → micro-kernel, which keeps an `MR x NR` tile of C in registers and broadcasts one packed
-//! element of A against `NR` elements of B per step. K blocks are deep (384) because C is
+//! element of A against `NR` elements of B per step. K blocks are deep ([`KC`]) because C is
 //! read and written once per K block: with 128, the large products of the baby config ran
 //! ~8% slower (C of `16384 x 1536` streamed through memory up to twelve times).
 //!
