@@ -15,9 +15,10 @@
 //! for both (the offsets are constants). The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
 //! (6 x 16) on x86-64, detected at run time with `std` and at compile time without, and the
 //! whole blocked loop is compiled with the same features; WebAssembly builds with `simd128`
-//! use a 6 x 8 `v128` kernel; f64 and other CPUs use the portable kernel. Edge tiles run the same kernel on a padded copy of C, so every element
-//! sees the same arithmetic wherever tile edges fall: results do not depend on how callers
-//! split rows across tasks.
+//! use a 4 x 8 `v128` kernel (fused multiply-add where the build also enables
+//! `relaxed-simd`); f64 and other CPUs use the portable kernel. Edge tiles run the same
+//! kernel on a padded copy of C, so every element sees the same arithmetic wherever tile
+//! edges fall: results do not depend on how callers split rows across tasks.
 //!
 //! Stack use per call: `(MC + MAX_NR) * KC` elements (192 KiB for f32).
 
@@ -119,8 +120,35 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
         }
         return;
     }
-    let by_rows = a.cs == 1;
-    let tile = if by_rows { rows_tile } else { groups_tile };
+    // Each layout gets its own copy of the loops, so the kernel is a direct call.
+    if a.cs == 1 {
+        // SAFETY: forwarded.
+        unsafe { blocked_loops::<T, MR, NR, true>(rows_tile, m, n, k, a, b, ldb, beta, c, ldc) }
+    } else {
+        // SAFETY: forwarded.
+        unsafe { blocked_loops::<T, MR, NR, false>(groups_tile, m, n, k, a, b, ldb, beta, c, ldc) }
+    }
+}
+
+/// [`gemm_blocked`]'s loops for one layout of the packed A (`BY_ROWS`: row-major A, packed
+/// as rows) and its kernel; `k > 0`.
+///
+/// # Safety
+/// As [`gemm`]; the kernel must run on this CPU.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROWS: bool>(
+    tile: TileFn<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<T>,
+    b: *const T,
+    ldb: usize,
+    beta: T,
+    c: *mut T,
+    ldc: usize,
+) {
     let mut a_pack = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
     let mut b_pack = MaybeUninit::<Aligned<[T; KC * MAX_NR]>>::uninit();
     let mut c_edge = Aligned([T::ZERO; MAX_MR * MAX_NR]);
@@ -132,7 +160,7 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
             let mc = MC.min(m - ic);
             // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
             // holds MC x KC.
-            unsafe { pack_a::<T, MR>(ap, a, ic, mc, pc, kc, by_rows) };
+            unsafe { pack_a::<T, MR>(ap, a, ic, mc, pc, kc, BY_ROWS) };
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
                 // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds KC x NR.
@@ -330,16 +358,19 @@ macro_rules! x86_kernel {
 x86_kernel!(tile_avx2, gemm_avx2, "avx2,fma", __m256, 8, 6, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps);
 x86_kernel!(tile_avx512, gemm_avx512, "avx512f", __m512, 16, 12, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps);
 
-/// Rows and columns of the WebAssembly SIMD kernel's tile: 12 accumulators, two B vectors
-/// and a broadcast fit the 16 vector registers engines map v128 to on x86-64.
+/// Rows and columns of the WebAssembly SIMD kernel's tile. Engines keep v128 values in
+/// x86-64's 16 vector registers (V8 allocates 15), and LLVM's wasm output holds every
+/// broadcast of A live across the B vectors: 8 accumulators, two B vectors and four
+/// broadcasts fit; 6 x 8 spilled (tiny preset in Chromium: 3.0 ms per step against 2.4).
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-const WASM_MR: usize = 6;
+const WASM_MR: usize = 4;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 const WASM_NR: usize = 8;
 
 /// The f32 micro-kernel for WebAssembly with SIMD (`simd128`, enabled for the whole build:
-/// wasm has no run-time detection). Multiply then add, as the portable kernel (wasm has no
-/// fused multiply-add outside relaxed SIMD).
+/// wasm has no run-time detection). Multiply then add, as the portable kernel; builds that
+/// also enable `relaxed-simd` use its multiply-add, which engines compile to a fused
+/// multiply-add where the CPU has one (as the x86-64 kernels).
 ///
 /// # Safety
 /// The tile must be inside the operands.
@@ -358,7 +389,14 @@ unsafe fn tile_wasm<const A_RS: usize, const A_CS: usize>(kc: usize, a: *const f
             for (i, row) in acc.iter_mut().enumerate() {
                 let ai = f32x4_splat(*a.add(i * A_RS + p * A_CS));
                 for (x, &bh) in row.iter_mut().zip(&bv) {
-                    *x = f32x4_add(*x, f32x4_mul(ai, bh));
+                    #[cfg(target_feature = "relaxed-simd")]
+                    {
+                        *x = f32x4_relaxed_madd(ai, bh, *x);
+                    }
+                    #[cfg(not(target_feature = "relaxed-simd"))]
+                    {
+                        *x = f32x4_add(*x, f32x4_mul(ai, bh));
+                    }
                 }
             }
         }
@@ -385,12 +423,13 @@ unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32
 }
 
 /// Name of the f32 micro-kernel [`gemm`] uses on this CPU: `avx512`, `avx2+fma`,
-/// `wasm-simd128` or `portable`.
+/// `wasm-relaxed-simd`, `wasm-simd128` or `portable`.
 pub fn f32_kernel_name() -> &'static str {
     match (f32_kernel().mr, f32_kernel().nr) {
         (12, 32) => "avx512",
         (6, 16) => "avx2+fma",
-        (6, 8) => "wasm-simd128",
+        (4, 8) if cfg!(target_feature = "relaxed-simd") => "wasm-relaxed-simd",
+        (4, 8) => "wasm-simd128",
         _ => "portable",
     }
 }
@@ -431,27 +470,68 @@ pub fn transpose<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usiz
     }
 }
 
-/// The fast part of [`transpose`]: the whole 8 x 8 tiles where the types and CPU allow;
-/// returns the rows and columns they cover (`(0, 0)` where nothing was done).
+/// The fast part of [`transpose`]: the whole square tiles (8 x 8 with AVX, 4 x 4 with
+/// WebAssembly SIMD) for f32 where the CPU allows; returns the rows and columns they cover
+/// (`(0, 0)` where nothing was done).
 fn transpose_whole_tiles<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T]) -> (usize, usize) {
-    #[cfg(all(target_arch = "x86_64", feature = "std"))]
-    if core::any::TypeId::of::<T>() == core::any::TypeId::of::<f32>() && std::is_x86_feature_detected!("avx") {
-        let (full_r, full_c) = (rows / 8 * 8, cols / 8 * 8);
-        for r0 in (0..full_r).step_by(8) {
-            for c0 in (0..full_c).step_by(8) {
-                // SAFETY: T is f32 (checked); the tile is inside both matrices (asserted by
-                // the caller); the CPU has AVX (checked).
-                unsafe {
-                    let s = src.as_ptr().cast::<f32>().add(r0 * row_stride + c0);
-                    let d = dst.as_mut_ptr().cast::<f32>().add(c0 * rows + r0);
-                    transpose_8x8_avx(s, row_stride, d, rows);
-                }
-            }
-        }
-        return (full_r, full_c);
+    if core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>() {
+        return (0, 0);
     }
-    let _ = (src, rows, cols, row_stride, dst);
-    (0, 0)
+    let (src, dst) = (src.as_ptr().cast::<f32>(), dst.as_mut_ptr().cast::<f32>());
+    #[cfg(all(target_arch = "x86_64", feature = "std"))]
+    if std::is_x86_feature_detected!("avx") {
+        // SAFETY: T is f32 (checked); the tile is inside both matrices (the caller asserted
+        // their sizes); the CPU has AVX (checked).
+        return for_whole_tiles(rows, cols, 8, |r, c| unsafe { transpose_8x8_avx(src.add(r * row_stride + c), row_stride, dst.add(c * rows + r), rows) });
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        // SAFETY: T is f32 (checked); the tile is inside both matrices (the caller asserted
+        // their sizes).
+        for_whole_tiles(rows, cols, 4, |r, c| unsafe { transpose_4x4_wasm(src.add(r * row_stride + c), row_stride, dst.add(c * rows + r), rows) })
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        let _ = (src, dst, row_stride);
+        (0, 0)
+    }
+}
+
+/// Calls `tile(r, c)` for the top-left corner of every whole `size x size` tile of a
+/// `rows x cols` matrix; returns the rows and columns the tiles cover.
+#[inline(always)]
+fn for_whole_tiles(rows: usize, cols: usize, size: usize, mut tile: impl FnMut(usize, usize)) -> (usize, usize) {
+    let (full_r, full_c) = (rows / size * size, cols / size * size);
+    for r in (0..full_r).step_by(size) {
+        for c in (0..full_c).step_by(size) {
+            tile(r, c);
+        }
+    }
+    (full_r, full_c)
+}
+
+/// Transposes the 4 x 4 f32 tile at `src` (rows `ld_src` apart) into `dst` (rows `ld_dst`
+/// apart) in four `v128` registers.
+///
+/// # Safety
+/// Both tiles must be valid.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[inline]
+unsafe fn transpose_4x4_wasm(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usize) {
+    use core::arch::wasm32::*;
+    // SAFETY: inside the tiles (caller); v128 loads and stores are unaligned.
+    unsafe {
+        let r: [v128; 4] = core::array::from_fn(|i| v128_load(src.add(i * ld_src).cast()));
+        // Interleave pairs of rows, then take the halves of the pairs.
+        let lo01 = i32x4_shuffle::<0, 4, 1, 5>(r[0], r[1]);
+        let hi01 = i32x4_shuffle::<2, 6, 3, 7>(r[0], r[1]);
+        let lo23 = i32x4_shuffle::<0, 4, 1, 5>(r[2], r[3]);
+        let hi23 = i32x4_shuffle::<2, 6, 3, 7>(r[2], r[3]);
+        v128_store(dst.cast(), i32x4_shuffle::<0, 1, 4, 5>(lo01, lo23));
+        v128_store(dst.add(ld_dst).cast(), i32x4_shuffle::<2, 3, 6, 7>(lo01, lo23));
+        v128_store(dst.add(2 * ld_dst).cast(), i32x4_shuffle::<0, 1, 4, 5>(hi01, hi23));
+        v128_store(dst.add(3 * ld_dst).cast(), i32x4_shuffle::<2, 3, 6, 7>(hi01, hi23));
+    }
 }
 
 /// Transposes the 8 x 8 f32 tile at `src` (rows `ld_src` apart) into `dst` (rows `ld_dst`
