@@ -2,9 +2,26 @@
 // WebAssembly), watch the losses and samples, save and load checkpoints.
 //
 // URL parameters (for links and tests): backend=auto|webgpu|cpu, preset=<name>, steps=N (stop
-// after N steps), seed=N, autostart=1. window.alpha exposes the page's state.
+// after N steps), seed=N, autostart=1, wasm=relaxed|simd128 (which build, below).
+// window.alpha exposes the page's state.
 
-import init, { Trainer } from "./pkg/alpha_web.js";
+const params = new URLSearchParams(location.search);
+
+// alpha-web comes in two WebAssembly builds (scripts/build-web.sh): pkg/ with SIMD128, which
+// every current browser runs, and pkg-relaxed/, whose CPU kernels also use relaxed SIMD's
+// fused multiply-add. The page loads the second where the browser validates a module with
+// f32x4.relaxed_madd (this one: () -> v128, three i8x16.splat and the madd).
+const RELAXED_SIMD_PROBE = new Uint8Array([
+  0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 19, 1, 17, 0,
+  65, 1, 253, 15, 65, 1, 253, 15, 65, 1, 253, 15, 253, 133, 2, 11,
+]);
+const WASM_BUILDS = { relaxed: "./pkg-relaxed/alpha_web.js", simd128: "./pkg/alpha_web.js" };
+const wasmBuild = params.get("wasm") ?? (WebAssembly.validate(RELAXED_SIMD_PROBE) ? "relaxed" : "simd128");
+const { default: init, Trainer } = await import(WASM_BUILDS[wasmBuild] ?? WASM_BUILDS.simd128).catch((e) => {
+  if (wasmBuild !== "relaxed") throw e;
+  console.warn(`pkg-relaxed/ did not load (${e}); using pkg/`);
+  return import(WASM_BUILDS.simd128);
+});
 
 /** Model presets: options for Trainer.create, and how often to evaluate and sample. */
 export const PRESETS = {
@@ -29,7 +46,6 @@ export const PRESETS = {
 };
 
 const $ = (id) => document.getElementById(id);
-const params = new URLSearchParams(location.search);
 
 /** The page's state, for people and tests. */
 const state = {
@@ -120,7 +136,8 @@ function tokensPerSec() {
 
 function showStats() {
   const s = (state.stats = trainer.stats());
-  $("backend-name").textContent = s.backend === "webgpu" ? `WebGPU (${s.adapter || adapterLabel || "default adapter"})` : "CPU (WebAssembly)";
+  $("backend-name").textContent =
+    s.backend === "webgpu" ? `WebGPU (${s.adapter || adapterLabel || "default adapter"})` : `CPU (WebAssembly, ${s.kernel === "wasm-relaxed-simd" ? "relaxed SIMD" : "SIMD128"})`;
   $("step").textContent = String(s.step);
   if (state.trainMs > 0) $("tok-s").textContent = Math.round(tokensPerSec()).toLocaleString("en");
   if (s.fallback) say(`WebGPU could not be used (${s.fallback}): training on the CPU (WebAssembly).`);
@@ -289,6 +306,7 @@ function setup() {
   }
   const presetName = params.get("preset") ?? "tiny";
   if (!PRESETS[presetName]) return fail(`unknown preset ${presetName}; presets: ${Object.keys(PRESETS).join(", ")}`);
+  if (!WASM_BUILDS[wasmBuild]) return fail(`unknown wasm build ${wasmBuild}; builds: ${Object.keys(WASM_BUILDS).join(", ")}`);
   $("preset").value = presetName;
   preset = PRESETS[presetName];
   $("backend").value = params.get("backend") ?? "auto";

@@ -145,6 +145,14 @@ impl Engine {
             Engine::Gpu(g) => Some(g.trainer.gpu().adapter.name.clone()),
         }
     }
+
+    /// The CPU's GEMM kernel (`wasm-simd128` or `wasm-relaxed-simd`, after the build).
+    pub fn cpu_kernel(&self) -> Option<&'static str> {
+        match self {
+            Engine::Cpu(_) => Some(alpha_core::gemm::f32_kernel_name()),
+            Engine::Gpu(_) => None,
+        }
+    }
 }
 
 impl CpuEngine {

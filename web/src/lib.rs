@@ -42,6 +42,9 @@ pub fn start() {
 struct Stats {
     backend: &'static str,
     adapter: Option<String>,
+    /// The CPU engine's GEMM kernel, which names the WebAssembly build that runs
+    /// (`wasm-simd128` or `wasm-relaxed-simd`); none on WebGPU.
+    kernel: Option<&'static str>,
     /// Why the page runs on the CPU although WebGPU was allowed, if it does.
     fallback: Option<String>,
     step: u64,
@@ -184,14 +187,15 @@ impl Trainer {
         Ok(generated.into_iter().map(|id| self.tok.decode(id).unwrap_or('\u{FFFD}')).collect())
     }
 
-    /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, fallback, step,
-    /// params, vocab, tokensPerStep, tokensPerSec, config }` (`tokensPerSec` of the last
-    /// `step()` call).
+    /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, kernel, fallback,
+    /// step, params, vocab, tokensPerStep, tokensPerSec, config }` (`kernel`: the CPU's
+    /// GEMM kernel; `tokensPerSec` of the last `step()` call).
     pub fn stats(&self) -> Result<JsValue, JsError> {
         let plan = self.engine.plan();
         let stats = Stats {
             backend: self.engine.backend_name(),
             adapter: self.engine.adapter(),
+            kernel: self.engine.cpu_kernel(),
             fallback: self.fallback.clone(),
             step: self.engine.step_count(),
             params: plan.num_params(),
