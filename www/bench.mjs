@@ -29,7 +29,7 @@ const PAGE_RUNS = {
   "page, WebGPU (SwiftShader)": { build: "./pkg/alpha_web.js", backend: "webgpu", warmup: 5, timed: 10, repeats: 3 },
 };
 const NATIVE_RUNS = {
-  "native CPU, 1 thread": ["--threads", "1", "--iters", "200"],
+  "native CPU, 1 thread": ["--threads", "1", "--iters", "1000"],
   "native GPU (lavapipe)": ["--backend", "gpu", "--iters", "40"],
 };
 
