@@ -492,13 +492,14 @@ fn transpose_whole_tiles<T: Float>(src: &[T], rows: usize, cols: usize, row_stri
     }
     #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
     {
-        let _ = (src, dst, row_stride);
+        let _ = (src, dst, rows, cols, row_stride);
         (0, 0)
     }
 }
 
 /// Calls `tile(r, c)` for the top-left corner of every whole `size x size` tile of a
 /// `rows x cols` matrix; returns the rows and columns the tiles cover.
+#[cfg(any(all(target_arch = "x86_64", feature = "std"), all(target_arch = "wasm32", target_feature = "simd128")))]
 #[inline(always)]
 fn for_whole_tiles(rows: usize, cols: usize, size: usize, mut tile: impl FnMut(usize, usize)) -> (usize, usize) {
     let (full_r, full_c) = (rows / size * size, cols / size * size);
