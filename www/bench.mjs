@@ -22,11 +22,11 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 // In the page: the wasm JIT compiles its optimised code while the first steps run (about 150
 // steps of this preset in Chromium), hence the long CPU warm-up. `repeats` timings of `timed`
-// steps each; the result is the median ms per step.
+// steps each; the result is the median ms per step. `build` names one of the page's WASM_BUILDS.
 const PAGE_RUNS = {
-  "page, CPU (WebAssembly, relaxed SIMD)": { build: "./pkg-relaxed/alpha_web.js", backend: "cpu", warmup: 250, timed: 100, repeats: 5 },
-  "page, CPU (WebAssembly, SIMD128)": { build: "./pkg/alpha_web.js", backend: "cpu", warmup: 250, timed: 100, repeats: 5 },
-  "page, WebGPU (SwiftShader)": { build: "./pkg/alpha_web.js", backend: "webgpu", warmup: 5, timed: 10, repeats: 3 },
+  "page, CPU (WebAssembly, relaxed SIMD)": { build: "relaxed", backend: "cpu", warmup: 250, timed: 100, repeats: 5 },
+  "page, CPU (WebAssembly, SIMD128)": { build: "simd128", backend: "cpu", warmup: 250, timed: 100, repeats: 5 },
+  "page, WebGPU (SwiftShader)": { build: "simd128", backend: "webgpu", warmup: 5, timed: 10, repeats: 3 },
 };
 const NATIVE_RUNS = {
   "native CPU, 1 thread": ["--threads", "1", "--iters", "1000"],
@@ -39,8 +39,8 @@ async function pageTokensPerSec(browser, base, run) {
   await page.goto(`${base}?preset=tiny`);
   await page.waitForFunction(() => window.alpha?.status === "idle");
   const { perStep, tokensPerStep } = await page.evaluate(async ({ build, backend, warmup, timed, repeats }) => {
-    const { PRESETS } = await import("./main.js");
-    const { default: init, Trainer } = await import(build);
+    const { PRESETS, WASM_BUILDS } = await import("./main.js");
+    const { default: init, Trainer } = await import(WASM_BUILDS[build]);
     await init();
     const text = await (await fetch("data/shakespeare.txt")).text();
     const t = await Trainer.create({ ...PRESETS.tiny.options, backend }, text);

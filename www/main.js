@@ -15,7 +15,8 @@ const RELAXED_SIMD_PROBE = new Uint8Array([
   0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 19, 1, 17, 0,
   65, 1, 253, 15, 65, 1, 253, 15, 65, 1, 253, 15, 253, 133, 2, 11,
 ]);
-const WASM_BUILDS = { relaxed: "./pkg-relaxed/alpha_web.js", simd128: "./pkg/alpha_web.js" };
+/** The builds, by the name the `wasm` URL parameter takes. */
+export const WASM_BUILDS = { relaxed: "./pkg-relaxed/alpha_web.js", simd128: "./pkg/alpha_web.js" };
 const wasmBuild = params.get("wasm") ?? (WebAssembly.validate(RELAXED_SIMD_PROBE) ? "relaxed" : "simd128");
 const { default: init, Trainer } = await import(WASM_BUILDS[wasmBuild] ?? WASM_BUILDS.simd128).catch((e) => {
   if (wasmBuild !== "relaxed") throw e;
