@@ -16,9 +16,10 @@
 //! (6 x 16) on x86-64, detected at run time with `std` and at compile time without, and the
 //! whole blocked loop is compiled with the same features; WebAssembly builds with `simd128`
 //! use a 4 x 8 `v128` kernel (fused multiply-add where the build also enables
-//! `relaxed-simd`); f64 and other CPUs use the portable kernel. Edge tiles run the same
-//! kernel on a padded copy of C, so every element sees the same arithmetic wherever tile
-//! edges fall: results do not depend on how callers split rows across tasks.
+//! `relaxed-simd`) that reads A and B in place and packs only edge tiles; f64 and other CPUs
+//! use the portable kernel. Edge tiles run the same kernel on a padded copy of C, so every
+//! element sees the same arithmetic wherever tile edges fall: results do not depend on how
+//! callers split rows across tasks.
 //!
 //! Stack use per call: `(MC + MAX_NR) * KC` elements (192 KiB for f32).
 
@@ -108,17 +109,8 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
 ) {
     const { assert!(MR <= MAX_MR && MC.is_multiple_of(MR) && NR <= MAX_NR) };
     if k == 0 {
-        // C = beta·C, as the kernels compute it for a zero-depth product.
-        for i in 0..m {
-            for j in 0..n {
-                // SAFETY: inside C (caller).
-                unsafe {
-                    let cij = c.add(i * ldc + j);
-                    *cij = if beta == T::ZERO { T::ZERO } else { T::ZERO + beta * *cij };
-                }
-            }
-        }
-        return;
+        // SAFETY: forwarded.
+        return unsafe { scale_c(m, n, beta, c, ldc) };
     }
     // Each layout gets its own copy of the loops, so the kernel is a direct call.
     if a.cs == 1 {
@@ -172,21 +164,59 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
                     unsafe {
                         let a_panel = ap.add(ir * KC);
                         let ct = c.add((ic + ir) * ldc + jc);
-                        if rows == MR && w == NR {
-                            tile(kc, a_panel, bp, beta_pc, ct, ldc);
-                        } else {
-                            let e = c_edge.0.as_mut_ptr();
-                            for i in 0..rows {
-                                core::ptr::copy_nonoverlapping(ct.add(i * ldc), e.add(i * NR), w);
-                            }
-                            tile(kc, a_panel, bp, beta_pc, e, NR);
-                            for i in 0..rows {
-                                core::ptr::copy_nonoverlapping(e.add(i * NR), ct.add(i * ldc), w);
-                            }
-                        }
+                        run_tile::<T, MR, NR>(|c, ldc| tile(kc, a_panel, bp, beta_pc, c, ldc), rows, w, ct, ldc, &mut c_edge.0);
                     }
                 }
             }
+        }
+    }
+}
+
+/// `C = beta·C` for `C [m x n]`, as the kernels compute it for a zero-depth product.
+///
+/// # Safety
+/// C must be valid for writes.
+unsafe fn scale_c<T: Float>(m: usize, n: usize, beta: T, c: *mut T, ldc: usize) {
+    for i in 0..m {
+        for j in 0..n {
+            // SAFETY: inside C (caller).
+            unsafe {
+                let cij = c.add(i * ldc + j);
+                *cij = if beta == T::ZERO { T::ZERO } else { T::ZERO + beta * *cij };
+            }
+        }
+    }
+}
+
+/// Runs `tile(c, ldc)` for the `rows x w` corner of an `MR x NR` tile of C at `ct`: in place
+/// when the tile is whole, else on a copy in `edge` (at least `MR x NR`, row stride `NR`), so
+/// edge elements see the same arithmetic as the rest.
+///
+/// # Safety
+/// The `rows x w` block at `ct` must be inside C.
+#[inline(always)]
+unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(
+    tile: impl FnOnce(*mut T, usize),
+    rows: usize,
+    w: usize,
+    ct: *mut T,
+    ldc: usize,
+    edge: &mut [T],
+) {
+    if rows == MR && w == NR {
+        tile(ct, ldc);
+        return;
+    }
+    assert!(edge.len() >= MR * NR);
+    let e = edge.as_mut_ptr();
+    // SAFETY: inside C (caller) and the edge copy (checked).
+    unsafe {
+        for i in 0..rows {
+            core::ptr::copy_nonoverlapping(ct.add(i * ldc), e.add(i * NR), w);
+        }
+        tile(e, NR);
+        for i in 0..rows {
+            core::ptr::copy_nonoverlapping(e.add(i * NR), ct.add(i * ldc), w);
         }
     }
 }
@@ -368,26 +398,29 @@ const WASM_MR: usize = 4;
 const WASM_NR: usize = 8;
 
 /// The f32 micro-kernel for WebAssembly with SIMD (`simd128`, enabled for the whole build:
-/// wasm has no run-time detection). Multiply then add, as the portable kernel; builds that
-/// also enable `relaxed-simd` use its multiply-add, which engines compile to a fused
-/// multiply-add where the CPU has one (as the x86-64 kernels).
+/// wasm has no run-time detection), reading A and B where they lie: element `(i, p)` of A at
+/// `a + i * a_rs + p * a_cs`, row `p` of B at `b + p * ldb`. Multiply then add, as the
+/// portable kernel; builds that also enable `relaxed-simd` use its multiply-add, which
+/// engines compile to a fused multiply-add where the CPU has one (as the x86-64 kernels).
 ///
 /// # Safety
 /// The tile must be inside the operands.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-#[inline]
-unsafe fn tile_wasm<const A_RS: usize, const A_CS: usize>(kc: usize, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize) {
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *const f32, ldb: usize, beta: f32, c: *mut f32, ldc: usize) {
     use core::arch::wasm32::*;
     const VECS: usize = WASM_NR / 4;
-    // SAFETY: pointers inside the packed panels and the tile (caller); v128 loads and stores
-    // are unaligned.
+    // SAFETY: pointers inside the operands and the tile (caller); v128 loads and stores are
+    // unaligned.
     unsafe {
         let mut acc = [[f32x4_splat(0.0); VECS]; WASM_MR];
+        let rows: [*const f32; WASM_MR] = core::array::from_fn(|i| a.add(i * a_rs));
         for p in 0..kc {
-            let bp = b.add(p * WASM_NR);
+            let bp = b.add(p * ldb);
             let bv: [v128; VECS] = core::array::from_fn(|h| v128_load(bp.add(h * 4).cast()));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let ai = f32x4_splat(*a.add(i * A_RS + p * A_CS));
+            for (row, &ar) in acc.iter_mut().zip(&rows) {
+                let ai = f32x4_splat(*ar.add(p * a_cs));
                 for (x, &bh) in row.iter_mut().zip(&bv) {
                     #[cfg(target_feature = "relaxed-simd")]
                     {
@@ -411,15 +444,54 @@ unsafe fn tile_wasm<const A_RS: usize, const A_CS: usize>(kc: usize, a: *const f
     }
 }
 
-/// The blocked GEMM on the WebAssembly SIMD kernel.
+/// The GEMM on the WebAssembly SIMD kernel. Unlike [`gemm_blocked`] it packs only edge tiles
+/// (zero-padded): the products a browser trains stay in cache as they lie, and packing them
+/// cost more than it saved (tiny preset in Chromium: 2.27 ms per step packed, 2.23 in place).
+/// K blocks as in [`gemm_blocked`], so both sum in the same order.
 ///
 /// # Safety
 /// As [`gemm`].
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, c: *mut f32, ldc: usize) {
-    // SAFETY: forwarded.
-    unsafe { gemm_blocked::<f32, WASM_MR, WASM_NR>(tile_wasm::<KC, 1>, tile_wasm::<1, WASM_MR>, m, n, k, a, b, ldb, beta, c, ldc) }
+    if k == 0 {
+        // SAFETY: forwarded.
+        return unsafe { scale_c(m, n, beta, c, ldc) };
+    }
+    let mut a_edge = MaybeUninit::<Aligned<[f32; WASM_MR * KC]>>::uninit();
+    let mut b_edge = MaybeUninit::<Aligned<[f32; KC * WASM_NR]>>::uninit();
+    let mut c_edge = Aligned([0f32; WASM_MR * WASM_NR]);
+    let (ae, be) = (a_edge.as_mut_ptr().cast::<f32>(), b_edge.as_mut_ptr().cast::<f32>());
+    let by_rows = a.cs == 1;
+    for pc in (0..k).step_by(KC) {
+        let kc = KC.min(k - pc);
+        let beta_pc = if pc == 0 { beta } else { 1.0 };
+        for jc in (0..n).step_by(WASM_NR) {
+            let w = WASM_NR.min(n - jc);
+            // SAFETY (all accesses): rows pc..pc+kc and columns jc..jc+w of B, and rows
+            // ir..ir+rows of A, are inside the operands (caller); the edge buffers hold a
+            // packed micro-panel each.
+            unsafe {
+                let (bp, bs) = if w == WASM_NR {
+                    (b.add(pc * ldb + jc), ldb)
+                } else {
+                    pack_b::<f32, WASM_NR>(be, b, ldb, pc, kc, jc, w);
+                    (be.cast_const(), WASM_NR)
+                };
+                for ir in (0..m).step_by(WASM_MR) {
+                    let rows = WASM_MR.min(m - ir);
+                    let (ap, a_rs, a_cs) = if rows == WASM_MR {
+                        (a.ptr.add(ir * a.rs + pc * a.cs), a.rs, a.cs)
+                    } else {
+                        pack_a::<f32, WASM_MR>(ae, a, ir, rows, pc, kc, by_rows);
+                        if by_rows { (ae.cast_const(), KC, 1) } else { (ae.cast_const(), 1, WASM_MR) }
+                    };
+                    let tile = |c: *mut f32, ldc: usize| tile_wasm(kc, ap, a_rs, a_cs, bp, bs, beta_pc, c, ldc);
+                    run_tile::<f32, WASM_MR, WASM_NR>(tile, rows, w, c.add(ir * ldc + jc), ldc, &mut c_edge.0);
+                }
+            }
+        }
+    }
 }
 
 /// Name of the f32 micro-kernel [`gemm`] uses on this CPU: `avx512`, `avx2+fma`,
@@ -575,6 +647,7 @@ unsafe fn transpose_8x8_avx(src: *const f32, ld_src: usize, dst: *mut f32, ld_ds
     }
 }
 
+/// Also built for WebAssembly, where they run on its kernel (scripts/test.sh, under node).
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -593,7 +666,10 @@ mod tests {
 
     /// Every f32 kernel this CPU can run, and the portable one.
     fn f32_kernels() -> Vec<(&'static str, Kernel<f32>)> {
+        #[allow(unused_mut)]
         let mut v = vec![("portable", portable())];
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        v.push(("wasm", Kernel { mr: WASM_MR, nr: WASM_NR, gemm: gemm_wasm as GemmFn<f32> }));
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -607,7 +683,8 @@ mod tests {
     }
 
     /// Whole tiles and ragged edges, with a row stride wider than the rows.
-    #[test]
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn transpose_matches_definition() {
         for &(rows, cols, stride) in &[(1, 1, 1), (8, 8, 8), (19, 27, 30), (64, 32, 96), (3, 17, 17)] {
             let src: Vec<f32> = (0..rows * stride).map(|i| i as f32).collect();
@@ -626,7 +703,8 @@ mod tests {
     }
 
     /// A row's result must not depend on which tile it falls in (full or edge).
-    #[test]
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn rows_are_independent_of_tiling() {
         let (m, n, k) = (13, 37, 70);
         let mut rng = Rng::new(9);
@@ -645,7 +723,8 @@ mod tests {
     }
 
     /// Odd shapes (edge tiles, several K blocks), transposed A, beta 0 and 1, f32 and f64.
-    #[test]
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn matches_naive_product() {
         let mut rng = Rng::new(8);
         for &(m, n, k) in &[(1, 1, 1), (7, 17, 5), (13, 33, 300), (6, 16, 513), (20, 3, 2), (101, 45, 260)] {
