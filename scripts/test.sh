@@ -3,9 +3,10 @@
 #   unit tests and finite-difference gradient checks, the zero-allocation test, end-to-end
 #   CLI tests, cross-crate tests, every GPU kernel and the whole model against the CPU (on
 #   any Vulkan adapter; without a GPU, lavapipe from mesa-vulkan-drivers), the embedding
-#   example, alpha-core's no_std builds, and the browser demo (alpha-web's two builds from
-#   scripts/build-web.sh, then tested in Debian's Chromium through playwright-core: WebGPU on
-#   SwiftShader and both WebAssembly CPU builds).
+#   example, alpha-core's no_std builds, the GEMM tests again on the WebAssembly kernel, and
+#   the browser demo (alpha-web's two builds from scripts/build-web.sh, then tested in
+#   Debian's Chromium through playwright-core: WebGPU on SwiftShader and both WebAssembly CPU
+#   builds).
 # The no_std builds use the rustup target thumbv7em-none-eabihf when it is installed, else
 # Debian's rustc-web/cargo-web/rust-web-src (.ci/run installs them); ALPHA_SKIP_NO_STD=1 skips.
 # The browser build uses the active toolchain when it has wasm32-unknown-unknown, else the one
@@ -46,6 +47,10 @@ if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
         export RUSTUP_TOOLCHAIN="$WASM_TOOLCHAIN"
     fi
     scripts/build-web.sh
+    # alpha-core's GEMM tests on the WebAssembly kernel (the rest of the suite ran natively),
+    # under node with wasm-bindgen's test runner.
+    CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+        cargo test -q -p alpha-core --lib --profile test-opt --target wasm32-unknown-unknown
     unset RUSTUP_TOOLCHAIN
     cargo build -q --profile test-opt -p alpha-native
     (cd www && npm ci --no-audit --no-fund --silent && ALPHA_NATIVE="$PWD/../target/test-opt/alpha-native" npm test --silent)
