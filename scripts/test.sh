@@ -48,9 +48,9 @@ if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
     fi
     scripts/build-web.sh
     # alpha-core's GEMM tests on the WebAssembly kernel (the rest of the suite ran natively),
-    # under node with wasm-bindgen's test runner.
+    # under node with wasm-bindgen's test runner (no -q: the runner refuses libtest's --quiet).
     CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
-        cargo test -q -p alpha-core --lib --profile test-opt --target wasm32-unknown-unknown
+        cargo test -p alpha-core --lib --profile test-opt --target wasm32-unknown-unknown
     unset RUSTUP_TOOLCHAIN
     cargo build -q --profile test-opt -p alpha-native
     (cd www && npm ci --no-audit --no-fund --silent && ALPHA_NATIVE="$PWD/../target/test-opt/alpha-native" npm test --silent)
