@@ -26,9 +26,8 @@ fn gelu_gate(x: f32) -> f32 {
     return 1.0 / (1.0 + exp(-2.0 * u));
 }
 
-/// d GELU(x) / dx for the tanh approximation.
-fn gelu_grad(x: f32) -> f32 {
-    let s = gelu_gate(x);
+/// d GELU(x) / dx for the tanh approximation, given s = gelu_gate(x).
+fn gelu_slope(x: f32, s: f32) -> f32 {
     let du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
     return s + 2.0 * x * s * (1.0 - s) * du;
 }

@@ -14,14 +14,15 @@ const EPI_ACCUMULATE: u32 = 1u;
 const EPI_BIAS: u32 = 2u;
 const EPI_GELU: u32 = 4u;
 const EPI_RESIDUAL: u32 = 8u;
+const EPI_GELU_SLOPE: u32 = 16u;
 
 var<workgroup> a_tile: array<f32, 1024>; // [BK][TILE]
 var<workgroup> b_tile: array<f32, 1024>; // [BK][TILE]
 
 // c[rows, cols] = epilogue(a·b): a[i, k] at i*a_rs + k*a_cs, b[k, j] at k*b_rs + j*b_cs.
 // Words: rows, cols, depth, flags (EPI_*), a_rs, a_cs, b_rs, b_cs.
-// Epilogue order: (+ c if ACCUMULATE) (+ bias[j]) (GELU: aux = pre-activation) (+ aux[i, j]
-// if RESIDUAL). Grid: (cols / 64, rows / 64), workgroup 16x16, each thread a 4x4 block.
+// Epilogue order: (+ c if ACCUMULATE) (+ bias[j]) (GELU: aux = pre-activation, or with
+// GELU_SLOPE gelu'(pre-activation), for backward) (+ aux[i, j] if RESIDUAL). Grid: (cols / 64, rows / 64), workgroup 16x16, each thread a 4x4 block.
 @compute @workgroup_size(16, 16)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
@@ -92,8 +93,9 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
                     v += mm_bias[c];
                 }
                 if ((flags & EPI_GELU) != 0u) {
-                    mm_aux[idx] = v;
-                    v = v * gelu_gate(v);
+                    let s = gelu_gate(v);
+                    mm_aux[idx] = select(v, gelu_slope(v, s), (flags & EPI_GELU_SLOPE) != 0u);
+                    v = v * s;
                 }
                 if ((flags & EPI_RESIDUAL) != 0u) {
                     v += mm_aux[idx];
@@ -104,10 +106,11 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     }
 }
 
-// Backward of the epilogue: with GELU, dout[rows, cols] *= gelu'(pre) in place; then the
+// Backward of the epilogue: with GELU, dout[rows, cols] *= slope (gelu'(pre), what the
+// training forward left in its aux) in place; then the
 // column sums of dout over each block of 64 rows into partials[block, cols] (the bias
 // gradient, finished by add_partials). Words: rows, cols, gelu (0/1).
-// Bindings: 1 dout, 2 pre, 3 partials. Grid: (cols / 64, row blocks).
+// Bindings: 1 dout, 2 slope, 3 partials. Grid: (cols / 64, row blocks).
 @compute @workgroup_size(64)
 fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let rows = word(0u);
@@ -124,7 +127,7 @@ fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         let idx = r * cols + j;
         var g = mm_a[idx];
         if (gelu != 0u) {
-            g = g * gelu_grad(mm_b[idx]);
+            g = g * mm_b[idx];
             mm_a[idx] = g;
         }
         sum += g;

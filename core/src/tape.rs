@@ -18,9 +18,10 @@ use crate::plan::{ParamKind, Plan, Span};
 pub enum EpilogueSpan {
     /// Nothing.
     None,
-    /// GELU; the pre-activation is saved at `pre`.
+    /// GELU of the pre-activation, which is computed at `pre`.
     Gelu {
-        /// Pre-activation `[N, M]`.
+        /// Pre-activation `[N, M]`; a training forward leaves GELU's slope there instead,
+        /// which is all the backward needs of it.
         pre: Span,
     },
     /// Residual add of `input` (whose gradient buffer is the op's `dout`).
@@ -399,7 +400,7 @@ pub fn forward_observed<T: Float>(
                 Op::Matmul { x, weight, bias, out, epilogue, k, m, .. } => {
                     let epi = match epilogue {
                         EpilogueSpan::None => Epilogue::None,
-                        EpilogueSpan::Gelu { pre } => Epilogue::Gelu { pre: a.get(pre) },
+                        EpilogueSpan::Gelu { pre } => Epilogue::Gelu { pre: a.get(pre), slope: grad_scale.is_some() },
                         EpilogueSpan::Residual { input } => Epilogue::Residual { input: a.get(input) },
                     };
                     matmul::forward(par, a.get(wt), a.get(out), a.get(x), p(weight), bias.map(p), epi, k, m)
@@ -468,7 +469,7 @@ pub fn backward_observed<T: Float>(
                     plan.config.n_embd,
                 ),
                 Op::Matmul { x, dx, weight, bias, dout, epilogue, k, m, .. } => {
-                    let pre = match epilogue {
+                    let gelu_slope = match epilogue {
                         EpilogueSpan::Gelu { pre } => Some(&*a.get(pre)),
                         _ => None,
                     };
@@ -481,7 +482,7 @@ pub fn backward_observed<T: Float>(
                         a.get(dout),
                         a.get(x),
                         p(weight),
-                        pre,
+                        gelu_slope,
                         k,
                         m,
                     )

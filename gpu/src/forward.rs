@@ -107,7 +107,7 @@ pub(crate) fn compile_forward(
             Op::Matmul { x, weight, bias, out, epilogue, k, m, .. } => {
                 let epi = match epilogue {
                     EpilogueSpan::None => Epilogue::None,
-                    EpilogueSpan::Gelu { pre } => Epilogue::Gelu(a(pre)),
+                    EpilogueSpan::Gelu { pre } => Epilogue::Gelu { pre: a(pre), slope: loss.grad_scale.is_some() },
                     EpilogueSpan::Residual { input } => Epilogue::Residual(a(input)),
                 };
                 ops::matmul_forward(&mut p, a(out), a(x), w(weight), bias.map(w), epi, k, m)

@@ -11,6 +11,7 @@ const EPI_ACCUMULATE: u32 = 1;
 const EPI_BIAS: u32 = 2;
 const EPI_GELU: u32 = 4;
 const EPI_RESIDUAL: u32 = 8;
+const EPI_GELU_SLOPE: u32 = 16;
 
 fn u(x: usize) -> u32 {
     u32::try_from(x).expect("GPU shapes fit in 32 bits (checked when the trainer is built)")
@@ -21,8 +22,14 @@ fn u(x: usize) -> u32 {
 pub enum Epilogue<'a> {
     /// Nothing.
     None,
-    /// GELU, saving the pre-activation `[N, M]`.
-    Gelu(View<'a>),
+    /// GELU of the pre-activation, computed at `pre [N, M]`; with `slope` (backward follows)
+    /// `pre` is left holding `gelu'(pre)`, which is what [`matmul_backward`] reads.
+    Gelu {
+        /// Pre-activation `[N, M]`.
+        pre: View<'a>,
+        /// Leave GELU's slope there instead.
+        slope: bool,
+    },
     /// Adds the residual stream `[N, M]`.
     Residual(View<'a>),
 }
@@ -40,16 +47,16 @@ pub fn matmul_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, x: View<'a>
     let n = x.len / k;
     let (aux, epi) = match epilogue {
         Epilogue::None => (None, 0),
-        Epilogue::Gelu(pre) => (Some(pre), EPI_GELU),
+        Epilogue::Gelu { pre, slope } => (Some(pre), if slope { EPI_GELU | EPI_GELU_SLOPE } else { EPI_GELU }),
         Epilogue::Residual(res) => (Some(res), EPI_RESIDUAL),
     };
     let flags = epi | if bias.is_some() { EPI_BIAS } else { 0 };
     gemm(p, out, x, w, bias, aux, flags, [n, m, k], [k, 1, 1, k]);
 }
 
-/// Backward: GELU backward in place on `dout [N, M]` (with `pre`), `dbias += Σ rows`,
-/// `dx [N, K] = dout·w` (overwritten), `dw [M, K] += doutᵀ·x`. `partials`: at least
-/// `blocks(N) * M` elements of scratch.
+/// Backward: GELU backward in place on `dout [N, M]` (`*= gelu_slope`, what the training
+/// forward left in its `pre`), `dbias += Σ rows`, `dx [N, K] = dout·w` (overwritten),
+/// `dw [M, K] += doutᵀ·x`. `partials`: at least `blocks(N) * M` elements of scratch.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_backward<'a>(
     p: &mut ProgramBuilder<'a>,
@@ -60,14 +67,14 @@ pub fn matmul_backward<'a>(
     dout: View<'a>,
     x: View<'a>,
     w: View<'a>,
-    pre: Option<View<'a>>,
+    gelu_slope: Option<View<'a>>,
     k: usize,
     m: usize,
 ) {
     let n = x.len / k;
-    if pre.is_some() || dbias.is_some() {
-        let words = [u(n), u(m), u32::from(pre.is_some())];
-        p.push(Kernel::BiasGrad, &words, &[Some(dout), pre, Some(partials)], [u(m.div_ceil(64)), u(blocks(n)), 1]);
+    if gelu_slope.is_some() || dbias.is_some() {
+        let words = [u(n), u(m), u32::from(gelu_slope.is_some())];
+        p.push(Kernel::BiasGrad, &words, &[Some(dout), gelu_slope, Some(partials)], [u(m.div_ceil(64)), u(blocks(n)), 1]);
     }
     if let Some(db) = dbias {
         add_partials(p, db, partials, blocks(n), m, 0);

@@ -69,13 +69,14 @@ fn matmul_forward_with_each_epilogue_and_backward() {
     let w = random(&mut rng, m * k, 0.5);
     let bias = random(&mut rng, m, 0.5);
     let residual = random(&mut rng, n * m, 1.0);
-    for epi in 0..3 {
+    // Epilogues: none, GELU keeping the pre-activation, GELU leaving its slope, residual.
+    for epi in 0..4 {
         let mut out = vec![0.0; n * m];
         let mut pre = vec![0.0; n * m];
         let mut wt = vec![0.0; m * k];
         let cpu_epi = match epi {
             0 => matmul::Epilogue::None,
-            1 => matmul::Epilogue::Gelu { pre: &mut pre },
+            1 | 2 => matmul::Epilogue::Gelu { pre: &mut pre, slope: epi == 2 },
             _ => matmul::Epilogue::Residual { input: &residual },
         };
         matmul::forward(&Serial, &mut wt, &mut out, &x, &w, Some(&bias), cpu_epi, k, m);
@@ -83,25 +84,25 @@ fn matmul_forward_with_each_epilogue_and_backward() {
         run(8, |p| {
             let e = match epi {
                 0 => ops::Epilogue::None,
-                1 => ops::Epilogue::Gelu(whole(&gpre, &pre)),
+                1 | 2 => ops::Epilogue::Gelu { pre: whole(&gpre, &pre), slope: epi == 2 },
                 _ => ops::Epilogue::Residual(whole(&gr, &residual)),
             };
             ops::matmul_forward(p, whole(&gout, &out), whole(&gx, &x), whole(&gw, &w), Some(whole(&gb, &bias)), e, k, m);
         });
         assert_close(&format!("matmul forward, epilogue {epi}"), &download(&gout, n * m), &out, 1e-5);
-        if epi == 1 {
-            assert_close("GELU pre-activation", &download(&gpre, n * m), &pre, 1e-5);
+        if epi == 1 || epi == 2 {
+            assert_close(&format!("GELU pre-activation or slope, epilogue {epi}"), &download(&gpre, n * m), &pre, 1e-5);
         }
     }
-    // Backward with GELU and bias; gradients accumulate onto existing values.
-    let pre = random(&mut rng, n * m, 2.0);
+    // Backward with GELU (given its slope) and bias; gradients accumulate onto existing values.
+    let slope = random(&mut rng, n * m, 2.0);
     let dout0 = random(&mut rng, n * m, 1.0);
     let (dw0, db0) = (random(&mut rng, m * k, 1.0), random(&mut rng, m, 1.0));
     let (mut dout, mut dw, mut db, mut dx) = (dout0.clone(), dw0.clone(), db0.clone(), vec![0.0; n * k]);
     let mut partials = vec![0.0; blocks(n) * m];
-    matmul::backward(&Serial, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut dout, &x, &w, Some(&pre), k, m);
-    let (gdout, gdw, gdb, gdx, gpart, gpre, gx, gw) =
-        (buffer(&dout0), buffer(&dw0), buffer(&db0), fresh(n * k), fresh(partials.len()), buffer(&pre), buffer(&x), buffer(&w));
+    matmul::backward(&Serial, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut dout, &x, &w, Some(&slope), k, m);
+    let (gdout, gdw, gdb, gdx, gpart, gslope, gx, gw) =
+        (buffer(&dout0), buffer(&dw0), buffer(&db0), fresh(n * k), fresh(partials.len()), buffer(&slope), buffer(&x), buffer(&w));
     run(8, |p| {
         ops::matmul_backward(
             p,
@@ -112,7 +113,7 @@ fn matmul_forward_with_each_epilogue_and_backward() {
             whole(&gdout, &dout),
             whole(&gx, &x),
             whole(&gw, &w),
-            Some(whole(&gpre, &pre)),
+            Some(whole(&gslope, &slope)),
             k,
             m,
         )

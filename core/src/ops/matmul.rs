@@ -1,6 +1,7 @@
 //! Linear layer with fused epilogues: `out [N, M] = epilogue(x [N, K] · wᵀ + bias)`, with
-//! `w [M, K]` in `nn.Linear` layout. Epilogues: none, GELU (tanh approximation, the
-//! pre-activation saved for backward), or a residual add (`out = input + x·wᵀ + bias`).
+//! `w [M, K]` in `nn.Linear` layout. Epilogues: none, GELU (tanh approximation; a training
+//! forward leaves GELU's slope at the pre-activation for backward), or a residual add
+//! (`out = input + x·wᵀ + bias`).
 
 use super::row_blocks;
 use crate::float::Float;
@@ -12,10 +13,13 @@ use crate::simd::wide_dispatch;
 pub enum Epilogue<'a, T> {
     /// Store as is.
     None,
-    /// Store the pre-activation in `pre [N, M]` and `gelu(pre)` in `out`.
+    /// Store `gelu(pre)` in `out`, where `pre [N, M]` is the pre-activation.
     Gelu {
-        /// Pre-activation, saved for backward.
+        /// `[N, M]`: receives the pre-activation, then, with `slope`, `gelu'(pre)`.
         pre: &'a mut [T],
+        /// Whether backward follows: then `pre` is overwritten with `gelu'(pre)`, which is
+        /// all the backward needs (it multiplies instead of evaluating GELU a second time).
+        slope: bool,
     },
     /// Store `input + x·wᵀ + bias`. In backward the input's gradient is `dout` itself.
     Residual {
@@ -44,22 +48,36 @@ pub fn gelu<T: Float>(x: T) -> T {
 /// Derivative of [`gelu`]: `s + 2x·s·(1 − s)·u'` with `s = σ(2u)`.
 #[inline(always)]
 pub fn gelu_grad<T: Float>(x: T) -> T {
-    let s = gelu_sigmoid(x);
+    gelu_slope_from_sigmoid(x, gelu_sigmoid(x))
+}
+
+/// [`gelu_grad`] given `s = gelu_sigmoid(x)`.
+#[inline(always)]
+fn gelu_slope_from_sigmoid<T: Float>(x: T, s: T) -> T {
     let du = T::from_f64(GELU_SCALE) * (T::ONE + T::from_f64(3.0 * GELU_CUBIC) * x * x);
     s + T::from_f64(2.0) * x * s * (T::ONE - s) * du
 }
 
+/// `out = gelu(pre)`; with `slope`, also `pre = gelu'(pre)` (one exp for both).
 #[inline(always)]
-fn gelu_rows<T: Float>(out: &mut [T], pre: &[T]) {
-    for (o, &p) in out.iter_mut().zip(pre) {
-        *o = gelu(p);
+fn gelu_rows<T: Float>(out: &mut [T], pre: &mut [T], slope: bool) {
+    if slope {
+        for (o, p) in out.iter_mut().zip(pre) {
+            let s = gelu_sigmoid(*p);
+            *o = *p * s;
+            *p = gelu_slope_from_sigmoid(*p, s);
+        }
+    } else {
+        for (o, &p) in out.iter_mut().zip(pre.iter()) {
+            *o = gelu(p);
+        }
     }
 }
 
 #[inline(always)]
-fn gelu_grad_rows<T: Float>(d: &mut [T], pre: &[T]) {
-    for (d, &p) in d.iter_mut().zip(pre) {
-        *d *= gelu_grad(p);
+fn mul_rows<T: Float>(d: &mut [T], factor: &[T]) {
+    for (d, &f) in d.iter_mut().zip(factor) {
+        *d *= f;
     }
 }
 
@@ -88,12 +106,12 @@ wide_dispatch!(
 );
 
 wide_dispatch!(
-    /// `out = gelu(pre)` element-wise.
-    fn gelu_forward<T>(out: &mut [T], pre: &[T]) => gelu_rows
+    /// `out = gelu(pre)` element-wise; with `slope`, `pre = gelu'(pre)` as well.
+    fn gelu_forward<T>(out: &mut [T], pre: &mut [T], slope: bool) => gelu_rows
 );
 wide_dispatch!(
-    /// `d *= gelu'(pre)` element-wise.
-    fn gelu_backward<T>(d: &mut [T], pre: &[T]) => gelu_grad_rows
+    /// `d *= factor` element-wise (GELU's backward, given its slope).
+    fn gelu_backward<T>(d: &mut [T], factor: &[T]) => mul_rows
 );
 
 /// Forward. `out [N, M]`, `x [N, K]`, `w [M, K]`, `bias [M]`; rows split across tasks.
@@ -117,15 +135,15 @@ pub fn forward<T: Float>(
     let wt: &[T] = wt;
     let tasks = par.threads().min(n).max(1);
     let out_p = SharedMut(out.as_mut_ptr());
-    let (pre_p, residual) = match epilogue {
-        Epilogue::None => (None, None),
-        Epilogue::Gelu { pre } => {
+    let (pre_p, slope, residual) = match epilogue {
+        Epilogue::None => (None, false, None),
+        Epilogue::Gelu { pre, slope } => {
             assert_eq!(pre.len(), n * m);
-            (Some(SharedMut(pre.as_mut_ptr())), None)
+            (Some(SharedMut(pre.as_mut_ptr())), slope, None)
         }
         Epilogue::Residual { input } => {
             assert_eq!(input.len(), n * m);
-            (None, Some(input))
+            (None, false, Some(input))
         }
     };
     par.run(tasks, &|task| {
@@ -157,14 +175,15 @@ pub fn forward<T: Float>(
         }
         if pre_p.is_some() {
             // SAFETY: as above, the same rows of `out`.
-            gelu_forward(unsafe { out_p.slice(start, len) }, target);
+            gelu_forward(unsafe { out_p.slice(start, len) }, target, slope);
         }
     });
 }
 
 /// Backward. From `dout [N, M]` computes `dx = dout·w` (overwriting, if requested) and
-/// accumulates `dw += doutᵀ·x`, `db += Σ_rows dout`. With `gelu_pre`, `dout` holds the
-/// gradient of the GELU output and is turned into the pre-activation gradient in place.
+/// accumulates `dw += doutᵀ·x`, `db += Σ_rows dout`. With `gelu_slope` (what a training
+/// forward left in its `pre`), `dout` holds the gradient of the GELU output and is turned
+/// into the pre-activation gradient in place.
 /// `partials` is scratch of at least [`row_blocks::blocks`]`(N) * M` elements (for `db`).
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Float>(
@@ -176,21 +195,21 @@ pub fn backward<T: Float>(
     dout: &mut [T],
     x: &[T],
     w: &[T],
-    gelu_pre: Option<&[T]>,
+    gelu_slope: Option<&[T]>,
     k: usize,
     m: usize,
 ) {
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && dout.len() == n * m && dw.len() == m * k, "matmul backward: shape mismatch");
     // One pass over row blocks: the GELU's gradient in place, and the blocks' column sums.
-    if gelu_pre.is_some() || db.is_some() {
+    if gelu_slope.is_some() || db.is_some() {
         let d_p = SharedMut(dout.as_mut_ptr());
         let with_bias = db.is_some();
         row_blocks::for_each_block(par, n, partials, m, &|rows, partial| {
             // SAFETY: blocks own disjoint rows.
             let d = unsafe { d_p.slice(rows.start * m, rows.len() * m) };
-            if let Some(pre) = gelu_pre {
-                gelu_backward(d, &pre[rows.start * m..rows.end * m]);
+            if let Some(slope) = gelu_slope {
+                gelu_backward(d, &slope[rows.start * m..rows.end * m]);
             }
             if with_bias {
                 column_sums(partial, d);
@@ -267,23 +286,23 @@ mod tests {
         let g = random(&mut rng, n * m, 1.0);
         let mut out = vec![0.0; n * m];
         let mut pre = vec![0.0; n * m];
-        let run = |x: &[f64], w: &[f64], b: &[f64], r: &[f64], pre: &mut [f64], out: &mut [f64]| {
+        let run = |x: &[f64], w: &[f64], b: &[f64], r: &[f64], pre: &mut [f64], out: &mut [f64], slope: bool| {
             let epi = match kind {
-                "gelu" => Epilogue::Gelu { pre },
+                "gelu" => Epilogue::Gelu { pre, slope },
                 "residual" => Epilogue::Residual { input: r },
                 _ => Epilogue::None,
             };
             forward(&Serial, &mut vec![0.0; m * k], out, x, w, with_bias.then_some(b), epi, k, m);
             weighted_sum(out, &g)
         };
-        run(&x, &w, &b, &r, &mut pre, &mut out);
+        run(&x, &w, &b, &r, &mut pre, &mut out, true);
         let (mut dx, mut dw, mut db, mut dout) = (vec![0.0; n * k], vec![0.0; m * k], vec![0.0; m], g.clone());
-        let gelu_pre = (kind == "gelu").then_some(&pre[..]);
+        let gelu_slope = (kind == "gelu").then_some(&pre[..]);
         let mut partials = vec![0.0; crate::ops::row_blocks::blocks(n) * m];
-        backward(&Serial, Some(&mut dx), &mut dw, with_bias.then_some(&mut db[..]), &mut partials, &mut dout, &x, &w, gelu_pre, k, m);
+        backward(&Serial, Some(&mut dx), &mut dw, with_bias.then_some(&mut db[..]), &mut partials, &mut dout, &x, &w, gelu_slope, k, m);
         let (x0, w0, b0, r0) = (x.clone(), w.clone(), b.clone(), r.clone());
         let mut scratch = (vec![0.0; n * m], vec![0.0; n * m]);
-        let mut loss = |x: &[f64], w: &[f64], b: &[f64], r: &[f64]| run(x, w, b, r, &mut scratch.0, &mut scratch.1);
+        let mut loss = |x: &[f64], w: &[f64], b: &[f64], r: &[f64]| run(x, w, b, r, &mut scratch.0, &mut scratch.1, false);
         assert_close("dx", &dx, &numeric_grad(&mut x, |x| loss(x, &w0, &b0, &r0)));
         assert_close("dw", &dw, &numeric_grad(&mut w, |w| loss(&x0, w, &b0, &r0)));
         if with_bias {
@@ -326,20 +345,23 @@ mod tests {
         check("residual", true);
     }
 
-    /// The AVX-512 build of the GELU loops (where this CPU has it) equals the baseline bit for bit.
+    /// The AVX-512 build of the GELU loop (where this CPU has it) equals the baseline bit for
+    /// bit, with and without the slope, and the slope is [`gelu_grad`]'s.
     #[test]
     fn wide_gelu_matches_baseline() {
         let mut rng = Rng::new(12);
         let pre: Vec<f32> = (0..1000).map(|_| (rng.next_f64() as f32 - 0.5) * 20.0).collect();
-        let (mut wide, mut base) = (vec![0f32; 1000], vec![0f32; 1000]);
-        gelu_forward(&mut wide, &pre);
-        gelu_rows(&mut base, &pre);
-        assert_eq!(wide, base);
-        let d: Vec<f32> = (0..1000).map(|_| rng.next_f64() as f32).collect();
-        let (mut wide, mut base) = (d.clone(), d);
-        gelu_backward(&mut wide, &pre);
-        gelu_grad_rows(&mut base, &pre);
-        assert_eq!(wide, base);
+        for slope in [false, true] {
+            let (mut wide, mut base) = (vec![0f32; 1000], vec![0f32; 1000]);
+            let (mut wide_pre, mut base_pre) = (pre.clone(), pre.clone());
+            gelu_forward(&mut wide, &mut wide_pre, slope);
+            gelu_rows(&mut base, &mut base_pre, slope);
+            assert_eq!(wide, base);
+            assert_eq!(wide_pre, base_pre);
+            assert!(base.iter().zip(&pre).all(|(&g, &x)| g == gelu(x)));
+            let expected: Vec<f32> = pre.iter().map(|&x| if slope { gelu_grad(x) } else { x }).collect();
+            assert_eq!(base_pre, expected);
+        }
     }
 
     #[test]
