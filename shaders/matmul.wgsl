@@ -22,7 +22,8 @@ var<workgroup> b_tile: array<f32, 1024>; // [BK][TILE]
 // c[rows, cols] = epilogue(a·b): a[i, k] at i*a_rs + k*a_cs, b[k, j] at k*b_rs + j*b_cs.
 // Words: rows, cols, depth, flags (EPI_*), a_rs, a_cs, b_rs, b_cs.
 // Epilogue order: (+ c if ACCUMULATE) (+ bias[j]) (GELU: aux = pre-activation, or with
-// GELU_SLOPE gelu'(pre-activation), for backward) (+ aux[i, j] if RESIDUAL). Grid: (cols / 64, rows / 64), workgroup 16x16, each thread a 4x4 block.
+// GELU_SLOPE gelu'(pre-activation), for backward) (+ aux[i, j] if RESIDUAL).
+// Grid: (cols / 64, rows / 64), workgroup 16x16, each thread a 4x4 block.
 @compute @workgroup_size(16, 16)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {

@@ -191,7 +191,7 @@ pub struct LayerActs {
     pub ln2_mean: Span,
     /// LN2 row reciprocal standard deviations `[N]`.
     pub ln2_rstd: Span,
-    /// MLP pre-activation `[N, 4C]`.
+    /// MLP pre-activation `[N, 4C]`; after a training forward, GELU's slope there.
     pub fc_pre: Span,
     /// MLP GELU output `[N, 4C]`.
     pub fc_gelu: Span,
