@@ -3,10 +3,10 @@
 #   unit tests and finite-difference gradient checks, the zero-allocation test, end-to-end
 #   CLI tests, cross-crate tests, every GPU kernel and the whole model against the CPU (on
 #   any Vulkan adapter; without a GPU, lavapipe from mesa-vulkan-drivers), the embedding
-#   example, alpha-core's no_std builds, the GEMM tests again on the WebAssembly kernel, and
-#   the browser demo (alpha-web's two builds from scripts/build-web.sh, then tested in
-#   Debian's Chromium through playwright-core: WebGPU on SwiftShader and both WebAssembly CPU
-#   builds).
+#   example, alpha-core's no_std builds, the GEMM tests again on the WebAssembly kernel (both
+#   builds), and the browser demo (alpha-web's two builds from scripts/build-web.sh, then
+#   tested in Debian's Chromium through playwright-core: WebGPU on SwiftShader and both
+#   WebAssembly CPU builds).
 # The no_std builds use the rustup target thumbv7em-none-eabihf when it is installed, else
 # Debian's rustc-web/cargo-web/rust-web-src (.ci/run installs them); ALPHA_SKIP_NO_STD=1 skips.
 # The browser build uses the active toolchain when it has wasm32-unknown-unknown, else the one
@@ -48,9 +48,24 @@ if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
     fi
     scripts/build-web.sh
     # alpha-core's GEMM tests on the WebAssembly kernel (the rest of the suite ran natively),
-    # under node with wasm-bindgen's test runner (no -q: the runner refuses libtest's --quiet).
-    CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+    # under node with wasm-bindgen's test runner (no -q: the runner refuses libtest's --quiet),
+    # in both builds: SIMD128, and relaxed SIMD (its multiply-add kernel; target directory as
+    # in build-web.sh). Node 20 runs relaxed SIMD only behind a V8 flag, which the runner does
+    # not pass and NODE_OPTIONS does not accept: a `node` first on PATH adds it where needed.
+    export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner
+    cargo test -p alpha-core --lib --profile test-opt --target wasm32-unknown-unknown
+    node_shim="$(mktemp -d)"
+    real_node="$(command -v node)"
+    relaxed_flag=""
+    if "$real_node" --experimental-wasm-relaxed-simd -e 0 2>/dev/null; then
+        relaxed_flag="--experimental-wasm-relaxed-simd"
+    fi
+    printf '#!/bin/sh\nexec "%s" %s "$@"\n' "$real_node" "$relaxed_flag" > "$node_shim/node"
+    chmod +x "$node_shim/node"
+    PATH="$node_shim:$PATH" CARGO_TARGET_DIR=target/wasm-relaxed-simd \
+        CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C target-feature=+simd128,+relaxed-simd" \
         cargo test -p alpha-core --lib --profile test-opt --target wasm32-unknown-unknown
+    unset CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER
     unset RUSTUP_TOOLCHAIN
     cargo build -q --profile test-opt -p alpha-native
     (cd www && npm ci --no-audit --no-fund --silent && ALPHA_NATIVE="$PWD/../target/test-opt/alpha-native" npm test --silent)
