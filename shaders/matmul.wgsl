@@ -108,9 +108,9 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 }
 
 // Backward of the epilogue: with GELU, dout[rows, cols] *= slope (gelu'(pre), what the
-// training forward left in its aux) in place; then the
-// column sums of dout over each block of 64 rows into partials[block, cols] (the bias
-// gradient, finished by add_partials). Words: rows, cols, gelu (0/1).
+// training forward left in its aux) in place; then the column sums of dout over each block of
+// 64 rows into partials[block, cols] (the bias gradient, finished by add_partials).
+// Words: rows, cols, gelu (0/1).
 // Bindings: 1 dout, 2 slope, 3 partials. Grid: (cols / 64, row blocks).
 @compute @workgroup_size(64)
 fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

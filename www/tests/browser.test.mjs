@@ -104,15 +104,27 @@ for (const [run, backend, extra, shown] of RUNS) {
   });
 }
 
+/** The losses of `steps` steps of `alpha-native train` with `flags`, checkpoint in work/`name`. */
+function nativeLosses(flags, steps, name) {
+  const metrics = join(work, `${name}.jsonl`);
+  execFileSync(native, ["train", ...flags, "--iters", String(steps), "--log-interval", "1", "--eval-interval", "0", "--sample-interval", "0", "--out", join(work, name), "--metrics", metrics]);
+  const losses = readFileSync(metrics, "utf8").trim().split("\n").map((l) => JSON.parse(l)).filter((r) => r.type === "train").map((r) => r.loss);
+  assert.equal(losses.length, steps);
+  return losses;
+}
+
+/** Asserts that the page's losses equal native's to 1e-4 relative, and logs the largest gap. */
+function assertLossesMatch(what, got, want) {
+  const rel = got.map((loss, i) => Math.abs(loss - want[i]) / want[i]);
+  console.log(`${what}: largest relative difference from alpha-native ${Math.max(...rel).toExponential(2)}`);
+  rel.forEach((r, i) => assert.ok(r <= 1e-4, `${what}, step ${i + 1}: page ${got[i]}, native ${want[i]} (relative ${r})`));
+}
+
 test(`the first ${PARITY_STEPS} steps' losses equal alpha-native's on the CPU (1e-4), and a native checkpoint loads into the page`, async () => {
-  execFileSync(native, ["train", ...TINY, "--iters", String(PARITY_STEPS), "--log-interval", "1", "--eval-interval", "0", "--sample-interval", "0", "--out", join(work, "native"), "--metrics", join(work, "m.jsonl")]);
-  const nativeLosses = readFileSync(join(work, "m.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l)).filter((r) => r.type === "train").map((r) => r.loss);
-  assert.equal(nativeLosses.length, PARITY_STEPS);
+  const want = nativeLosses(TINY, PARITY_STEPS, "native");
   for (const [run] of RUNS) {
     assert.ok(pageLosses[run], `the ${run} test ran first`);
-    const rel = pageLosses[run].map((loss, i) => Math.abs(loss - nativeLosses[i]) / nativeLosses[i]);
-    console.log(`${run}: largest relative difference from alpha-native over ${PARITY_STEPS} steps ${Math.max(...rel).toExponential(2)}`);
-    rel.forEach((r, i) => assert.ok(r <= 1e-4, `${run}, step ${i + 1}: page ${pageLosses[run][i]}, native ${nativeLosses[i]} (relative ${r})`));
+    assertLossesMatch(`${run}, ${PARITY_STEPS} steps`, pageLosses[run], want);
   }
   const { page, errors } = await open("?backend=cpu&preset=tiny");
   await page.waitForFunction(() => window.alpha?.status === "idle");
@@ -132,10 +144,7 @@ const ODD_STEPS = 3;
 
 test(`odd shapes: the first ${ODD_STEPS} steps' losses equal alpha-native's (1e-4) on WebGPU and both CPU builds`, async () => {
   const flags = Object.entries(ODD).flatMap(([k, v]) => [`--${k}`, String(v)]);
-  const metrics = join(work, "odd.jsonl");
-  execFileSync(native, ["train", ...flags, "--iters", String(ODD_STEPS), "--log-interval", "1", "--eval-interval", "0", "--sample-interval", "0", "--out", join(work, "odd"), "--metrics", metrics]);
-  const nativeLosses = readFileSync(metrics, "utf8").trim().split("\n").map((l) => JSON.parse(l)).filter((r) => r.type === "train").map((r) => r.loss);
-  assert.equal(nativeLosses.length, ODD_STEPS);
+  const want = nativeLosses(flags, ODD_STEPS, "odd");
   const { page, errors } = await open();
   await page.waitForFunction(() => window.alpha?.status === "idle");
   for (const [build, backend] of [["relaxed", "cpu"], ["simd128", "cpu"], ["simd128", "webgpu"]]) {
@@ -147,9 +156,7 @@ test(`odd shapes: the first ${ODD_STEPS} steps' losses equal alpha-native's (1e-
       const t = await Trainer.create({ ...options, backend }, text);
       return Array.from(await t.step(steps));
     }, { build, backend, options: ODD, steps: ODD_STEPS });
-    const rel = losses.map((loss, i) => Math.abs(loss - nativeLosses[i]) / nativeLosses[i]);
-    console.log(`odd shapes, ${backend} (${build}): largest relative difference from alpha-native ${Math.max(...rel).toExponential(2)}`);
-    rel.forEach((r, i) => assert.ok(r <= 1e-4, `${backend} (${build}), step ${i + 1}: page ${losses[i]}, native ${nativeLosses[i]}`));
+    assertLossesMatch(`odd shapes, ${backend} (${build})`, losses, want);
   }
   assert.deepEqual(errors, []);
   await page.close();
