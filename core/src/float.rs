@@ -129,14 +129,22 @@ pub fn sum_map3<T: Float>(a: &[T], b: &[T], c: &[T], term: impl Fn(T, T, T) -> T
     for i in n / LANES * LANES..n {
         tail += term(a[i], b[i], c[i]);
     }
-    let mut width = LANES;
+    sum_lanes(acc) + tail
+}
+
+/// The lanes of [`sum_map3`]'s accumulator added pairwise (`l + 8` to `l`, then `l + 4`, ...).
+/// Kept out of line: inlined, this tree makes LLVM split the accumulator into eight 2-lane
+/// vectors in the main loop instead of one 16-lane one.
+#[inline(never)]
+fn sum_lanes<T: Float>(mut acc: [T; 16]) -> T {
+    let mut width = acc.len();
     while width > 1 {
         width /= 2;
         for l in 0..width {
             acc[l] += acc[l + width];
         }
     }
-    acc[0] + tail
+    acc[0]
 }
 
 /// `Σ term(a[i], b[i])` in [`sum_map3`]'s order.
