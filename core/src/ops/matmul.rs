@@ -108,6 +108,11 @@ wide_dispatch!(
     fn gelu_backward<T>(d: &mut [T], factor: &[T]) => mul_rows
 );
 
+/// Rows per block of [`forward`]'s pipeline (bias or residual, GEMM, GELU): the GEMM's own
+/// row block, so splitting adds no packing, and the block's output stays in L2 between the
+/// three passes.
+const ROW_BLOCK: usize = crate::gemm::MC;
+
 /// Forward. `out [N, M]`, `x [N, K]`, `w [M, K]`, `bias [M]`; rows split across tasks.
 /// `wt` is scratch of at least `M * K` elements (wᵀ is staged there for the GEMM).
 #[allow(clippy::too_many_arguments)]
@@ -142,34 +147,35 @@ pub fn forward<T: Float>(
     };
     par.run(tasks, &|task| {
         let rows = split_range(n, tasks, task);
-        if rows.is_empty() {
-            return;
-        }
-        let (start, len) = (rows.start * m, rows.len() * m);
-        // SAFETY: tasks own disjoint row ranges of `out` and `pre`.
-        let target = unsafe { pre_p.unwrap_or(out_p).slice(start, len) };
-        let input = residual.map(|r| &r[start..start + len]);
-        // The GEMM adds its product to what is already there: the residual and/or the bias.
-        let beta = match (input, bias) {
-            (None, None) => T::ZERO,
-            (Some(input), None) => {
-                target.copy_from_slice(input);
-                T::ONE
+        // Blocks of rows go through bias, GEMM and GELU while they are still in cache.
+        for r0 in rows.clone().step_by(ROW_BLOCK) {
+            let block = r0..(r0 + ROW_BLOCK).min(rows.end);
+            let (start, len) = (block.start * m, block.len() * m);
+            // SAFETY: tasks own disjoint row ranges of `out` and `pre`.
+            let target = unsafe { pre_p.unwrap_or(out_p).slice(start, len) };
+            let input = residual.map(|r| &r[start..start + len]);
+            // The GEMM adds its product to what is already there: the residual and/or the bias.
+            let beta = match (input, bias) {
+                (None, None) => T::ZERO,
+                (Some(input), None) => {
+                    target.copy_from_slice(input);
+                    T::ONE
+                }
+                (input, Some(b)) => {
+                    add_bias_rows(target, input, b);
+                    T::ONE
+                }
+            };
+            // SAFETY: x rows are K-strided, wt is [K, M]; target is exactly block.len() x m
+            // and overlaps neither.
+            unsafe {
+                let a = Strided { ptr: x.as_ptr().add(block.start * k), rs: k, cs: 1 };
+                gemm(block.len(), m, k, a, wt.as_ptr(), m, beta, target.as_mut_ptr(), m);
             }
-            (input, Some(b)) => {
-                add_bias_rows(target, input, b);
-                T::ONE
+            if pre_p.is_some() {
+                // SAFETY: as above, the same rows of `out`.
+                gelu_forward(unsafe { out_p.slice(start, len) }, target, slope);
             }
-        };
-        // SAFETY: x rows are K-strided, wt is [K, M]; target is exactly rows.len() x m and
-        // overlaps neither.
-        unsafe {
-            let a = Strided { ptr: x.as_ptr().add(rows.start * k), rs: k, cs: 1 };
-            gemm(rows.len(), m, k, a, wt.as_ptr(), m, beta, target.as_mut_ptr(), m);
-        }
-        if pre_p.is_some() {
-            // SAFETY: as above, the same rows of `out`.
-            gelu_forward(unsafe { out_p.slice(start, len) }, target, slope);
         }
     });
 }
