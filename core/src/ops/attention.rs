@@ -47,6 +47,13 @@ impl AttentionShape {
         (QUERY_BLOCK_TILES * T::kernel().mr).min(self.seq)
     }
 
+    /// Keys to score for a block whose queries see `keys` keys: up to the GEMM kernel's next
+    /// whole column panel (the softmax masks the extra ones), since a partial panel costs
+    /// more than a whole one (with AVX-512, 48 queries by 48 keys took longer than by 64).
+    fn scored_keys<T: Float>(&self, keys: usize) -> usize {
+        keys.next_multiple_of(T::kernel().nr).min(self.seq)
+    }
+
     /// Scratch one (batch, head) task needs: `Kᵀ` and `Vᵀ` (`HS x T` each) and two row
     /// blocks of scores (at most `MAX_QUERY_BLOCK x T` each).
     fn task_scratch(&self) -> usize {
@@ -164,10 +171,10 @@ pub fn forward<T: Float>(par: &dyn Parallel, out: &mut [T], lse: &mut [T], qkv: 
         for q0 in (0..t).step_by(qb) {
             let rows = q0..(q0 + qb).min(t);
             let keys = rows.end;
-            // SAFETY: the operands are the block's rows of q, Kᵀ's first `keys` columns, the
-            // block's rows of p (stride t), and of this head's output (stride C).
+            // SAFETY: the operands are the block's rows of q, Kᵀ's first columns (at most t),
+            // the block's rows of p (stride t), and of this head's output (stride C).
             unsafe {
-                gemm(rows.len(), keys, hs, head.part(q0, 0), kt.as_ptr(), t, T::ZERO, p.as_mut_ptr(), t);
+                gemm(rows.len(), s.scored_keys::<T>(keys), hs, head.part(q0, 0), kt.as_ptr(), t, T::ZERO, p.as_mut_ptr(), t);
                 causal_softmax(p, t, rows.clone(), scale, lse);
                 let probs = Strided { ptr: p.as_ptr(), rs: t, cs: 1 };
                 let v = head.part(0, 2);
@@ -218,35 +225,33 @@ pub fn backward<T: Float>(
             let (p, dp) = rest.split_at_mut(qb * t);
             (kt, vt, p, dp)
         };
-        for i in 0..t {
-            for part in 0..3 {
-                // SAFETY: as above.
-                unsafe { d_p.slice(head.off(i, part), hs) }.fill(T::ZERO);
-            }
-        }
         transpose(&qkv[head.off(0, 1)..], t, hs, 3 * c, kt);
         transpose(&qkv[head.off(0, 2)..], t, hs, 3 * c, vt);
         let ld = 3 * c;
         let d_at = |i: usize, part: usize| d_p.ptr().wrapping_add(head.off(i, part));
-        for q0 in (0..t).step_by(qb) {
+        // Last block first: it sees every key, so it writes all of dK and dV (nothing to
+        // clear beforehand) and earlier blocks add to them.
+        for q0 in (0..t).step_by(qb).rev() {
             let rows = q0..(q0 + qb).min(t);
             let (n, keys) = (rows.len(), rows.end);
+            let beta_kv = if keys == t { T::ZERO } else { T::ONE };
             let d_o = Strided { ptr: dout[(head.b * t + q0) * c + head.h * hs..].as_ptr(), rs: c, cs: 1 };
             // SAFETY: operands as in forward; dp rows have stride t; dq/dk/dv are this head's
             // columns of dqkv (stride 3C), disjoint from everything read.
             unsafe {
-                gemm(n, keys, hs, head.part(q0, 0), kt.as_ptr(), t, T::ZERO, p.as_mut_ptr(), t);
+                let scored = s.scored_keys::<T>(keys);
+                gemm(n, scored, hs, head.part(q0, 0), kt.as_ptr(), t, T::ZERO, p.as_mut_ptr(), t);
                 causal_softmax_recompute(p, t, rows.clone(), scale, &lse[task * t..(task + 1) * t]);
-                gemm(n, keys, hs, d_o, vt.as_ptr(), t, T::ZERO, dp.as_mut_ptr(), t);
+                gemm(n, scored, hs, d_o, vt.as_ptr(), t, T::ZERO, dp.as_mut_ptr(), t);
                 let o0 = (head.b * t + q0) * c + head.h * hs;
                 let (d_o_rows, o_rows) = (&dout[o0..o0 + (n - 1) * c + hs], &out[o0..o0 + (n - 1) * c + hs]);
                 softmax_grad(&mut dp[..n * t], p, t, keys, d_o_rows, o_rows, c, hs, scale);
                 let p_t = Strided { ptr: p.as_ptr(), rs: 1, cs: t };
                 let ds_t = Strided { ptr: dp.as_ptr(), rs: 1, cs: t };
                 let ds = Strided { ptr: dp.as_ptr(), rs: t, cs: 1 };
-                // dV[..keys] += Pᵀ · dO;  dK[..keys] += dSᵀ · Q;  dQ[rows] = dS · K.
-                gemm_b_strided(keys, hs, n, p_t, d_o, T::ONE, d_at(0, 2), ld);
-                gemm_b_strided(keys, hs, n, ds_t, head.part(q0, 0), T::ONE, d_at(0, 1), ld);
+                // dV[..keys] (+)= Pᵀ · dO;  dK[..keys] (+)= dSᵀ · Q;  dQ[rows] = dS · K.
+                gemm_b_strided(keys, hs, n, p_t, d_o, beta_kv, d_at(0, 2), ld);
+                gemm_b_strided(keys, hs, n, ds_t, head.part(q0, 0), beta_kv, d_at(0, 1), ld);
                 gemm_b_strided(n, hs, keys, ds, head.part(0, 1), T::ZERO, d_at(q0, 0), ld);
             }
         }
@@ -274,6 +279,37 @@ mod tests {
     fn matches_explicit_softmax_and_is_causal() {
         check_against_explicit_softmax(SHAPE);
         check_against_explicit_softmax(LONG);
+    }
+
+    /// The f32 build (this CPU's GEMM kernel, whose query blocks and scored key panels
+    /// differ from the portable f64 kernel's) computes what the f64 build does, to f32
+    /// rounding, over three query blocks of any kernel.
+    #[test]
+    fn f32_kernel_matches_f64() {
+        let s = AttentionShape { batch: 2, seq: 2 * MAX_QUERY_BLOCK + 5, heads: 2, head_size: 8 };
+        let (n, c) = (s.batch * s.seq, s.c());
+        let mut rng = Rng::new(9);
+        // Inputs that f32 holds exactly, so only the arithmetic differs.
+        let mut random32 = |len, scale| random(&mut rng, len, scale).into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+        let (qkv, g) = (random32(n * 3 * c, 1.5), random32(n * c, 1.0));
+        let widen = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        let (out32, dqkv32) = run_both_passes(s, &qkv, &g);
+        let (out, dqkv) = run_both_passes(s, &widen(&qkv), &widen(&g));
+        for (what, got, want) in [("out", widen(&out32), out), ("dqkv", widen(&dqkv32), dqkv)] {
+            let scale = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * scale, "{what}[{i}]: f32 {a} vs f64 {b}");
+            }
+        }
+    }
+
+    /// Forward's output and backward's `dqkv` (from a `dqkv` holding garbage).
+    fn run_both_passes<T: Float>(s: AttentionShape, qkv: &[T], g: &[T]) -> (Vec<T>, Vec<T>) {
+        let (n, c) = (s.batch * s.seq, s.c());
+        let (mut out, mut lse, mut dqkv) = (vec![T::ZERO; n * c], vec![T::ZERO; s.batch * s.heads * s.seq], vec![T::from_f64(7.0); n * 3 * c]);
+        forward(&Serial, &mut out, &mut lse, qkv, &mut vec![T::ZERO; s.scratch_len()], s);
+        backward(&Serial, &mut dqkv, g, qkv, &out, &lse, &mut vec![T::ZERO; s.scratch_len()], s);
+        (out, dqkv)
     }
 
     fn check_gradients(s: AttentionShape) {
