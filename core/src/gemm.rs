@@ -51,8 +51,9 @@ unsafe impl<T: Sync> Sync for Strided<T> {}
 // SAFETY: as above.
 unsafe impl<T: Sync> Send for Strided<T> {}
 
-/// A whole GEMM as [`gemm`] computes it, for one micro-kernel.
-pub type GemmFn<T> = unsafe fn(usize, usize, usize, Strided<T>, *const T, usize, T, *mut T, usize);
+/// A whole GEMM as [`gemm_bias`] computes it (a null bias: as [`gemm`]), for one
+/// micro-kernel.
+pub type GemmFn<T> = unsafe fn(usize, usize, usize, Strided<T>, *const T, usize, T, *const T, *mut T, usize);
 
 /// A micro-kernel's tile and the blocked GEMM built on it.
 #[derive(Clone, Copy)]
@@ -65,11 +66,11 @@ pub struct Kernel<T> {
     pub gemm: GemmFn<T>,
 }
 
-/// A micro-kernel: `(kc, packed_a, packed_b, beta, c, ldc)` computes the tile
-/// `C[MR x NR] = A·B + beta·C`, where element `(i, p)` of the packed A is at
-/// `i * A_RS + p * A_CS` and `packed_b` holds `kc` rows of `NR` values. With `beta == 0`, C
-/// is only written.
-type TileFn<T> = unsafe fn(usize, *const T, *const T, T, *mut T, usize);
+/// A micro-kernel: `(kc, packed_a, packed_b, beta, bias, c, ldc)` computes the tile
+/// `C[MR x NR] = A·B + (beta·C + bias)`, where element `(i, p)` of the packed A is at
+/// `i * A_RS + p * A_CS`, `packed_b` holds `kc` rows of `NR` values and `bias` `NR` values
+/// added to every row (or is null: none). With `beta == 0`, C is only written.
+type TileFn<T> = unsafe fn(usize, *const T, *const T, T, *const T, *mut T, usize);
 
 /// Storage aligned to a cache line.
 #[repr(C, align(64))]
@@ -84,7 +85,20 @@ struct Aligned<A>(A);
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
     // SAFETY: forwarded.
-    unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, c, ldc) }
+    unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, core::ptr::null(), c, ldc) }
+}
+
+/// [`gemm`] plus a row vector: `C = A·B + (beta·C + bias)`, with `bias [n]` added to every
+/// row as the micro-kernel stores its tile (a bias with no pass of its own over C). Bits as
+/// if C had held `beta·C + bias` (rounded) before a [`gemm`] with `beta = 1`.
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_bias<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, bias: &[T], c: *mut T, ldc: usize) {
+    assert_eq!(bias.len(), n, "gemm_bias: one bias per column");
+    // SAFETY: forwarded; bias holds n values (checked).
+    unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, bias.as_ptr(), c, ldc) }
 }
 
 /// The blocked loops for an `MR x NR` micro-kernel, given for A packed as rows (`rows`) and
@@ -104,21 +118,22 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
     b: *const T,
     ldb: usize,
     beta: T,
+    bias: *const T,
     c: *mut T,
     ldc: usize,
 ) {
     const { assert!(MR <= MAX_MR && MC.is_multiple_of(MR) && NR <= MAX_NR) };
     if k == 0 {
         // SAFETY: forwarded.
-        return unsafe { scale_c(m, n, beta, c, ldc) };
+        return unsafe { scale_c(m, n, beta, bias, c, ldc) };
     }
     // Each layout gets its own copy of the loops, so the kernel is a direct call.
     if a.cs == 1 {
         // SAFETY: forwarded.
-        unsafe { blocked_loops::<T, MR, NR, true>(rows_tile, m, n, k, a, b, ldb, beta, c, ldc) }
+        unsafe { blocked_loops::<T, MR, NR, true>(rows_tile, m, n, k, a, b, ldb, beta, bias, c, ldc) }
     } else {
         // SAFETY: forwarded.
-        unsafe { blocked_loops::<T, MR, NR, false>(groups_tile, m, n, k, a, b, ldb, beta, c, ldc) }
+        unsafe { blocked_loops::<T, MR, NR, false>(groups_tile, m, n, k, a, b, ldb, beta, bias, c, ldc) }
     }
 }
 
@@ -138,16 +153,19 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
     b: *const T,
     ldb: usize,
     beta: T,
+    bias: *const T,
     c: *mut T,
     ldc: usize,
 ) {
     let mut a_pack = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
     let mut b_pack = MaybeUninit::<Aligned<[T; KC * MAX_NR]>>::uninit();
     let mut c_edge = Aligned([T::ZERO; MAX_MR * MAX_NR]);
+    let mut bias_edge = [T::ZERO; MAX_NR];
     let (ap, bp) = (a_pack.as_mut_ptr().cast::<T>(), b_pack.as_mut_ptr().cast::<T>());
     for pc in (0..k).step_by(KC) {
         let kc = KC.min(k - pc);
-        let beta_pc = if pc == 0 { beta } else { T::ONE };
+        // beta and the bias apply once, in the first K block.
+        let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (T::ONE, core::ptr::null()) };
         for ic in (0..m).step_by(MC) {
             let mc = MC.min(m - ic);
             // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
@@ -155,8 +173,12 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
             unsafe { pack_a::<T, MR>(ap, a, ic, mc, pc, kc, BY_ROWS) };
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
-                // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds KC x NR.
-                unsafe { pack_b::<T, NR>(bp, b, ldb, pc, kc, jc, w) };
+                // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds KC x NR;
+                // the bias (when there is one) holds n values.
+                let bias_panel = unsafe {
+                    pack_b::<T, NR>(bp, b, ldb, pc, kc, jc, w);
+                    bias_panel::<T, NR>(bias_pc, jc, w, &mut bias_edge)
+                };
                 for ir in (0..mc).step_by(MR) {
                     let rows = MR.min(mc - ir);
                     // SAFETY: micro-panel ir/MR of the packed block (MR x KC apart); the tile
@@ -164,7 +186,7 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
                     unsafe {
                         let a_panel = ap.add(ir * KC);
                         let ct = c.add((ic + ir) * ldc + jc);
-                        run_tile::<T, MR, NR>(|c, ldc| tile(kc, a_panel, bp, beta_pc, c, ldc), rows, w, ct, ldc, &mut c_edge.0);
+                        run_tile::<T, MR, NR>(|c, ldc| tile(kc, a_panel, bp, beta_pc, bias_panel, c, ldc), rows, w, ct, ldc, &mut c_edge.0);
                     }
                 }
             }
@@ -172,20 +194,42 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
     }
 }
 
-/// `C = beta·C` for `C [m x n]`, as the kernels compute it for a zero-depth product.
+/// `C = beta·C + bias` for `C [m x n]` (a null bias: none), as the kernels compute it for a
+/// zero-depth product.
 ///
 /// # Safety
-/// C must be valid for writes.
-unsafe fn scale_c<T: Float>(m: usize, n: usize, beta: T, c: *mut T, ldc: usize) {
+/// C must be valid for writes; a bias must hold `n` values.
+unsafe fn scale_c<T: Float>(m: usize, n: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
     for i in 0..m {
         for j in 0..n {
-            // SAFETY: inside C (caller).
+            // SAFETY: inside C and the bias (caller).
             unsafe {
                 let cij = c.add(i * ldc + j);
-                *cij = if beta == T::ZERO { T::ZERO } else { T::ZERO + beta * *cij };
+                let bj = if bias.is_null() { T::ZERO } else { *bias.add(j) };
+                *cij = if beta == T::ZERO { T::ZERO + bj } else { T::ZERO + (beta * *cij + bj) };
             }
         }
     }
+}
+
+/// The bias values of the column panel `jc..jc+w` as the kernels read them (`NR` values):
+/// in place for a whole panel, else copied into `edge` (at least `NR`) and zero-padded; null
+/// stays null.
+///
+/// # Safety
+/// A non-null bias must hold at least `jc + w` values.
+#[inline(always)]
+unsafe fn bias_panel<T: Float, const NR: usize>(bias: *const T, jc: usize, w: usize, edge: &mut [T]) -> *const T {
+    if bias.is_null() {
+        return bias;
+    }
+    // SAFETY (both): columns jc..jc+w of the bias (caller).
+    if w == NR {
+        return unsafe { bias.add(jc) };
+    }
+    edge[..NR].fill(T::ZERO);
+    unsafe { core::ptr::copy_nonoverlapping(bias.add(jc), edge.as_mut_ptr(), w) };
+    edge.as_ptr()
 }
 
 /// Runs `tile(c, ldc)` for the `rows x w` corner of an `MR x NR` tile of C at `ct`: in place
@@ -291,7 +335,7 @@ const PORTABLE_MR: usize = 4;
 const PORTABLE_NR: usize = 16;
 
 /// The portable micro-kernel (`PORTABLE_MR x PORTABLE_NR`), plain Rust.
-unsafe fn portable_tile<T: Float, const A_RS: usize, const A_CS: usize>(kc: usize, a: *const T, b: *const T, beta: T, c: *mut T, ldc: usize) {
+unsafe fn portable_tile<T: Float, const A_RS: usize, const A_CS: usize>(kc: usize, a: *const T, b: *const T, beta: T, bias: *const T, c: *mut T, ldc: usize) {
     let mut acc = [[T::ZERO; PORTABLE_NR]; PORTABLE_MR];
     for p in 0..kc {
         // SAFETY: the packed panels hold kc columns (caller).
@@ -306,10 +350,15 @@ unsafe fn portable_tile<T: Float, const A_RS: usize, const A_CS: usize>(kc: usiz
     }
     for (i, row) in acc.iter().enumerate() {
         for (j, &x) in row.iter().enumerate() {
-            // SAFETY: inside the tile (caller).
+            // SAFETY: inside the tile and the bias (caller).
             unsafe {
                 let cij = c.add(i * ldc + j);
-                *cij = if beta == T::ZERO { x } else { x + beta * *cij };
+                *cij = match (beta == T::ZERO, bias.is_null()) {
+                    (true, true) => x,
+                    (false, true) => x + beta * *cij,
+                    (true, false) => x + *bias.add(j),
+                    (false, false) => x + (beta * *cij + *bias.add(j)),
+                };
             }
         }
     }
@@ -317,11 +366,11 @@ unsafe fn portable_tile<T: Float, const A_RS: usize, const A_CS: usize>(kc: usiz
 
 /// The portable GEMM.
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable_gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
+unsafe fn portable_gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
     let rows = portable_tile::<T, KC, 1>;
     let groups = portable_tile::<T, 1, PORTABLE_MR>;
     // SAFETY: forwarded; plain Rust runs anywhere.
-    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR>(rows, groups, m, n, k, a, b, ldb, beta, c, ldc) }
+    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR>(rows, groups, m, n, k, a, b, ldb, beta, bias, c, ldc) }
 }
 
 /// The portable kernel for any element type.
@@ -334,7 +383,7 @@ pub(crate) fn portable<T: Float>() -> Kernel<T> {
 /// build enables AVX2 or more: there is no run-time detection then).
 macro_rules! x86_kernel {
     ($tile:ident, $gemm:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, $vecs:expr,
-     $zero:ident, $load:ident, $store:ident, $set1:ident, $fma:ident) => {
+     $zero:ident, $load:ident, $store:ident, $set1:ident, $add:ident, $fma:ident) => {
         /// An f32 micro-kernel (see the module docs).
         ///
         /// # Safety
@@ -342,7 +391,7 @@ macro_rules! x86_kernel {
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
         #[target_feature(enable = $feature)]
         #[inline]
-        unsafe fn $tile<const A_RS: usize, const A_CS: usize>(kc: usize, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize) {
+        unsafe fn $tile<const A_RS: usize, const A_CS: usize>(kc: usize, a: *const f32, b: *const f32, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
             use core::arch::x86_64::*;
             // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
             unsafe {
@@ -364,7 +413,12 @@ macro_rules! x86_kernel {
                 for (i, row) in acc.iter().enumerate() {
                     for (h, &v) in row.iter().enumerate() {
                         let cp = c.add(i * ldc + h * $lanes);
-                        let out = if beta == 0.0 { v } else { $fma(vbeta, $load(cp), v) };
+                        let out = match (beta == 0.0, bias.is_null()) {
+                            (true, true) => v,
+                            (false, true) => $fma(vbeta, $load(cp), v),
+                            (true, false) => $add(v, $load(bias.add(h * $lanes))),
+                            (false, false) => $add(v, $fma(vbeta, $load(cp), $load(bias.add(h * $lanes)))),
+                        };
                         $store(cp, out);
                     }
                 }
@@ -378,15 +432,15 @@ macro_rules! x86_kernel {
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
         #[target_feature(enable = $feature)]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn $gemm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, c: *mut f32, ldc: usize) {
+        unsafe fn $gemm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
             // SAFETY: forwarded; the caller checked the features.
-            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }>($tile::<KC, 1>, $tile::<1, $mr>, m, n, k, a, b, ldb, beta, c, ldc) }
+            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }>($tile::<KC, 1>, $tile::<1, $mr>, m, n, k, a, b, ldb, beta, bias, c, ldc) }
         }
     };
 }
 
-x86_kernel!(tile_avx2, gemm_avx2, "avx2,fma", __m256, 8, 6, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps);
-x86_kernel!(tile_avx512, gemm_avx512, "avx512f", __m512, 16, 12, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps);
+x86_kernel!(tile_avx2, gemm_avx2, "avx2,fma", __m256, 8, 6, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
+x86_kernel!(tile_avx512, gemm_avx512, "avx512f", __m512, 16, 12, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
 
 /// Rows and columns of the WebAssembly SIMD kernel's tile. Engines keep v128 values in
 /// x86-64's 16 vector registers (V8 allocates 15), and LLVM's wasm output holds every
@@ -408,7 +462,7 @@ const WASM_NR: usize = 8;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *const f32, ldb: usize, beta: f32, c: *mut f32, ldc: usize) {
+unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
     use core::arch::wasm32::*;
     const VECS: usize = WASM_NR / 4;
     // SAFETY: pointers inside the operands and the tile (caller); v128 loads and stores are
@@ -437,7 +491,13 @@ unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *cons
         for (i, row) in acc.iter().enumerate() {
             for (h, &v) in row.iter().enumerate() {
                 let cp = c.add(i * ldc + h * 4);
-                let out = if beta == 0.0 { v } else { f32x4_add(v, f32x4_mul(vbeta, v128_load(cp.cast()))) };
+                let scaled_c = || f32x4_mul(vbeta, v128_load(cp.cast()));
+                let out = match (beta == 0.0, bias.is_null()) {
+                    (true, true) => v,
+                    (false, true) => f32x4_add(v, scaled_c()),
+                    (true, false) => f32x4_add(v, v128_load(bias.add(h * 4).cast())),
+                    (false, false) => f32x4_add(v, f32x4_add(scaled_c(), v128_load(bias.add(h * 4).cast()))),
+                };
                 v128_store(cp.cast(), out);
             }
         }
@@ -453,25 +513,27 @@ unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *cons
 /// As [`gemm`].
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, c: *mut f32, ldc: usize) {
+unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
     if k == 0 {
         // SAFETY: forwarded.
-        return unsafe { scale_c(m, n, beta, c, ldc) };
+        return unsafe { scale_c(m, n, beta, bias, c, ldc) };
     }
     let mut a_edge = MaybeUninit::<Aligned<[f32; WASM_MR * KC]>>::uninit();
     let mut b_edge = MaybeUninit::<Aligned<[f32; KC * WASM_NR]>>::uninit();
     let mut c_edge = Aligned([0f32; WASM_MR * WASM_NR]);
+    let mut bias_edge = [0f32; WASM_NR];
     let (ae, be) = (a_edge.as_mut_ptr().cast::<f32>(), b_edge.as_mut_ptr().cast::<f32>());
     let by_rows = a.cs == 1;
     for pc in (0..k).step_by(KC) {
         let kc = KC.min(k - pc);
-        let beta_pc = if pc == 0 { beta } else { 1.0 };
+        let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (1.0, core::ptr::null()) };
         for jc in (0..n).step_by(WASM_NR) {
             let w = WASM_NR.min(n - jc);
             // SAFETY (all accesses): rows pc..pc+kc and columns jc..jc+w of B, and rows
             // ir..ir+rows of A, are inside the operands (caller); the edge buffers hold a
             // packed micro-panel each.
             unsafe {
+                let bias_panel = bias_panel::<f32, WASM_NR>(bias_pc, jc, w, &mut bias_edge);
                 let (bp, bs) = if w == WASM_NR {
                     (b.add(pc * ldb + jc), ldb)
                 } else {
@@ -486,7 +548,7 @@ unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32
                         pack_a::<f32, WASM_MR>(ae, a, ir, rows, pc, kc, by_rows);
                         if by_rows { (ae.cast_const(), KC, 1) } else { (ae.cast_const(), 1, WASM_MR) }
                     };
-                    let tile = |c: *mut f32, ldc: usize| tile_wasm(kc, ap, a_rs, a_cs, bp, bs, beta_pc, c, ldc);
+                    let tile = |c: *mut f32, ldc: usize| tile_wasm(kc, ap, a_rs, a_cs, bp, bs, beta_pc, bias_panel, c, ldc);
                     run_tile::<f32, WASM_MR, WASM_NR>(tile, rows, w, c.add(ir * ldc + jc), ldc, &mut c_edge.0);
                 }
             }
@@ -722,7 +784,8 @@ mod tests {
         }
     }
 
-    /// Odd shapes (edge tiles, several K blocks), transposed A, beta 0 and 1, f32 and f64.
+    /// Odd shapes (edge tiles, several K blocks), transposed A, beta 0 and 1, with and
+    /// without a bias row, f32 and f64.
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn matches_naive_product() {
@@ -731,7 +794,8 @@ mod tests {
             let a: Vec<f64> = (0..m * k).map(|_| rng.next_f64() - 0.5).collect();
             let b: Vec<f64> = (0..k * n).map(|_| rng.next_f64() - 0.5).collect();
             let c0: Vec<f64> = (0..m * n).map(|_| rng.next_f64() - 0.5).collect();
-            let mut row_major_results: Vec<((&str, u64), Vec<f32>)> = Vec::new();
+            let bias: Vec<f64> = (0..n).map(|_| rng.next_f64() - 0.5).collect();
+            let mut row_major_results: Vec<((&str, u64, bool), Vec<f32>)> = Vec::new();
             for transposed in [false, true] {
                 // The same A stored row-major (rs = k) or column-major (rs = 1, cs = m).
                 let (stored, rs, cs) = if transposed {
@@ -742,26 +806,42 @@ mod tests {
                     (a.clone(), k, 1)
                 };
                 let expect = naive(m, n, k, &a, k, 1, &b, n);
-                for beta in [0.0, 1.0] {
+                for (beta, with_bias) in [(0.0, false), (1.0, false), (0.0, true), (1.0, true)] {
+                    let bias_of = |j: usize| if with_bias { bias[j] } else { 0.0 };
                     let mut c64 = c0.clone();
-                    unsafe { gemm(m, n, k, Strided { ptr: stored.as_ptr(), rs, cs }, b.as_ptr(), n, beta, c64.as_mut_ptr(), n) };
+                    unsafe {
+                        let a64 = Strided { ptr: stored.as_ptr(), rs, cs };
+                        match with_bias {
+                            true => gemm_bias(m, n, k, a64, b.as_ptr(), n, beta, &bias, c64.as_mut_ptr(), n),
+                            false => gemm(m, n, k, a64, b.as_ptr(), n, beta, c64.as_mut_ptr(), n),
+                        }
+                    }
                     let s32: Vec<f32> = stored.iter().map(|&x| x as f32).collect();
                     let b32: Vec<f32> = b.iter().map(|&x| x as f32).collect();
+                    let bias32: Vec<f32> = bias.iter().map(|&x| x as f32).collect();
                     for i in 0..m * n {
-                        let e = expect[i] + beta * c0[i];
-                        assert!((c64[i] - e).abs() < 1e-12, "f64 {m}x{n}x{k} t={transposed} b={beta} [{i}]");
+                        let e = expect[i] + beta * c0[i] + bias_of(i % n);
+                        assert!((c64[i] - e).abs() < 1e-12, "f64 {m}x{n}x{k} t={transposed} b={beta} bias={with_bias} [{i}]");
                     }
                     for (name, kernel) in f32_kernels() {
                         let mut c32: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
                         let a32 = Strided { ptr: s32.as_ptr(), rs, cs };
-                        unsafe { (kernel.gemm)(m, n, k, a32, b32.as_ptr(), n, beta as f32, c32.as_mut_ptr(), n) };
+                        let bias_ptr = if with_bias { bias32.as_ptr() } else { core::ptr::null() };
+                        unsafe { (kernel.gemm)(m, n, k, a32, b32.as_ptr(), n, beta as f32, bias_ptr, c32.as_mut_ptr(), n) };
                         for i in 0..m * n {
-                            let e = expect[i] + beta * c0[i];
+                            let e = expect[i] + beta * c0[i] + bias_of(i % n);
                             // f32 rounding of k products: a few ulp of sqrt(k)-sized sums.
-                            assert!((c32[i] as f64 - e).abs() < 1e-5 * (1.0 + k as f64).sqrt(), "{name} {m}x{n}x{k} [{i}]");
+                            assert!((c32[i] as f64 - e).abs() < 1e-5 * (1.0 + k as f64).sqrt(), "{name} {m}x{n}x{k} bias={with_bias} [{i}]");
+                        }
+                        // The bias row is as if C had held beta·C + bias before a GEMM with
+                        // beta 1: bit for bit.
+                        if with_bias {
+                            let mut c_then: Vec<f32> = (0..m * n).map(|i| (beta as f32 * c0[i] as f32) + bias32[i % n]).collect();
+                            unsafe { (kernel.gemm)(m, n, k, a32, b32.as_ptr(), n, 1.0, core::ptr::null(), c_then.as_mut_ptr(), n) };
+                            assert_eq!(c_then, c32, "{name} {m}x{n}x{k} beta={beta}: bias differs from a prefilled C");
                         }
                         // Both packed layouts of A do the same arithmetic: bit-identical.
-                        let key = (name, beta.to_bits());
+                        let key = (name, beta.to_bits(), with_bias);
                         match row_major_results.iter().find(|(k, _)| *k == key) {
                             Some((_, first)) => assert_eq!(first, &c32, "{name} {m}x{n}x{k}: layouts differ"),
                             None => row_major_results.push((key, c32)),

@@ -5,7 +5,7 @@
 
 use super::row_blocks;
 use crate::float::Float;
-use crate::gemm::{gemm, transpose, Strided};
+use crate::gemm::{gemm, gemm_bias, transpose, Strided};
 use crate::parallel::{split_range, Parallel, SharedMut};
 use crate::simd::wide_dispatch;
 
@@ -75,30 +75,6 @@ fn mul_rows<T: Float>(d: &mut [T], factor: &[T]) {
     }
 }
 
-#[inline(always)]
-fn add_bias_rows_body<T: Float>(target: &mut [T], input: Option<&[T]>, bias: &[T]) {
-    let m = bias.len();
-    match input {
-        Some(input) => {
-            for (row, inp) in target.chunks_exact_mut(m).zip(input.chunks_exact(m)) {
-                for ((t, &x), &b) in row.iter_mut().zip(inp).zip(bias) {
-                    *t = x + b;
-                }
-            }
-        }
-        None => {
-            for row in target.chunks_exact_mut(m) {
-                row.copy_from_slice(bias);
-            }
-        }
-    }
-}
-
-wide_dispatch!(
-    /// Every row of `target` = `input`'s row + `bias` (or `bias` alone), in one pass.
-    fn add_bias_rows<T>(target: &mut [T], input: Option<&[T]>, bias: &[T]) => add_bias_rows_body
-);
-
 wide_dispatch!(
     /// `out = gelu(pre)` element-wise; with `slope`, `pre = gelu'(pre)` as well.
     fn gelu_forward<T>(out: &mut [T], pre: &mut [T], slope: bool) => gelu_rows
@@ -153,24 +129,24 @@ pub fn forward<T: Float>(
             let (start, len) = (block.start * m, block.len() * m);
             // SAFETY: tasks own disjoint row ranges of `out` and `pre`.
             let target = unsafe { pre_p.unwrap_or(out_p).slice(start, len) };
-            let input = residual.map(|r| &r[start..start + len]);
-            // The GEMM adds its product to what is already there: the residual and/or the bias.
-            let beta = match (input, bias) {
-                (None, None) => T::ZERO,
-                (Some(input), None) => {
-                    target.copy_from_slice(input);
+            // The residual is copied in and added by the GEMM (beta 1), the bias by its
+            // micro-kernel: out = x·wᵀ + (input + bias).
+            let beta = match residual {
+                Some(r) => {
+                    target.copy_from_slice(&r[start..start + len]);
                     T::ONE
                 }
-                (input, Some(b)) => {
-                    add_bias_rows(target, input, b);
-                    T::ONE
-                }
+                None => T::ZERO,
             };
             // SAFETY: x rows are K-strided, wt is [K, M]; target is exactly block.len() x m
             // and overlaps neither.
             unsafe {
                 let a = Strided { ptr: x.as_ptr().add(block.start * k), rs: k, cs: 1 };
-                gemm(block.len(), m, k, a, wt.as_ptr(), m, beta, target.as_mut_ptr(), m);
+                let (c, wt) = (target.as_mut_ptr(), wt.as_ptr());
+                match bias {
+                    Some(bias) => gemm_bias(block.len(), m, k, a, wt, m, beta, bias, c, m),
+                    None => gemm(block.len(), m, k, a, wt, m, beta, c, m),
+                }
             }
             if pre_p.is_some() {
                 // SAFETY: as above, the same rows of `out`.
