@@ -795,7 +795,7 @@ mod tests {
             let b: Vec<f64> = (0..k * n).map(|_| rng.next_f64() - 0.5).collect();
             let c0: Vec<f64> = (0..m * n).map(|_| rng.next_f64() - 0.5).collect();
             let bias: Vec<f64> = (0..n).map(|_| rng.next_f64() - 0.5).collect();
-            let mut row_major_results: Vec<((&str, u64, bool), Vec<f32>)> = Vec::new();
+            let mut row_major_results = Vec::new();
             for transposed in [false, true] {
                 // The same A stored row-major (rs = k) or column-major (rs = 1, cs = m).
                 let (stored, rs, cs) = if transposed {
