@@ -2,17 +2,18 @@
 //! and `A` arbitrarily strided, so transposed operands need no copy.
 //!
 //! Loop order (per call, single-threaded; callers split rows across tasks), as in BLIS:
-//! K blocks of [`KC`] → row blocks of [`MC`] of A, packed on the stack as micro-panels of the
-//! kernel's `MR` rows → column panels of the kernel's `NR` columns of B, packed contiguously
-//! and zero-padded (the panel stays in L1 or L2 while every micro-panel of A streams past it)
-//! → micro-kernel, which keeps an `MR x NR` tile of C in registers and broadcasts one packed
-//! element of A against `NR` elements of B per step. K blocks are deep ([`KC`]) because C is
+//! K blocks of [`KC`] → row blocks of [`MC`] of A → column panels of the kernel's `NR`
+//! columns of B, packed contiguously and zero-padded (the panel stays in L1 or L2 while every
+//! micro-panel of A streams past it) → micro-kernel, which keeps an `MR x NR` tile of C in
+//! registers and broadcasts one element of A against `NR` elements of B per step. K blocks are deep ([`KC`]) because C is
 //! read and written once per K block: with 128, the large products of the baby config ran
 //! ~8% slower (C of `16384 x 1536` streamed through memory up to twelve times).
 //!
-//! A micro-panel is packed in whichever layout is a plain copy of A's: row-major A as `MR`
-//! rows of `KC` values, transposed A as `kc` groups of `MR` values; the kernel is compiled
-//! for both (the offsets are constants). The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
+//! Row-major A is read where it lies, `MR` rows at a time (packing it was a copy of every
+//! row through L1: 4.6% of a training step); a last micro-panel of fewer rows is packed,
+//! zero-padded, as `MR` rows of `KC` values. Transposed A is packed per row block as `kc`
+//! groups of `MR` values, so the kernel reads both with one broadcast per row and step; it
+//! is compiled for both layouts. The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
 //! (6 x 16) on x86-64, detected at run time with `std` and at compile time without, and the
 //! whole blocked loop is compiled with the same features; WebAssembly builds with `simd128`
 //! use a 4 x 8 `v128` kernel (fused multiply-add where the build also enables
@@ -26,7 +27,7 @@
 use crate::float::Float;
 use core::mem::MaybeUninit;
 
-/// Rows of C per packed block of A (a multiple of every kernel's `MR`).
+/// Rows of C per row block of A (a multiple of every kernel's `MR`).
 pub const MC: usize = 96;
 /// Widest micro-tile of any kernel.
 pub const MAX_NR: usize = 32;
@@ -66,11 +67,12 @@ pub struct Kernel<T> {
     pub gemm: GemmFn<T>,
 }
 
-/// A micro-kernel: `(kc, packed_a, packed_b, beta, bias, c, ldc)` computes the tile
-/// `C[MR x NR] = A·B + (beta·C + bias)`, where element `(i, p)` of the packed A is at
-/// `i * A_RS + p * A_CS`, `packed_b` holds `kc` rows of `NR` values and `bias` `NR` values
-/// added to every row (or is null: none). With `beta == 0`, C is only written.
-type TileFn<T> = unsafe fn(usize, *const T, *const T, T, *const T, *mut T, usize);
+/// A micro-kernel: `(kc, a, a_rs, packed_b, beta, bias, c, ldc)` computes the tile
+/// `C[MR x NR] = A·B + (beta·C + bias)`, where element `(i, p)` of A is at `i * a_rs + p`
+/// (rows) or, packed as groups, at `i + p * MR` (`a_rs` unused); `packed_b` holds `kc` rows
+/// of `NR` values and `bias` `NR` values added to every row (or is null: none). With
+/// `beta == 0`, C is only written.
+type TileFn<T> = unsafe fn(usize, *const T, usize, *const T, T, *const T, *mut T, usize);
 
 /// Storage aligned to a cache line.
 #[repr(C, align(64))]
@@ -101,7 +103,7 @@ pub unsafe fn gemm_bias<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b
     unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, bias.as_ptr(), c, ldc) }
 }
 
-/// The blocked loops for an `MR x NR` micro-kernel, given for A packed as rows (`rows`) and
+/// The blocked loops for an `MR x NR` micro-kernel, given for A as rows (`rows`) and packed
 /// as groups (`groups`).
 ///
 /// # Safety
@@ -137,8 +139,8 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
     }
 }
 
-/// [`gemm_blocked`]'s loops for one layout of the packed A (`BY_ROWS`: row-major A, packed
-/// as rows) and its kernel; `k > 0`.
+/// [`gemm_blocked`]'s loops for one layout of A (`BY_ROWS`: row-major A, read in place) and
+/// its kernel; `k > 0`.
 ///
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU.
@@ -168,9 +170,11 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
         let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (T::ONE, core::ptr::null()) };
         for ic in (0..m).step_by(MC) {
             let mc = MC.min(m - ic);
+            // Rows ic..ic+in_place are read in place; the rest are packed.
+            let in_place = if BY_ROWS { mc / MR * MR } else { 0 };
             // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
             // holds MC x KC.
-            unsafe { pack_a::<T, MR>(ap, a, ic, mc, pc, kc, BY_ROWS) };
+            unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, BY_ROWS) };
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
                 // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds KC x NR;
@@ -181,12 +185,18 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
                 };
                 for ir in (0..mc).step_by(MR) {
                     let rows = MR.min(mc - ir);
-                    // SAFETY: micro-panel ir/MR of the packed block (MR x KC apart); the tile
-                    // (ic+ir.., jc..) is inside C; the edge copy holds MR x NR.
+                    // SAFETY: rows ic+ir.. of A, or micro-panel (ir-in_place)/MR of the packed
+                    // block (MR x KC apart); the tile (ic+ir.., jc..) is inside C; the edge copy
+                    // holds MR x NR.
                     unsafe {
-                        let a_panel = ap.add(ir * KC);
+                        let (a_panel, a_rs) = if ir < in_place {
+                            (a.ptr.add((ic + ir) * a.rs + pc * a.cs), a.rs)
+                        } else {
+                            (ap.add((ir - in_place) * KC).cast_const(), KC)
+                        };
                         let ct = c.add((ic + ir) * ldc + jc);
-                        run_tile::<T, MR, NR>(|c, ldc| tile(kc, a_panel, bp, beta_pc, bias_panel, c, ldc), rows, w, ct, ldc, &mut c_edge.0);
+                        let kernel = |c, ldc| tile(kc, a_panel, a_rs, bp, beta_pc, bias_panel, c, ldc);
+                        run_tile::<T, MR, NR>(kernel, rows, w, ct, ldc, &mut c_edge.0);
                     }
                 }
             }
@@ -334,15 +344,18 @@ const PORTABLE_MR: usize = 4;
 /// Columns of the portable kernel's tile.
 const PORTABLE_NR: usize = 16;
 
-/// The portable micro-kernel (`PORTABLE_MR x PORTABLE_NR`), plain Rust.
-unsafe fn portable_tile<T: Float, const A_RS: usize, const A_CS: usize>(kc: usize, a: *const T, b: *const T, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+/// The portable micro-kernel (`PORTABLE_MR x PORTABLE_NR`), plain Rust; `GROUPS`: A packed
+/// as groups, else rows `a_rs` apart.
+#[allow(clippy::too_many_arguments)]
+unsafe fn portable_tile<T: Float, const GROUPS: bool>(kc: usize, a: *const T, a_rs: usize, b: *const T, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+    let (rs, cs) = if GROUPS { (1, PORTABLE_MR) } else { (a_rs, 1) };
     let mut acc = [[T::ZERO; PORTABLE_NR]; PORTABLE_MR];
     for p in 0..kc {
         // SAFETY: the packed panels hold kc columns (caller).
         let brow = unsafe { &*b.add(p * PORTABLE_NR).cast::<[T; PORTABLE_NR]>() };
         for (i, row) in acc.iter_mut().enumerate() {
             // SAFETY: as above.
-            let ai = unsafe { *a.add(i * A_RS + p * A_CS) };
+            let ai = unsafe { *a.add(i * rs + p * cs) };
             for (x, &bj) in row.iter_mut().zip(brow) {
                 *x += ai * bj;
             }
@@ -367,8 +380,8 @@ unsafe fn portable_tile<T: Float, const A_RS: usize, const A_CS: usize>(kc: usiz
 /// The portable GEMM.
 #[allow(clippy::too_many_arguments)]
 unsafe fn portable_gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
-    let rows = portable_tile::<T, KC, 1>;
-    let groups = portable_tile::<T, 1, PORTABLE_MR>;
+    let rows = portable_tile::<T, false>;
+    let groups = portable_tile::<T, true>;
     // SAFETY: forwarded; plain Rust runs anywhere.
     unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR>(rows, groups, m, n, k, a, b, ldb, beta, bias, c, ldc) }
 }
@@ -391,8 +404,10 @@ macro_rules! x86_kernel {
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
         #[target_feature(enable = $feature)]
         #[inline]
-        unsafe fn $tile<const A_RS: usize, const A_CS: usize>(kc: usize, a: *const f32, b: *const f32, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $tile<const GROUPS: bool>(kc: usize, a: *const f32, a_rs: usize, b: *const f32, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
             use core::arch::x86_64::*;
+            let (rs, cs) = if GROUPS { (1, $mr) } else { (a_rs, 1) };
             // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
             unsafe {
                 let mut acc: [[$vec; $vecs]; $mr] = [[$zero(); $vecs]; $mr];
@@ -403,7 +418,7 @@ macro_rules! x86_kernel {
                         *v = $load(bp.add(h * $lanes));
                     }
                     for (i, row) in acc.iter_mut().enumerate() {
-                        let ai = $set1(*a.add(i * A_RS + p * A_CS));
+                        let ai = $set1(*a.add(i * rs + p * cs));
                         for (x, &bh) in row.iter_mut().zip(&bv) {
                             *x = $fma(ai, bh, *x);
                         }
@@ -434,7 +449,7 @@ macro_rules! x86_kernel {
         #[allow(clippy::too_many_arguments)]
         unsafe fn $gemm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
             // SAFETY: forwarded; the caller checked the features.
-            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }>($tile::<KC, 1>, $tile::<1, $mr>, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }>($tile::<false>, $tile::<true>, m, n, k, a, b, ldb, beta, bias, c, ldc) }
         }
     };
 }
