@@ -5,9 +5,11 @@
 //! K blocks of [`KC`] → row blocks of [`MC`] of A → column panels of the kernel's `NR`
 //! columns of B, packed contiguously and zero-padded (the panel stays in L1 or L2 while every
 //! micro-panel of A streams past it) → micro-kernel, which keeps an `MR x NR` tile of C in
-//! registers and broadcasts one element of A against `NR` elements of B per step. K blocks are deep ([`KC`]) because C is
-//! read and written once per K block: with 128, the large products of the baby config ran
-//! ~8% slower (C of `16384 x 1536` streamed through memory up to twelve times).
+//! registers and broadcasts one element of A against `NR` elements of B per step, then
+//! stores the tile (adding `beta·C` and, for [`gemm_bias`], a bias row). K blocks are deep
+//! ([`KC`]) because C is read and written once per K block: with 128, the large products of
+//! the baby config ran ~8% slower (C of `16384 x 1536` streamed through memory up to twelve
+//! times).
 //!
 //! Row-major A is read where it lies, `MR` rows at a time (packing it was a copy of every
 //! row through L1: 4.6% of a training step); a last micro-panel of fewer rows is packed,
