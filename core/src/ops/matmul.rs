@@ -84,9 +84,9 @@ wide_dispatch!(
     fn gelu_backward<T>(d: &mut [T], factor: &[T]) => mul_rows
 );
 
-/// Rows per block of [`forward`]'s pipeline (bias or residual, GEMM, GELU): the GEMM's own
-/// row block, so splitting adds no packing, and the block's output stays in L2 between the
-/// three passes.
+/// Rows per block of [`forward`]'s pipeline (residual copy, GEMM with bias, GELU): the GEMM's
+/// own row block, so splitting adds no packing, and the block's output stays in L2 between
+/// the passes.
 const ROW_BLOCK: usize = crate::gemm::MC;
 
 /// Forward. `out [N, M]`, `x [N, K]`, `w [M, K]`, `bias [M]`; rows split across tasks.
@@ -123,7 +123,7 @@ pub fn forward<T: Float>(
     };
     par.run(tasks, &|task| {
         let rows = split_range(n, tasks, task);
-        // Blocks of rows go through bias, GEMM and GELU while they are still in cache.
+        // Blocks of rows go through residual, GEMM and GELU while they are still in cache.
         for r0 in rows.clone().step_by(ROW_BLOCK) {
             let block = r0..(r0 + ROW_BLOCK).min(rows.end);
             let (start, len) = (block.start * m, block.len() * m);
