@@ -317,10 +317,8 @@ mod tests {
         let mut rng = Rng::new(5);
         let mut qkv = random(&mut rng, n * 3 * c, 1.5);
         let g = random(&mut rng, n * c, 1.0);
+        let (_, dqkv) = run_both_passes(s, &qkv, &g);
         let (mut out, mut lse) = (vec![0.0; n * c], vec![0.0; s.batch * s.heads * s.seq]);
-        forward(&Serial, &mut out, &mut lse, &qkv, &mut vec![0.0; s.scratch_len()], s);
-        let mut dqkv = vec![7.0; n * 3 * c];
-        backward(&Serial, &mut dqkv, &g, &qkv, &out, &lse, &mut vec![0.0; s.scratch_len()], s);
         let numeric = numeric_grad(&mut qkv, |x| {
             forward(&Serial, &mut out, &mut lse, x, &mut vec![0.0; s.scratch_len()], s);
             weighted_sum(&out, &g)
