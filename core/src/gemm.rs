@@ -4,18 +4,21 @@
 //! Loop order (per call, single-threaded; callers split rows across tasks), as in BLIS:
 //! K blocks of [`KC`] → row blocks of [`MC`] of A → column panels of the kernel's `NR`
 //! columns of B, packed contiguously and zero-padded (the panel stays in L1 or L2 while every
-//! micro-panel of A streams past it) → micro-kernel, which keeps an `MR x NR` tile of C in
+//! micro-panel of A streams past it; a whole panel that at most half a row block's tiles use
+//! is read in place instead, where packing it cost more than it saved: attention's blocks of
+//! 16-48 query rows ran 4-6% faster) → micro-kernel, which keeps an `MR x NR` tile of C in
 //! registers and broadcasts one element of A against `NR` elements of B per step, then
 //! stores the tile (adding `beta·C` and, for [`gemm_bias`], a bias row). K blocks are deep
 //! ([`KC`]) because C is read and written once per K block: with 128, the large products of
 //! the baby config ran ~8% slower (C of `16384 x 1536` streamed through memory up to twelve
 //! times).
 //!
-//! Row-major A is read where it lies, `MR` rows at a time (packing it was a copy of every
-//! row through L1: 4.6% of a training step); a last micro-panel of fewer rows is packed,
-//! zero-padded, as `MR` rows of `KC` values. Transposed A is packed per row block as `kc`
-//! groups of `MR` values, so the kernel reads both with one broadcast per row and step; it
-//! is compiled for both layouts. The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
+//! A is read where it lies when it has a unit stride (packing row-major A was a copy of
+//! every row through L1: 4.6% of a training step): row-major A as `MR` rows, transposed
+//! (column-major) A as `kc` groups of `MR` consecutive values, one group per step. A last
+//! micro-panel of fewer rows is packed, zero-padded, in the same layout (`MR` rows of `KC`
+//! values, or groups of `MR`), and so is all of an A with no unit stride. The kernel reads
+//! both layouts with one broadcast per row and step; it is compiled for each. The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
 //! (6 x 16) on x86-64, detected at run time with `std` and at compile time without, and the
 //! whole blocked loop is compiled with the same features; WebAssembly builds with `simd128`
 //! use a 4 x 8 `v128` kernel (fused multiply-add where the build also enables
@@ -69,12 +72,12 @@ pub struct Kernel<T> {
     pub gemm: GemmFn<T>,
 }
 
-/// A micro-kernel: `(kc, a, a_rs, packed_b, beta, bias, c, ldc)` computes the tile
-/// `C[MR x NR] = A·B + (beta·C + bias)`, where element `(i, p)` of A is at `i * a_rs + p`
-/// (rows) or, packed as groups, at `i + p * MR` (`a_rs` unused); `packed_b` holds `kc` rows
-/// of `NR` values and `bias` `NR` values added to every row (or is null: none). With
-/// `beta == 0`, C is only written.
-type TileFn<T> = unsafe fn(usize, *const T, usize, *const T, T, *const T, *mut T, usize);
+/// A micro-kernel: `(kc, a, a_stride, b, b_stride, beta, bias, c, ldc)` computes the tile
+/// `C[MR x NR] = A·B + (beta·C + bias)`, where element `(i, p)` of A is at
+/// `i * a_stride + p` (rows) or at `i + p * a_stride` (groups of `MR` values), `b` holds
+/// `kc` rows of `NR` values `b_stride` apart and `bias` `NR` values added to every row (or
+/// is null: none). With `beta == 0`, C is only written.
+type TileFn<T> = unsafe fn(usize, *const T, usize, *const T, usize, T, *const T, *mut T, usize);
 
 /// Storage aligned to a cache line.
 #[repr(C, align(64))]
@@ -105,8 +108,8 @@ pub unsafe fn gemm_bias<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b
     unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, bias.as_ptr(), c, ldc) }
 }
 
-/// The blocked loops for an `MR x NR` micro-kernel, given for A as rows (`rows`) and packed
-/// as groups (`groups`).
+/// The blocked loops for an `MR x NR` micro-kernel, given for A as rows (`rows_tile`) and
+/// as groups (`groups_tile`).
 ///
 /// # Safety
 /// As [`gemm`]; the kernels must run on this CPU.
@@ -141,7 +144,7 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
     }
 }
 
-/// [`gemm_blocked`]'s loops for one layout of A (`BY_ROWS`: row-major A, read in place) and
+/// [`gemm_blocked`]'s loops for one layout of A (`BY_ROWS`: row-major, else as groups) and
 /// its kernel; `k > 0`.
 ///
 /// # Safety
@@ -166,6 +169,10 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
     let mut c_edge = Aligned([T::ZERO; MAX_MR * MAX_NR]);
     let mut bias_edge = [T::ZERO; MAX_NR];
     let (ap, bp) = (a_pack.as_mut_ptr().cast::<T>(), b_pack.as_mut_ptr().cast::<T>());
+    // Whole micro-panels are read in place where A has a unit stride in the layout's
+    // direction (always for rows: they are chosen by `a.cs == 1`); packed ones are MR x KC.
+    let (unit_stride, in_place_stride) = if BY_ROWS { (true, a.rs) } else { (a.rs == 1, a.cs) };
+    let packed_stride = if BY_ROWS { KC } else { MR };
     for pc in (0..k).step_by(KC) {
         let kc = KC.min(k - pc);
         // beta and the bias apply once, in the first K block.
@@ -173,17 +180,24 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
         for ic in (0..m).step_by(MC) {
             let mc = MC.min(m - ic);
             // Rows ic..ic+in_place are read in place; the rest are packed.
-            let in_place = if BY_ROWS { mc / MR * MR } else { 0 };
+            let in_place = if unit_stride { mc / MR * MR } else { 0 };
             // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
             // holds MC x KC.
             unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, BY_ROWS) };
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
+                // A whole panel that few tiles use is read in place (see the module docs).
+                let in_place_b = w == NR && mc <= MC / 2;
                 // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds KC x NR;
                 // the bias (when there is one) holds n values.
-                let bias_panel = unsafe {
-                    pack_b::<T, NR>(bp, b, ldb, pc, kc, jc, w);
-                    bias_panel::<T, NR>(bias_pc, jc, w, &mut bias_edge)
+                let (b_panel, b_stride, bias_panel) = unsafe {
+                    let (b_panel, b_stride) = if in_place_b {
+                        (b.add(pc * ldb + jc), ldb)
+                    } else {
+                        pack_b::<T, NR>(bp, b, ldb, pc, kc, jc, w);
+                        (bp.cast_const(), NR)
+                    };
+                    (b_panel, b_stride, bias_panel::<T, NR>(bias_pc, jc, w, &mut bias_edge))
                 };
                 for ir in (0..mc).step_by(MR) {
                     let rows = MR.min(mc - ir);
@@ -191,13 +205,13 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
                     // block (MR x KC apart); the tile (ic+ir.., jc..) is inside C; the edge copy
                     // holds MR x NR.
                     unsafe {
-                        let (a_panel, a_rs) = if ir < in_place {
-                            (a.ptr.add((ic + ir) * a.rs + pc * a.cs), a.rs)
+                        let (a_panel, a_stride) = if ir < in_place {
+                            (a.ptr.add((ic + ir) * a.rs + pc * a.cs), in_place_stride)
                         } else {
-                            (ap.add((ir - in_place) * KC).cast_const(), KC)
+                            (ap.add((ir - in_place) * KC).cast_const(), packed_stride)
                         };
                         let ct = c.add((ic + ir) * ldc + jc);
-                        let kernel = |c, ldc| tile(kc, a_panel, a_rs, bp, beta_pc, bias_panel, c, ldc);
+                        let kernel = |c, ldc| tile(kc, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
                         run_tile::<T, MR, NR>(kernel, rows, w, ct, ldc, &mut c_edge.0);
                     }
                 }
@@ -346,15 +360,15 @@ const PORTABLE_MR: usize = 4;
 /// Columns of the portable kernel's tile.
 const PORTABLE_NR: usize = 16;
 
-/// The portable micro-kernel (`PORTABLE_MR x PORTABLE_NR`), plain Rust; `GROUPS`: A packed
-/// as groups, else rows `a_rs` apart.
+/// The portable micro-kernel (`PORTABLE_MR x PORTABLE_NR`), plain Rust; `GROUPS`: A as
+/// groups `a_stride` apart, else rows `a_stride` apart.
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable_tile<T: Float, const GROUPS: bool>(kc: usize, a: *const T, a_rs: usize, b: *const T, beta: T, bias: *const T, c: *mut T, ldc: usize) {
-    let (rs, cs) = if GROUPS { (1, PORTABLE_MR) } else { (a_rs, 1) };
+unsafe fn portable_tile<T: Float, const GROUPS: bool>(kc: usize, a: *const T, a_stride: usize, b: *const T, b_stride: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+    let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
     let mut acc = [[T::ZERO; PORTABLE_NR]; PORTABLE_MR];
     for p in 0..kc {
-        // SAFETY: the packed panels hold kc columns (caller).
-        let brow = unsafe { &*b.add(p * PORTABLE_NR).cast::<[T; PORTABLE_NR]>() };
+        // SAFETY: B holds kc rows of PORTABLE_NR values (caller).
+        let brow = unsafe { &*b.add(p * b_stride).cast::<[T; PORTABLE_NR]>() };
         for (i, row) in acc.iter_mut().enumerate() {
             // SAFETY: as above.
             let ai = unsafe { *a.add(i * rs + p * cs) };
@@ -407,14 +421,14 @@ macro_rules! x86_kernel {
         #[target_feature(enable = $feature)]
         #[inline]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn $tile<const GROUPS: bool>(kc: usize, a: *const f32, a_rs: usize, b: *const f32, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+        unsafe fn $tile<const GROUPS: bool>(kc: usize, a: *const f32, a_stride: usize, b: *const f32, b_stride: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
             use core::arch::x86_64::*;
-            let (rs, cs) = if GROUPS { (1, $mr) } else { (a_rs, 1) };
+            let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
             // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
             unsafe {
                 let mut acc: [[$vec; $vecs]; $mr] = [[$zero(); $vecs]; $mr];
                 for p in 0..kc {
-                    let bp = b.add(p * $vecs * $lanes);
+                    let bp = b.add(p * b_stride);
                     let mut bv: [$vec; $vecs] = [$zero(); $vecs];
                     for (h, v) in bv.iter_mut().enumerate() {
                         *v = $load(bp.add(h * $lanes));
@@ -801,8 +815,8 @@ mod tests {
         }
     }
 
-    /// Odd shapes (edge tiles, several K blocks), transposed A, beta 0 and 1, with and
-    /// without a bias row, f32 and f64.
+    /// Odd shapes (edge tiles, several K blocks), A row-major, transposed and with no unit
+    /// stride, beta 0 and 1, with and without a bias row, f32 and f64.
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn matches_naive_product() {
@@ -813,14 +827,15 @@ mod tests {
             let c0: Vec<f64> = (0..m * n).map(|_| rng.next_f64() - 0.5).collect();
             let bias: Vec<f64> = (0..n).map(|_| rng.next_f64() - 0.5).collect();
             let mut row_major_results = Vec::new();
-            for transposed in [false, true] {
-                // The same A stored row-major (rs = k) or column-major (rs = 1, cs = m).
-                let (stored, rs, cs) = if transposed {
-                    let mut t = vec![0.0; m * k];
-                    transpose(&a, m, k, k, &mut t);
-                    (t, 1, m)
-                } else {
-                    (a.clone(), k, 1)
+            for layout in ["rows", "columns", "strided"] {
+                // The same A stored row-major (rs = k), column-major (rs = 1, cs = m) or
+                // column-major with a gap after every element (rs = 2, cs = 2m).
+                let mut t = vec![0.0; m * k];
+                transpose(&a, m, k, k, &mut t);
+                let (stored, rs, cs) = match layout {
+                    "rows" => (a.clone(), k, 1),
+                    "columns" => (t, 1, m),
+                    _ => (t.iter().flat_map(|&x| [x, f64::NAN]).collect(), 2, 2 * m),
                 };
                 let expect = naive(m, n, k, &a, k, 1, &b, n);
                 for (beta, with_bias) in [(0.0, false), (1.0, false), (0.0, true), (1.0, true)] {
@@ -838,7 +853,7 @@ mod tests {
                     let bias32: Vec<f32> = bias.iter().map(|&x| x as f32).collect();
                     for i in 0..m * n {
                         let e = expect[i] + beta * c0[i] + bias_of(i % n);
-                        assert!((c64[i] - e).abs() < 1e-12, "f64 {m}x{n}x{k} t={transposed} b={beta} bias={with_bias} [{i}]");
+                        assert!((c64[i] - e).abs() < 1e-12, "f64 {m}x{n}x{k} {layout} b={beta} bias={with_bias} [{i}]");
                     }
                     for (name, kernel) in f32_kernels() {
                         let mut c32: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
@@ -848,7 +863,7 @@ mod tests {
                         for i in 0..m * n {
                             let e = expect[i] + beta * c0[i] + bias_of(i % n);
                             // f32 rounding of k products: a few ulp of sqrt(k)-sized sums.
-                            assert!((c32[i] as f64 - e).abs() < 1e-5 * (1.0 + k as f64).sqrt(), "{name} {m}x{n}x{k} bias={with_bias} [{i}]");
+                            assert!((c32[i] as f64 - e).abs() < 1e-5 * (1.0 + k as f64).sqrt(), "{name} {m}x{n}x{k} {layout} bias={with_bias} [{i}]");
                         }
                         // The bias row is as if C had held beta·C + bias before a GEMM with
                         // beta 1: bit for bit.
@@ -857,7 +872,7 @@ mod tests {
                             unsafe { (kernel.gemm)(m, n, k, a32, b32.as_ptr(), n, 1.0, core::ptr::null(), c_then.as_mut_ptr(), n) };
                             assert_eq!(c_then, c32, "{name} {m}x{n}x{k} beta={beta}: bias differs from a prefilled C");
                         }
-                        // Both packed layouts of A do the same arithmetic: bit-identical.
+                        // Every layout of A gets the same arithmetic: bit-identical.
                         let key = (name, beta.to_bits(), with_bias);
                         match row_major_results.iter().find(|(k, _)| *k == key) {
                             Some((_, first)) => assert_eq!(first, &c32, "{name} {m}x{n}x{k}: layouts differ"),
