@@ -8,7 +8,7 @@
 //! and each row's log-sum-exp `lse [B, NH, T]`, from which backward recomputes the block's
 //! probabilities (FlashAttention style).
 
-use crate::float::{dot, max_of, sum_map, Float};
+use crate::float::{dot, map_sum, max_of, Float};
 use crate::gemm::{gemm, transpose, Strided, MAX_MR};
 use crate::parallel::{Parallel, SharedMut};
 use crate::simd::wide_dispatch;
@@ -100,18 +100,24 @@ fn exp_causal_row<T: Float>(row: &mut [T], live: usize, scale: T, shift: T) {
 
 #[inline(always)]
 fn causal_softmax_rows<T: Float>(p: &mut [T], t: usize, rows: Range<usize>, scale: T, lse: &mut [T]) {
-    for (r, i) in rows.enumerate() {
+    let mut sums = [T::ZERO; MAX_QUERY_BLOCK];
+    for (r, i) in rows.clone().enumerate() {
         let row = &mut p[r * t..(r + 1) * t];
-        // Max and sum over 16 lanes, so both loops vectorise (fixed order: deterministic).
-        let max = max_of(&row[..=i]) * scale;
-        exp_causal_row(row, i + 1, scale, max);
-        let live = (i + 1).next_multiple_of(16).min(t);
-        let sum = sum_map(&row[..live], |e| e);
+        // Sums and products over whole 16-lane chunks up to `padded` (zero past key `i`), so
+        // each is one vector loop (fixed order: deterministic).
+        let (live, padded) = (i + 1, (i + 1).next_multiple_of(16).min(t));
+        let max = max_of(&row[..live]) * scale;
+        let sum = map_sum(&mut row[..padded], |j, x| if j < live { (x * scale - max).exp() } else { T::ZERO });
+        row[padded..].fill(T::ZERO);
         let inv = T::ONE / sum;
-        for x in &mut row[..=i] {
+        for x in &mut row[..padded] {
             *x *= inv;
         }
-        lse[i] = max + sum.ln();
+        (lse[i], sums[r]) = (max, sum);
+    }
+    // The logarithms after the rows, off each row's chain of dependent reductions.
+    for (i, sum) in rows.zip(sums) {
+        lse[i] += sum.ln();
     }
 }
 
