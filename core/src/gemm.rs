@@ -1,5 +1,6 @@
 //! Allocation-free GEMM: `C = A·B + beta·C` with `C` and `B` row-major (unit column stride)
-//! and `A` arbitrarily strided, so transposed operands need no copy.
+//! and `A` row-major or column-major (a unit stride either way), so transposed operands need
+//! no copy.
 //!
 //! Loop order (per call, single-threaded; callers split rows across tasks), as in BLIS:
 //! K blocks of [`KC`] → row blocks of [`MC`] of A → column panels of the kernel's `NR`
@@ -13,12 +14,11 @@
 //! the baby config ran ~8% slower (C of `16384 x 1536` streamed through memory up to twelve
 //! times).
 //!
-//! A is read where it lies when it has a unit stride (packing row-major A was a copy of
-//! every row through L1: 4.6% of a training step): row-major A as `MR` rows, transposed
-//! (column-major) A as `kc` groups of `MR` consecutive values, one group per step. A last
-//! micro-panel of fewer rows is packed, zero-padded, in the same layout (`MR` rows of `KC`
-//! values, or groups of `MR`), and so is all of an A with no unit stride. The kernel reads
-//! both layouts with one broadcast per row and step; it is compiled for each. The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
+//! A is read where it lies (packing row-major A was a copy of every row through L1: 4.6% of
+//! a training step): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
+//! `MR` consecutive values, one group per step. Only a last micro-panel of fewer rows is
+//! packed, zero-padded, in the same layout (`MR` rows of `KC` values, or groups of `MR`). The
+//! kernel reads both layouts with one broadcast per row and step; it is compiled for each. The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
 //! (6 x 16) on x86-64, detected at run time with `std` and at compile time without, and the
 //! whole blocked loop is compiled with the same features; WebAssembly builds with `simd128`
 //! use a 4 x 8 `v128` kernel (fused multiply-add where the build also enables
@@ -27,7 +27,7 @@
 //! element sees the same arithmetic wherever tile edges fall: results do not depend on how
 //! callers split rows across tasks.
 //!
-//! Stack use per call: `(MC + MAX_NR) * KC` elements (192 KiB for f32).
+//! Stack use per call: `(MAX_MR + MAX_NR) * KC` elements (66 KiB for f32).
 
 use crate::float::Float;
 use core::mem::MaybeUninit;
@@ -83,14 +83,19 @@ type TileFn<T> = unsafe fn(usize, *const T, usize, *const T, usize, T, *const T,
 #[repr(C, align(64))]
 struct Aligned<A>(A);
 
-/// `C[m x n] = A[m x k] · B[k x n] + beta · C`; `B` has row stride `ldb` and unit column
-/// stride, `C` row stride `ldc` and unit column stride. With `beta == 0`, C is only written.
+/// `C[m x n] = A[m x k] · B[k x n] + beta · C`; `A` has a unit column stride (row-major) or
+/// a unit row stride (column-major), `B` row stride `ldb` and unit column stride, `C` row
+/// stride `ldc` and unit column stride. With `beta == 0`, C is only written.
+///
+/// # Panics
+/// If A has no unit stride.
 ///
 /// # Safety
 /// Every element reached through the shapes and strides must be valid; `c` must not
 /// overlap `a` or `b`, and no other thread may access the written part of `c`.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
+    assert_unit_stride(a);
     // SAFETY: forwarded.
     unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, core::ptr::null(), c, ldc) }
 }
@@ -99,13 +104,21 @@ pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *co
 /// row as the micro-kernel stores its tile (a bias with no pass of its own over C). Bits as
 /// if C had held `beta·C + bias` (rounded) before a [`gemm`] with `beta = 1`.
 ///
+/// # Panics
+/// If A has no unit stride or the bias is not `n` long.
+///
 /// # Safety
 /// As [`gemm`].
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_bias<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, bias: &[T], c: *mut T, ldc: usize) {
+    assert_unit_stride(a);
     assert_eq!(bias.len(), n, "gemm_bias: one bias per column");
     // SAFETY: forwarded; bias holds n values (checked).
     unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, bias.as_ptr(), c, ldc) }
+}
+
+fn assert_unit_stride<T>(a: Strided<T>) {
+    assert!(a.rs == 1 || a.cs == 1, "gemm: A must be row-major or column-major (strides {} and {})", a.rs, a.cs);
 }
 
 /// The blocked loops for an `MR x NR` micro-kernel, given for A as rows (`rows_tile`) and
@@ -164,26 +177,27 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
     c: *mut T,
     ldc: usize,
 ) {
-    let mut a_pack = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
+    let mut a_edge = MaybeUninit::<Aligned<[T; MAX_MR * KC]>>::uninit();
     let mut b_pack = MaybeUninit::<Aligned<[T; KC * MAX_NR]>>::uninit();
     let mut c_edge = Aligned([T::ZERO; MAX_MR * MAX_NR]);
     let mut bias_edge = [T::ZERO; MAX_NR];
-    let (ap, bp) = (a_pack.as_mut_ptr().cast::<T>(), b_pack.as_mut_ptr().cast::<T>());
-    // Whole micro-panels are read in place where A has a unit stride in the layout's
-    // direction (always for rows: they are chosen by `a.cs == 1`); packed ones are MR x KC.
-    let (unit_stride, in_place_stride) = if BY_ROWS { (true, a.rs) } else { (a.rs == 1, a.cs) };
-    let packed_stride = if BY_ROWS { KC } else { MR };
+    let (ap, bp) = (a_edge.as_mut_ptr().cast::<T>(), b_pack.as_mut_ptr().cast::<T>());
+    debug_assert!(if BY_ROWS { a.cs == 1 } else { a.rs == 1 });
+    // Strides of A's micro-panels read in place and of the packed last one.
+    let (in_place_stride, packed_stride) = if BY_ROWS { (a.rs, KC) } else { (a.cs, MR) };
     for pc in (0..k).step_by(KC) {
         let kc = KC.min(k - pc);
         // beta and the bias apply once, in the first K block.
         let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (T::ONE, core::ptr::null()) };
         for ic in (0..m).step_by(MC) {
             let mc = MC.min(m - ic);
-            // Rows ic..ic+in_place are read in place; the rest are packed.
-            let in_place = if unit_stride { mc / MR * MR } else { 0 };
-            // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
-            // holds MC x KC.
-            unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, BY_ROWS) };
+            // Rows ic..ic+in_place are read in place; the rest (fewer than MR) are packed.
+            let in_place = mc / MR * MR;
+            if in_place < mc {
+                // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
+                // holds MR x KC.
+                unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, BY_ROWS) };
+            }
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
                 // A whole panel that few tiles use is read in place (see the module docs).
@@ -201,14 +215,13 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
                 };
                 for ir in (0..mc).step_by(MR) {
                     let rows = MR.min(mc - ir);
-                    // SAFETY: rows ic+ir.. of A, or micro-panel (ir-in_place)/MR of the packed
-                    // block (MR x KC apart); the tile (ic+ir.., jc..) is inside C; the edge copy
-                    // holds MR x NR.
+                    // SAFETY: rows ic+ir.. of A, or the packed last micro-panel; the tile
+                    // (ic+ir.., jc..) is inside C; the edge copy holds MR x NR.
                     unsafe {
                         let (a_panel, a_stride) = if ir < in_place {
                             (a.ptr.add((ic + ir) * a.rs + pc * a.cs), in_place_stride)
                         } else {
-                            (ap.add((ir - in_place) * KC).cast_const(), packed_stride)
+                            (ap.cast_const(), packed_stride)
                         };
                         let ct = c.add((ic + ir) * ldc + jc);
                         let kernel = |c, ldc| tile(kc, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
@@ -291,43 +304,30 @@ unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(
     }
 }
 
-/// Packs rows `i0..i0+mc`, columns `p0..p0+kc` of `a` into `dst` as micro-panels of `MR`
-/// rows, `MR x KC` elements apart: as `MR` rows `KC` apart (`by_rows`, for row-major A) or
-/// as `kc` groups of `MR` values. Rows past `mc` are zero.
+/// Packs rows `i0..i0+rows` (`rows <= MR`), columns `p0..p0+kc` of `a` into one
+/// micro-panel at `dst`: `MR` rows `KC` apart (`by_rows`, for row-major A) or `kc` groups of
+/// `MR` values. Rows past `rows` are zero.
 ///
 /// # Safety
-/// The block must be inside `a`; `dst` must hold `MC x KC` elements.
+/// The block must be inside `a`; `dst` must hold `MR x KC` elements.
 #[inline(always)]
-unsafe fn pack_a<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usize, mc: usize, p0: usize, kc: usize, by_rows: bool) {
-    for r0 in (0..mc).step_by(MR) {
-        let rows = MR.min(mc - r0);
-        // SAFETY (all accesses): inside the block and the buffer (caller).
-        unsafe {
-            let panel = dst.add(r0 * KC);
-            let src = a.ptr.add((i0 + r0) * a.rs + p0 * a.cs);
-            if by_rows {
-                for i in 0..MR {
-                    let row = panel.add(i * KC);
-                    if i < rows {
-                        core::ptr::copy_nonoverlapping(src.add(i * a.rs), row, kc);
-                    } else {
-                        core::slice::from_raw_parts_mut(row, kc).fill(T::ZERO);
-                    }
+unsafe fn pack_a<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usize, rows: usize, p0: usize, kc: usize, by_rows: bool) {
+    // SAFETY (all accesses): inside the block and the buffer (caller).
+    unsafe {
+        let src = a.ptr.add(i0 * a.rs + p0 * a.cs);
+        if by_rows {
+            for i in 0..MR {
+                let row = dst.add(i * KC);
+                if i < rows {
+                    core::ptr::copy_nonoverlapping(src.add(i * a.rs), row, kc);
+                } else {
+                    core::slice::from_raw_parts_mut(row, kc).fill(T::ZERO);
                 }
-            } else {
-                let groups = panel.cast::<[T; MR]>();
-                for p in 0..kc {
-                    let g = if a.rs == 1 && rows == MR {
-                        src.add(p * a.cs).cast::<[T; MR]>().read_unaligned()
-                    } else if a.rs == 1 {
-                        let mut g = [T::ZERO; MR];
-                        core::ptr::copy_nonoverlapping(src.add(p * a.cs), g.as_mut_ptr(), rows);
-                        g
-                    } else {
-                        core::array::from_fn(|i| if i < rows { *src.add(i * a.rs + p * a.cs) } else { T::ZERO })
-                    };
-                    groups.add(p).write(g);
-                }
+            }
+        } else {
+            let groups = dst.cast::<[T; MR]>();
+            for p in 0..kc {
+                groups.add(p).write(core::array::from_fn(|i| if i < rows { *src.add(i * a.rs + p * a.cs) } else { T::ZERO }));
             }
         }
     }
@@ -815,8 +815,17 @@ mod tests {
         }
     }
 
-    /// Odd shapes (edge tiles, several K blocks), A row-major, transposed and with no unit
-    /// stride, beta 0 and 1, with and without a bias row, f32 and f64.
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    #[should_panic(expected = "row-major or column-major")]
+    fn a_without_unit_stride_is_refused() {
+        let (a, b, mut c) = ([1f32; 8], [1f32; 4], [0f32; 4]);
+        unsafe { gemm(2, 2, 2, Strided { ptr: a.as_ptr(), rs: 2, cs: 4 }, b.as_ptr(), 2, 0.0, c.as_mut_ptr(), 2) };
+    }
+
+    /// Odd shapes (edge tiles, several K blocks), A row-major, column-major and column-major
+    /// with a leading stride wider than its rows, beta 0 and 1, with and without a bias row,
+    /// f32 and f64.
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn matches_naive_product() {
@@ -827,15 +836,15 @@ mod tests {
             let c0: Vec<f64> = (0..m * n).map(|_| rng.next_f64() - 0.5).collect();
             let bias: Vec<f64> = (0..n).map(|_| rng.next_f64() - 0.5).collect();
             let mut row_major_results = Vec::new();
-            for layout in ["rows", "columns", "strided"] {
+            for layout in ["rows", "columns", "wide columns"] {
                 // The same A stored row-major (rs = k), column-major (rs = 1, cs = m) or
-                // column-major with a gap after every element (rs = 2, cs = 2m).
+                // column-major with three NaNs after every column (cs = m + 3).
                 let mut t = vec![0.0; m * k];
                 transpose(&a, m, k, k, &mut t);
                 let (stored, rs, cs) = match layout {
                     "rows" => (a.clone(), k, 1),
                     "columns" => (t, 1, m),
-                    _ => (t.iter().flat_map(|&x| [x, f64::NAN]).collect(), 2, 2 * m),
+                    _ => (t.chunks(m).flat_map(|col| col.iter().copied().chain([f64::NAN; 3])).collect(), 1, m + 3),
                 };
                 let expect = naive(m, n, k, &a, k, 1, &b, n);
                 for (beta, with_bias) in [(0.0, false), (1.0, false), (0.0, true), (1.0, true)] {
