@@ -94,12 +94,14 @@ mod pool {
         generation: AtomicU64,
         /// Workers still working on the current job.
         busy: AtomicUsize,
-        next_task: AtomicUsize,
     }
 
-    /// A fixed set of worker threads created once; [`Parallel::run`] publishes a job, shares
-    /// its tasks through an atomic counter, works on the calling thread too, and waits for all.
-    /// Idle workers poll briefly before sleeping. Dispatch performs no heap allocation.
+    /// A fixed set of worker threads created once; [`Parallel::run`] publishes a job, works on
+    /// the calling thread too, and waits for all. Thread `i` (the caller is 0) always runs the
+    /// `i`-th contiguous share of the tasks, so the rows a kernel's task owns stay in one
+    /// core's cache from op to op (handing tasks out through an atomic counter instead mixed
+    /// them: attention scaled 1.45x on two threads, 2.0x with fixed shares). Idle workers poll
+    /// briefly before sleeping. Dispatch performs no heap allocation.
     pub struct ThreadPool {
         shared: Arc<Shared>,
         workers: Vec<JoinHandle<()>>,
@@ -117,14 +119,13 @@ mod pool {
                 wake: Condvar::new(),
                 generation: AtomicU64::new(0),
                 busy: AtomicUsize::new(0),
-                next_task: AtomicUsize::new(0),
             });
             let workers = (1..threads.max(1))
                 .map(|i| {
                     let shared = Arc::clone(&shared);
                     std::thread::Builder::new()
                         .name(format!("alpha-worker-{i}"))
-                        .spawn(move || worker(&shared))
+                        .spawn(move || worker(&shared, i, threads))
                         .expect("spawning a worker thread")
                 })
                 .collect();
@@ -132,14 +133,9 @@ mod pool {
         }
     }
 
-    fn drain(shared: &Shared, task: &(dyn Fn(usize) + Sync), tasks: usize) {
-        loop {
-            let i = shared.next_task.fetch_add(1, Ordering::Relaxed);
-            if i >= tasks {
-                break;
-            }
-            task(i);
-        }
+    /// Runs thread `me`'s share of the tasks: the same contiguous range every time.
+    fn drain(task: &(dyn Fn(usize) + Sync), tasks: usize, me: usize, threads: usize) {
+        super::split_range(tasks, threads, me).for_each(task);
     }
 
     /// Waits until the generation differs from `seen`: polls, then sleeps.
@@ -161,7 +157,7 @@ mod pool {
         }
     }
 
-    fn worker(shared: &Shared) {
+    fn worker(shared: &Shared, me: usize, threads: usize) {
         let mut seen = 0u64;
         loop {
             seen = next_generation(shared, seen);
@@ -174,7 +170,7 @@ mod pool {
                 (job.task, job.tasks)
             };
             // SAFETY: run() keeps the closure alive until `busy` drops to zero.
-            drain(shared, unsafe { &*task }, tasks);
+            drain(unsafe { &*task }, tasks, me, threads);
             shared.busy.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -193,7 +189,6 @@ mod pool {
             // SAFETY: only the lifetime is erased; we wait below until no worker uses it.
             let ptr: TaskPtr = unsafe { core::mem::transmute::<&(dyn Fn(usize) + Sync), TaskPtr>(task) };
             let shared = &*self.shared;
-            shared.next_task.store(0, Ordering::Relaxed);
             shared.busy.store(self.workers.len(), Ordering::Relaxed);
             {
                 let mut job = shared.job.lock().unwrap_or_else(|e| e.into_inner());
@@ -217,7 +212,7 @@ mod pool {
                 }
             }
             let _wait = WaitOnDrop(shared);
-            drain(shared, task, tasks);
+            drain(task, tasks, 0, self.threads());
         }
     }
 
@@ -248,6 +243,24 @@ mod pool {
                 });
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
             }
+        }
+
+        /// Each thread gets the same contiguous share of the tasks every run, the first
+        /// share on the calling thread.
+        #[test]
+        fn shares_are_fixed_per_thread() {
+            let pool = ThreadPool::new(3);
+            let runners = || {
+                let ids: Vec<Mutex<Option<std::thread::ThreadId>>> = (0..7).map(|_| Mutex::new(None)).collect();
+                pool.run(7, &|i| *ids[i].lock().unwrap() = Some(std::thread::current().id()));
+                ids.into_iter().map(|m| m.into_inner().unwrap().unwrap()).collect::<Vec<_>>()
+            };
+            let first = runners();
+            for _ in 0..20 {
+                assert_eq!(runners(), first);
+            }
+            assert!(first[..3].iter().all(|&t| t == std::thread::current().id()));
+            assert!(first[3] == first[4] && first[5] == first[6] && first[3] != first[5] && first[3] != first[0]);
         }
     }
 }
