@@ -184,15 +184,39 @@ pub fn sum_map<T: Float>(a: &[T], term: impl Fn(T) -> T) -> T {
 /// The largest element of a non-empty slice, over 16 lanes so the loop vectorises.
 #[inline(always)]
 pub fn max_of<T: Float>(a: &[T]) -> T {
-    let mut lanes = [a[0]; 16];
-    let whole = a.chunks_exact(16);
-    let tail = whole.remainder().iter().fold(a[0], |m, &x| m.max(x));
-    for chunk in whole {
+    max_of_first(a, a.len())
+}
+
+/// The largest of the first `live` elements of `a` (`1 <= live <= a.len()`), over 16 lanes.
+/// A last partial chunk is read whole where `a` extends that far, with the lanes past `live`
+/// masked, so a causal row padded to a multiple of 16 has no scalar tail. The lanes are
+/// combined pairwise (max is exact: any order gives the same value).
+#[inline(always)]
+pub fn max_of_first<T: Float>(a: &[T], live: usize) -> T {
+    let first = a[0];
+    let mut lanes = [first; 16];
+    let whole = live / 16 * 16;
+    for chunk in a[..whole].chunks_exact(16) {
         for (l, &x) in lanes.iter_mut().zip(chunk) {
             *l = l.max(x);
         }
     }
-    lanes.iter().fold(tail, |m, &x| m.max(x))
+    let mut tail = first;
+    if live > whole && a.len() >= whole + 16 {
+        for (j, (l, &x)) in lanes.iter_mut().zip(&a[whole..whole + 16]).enumerate() {
+            *l = l.max(if whole + j < live { x } else { first });
+        }
+    } else {
+        tail = a[whole..live].iter().fold(first, |m, &x| m.max(x));
+    }
+    let mut width = lanes.len();
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] = lanes[l].max(lanes[l + width]);
+        }
+    }
+    lanes[0].max(tail)
 }
 
 /// Dot product in [`sum_map3`]'s order.
@@ -241,6 +265,22 @@ mod tests {
                 (f(x) as f64 - e).abs() / e.abs()
             })
             .fold(0.0, f64::max)
+    }
+
+    /// `max_of_first` finds the largest of the live elements wherever it lies, whatever the
+    /// elements past `live` hold.
+    #[test]
+    fn max_of_first_ignores_masked_elements() {
+        for len in [1, 5, 16, 17, 40, 64] {
+            for live in 1..=len {
+                for at in 0..live {
+                    let mut a: Vec<f32> = (0..len).map(|i| -((i * 7 % 5) as f32)).collect();
+                    a[at] = 3.0;
+                    a[live..].fill(9.0);
+                    assert_eq!(max_of_first(&a, live), 3.0, "len {len} live {live} at {at}");
+                }
+            }
+        }
     }
 
     /// `map_sum` stores what `f` returns and sums it exactly as `sum_map` sums the result.

@@ -8,7 +8,7 @@
 //! and each row's log-sum-exp `lse [B, NH, T]`, from which backward recomputes the block's
 //! probabilities (FlashAttention style).
 
-use crate::float::{dot, map_sum, max_of, Float};
+use crate::float::{dot, map_sum, max_of_first, Float};
 use crate::gemm::{gemm, transpose, Strided, MAX_MR};
 use crate::parallel::{Parallel, SharedMut};
 use crate::simd::wide_dispatch;
@@ -106,7 +106,7 @@ fn causal_softmax_rows<T: Float>(p: &mut [T], t: usize, rows: Range<usize>, scal
         // Sums and products over whole 16-lane chunks up to `padded` (zero past key `i`), so
         // each is one vector loop (fixed order: deterministic).
         let (live, padded) = (i + 1, (i + 1).next_multiple_of(16).min(t));
-        let max = max_of(&row[..live]) * scale;
+        let max = max_of_first(&row[..padded], live) * scale;
         let sum = map_sum(&mut row[..padded], |j, x| if j < live { (x * scale - max).exp() } else { T::ZERO });
         row[padded..].fill(T::ZERO);
         let inv = T::ONE / sum;
