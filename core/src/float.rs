@@ -242,13 +242,12 @@ pub fn exp_f32(x: f32) -> f32 {
     let n = t - ROUND;
     let two_n = f32::from_bits(t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     let r = x - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.987_569_1e-4;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5; // Cephes: 5.0000001e-1, which is 0.5 in f32
-    let er = p * r * r + r + 1.0;
+    let r2 = r * r;
+    let q0 = 1.666_666_5e-1 * r + 0.5; // Cephes: 5.0000001e-1, which is 0.5 in f32
+    let q1 = 8.333_452e-3 * r + 4.166_579_6e-2;
+    let q2 = 1.987_569_1e-4 * r + 1.398_199_9e-3;
+    let p = q0 + r2 * (q1 + r2 * q2);
+    let er = p * r2 + r + 1.0;
     two_n * er
 }
 
