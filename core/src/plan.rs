@@ -432,7 +432,8 @@ pub struct Scratch {
     pub dbig: Span,
     /// Gradient of a narrow activation: a LayerNorm output or the attention output `[N, C]`.
     pub dsmall: Span,
-    /// A matmul weight transposed for the forward GEMM `[K, M]` (largest: `max(4C², VC)`).
+    /// A matmul weight transposed for the forward GEMM `[K, M]` (largest: `max(4C², VC)`);
+    /// in backward, the second half of a weight gradient's sum over rows `[M, K]`.
     pub wt: Span,
     /// Attention's per-(batch, head) tiles (see [`AttentionShape::scratch_len`]).
     pub attention: Span,

@@ -479,6 +479,7 @@ pub fn backward_observed<T: Float>(
                         g.get(weight),
                         bias.map(|s| g.get(s)),
                         a.get(plan.scratch().partials),
+                        a.get(plan.scratch().wt),
                         a.get(dout),
                         a.get(x),
                         p(weight),

@@ -99,8 +99,8 @@ fn matmul_forward_with_each_epilogue_and_backward() {
     let dout0 = random(&mut rng, n * m, 1.0);
     let (dw0, db0) = (random(&mut rng, m * k, 1.0), random(&mut rng, m, 1.0));
     let (mut dout, mut dw, mut db, mut dx) = (dout0.clone(), dw0.clone(), db0.clone(), vec![0.0; n * k]);
-    let mut partials = vec![0.0; blocks(n) * m];
-    matmul::backward(&Serial, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut dout, &x, &w, Some(&slope), k, m);
+    let (mut partials, mut dw_half) = (vec![0.0; blocks(n) * m], vec![0.0; m * k]);
+    matmul::backward(&Serial, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut dw_half, &mut dout, &x, &w, Some(&slope), k, m);
     let (gdout, gdw, gdb, gdx, gpart, gslope, gx, gw) =
         (buffer(&dout0), buffer(&dw0), buffer(&db0), fresh(n * k), fresh(partials.len()), buffer(&slope), buffer(&x), buffer(&w));
     run(8, |p| {

@@ -160,7 +160,8 @@ pub fn forward<T: Float>(
 /// accumulates `dw += doutᵀ·x`, `db += Σ_rows dout`. With `gelu_slope` (what a training
 /// forward left in its `pre`), `dout` holds the gradient of the GELU output and is turned
 /// into the pre-activation gradient in place.
-/// `partials` is scratch of at least [`row_blocks::blocks`]`(N) * M` elements (for `db`).
+/// `partials` is scratch of at least [`row_blocks::blocks`]`(N) * M` elements (for `db`),
+/// `dw_half` of at least `M * K` (the second half of `dw`'s sum over rows, see below).
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Float>(
     par: &dyn Parallel,
@@ -168,6 +169,7 @@ pub fn backward<T: Float>(
     dw: &mut [T],
     db: Option<&mut [T]>,
     partials: &mut [T],
+    dw_half: &mut [T],
     dout: &mut [T],
     x: &[T],
     w: &[T],
@@ -202,9 +204,43 @@ pub fn backward<T: Float>(
         let a = Strided { ptr: dout.as_ptr(), rs: m, cs: 1 };
         par_gemm(par, n, k, m, a, w, T::ZERO, dx);
     }
-    // dw [M, K] += doutᵀ [M, N] · x [N, K]
-    let a = Strided { ptr: dout.as_ptr(), rs: 1, cs: m };
-    par_gemm(par, m, k, n, a, x, T::ONE, dw);
+    weight_gradient(par, dw, dw_half, dout, x, k, m);
+}
+
+/// `dw [M, K] += doutᵀ [M, N] · x [N, K]`, the sum over the N rows in two fixed halves: the
+/// first added into `dw` by the GEMM, the second computed into `dw_half` and added after. Each
+/// half reads only its own rows of `dout` and `x`, the rows that the same thread produced on
+/// two threads (split by `dw` rows, every task read all N rows, half of them from the other
+/// core's cache). The halves do not depend on the thread count; with more than two threads
+/// each half is split by rows of `dw`.
+#[allow(clippy::too_many_arguments)]
+fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T], dout: &[T], x: &[T], k: usize, m: usize) {
+    let n = x.len() / k;
+    let dw_half = &mut dw_half[..m * k];
+    let (first, second) = (split_range(n, 2, 0), split_range(n, 2, 1));
+    let per_half = (par.threads() / 2).max(1);
+    let (dw_p, half_p) = (SharedMut(dw.as_mut_ptr()), SharedMut(dw_half.as_mut_ptr()));
+    par.run(2 * per_half, &|task| {
+        let (half, part) = (task / per_half, task % per_half);
+        let (rows, out, beta) = if half == 0 { (first.clone(), dw_p, T::ONE) } else { (second.clone(), half_p, T::ZERO) };
+        let r = split_range(m, per_half, part);
+        // SAFETY: task (half, part) writes rows r of its own output (dw or dw_half, both
+        // M x K); it reads columns r of the half's rows of dout and those rows of x.
+        unsafe {
+            let a = Strided { ptr: dout.as_ptr().wrapping_add(rows.start * m + r.start), rs: 1, cs: m };
+            gemm(r.len(), k, rows.len(), a, x.as_ptr().wrapping_add(rows.start * k), k, beta, out.ptr().add(r.start * k), k);
+        }
+    });
+    let tasks = par.threads().min(m).max(1);
+    let dw_half: &[T] = dw_half;
+    par.run(tasks, &|task| {
+        let r = split_range(m, tasks, task);
+        // SAFETY: tasks own disjoint row ranges of dw.
+        let d = unsafe { dw_p.slice(r.start * k, r.len() * k) };
+        for (d, &h) in d.iter_mut().zip(&dw_half[r.start * k..r.end * k]) {
+            *d += h;
+        }
+    });
 }
 
 #[inline(always)]
@@ -275,7 +311,8 @@ mod tests {
         let (mut dx, mut dw, mut db, mut dout) = (vec![0.0; n * k], vec![0.0; m * k], vec![0.0; m], g.clone());
         let gelu_slope = (kind == "gelu").then_some(&pre[..]);
         let mut partials = vec![0.0; crate::ops::row_blocks::blocks(n) * m];
-        backward(&Serial, Some(&mut dx), &mut dw, with_bias.then_some(&mut db[..]), &mut partials, &mut dout, &x, &w, gelu_slope, k, m);
+        let mut dw_half = vec![0.0; m * k];
+        backward(&Serial, Some(&mut dx), &mut dw, with_bias.then_some(&mut db[..]), &mut partials, &mut dw_half, &mut dout, &x, &w, gelu_slope, k, m);
         let (x0, w0, b0, r0) = (x.clone(), w.clone(), b.clone(), r.clone());
         let mut scratch = (vec![0.0; n * m], vec![0.0; n * m]);
         let mut loss = |x: &[f64], w: &[f64], b: &[f64], r: &[f64]| run(x, w, b, r, &mut scratch.0, &mut scratch.1, false);
@@ -340,6 +377,7 @@ mod tests {
         }
     }
 
+    /// Forward and backward give the same bits on four threads as on one.
     #[test]
     fn threaded_split_matches_serial() {
         struct Four;
@@ -359,5 +397,14 @@ mod tests {
         forward(&Serial, &mut vec![0.0; m * k], &mut a, &x, &w, None, Epilogue::None, k, m);
         forward(&Four, &mut vec![0.0; m * k], &mut b, &x, &w, None, Epilogue::None, k, m);
         assert_eq!(a, b);
+        // Backward too: both halves of dw's rows split in two on four threads.
+        let g: Vec<f32> = random(&mut rng, n * m, 1.0).into_iter().map(|v| v as f32).collect();
+        let run_backward = |par: &dyn Parallel| {
+            let (mut dx, mut dw, mut db, mut dout) = (vec![0f32; n * k], vec![0.5f32; m * k], vec![0f32; m], g.clone());
+            let (mut partials, mut dw_half) = (vec![0f32; crate::ops::row_blocks::blocks(n) * m], vec![0f32; m * k]);
+            backward(par, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut dw_half, &mut dout, &x, &w, None, k, m);
+            (dx, dw, db)
+        };
+        assert_eq!(run_backward(&Serial), run_backward(&Four));
     }
 }
