@@ -33,18 +33,18 @@ impl AttentionShape {
     }
 }
 
-/// Query rows per block, in micro-tiles of the GEMM kernel's rows. Block `[q0, q1)` scores
-/// keys `..q1` only, so smaller blocks skip more of the masked triangle but make more GEMM
-/// calls; whole tiles keep edge tiles out. Four: the 4-row WebAssembly kernel gains 2% a step
-/// on the page's tiny preset (16 rows against 64), AVX-512's 12-row one is even (48 against
-/// 64 on nanoGPT's CPU config, 1% faster at block 256).
-const QUERY_BLOCK_TILES: usize = 4;
+/// Query rows per block, rounded up to whole micro-tiles of the GEMM kernel's rows. Block
+/// `[q0, q1)` scores keys `..q1` only, so smaller blocks skip more of the masked triangle
+/// but make more GEMM calls; whole tiles keep edge tiles out. 16: two 12-row AVX-512 tiles
+/// ran attention 7% faster than four on nanoGPT's CPU config (T = 64) and 2-4% at T = 256;
+/// four 4-row WebAssembly tiles are what the page's tiny preset ran fastest (against 64).
+const QUERY_BLOCK_ROWS: usize = 16;
 /// The most query rows per block, whatever the kernel (for sizing scratch).
-const MAX_QUERY_BLOCK: usize = QUERY_BLOCK_TILES * MAX_MR;
+const MAX_QUERY_BLOCK: usize = QUERY_BLOCK_ROWS + MAX_MR - 1;
 
 impl AttentionShape {
     fn query_block<T: Float>(&self) -> usize {
-        (QUERY_BLOCK_TILES * T::kernel().mr).min(self.seq)
+        QUERY_BLOCK_ROWS.next_multiple_of(T::kernel().mr).min(self.seq)
     }
 
     /// Keys to score for a block whose queries see `keys` keys: up to the GEMM kernel's next
