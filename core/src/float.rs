@@ -225,8 +225,9 @@ pub fn dot<T: Float>(a: &[T], b: &[T]) -> T {
     sum_map2(a, b, |x, y| x * y)
 }
 
-/// e^x for f32 without branches or table lookups (Cephes `expf` polynomial), so it inlines
-/// and vectorises. Inputs are clamped to [-87, 88]: below, the result is the smallest
+/// e^x for f32 without branches or table lookups (Cephes `expf` polynomial, evaluated in
+/// Estrin's scheme: three independent pairs, a shorter dependency chain than Horner's), so it
+/// inlines and vectorises. Inputs are clamped to [-87, 88]: below, the result is the smallest
 /// value e^-87 ≈ 1.6e-38 instead of a subnormal; within 1 ulp elsewhere (tested below).
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {

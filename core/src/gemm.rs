@@ -7,7 +7,7 @@
 //! columns of B, packed contiguously and zero-padded (the panel stays in L1 or L2 while every
 //! micro-panel of A streams past it; a whole panel that at most half a row block's tiles use
 //! is read in place instead, where packing it cost more than it saved: attention's blocks of
-//! 16-48 query rows ran 4-6% faster) → micro-kernel, which keeps an `MR x NR` tile of C in
+//! query rows ran 4-6% faster) → micro-kernel, which keeps an `MR x NR` tile of C in
 //! registers and broadcasts one element of A against `NR` elements of B per step, then
 //! stores the tile (adding `beta·C` and, for [`gemm_bias`], a bias row). K blocks are deep
 //! ([`KC`]) because C is read and written once per K block: with 128, the large products of
@@ -18,12 +18,13 @@
 //! a training step): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
 //! `MR` consecutive values, one group per step. Only a last micro-panel of fewer rows is
 //! packed, zero-padded, in the same layout (`MR` rows of `KC` values, or groups of `MR`). The
-//! kernel reads both layouts with one broadcast per row and step; it is compiled for each. The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA
-//! (6 x 16) on x86-64, detected at run time with `std` and at compile time without, and the
-//! whole blocked loop is compiled with the same features; WebAssembly builds with `simd128`
-//! use a 4 x 8 `v128` kernel (fused multiply-add where the build also enables
-//! `relaxed-simd`) that reads A and B in place and packs only edge tiles; f64 and other CPUs
-//! use the portable kernel. Edge tiles run the same kernel on a padded copy of C, so every
+//! kernel reads both layouts with one broadcast per row and step; it is compiled for each.
+//!
+//! The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA (6 x 16) on x86-64, detected at run
+//! time with `std` and at compile time without, and the whole blocked loop is compiled with
+//! the same features; WebAssembly builds with `simd128` use a 4 x 8 `v128` kernel (fused
+//! multiply-add where the build also enables `relaxed-simd`) that reads A and B in place and
+//! packs only edge tiles; f64 and other CPUs use the portable kernel. Edge tiles run the same kernel on a padded copy of C, so every
 //! element sees the same arithmetic wherever tile edges fall: results do not depend on how
 //! callers split rows across tasks.
 //!
@@ -182,7 +183,7 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
     let mut c_edge = Aligned([T::ZERO; MAX_MR * MAX_NR]);
     let mut bias_edge = [T::ZERO; MAX_NR];
     let (ap, bp) = (a_edge.as_mut_ptr().cast::<T>(), b_pack.as_mut_ptr().cast::<T>());
-    debug_assert!(if BY_ROWS { a.cs == 1 } else { a.rs == 1 });
+    assert_unit_stride(a);
     // Strides of A's micro-panels read in place and of the packed last one.
     let (in_place_stride, packed_stride) = if BY_ROWS { (a.rs, KC) } else { (a.cs, MR) };
     for pc in (0..k).step_by(KC) {

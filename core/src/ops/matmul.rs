@@ -161,7 +161,8 @@ pub fn forward<T: Float>(
 /// forward left in its `pre`), `dout` holds the gradient of the GELU output and is turned
 /// into the pre-activation gradient in place.
 /// `partials` is scratch of at least [`row_blocks::blocks`]`(N) * M` elements (for `db`),
-/// `dw_half` of at least `M * K` (the second half of `dw`'s sum over rows, see below).
+/// `dw_half` of at least `M * K` (it receives the second half of `dw`'s sum over the N rows,
+/// which is added after the first).
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Float>(
     par: &dyn Parallel,
