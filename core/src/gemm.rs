@@ -16,9 +16,11 @@
 //!
 //! A is read where it lies (packing row-major A was a copy of every row through L1: 4.6% of
 //! a training step): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
-//! `MR` consecutive values, one group per step. Only a last micro-panel of fewer rows is
-//! packed, zero-padded, in the same layout (`MR` rows of `KC` values, or groups of `MR`). The
-//! kernel reads both layouts with one broadcast per row and step; it is compiled for each.
+//! `MR` consecutive values, one group per step, where its columns are close enough together
+//! (see [`IN_PLACE_GROUP_STRIDE`]; else it is packed a row block at a time). A last
+//! micro-panel of fewer rows is packed, zero-padded, in the same layout (`MR` rows of `KC`
+//! values, or groups of `MR`). The kernel reads both layouts with one broadcast per row and
+//! step; it is compiled for each.
 //!
 //! The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA (6 x 16) on x86-64, detected at run
 //! time with `std` and at compile time without, and the whole blocked loop is compiled with
@@ -28,7 +30,8 @@
 //! element sees the same arithmetic wherever tile edges fall: results do not depend on how
 //! callers split rows across tasks.
 //!
-//! Stack use per call: `(MAX_MR + MAX_NR) * KC` elements (66 KiB for f32).
+//! Stack use per call: `(MAX_MR + MAX_NR) * KC` elements for row-major A (66 KiB for f32),
+//! `(MC + MAX_NR) * KC` for column-major A (192 KiB).
 
 use crate::float::Float;
 use core::mem::MaybeUninit;
@@ -148,18 +151,28 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
         // SAFETY: forwarded.
         return unsafe { scale_c(m, n, beta, bias, c, ldc) };
     }
-    // Each layout gets its own copy of the loops, so the kernel is a direct call.
+    // Each layout gets its own copy of the loops, so the kernel is a direct call, and its
+    // own A buffer: a micro-panel for rows, a row block for groups (columns too far apart to
+    // be read in place are packed a block at a time).
     if a.cs == 1 {
-        // SAFETY: forwarded.
-        unsafe { blocked_loops::<T, MR, NR, true>(rows_tile, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+        let mut a_pack = MaybeUninit::<Aligned<[T; MAX_MR * KC]>>::uninit();
+        // SAFETY: forwarded; the buffer holds MR x KC.
+        unsafe { blocked_loops::<T, MR, NR, true>(rows_tile, a_pack.as_mut_ptr().cast(), m, n, k, a, b, ldb, beta, bias, c, ldc) }
     } else {
-        // SAFETY: forwarded.
-        unsafe { blocked_loops::<T, MR, NR, false>(groups_tile, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+        let mut a_pack = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
+        // SAFETY: forwarded; the buffer holds MC x KC.
+        unsafe { blocked_loops::<T, MR, NR, false>(groups_tile, a_pack.as_mut_ptr().cast(), m, n, k, a, b, ldb, beta, bias, c, ldc) }
     }
 }
 
+/// How far apart (bytes) the `MR` consecutive values of a column-major A may lie to be read
+/// in place: farther, the `kc` steps of one micro-panel fall into a few L1 sets and evict
+/// each other (the baby config's weight gradients, columns 4.5-6 KiB apart, ran 20% slower
+/// in place than packed; 512 bytes apart, 5% faster).
+const IN_PLACE_GROUP_STRIDE: usize = 1024;
+
 /// [`gemm_blocked`]'s loops for one layout of A (`BY_ROWS`: row-major, else as groups) and
-/// its kernel; `k > 0`.
+/// its kernel; `k > 0`. `ap` holds `MR x KC` elements for rows, `MC x KC` for groups.
 ///
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU.
@@ -167,6 +180,7 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
 #[allow(clippy::too_many_arguments)]
 unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROWS: bool>(
     tile: TileFn<T>,
+    ap: *mut T,
     m: usize,
     n: usize,
     k: usize,
@@ -178,12 +192,12 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
     c: *mut T,
     ldc: usize,
 ) {
-    let mut a_edge = MaybeUninit::<Aligned<[T; MAX_MR * KC]>>::uninit();
     let mut b_pack = MaybeUninit::<Aligned<[T; KC * MAX_NR]>>::uninit();
     let mut c_edge = Aligned([T::ZERO; MAX_MR * MAX_NR]);
     let mut bias_edge = [T::ZERO; MAX_NR];
-    let (ap, bp) = (a_edge.as_mut_ptr().cast::<T>(), b_pack.as_mut_ptr().cast::<T>());
+    let bp = b_pack.as_mut_ptr().cast::<T>();
     assert_unit_stride(a);
+    let a_in_place = BY_ROWS || a.cs * core::mem::size_of::<T>() <= IN_PLACE_GROUP_STRIDE;
     // Strides of A's micro-panels read in place and of the packed last one.
     let (in_place_stride, packed_stride) = if BY_ROWS { (a.rs, KC) } else { (a.cs, MR) };
     for pc in (0..k).step_by(KC) {
@@ -192,13 +206,12 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
         let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (T::ONE, core::ptr::null()) };
         for ic in (0..m).step_by(MC) {
             let mc = MC.min(m - ic);
-            // Rows ic..ic+in_place are read in place; the rest (fewer than MR) are packed.
-            let in_place = mc / MR * MR;
-            if in_place < mc {
-                // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
-                // holds MR x KC.
-                unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, BY_ROWS) };
-            }
+            // Rows ic..ic+in_place are read in place; the rest are packed (fewer than MR, or
+            // the whole block of far-apart groups).
+            let in_place = if a_in_place { mc / MR * MR } else { 0 };
+            // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
+            // holds MR x KC, or MC x KC for groups.
+            unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, BY_ROWS) };
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
                 // A whole panel that few tiles use is read in place (see the module docs).
@@ -216,13 +229,14 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
                 };
                 for ir in (0..mc).step_by(MR) {
                     let rows = MR.min(mc - ir);
-                    // SAFETY: rows ic+ir.. of A, or the packed last micro-panel; the tile
-                    // (ic+ir.., jc..) is inside C; the edge copy holds MR x NR.
+                    // SAFETY: rows ic+ir.. of A, or micro-panel (ir-in_place)/MR of the packed
+                    // ones (MR x KC apart); the tile (ic+ir.., jc..) is inside C; the edge copy
+                    // holds MR x NR.
                     unsafe {
                         let (a_panel, a_stride) = if ir < in_place {
                             (a.ptr.add((ic + ir) * a.rs + pc * a.cs), in_place_stride)
                         } else {
-                            (ap.cast_const(), packed_stride)
+                            (ap.add((ir - in_place) * KC).cast_const(), packed_stride)
                         };
                         let ct = c.add((ic + ir) * ldc + jc);
                         let kernel = |c, ldc| tile(kc, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
@@ -305,30 +319,39 @@ unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(
     }
 }
 
-/// Packs rows `i0..i0+rows` (`rows <= MR`), columns `p0..p0+kc` of `a` into one
-/// micro-panel at `dst`: `MR` rows `KC` apart (`by_rows`, for row-major A) or `kc` groups of
-/// `MR` values. Rows past `rows` are zero.
+/// Packs rows `i0..i0+mc`, columns `p0..p0+kc` of `a` into `dst` as micro-panels of `MR`
+/// rows, `MR x KC` elements apart: as `MR` rows `KC` apart (`by_rows`, for row-major A) or
+/// as `kc` groups of `MR` values. Rows past `mc` are zero.
 ///
 /// # Safety
-/// The block must be inside `a`; `dst` must hold `MR x KC` elements.
+/// The block must be inside `a`; `dst` must hold `mc.next_multiple_of(MR) x KC` elements.
 #[inline(always)]
-unsafe fn pack_a<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usize, rows: usize, p0: usize, kc: usize, by_rows: bool) {
-    // SAFETY (all accesses): inside the block and the buffer (caller).
-    unsafe {
-        let src = a.ptr.add(i0 * a.rs + p0 * a.cs);
-        if by_rows {
-            for i in 0..MR {
-                let row = dst.add(i * KC);
-                if i < rows {
-                    core::ptr::copy_nonoverlapping(src.add(i * a.rs), row, kc);
-                } else {
-                    core::slice::from_raw_parts_mut(row, kc).fill(T::ZERO);
+unsafe fn pack_a<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usize, mc: usize, p0: usize, kc: usize, by_rows: bool) {
+    for r0 in (0..mc).step_by(MR) {
+        let rows = MR.min(mc - r0);
+        // SAFETY (all accesses): inside the block and the buffer (caller).
+        unsafe {
+            let panel = dst.add(r0 * KC);
+            let src = a.ptr.add((i0 + r0) * a.rs + p0 * a.cs);
+            if by_rows {
+                for i in 0..MR {
+                    let row = panel.add(i * KC);
+                    if i < rows {
+                        core::ptr::copy_nonoverlapping(src.add(i * a.rs), row, kc);
+                    } else {
+                        core::slice::from_raw_parts_mut(row, kc).fill(T::ZERO);
+                    }
                 }
-            }
-        } else {
-            let groups = dst.cast::<[T; MR]>();
-            for p in 0..kc {
-                groups.add(p).write(core::array::from_fn(|i| if i < rows { *src.add(i * a.rs + p * a.cs) } else { T::ZERO }));
+            } else {
+                let groups = panel.cast::<[T; MR]>();
+                for p in 0..kc {
+                    let g = if rows == MR {
+                        src.add(p * a.cs).cast::<[T; MR]>().read_unaligned()
+                    } else {
+                        core::array::from_fn(|i| if i < rows { *src.add(i * a.rs + p * a.cs) } else { T::ZERO })
+                    };
+                    groups.add(p).write(g);
+                }
             }
         }
     }
@@ -825,13 +848,13 @@ mod tests {
     }
 
     /// Odd shapes (edge tiles, several K blocks), A row-major, column-major and column-major
-    /// with a leading stride wider than its rows, beta 0 and 1, with and without a bias row,
-    /// f32 and f64.
+    /// with a leading stride wider than its rows (the last shape's columns are too far apart
+    /// to be read in place: packed), beta 0 and 1, with and without a bias row, f32 and f64.
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn matches_naive_product() {
         let mut rng = Rng::new(8);
-        for &(m, n, k) in &[(1, 1, 1), (7, 17, 5), (13, 33, 300), (6, 16, 513), (20, 3, 2), (101, 45, 260)] {
+        for &(m, n, k) in &[(1, 1, 1), (7, 17, 5), (13, 33, 300), (6, 16, 513), (20, 3, 2), (101, 45, 260), (301, 37, 30)] {
             let a: Vec<f64> = (0..m * k).map(|_| rng.next_f64() - 0.5).collect();
             let b: Vec<f64> = (0..k * n).map(|_| rng.next_f64() - 0.5).collect();
             let c0: Vec<f64> = (0..m * n).map(|_| rng.next_f64() - 0.5).collect();
