@@ -150,7 +150,7 @@ mod adamw_tests {
     use crate::config::GptConfig;
     use crate::parallel::Serial;
 
-    /// The AVX-512 build of the update (where this CPU has it) equals the baseline bit for bit.
+    /// The widest build of the update this CPU runs (AVX-512 or AVX2) equals the baseline bit for bit.
     #[test]
     fn wide_update_matches_baseline() {
         let n = 999;

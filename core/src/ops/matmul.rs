@@ -359,7 +359,7 @@ mod tests {
         check("residual", true);
     }
 
-    /// The AVX-512 build of the GELU loop (where this CPU has it) equals the baseline bit for
+    /// The widest build of the GELU loop this CPU runs (AVX-512 or AVX2) equals the baseline bit for
     /// bit, with and without the slope (whose values the finite-difference test checks).
     #[test]
     fn wide_gelu_matches_baseline() {
