@@ -35,10 +35,11 @@ impl AttentionShape {
 
 /// Query rows per block, rounded up to whole micro-tiles of the GEMM kernel's rows. Block
 /// `[q0, q1)` scores keys `..q1` only, so smaller blocks skip more of the masked triangle
-/// but make more GEMM calls; whole tiles keep edge tiles out. 16: two 12-row AVX-512 tiles
+/// but make more GEMM calls; whole tiles keep edge tiles out. 24: two 12-row AVX-512 tiles
 /// ran attention 7% faster than four on nanoGPT's CPU config (T = 64) and 2-4% at T = 256;
-/// four 4-row WebAssembly tiles are what the page's tiny preset ran fastest (against 64).
-const QUERY_BLOCK_ROWS: usize = 16;
+/// four 6-row AVX2 tiles 4-5% faster than three (Zen 3, T = 64). 16 in WebAssembly: four
+/// 4-row tiles are what the page's tiny preset ran fastest (against 64).
+const QUERY_BLOCK_ROWS: usize = if cfg!(target_arch = "wasm32") { 16 } else { 24 };
 /// The most query rows per block, whatever the kernel (for sizing scratch).
 const MAX_QUERY_BLOCK: usize = QUERY_BLOCK_ROWS + MAX_MR - 1;
 
