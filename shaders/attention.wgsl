@@ -14,8 +14,12 @@
 @group(0) @binding(4) var<storage, read_write> at_4: array<f32>;
 @group(0) @binding(5) var<storage, read_write> at_5: array<f32>;
 
-var<workgroup> tile_a: array<f32, KT * HS>;
-var<workgroup> tile_b: array<f32, KT * HS>;
+// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS): private arrays a quarter as long,
+// each step a vector operation.
+const HS4: u32 = (HS + 3u) / 4u;
+
+var<workgroup> tile_a: array<vec4<f32>, KT * HS4>;
+var<workgroup> tile_b: array<vec4<f32>, KT * HS4>;
 var<workgroup> tile_rows: array<vec2<f32>, KT>;
 
 const MASKED: f32 = -3.0e38;
@@ -50,26 +54,49 @@ fn head_elem(src: u32, b: u32, r: u32, h: u32, d: u32) -> f32 {
     return at_2[qkv_at(b, r, src, h) + d];
 }
 
-/// Row `r` of head `h` in source `src` (see head_elem), in registers.
-fn head_vec(src: u32, b: u32, r: u32, h: u32) -> array<f32, HS> {
-    var x: array<f32, HS>;
-    for (var d = 0u; d < HS; d++) {
-        x[d] = head_elem(src, b, r, h, d);
+/// Elements 4 * d4 .. 4 * d4 + 4 of row `r` of head `h` in `src` (see head_elem), zeros past HS.
+fn head_elem4(src: u32, b: u32, r: u32, h: u32, d4: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    for (var t = 0u; t < 4u; t++) {
+        if (4u * d4 + t < HS) {
+            x[t] = head_elem(src, b, r, h, 4u * d4 + t);
+        }
     }
     return x;
+}
+
+/// Row `r` of head `h` in source `src` (see head_elem), in registers.
+fn head_vec(src: u32, b: u32, r: u32, h: u32) -> array<vec4<f32>, HS4> {
+    var x: array<vec4<f32>, HS4>;
+    for (var d4 = 0u; d4 < HS4; d4++) {
+        x[d4] = head_elem4(src, b, r, h, d4);
+    }
+    return x;
+}
+
+/// acc + x · y over the four lanes in order (the order of the scalar loop it replaces).
+fn dot4(x: vec4<f32>, y: vec4<f32>, acc: f32) -> f32 {
+    return fma(x.w, y.w, fma(x.z, y.z, fma(x.y, y.y, fma(x.x, y.x, acc))));
+}
+
+/// Writes the first HS lanes of `x` (times `scale`) to `dst[at ..]` of binding 1.
+fn store_head(x: array<vec4<f32>, HS4>, at: u32, scale: f32) {
+    for (var d = 0u; d < HS; d++) {
+        at_1[at + d] = x[d / 4u][d % 4u] * scale;
+    }
 }
 
 /// Loads rows r0 .. r0 + KT of head `h` from sources `src_a` and `src_b` into tile_a and
 /// tile_b (zeros past T); all threads of the workgroup must call it.
 fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
-    for (var e = lid; e < KT * HS; e += 64u) {
-        let r = r0 + e / HS;
-        let d = e % HS;
-        var x = 0.0;
-        var y = 0.0;
+    for (var e = lid; e < KT * HS4; e += 64u) {
+        let r = r0 + e / HS4;
+        let d4 = e % HS4;
+        var x = vec4<f32>(0.0);
+        var y = vec4<f32>(0.0);
         if (r < word(1u)) {
-            x = head_elem(src_a, b, r, h, d);
-            y = head_elem(src_b, b, r, h, d);
+            x = head_elem4(src_a, b, r, h, d4);
+            y = head_elem4(src_b, b, r, h, d4);
         }
         tile_a[e] = x;
         tile_b[e] = y;
@@ -78,12 +105,12 @@ fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
 
 /// (x · tile_a row `r`, y · tile_b row `r`): the score and dout·v terms both backward
 /// kernels recompute (one function, so they agree bit for bit).
-fn tile_dots(x: array<f32, HS>, y: array<f32, HS>, r: u32) -> vec2<f32> {
+fn tile_dots(x: array<vec4<f32>, HS4>, y: array<vec4<f32>, HS4>, r: u32) -> vec2<f32> {
     var s = 0.0;
     var dp = 0.0;
-    for (var d = 0u; d < HS; d++) {
-        s = fma(x[d], tile_a[r * HS + d], s);
-        dp = fma(y[d], tile_b[r * HS + d], dp);
+    for (var d4 = 0u; d4 < HS4; d4++) {
+        s = dot4(x[d4], tile_a[r * HS4 + d4], s);
+        dp = dot4(y[d4], tile_b[r * HS4 + d4], dp);
     }
     return vec2<f32>(s, dp);
 }
@@ -96,7 +123,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let row = head_row(wid, lid);
     let i = row.i;
     let q = head_vec(0u, row.b, row.safe, row.h);
-    var o: array<f32, HS>;
+    var o: array<vec4<f32>, HS4>;
     var m = MASKED;
     var l = 0.0;
     let keys = min(seq, wid.x * 64u + 64u);
@@ -110,8 +137,8 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
                 var x = MASKED;
                 if (j0 + jj <= i) {
                     var dot = 0.0;
-                    for (var d = 0u; d < HS; d++) {
-                        dot = fma(q[d], tile_a[jj * HS + d], dot);
+                    for (var d4 = 0u; d4 < HS4; d4++) {
+                        dot = dot4(q[d4], tile_a[jj * HS4 + d4], dot);
                     }
                     x = dot * scale;
                 }
@@ -120,15 +147,15 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             }
             let corr = exp(m - tile_max);
             l *= corr;
-            for (var d = 0u; d < HS; d++) {
-                o[d] *= corr;
+            for (var d4 = 0u; d4 < HS4; d4++) {
+                o[d4] *= corr;
             }
             for (var jj = 0u; jj < KT; jj++) {
                 if (j0 + jj <= i) {
                     let p = exp(s[jj] - tile_max);
                     l += p;
-                    for (var d = 0u; d < HS; d++) {
-                        o[d] = fma(p, tile_b[jj * HS + d], o[d]);
+                    for (var d4 = 0u; d4 < HS4; d4++) {
+                        o[d4] = fma(vec4<f32>(p), tile_b[jj * HS4 + d4], o[d4]);
                     }
                 }
             }
@@ -137,10 +164,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         workgroupBarrier();
     }
     if (row.valid) {
-        let inv = 1.0 / l;
-        for (var d = 0u; d < HS; d++) {
-            at_1[row_at(row.b, i, row.h) + d] = o[d] * inv;
-        }
+        store_head(o, row_at(row.b, i, row.h), 1.0 / l);
         at_3[wid.y * seq + i] = m + log(l);
     }
 }
@@ -170,7 +194,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
     let i = row.i;
     let q = head_vec(0u, row.b, row.safe, row.h);
     let g = head_vec(3u, row.b, row.safe, row.h);
-    var dq: array<f32, HS>;
+    var dq: array<vec4<f32>, HS4>;
     let lse = at_4[wid.y * seq + row.safe];
     let delta = at_5[wid.y * seq + row.safe];
     let keys = min(seq, wid.x * 64u + 64u);
@@ -182,8 +206,8 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
                 if (j0 + jj <= i) {
                     let t = tile_dots(q, g, jj);
                     let ds = exp(t.x * scale - lse) * (t.y - delta);
-                    for (var d = 0u; d < HS; d++) {
-                        dq[d] = fma(ds, tile_a[jj * HS + d], dq[d]);
+                    for (var d4 = 0u; d4 < HS4; d4++) {
+                        dq[d4] = fma(vec4<f32>(ds), tile_a[jj * HS4 + d4], dq[d4]);
                     }
                 }
             }
@@ -191,9 +215,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
         workgroupBarrier();
     }
     if (row.valid) {
-        for (var d = 0u; d < HS; d++) {
-            at_1[qkv_at(row.b, i, 0u, row.h) + d] = dq[d] * scale;
-        }
+        store_head(dq, qkv_at(row.b, i, 0u, row.h), scale);
     }
 }
 
@@ -207,8 +229,8 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
     let j = row.i;
     let k = head_vec(1u, row.b, row.safe, row.h);
     let v = head_vec(2u, row.b, row.safe, row.h);
-    var dk: array<f32, HS>;
-    var dv: array<f32, HS>;
+    var dk: array<vec4<f32>, HS4>;
+    var dv: array<vec4<f32>, HS4>;
     for (var i0 = wid.x * 64u; i0 < seq; i0 += KT) {
         // Query rows i0 .. i0 + KT: q in tile_a, dout in tile_b, (lse, delta) in tile_rows.
         load_tiles(0u, 3u, row.b, row.h, i0, lid);
@@ -227,9 +249,9 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
                     let t = tile_dots(k, v, r);
                     let p = exp(t.x * scale - tile_rows[r].x);
                     let ds = p * (t.y - tile_rows[r].y);
-                    for (var d = 0u; d < HS; d++) {
-                        dv[d] = fma(p, tile_b[r * HS + d], dv[d]);
-                        dk[d] = fma(ds, tile_a[r * HS + d], dk[d]);
+                    for (var d4 = 0u; d4 < HS4; d4++) {
+                        dv[d4] = fma(vec4<f32>(p), tile_b[r * HS4 + d4], dv[d4]);
+                        dk[d4] = fma(vec4<f32>(ds), tile_a[r * HS4 + d4], dk[d4]);
                     }
                 }
             }
@@ -237,9 +259,7 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
         workgroupBarrier();
     }
     if (row.valid) {
-        for (var d = 0u; d < HS; d++) {
-            at_1[qkv_at(row.b, j, 1u, row.h) + d] = dk[d] * scale;
-            at_1[qkv_at(row.b, j, 2u, row.h) + d] = dv[d];
-        }
+        store_head(dk, qkv_at(row.b, j, 1u, row.h), scale);
+        store_head(dv, qkv_at(row.b, j, 2u, row.h), 1.0);
     }
 }
