@@ -23,10 +23,12 @@ var<workgroup> a_tile: array<f32, 1040>; // [BK][PITCH]
 var<workgroup> b_tile: array<f32, 1040>; // [BK][PITCH]
 
 // c[rows, cols] = epilogue(a·b): a[i, k] at i*a_rs + k*a_cs, b[k, j] at k*b_rs + j*b_cs.
-// Words: rows, cols, depth, flags (EPI_*), a_rs, a_cs, b_rs, b_cs.
+// Words: rows, cols, depth, flags (EPI_*), a_rs, a_cs, b_rs, b_cs, chunk. Workgroup z sums
+// depth chunk z (k in z*chunk .. (z+1)*chunk) into slice z of c (rows*cols each); split
+// products (more than one chunk) have no epilogue and are summed by add_partials.
 // Epilogue order: (+ c if ACCUMULATE) (+ bias[j]) (GELU: aux = pre-activation, or with
 // GELU_SLOPE gelu'(pre-activation), for backward) (+ aux[i, j] if RESIDUAL).
-// Grid: (cols / 64, rows / 64), workgroup 16x16, each thread a 4x4 block: rows l.y + 16i,
+// Grid: (cols / 64, rows / 64, depth / chunk), workgroup 16x16, each thread a 4x4 block: rows l.y + 16i,
 // columns l.x + 16j, accumulated in four vec4s (no indexed arrays: they stay in registers).
 @compute @workgroup_size(16, 16)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
@@ -38,13 +40,15 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let a_cs = word(5u);
     let b_rs = word(6u);
     let b_cs = word(7u);
+    let k_begin = wid.z * word(8u);
+    let k_end = min(depth, k_begin + word(8u));
     let row0 = wid.y * TILE;
     let col0 = wid.x * TILE;
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    for (var k0 = 0u; k0 < depth; k0 += BK) {
+    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
         for (var e = lid; e < BK * TILE; e += 256u) {
             // Walk memory contiguously: along k when a's rows are contiguous, else along rows.
             var k = e / TILE;
@@ -54,7 +58,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
                 r = e / BK;
             }
             var x = 0.0;
-            if (row0 + r < rows && k0 + k < depth) {
+            if (row0 + r < rows && k0 + k < k_end) {
                 x = mm_a[(row0 + r) * a_rs + (k0 + k) * a_cs];
             }
             a_tile[k * PITCH + r] = x;
@@ -65,7 +69,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
                 c = e / BK;
             }
             var y = 0.0;
-            if (col0 + c < cols && k0 + kb < depth) {
+            if (col0 + c < cols && k0 + kb < k_end) {
                 y = mm_b[(k0 + kb) * b_rs + (col0 + c) * b_cs];
             }
             b_tile[kb * PITCH + c] = y;
@@ -84,14 +88,16 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
         workgroupBarrier();
     }
     let c0 = col0 + l.x;
-    store_row(row0 + l.y, c0, acc0);
-    store_row(row0 + l.y + 16u, c0, acc1);
-    store_row(row0 + l.y + 32u, c0, acc2);
-    store_row(row0 + l.y + 48u, c0, acc3);
+    let slice = wid.z * rows * cols;
+    store_row(row0 + l.y, c0, slice, acc0);
+    store_row(row0 + l.y + 16u, c0, slice, acc1);
+    store_row(row0 + l.y + 32u, c0, slice, acc2);
+    store_row(row0 + l.y + 48u, c0, slice, acc3);
 }
 
-// One thread's four results of row `r` (columns c0 + 16j) through the epilogue into c.
-fn store_row(r: u32, c0: u32, acc: vec4<f32>) {
+// One thread's four results of row `r` (columns c0 + 16j) through the epilogue into c, at
+// `slice` onwards.
+fn store_row(r: u32, c0: u32, slice: u32, acc: vec4<f32>) {
     let rows = word(0u);
     let cols = word(1u);
     let flags = word(3u);
@@ -101,7 +107,7 @@ fn store_row(r: u32, c0: u32, acc: vec4<f32>) {
     for (var j = 0u; j < 4u; j++) {
         let c = c0 + 16u * j;
         if (c < cols) {
-            let idx = r * cols + c;
+            let idx = slice + r * cols + c;
             var v = acc[j];
             if ((flags & EPI_ACCUMULATE) != 0u) {
                 v = mm_c[idx] + v;

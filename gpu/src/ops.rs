@@ -34,11 +34,35 @@ pub enum Epilogue<'a> {
     Residual(View<'a>),
 }
 
-/// `c[rows, cols] (+)= a·b` with `a[i, k]` at `i*a_rs + k*a_cs`, `b[k, j]` at `k*b_rs + j*b_cs`.
+/// Workgroups (64 x 64 output tiles) a weight gradient aims for: one with fewer tiles splits
+/// its depth (the tokens) into chunks, each a slice of its own, summed afterwards in order.
+const SPLIT_TARGET_GROUPS: usize = 512;
+/// Smallest depth chunk of a split weight gradient.
+const SPLIT_MIN_DEPTH: usize = 128;
+
+/// Depth chunks of the weight gradient `dw [M, K] += doutᵀ·x` over `n` rows (1: not split).
+pub fn weight_grad_splits(n: usize, k: usize, m: usize) -> usize {
+    let tiles = m.div_ceil(64) * k.div_ceil(64);
+    SPLIT_TARGET_GROUPS.div_ceil(tiles).min(n / SPLIT_MIN_DEPTH).max(1)
+}
+
+/// Scratch elements [`matmul_backward`] needs for a weight gradient: one `M x K` slice per
+/// depth chunk, none when it is not split.
+pub fn weight_grad_scratch_len(n: usize, k: usize, m: usize) -> usize {
+    match weight_grad_splits(n, k, m) {
+        1 => 0,
+        splits => splits * m * k,
+    }
+}
+
+/// `c[rows, cols] (+)= a·b` with `a[i, k]` at `i*a_rs + k*a_cs`, `b[k, j]` at `k*b_rs + j*b_cs`;
+/// with `splits` above 1, chunk `z` of the depth goes to slice `z` of `c` (`rows * cols`
+/// each), without epilogue.
 #[allow(clippy::too_many_arguments)]
-fn gemm<'a>(p: &mut ProgramBuilder<'a>, c: View<'a>, a: View<'a>, b: View<'a>, bias: Option<View<'a>>, aux: Option<View<'a>>, flags: u32, [rows, cols, depth]: [usize; 3], [a_rs, a_cs, b_rs, b_cs]: [usize; 4]) {
-    let words = [u(rows), u(cols), u(depth), flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs)];
-    p.push(Kernel::Matmul, &words, &[Some(a), Some(b), Some(c), bias, aux], [u(cols.div_ceil(64)), u(rows.div_ceil(64)), 1]);
+fn gemm<'a>(p: &mut ProgramBuilder<'a>, c: View<'a>, a: View<'a>, b: View<'a>, bias: Option<View<'a>>, aux: Option<View<'a>>, flags: u32, [rows, cols, depth]: [usize; 3], [a_rs, a_cs, b_rs, b_cs]: [usize; 4], splits: usize) {
+    let chunk = depth.div_ceil(splits);
+    let words = [u(rows), u(cols), u(depth), flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(chunk)];
+    p.push(Kernel::Matmul, &words, &[Some(a), Some(b), Some(c), bias, aux], [u(cols.div_ceil(64)), u(rows.div_ceil(64)), u(depth.div_ceil(chunk))]);
 }
 
 /// Forward: `out [N, M] = epilogue(x [N, K] · w [M, K]ᵀ + bias [M])`.
@@ -51,12 +75,13 @@ pub fn matmul_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, x: View<'a>
         Epilogue::Residual(res) => (Some(res), EPI_RESIDUAL),
     };
     let flags = epi | if bias.is_some() { EPI_BIAS } else { 0 };
-    gemm(p, out, x, w, bias, aux, flags, [n, m, k], [k, 1, 1, k]);
+    gemm(p, out, x, w, bias, aux, flags, [n, m, k], [k, 1, 1, k], 1);
 }
 
 /// Backward: GELU backward in place on `dout [N, M]` (`*= gelu_slope`, what the training
 /// forward left in its `pre`), `dbias += Σ rows`, `dx [N, K] = dout·w` (overwritten),
-/// `dw [M, K] += doutᵀ·x`. `partials`: at least `blocks(N) * M` elements of scratch.
+/// `dw [M, K] += doutᵀ·x`. `partials`: at least `blocks(N) * M` elements of scratch;
+/// `split`: at least [`weight_grad_scratch_len`] (for a weight gradient split by depth).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_backward<'a>(
     p: &mut ProgramBuilder<'a>,
@@ -64,6 +89,7 @@ pub fn matmul_backward<'a>(
     dw: View<'a>,
     dbias: Option<View<'a>>,
     partials: View<'a>,
+    split: View<'a>,
     dout: View<'a>,
     x: View<'a>,
     w: View<'a>,
@@ -80,9 +106,16 @@ pub fn matmul_backward<'a>(
         add_partials(p, db, partials, blocks(n), m, 0);
     }
     if let Some(dx) = dx {
-        gemm(p, dx, dout, w, None, None, 0, [n, k, m], [m, 1, k, 1]);
+        gemm(p, dx, dout, w, None, None, 0, [n, k, m], [m, 1, k, 1], 1);
     }
-    gemm(p, dw, dout, x, None, None, EPI_ACCUMULATE, [m, k, n], [1, m, k, 1]);
+    match weight_grad_splits(n, k, m) {
+        1 => gemm(p, dw, dout, x, None, None, EPI_ACCUMULATE, [m, k, n], [1, m, k, 1], 1),
+        splits => {
+            let slices = View { len: splits * m * k, ..split };
+            gemm(p, slices, dout, x, None, None, 0, [m, k, n], [1, m, k, 1], splits);
+            add_partials(p, dw, slices, splits, m * k, 0);
+        }
+    }
 }
 
 /// `out [W] += Σ_b partials[b * stride + offset ..][..W]` over `count` row blocks.

@@ -34,6 +34,8 @@ struct Buffers {
     batch: wgpu::Buffer,
     stats: wgpu::Buffer,
     norm_partials: wgpu::Buffer,
+    /// The depth chunks of split weight gradients (see `ops::weight_grad_splits`).
+    split: wgpu::Buffer,
 }
 
 /// Per micro-batch slot: forward (with the loss) and backward.
@@ -106,6 +108,15 @@ impl GpuTrainer {
         let n = plan.tokens();
         let vocab = plan.config.vocab_size;
         let slot_len = BatchSlot::len(n, vocab);
+        let tape = tape::record_to_vec(&plan);
+        let split_len = tape
+            .iter()
+            .map(|op| match *op {
+                Op::Matmul { k, m, .. } => ops::weight_grad_scratch_len(n, k, m),
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
         let bufs = Buffers {
             params: storage(&gpu, "parameters", layout.len())?,
             grads: storage(&gpu, "gradients", layout.len())?,
@@ -115,8 +126,8 @@ impl GpuTrainer {
             batch: storage(&gpu, "batch", slot_len * (cfg.grad_accum + 1))?,
             stats: storage(&gpu, "statistics", ACT_ALIGN)?,
             norm_partials: storage(&gpu, "norm partials", ops::NORM_CHUNKS)?,
+            split: storage(&gpu, "weight gradient chunks", split_len)?,
         };
-        let tape = tape::record_to_vec(&plan);
         let scale = 1.0 / (n * cfg.grad_accum) as f32;
         let fwd = ForwardBuffers { params: &bufs.params, acts: &bufs.acts, batch: &bufs.batch, stats: &bufs.stats };
         let mut micro = Vec::with_capacity(cfg.grad_accum);
@@ -301,7 +312,7 @@ impl GpuTrainer {
     /// Bytes of device memory this trainer allocated.
     pub fn device_bytes(&self) -> u64 {
         let b = &self.bufs;
-        [&b.params, &b.grads, &b.adam_m, &b.adam_v, &b.acts, &b.batch, &b.stats, &b.norm_partials].iter().map(|x| x.size()).sum()
+        [&b.params, &b.grads, &b.adam_m, &b.adam_v, &b.acts, &b.batch, &b.stats, &b.norm_partials, &b.split].iter().map(|x| x.size()).sum()
     }
 
     /// The device this trainer runs on.
@@ -327,6 +338,7 @@ fn compile_backward(gpu: &Gpu, kernels: &Kernels, plan: &Plan, layout: &DeviceLa
     let ids = |s: Span| View::span(&bufs.batch, s);
     let c = plan.config.n_embd;
     let partials = a(plan.scratch().partials);
+    let split = View::first(&bufs.split, (bufs.split.size() / 4) as usize);
     for op in tape.iter().rev() {
         p.label(op.name());
         match *op {
@@ -341,7 +353,7 @@ fn compile_backward(gpu: &Gpu, kernels: &Kernels, plan: &Plan, layout: &DeviceLa
                     EpilogueSpan::Gelu { pre } => Some(a(pre)),
                     _ => None,
                 };
-                ops::matmul_backward(&mut p, dx.map(a), g(weight), bias.map(g), partials, a(dout), a(x), w(weight), pre, k, m)
+                ops::matmul_backward(&mut p, dx.map(a), g(weight), bias.map(g), partials, split, a(dout), a(x), w(weight), pre, k, m)
             }
             Op::Attention { qkv, dqkv, out, dout, lse, scratch, shape } => {
                 let delta = View { buffer: &bufs.acts, offset: scratch.offset, len: shape.batch * shape.heads * shape.seq };

@@ -94,15 +94,27 @@ fn matmul_forward_with_each_epilogue_and_backward() {
             assert_close(&format!("GELU pre-activation or slope, epilogue {epi}"), &download(&gpre, n * m), &pre, 1e-5);
         }
     }
-    // Backward with GELU (given its slope) and bias; gradients accumulate onto existing values.
-    let slope = random(&mut rng, n * m, 2.0);
-    let dout0 = random(&mut rng, n * m, 1.0);
-    let (dw0, db0) = (random(&mut rng, m * k, 1.0), random(&mut rng, m, 1.0));
+    matmul_backward_matches_cpu(n, k, m, &mut rng);
+    // Enough rows that the weight gradient is split by depth (chunks of 150 rows).
+    assert_eq!(ops::weight_grad_splits(300, k, m), 2);
+    matmul_backward_matches_cpu(300, k, m, &mut rng);
+}
+
+/// Backward with GELU (given its slope) and bias over `n` rows; gradients accumulate onto
+/// existing values.
+fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng) {
+    let x = random(rng, n * k, 1.0);
+    let w = random(rng, m * k, 0.5);
+    let slope = random(rng, n * m, 2.0);
+    let dout0 = random(rng, n * m, 1.0);
+    let (dw0, db0) = (random(rng, m * k, 1.0), random(rng, m, 1.0));
     let (mut dout, mut dw, mut db, mut dx) = (dout0.clone(), dw0.clone(), db0.clone(), vec![0.0; n * k]);
     let (mut partials, mut dw_half) = (vec![0.0; blocks(n) * m], vec![0.0; m * k]);
     matmul::backward(&Serial, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut dw_half, &mut dout, &x, &w, Some(&slope), k, m);
     let (gdout, gdw, gdb, gdx, gpart, gslope, gx, gw) =
         (buffer(&dout0), buffer(&dw0), buffer(&db0), fresh(n * k), fresh(partials.len()), buffer(&slope), buffer(&x), buffer(&w));
+    let split_len = ops::weight_grad_scratch_len(n, k, m).max(1);
+    let gsplit = fresh(split_len);
     run(8, |p| {
         ops::matmul_backward(
             p,
@@ -110,6 +122,7 @@ fn matmul_forward_with_each_epilogue_and_backward() {
             whole(&gdw, &dw),
             Some(whole(&gdb, &db)),
             whole(&gpart, &partials),
+            View::first(&gsplit, split_len),
             whole(&gdout, &dout),
             whole(&gx, &x),
             whole(&gw, &w),
@@ -118,10 +131,10 @@ fn matmul_forward_with_each_epilogue_and_backward() {
             m,
         )
     });
-    assert_close("dout after GELU backward", &download(&gdout, n * m), &dout, 1e-5);
-    assert_close("dx", &download(&gdx, n * k), &dx, 1e-5);
-    assert_close("dw", &download(&gdw, m * k), &dw, 1e-5);
-    assert_close("dbias", &download(&gdb, m), &db, 1e-5);
+    assert_close(&format!("dout after GELU backward ({n} rows)"), &download(&gdout, n * m), &dout, 1e-5);
+    assert_close(&format!("dx ({n} rows)"), &download(&gdx, n * k), &dx, 1e-5);
+    assert_close(&format!("dw ({n} rows)"), &download(&gdw, m * k), &dw, 1e-5);
+    assert_close(&format!("dbias ({n} rows)"), &download(&gdb, m), &db, 1e-5);
 }
 
 #[test]
