@@ -15,7 +15,8 @@
 @group(0) @binding(5) var<storage, read_write> at_5: array<f32>;
 
 // Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS): private arrays a quarter as long,
-// each step a vector operation.
+// each step a vector operation. They are `var`s and functions take them by pointer: indexing
+// an array value (a `let`, a by-value argument) copies it whole first, on each access.
 const HS4: u32 = (HS + 3u) / 4u;
 
 var<workgroup> tile_a: array<vec4<f32>, KT * HS4>;
@@ -79,10 +80,10 @@ fn dot4(x: vec4<f32>, y: vec4<f32>, acc: f32) -> f32 {
     return fma(x.w, y.w, fma(x.z, y.z, fma(x.y, y.y, fma(x.x, y.x, acc))));
 }
 
-/// Writes the first HS lanes of `x` (times `scale`) to `dst[at ..]` of binding 1.
-fn store_head(x: array<vec4<f32>, HS4>, at: u32, scale: f32) {
+/// Writes the first HS lanes of `x` (times `scale`) to `at_1[at ..]`.
+fn store_head(x: ptr<function, array<vec4<f32>, HS4>>, at: u32, scale: f32) {
     for (var d = 0u; d < HS; d++) {
-        at_1[at + d] = x[d / 4u][d % 4u] * scale;
+        at_1[at + d] = (*x)[d / 4u][d % 4u] * scale;
     }
 }
 
@@ -105,12 +106,12 @@ fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
 
 /// (x · tile_a row `r`, y · tile_b row `r`): the score and dout·v terms both backward
 /// kernels recompute (one function, so they agree bit for bit).
-fn tile_dots(x: array<vec4<f32>, HS4>, y: array<vec4<f32>, HS4>, r: u32) -> vec2<f32> {
+fn tile_dots(x: ptr<function, array<vec4<f32>, HS4>>, y: ptr<function, array<vec4<f32>, HS4>>, r: u32) -> vec2<f32> {
     var s = 0.0;
     var dp = 0.0;
     for (var d4 = 0u; d4 < HS4; d4++) {
-        s = dot4(x[d4], tile_a[r * HS4 + d4], s);
-        dp = dot4(y[d4], tile_b[r * HS4 + d4], dp);
+        s = dot4((*x)[d4], tile_a[r * HS4 + d4], s);
+        dp = dot4((*y)[d4], tile_b[r * HS4 + d4], dp);
     }
     return vec2<f32>(s, dp);
 }
@@ -122,7 +123,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let scale = wordf(3u);
     let row = head_row(wid, lid);
     let i = row.i;
-    let q = head_vec(0u, row.b, row.safe, row.h);
+    var q = head_vec(0u, row.b, row.safe, row.h);
     var o: array<vec4<f32>, HS4>;
     var m = MASKED;
     var l = 0.0;
@@ -164,7 +165,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         workgroupBarrier();
     }
     if (row.valid) {
-        store_head(o, row_at(row.b, i, row.h), 1.0 / l);
+        store_head(&o, row_at(row.b, i, row.h), 1.0 / l);
         at_3[wid.y * seq + i] = m + log(l);
     }
 }
@@ -192,8 +193,8 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
     let scale = wordf(3u);
     let row = head_row(wid, lid);
     let i = row.i;
-    let q = head_vec(0u, row.b, row.safe, row.h);
-    let g = head_vec(3u, row.b, row.safe, row.h);
+    var q = head_vec(0u, row.b, row.safe, row.h);
+    var g = head_vec(3u, row.b, row.safe, row.h);
     var dq: array<vec4<f32>, HS4>;
     let lse = at_4[wid.y * seq + row.safe];
     let delta = at_5[wid.y * seq + row.safe];
@@ -204,7 +205,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
         if (row.valid && j0 <= i) {
             for (var jj = 0u; jj < KT; jj++) {
                 if (j0 + jj <= i) {
-                    let t = tile_dots(q, g, jj);
+                    let t = tile_dots(&q, &g, jj);
                     let ds = exp(t.x * scale - lse) * (t.y - delta);
                     for (var d4 = 0u; d4 < HS4; d4++) {
                         dq[d4] = fma(vec4<f32>(ds), tile_a[jj * HS4 + d4], dq[d4]);
@@ -215,7 +216,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
         workgroupBarrier();
     }
     if (row.valid) {
-        store_head(dq, qkv_at(row.b, i, 0u, row.h), scale);
+        store_head(&dq, qkv_at(row.b, i, 0u, row.h), scale);
     }
 }
 
@@ -227,8 +228,8 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
     let scale = wordf(3u);
     let row = head_row(wid, lid);
     let j = row.i;
-    let k = head_vec(1u, row.b, row.safe, row.h);
-    let v = head_vec(2u, row.b, row.safe, row.h);
+    var k = head_vec(1u, row.b, row.safe, row.h);
+    var v = head_vec(2u, row.b, row.safe, row.h);
     var dk: array<vec4<f32>, HS4>;
     var dv: array<vec4<f32>, HS4>;
     for (var i0 = wid.x * 64u; i0 < seq; i0 += KT) {
@@ -246,7 +247,7 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
             for (var r = 0u; r < KT; r++) {
                 let i = i0 + r;
                 if (i < seq && i >= j) {
-                    let t = tile_dots(k, v, r);
+                    let t = tile_dots(&k, &v, r);
                     let p = exp(t.x * scale - tile_rows[r].x);
                     let ds = p * (t.y - tile_rows[r].y);
                     for (var d4 = 0u; d4 < HS4; d4++) {
@@ -259,7 +260,7 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
         workgroupBarrier();
     }
     if (row.valid) {
-        store_head(dk, qkv_at(row.b, j, 1u, row.h), scale);
-        store_head(dv, qkv_at(row.b, j, 2u, row.h), 1.0);
+        store_head(&dk, qkv_at(row.b, j, 1u, row.h), scale);
+        store_head(&dv, qkv_at(row.b, j, 2u, row.h), 1.0);
     }
 }

@@ -198,7 +198,8 @@ impl Kernels {
                 device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries })
             })
             .collect();
-        // Attention's tiles: two of KT rows x HS within 8 KiB of workgroup memory.
+        // Attention's tiles: two of KT rows x HS (in whole vec4s) within about 10 KiB of
+        // workgroup memory.
         let kt = (1024 / head_size).clamp(1, 64);
         let modules: Vec<wgpu::ShaderModule> = Shader::ALL
             .iter()
