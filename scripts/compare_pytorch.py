@@ -1,4 +1,4 @@
-"""Side-by-side CPU training speed of Alpha and PyTorch eager in one run, alternating the two so
+"""Side-by-side training speed of Alpha and PyTorch eager in one run, alternating the two so
 that machine noise hits both; prints a Markdown table of medians and the speed ratio.
 
 Configurations:
@@ -6,10 +6,13 @@ Configurations:
   baby   nanoGPT's "baby GPT": 6 layers, 6 heads, 384 embd, block 256, batch 64
 
   python3 scripts/compare_pytorch.py [--configs small baby] [--threads 1 2] [--rounds 3]
+                                     [--backend cpu|gpu]
 
 Alpha runs `alpha-native bench --json` (steady state: training steps only); PyTorch runs the
-same model and step (AdamW, clip 1.0) from scripts/nanogpt_reference.py. Needs a release build
-(cargo build --release) and: pip install torch numpy safetensors
+same model and step (AdamW, clip 1.0) from scripts/nanogpt_reference.py. `--backend gpu` runs
+Alpha with `--backend gpu` and PyTorch on CUDA (fp32; both wait for each step's end); the
+thread count does not apply there. Needs a release build (cargo build --release) and:
+pip install torch numpy safetensors
 """
 import argparse
 import json
@@ -24,26 +27,30 @@ CONFIGS = {
     "small": dict(layers=4, heads=4, embd=128, block=64, batch=12, iters=100, warmup=10),
     "baby": dict(layers=6, heads=6, embd=384, block=256, batch=64, iters=4, warmup=1),
 }
+# Timed and warm-up steps on a GPU, where a step takes milliseconds.
+GPU_STEPS = dict(iters=50, warmup=5)
 
 
 def model_flags(c):
     return [f"--{k}={c[k]}" for k in ("layers", "heads", "embd", "block", "batch")]
 
 
-def alpha_ms(c, threads):
-    out = subprocess.run([ALPHA, "bench", "--json", "--threads", str(threads), "--iters", str(c["iters"]),
-                          "--warmup", str(c["warmup"]), "--peak-gflops", "1"] + model_flags(c),
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)["ms_per_iter"]["median"]
+def alpha_ms(c, threads, backend):
+    device = ["--backend", "gpu"] if backend == "gpu" else ["--threads", str(threads), "--peak-gflops", "1"]
+    out = subprocess.run([ALPHA, "bench", "--json", "--iters", str(c["iters"]), "--warmup", str(c["warmup"])]
+                         + device + model_flags(c), check=True, capture_output=True, text=True)
+    r = json.loads(out.stdout)
+    return r["ms_per_iter"]["median"], (r["device"] or {}).get("adapter", "cpu")
 
 
-def pytorch_ms(c, threads):
+def pytorch_ms(c, threads, backend):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "nanogpt_reference.py"), "bench",
                           "--data", os.path.join(ROOT, "data", "shakespeare.txt"), "--threads", str(threads),
+                          "--device", "cuda" if backend == "gpu" else "cpu",
                           "--iters", str(c["iters"]), "--warmup", str(c["warmup"])] + model_flags(c),
                          check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
-    return r["ms_per_iter"], r["impl"]
+    return r["ms_per_iter"], f"{r['impl']} on {r['device']}"
 
 
 def main():
@@ -51,23 +58,27 @@ def main():
     p.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["small", "baby"])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     args = p.parse_args()
+    threads_list = [1] if args.backend == "gpu" else args.threads
     print("| config | threads | Alpha ms/iter | Alpha tok/s | PyTorch ms/iter | PyTorch tok/s | Alpha speed vs PyTorch |")
     print("|---|---|---|---|---|---|---|")
-    impl = "pytorch"
+    impl, on = "pytorch", "cpu"
     for name in args.configs:
-        c = CONFIGS[name]
+        c = dict(CONFIGS[name], **(GPU_STEPS if args.backend == "gpu" else {}))
         tokens = c["batch"] * c["block"]
-        for threads in args.threads:
+        for threads in threads_list:
             alpha, torch = [], []
             for _ in range(args.rounds):
-                alpha.append(alpha_ms(c, threads))
-                ms, impl = pytorch_ms(c, threads)
+                ms, on = alpha_ms(c, threads, args.backend)
+                alpha.append(ms)
+                ms, impl = pytorch_ms(c, threads, args.backend)
                 torch.append(ms)
             a, t = statistics.median(alpha), statistics.median(torch)
-            print(f"| {name} | {threads} | {a:.1f} | {tokens / a * 1e3:.0f} | {t:.1f} | {tokens / t * 1e3:.0f} | {t / a:.2f}x |",
+            shown = "-" if args.backend == "gpu" else threads
+            print(f"| {name} | {shown} | {a:.1f} | {tokens / a * 1e3:.0f} | {t:.1f} | {tokens / t * 1e3:.0f} | {t / a:.2f}x |",
                   flush=True)
-    print(f"({impl}; medians of {args.rounds} alternating rounds; per round: median step time)")
+    print(f"(Alpha on {on}; {impl}; medians of {args.rounds} alternating rounds; per round: median step time)")
 
 
 if __name__ == "__main__":

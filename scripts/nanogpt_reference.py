@@ -6,8 +6,11 @@ Optional tooling (Alpha never needs PyTorch to build, run or test):
          Mean cross-entropy over every non-overlapping window, the same definition as
          `alpha-native eval --checkpoint CKPT --text TEXT`; prints one JSON line.
   bench  python3 scripts/nanogpt_reference.py bench [--threads N] [--iters N] [--warmup N]
-         Times nanoGPT's training step (AdamW, clip 1.0) on the default CPU config
-         (4 layers, 4 heads, 128 embd, block 64, batch 12) and prints ms/iter and tok/s.
+                                                    [--device cpu|cuda]
+         Times nanoGPT's training step (AdamW, clip 1.0; fp32 eager) on the default CPU config
+         (4 layers, 4 heads, 128 embd, block 64, batch 12) and prints ms/iter and tok/s. On
+         CUDA each timed step ends with a synchronize (TF32 off, PyTorch's default for fp32
+         matmuls), the way Alpha's GPU bench ends each step with the read of its loss.
 
 Needs: pip install torch numpy safetensors
 """
@@ -67,7 +70,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.shape[1]
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T))
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T, device=idx.device))
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -106,12 +109,14 @@ def cmd_eval(args):
 def cmd_bench(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(1337)
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     text = open(args.data, encoding="utf-8").read()
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     B, T = args.batch, args.block
-    model = GPT(len(chars), T, args.layers, args.heads, args.embd)
+    model = GPT(len(chars), T, args.layers, args.heads, args.embd).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -122,15 +127,18 @@ def cmd_bench(args):
         ix = torch.randint(len(data) - T, (B,))
         x = torch.stack([data[i : i + T] for i in ix])
         y = torch.stack([data[i + 1 : i + 1 + T] for i in ix])
+        x, y = x.to(device), y.to(device)
         loss = model(x, y).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         if it >= args.warmup:
             times.append(time.perf_counter() - t0)
     ms = statistics.median(times) * 1e3
-    print(json.dumps({"impl": f"pytorch {torch.__version__} eager", "threads": args.threads, "ms_per_iter": ms,
+    on = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(json.dumps({"impl": f"pytorch {torch.__version__} eager", "device": on, "threads": args.threads, "ms_per_iter": ms,
                       "tokens_per_sec": B * T / ms * 1e3, "iters": args.iters}))
 
 
@@ -151,6 +159,7 @@ def main():
     b.add_argument("--layers", type=int, default=4)
     b.add_argument("--heads", type=int, default=4)
     b.add_argument("--embd", type=int, default=128)
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = p.parse_args()
     {"eval": cmd_eval, "bench": cmd_bench}[args.cmd](args)
 
