@@ -28,8 +28,9 @@ var<workgroup> b_tile: array<f32, 1040>; // [BK][PITCH]
 // products (more than one chunk) have no epilogue and are summed by add_partials.
 // Epilogue order: (+ c if ACCUMULATE) (+ bias[j]) (GELU: aux = pre-activation, or with
 // GELU_SLOPE gelu'(pre-activation), for backward) (+ aux[i, j] if RESIDUAL).
-// Grid: (cols / 64, rows / 64, depth / chunk), workgroup 16x16, each thread a 4x4 block: rows l.y + 16i,
-// columns l.x + 16j, accumulated in four vec4s (no indexed arrays: they stay in registers).
+// Grid: (cols / 64, rows / 64, depth / chunk), workgroup 16x16, each thread a 4x4 block:
+// rows l.y + 16i, columns l.x + 16j, accumulated in four vec4s (no indexed arrays: they stay
+// in registers).
 @compute @workgroup_size(16, 16)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
