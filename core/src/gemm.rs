@@ -306,18 +306,17 @@ unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(
         tile(ct, ldc);
         return;
     }
-    let e = edge;
     // SAFETY: inside C and the edge copy (caller).
     unsafe {
         for i in 0..MR * NR {
-            e.add(i).write(T::ZERO);
+            edge.add(i).write(T::ZERO);
         }
         for i in 0..rows {
-            core::ptr::copy_nonoverlapping(ct.add(i * ldc), e.add(i * NR), w);
+            core::ptr::copy_nonoverlapping(ct.add(i * ldc), edge.add(i * NR), w);
         }
-        tile(e, NR);
+        tile(edge, NR);
         for i in 0..rows {
-            core::ptr::copy_nonoverlapping(e.add(i * NR), ct.add(i * ldc), w);
+            core::ptr::copy_nonoverlapping(edge.add(i * NR), ct.add(i * ldc), w);
         }
     }
 }
