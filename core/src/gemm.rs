@@ -3,9 +3,9 @@
 //! no copy.
 //!
 //! Loop order (per call, single-threaded; callers split rows across tasks), as in BLIS:
-//! K blocks of [`KC`] → row blocks of [`MC`] of A → column panels of the kernel's `NR`
+//! K blocks of [`KC`] → row blocks of A (equal, at most [`MC`] rows) → column panels of `NR`
 //! columns of B, packed contiguously and zero-padded (the panel stays in L1 or L2 while every
-//! micro-panel of A streams past it; a whole panel that at most half a row block's tiles use
+//! micro-panel of A streams past it; a whole panel for a product of at most `MC / 2` rows
 //! is read in place instead, where packing it cost more than it saved: attention's blocks of
 //! query rows ran 4-6% faster) → micro-kernel, which keeps an `MR x NR` tile of C in
 //! registers and broadcasts one element of A against `NR` elements of B per step, then
@@ -30,13 +30,14 @@
 //! element sees the same arithmetic wherever tile edges fall: results do not depend on how
 //! callers split rows across tasks.
 //!
-//! Stack use per call: `(MAX_MR + MAX_NR) * KC` elements for row-major A (66 KiB for f32),
-//! `(MC + MAX_NR) * KC` for column-major A (192 KiB).
+//! Each layout of A (row-major, groups in place, packed groups) has its own compiled loops
+//! and stack frame: `(MR + NR) * KC` elements (33 KiB for f32 with AVX2, 66 with AVX-512), or
+//! `(MC + NR) * KC` for packed groups (168 KiB with AVX2).
 
 use crate::float::Float;
 use core::mem::MaybeUninit;
 
-/// Rows of C per row block of A (a multiple of every kernel's `MR`).
+/// Most rows of C per row block of A (a multiple of every kernel's `MR`).
 pub const MC: usize = 96;
 /// Widest micro-tile of any kernel.
 pub const MAX_NR: usize = 32;
@@ -125,16 +126,67 @@ fn assert_unit_stride<T>(a: Strided<T>) {
     assert!(a.rs == 1 || a.cs == 1, "gemm: A must be row-major or column-major (strides {} and {})", a.rs, a.cs);
 }
 
-/// The blocked loops for an `MR x NR` micro-kernel, given for A as rows (`rows_tile`) and
-/// as groups (`groups_tile`).
+/// A is row-major: the loops read `MR` rows per micro-panel.
+const ROWS: usize = 0;
+/// A is column-major with columns close enough to read `MR`-value groups in place.
+const GROUPS_IN_PLACE: usize = 1;
+/// A is column-major with columns far apart: groups are packed a row block at a time.
+const GROUPS_PACKED: usize = 2;
+
+/// How far apart (bytes) the `MR` consecutive values of a column-major A may lie to be read
+/// in place: farther, the `kc` steps of one micro-panel fall into a few L1 sets and evict
+/// each other (the baby config's weight gradients, columns 4.5-6 KiB apart, ran 20% slower
+/// in place than packed; 512 bytes apart, 5% faster).
+const IN_PLACE_GROUP_STRIDE: usize = 1024;
+
+/// Runs `loops[layout]` for A's layout (see [`ROWS`]); a zero-depth product needs none.
+/// Each layout's loops are compiled on their own, so a call reserves (and probes, page by
+/// page) only the stack its layout uses: one frame for all three was 200 KiB, and probing it
+/// took longer than a small product of attention.
 ///
 /// # Safety
-/// As [`gemm`]; the kernels must run on this CPU.
+/// As [`gemm`]; the loops must run on this CPU.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
-    rows_tile: TileFn<T>,
-    groups_tile: TileFn<T>,
+unsafe fn dispatch_layout<T: Float>(
+    loops: [GemmFn<T>; 3],
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<T>,
+    b: *const T,
+    ldb: usize,
+    beta: T,
+    bias: *const T,
+    c: *mut T,
+    ldc: usize,
+) {
+    assert_unit_stride(a);
+    if k == 0 {
+        // SAFETY: forwarded.
+        return unsafe { scale_c(m, n, beta, bias, c, ldc) };
+    }
+    let layout = if a.cs == 1 {
+        ROWS
+    } else if a.cs * core::mem::size_of::<T>() <= IN_PLACE_GROUP_STRIDE {
+        GROUPS_IN_PLACE
+    } else {
+        GROUPS_PACKED
+    };
+    // SAFETY: forwarded.
+    unsafe { loops[layout](m, n, k, a, b, ldb, beta, bias, c, ldc) }
+}
+
+/// The blocked loops for an `MR x NR` micro-kernel `tile` and one `LAYOUT` of A (k > 0),
+/// with the A buffer that layout needs: one micro-panel (for a last one of fewer than `MR`
+/// rows), or a whole row block of packed groups.
+///
+/// # Safety
+/// As [`gemm`]; the kernel must run on this CPU; A's layout must be `LAYOUT`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(
+    tile: TileFn<T>,
     m: usize,
     n: usize,
     k: usize,
@@ -147,38 +199,25 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize>(
     ldc: usize,
 ) {
     const { assert!(MR <= MAX_MR && MC.is_multiple_of(MR) && NR <= MAX_NR) };
-    if k == 0 {
-        // SAFETY: forwarded.
-        return unsafe { scale_c(m, n, beta, bias, c, ldc) };
-    }
-    // Each layout gets its own copy of the loops, so the kernel is a direct call, and its
-    // own A buffer: a micro-panel for rows, a row block for groups (columns too far apart to
-    // be read in place are packed a block at a time).
-    if a.cs == 1 {
-        let mut a_pack = MaybeUninit::<Aligned<[T; MAX_MR * KC]>>::uninit();
-        // SAFETY: forwarded; the buffer holds MR x KC.
-        unsafe { blocked_loops::<T, MR, NR, true>(rows_tile, a_pack.as_mut_ptr().cast(), m, n, k, a, b, ldb, beta, bias, c, ldc) }
-    } else {
-        let mut a_pack = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
+    if LAYOUT == GROUPS_PACKED {
+        let mut a_block = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
         // SAFETY: forwarded; the buffer holds MC x KC.
-        unsafe { blocked_loops::<T, MR, NR, false>(groups_tile, a_pack.as_mut_ptr().cast(), m, n, k, a, b, ldb, beta, bias, c, ldc) }
+        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_block.as_mut_ptr().cast(), m, n, k, a, b, ldb, beta, bias, c, ldc) }
+    } else {
+        let mut a_panel = MaybeUninit::<Aligned<[[T; KC]; MR]>>::uninit();
+        // SAFETY: forwarded; the buffer holds MR x KC.
+        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_panel.as_mut_ptr().cast(), m, n, k, a, b, ldb, beta, bias, c, ldc) }
     }
 }
 
-/// How far apart (bytes) the `MR` consecutive values of a column-major A may lie to be read
-/// in place: farther, the `kc` steps of one micro-panel fall into a few L1 sets and evict
-/// each other (the baby config's weight gradients, columns 4.5-6 KiB apart, ran 20% slower
-/// in place than packed; 512 bytes apart, 5% faster).
-const IN_PLACE_GROUP_STRIDE: usize = 1024;
-
-/// [`gemm_blocked`]'s loops for one layout of A (`BY_ROWS`: row-major, else as groups) and
-/// its kernel; `k > 0`. `ap` holds `MR x KC` elements for rows, `MC x KC` for groups.
+/// [`gemm_blocked`]'s loops; `k > 0`. `ap` holds `MR x KC` elements, `MC x KC` for
+/// [`GROUPS_PACKED`].
 ///
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROWS: bool>(
+unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(
     tile: TileFn<T>,
     ap: *mut T,
     m: usize,
@@ -192,26 +231,29 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const BY_ROW
     c: *mut T,
     ldc: usize,
 ) {
-    let mut b_pack = MaybeUninit::<Aligned<[T; KC * MAX_NR]>>::uninit();
-    let mut c_edge = MaybeUninit::<Aligned<[T; MAX_MR * MAX_NR]>>::uninit();
-    let mut bias_edge = [T::ZERO; MAX_NR];
+    let mut b_pack = MaybeUninit::<Aligned<[[T; NR]; KC]>>::uninit();
+    let mut c_edge = MaybeUninit::<Aligned<[[T; NR]; MR]>>::uninit();
+    let mut bias_edge = [T::ZERO; NR];
     let bp = b_pack.as_mut_ptr().cast::<T>();
-    assert_unit_stride(a);
-    let a_in_place = BY_ROWS || a.cs * core::mem::size_of::<T>() <= IN_PLACE_GROUP_STRIDE;
+    let by_rows = LAYOUT == ROWS;
     // Strides of A's micro-panels read in place and of the packed last one.
-    let (in_place_stride, packed_stride) = if BY_ROWS { (a.rs, KC) } else { (a.cs, MR) };
+    let (in_place_stride, packed_stride) = if by_rows { (a.rs, KC) } else { (a.cs, MR) };
+    // Row blocks of equal size (whole micro-panels, at most MC): a short last block packed
+    // every B panel for a few tiles (weight gradients of 128 rows as 96 + 32 ran 10% slower
+    // than as 66 + 62).
+    let row_block = m.div_ceil(m.div_ceil(MC)).next_multiple_of(MR);
     for pc in (0..k).step_by(KC) {
         let kc = KC.min(k - pc);
         // beta and the bias apply once, in the first K block.
         let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (T::ONE, core::ptr::null()) };
-        for ic in (0..m).step_by(MC) {
-            let mc = MC.min(m - ic);
+        for ic in (0..m).step_by(row_block) {
+            let mc = row_block.min(m - ic);
             // Rows ic..ic+in_place are read in place; the rest are packed (fewer than MR, or
             // the whole block of far-apart groups).
-            let in_place = if a_in_place { mc / MR * MR } else { 0 };
+            let in_place = if LAYOUT == GROUPS_PACKED { 0 } else { mc / MR * MR };
             // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
-            // holds MR x KC, or MC x KC for groups.
-            unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, BY_ROWS) };
+            // holds MR x KC, or MC x KC for packed groups.
+            unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, by_rows) };
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
                 // A whole panel that few tiles use is read in place (see the module docs).
@@ -419,13 +461,21 @@ unsafe fn portable_tile<T: Float, const GROUPS: bool>(kc: usize, a: *const T, a_
     }
 }
 
+/// The portable GEMM's loops for one layout of A (compiled apart: see [`dispatch_layout`]).
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn portable_loops<T: Float, const LAYOUT: usize>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+    let tile: TileFn<T> = if LAYOUT == ROWS { portable_tile::<T, false> } else { portable_tile::<T, true> };
+    // SAFETY: forwarded; plain Rust runs anywhere.
+    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, LAYOUT>(tile, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+}
+
 /// The portable GEMM.
 #[allow(clippy::too_many_arguments)]
 unsafe fn portable_gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
-    let rows = portable_tile::<T, false>;
-    let groups = portable_tile::<T, true>;
-    // SAFETY: forwarded; plain Rust runs anywhere.
-    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR>(rows, groups, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+    let loops: [GemmFn<T>; 3] = [portable_loops::<T, ROWS>, portable_loops::<T, GROUPS_IN_PLACE>, portable_loops::<T, GROUPS_PACKED>];
+    // SAFETY: forwarded.
+    unsafe { dispatch_layout(loops, m, n, k, a, b, ldb, beta, bias, c, ldc) }
 }
 
 /// The portable kernel for any element type.
@@ -437,7 +487,7 @@ pub(crate) fn portable<T: Float>() -> Kernel<T> {
 /// and the blocked GEMM on it, both compiled with `$feature` (without `std` only where the
 /// build enables AVX2 or more: there is no run-time detection then).
 macro_rules! x86_kernel {
-    ($tile:ident, $gemm:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, $vecs:expr,
+    ($tile:ident, $loops:ident, $gemm:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, $vecs:expr,
      $zero:ident, $load:ident, $store:ident, $set1:ident, $add:ident, $fma:ident) => {
         /// An f32 micro-kernel (see the module docs).
         ///
@@ -482,22 +532,36 @@ macro_rules! x86_kernel {
             }
         }
 
+        /// The blocked loops on the kernel above for one layout of A (compiled apart: see
+        /// [`dispatch_layout`]).
+        ///
+        /// # Safety
+        /// As [`gemm`]; the CPU must have the target feature; A's layout must be `LAYOUT`.
+        #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
+        #[target_feature(enable = $feature)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $loops<const LAYOUT: usize>(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+            let tile: TileFn<f32> = if LAYOUT == ROWS { $tile::<false> } else { $tile::<true> };
+            // SAFETY: forwarded; the caller checked the features.
+            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, LAYOUT>(tile, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+        }
+
         /// The blocked GEMM on the kernel above.
         ///
         /// # Safety
         /// As [`gemm`]; the CPU must have the target feature.
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
-        #[target_feature(enable = $feature)]
         #[allow(clippy::too_many_arguments)]
         unsafe fn $gemm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+            let loops: [GemmFn<f32>; 3] = [$loops::<ROWS>, $loops::<GROUPS_IN_PLACE>, $loops::<GROUPS_PACKED>];
             // SAFETY: forwarded; the caller checked the features.
-            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }>($tile::<false>, $tile::<true>, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+            unsafe { dispatch_layout(loops, m, n, k, a, b, ldb, beta, bias, c, ldc) }
         }
     };
 }
 
-x86_kernel!(tile_avx2, gemm_avx2, "avx2,fma", __m256, 8, 6, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
-x86_kernel!(tile_avx512, gemm_avx512, "avx512f", __m512, 16, 12, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
+x86_kernel!(tile_avx2, loops_avx2, gemm_avx2, "avx2,fma", __m256, 8, 6, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
+x86_kernel!(tile_avx512, loops_avx512, gemm_avx512, "avx512f", __m512, 16, 12, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
 
 /// Rows and columns of the WebAssembly SIMD kernel's tile. Engines keep v128 values in
 /// x86-64's 16 vector registers (V8 allocates 15), and LLVM's wasm output holds every
