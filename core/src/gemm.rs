@@ -9,7 +9,7 @@
 //! is read in place instead, where packing it cost more than it saved: attention's blocks of
 //! query rows ran 4-6% faster) → micro-kernel, which keeps an `MR x NR` tile of C in
 //! registers and broadcasts one element of A against `NR` elements of B per step, then
-//! stores the tile (adding `beta·C` and, for [`gemm_bias`], a bias row). K blocks are deep
+//! stores the tile (adding `beta·C` and, for [`gemm_packed`], a bias row). K blocks are deep
 //! ([`KC`]) because C is read and written once per K block: with 128, the large products of
 //! the baby config ran ~8% slower (C of `16384 x 1536` streamed through memory up to twelve
 //! times).
@@ -62,9 +62,47 @@ unsafe impl<T: Sync> Sync for Strided<T> {}
 // SAFETY: as above.
 unsafe impl<T: Sync> Send for Strided<T> {}
 
-/// A whole GEMM as [`gemm_bias`] computes it (a null bias: as [`gemm`]), for one
+/// The B operand of a GEMM: row-major with row stride `ld` (the loops pack its panels as
+/// they need them), or whole panels already packed by [`pack_panels`] for this kernel.
+#[derive(Clone, Copy)]
+pub struct BOperand<T> {
+    ptr: *const T,
+    ld: usize,
+    packed: bool,
+}
+
+impl<T> BOperand<T> {
+    /// Row-major B with row stride `ld`.
+    fn rows(ptr: *const T, ld: usize) -> Self {
+        BOperand { ptr, ld, packed: false }
+    }
+}
+
+impl<T: Float> BOperand<T> {
+    /// Rows `pc..pc+kc` of the `NR` columns from `jc` (a multiple of `NR`; `w` of them inside
+    /// B's `n`) as a kernel reads them, with their row stride: in the packed panels; where
+    /// they lie, for a whole panel and `in_place`; else packed into `buf` (`KC x NR`).
+    ///
+    /// # Safety
+    /// The rows and columns must be inside B (of depth `k`); `buf` must be valid for writes.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn panel<const NR: usize>(self, k: usize, pc: usize, kc: usize, jc: usize, w: usize, in_place: bool, buf: *mut T) -> (*const T, usize) {
+        // SAFETY (all): inside B or its panels (caller).
+        if self.packed {
+            (unsafe { self.ptr.add(jc * k + pc * NR) }, NR)
+        } else if in_place && w == NR {
+            (unsafe { self.ptr.add(pc * self.ld + jc) }, self.ld)
+        } else {
+            unsafe { pack_b::<T, NR>(buf, self.ptr, self.ld, pc, kc, jc, w) };
+            (buf.cast_const(), NR)
+        }
+    }
+}
+
+/// A whole GEMM as [`gemm_packed`] computes it (a null bias: none), for one
 /// micro-kernel.
-pub type GemmFn<T> = unsafe fn(usize, usize, usize, Strided<T>, *const T, usize, T, *const T, *mut T, usize);
+pub type GemmFn<T> = unsafe fn(usize, usize, usize, Strided<T>, BOperand<T>, T, *const T, *mut T, usize);
 
 /// A micro-kernel's tile and the blocked GEMM built on it.
 #[derive(Clone, Copy)]
@@ -102,24 +140,77 @@ struct Aligned<A>(A);
 pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
     assert_unit_stride(a);
     // SAFETY: forwarded.
-    unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, core::ptr::null(), c, ldc) }
+    unsafe { (T::kernel().gemm)(m, n, k, a, BOperand::rows(b, ldb), beta, core::ptr::null(), c, ldc) }
 }
 
-/// [`gemm`] plus a row vector: `C = A·B + (beta·C + bias)`, with `bias [n]` added to every
-/// row as the micro-kernel stores its tile (a bias with no pass of its own over C). Bits as
-/// if C had held `beta·C + bias` (rounded) before a [`gemm`] with `beta = 1`.
+/// Elements [`pack_panels`] may write for a `k x n` B, whatever the kernel: `k` rows of `n`
+/// columns rounded up to whole panels of the widest kernel.
+pub fn panels_len(n: usize, k: usize) -> usize {
+    k * n.next_multiple_of(MAX_NR)
+}
+
+/// Packs B `[k x n]`, given as Bᵀ `[n x k]` row-major (a weight in `nn.Linear` layout, for
+/// `x·wᵀ`), into the panels this CPU's kernel reads: for every `NR` columns of B, `k` rows of
+/// `NR` values (zero past `n`). A B that many products use (every row block of a layer's
+/// tokens) is transposed and packed once instead of packed once per product; [`gemm_packed`]
+/// reads it.
 ///
 /// # Panics
-/// If A has no unit stride or the bias is not `n` long.
+/// If `bt` holds fewer than `k * n` or `dst` fewer than [`panels_len`]`(n, k)` elements.
+pub fn pack_panels<T: Float>(bt: &[T], k: usize, n: usize, dst: &mut [T]) {
+    pack_panels_for(T::kernel().nr, bt, k, n, dst);
+}
+
+/// [`pack_panels`] for a kernel `nr` columns wide.
+fn pack_panels_for<T: Float>(nr: usize, bt: &[T], k: usize, n: usize, dst: &mut [T]) {
+    assert!(bt.len() >= k * n && dst.len() >= k * n.next_multiple_of(nr), "pack_panels: buffers too short");
+    for (j0, panel) in (0..n).step_by(nr).zip(dst.chunks_exact_mut(nr * k)) {
+        // The panel's columns are rows j0.. of Bᵀ: their transpose, rows nr apart.
+        let w = nr.min(n - j0);
+        transpose_strided(&bt[j0 * k..], w, k, k, panel, nr);
+        if w < nr {
+            for row in panel.chunks_exact_mut(nr) {
+                row[w..].fill(T::ZERO);
+            }
+        }
+    }
+}
+
+/// [`gemm`] with B `[k x n]` as [`pack_panels`] left it (same bits as from B row-major),
+/// plus an optional row vector: `C = A·B + (beta·C + bias)`, with `bias [n]` added to every
+/// row as the micro-kernel stores its tile (a bias with no pass of its own over C). Bits as
+/// if C had held `beta·C + bias` (rounded) before a GEMM with `beta = 1`.
+///
+/// # Panics
+/// If A has no unit stride, the panels hold fewer than `k x n` in whole panels, or the bias
+/// is not `n` long.
 ///
 /// # Safety
 /// As [`gemm`].
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_bias<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, bias: &[T], c: *mut T, ldc: usize) {
+pub unsafe fn gemm_packed<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, panels: &[T], beta: T, bias: Option<&[T]>, c: *mut T, ldc: usize) {
+    // SAFETY: forwarded.
+    unsafe { gemm_packed_on(T::kernel(), m, n, k, a, panels, beta, bias, c, ldc) }
+}
+
+/// [`gemm_packed`] on a given kernel (whose panels [`pack_panels_for`] wrote).
+///
+/// # Safety
+/// As [`gemm`]; the kernel must run on this CPU.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_packed_on<T: Float>(kernel: Kernel<T>, m: usize, n: usize, k: usize, a: Strided<T>, panels: &[T], beta: T, bias: Option<&[T]>, c: *mut T, ldc: usize) {
     assert_unit_stride(a);
-    assert_eq!(bias.len(), n, "gemm_bias: one bias per column");
-    // SAFETY: forwarded; bias holds n values (checked).
-    unsafe { (T::kernel().gemm)(m, n, k, a, b, ldb, beta, bias.as_ptr(), c, ldc) }
+    assert!(panels.len() >= k * n.next_multiple_of(kernel.nr), "gemm_packed: panels too short");
+    let bias = match bias {
+        Some(bias) => {
+            assert_eq!(bias.len(), n, "gemm_packed: one bias per column");
+            bias.as_ptr()
+        }
+        None => core::ptr::null(),
+    };
+    let b = BOperand { ptr: panels.as_ptr(), ld: 0, packed: true };
+    // SAFETY: forwarded; the panels hold k x n (checked).
+    unsafe { (kernel.gemm)(m, n, k, a, b, beta, bias, c, ldc) }
 }
 
 fn assert_unit_stride<T>(a: Strided<T>) {
@@ -154,8 +245,7 @@ unsafe fn dispatch_layout<T: Float>(
     n: usize,
     k: usize,
     a: Strided<T>,
-    b: *const T,
-    ldb: usize,
+    b: BOperand<T>,
     beta: T,
     bias: *const T,
     c: *mut T,
@@ -174,7 +264,7 @@ unsafe fn dispatch_layout<T: Float>(
         GROUPS_PACKED
     };
     // SAFETY: forwarded.
-    unsafe { loops[layout](m, n, k, a, b, ldb, beta, bias, c, ldc) }
+    unsafe { loops[layout](m, n, k, a, b, beta, bias, c, ldc) }
 }
 
 /// The blocked loops for an `MR x NR` micro-kernel `tile` and one `LAYOUT` of A (k > 0),
@@ -191,8 +281,7 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT:
     n: usize,
     k: usize,
     a: Strided<T>,
-    b: *const T,
-    ldb: usize,
+    b: BOperand<T>,
     beta: T,
     bias: *const T,
     c: *mut T,
@@ -202,11 +291,11 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT:
     if LAYOUT == GROUPS_PACKED {
         let mut a_block = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
         // SAFETY: forwarded; the buffer holds MC x KC.
-        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_block.as_mut_ptr().cast(), m, n, k, a, b, ldb, beta, bias, c, ldc) }
+        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_block.as_mut_ptr().cast(), m, n, k, a, b, beta, bias, c, ldc) }
     } else {
         let mut a_panel = MaybeUninit::<Aligned<[[T; KC]; MR]>>::uninit();
         // SAFETY: forwarded; the buffer holds MR x KC.
-        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_panel.as_mut_ptr().cast(), m, n, k, a, b, ldb, beta, bias, c, ldc) }
+        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_panel.as_mut_ptr().cast(), m, n, k, a, b, beta, bias, c, ldc) }
     }
 }
 
@@ -224,8 +313,7 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT
     n: usize,
     k: usize,
     a: Strided<T>,
-    b: *const T,
-    ldb: usize,
+    b: BOperand<T>,
     beta: T,
     bias: *const T,
     c: *mut T,
@@ -256,19 +344,11 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT
             unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, by_rows) };
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
-                // A whole panel that few tiles use is read in place (see the module docs).
-                let in_place_b = w == NR && mc <= MC / 2;
                 // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds KC x NR;
-                // the bias (when there is one) holds n values.
-                let (b_panel, b_stride, bias_panel) = unsafe {
-                    let (b_panel, b_stride) = if in_place_b {
-                        (b.add(pc * ldb + jc), ldb)
-                    } else {
-                        pack_b::<T, NR>(bp, b, ldb, pc, kc, jc, w);
-                        (bp.cast_const(), NR)
-                    };
-                    (b_panel, b_stride, bias_panel::<T, NR>(bias_pc, jc, w, &mut bias_edge))
-                };
+                // the bias (when there is one) holds n values. A whole panel that few tiles
+                // use is read in place (see the module docs).
+                let ((b_panel, b_stride), bias_panel) =
+                    unsafe { (b.panel::<NR>(k, pc, kc, jc, w, mc <= MC / 2, bp), bias_panel::<T, NR>(bias_pc, jc, w, &mut bias_edge)) };
                 for ir in (0..mc).step_by(MR) {
                     let rows = MR.min(mc - ir);
                     // SAFETY: rows ic+ir.. of A, or micro-panel (ir-in_place)/MR of the packed
@@ -387,14 +467,16 @@ unsafe fn pack_a<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usiz
                     }
                 }
             } else {
-                let groups = panel.cast::<[T; MR]>();
+                // Constant-length copies, as in `pack_b`.
                 for p in 0..kc {
-                    let g = if rows == MR {
-                        src.add(p * a.cs).cast::<[T; MR]>().read_unaligned()
+                    let group = panel.add(p * MR);
+                    if rows == MR {
+                        core::ptr::copy_nonoverlapping(src.add(p * a.cs), group, MR);
                     } else {
-                        core::array::from_fn(|i| if i < rows { *src.add(i * a.rs + p * a.cs) } else { T::ZERO })
-                    };
-                    groups.add(p).write(g);
+                        for i in 0..MR {
+                            group.add(i).write(if i < rows { *src.add(i * a.rs + p * a.cs) } else { T::ZERO });
+                        }
+                    }
                 }
             }
         }
@@ -408,17 +490,22 @@ unsafe fn pack_a<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usiz
 /// The block must be inside `b`; `dst` must hold `kc * NR` elements.
 #[inline(always)]
 unsafe fn pack_b<T: Float, const NR: usize>(dst: *mut T, b: *const T, ldb: usize, p0: usize, kc: usize, j0: usize, w: usize) {
-    let dst = dst.cast::<[T; NR]>();
     // SAFETY (all accesses): inside the block and the buffer (caller).
     unsafe {
         let src = b.add(p0 * ldb + j0);
-        for p in 0..kc {
-            let row = if w == NR {
-                src.add(p * ldb).cast::<[T; NR]>().read_unaligned()
-            } else {
-                core::array::from_fn(|j| if j < w { *src.add(p * ldb + j) } else { T::ZERO })
-            };
-            dst.add(p).write(row);
+        // Copies of a constant NR values: LLVM emits them as vector moves wherever this is
+        // inlined (a `[T; NR]` read was sometimes split into NR scalar moves).
+        if w == NR {
+            for p in 0..kc {
+                core::ptr::copy_nonoverlapping(src.add(p * ldb), dst.add(p * NR), NR);
+            }
+        } else {
+            for p in 0..kc {
+                let row = dst.add(p * NR);
+                for j in 0..NR {
+                    row.add(j).write(if j < w { *src.add(p * ldb + j) } else { T::ZERO });
+                }
+            }
         }
     }
 }
@@ -464,18 +551,18 @@ unsafe fn portable_tile<T: Float, const GROUPS: bool>(kc: usize, a: *const T, a_
 /// The portable GEMM's loops for one layout of A (compiled apart: see [`dispatch_layout`]).
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable_loops<T: Float, const LAYOUT: usize>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+unsafe fn portable_loops<T: Float, const LAYOUT: usize>(m: usize, n: usize, k: usize, a: Strided<T>, b: BOperand<T>, beta: T, bias: *const T, c: *mut T, ldc: usize) {
     let tile: TileFn<T> = if LAYOUT == ROWS { portable_tile::<T, false> } else { portable_tile::<T, true> };
     // SAFETY: forwarded; plain Rust runs anywhere.
-    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, LAYOUT>(tile, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, LAYOUT>(tile, m, n, k, a, b, beta, bias, c, ldc) }
 }
 
 /// The portable GEMM.
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable_gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+unsafe fn portable_gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: BOperand<T>, beta: T, bias: *const T, c: *mut T, ldc: usize) {
     let loops: [GemmFn<T>; 3] = [portable_loops::<T, ROWS>, portable_loops::<T, GROUPS_IN_PLACE>, portable_loops::<T, GROUPS_PACKED>];
     // SAFETY: forwarded.
-    unsafe { dispatch_layout(loops, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+    unsafe { dispatch_layout(loops, m, n, k, a, b, beta, bias, c, ldc) }
 }
 
 /// The portable kernel for any element type.
@@ -540,10 +627,10 @@ macro_rules! x86_kernel {
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
         #[target_feature(enable = $feature)]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn $loops<const LAYOUT: usize>(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+        unsafe fn $loops<const LAYOUT: usize>(m: usize, n: usize, k: usize, a: Strided<f32>, b: BOperand<f32>, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
             let tile: TileFn<f32> = if LAYOUT == ROWS { $tile::<false> } else { $tile::<true> };
             // SAFETY: forwarded; the caller checked the features.
-            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, LAYOUT>(tile, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, LAYOUT>(tile, m, n, k, a, b, beta, bias, c, ldc) }
         }
 
         /// The blocked GEMM on the kernel above.
@@ -552,10 +639,10 @@ macro_rules! x86_kernel {
         /// As [`gemm`]; the CPU must have the target feature.
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn $gemm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+        unsafe fn $gemm(m: usize, n: usize, k: usize, a: Strided<f32>, b: BOperand<f32>, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
             let loops: [GemmFn<f32>; 3] = [$loops::<ROWS>, $loops::<GROUPS_IN_PLACE>, $loops::<GROUPS_PACKED>];
             // SAFETY: forwarded; the caller checked the features.
-            unsafe { dispatch_layout(loops, m, n, k, a, b, ldb, beta, bias, c, ldc) }
+            unsafe { dispatch_layout(loops, m, n, k, a, b, beta, bias, c, ldc) }
         }
     };
 }
@@ -634,7 +721,7 @@ unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *cons
 /// As [`gemm`].
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: BOperand<f32>, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
     if k == 0 {
         // SAFETY: forwarded.
         return unsafe { scale_c(m, n, beta, bias, c, ldc) };
@@ -655,12 +742,7 @@ unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: *const f32
             // packed micro-panel each.
             unsafe {
                 let bias_panel = bias_panel::<f32, WASM_NR>(bias_pc, jc, w, &mut bias_edge);
-                let (bp, bs) = if w == WASM_NR {
-                    (b.add(pc * ldb + jc), ldb)
-                } else {
-                    pack_b::<f32, WASM_NR>(be, b, ldb, pc, kc, jc, w);
-                    (be.cast_const(), WASM_NR)
-                };
+                let (bp, bs) = b.panel::<WASM_NR>(k, pc, kc, jc, w, true, be);
                 for ir in (0..m).step_by(WASM_MR) {
                     let rows = WASM_MR.min(m - ir);
                     let (ap, a_rs, a_cs) = if rows == WASM_MR {
@@ -714,13 +796,18 @@ pub(crate) fn f32_kernel() -> Kernel<f32> {
 /// contiguous `dst [cols x rows]`: whole 8 x 8 tiles in AVX registers for f32 where the CPU
 /// has AVX, the rest element by element.
 pub fn transpose<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T]) {
+    transpose_strided(src, rows, cols, row_stride, dst, rows);
+}
+
+/// [`transpose`] into rows `dst_stride` apart (at least `rows`).
+fn transpose_strided<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T], dst_stride: usize) {
     assert!(rows == 0 || src.len() >= (rows - 1) * row_stride + cols);
-    assert!(dst.len() >= rows * cols);
-    let (full_r, full_c) = transpose_whole_tiles(src, rows, cols, row_stride, dst);
+    assert!(dst_stride >= rows && (cols == 0 || dst.len() >= (cols - 1) * dst_stride + rows));
+    let (full_r, full_c) = transpose_whole_tiles(src, rows, cols, row_stride, dst, dst_stride);
     for r in 0..rows {
         let c_start = if r < full_r { full_c } else { 0 };
         for c in c_start..cols {
-            dst[c * rows + r] = src[r * row_stride + c];
+            dst[c * dst_stride + r] = src[r * row_stride + c];
         }
     }
 }
@@ -728,7 +815,7 @@ pub fn transpose<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usiz
 /// The fast part of [`transpose`]: the whole square tiles (8 x 8 with AVX, 4 x 4 with
 /// WebAssembly SIMD) for f32 where the CPU allows; returns the rows and columns they cover
 /// (`(0, 0)` where nothing was done).
-fn transpose_whole_tiles<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T]) -> (usize, usize) {
+fn transpose_whole_tiles<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T], dst_stride: usize) -> (usize, usize) {
     if core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>() {
         return (0, 0);
     }
@@ -737,17 +824,17 @@ fn transpose_whole_tiles<T: Float>(src: &[T], rows: usize, cols: usize, row_stri
     if std::is_x86_feature_detected!("avx") {
         // SAFETY: T is f32 (checked); the tile is inside both matrices (the caller asserted
         // their sizes); the CPU has AVX (checked).
-        return for_whole_tiles(rows, cols, 8, |r, c| unsafe { transpose_8x8_avx(src.add(r * row_stride + c), row_stride, dst.add(c * rows + r), rows) });
+        return for_whole_tiles(rows, cols, 8, |r, c| unsafe { transpose_8x8_avx(src.add(r * row_stride + c), row_stride, dst.add(c * dst_stride + r), dst_stride) });
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     {
         // SAFETY: T is f32 (checked); the tile is inside both matrices (the caller asserted
         // their sizes).
-        for_whole_tiles(rows, cols, 4, |r, c| unsafe { transpose_4x4_wasm(src.add(r * row_stride + c), row_stride, dst.add(c * rows + r), rows) })
+        for_whole_tiles(rows, cols, 4, |r, c| unsafe { transpose_4x4_wasm(src.add(r * row_stride + c), row_stride, dst.add(c * dst_stride + r), dst_stride) })
     }
     #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
     {
-        let _ = (src, dst, rows, cols, row_stride);
+        let _ = (src, dst, rows, cols, row_stride, dst_stride);
         (0, 0)
     }
 }
@@ -943,7 +1030,7 @@ mod tests {
                     unsafe {
                         let a64 = Strided { ptr: stored.as_ptr(), rs, cs };
                         match with_bias {
-                            true => gemm_bias(m, n, k, a64, b.as_ptr(), n, beta, &bias, c64.as_mut_ptr(), n),
+                            true => (f64::kernel().gemm)(m, n, k, a64, BOperand::rows(b.as_ptr(), n), beta, bias.as_ptr(), c64.as_mut_ptr(), n),
                             false => gemm(m, n, k, a64, b.as_ptr(), n, beta, c64.as_mut_ptr(), n),
                         }
                     }
@@ -958,7 +1045,7 @@ mod tests {
                         let mut c32: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
                         let a32 = Strided { ptr: s32.as_ptr(), rs, cs };
                         let bias_ptr = if with_bias { bias32.as_ptr() } else { core::ptr::null() };
-                        unsafe { (kernel.gemm)(m, n, k, a32, b32.as_ptr(), n, beta as f32, bias_ptr, c32.as_mut_ptr(), n) };
+                        unsafe { (kernel.gemm)(m, n, k, a32, BOperand::rows(b32.as_ptr(), n), beta as f32, bias_ptr, c32.as_mut_ptr(), n) };
                         for i in 0..m * n {
                             let e = expect[i] + beta * c0[i] + bias_of(i % n);
                             // f32 rounding of k products: a few ulp of sqrt(k)-sized sums.
@@ -968,9 +1055,19 @@ mod tests {
                         // beta 1: bit for bit.
                         if with_bias {
                             let mut c_then: Vec<f32> = (0..m * n).map(|i| (beta as f32 * c0[i] as f32) + bias32[i % n]).collect();
-                            unsafe { (kernel.gemm)(m, n, k, a32, b32.as_ptr(), n, 1.0, core::ptr::null(), c_then.as_mut_ptr(), n) };
+                            unsafe { (kernel.gemm)(m, n, k, a32, BOperand::rows(b32.as_ptr(), n), 1.0, core::ptr::null(), c_then.as_mut_ptr(), n) };
                             assert_eq!(c_then, c32, "{name} {m}x{n}x{k} beta={beta}: bias differs from a prefilled C");
                         }
+                        // B packed into panels once (from Bᵀ): the same bits (padding past the
+                        // panels is NaN: never read).
+                        let mut bt32 = vec![0f32; k * n];
+                        transpose(&b32, k, n, n, &mut bt32);
+                        let mut panels = vec![f32::NAN; panels_len(n, k)];
+                        pack_panels_for(kernel.nr, &bt32, k, n, &mut panels);
+                        let mut c_packed: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
+                        let bias = with_bias.then_some(&bias32[..]);
+                        unsafe { gemm_packed_on(kernel, m, n, k, a32, &panels, beta as f32, bias, c_packed.as_mut_ptr(), n) };
+                        assert_eq!(c_packed, c32, "{name} {m}x{n}x{k} {layout} beta={beta}: packed B differs");
                         // Every layout of A gets the same arithmetic: bit-identical.
                         let key = (name, beta.to_bits(), with_bias);
                         match row_major_results.iter().find(|(k, _)| *k == key) {

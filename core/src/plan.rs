@@ -394,7 +394,12 @@ impl Plan {
         let nc = self.tokens() * self.config.n_embd;
         let mut b = Bump(aligned(self.head_acts().losses.end()));
         let c = self.config.n_embd;
-        let wt = (4 * c * c).max(self.config.vocab_size * c);
+        // Every matmul's weight: [3C, C], [C, C], [4C, C], [C, 4C], [V, C].
+        let wt = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, self.config.vocab_size)]
+            .into_iter()
+            .map(|(k, m)| crate::ops::matmul::scratch_len(k, m))
+            .max()
+            .unwrap_or(0);
         let attention = self.attention_shape().scratch_len();
         let partials = crate::ops::row_blocks::blocks(self.tokens()) * 4 * c;
         Scratch {
@@ -432,8 +437,9 @@ pub struct Scratch {
     pub dbig: Span,
     /// Gradient of a narrow activation: a LayerNorm output or the attention output `[N, C]`.
     pub dsmall: Span,
-    /// A matmul weight transposed for the forward GEMM `[K, M]` (largest: `max(4C², VC)`);
-    /// in backward, the second half of a weight gradient's sum over rows `[M, K]`.
+    /// A matmul weight transposed into the forward GEMM's panels (see
+    /// [`crate::ops::matmul::scratch_len`]; the largest of any matmul); in backward, the
+    /// second half of a weight gradient's sum over rows `[M, K]`.
     pub wt: Span,
     /// Attention's per-(batch, head) tiles (see [`AttentionShape::scratch_len`]).
     pub attention: Span,

@@ -73,7 +73,7 @@ fn matmul_forward_with_each_epilogue_and_backward() {
     for epi in 0..4 {
         let mut out = vec![0.0; n * m];
         let mut pre = vec![0.0; n * m];
-        let mut wt = vec![0.0; m * k];
+        let mut wt = vec![0.0; matmul::scratch_len(k, m)];
         let cpu_epi = match epi {
             0 => matmul::Epilogue::None,
             1 | 2 => matmul::Epilogue::Gelu { pre: &mut pre, slope: epi == 2 },
