@@ -7,7 +7,8 @@
 //! columns of B, packed contiguously and zero-padded (the panel stays in L1 or L2 while every
 //! micro-panel of A streams past it; a whole panel for a product of at most `MC / 2` rows
 //! is read in place instead, where packing it cost more than it saved: attention's blocks of
-//! query rows ran 4-6% faster) → micro-kernel, which keeps an `MR x NR` tile of C in
+//! query rows ran 4-6% faster; a B that many calls share, a layer's weight, is packed into
+//! panels once by [`pack_panels`] and read by [`gemm_packed`]) → micro-kernel, which keeps an `MR x NR` tile of C in
 //! registers and broadcasts one element of A against `NR` elements of B per step, then
 //! stores the tile (adding `beta·C` and, for [`gemm_packed`], a bias row). K blocks are deep
 //! ([`KC`]) because C is read and written once per K block: with 128, the large products of
