@@ -8,12 +8,12 @@
 //! micro-panel of A streams past it; a whole panel for a product of at most `MC / 2` rows
 //! is read in place instead, where packing it cost more than it saved: attention's blocks of
 //! query rows ran 4-6% faster; a B that many calls share, a layer's weight, is packed into
-//! panels once by [`pack_panels`] and read by [`gemm_packed`]) → micro-kernel, which keeps an `MR x NR` tile of C in
-//! registers and broadcasts one element of A against `NR` elements of B per step, then
-//! stores the tile (adding `beta·C` and, for [`gemm_packed`], a bias row). K blocks are deep
-//! ([`KC`]) because C is read and written once per K block: with 128, the large products of
-//! the baby config ran ~8% slower (C of `16384 x 1536` streamed through memory up to twelve
-//! times).
+//! panels once by [`pack_panels`] and read by [`gemm_packed`]) → micro-kernel, which keeps an
+//! `MR x NR` tile of C in registers and broadcasts one element of A against `NR` elements of
+//! B per step, then stores the tile (adding `beta·C` and, for [`gemm_packed`], a bias row).
+//! K blocks are deep ([`KC`]) because C is read and written once per K block: with 128, the
+//! large products of the baby config ran ~8% slower (C of `16384 x 1536` streamed through
+//! memory up to twelve times).
 //!
 //! A is read where it lies (packing row-major A was a copy of every row through L1: 4.6% of
 //! a training step): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
