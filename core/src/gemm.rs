@@ -150,25 +150,39 @@ pub fn panels_len(n: usize, k: usize) -> usize {
     k * n.next_multiple_of(MAX_NR)
 }
 
-/// Packs B `[k x n]`, given as Bᵀ `[n x k]` row-major (a weight in `nn.Linear` layout, for
-/// `x·wᵀ`), into the panels this CPU's kernel reads: for every `NR` columns of B, `k` rows of
-/// `NR` values (zero past `n`). A B that many products use (every row block of a layer's
-/// tokens) is transposed and packed once instead of packed once per product; [`gemm_packed`]
-/// reads it.
+/// How the B given to [`pack_panels`] lies in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BLayout {
+    /// B `[k x n]` row-major (a weight in `nn.Linear` layout, for `dout·w`).
+    Rows,
+    /// Bᵀ `[n x k]` row-major (a weight in `nn.Linear` layout, for `x·wᵀ`).
+    Transposed,
+}
+
+/// Packs B `[k x n]` into the panels this CPU's kernel reads: for every `NR` columns of B,
+/// `k` rows of `NR` values (zero past `n`). A B that many products use (every row block of
+/// a layer's tokens) is packed once instead of once per product; [`gemm_packed`] reads it.
 ///
 /// # Panics
-/// If `bt` holds fewer than `k * n` or `dst` fewer than [`panels_len`]`(n, k)` elements.
-pub fn pack_panels<T: Float>(bt: &[T], k: usize, n: usize, dst: &mut [T]) {
-    pack_panels_for(T::kernel().nr, bt, k, n, dst);
+/// If `b` holds fewer than `k * n` or `dst` fewer than [`panels_len`]`(n, k)` elements.
+pub fn pack_panels<T: Float>(b: &[T], layout: BLayout, k: usize, n: usize, dst: &mut [T]) {
+    pack_panels_for(T::kernel().nr, b, layout, k, n, dst);
 }
 
 /// [`pack_panels`] for a kernel `nr` columns wide.
-fn pack_panels_for<T: Float>(nr: usize, bt: &[T], k: usize, n: usize, dst: &mut [T]) {
-    assert!(bt.len() >= k * n && dst.len() >= k * n.next_multiple_of(nr), "pack_panels: buffers too short");
+fn pack_panels_for<T: Float>(nr: usize, b: &[T], layout: BLayout, k: usize, n: usize, dst: &mut [T]) {
+    assert!(b.len() >= k * n && dst.len() >= k * n.next_multiple_of(nr), "pack_panels: buffers too short");
     for (j0, panel) in (0..n).step_by(nr).zip(dst.chunks_exact_mut(nr * k)) {
-        // The panel's columns are rows j0.. of Bᵀ: their transpose, rows nr apart.
         let w = nr.min(n - j0);
-        transpose_strided(&bt[j0 * k..], w, k, k, panel, nr);
+        match layout {
+            BLayout::Rows => {
+                for (row, src) in panel.chunks_exact_mut(nr).zip(b[j0..].chunks(n)) {
+                    row[..w].copy_from_slice(&src[..w]);
+                }
+            }
+            // The panel's columns are rows j0.. of Bᵀ: their transpose, rows nr apart.
+            BLayout::Transposed => transpose_strided(&b[j0 * k..], w, k, k, panel, nr),
+        }
         if w < nr {
             for row in panel.chunks_exact_mut(nr) {
                 row[w..].fill(T::ZERO);
@@ -1059,16 +1073,18 @@ mod tests {
                             unsafe { (kernel.gemm)(m, n, k, a32, BOperand::rows(b32.as_ptr(), n), 1.0, core::ptr::null(), c_then.as_mut_ptr(), n) };
                             assert_eq!(c_then, c32, "{name} {m}x{n}x{k} beta={beta}: bias differs from a prefilled C");
                         }
-                        // B packed into panels once (from Bᵀ): the same bits (padding past the
-                        // panels is NaN: never read).
+                        // B packed into panels once (from B and from Bᵀ): the same bits
+                        // (padding past the panels is NaN: never read).
                         let mut bt32 = vec![0f32; k * n];
                         transpose(&b32, k, n, n, &mut bt32);
-                        let mut panels = vec![f32::NAN; panels_len(n, k)];
-                        pack_panels_for(kernel.nr, &bt32, k, n, &mut panels);
-                        let mut c_packed: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
-                        let bias = with_bias.then_some(&bias32[..]);
-                        unsafe { gemm_packed_on(kernel, m, n, k, a32, &panels, beta as f32, bias, c_packed.as_mut_ptr(), n) };
-                        assert_eq!(c_packed, c32, "{name} {m}x{n}x{k} {layout} beta={beta}: packed B differs");
+                        for (b_layout, src) in [(BLayout::Rows, &b32), (BLayout::Transposed, &bt32)] {
+                            let mut panels = vec![f32::NAN; panels_len(n, k)];
+                            pack_panels_for(kernel.nr, src, b_layout, k, n, &mut panels);
+                            let mut c_packed: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
+                            let bias = with_bias.then_some(&bias32[..]);
+                            unsafe { gemm_packed_on(kernel, m, n, k, a32, &panels, beta as f32, bias, c_packed.as_mut_ptr(), n) };
+                            assert_eq!(c_packed, c32, "{name} {m}x{n}x{k} {layout} beta={beta}: B packed from {b_layout:?} differs");
+                        }
                         // Every layout of A gets the same arithmetic: bit-identical.
                         let key = (name, beta.to_bits(), with_bias);
                         match row_major_results.iter().find(|(k, _)| *k == key) {

@@ -259,6 +259,8 @@ impl Plan {
         mul(mul(n, config.vocab_size)?, 2)?;
         mul(mul(config.vocab_size + config.block_size, c)?, 4)?;
         let layer_params_len = mul(12 * c + 13, c)?;
+        // Bounds every matmul's scratch (weights padded to whole panels, twice).
+        mul(mul(config.vocab_size.max(4 * c), c + crate::gemm::MAX_NR)?, 2)?;
         let mut plan = Plan { config, batch, seq, layer_params_len, layer_acts_len: 0, params_len: 0, acts_len: 0 };
         let lnf_b = plan.param(ParamKind::LnfBias, None);
         plan.params_len = lnf_b.span.end();
@@ -266,7 +268,7 @@ impl Plan {
         plan.layer_acts_len = aligned(plan.layer_acts(0).res_out.end() - plan.encoded().end());
         let layers = mul(plan.layer_acts_len, config.n_layer)?;
         let rest = aligned(nc) + 6 * aligned(nc) + 3 * aligned(n) + aligned(n * config.vocab_size);
-        let scratch = aligned((4 * c * c).max(config.vocab_size * c))
+        let scratch = aligned(plan.matmul_scratch_len())
             + aligned(plan.attention_shape().scratch_len())
             + aligned(crate::ops::row_blocks::blocks(n) * 4 * c);
         layers.checked_add(rest).and_then(|x| x.checked_add(scratch)).ok_or(ConfigError::TooLarge)?;
@@ -389,19 +391,24 @@ impl Plan {
         }
     }
 
+    /// The largest scratch of any matmul (see [`crate::ops::matmul::scratch_len`]).
+    fn matmul_scratch_len(&self) -> usize {
+        let c = self.config.n_embd;
+        // Every matmul's weight: [3C, C], [C, C], [4C, C], [C, 4C], [V, C].
+        [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, self.config.vocab_size)]
+            .into_iter()
+            .map(|(k, m)| crate::ops::matmul::scratch_len(k, m))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Backward scratch buffers.
     pub fn scratch(&self) -> Scratch {
         let nc = self.tokens() * self.config.n_embd;
         let mut b = Bump(aligned(self.head_acts().losses.end()));
-        let c = self.config.n_embd;
-        // Every matmul's weight: [3C, C], [C, C], [4C, C], [C, 4C], [V, C].
-        let wt = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, self.config.vocab_size)]
-            .into_iter()
-            .map(|(k, m)| crate::ops::matmul::scratch_len(k, m))
-            .max()
-            .unwrap_or(0);
+        let wt = self.matmul_scratch_len();
         let attention = self.attention_shape().scratch_len();
-        let partials = crate::ops::row_blocks::blocks(self.tokens()) * 4 * c;
+        let partials = crate::ops::row_blocks::blocks(self.tokens()) * 4 * self.config.n_embd;
         Scratch {
             dres: b.take(nc),
             dbig: b.take(4 * nc),
@@ -437,9 +444,9 @@ pub struct Scratch {
     pub dbig: Span,
     /// Gradient of a narrow activation: a LayerNorm output or the attention output `[N, C]`.
     pub dsmall: Span,
-    /// A matmul weight transposed into the forward GEMM's panels (see
-    /// [`crate::ops::matmul::scratch_len`]; the largest of any matmul); in backward, the
-    /// second half of a weight gradient's sum over rows `[M, K]`.
+    /// A matmul's scratch (see [`crate::ops::matmul::scratch_len`]; the largest of any
+    /// matmul): its weight packed into the GEMM's panels and, in backward, the second half of
+    /// its weight gradient's sum over rows `[M, K]`.
     pub wt: Span,
     /// Attention's per-(batch, head) tiles (see [`AttentionShape::scratch_len`]).
     pub attention: Span,

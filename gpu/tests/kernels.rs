@@ -109,8 +109,8 @@ fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng) {
     let dout0 = random(rng, n * m, 1.0);
     let (dw0, db0) = (random(rng, m * k, 1.0), random(rng, m, 1.0));
     let (mut dout, mut dw, mut db, mut dx) = (dout0.clone(), dw0.clone(), db0.clone(), vec![0.0; n * k]);
-    let (mut partials, mut dw_half) = (vec![0.0; blocks(n) * m], vec![0.0; m * k]);
-    matmul::backward(&Serial, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut dw_half, &mut dout, &x, &w, Some(&slope), k, m);
+    let (mut partials, mut scratch) = (vec![0.0; blocks(n) * m], vec![0.0; matmul::scratch_len(k, m)]);
+    matmul::backward(&Serial, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut scratch, &mut dout, &x, &w, Some(&slope), k, m);
     let (gdout, gdw, gdb, gdx, gpart, gslope, gx, gw) =
         (buffer(&dout0), buffer(&dw0), buffer(&db0), fresh(n * k), fresh(partials.len()), buffer(&slope), buffer(&x), buffer(&w));
     let split_len = ops::weight_grad_scratch_len(n, k, m).max(1);
