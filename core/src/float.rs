@@ -35,6 +35,15 @@ pub trait Float:
     fn to_f64(self) -> f64;
     /// e^x.
     fn exp(self) -> Self;
+    /// e^x of every lane, each as [`Float::exp`] computes it (f32: one step at a time
+    /// across the lanes, so their dependency chains overlap).
+    #[inline(always)]
+    fn exp_lanes<const N: usize>(mut x: [Self; N]) -> [Self; N] {
+        for x in &mut x {
+            *x = x.exp();
+        }
+        x
+    }
     /// Natural logarithm.
     fn ln(self) -> Self;
     /// Square root.
@@ -67,6 +76,10 @@ impl Float for f32 {
     #[inline(always)]
     fn exp(self) -> Self {
         exp_f32(self)
+    }
+    #[inline(always)]
+    fn exp_lanes<const N: usize>(x: [Self; N]) -> [Self; N] {
+        exp_f32_lanes(x)
     }
     #[inline(always)]
     fn ln(self) -> Self {
@@ -231,25 +244,50 @@ pub fn dot<T: Float>(a: &[T], b: &[T]) -> T {
 /// value e^-87 ≈ 1.6e-38 instead of a subnormal; within 1 ulp elsewhere (tested below).
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
+    exp_f32_lanes([x])[0]
+}
+
+/// [`exp_f32`] of every lane, one step (one loop over the lanes) at a time: one exp is a
+/// chain of ~20 dependent operations, and the lanes' chains overlap only where their steps
+/// are interleaved (GELU's forward took a third less time on 32 lanes than one by one).
+/// Explicit loops rather than `map` or `from_fn`, which were not always inlined.
+#[inline(always)]
+pub fn exp_f32_lanes<const N: usize>(x: [f32; N]) -> [f32; N] {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer in the FPU.
     const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.0, 88.0);
+    let (mut t, mut n, mut r, mut r2, mut p) = ([0.0; N], [0.0; N], [0.0; N], [0.0; N], [0.0; N]);
+    let mut x = x;
+    for x in &mut x {
+        *x = x.clamp(-87.0, 88.0);
+    }
     // t = ROUND + n exactly, so t's low mantissa bits hold the integer n: 2^n comes from
     // integer arithmetic on those bits (no float-to-int conversion, which does not vectorise).
-    let t = x * LOG2E + ROUND;
-    let n = t - ROUND;
-    let two_n = f32::from_bits(t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let r2 = r * r;
-    let q0 = 1.666_666_5e-1 * r + 0.5; // Cephes: 5.0000001e-1, which is 0.5 in f32
-    let q1 = 8.333_452e-3 * r + 4.166_579_6e-2;
-    let q2 = 1.987_569_1e-4 * r + 1.398_199_9e-3;
-    let p = q0 + r2 * (q1 + r2 * q2);
-    let er = p * r2 + r + 1.0;
-    two_n * er
+    for i in 0..N {
+        t[i] = x[i] * LOG2E + ROUND;
+    }
+    for i in 0..N {
+        n[i] = t[i] - ROUND;
+    }
+    for i in 0..N {
+        r[i] = x[i] - n[i] * LN2_HI - n[i] * LN2_LO;
+    }
+    for i in 0..N {
+        r2[i] = r[i] * r[i];
+    }
+    for i in 0..N {
+        let q0 = 1.666_666_5e-1 * r[i] + 0.5; // Cephes: 5.0000001e-1, which is 0.5 in f32
+        let q1 = 8.333_452e-3 * r[i] + 4.166_579_6e-2;
+        let q2 = 1.987_569_1e-4 * r[i] + 1.398_199_9e-3;
+        p[i] = q0 + r2[i] * (q1 + r2[i] * q2);
+    }
+    for i in 0..N {
+        let two_n = f32::from_bits(t[i].to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
+        x[i] = two_n * (p[i] * r2[i] + r[i] + 1.0);
+    }
+    x
 }
 
 #[cfg(test)]

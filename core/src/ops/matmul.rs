@@ -35,8 +35,13 @@ const GELU_CUBIC: f64 = 0.044715;
 /// the tanh form costs one exp and one division.
 #[inline(always)]
 fn gelu_sigmoid<T: Float>(x: T) -> T {
-    let u = T::from_f64(GELU_SCALE) * (x + T::from_f64(GELU_CUBIC) * x * x * x);
-    T::ONE / (T::ONE + (T::from_f64(-2.0) * u).exp())
+    T::ONE / (T::ONE + (T::from_f64(-2.0) * gelu_u(x)).exp())
+}
+
+/// GELU's `u = sqrt(2/π)·(x + 0.044715·x³)`.
+#[inline(always)]
+fn gelu_u<T: Float>(x: T) -> T {
+    T::from_f64(GELU_SCALE) * (x + T::from_f64(GELU_CUBIC) * x * x * x)
 }
 
 /// GELU, tanh approximation (PyTorch's `approximate="tanh"`): `0.5·x·(1 + tanh(u)) = x·σ(2u)`.
@@ -52,18 +57,39 @@ fn gelu_slope<T: Float>(x: T, s: T) -> T {
     s + T::from_f64(2.0) * x * s * (T::ONE - s) * du
 }
 
-/// `out = gelu(pre)`; with `slope`, also `pre = gelu'(pre)` (one exp for both).
+/// Elements GELU's forward works on at a time: four AVX2 vectors, whose exps' chains of
+/// dependent steps interleave (see [`Float::exp_lanes`]).
+const GELU_LANES: usize = 32;
+
+/// `out = gelu(pre)`; with `slope`, also `pre = gelu'(pre)` (one exp for both). Whole
+/// chunks of [`GELU_LANES`] step by step (one loop per step), the last few one by one.
 #[inline(always)]
 fn gelu_rows<T: Float>(out: &mut [T], pre: &mut [T], slope: bool) {
-    if slope {
-        for (o, p) in out.iter_mut().zip(pre) {
-            let s = gelu_sigmoid(*p);
-            *o = *p * s;
-            *p = gelu_slope(*p, s);
+    let mut outs = out.chunks_exact_mut(GELU_LANES);
+    let mut pres = pre.chunks_exact_mut(GELU_LANES);
+    for (o, p) in (&mut outs).zip(&mut pres) {
+        let mut x = [T::ZERO; GELU_LANES];
+        x.copy_from_slice(p);
+        let mut s = [T::ZERO; GELU_LANES];
+        for i in 0..GELU_LANES {
+            s[i] = T::from_f64(-2.0) * gelu_u(x[i]);
         }
-    } else {
-        for (o, &p) in out.iter_mut().zip(pre.iter()) {
-            *o = gelu(p);
+        let mut s = T::exp_lanes(s);
+        for i in 0..GELU_LANES {
+            s[i] = T::ONE / (T::ONE + s[i]);
+            o[i] = x[i] * s[i];
+        }
+        if slope {
+            for i in 0..GELU_LANES {
+                p[i] = gelu_slope(x[i], s[i]);
+            }
+        }
+    }
+    for (o, p) in outs.into_remainder().iter_mut().zip(pres.into_remainder()) {
+        let s = gelu_sigmoid(*p);
+        *o = *p * s;
+        if slope {
+            *p = gelu_slope(*p, s);
         }
     }
 }
