@@ -63,20 +63,18 @@ unsafe impl<T: Sync> Sync for Strided<T> {}
 // SAFETY: as above.
 unsafe impl<T: Sync> Send for Strided<T> {}
 
-/// The B operand of a GEMM: row-major with row stride `ld` (the loops pack its panels as
-/// they need them), or whole panels already packed by [`pack_panels`] for this kernel.
+/// The B operand of a GEMM.
 #[derive(Clone, Copy)]
-pub struct BOperand<T> {
-    ptr: *const T,
-    ld: usize,
-    packed: bool,
-}
-
-impl<T> BOperand<T> {
-    /// Row-major B with row stride `ld`.
-    fn rows(ptr: *const T, ld: usize) -> Self {
-        BOperand { ptr, ld, packed: false }
-    }
+pub enum BOperand<T> {
+    /// Row-major with row stride `ld`: the loops pack its panels as they need them.
+    Rows {
+        /// Element (0, 0).
+        ptr: *const T,
+        /// Row stride.
+        ld: usize,
+    },
+    /// Whole panels already packed by [`pack_panels`] for this kernel.
+    Panels(*const T),
 }
 
 impl<T: Float> BOperand<T> {
@@ -90,19 +88,19 @@ impl<T: Float> BOperand<T> {
     #[allow(clippy::too_many_arguments)]
     unsafe fn panel<const NR: usize>(self, k: usize, pc: usize, kc: usize, jc: usize, w: usize, in_place: bool, buf: *mut T) -> (*const T, usize) {
         // SAFETY (all): inside B or its panels (caller).
-        if self.packed {
-            (unsafe { self.ptr.add(jc * k + pc * NR) }, NR)
-        } else if in_place && w == NR {
-            (unsafe { self.ptr.add(pc * self.ld + jc) }, self.ld)
-        } else {
-            unsafe { pack_b::<T, NR>(buf, self.ptr, self.ld, pc, kc, jc, w) };
-            (buf.cast_const(), NR)
+        match self {
+            BOperand::Panels(ptr) => (unsafe { ptr.add(jc * k + pc * NR) }, NR),
+            BOperand::Rows { ptr, ld } if in_place && w == NR => (unsafe { ptr.add(pc * ld + jc) }, ld),
+            BOperand::Rows { ptr, ld } => {
+                unsafe { pack_b::<T, NR>(buf, ptr, ld, pc, kc, jc, w) };
+                (buf.cast_const(), NR)
+            }
         }
     }
 }
 
 /// A whole GEMM as [`gemm_packed`] computes it (a null bias: none), for one
-/// micro-kernel.
+/// micro-kernel. Safety as [`gemm`], and A must have a unit stride (the callers check).
 pub type GemmFn<T> = unsafe fn(usize, usize, usize, Strided<T>, BOperand<T>, T, *const T, *mut T, usize);
 
 /// A micro-kernel's tile and the blocked GEMM built on it.
@@ -141,7 +139,7 @@ struct Aligned<A>(A);
 pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
     assert_unit_stride(a);
     // SAFETY: forwarded.
-    unsafe { (T::kernel().gemm)(m, n, k, a, BOperand::rows(b, ldb), beta, core::ptr::null(), c, ldc) }
+    unsafe { (T::kernel().gemm)(m, n, k, a, BOperand::Rows { ptr: b, ld: ldb }, beta, core::ptr::null(), c, ldc) }
 }
 
 /// Elements [`pack_panels`] may write for a `k x n` B, whatever the kernel: `k` rows of `n`
@@ -223,9 +221,8 @@ unsafe fn gemm_packed_on<T: Float>(kernel: Kernel<T>, m: usize, n: usize, k: usi
         }
         None => core::ptr::null(),
     };
-    let b = BOperand { ptr: panels.as_ptr(), ld: 0, packed: true };
     // SAFETY: forwarded; the panels hold k x n (checked).
-    unsafe { (kernel.gemm)(m, n, k, a, b, beta, bias, c, ldc) }
+    unsafe { (kernel.gemm)(m, n, k, a, BOperand::Panels(panels.as_ptr()), beta, bias, c, ldc) }
 }
 
 fn assert_unit_stride<T>(a: Strided<T>) {
@@ -245,13 +242,14 @@ const GROUPS_PACKED: usize = 2;
 /// in place than packed; 512 bytes apart, 5% faster).
 const IN_PLACE_GROUP_STRIDE: usize = 1024;
 
-/// Runs `loops[layout]` for A's layout (see [`ROWS`]); a zero-depth product needs none.
+/// Runs `loops[layout]` for A's layout (see [`ROWS`]); an empty or zero-depth product needs
+/// none.
 /// Each layout's loops are compiled on their own, so a call reserves (and probes, page by
 /// page) only the stack its layout uses: one frame for all three was 200 KiB, and probing it
 /// took longer than a small product of attention.
 ///
 /// # Safety
-/// As [`gemm`]; the loops must run on this CPU.
+/// As [`GemmFn`]; the loops must run on this CPU.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dispatch_layout<T: Float>(
@@ -266,7 +264,9 @@ unsafe fn dispatch_layout<T: Float>(
     c: *mut T,
     ldc: usize,
 ) {
-    assert_unit_stride(a);
+    if m == 0 || n == 0 {
+        return;
+    }
     if k == 0 {
         // SAFETY: forwarded.
         return unsafe { scale_c(m, n, beta, bias, c, ldc) };
@@ -1045,7 +1045,7 @@ mod tests {
                     unsafe {
                         let a64 = Strided { ptr: stored.as_ptr(), rs, cs };
                         match with_bias {
-                            true => (f64::kernel().gemm)(m, n, k, a64, BOperand::rows(b.as_ptr(), n), beta, bias.as_ptr(), c64.as_mut_ptr(), n),
+                            true => (f64::kernel().gemm)(m, n, k, a64, BOperand::Rows { ptr: b.as_ptr(), ld: n }, beta, bias.as_ptr(), c64.as_mut_ptr(), n),
                             false => gemm(m, n, k, a64, b.as_ptr(), n, beta, c64.as_mut_ptr(), n),
                         }
                     }
@@ -1060,7 +1060,7 @@ mod tests {
                         let mut c32: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
                         let a32 = Strided { ptr: s32.as_ptr(), rs, cs };
                         let bias_ptr = if with_bias { bias32.as_ptr() } else { core::ptr::null() };
-                        unsafe { (kernel.gemm)(m, n, k, a32, BOperand::rows(b32.as_ptr(), n), beta as f32, bias_ptr, c32.as_mut_ptr(), n) };
+                        unsafe { (kernel.gemm)(m, n, k, a32, BOperand::Rows { ptr: b32.as_ptr(), ld: n }, beta as f32, bias_ptr, c32.as_mut_ptr(), n) };
                         for i in 0..m * n {
                             let e = expect[i] + beta * c0[i] + bias_of(i % n);
                             // f32 rounding of k products: a few ulp of sqrt(k)-sized sums.
@@ -1070,7 +1070,7 @@ mod tests {
                         // beta 1: bit for bit.
                         if with_bias {
                             let mut c_then: Vec<f32> = (0..m * n).map(|i| (beta as f32 * c0[i] as f32) + bias32[i % n]).collect();
-                            unsafe { (kernel.gemm)(m, n, k, a32, BOperand::rows(b32.as_ptr(), n), 1.0, core::ptr::null(), c_then.as_mut_ptr(), n) };
+                            unsafe { (kernel.gemm)(m, n, k, a32, BOperand::Rows { ptr: b32.as_ptr(), ld: n }, 1.0, core::ptr::null(), c_then.as_mut_ptr(), n) };
                             assert_eq!(c_then, c32, "{name} {m}x{n}x{k} beta={beta}: bias differs from a prefilled C");
                         }
                         // B packed into panels once (from B and from Bᵀ): the same bits

@@ -422,22 +422,24 @@ mod tests {
                 (0..tasks).rev().for_each(task);
             }
         }
-        let (n, k, m) = (13, 6, 5);
-        let mut rng = Rng::new(4);
-        let x: Vec<f32> = random(&mut rng, n * k, 1.0).into_iter().map(|v| v as f32).collect();
-        let w: Vec<f32> = random(&mut rng, m * k, 1.0).into_iter().map(|v| v as f32).collect();
-        let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
-        forward(&Serial, &mut vec![0.0; scratch_len(k, m)], &mut a, &x, &w, None, Epilogue::None, k, m);
-        forward(&Four, &mut vec![0.0; scratch_len(k, m)], &mut b, &x, &w, None, Epilogue::None, k, m);
-        assert_eq!(a, b);
-        // Backward too: both halves of dw's rows split in two on four threads.
-        let g: Vec<f32> = random(&mut rng, n * m, 1.0).into_iter().map(|v| v as f32).collect();
-        let run_backward = |par: &dyn Parallel| {
-            let (mut dx, mut dw, mut db, mut dout) = (vec![0f32; n * k], vec![0.5f32; m * k], vec![0f32; m], g.clone());
-            let (mut partials, mut scratch) = (vec![0f32; crate::ops::row_blocks::blocks(n) * m], vec![0f32; scratch_len(k, m)]);
-            backward(par, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut scratch, &mut dout, &x, &w, None, k, m);
-            (dx, dw, db)
-        };
-        assert_eq!(run_backward(&Serial), run_backward(&Four));
+        // With one output column, two of the four tasks own no rows of dw.
+        for (n, k, m) in [(13, 6, 5), (9, 4, 1)] {
+            let mut rng = Rng::new(4);
+            let x: Vec<f32> = random(&mut rng, n * k, 1.0).into_iter().map(|v| v as f32).collect();
+            let w: Vec<f32> = random(&mut rng, m * k, 1.0).into_iter().map(|v| v as f32).collect();
+            let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
+            forward(&Serial, &mut vec![0.0; scratch_len(k, m)], &mut a, &x, &w, None, Epilogue::None, k, m);
+            forward(&Four, &mut vec![0.0; scratch_len(k, m)], &mut b, &x, &w, None, Epilogue::None, k, m);
+            assert_eq!(a, b);
+            // Backward too: both halves of dw's rows split in two on four threads.
+            let g: Vec<f32> = random(&mut rng, n * m, 1.0).into_iter().map(|v| v as f32).collect();
+            let run_backward = |par: &dyn Parallel| {
+                let (mut dx, mut dw, mut db, mut dout) = (vec![0f32; n * k], vec![0.5f32; m * k], vec![0f32; m], g.clone());
+                let (mut partials, mut scratch) = (vec![0f32; crate::ops::row_blocks::blocks(n) * m], vec![0f32; scratch_len(k, m)]);
+                backward(par, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut scratch, &mut dout, &x, &w, None, k, m);
+                (dx, dw, db)
+            };
+            assert_eq!(run_backward(&Serial), run_backward(&Four), "{n}x{k}x{m}");
+        }
     }
 }
