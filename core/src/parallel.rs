@@ -69,7 +69,7 @@ pub use pool::ThreadPool;
 #[cfg(feature = "std")]
 mod pool {
     use super::Parallel;
-    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
     use std::sync::{Arc, Condvar, Mutex};
     use std::thread::JoinHandle;
 
@@ -94,6 +94,8 @@ mod pool {
         generation: AtomicU64,
         /// Workers still working on the current job.
         busy: AtomicUsize,
+        /// Whether a task of the current job panicked on a worker.
+        worker_panicked: AtomicBool,
     }
 
     /// A fixed set of worker threads created once; [`Parallel::run`] publishes a job, works on
@@ -119,6 +121,7 @@ mod pool {
                 wake: Condvar::new(),
                 generation: AtomicU64::new(0),
                 busy: AtomicUsize::new(0),
+                worker_panicked: AtomicBool::new(false),
             });
             let workers = (1..threads.max(1))
                 .map(|i| {
@@ -170,7 +173,12 @@ mod pool {
                 (job.task, job.tasks)
             };
             // SAFETY: run() keeps the closure alive until `busy` drops to zero.
-            drain(unsafe { &*task }, tasks, me, threads);
+            let work = std::panic::AssertUnwindSafe(|| drain(unsafe { &*task }, tasks, me, threads));
+            // A panicking task is reported to run() (which re-raises it on the caller's
+            // thread); the worker stays for later jobs.
+            if std::panic::catch_unwind(work).is_err() {
+                shared.worker_panicked.store(true, Ordering::Release);
+            }
             shared.busy.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -211,8 +219,13 @@ mod pool {
                     }
                 }
             }
-            let _wait = WaitOnDrop(shared);
-            drain(task, tasks, 0, self.threads());
+            {
+                let _wait = WaitOnDrop(shared);
+                drain(task, tasks, 0, self.threads());
+            }
+            if shared.worker_panicked.swap(false, Ordering::AcqRel) {
+                panic!("a task panicked on a worker thread (its message is above)");
+            }
         }
     }
 
@@ -261,6 +274,20 @@ mod pool {
             }
             assert!(first[..3].iter().all(|&t| t == std::thread::current().id()));
             assert!(first[3] == first[4] && first[5] == first[6] && first[3] != first[5] && first[3] != first[0]);
+        }
+
+        /// A task panicking on a worker makes run() panic on the caller's thread (instead of
+        /// waiting forever for that worker), and the pool keeps working.
+        #[test]
+        fn a_worker_panic_reaches_the_caller() {
+            let pool = ThreadPool::new(2);
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.run(2, &|i| assert_ne!(i, 1, "task 1 fails"))));
+            assert!(result.is_err());
+            let hits = AtomicUsize::new(0);
+            pool.run(2, &|_| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(hits.load(Ordering::Relaxed), 2);
         }
     }
 }
