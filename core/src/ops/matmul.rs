@@ -117,12 +117,7 @@ const ROW_BLOCK: usize = crate::gemm::MC;
 /// Elements of the scratch [`forward`] and [`backward`] need for `w [M, K]`: forward's
 /// wᵀ in the GEMM's panels; backward's w in them, then the second half of `dw`'s sum.
 pub fn scratch_len(k: usize, m: usize) -> usize {
-    panels_len(m, k).max(backward_panels_len(k, m) + m * k)
-}
-
-/// Elements of w's panels at the start of [`backward`]'s scratch (B `[M, K]` of `dout·w`).
-fn backward_panels_len(k: usize, m: usize) -> usize {
-    panels_len(k, m)
+    panels_len(m, k).max(panels_len(k, m) + m * k)
 }
 
 /// Forward. `out [N, M]`, `x [N, K]`, `w [M, K]`, `bias [M]`; rows split across tasks.
@@ -233,7 +228,7 @@ pub fn backward<T: Float>(
         row_blocks::add_partials(par, n, partials, m, 0, db);
     }
     let dout: &[T] = dout;
-    let (panels, dw_half) = scratch.split_at_mut(backward_panels_len(k, m));
+    let (panels, dw_half) = scratch.split_at_mut(panels_len(k, m));
     if let Some(dx) = dx {
         assert_eq!(dx.len(), n * k);
         // dx [N, K] = dout [N, M] · w [M, K]
@@ -302,9 +297,6 @@ fn par_gemm_packed<T: Float>(par: &dyn Parallel, rows: usize, cols: usize, depth
     let c_p = SharedMut(c.as_mut_ptr());
     par.run(tasks, &|task| {
         let r = split_range(rows, tasks, task);
-        if r.is_empty() {
-            return;
-        }
         // SAFETY: each task writes its own rows of c; a's rows r are inside a, the panels
         // hold depth x cols (gemm_packed checks), and c overlaps neither.
         unsafe {
