@@ -99,9 +99,33 @@ impl<T: Float> BOperand<T> {
     }
 }
 
-/// A whole GEMM as [`gemm_packed`] computes it (a null bias: none), for one
-/// micro-kernel. Safety as [`gemm`], and A must have a unit stride (the callers check).
-pub type GemmFn<T> = unsafe fn(usize, usize, usize, Strided<T>, BOperand<T>, T, *const T, *mut T, usize);
+/// One product `C [m x n] = A [m x k] · B [k x n] + (beta·C + bias)`, as it is passed down
+/// from the public entries through a kernel's layers (dispatch, blocking, loops).
+#[derive(Clone, Copy)]
+pub struct Product<T> {
+    /// Rows of A and C.
+    pub m: usize,
+    /// Columns of B and C.
+    pub n: usize,
+    /// Depth: columns of A, rows of B.
+    pub k: usize,
+    /// A, with a unit row or column stride.
+    pub a: Strided<T>,
+    /// B, row-major or packed into panels.
+    pub b: BOperand<T>,
+    /// Factor on C's old value; with 0, C is only written.
+    pub beta: T,
+    /// `n` values added to every row of C, or null: none.
+    pub bias: *const T,
+    /// Element (0, 0) of C (unit column stride).
+    pub c: *mut T,
+    /// Row stride of C.
+    pub ldc: usize,
+}
+
+/// A whole GEMM for one micro-kernel, as [`gemm_packed`] computes it. Safety as [`gemm`],
+/// and A must have a unit stride (the callers check).
+pub type GemmFn<T> = unsafe fn(Product<T>);
 
 /// A micro-kernel's tile and the blocked GEMM built on it.
 #[derive(Clone, Copy)]
@@ -139,7 +163,7 @@ struct Aligned<A>(A);
 pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
     assert_unit_stride(a);
     // SAFETY: forwarded.
-    unsafe { (T::kernel().gemm)(m, n, k, a, BOperand::Rows { ptr: b, ld: ldb }, beta, core::ptr::null(), c, ldc) }
+    unsafe { (T::kernel().gemm)(Product { m, n, k, a, b: BOperand::Rows { ptr: b, ld: ldb }, beta, bias: core::ptr::null(), c, ldc }) }
 }
 
 /// Elements [`pack_panels`] may write for a `k x n` B, whatever the kernel: `k` rows of `n`
@@ -222,7 +246,7 @@ unsafe fn gemm_packed_on<T: Float>(kernel: Kernel<T>, m: usize, n: usize, k: usi
         None => core::ptr::null(),
     };
     // SAFETY: forwarded; the panels hold k x n (checked).
-    unsafe { (kernel.gemm)(m, n, k, a, BOperand::Panels(panels.as_ptr()), beta, bias, c, ldc) }
+    unsafe { (kernel.gemm)(Product { m, n, k, a, b: BOperand::Panels(panels.as_ptr()), beta, bias, c, ldc }) }
 }
 
 fn assert_unit_stride<T>(a: Strided<T>) {
@@ -252,34 +276,23 @@ const IN_PLACE_GROUP_STRIDE: usize = 1024;
 /// As [`GemmFn`]; the loops must run on this CPU.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dispatch_layout<T: Float>(
-    loops: [GemmFn<T>; 3],
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Strided<T>,
-    b: BOperand<T>,
-    beta: T,
-    bias: *const T,
-    c: *mut T,
-    ldc: usize,
-) {
-    if m == 0 || n == 0 {
+unsafe fn dispatch_layout<T: Float>(loops: [GemmFn<T>; 3], p: Product<T>) {
+    if p.m == 0 || p.n == 0 {
         return;
     }
-    if k == 0 {
+    if p.k == 0 {
         // SAFETY: forwarded.
-        return unsafe { scale_c(m, n, beta, bias, c, ldc) };
+        return unsafe { scale_c(p) };
     }
-    let layout = if a.cs == 1 {
+    let layout = if p.a.cs == 1 {
         ROWS
-    } else if a.cs * core::mem::size_of::<T>() <= IN_PLACE_GROUP_STRIDE {
+    } else if p.a.cs * core::mem::size_of::<T>() <= IN_PLACE_GROUP_STRIDE {
         GROUPS_IN_PLACE
     } else {
         GROUPS_PACKED
     };
     // SAFETY: forwarded.
-    unsafe { loops[layout](m, n, k, a, b, beta, bias, c, ldc) }
+    unsafe { loops[layout](p) }
 }
 
 /// The blocked loops for an `MR x NR` micro-kernel `tile` and one `LAYOUT` of A (k > 0),
@@ -289,28 +302,16 @@ unsafe fn dispatch_layout<T: Float>(
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU; A's layout must be `LAYOUT`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(
-    tile: TileFn<T>,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Strided<T>,
-    b: BOperand<T>,
-    beta: T,
-    bias: *const T,
-    c: *mut T,
-    ldc: usize,
-) {
+unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(tile: TileFn<T>, p: Product<T>) {
     const { assert!(MR <= MAX_MR && MC.is_multiple_of(MR) && NR <= MAX_NR) };
     if LAYOUT == GROUPS_PACKED {
         let mut a_block = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
         // SAFETY: forwarded; the buffer holds MC x KC.
-        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_block.as_mut_ptr().cast(), m, n, k, a, b, beta, bias, c, ldc) }
+        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_block.as_mut_ptr().cast(), p) }
     } else {
         let mut a_panel = MaybeUninit::<Aligned<[[T; KC]; MR]>>::uninit();
         // SAFETY: forwarded; the buffer holds MR x KC.
-        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_panel.as_mut_ptr().cast(), m, n, k, a, b, beta, bias, c, ldc) }
+        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_panel.as_mut_ptr().cast(), p) }
     }
 }
 
@@ -320,20 +321,8 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT:
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(
-    tile: TileFn<T>,
-    ap: *mut T,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Strided<T>,
-    b: BOperand<T>,
-    beta: T,
-    bias: *const T,
-    c: *mut T,
-    ldc: usize,
-) {
+unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(tile: TileFn<T>, ap: *mut T, p: Product<T>) {
+    let Product { m, n, k, a, b, beta, bias, c, ldc } = p;
     let mut b_pack = MaybeUninit::<Aligned<[[T; NR]; KC]>>::uninit();
     let mut c_edge = MaybeUninit::<Aligned<[[T; NR]; MR]>>::uninit();
     let mut bias_edge = [T::ZERO; NR];
@@ -385,12 +374,12 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT
     }
 }
 
-/// `C = beta·C + bias` for `C [m x n]` (a null bias: none), as the kernels compute it for a
-/// zero-depth product.
+/// `C = beta·C + bias` (a null bias: none), as the kernels compute a zero-depth product.
 ///
 /// # Safety
 /// C must be valid for writes; a bias must hold `n` values.
-unsafe fn scale_c<T: Float>(m: usize, n: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+unsafe fn scale_c<T: Float>(p: Product<T>) {
+    let Product { m, n, beta, bias, c, ldc, .. } = p;
     for i in 0..m {
         for j in 0..n {
             // SAFETY: inside C and the bias (caller).
@@ -565,19 +554,17 @@ unsafe fn portable_tile<T: Float, const GROUPS: bool>(kc: usize, a: *const T, a_
 
 /// The portable GEMM's loops for one layout of A (compiled apart: see [`dispatch_layout`]).
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn portable_loops<T: Float, const LAYOUT: usize>(m: usize, n: usize, k: usize, a: Strided<T>, b: BOperand<T>, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+unsafe fn portable_loops<T: Float, const LAYOUT: usize>(p: Product<T>) {
     let tile: TileFn<T> = if LAYOUT == ROWS { portable_tile::<T, false> } else { portable_tile::<T, true> };
     // SAFETY: forwarded; plain Rust runs anywhere.
-    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, LAYOUT>(tile, m, n, k, a, b, beta, bias, c, ldc) }
+    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, LAYOUT>(tile, p) }
 }
 
 /// The portable GEMM.
-#[allow(clippy::too_many_arguments)]
-unsafe fn portable_gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: BOperand<T>, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+unsafe fn portable_gemm<T: Float>(p: Product<T>) {
     let loops: [GemmFn<T>; 3] = [portable_loops::<T, ROWS>, portable_loops::<T, GROUPS_IN_PLACE>, portable_loops::<T, GROUPS_PACKED>];
     // SAFETY: forwarded.
-    unsafe { dispatch_layout(loops, m, n, k, a, b, beta, bias, c, ldc) }
+    unsafe { dispatch_layout(loops, p) }
 }
 
 /// The portable kernel for any element type.
@@ -641,11 +628,10 @@ macro_rules! x86_kernel {
         /// As [`gemm`]; the CPU must have the target feature; A's layout must be `LAYOUT`.
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
         #[target_feature(enable = $feature)]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn $loops<const LAYOUT: usize>(m: usize, n: usize, k: usize, a: Strided<f32>, b: BOperand<f32>, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+        unsafe fn $loops<const LAYOUT: usize>(p: Product<f32>) {
             let tile: TileFn<f32> = if LAYOUT == ROWS { $tile::<false> } else { $tile::<true> };
             // SAFETY: forwarded; the caller checked the features.
-            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, LAYOUT>(tile, m, n, k, a, b, beta, bias, c, ldc) }
+            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, LAYOUT>(tile, p) }
         }
 
         /// The blocked GEMM on the kernel above.
@@ -653,11 +639,10 @@ macro_rules! x86_kernel {
         /// # Safety
         /// As [`gemm`]; the CPU must have the target feature.
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn $gemm(m: usize, n: usize, k: usize, a: Strided<f32>, b: BOperand<f32>, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+        unsafe fn $gemm(p: Product<f32>) {
             let loops: [GemmFn<f32>; 3] = [$loops::<ROWS>, $loops::<GROUPS_IN_PLACE>, $loops::<GROUPS_PACKED>];
             // SAFETY: forwarded; the caller checked the features.
-            unsafe { dispatch_layout(loops, m, n, k, a, b, beta, bias, c, ldc) }
+            unsafe { dispatch_layout(loops, p) }
         }
     };
 }
@@ -735,11 +720,11 @@ unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *cons
 /// # Safety
 /// As [`gemm`].
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_wasm(m: usize, n: usize, k: usize, a: Strided<f32>, b: BOperand<f32>, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+unsafe fn gemm_wasm(p: Product<f32>) {
+    let Product { m, n, k, a, b, beta, bias, c, ldc } = p;
     if k == 0 {
         // SAFETY: forwarded.
-        return unsafe { scale_c(m, n, beta, bias, c, ldc) };
+        return unsafe { scale_c(p) };
     }
     let mut a_edge = MaybeUninit::<Aligned<[f32; WASM_MR * KC]>>::uninit();
     let mut b_edge = MaybeUninit::<Aligned<[f32; KC * WASM_NR]>>::uninit();
@@ -1045,7 +1030,7 @@ mod tests {
                     unsafe {
                         let a64 = Strided { ptr: stored.as_ptr(), rs, cs };
                         match with_bias {
-                            true => (f64::kernel().gemm)(m, n, k, a64, BOperand::Rows { ptr: b.as_ptr(), ld: n }, beta, bias.as_ptr(), c64.as_mut_ptr(), n),
+                            true => (f64::kernel().gemm)(Product { m, n, k, a: a64, b: BOperand::Rows { ptr: b.as_ptr(), ld: n }, beta, bias: bias.as_ptr(), c: c64.as_mut_ptr(), ldc: n }),
                             false => gemm(m, n, k, a64, b.as_ptr(), n, beta, c64.as_mut_ptr(), n),
                         }
                     }
@@ -1060,7 +1045,7 @@ mod tests {
                         let mut c32: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
                         let a32 = Strided { ptr: s32.as_ptr(), rs, cs };
                         let bias_ptr = if with_bias { bias32.as_ptr() } else { core::ptr::null() };
-                        unsafe { (kernel.gemm)(m, n, k, a32, BOperand::Rows { ptr: b32.as_ptr(), ld: n }, beta as f32, bias_ptr, c32.as_mut_ptr(), n) };
+                        unsafe { (kernel.gemm)(Product { m, n, k, a: a32, b: BOperand::Rows { ptr: b32.as_ptr(), ld: n }, beta: beta as f32, bias: bias_ptr, c: c32.as_mut_ptr(), ldc: n }) };
                         for i in 0..m * n {
                             let e = expect[i] + beta * c0[i] + bias_of(i % n);
                             // f32 rounding of k products: a few ulp of sqrt(k)-sized sums.
@@ -1070,7 +1055,7 @@ mod tests {
                         // beta 1: bit for bit.
                         if with_bias {
                             let mut c_then: Vec<f32> = (0..m * n).map(|i| (beta as f32 * c0[i] as f32) + bias32[i % n]).collect();
-                            unsafe { (kernel.gemm)(m, n, k, a32, BOperand::Rows { ptr: b32.as_ptr(), ld: n }, 1.0, core::ptr::null(), c_then.as_mut_ptr(), n) };
+                            unsafe { (kernel.gemm)(Product { m, n, k, a: a32, b: BOperand::Rows { ptr: b32.as_ptr(), ld: n }, beta: 1.0, bias: core::ptr::null(), c: c_then.as_mut_ptr(), ldc: n }) };
                             assert_eq!(c_then, c32, "{name} {m}x{n}x{k} beta={beta}: bias differs from a prefilled C");
                         }
                         // B packed into panels once (from B and from Bᵀ): the same bits
