@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite (the README's test command):
-#   unit tests and finite-difference gradient checks, the zero-allocation test, end-to-end
-#   CLI tests, cross-crate tests, every GPU kernel and the whole model against the CPU (on
-#   any Vulkan adapter; without a GPU, lavapipe from mesa-vulkan-drivers), the embedding
-#   example, alpha-core's no_std builds, the GEMM tests again on the WebAssembly kernel (both
-#   builds), and the browser demo (alpha-web's two builds from scripts/build-web.sh, then
-#   tested in Debian's Chromium through playwright-core: WebGPU on SwiftShader and both
-#   WebAssembly CPU builds).
+#   formatting (cargo fmt --check), unit tests and finite-difference gradient checks, the
+#   zero-allocation test, end-to-end CLI tests, cross-crate tests, every GPU kernel and the
+#   whole model against the CPU (on any Vulkan adapter; without a GPU, lavapipe from
+#   mesa-vulkan-drivers), the embedding example, alpha-core's no_std builds, the GEMM tests
+#   again on the WebAssembly kernel (both builds), and the browser demo (alpha-web's two
+#   builds from scripts/build-web.sh, then tested in Debian's Chromium through
+#   playwright-core: WebGPU on SwiftShader and both WebAssembly CPU builds).
 # The no_std builds use the rustup target thumbv7em-none-eabihf when it is installed, else
 # Debian's rustc-web/cargo-web/rust-web-src (.ci/run installs them); ALPHA_SKIP_NO_STD=1 skips.
 # The browser build uses the active toolchain when it has wasm32-unknown-unknown, else the one
@@ -18,6 +18,13 @@ cd "$(dirname "$0")/.."
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     XDG_RUNTIME_DIR="$(mktemp -d)"
     export XDG_RUNTIME_DIR
+fi
+
+# Formatting first (rustfmt.toml): cheap, and it fails before the long builds.
+if cargo fmt --version >/dev/null 2>&1; then
+    cargo fmt --all --check
+else
+    echo "rustfmt is not installed (rustup component add rustfmt): formatting not checked"
 fi
 
 cargo test --workspace --profile test-opt

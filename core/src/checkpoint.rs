@@ -9,8 +9,8 @@
 
 use crate::optim::{AdamWConfig, LrSchedule};
 use crate::plan::{ParamInfo, Plan};
-use crate::train::TrainConfig;
 use crate::tokenizer::CharTokenizer;
+use crate::train::TrainConfig;
 use crate::GptConfig;
 use alloc::format;
 use alloc::string::{String, ToString};

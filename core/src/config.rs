@@ -71,13 +71,9 @@ impl fmt::Display for ConfigError {
 impl GptConfig {
     /// Checks that every size is positive and the heads divide the width.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (value, name) in [
-            (self.vocab_size, "vocab_size"),
-            (self.block_size, "block_size"),
-            (self.n_layer, "n_layer"),
-            (self.n_head, "n_head"),
-            (self.n_embd, "n_embd"),
-        ] {
+        for (value, name) in
+            [(self.vocab_size, "vocab_size"), (self.block_size, "block_size"), (self.n_layer, "n_layer"), (self.n_head, "n_head"), (self.n_embd, "n_embd")]
+        {
             if value == 0 {
                 return Err(ConfigError::Zero(name));
             }

@@ -235,7 +235,18 @@ pub unsafe fn gemm_packed<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>,
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_packed_on<T: Float>(kernel: Kernel<T>, m: usize, n: usize, k: usize, a: Strided<T>, panels: &[T], beta: T, bias: Option<&[T]>, c: *mut T, ldc: usize) {
+unsafe fn gemm_packed_on<T: Float>(
+    kernel: Kernel<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<T>,
+    panels: &[T],
+    beta: T,
+    bias: Option<&[T]>,
+    c: *mut T,
+    ldc: usize,
+) {
     assert_unit_stride(a);
     assert!(panels.len() >= k * n.next_multiple_of(kernel.nr), "gemm_packed: panels too short");
     let bias = match bias {
@@ -420,14 +431,7 @@ unsafe fn bias_panel<T: Float, const NR: usize>(bias: *const T, jc: usize, w: us
 /// # Safety
 /// The `rows x w` block at `ct` must be inside C; `edge` must be valid for `MR x NR` writes.
 #[inline(always)]
-unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(
-    tile: impl FnOnce(*mut T, usize),
-    rows: usize,
-    w: usize,
-    ct: *mut T,
-    ldc: usize,
-    edge: *mut T,
-) {
+unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(tile: impl FnOnce(*mut T, usize), rows: usize, w: usize, ct: *mut T, ldc: usize, edge: *mut T) {
     if rows == MR && w == NR {
         tile(ct, ldc);
         return;
@@ -522,7 +526,17 @@ const PORTABLE_NR: usize = 16;
 /// The portable micro-kernel (`PORTABLE_MR x PORTABLE_NR`), plain Rust; `GROUPS`: A as
 /// groups `a_stride` apart, else rows `a_stride` apart.
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable_tile<T: Float, const GROUPS: bool>(kc: usize, a: *const T, a_stride: usize, b: *const T, b_stride: usize, beta: T, bias: *const T, c: *mut T, ldc: usize) {
+unsafe fn portable_tile<T: Float, const GROUPS: bool>(
+    kc: usize,
+    a: *const T,
+    a_stride: usize,
+    b: *const T,
+    b_stride: usize,
+    beta: T,
+    bias: *const T,
+    c: *mut T,
+    ldc: usize,
+) {
     let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
     let mut acc = [[T::ZERO; PORTABLE_NR]; PORTABLE_MR];
     for p in 0..kc {
@@ -586,7 +600,17 @@ macro_rules! x86_kernel {
         #[target_feature(enable = $feature)]
         #[inline]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn $tile<const GROUPS: bool>(kc: usize, a: *const f32, a_stride: usize, b: *const f32, b_stride: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+        unsafe fn $tile<const GROUPS: bool>(
+            kc: usize,
+            a: *const f32,
+            a_stride: usize,
+            b: *const f32,
+            b_stride: usize,
+            beta: f32,
+            bias: *const f32,
+            c: *mut f32,
+            ldc: usize,
+        ) {
             use core::arch::x86_64::*;
             let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
             // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
@@ -647,7 +671,10 @@ macro_rules! x86_kernel {
     };
 }
 
+// One line per kernel, as a table.
+#[rustfmt::skip]
 x86_kernel!(tile_avx2, loops_avx2, gemm_avx2, "avx2,fma", __m256, 8, 6, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
+#[rustfmt::skip]
 x86_kernel!(tile_avx512, loops_avx512, gemm_avx512, "avx512f", __m512, 16, 12, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
 
 /// Rows and columns of the WebAssembly SIMD kernel's tile. Engines keep v128 values in
@@ -749,7 +776,11 @@ unsafe fn gemm_wasm(p: Product<f32>) {
                         (a.ptr.add(ir * a.rs + pc * a.cs), a.rs, a.cs)
                     } else {
                         pack_a::<f32, WASM_MR>(ae, a, ir, rows, pc, kc, by_rows);
-                        if by_rows { (ae.cast_const(), KC, 1) } else { (ae.cast_const(), 1, WASM_MR) }
+                        if by_rows {
+                            (ae.cast_const(), KC, 1)
+                        } else {
+                            (ae.cast_const(), 1, WASM_MR)
+                        }
                     };
                     let tile = |c: *mut f32, ldc: usize| tile_wasm(kc, ap, a_rs, a_cs, bp, bs, beta_pc, bias_panel, c, ldc);
                     run_tile::<f32, WASM_MR, WASM_NR>(tile, rows, w, c.add(ir * ldc + jc), ldc, c_edge.as_mut_ptr().cast());
@@ -824,7 +855,9 @@ fn transpose_whole_tiles<T: Float>(src: &[T], rows: usize, cols: usize, row_stri
     if std::is_x86_feature_detected!("avx") {
         // SAFETY: T is f32 (checked); the tile is inside both matrices (the caller asserted
         // their sizes); the CPU has AVX (checked).
-        return for_whole_tiles(rows, cols, 8, |r, c| unsafe { transpose_8x8_avx(src.add(r * row_stride + c), row_stride, dst.add(c * dst_stride + r), dst_stride) });
+        return for_whole_tiles(rows, cols, 8, |r, c| unsafe {
+            transpose_8x8_avx(src.add(r * row_stride + c), row_stride, dst.add(c * dst_stride + r), dst_stride)
+        });
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     {
@@ -1030,7 +1063,17 @@ mod tests {
                     unsafe {
                         let a64 = Strided { ptr: stored.as_ptr(), rs, cs };
                         match with_bias {
-                            true => (f64::kernel().gemm)(Product { m, n, k, a: a64, b: BOperand::Rows { ptr: b.as_ptr(), ld: n }, beta, bias: bias.as_ptr(), c: c64.as_mut_ptr(), ldc: n }),
+                            true => (f64::kernel().gemm)(Product {
+                                m,
+                                n,
+                                k,
+                                a: a64,
+                                b: BOperand::Rows { ptr: b.as_ptr(), ld: n },
+                                beta,
+                                bias: bias.as_ptr(),
+                                c: c64.as_mut_ptr(),
+                                ldc: n,
+                            }),
                             false => gemm(m, n, k, a64, b.as_ptr(), n, beta, c64.as_mut_ptr(), n),
                         }
                     }
@@ -1045,7 +1088,19 @@ mod tests {
                         let mut c32: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
                         let a32 = Strided { ptr: s32.as_ptr(), rs, cs };
                         let bias_ptr = if with_bias { bias32.as_ptr() } else { core::ptr::null() };
-                        unsafe { (kernel.gemm)(Product { m, n, k, a: a32, b: BOperand::Rows { ptr: b32.as_ptr(), ld: n }, beta: beta as f32, bias: bias_ptr, c: c32.as_mut_ptr(), ldc: n }) };
+                        unsafe {
+                            (kernel.gemm)(Product {
+                                m,
+                                n,
+                                k,
+                                a: a32,
+                                b: BOperand::Rows { ptr: b32.as_ptr(), ld: n },
+                                beta: beta as f32,
+                                bias: bias_ptr,
+                                c: c32.as_mut_ptr(),
+                                ldc: n,
+                            })
+                        };
                         for i in 0..m * n {
                             let e = expect[i] + beta * c0[i] + bias_of(i % n);
                             // f32 rounding of k products: a few ulp of sqrt(k)-sized sums.
@@ -1055,7 +1110,19 @@ mod tests {
                         // beta 1: bit for bit.
                         if with_bias {
                             let mut c_then: Vec<f32> = (0..m * n).map(|i| (beta as f32 * c0[i] as f32) + bias32[i % n]).collect();
-                            unsafe { (kernel.gemm)(Product { m, n, k, a: a32, b: BOperand::Rows { ptr: b32.as_ptr(), ld: n }, beta: 1.0, bias: core::ptr::null(), c: c_then.as_mut_ptr(), ldc: n }) };
+                            unsafe {
+                                (kernel.gemm)(Product {
+                                    m,
+                                    n,
+                                    k,
+                                    a: a32,
+                                    b: BOperand::Rows { ptr: b32.as_ptr(), ld: n },
+                                    beta: 1.0,
+                                    bias: core::ptr::null(),
+                                    c: c_then.as_mut_ptr(),
+                                    ldc: n,
+                                })
+                            };
                             assert_eq!(c_then, c32, "{name} {m}x{n}x{k} beta={beta}: bias differs from a prefilled C");
                         }
                         // B packed into panels once (from B and from Bᵀ): the same bits

@@ -3,8 +3,8 @@
 
 use crate::float::Float;
 use crate::parallel::{split_range, Parallel, SharedMut};
-use crate::simd::wide_dispatch;
 use crate::plan::Plan;
+use crate::simd::wide_dispatch;
 
 /// AdamW hyper-parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]

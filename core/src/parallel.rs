@@ -126,10 +126,7 @@ mod pool {
             let workers = (1..threads.max(1))
                 .map(|i| {
                     let shared = Arc::clone(&shared);
-                    std::thread::Builder::new()
-                        .name(format!("alpha-worker-{i}"))
-                        .spawn(move || worker(&shared, i, threads))
-                        .expect("spawning a worker thread")
+                    std::thread::Builder::new().name(format!("alpha-worker-{i}")).spawn(move || worker(&shared, i, threads)).expect("spawning a worker thread")
                 })
                 .collect();
             ThreadPool { shared, workers, run_lock: Mutex::new(()) }

@@ -268,9 +268,7 @@ impl Plan {
         plan.layer_acts_len = aligned(plan.layer_acts(0).res_out.end() - plan.encoded().end());
         let layers = mul(plan.layer_acts_len, config.n_layer)?;
         let rest = aligned(nc) + 6 * aligned(nc) + 3 * aligned(n) + aligned(n * config.vocab_size);
-        let scratch = aligned(plan.matmul_scratch_len())
-            + aligned(plan.attention_shape().scratch_len())
-            + aligned(crate::ops::row_blocks::blocks(n) * 4 * c);
+        let scratch = aligned(plan.matmul_scratch_len()) + aligned(plan.attention_shape().scratch_len()) + aligned(crate::ops::row_blocks::blocks(n) * 4 * c);
         layers.checked_add(rest).and_then(|x| x.checked_add(scratch)).ok_or(ConfigError::TooLarge)?;
         plan.acts_len = aligned(plan.scratch().partials.end());
         Ok(plan)
@@ -322,11 +320,7 @@ impl Plan {
                 layers_start + l * self.layer_params_len + within
             }
         };
-        let layer = if matches!(kind, ParamKind::Wte | ParamKind::Wpe | ParamKind::LnfWeight | ParamKind::LnfBias) {
-            None
-        } else {
-            layer
-        };
+        let layer = if matches!(kind, ParamKind::Wte | ParamKind::Wpe | ParamKind::LnfWeight | ParamKind::LnfBias) { None } else { layer };
         ParamInfo { kind, layer, span: Span { offset, len: shape[0] * shape[1] }, shape }
     }
 
@@ -382,13 +376,7 @@ impl Plan {
     pub fn head_acts(&self) -> HeadActs {
         let (n, c, v) = (self.tokens(), self.config.n_embd, self.config.vocab_size);
         let mut b = Bump(aligned(self.encoded().end()) + self.config.n_layer * self.layer_acts_len);
-        HeadActs {
-            lnf: b.take(n * c),
-            lnf_mean: b.take(n),
-            lnf_rstd: b.take(n),
-            logits: b.take(n * v),
-            losses: b.take(n),
-        }
+        HeadActs { lnf: b.take(n * c), lnf_mean: b.take(n), lnf_rstd: b.take(n), logits: b.take(n * v), losses: b.take(n) }
     }
 
     /// The largest scratch of any matmul (see [`crate::ops::matmul::scratch_len`]).
@@ -409,14 +397,7 @@ impl Plan {
         let wt = self.matmul_scratch_len();
         let attention = self.attention_shape().scratch_len();
         let partials = crate::ops::row_blocks::blocks(self.tokens()) * 4 * self.config.n_embd;
-        Scratch {
-            dres: b.take(nc),
-            dbig: b.take(4 * nc),
-            dsmall: b.take(nc),
-            wt: b.take(wt),
-            attention: b.take(attention),
-            partials: b.take(partials),
-        }
+        Scratch { dres: b.take(nc), dbig: b.take(4 * nc), dsmall: b.take(nc), wt: b.take(wt), attention: b.take(attention), partials: b.take(partials) }
     }
 }
 

@@ -222,16 +222,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
     for l in 0..cfg.n_layer {
         let a = plan.layer_acts(l);
         let res_in = plan.residual_in(l);
-        let ln = |x, out, mean, rstd, w, b| Op::LayerNorm {
-            x,
-            dx: sc.dres,
-            out,
-            dout: sc.dsmall,
-            mean,
-            rstd,
-            weight: p(w, Some(l)),
-            bias: p(b, Some(l)),
-        };
+        let ln = |x, out, mean, rstd, w, b| Op::LayerNorm { x, dx: sc.dres, out, dout: sc.dsmall, mean, rstd, weight: p(w, Some(l)), bias: p(b, Some(l)) };
         push(ln(res_in, a.ln1, a.ln1_mean, a.ln1_rstd, ParamKind::Ln1Weight, ParamKind::Ln1Bias));
         push(Op::Matmul {
             x: a.ln1,
@@ -244,15 +235,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             k: c,
             m: 3 * c,
         });
-        push(Op::Attention {
-            qkv: a.qkv,
-            dqkv,
-            out: a.atty,
-            dout: sc.dsmall,
-            lse: a.lse,
-            scratch: sc.attention,
-            shape: plan.attention_shape(),
-        });
+        push(Op::Attention { qkv: a.qkv, dqkv, out: a.atty, dout: sc.dsmall, lse: a.lse, scratch: sc.attention, shape: plan.attention_shape() });
         push(Op::Matmul {
             x: a.atty,
             dx: Some(sc.dsmall),
@@ -384,19 +367,10 @@ pub fn forward_observed<T: Float>(
         // SAFETY (every `a.get` below): the spans named in one op are pairwise disjoint.
         unsafe {
             match *op {
-                Op::Embedding { wte, wpe, out, .. } => {
-                    embedding::forward(par, a.get(out), tokens, p(wte), p(wpe), plan.seq, plan.config.n_embd)
+                Op::Embedding { wte, wpe, out, .. } => embedding::forward(par, a.get(out), tokens, p(wte), p(wpe), plan.seq, plan.config.n_embd),
+                Op::LayerNorm { x, out, mean, rstd, weight, bias, .. } => {
+                    layernorm::forward(par, a.get(out), a.get(mean), a.get(rstd), a.get(x), p(weight), p(bias), plan.config.n_embd)
                 }
-                Op::LayerNorm { x, out, mean, rstd, weight, bias, .. } => layernorm::forward(
-                    par,
-                    a.get(out),
-                    a.get(mean),
-                    a.get(rstd),
-                    a.get(x),
-                    p(weight),
-                    p(bias),
-                    plan.config.n_embd,
-                ),
                 Op::Matmul { x, weight, bias, out, epilogue, k, m, .. } => {
                     let epi = match epilogue {
                         EpilogueSpan::None => Epilogue::None,
@@ -405,9 +379,7 @@ pub fn forward_observed<T: Float>(
                     };
                     matmul::forward(par, a.get(wt), a.get(out), a.get(x), p(weight), bias.map(p), epi, k, m)
                 }
-                Op::Attention { qkv, out, lse, scratch, shape, .. } => {
-                    attention::forward(par, a.get(out), a.get(lse), a.get(qkv), a.get(scratch), shape)
-                }
+                Op::Attention { qkv, out, lse, scratch, shape, .. } => attention::forward(par, a.get(out), a.get(lse), a.get(qkv), a.get(scratch), shape),
                 Op::CrossEntropy { logits, losses } => {
                     if let Some(targets) = targets {
                         let scale = grad_scale.map(T::from_f64);
@@ -452,9 +424,7 @@ pub fn backward_observed<T: Float>(
         // distinct parameters never overlap.
         unsafe {
             match *op {
-                Op::Embedding { wte, wpe, dout, .. } => {
-                    embedding::backward(par, g.get(wte), g.get(wpe), a.get(dout), tokens, plan.seq, plan.config.n_embd)
-                }
+                Op::Embedding { wte, wpe, dout, .. } => embedding::backward(par, g.get(wte), g.get(wpe), a.get(dout), tokens, plan.seq, plan.config.n_embd),
                 Op::LayerNorm { x, dx, dout, mean, rstd, weight, bias, .. } => layernorm::backward(
                     par,
                     a.get(dx),
@@ -578,9 +548,7 @@ mod model_gradient_tests {
         let scale = 1.0 / plan.tokens() as f64;
         forward(&Serial, &plan, tape, &params, &mut acts, &tokens, Some(&targets), Some(scale));
         backward(&Serial, &plan, tape, &params, &mut grads, &mut acts, &tokens);
-        let numeric = numeric_grad(&mut params, |p| {
-            forward(&Serial, &plan, tape, p, &mut acts, &tokens, Some(&targets), None).unwrap()
-        });
+        let numeric = numeric_grad(&mut params, |p| forward(&Serial, &plan, tape, p, &mut acts, &tokens, Some(&targets), None).unwrap());
         for info in plan.params() {
             let r = info.span.range();
             assert_close(&format!("{info}"), &grads[r.clone()], &numeric[r]);

@@ -27,11 +27,9 @@ pub enum TokenizeError {
 impl fmt::Display for TokenizeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            TokenizeError::UnknownChar { ch, line, column, byte } => write!(
-                f,
-                "character {ch:?} (U+{:04X}) at line {line}, column {column} (byte {byte}) is not in the model's vocabulary",
-                ch as u32
-            ),
+            TokenizeError::UnknownChar { ch, line, column, byte } => {
+                write!(f, "character {ch:?} (U+{:04X}) at line {line}, column {column} (byte {byte}) is not in the model's vocabulary", ch as u32)
+            }
             TokenizeError::BufferTooSmall { capacity } => write!(f, "the text has more than {capacity} characters"),
         }
     }

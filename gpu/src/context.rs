@@ -38,8 +38,7 @@ pub struct AdapterSummary {
 }
 
 /// The optional features alpha-gpu asks for where the adapter has them.
-const WANTED: [(Features, &str); 3] =
-    [(Features::SHADER_F16, "shader-f16"), (Features::TIMESTAMP_QUERY, "timestamp-query"), (Features::SUBGROUP, "subgroups")];
+const WANTED: [(Features, &str); 3] = [(Features::SHADER_F16, "shader-f16"), (Features::TIMESTAMP_QUERY, "timestamp-query"), (Features::SUBGROUP, "subgroups")];
 
 fn summary(index: usize, a: &Adapter) -> AdapterSummary {
     let info = a.get_info();
@@ -101,9 +100,10 @@ impl Gpu {
         let (index, adapter) = match selector {
             None => {
                 let options = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
-                let a = instance.request_adapter(&options).await.map_err(|e| {
-                    GpuError(format!("no GPU adapter found ({e}); on Linux install a Vulkan driver (mesa-vulkan-drivers gives lavapipe)"))
-                })?;
+                let a = instance
+                    .request_adapter(&options)
+                    .await
+                    .map_err(|e| GpuError(format!("no GPU adapter found ({e}); on Linux install a Vulkan driver (mesa-vulkan-drivers gives lavapipe)")))?;
                 (list.iter().position(|b| b.get_info() == a.get_info()).unwrap_or(0), a)
             }
             Some(sel) => {

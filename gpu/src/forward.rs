@@ -101,9 +101,7 @@ pub(crate) fn compile_forward(
         p.label(op.name());
         match *op {
             Op::Embedding { wte, wpe, out, .. } => ops::embedding_forward(&mut p, a(out), ids(batch.tokens), w(wte), w(wpe), plan.seq, c),
-            Op::LayerNorm { x, out, mean, rstd, weight, bias, .. } => {
-                ops::layernorm_forward(&mut p, a(out), a(mean), a(rstd), a(x), w(weight), w(bias), c)
-            }
+            Op::LayerNorm { x, out, mean, rstd, weight, bias, .. } => ops::layernorm_forward(&mut p, a(out), a(mean), a(rstd), a(x), w(weight), w(bias), c),
             Op::Matmul { x, weight, bias, out, epilogue, k, m, .. } => {
                 let epi = match epilogue {
                     EpilogueSpan::None => Epilogue::None,

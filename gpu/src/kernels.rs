@@ -213,11 +213,8 @@ impl Kernels {
             .iter()
             .map(|&k| {
                 let (shader, entry, n) = k.spec();
-                let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                    label: None,
-                    bind_group_layouts: &[Some(&layouts[n])],
-                    immediate_size: 0,
-                });
+                let layout =
+                    device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: None, bind_group_layouts: &[Some(&layouts[n])], immediate_size: 0 });
                 device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(entry),
                     layout: Some(&layout),
@@ -348,11 +345,7 @@ impl<'a> ProgramBuilder<'a> {
                         gpu.check_size(&format!("a tensor of {}", p.kernel.name()), bytes(v.len), true)?;
                         wgpu::BufferBinding { buffer: v.buffer, offset: bytes(v.offset), size: NonZeroU64::new(bytes(v.len)) }
                     }
-                    _ => wgpu::BufferBinding {
-                        buffer: &kernels.dummy,
-                        offset: WORDS_STRIDE * (slot as u64 + 1),
-                        size: NonZeroU64::new(WORDS_STRIDE),
-                    },
+                    _ => wgpu::BufferBinding { buffer: &kernels.dummy, offset: WORDS_STRIDE * (slot as u64 + 1), size: NonZeroU64::new(WORDS_STRIDE) },
                 };
                 entries.push(wgpu::BindGroupEntry { binding: slot as u32 + 1, resource: wgpu::BindingResource::Buffer(binding) });
             }
@@ -423,11 +416,8 @@ impl Program {
     pub(crate) fn encode_timed(&self, kernels: &Kernels, enc: &mut wgpu::CommandEncoder, queries: &mut QueryCursor<'_>) {
         for d in &self.dispatches {
             let (set, begin) = queries.next_pair();
-            let timestamp_writes = wgpu::ComputePassTimestampWrites {
-                query_set: set,
-                beginning_of_pass_write_index: Some(begin),
-                end_of_pass_write_index: Some(begin + 1),
-            };
+            let timestamp_writes =
+                wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(begin), end_of_pass_write_index: Some(begin + 1) };
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(d.label), timestamp_writes: Some(timestamp_writes) });
             pass.set_pipeline(kernels.pipeline(d.kernel));
             pass.set_bind_group(0, &d.bind_group, &[]);

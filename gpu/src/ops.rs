@@ -59,7 +59,18 @@ pub fn weight_grad_scratch_len(n: usize, k: usize, m: usize) -> usize {
 /// with `splits` above 1, chunk `z` of the depth goes to slice `z` of `c` (`rows * cols`
 /// each), without epilogue.
 #[allow(clippy::too_many_arguments)]
-fn gemm<'a>(p: &mut ProgramBuilder<'a>, c: View<'a>, a: View<'a>, b: View<'a>, bias: Option<View<'a>>, aux: Option<View<'a>>, flags: u32, [rows, cols, depth]: [usize; 3], [a_rs, a_cs, b_rs, b_cs]: [usize; 4], splits: usize) {
+fn gemm<'a>(
+    p: &mut ProgramBuilder<'a>,
+    c: View<'a>,
+    a: View<'a>,
+    b: View<'a>,
+    bias: Option<View<'a>>,
+    aux: Option<View<'a>>,
+    flags: u32,
+    [rows, cols, depth]: [usize; 3],
+    [a_rs, a_cs, b_rs, b_cs]: [usize; 4],
+    splits: usize,
+) {
     let chunk = depth.div_ceil(splits);
     let words = [u(rows), u(cols), u(depth), flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(chunk)];
     p.push(Kernel::Matmul, &words, &[Some(a), Some(b), Some(c), bias, aux], [u(cols.div_ceil(64)), u(rows.div_ceil(64)), u(depth.div_ceil(chunk))]);
@@ -67,7 +78,16 @@ fn gemm<'a>(p: &mut ProgramBuilder<'a>, c: View<'a>, a: View<'a>, b: View<'a>, b
 
 /// Forward: `out [N, M] = epilogue(x [N, K] · w [M, K]ᵀ + bias [M])`.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, x: View<'a>, w: View<'a>, bias: Option<View<'a>>, epilogue: Epilogue<'a>, k: usize, m: usize) {
+pub fn matmul_forward<'a>(
+    p: &mut ProgramBuilder<'a>,
+    out: View<'a>,
+    x: View<'a>,
+    w: View<'a>,
+    bias: Option<View<'a>>,
+    epilogue: Epilogue<'a>,
+    k: usize,
+    m: usize,
+) {
     let n = x.len / k;
     let (aux, epi) = match epilogue {
         Epilogue::None => (None, 0),
@@ -173,7 +193,16 @@ pub fn attention_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, lse: Vie
 /// Causal attention backward: `dqkv [B, T, 3C]` (overwritten) from `dout [B, T, C]`, using
 /// `delta [B, NH, T]` as scratch.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_backward<'a>(p: &mut ProgramBuilder<'a>, dqkv: View<'a>, delta: View<'a>, dout: View<'a>, qkv: View<'a>, out: View<'a>, lse: View<'a>, s: AttentionShape) {
+pub fn attention_backward<'a>(
+    p: &mut ProgramBuilder<'a>,
+    dqkv: View<'a>,
+    delta: View<'a>,
+    dout: View<'a>,
+    qkv: View<'a>,
+    out: View<'a>,
+    lse: View<'a>,
+    s: AttentionShape,
+) {
     let (w, g) = (attention_words(s), attention_grid(s));
     p.push(Kernel::AttentionDelta, &w, &[Some(delta), Some(dout), Some(out)], g);
     let views = [Some(dqkv), Some(qkv), Some(dout), Some(lse), Some(delta)];
@@ -191,7 +220,16 @@ pub fn embedding_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, tokens: 
 /// rows grouped by token and `starts [V + 1]` where each token's rows begin (see
 /// [`group_rows_by_token`]).
 #[allow(clippy::too_many_arguments)]
-pub fn embedding_backward<'a>(p: &mut ProgramBuilder<'a>, dwte: View<'a>, dwpe: View<'a>, order: View<'a>, starts: View<'a>, dout: View<'a>, t: usize, c: usize) {
+pub fn embedding_backward<'a>(
+    p: &mut ProgramBuilder<'a>,
+    dwte: View<'a>,
+    dwpe: View<'a>,
+    order: View<'a>,
+    starts: View<'a>,
+    dout: View<'a>,
+    t: usize,
+    c: usize,
+) {
     let vocab = starts.len - 1;
     p.push(Kernel::EmbeddingBackwardWte, &[u(vocab), u(c)], &[Some(dwte), Some(order), Some(starts), Some(dout)], rows_grid(c.div_ceil(64), vocab));
     let batch = order.len / t;

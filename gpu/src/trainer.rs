@@ -330,7 +330,15 @@ impl GpuTrainer {
 }
 
 /// The backward walk of the tape (the residual gradient is zeroed before it runs).
-fn compile_backward(gpu: &Gpu, kernels: &Kernels, plan: &Plan, layout: &DeviceLayout, bufs: &Buffers, tape: &[Op], batch: BatchSlot) -> Result<Program, GpuError> {
+fn compile_backward(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    plan: &Plan,
+    layout: &DeviceLayout,
+    bufs: &Buffers,
+    tape: &[Op],
+    batch: BatchSlot,
+) -> Result<Program, GpuError> {
     let mut p = ProgramBuilder::default();
     let a = |s: Span| View::span(&bufs.acts, s);
     let w = |s: Span| View::span(&bufs.params, layout.device(s));
@@ -342,9 +350,7 @@ fn compile_backward(gpu: &Gpu, kernels: &Kernels, plan: &Plan, layout: &DeviceLa
     for op in tape.iter().rev() {
         p.label(op.name());
         match *op {
-            Op::Embedding { wte, wpe, dout, .. } => {
-                ops::embedding_backward(&mut p, g(wte), g(wpe), ids(batch.order), ids(batch.starts), a(dout), plan.seq, c)
-            }
+            Op::Embedding { wte, wpe, dout, .. } => ops::embedding_backward(&mut p, g(wte), g(wpe), ids(batch.order), ids(batch.starts), a(dout), plan.seq, c),
             Op::LayerNorm { x, dx, dout, mean, rstd, weight, bias, .. } => {
                 ops::layernorm_backward(&mut p, a(dx), g(weight), g(bias), partials, a(dout), a(x), a(mean), a(rstd), w(weight), c)
             }

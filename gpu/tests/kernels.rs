@@ -181,10 +181,7 @@ fn layernorm_forward_and_backward() {
 /// one 64-row tile and not a multiple of it.
 #[test]
 fn attention_forward_and_backward() {
-    for shape in [
-        AttentionShape { batch: 2, seq: 70, heads: 3, head_size: 5 },
-        AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 },
-    ] {
+    for shape in [AttentionShape { batch: 2, seq: 70, heads: 3, head_size: 5 }, AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 }] {
         let AttentionShape { batch, seq, heads, head_size } = shape;
         let c = heads * head_size;
         let n = batch * seq;
@@ -202,7 +199,16 @@ fn attention_forward_and_backward() {
         attention::backward(&Serial, &mut dqkv, &dout, &qkv, &out, &lse, &mut scratch, shape);
         let (gdqkv, gdout, gdelta) = (fresh(n * 3 * c), buffer(&dout), fresh(lse.len()));
         run(head_size, |p| {
-            ops::attention_backward(p, whole(&gdqkv, &dqkv), whole(&gdelta, &lse), whole(&gdout, &dout), whole(&gqkv, &qkv), whole(&gout, &out), whole(&glse, &lse), shape)
+            ops::attention_backward(
+                p,
+                whole(&gdqkv, &dqkv),
+                whole(&gdelta, &lse),
+                whole(&gdout, &dout),
+                whole(&gqkv, &qkv),
+                whole(&gout, &out),
+                whole(&glse, &lse),
+                shape,
+            )
         });
         assert_close(&format!("{shape:?} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, 1e-5);
     }
@@ -231,7 +237,9 @@ fn embedding_forward_and_backward() {
         assert_eq!(&order[starts[v] as usize..starts[v + 1] as usize], &rows[..], "rows of token {v}");
     }
     let (gdwte, gdwpe, gorder, gstarts, gdout) = (buffer(&wte), buffer(&wpe), buffer(&order), buffer(&starts), buffer(&dout));
-    run(8, |p| ops::embedding_backward(p, whole(&gdwte, &wte), whole(&gdwpe, &wpe), whole(&gorder, &order), whole(&gstarts, &starts), whole(&gdout, &dout), t, c));
+    run(8, |p| {
+        ops::embedding_backward(p, whole(&gdwte, &wte), whole(&gdwpe, &wpe), whole(&gorder, &order), whole(&gstarts, &starts), whole(&gdout, &dout), t, c)
+    });
     assert_eq!(download(&gdwte, dwte.len()), dwte, "dwte sums in the CPU's order");
     assert_eq!(download(&gdwpe, dwpe.len()), dwpe, "dwpe sums in the CPU's order");
 }

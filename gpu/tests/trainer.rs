@@ -2,13 +2,13 @@
 //! with gradient accumulation and clipping; evaluation; parameters round-tripping.
 
 use alpha_core::model::init_params;
+use alpha_core::model::{generate, SamplingConfig};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::Serial;
+use alpha_core::tape;
 use alpha_core::train::{OwnedMemory, TrainConfig};
 use alpha_core::{GptConfig, Plan, Rng};
 use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
-use alpha_core::model::{generate, SamplingConfig};
-use alpha_core::tape;
 
 fn setup() -> (Plan, TrainConfig, Vec<u32>) {
     // Head size 12 and T = 21: neither fills the kernels' tiles.

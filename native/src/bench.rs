@@ -162,14 +162,25 @@ fn print_table(r: &serde_json::Value) {
     };
     println!(
         "bench: {} layers, {} heads, {} embd, block {}, batch {}x{} ({} tokens/step), {:.2}M params, {on}",
-        c["n_layer"], c["n_head"], c["n_embd"], c["block_size"], r["batch"], r["grad_accum"], r["tokens_per_step"],
+        c["n_layer"],
+        c["n_head"],
+        c["n_embd"],
+        c["block_size"],
+        r["batch"],
+        r["grad_accum"],
+        r["tokens_per_step"],
         r["params"].as_f64().unwrap_or(0.0) / 1e6
     );
     let m = &r["ms_per_iter"];
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
         "  ms/iter       median {:.2}  mean {:.2}  min {:.2}  max {:.2}  ({} steps after {} warm-up)",
-        f(&m["median"]), f(&m["mean"]), f(&m["min"]), f(&m["max"]), r["iters"], r["warmup"]
+        f(&m["median"]),
+        f(&m["mean"]),
+        f(&m["min"]),
+        f(&m["max"]),
+        r["iters"],
+        r["warmup"]
     );
     println!("  tokens/s      {:.0}", f(&r["tokens_per_sec"]));
     let phases: Vec<String> = r["phases_ms"].as_object().into_iter().flatten().filter(|(_, v)| f(v) > 0.0).map(|(k, v)| format!("{k} {:.2}", f(v))).collect();

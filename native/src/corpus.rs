@@ -15,9 +15,7 @@ pub fn read_text(path: &Path, what: &str) -> Result<String, String> {
     if bytes.is_empty() {
         return Err(format!("{what} {} is empty", path.display()));
     }
-    String::from_utf8(bytes).map_err(|e| {
-        format!("{what} {} is not valid UTF-8 (invalid byte at offset {})", path.display(), e.utf8_error().valid_up_to())
-    })
+    String::from_utf8(bytes).map_err(|e| format!("{what} {} is not valid UTF-8 (invalid byte at offset {})", path.display(), e.utf8_error().valid_up_to()))
 }
 
 /// How errors name the text `data`: the embedded corpus, or `data file PATH`.

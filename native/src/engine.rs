@@ -8,9 +8,9 @@
 //! between two reads is still found.
 
 use crate::sample::{training_sample, TRAINING_SAMPLES};
-use alpha_core::model::Sampler;
 use crate::step::{timed_step, Phases};
 use crate::trace::Trace;
+use alpha_core::model::Sampler;
 use alpha_core::parallel::{Parallel, ThreadPool};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::{OwnedMemory, RunState, StepStats, TrainConfig, Trainer};
@@ -59,7 +59,14 @@ impl DeviceArgs {
 
     /// An engine for `plan` on the chosen backend, starting from `start`; on the CPU its
     /// arenas are allocated into `memory` and it runs on `pool`.
-    pub fn engine<'m>(&self, memory: &'m mut Option<OwnedMemory<f32>>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Engine<'m>, String> {
+    pub fn engine<'m>(
+        &self,
+        memory: &'m mut Option<OwnedMemory<f32>>,
+        pool: &'m ThreadPool,
+        plan: Plan,
+        cfg: TrainConfig,
+        start: RunState<f32>,
+    ) -> Result<Engine<'m>, String> {
         match self.backend {
             Backend::Cpu => Engine::cpu(memory.insert(OwnedMemory::new(&plan)), pool, plan, cfg, start),
             Backend::Gpu => Engine::gpu(self.open_gpu()?, plan, cfg, start),

@@ -3,8 +3,8 @@
 
 use crate::checkpoint;
 use crate::corpus::read_text;
-use crate::sample::context_len;
 use crate::engine::{Backend, DeviceArgs};
+use crate::sample::context_len;
 use alpha_core::parallel::ThreadPool;
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::OwnedMemory;

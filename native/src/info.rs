@@ -1,8 +1,8 @@
 //! `alpha-native info`: the machine and what a configuration will need, before a long run.
 
 use crate::bench::flops_per_token;
-use crate::peak::{cpu_model, peak, simd_features};
 use crate::engine::{Backend, DeviceArgs, StepError};
+use crate::peak::{cpu_model, peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, train_split};
 use crate::train::{load_corpus, ModelArgs};
 use alpha_core::gemm::f32_kernel_name;
@@ -116,25 +116,45 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     println!("peak       {:.1} GFLOP/s ({})", peak.gflops, peak.source);
     println!(
         "model      {} layers, {} heads, {} embd, block {}, vocab {}: {} parameters ({:.2}M), {:.2}M FLOPs/token",
-        config.n_layer, config.n_head, config.n_embd, config.block_size, config.vocab_size, plan.num_params(),
-        plan.num_params() as f64 / 1e6, flops_per_token(&plan) / 1e6
+        config.n_layer,
+        config.n_head,
+        config.n_embd,
+        config.block_size,
+        config.vocab_size,
+        plan.num_params(),
+        plan.num_params() as f64 / 1e6,
+        flops_per_token(&plan) / 1e6
     );
     let mm = &report["memory_mib"];
     println!(
         "memory     params {:.2} MiB, grads {:.2}, AdamW m {:.2}, v {:.2}, activations {:.2} (batch {}), total {:.2} MiB",
-        f(&mm["params"]), f(&mm["grads"]), f(&mm["adam_m"]), f(&mm["adam_v"]), f(&mm["activations"]), m.batch, f(&mm["total"])
+        f(&mm["params"]),
+        f(&mm["grads"]),
+        f(&mm["adam_m"]),
+        f(&mm["adam_v"]),
+        f(&mm["activations"]),
+        m.batch,
+        f(&mm["total"])
     );
     if !device.is_null() {
         println!(
             "GPU run    {} ({}): {:.2} MiB of device memory, {} kernels and 1 submit per step",
-            device["adapter"].as_str().unwrap_or("?"), device["backend"].as_str().unwrap_or("?"), f(&device["device_memory_mib"]), device["kernels_per_step"]
+            device["adapter"].as_str().unwrap_or("?"),
+            device["backend"].as_str().unwrap_or("?"),
+            f(&device["device_memory_mib"]),
+            device["kernels_per_step"]
         );
     }
     if !estimate.is_null() {
         println!(
             "estimate   {:.1} ms/iter on the {} (measured over {} steps); {} iters: {:.0} s training + {:.0} s evaluation = {:.1} min",
-            f(&estimate["ms_per_iter"]), report["backend"].as_str().unwrap_or("?"), args.measure_steps, args.iters, f(&estimate["training_s"]),
-            f(&estimate["evaluation_s"]), f(&estimate["run_s"]) / 60.0
+            f(&estimate["ms_per_iter"]),
+            report["backend"].as_str().unwrap_or("?"),
+            args.measure_steps,
+            args.iters,
+            f(&estimate["training_s"]),
+            f(&estimate["evaluation_s"]),
+            f(&estimate["run_s"]) / 60.0
         );
     }
     if adapters.is_empty() {
@@ -143,9 +163,14 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     for a in &adapters {
         println!(
             "GPU {:<6} {} ({}, {}; {}); features: {}; max buffer {:.0} MiB, max storage binding {:.0} MiB",
-            a.index, a.name, a.backend, a.device_type, a.driver,
+            a.index,
+            a.name,
+            a.backend,
+            a.device_type,
+            a.driver,
             if a.features.is_empty() { "none we use".to_string() } else { a.features.join(", ") },
-            a.max_buffer as f64 / 1048576.0, a.max_storage_binding as f64 / 1048576.0
+            a.max_buffer as f64 / 1048576.0,
+            a.max_storage_binding as f64 / 1048576.0
         );
     }
     Ok(())

@@ -51,9 +51,8 @@ pub fn simd_features() -> Vec<&'static str> {
 /// `$HOME/.cache/alpha`.
 fn cache_file() -> Option<PathBuf> {
     let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let dir = env("ALPHA_CACHE_DIR")
-        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("alpha")))
-        .or_else(|| env("HOME").map(|d| d.join(".cache").join("alpha")))?;
+    let dir =
+        env("ALPHA_CACHE_DIR").or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("alpha"))).or_else(|| env("HOME").map(|d| d.join(".cache").join("alpha")))?;
     Some(dir.join("peak.json"))
 }
 

@@ -6,9 +6,9 @@ use crate::corpus;
 use crate::engine::{DeviceArgs, Engine, StepError};
 use crate::step::Phases;
 use crate::trace::Trace;
+use alpha_core::rng::{derive_seed, stream};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::RunState;
-use alpha_core::rng::{derive_seed, stream};
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -185,12 +185,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         seed: args.seed,
     };
     let Some(path) = &args.resume else {
-        return Ok(Run {
-            config: args.model.config(0),
-            settings: fresh_settings,
-            chars: Vec::new(),
-            resume: None,
-        });
+        return Ok(Run { config: args.model.config(0), settings: fresh_settings, chars: Vec::new(), resume: None });
     };
     let ck = checkpoint::load(path)?;
     let Some((_, _, state)) = &ck.optimizer else {
@@ -304,9 +299,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
 
     let bar = ProgressBar::with_draw_target(Some(s.iters), ProgressDrawTarget::stderr());
     bar.set_style(
-        ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
-            .expect("static template")
-            .progress_chars("##-"),
+        ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}").expect("static template").progress_chars("##-"),
     );
     bar.set_position(start_step);
     let console = Console { bar };
@@ -325,8 +318,11 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         s.data
     ));
     let device = engine.device_json();
-    write_metrics(&mut metrics, json!({"type": "start", "step": start_step, "params": params_count,
-        "config": run.config, "settings": s, "device": device}))?;
+    write_metrics(
+        &mut metrics,
+        json!({"type": "start", "step": start_step, "params": params_count,
+        "config": run.config, "settings": s, "device": device}),
+    )?;
 
     let save = |engine: &Engine<'_>| -> Result<(), String> {
         let state = TrainState { step: engine.step_count(), rng_state: engine.rng().state().to_string(), settings: s.clone() };
@@ -405,8 +401,11 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             if console.bar.is_hidden() {
                 println!("step {step}: loss {:.4}, lr {:.3e}, grad norm {:.3}, {ms_per_step:.1} ms/step, {tok_s:.0} tok/s", st.loss, st.lr, st.grad_norm);
             }
-            write_metrics(&mut metrics, json!({"type": "train", "step": step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
-                "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n), "device": device}))?;
+            write_metrics(
+                &mut metrics,
+                json!({"type": "train", "step": step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
+                "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n), "device": device}),
+            )?;
             window = Phases::default();
             window_steps = 0;
             window_start = Instant::now();

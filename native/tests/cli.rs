@@ -68,9 +68,28 @@ fn help_explains_every_flag_with_its_default() {
     assert_ok(&o);
     let help = stdout(&o);
     for flag in [
-        "--data", "--out", "--iters", "--batch", "--block", "--layers", "--heads", "--embd", "--lr", "--min-lr", "--warmup",
-        "--weight-decay", "--grad-clip", "--grad-accum", "--seed", "--eval-interval", "--eval-iters", "--sample-interval",
-        "--checkpoint-interval", "--threads", "--resume", "--metrics",
+        "--data",
+        "--out",
+        "--iters",
+        "--batch",
+        "--block",
+        "--layers",
+        "--heads",
+        "--embd",
+        "--lr",
+        "--min-lr",
+        "--warmup",
+        "--weight-decay",
+        "--grad-clip",
+        "--grad-accum",
+        "--seed",
+        "--eval-interval",
+        "--eval-iters",
+        "--sample-interval",
+        "--checkpoint-interval",
+        "--threads",
+        "--resume",
+        "--metrics",
     ] {
         assert!(help.contains(flag), "train --help lacks {flag}");
     }
@@ -233,7 +252,9 @@ fn ctrl_c_saves_a_checkpoint_and_exits_zero() {
 /// at the next read of its statistics (here the checkpoint after the bad step).
 #[test]
 fn divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint() {
-    for (backend, message) in [("cpu", "training diverged at step 1: loss is NaN"), ("gpu", "training diverged at step 1: the loss or gradient norm was not finite")] {
+    for (backend, message) in
+        [("cpu", "training diverged at step 1: loss is NaN"), ("gpu", "training diverged at step 1: the loss or gradient norm was not finite")]
+    {
         let dir = workdir(&format!("nan-{backend}"));
         text_file(&dir);
         let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--lr", "1e30", "--warmup", "0", "--checkpoint-interval", "1", "--backend", backend];
@@ -306,8 +327,7 @@ fn sample_continues_the_prompt_deterministically() {
 fn metrics_hold_one_record_per_logged_step_with_timings() {
     let dir = workdir("metrics");
     train(&dir, &["--iters", "6", "--log-interval", "2", "--eval-interval", "3", "--eval-iters", "2", "--metrics", "m.jsonl"]);
-    let records: Vec<serde_json::Value> =
-        fs::read_to_string(dir.join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let records: Vec<serde_json::Value> = fs::read_to_string(dir.join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let of = |t: &str| records.iter().filter(|r| r["type"] == t).collect::<Vec<_>>();
     assert_eq!(of("start").len(), 1);
     let steps: Vec<u64> = of("train").iter().map(|r| r["step"].as_u64().unwrap()).collect();
@@ -557,7 +577,8 @@ fn gpu_eval_and_sample_match_the_cpu() {
     let (c, g) = (c["loss"].as_f64().unwrap(), g["loss"].as_f64().unwrap());
     assert!((c - g).abs() <= 1e-5 * c, "eval loss CPU {c}, GPU {g}");
     let sample = |backend: &str| {
-        let o = run(&dir, &["sample", "--checkpoint", "out/ckpt.safetensors", "--prompt", "ROMEO:", "--tokens", "30", "--temperature", "0", "--backend", backend]);
+        let o =
+            run(&dir, &["sample", "--checkpoint", "out/ckpt.safetensors", "--prompt", "ROMEO:", "--tokens", "30", "--temperature", "0", "--backend", backend]);
         assert_ok(&o);
         stdout(&o)
     };

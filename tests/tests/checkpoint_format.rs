@@ -78,12 +78,8 @@ fn tensors_are_nanogpt_state_dict_and_round_trip_exactly() {
 
     let bytes = std::fs::read(&path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let model: BTreeMap<String, Vec<usize>> = st
-        .tensors()
-        .into_iter()
-        .filter(|(name, _)| !name.starts_with("optimizer."))
-        .map(|(name, view)| (name, view.shape().to_vec()))
-        .collect();
+    let model: BTreeMap<String, Vec<usize>> =
+        st.tensors().into_iter().filter(|(name, _)| !name.starts_with("optimizer.")).map(|(name, view)| (name, view.shape().to_vec())).collect();
     assert_eq!(model, nanogpt_state_dict());
     assert_eq!(st.len(), 3 * model.len(), "params plus two moments per tensor");
     let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();

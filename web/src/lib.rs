@@ -21,9 +21,9 @@ mod engine;
 mod options;
 
 use alpha_core::checkpoint::{self, TrainSettings, TrainState};
-use alpha_core::train::RunState;
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
 use engine::Engine;
 use options::{BackendChoice, Options};
@@ -109,9 +109,7 @@ impl Trainer {
         let ck = checkpoint::from_bytes(&bytes).map_err(js_error)?;
         let tok = CharTokenizer::new(ck.chars.clone()).map_err(js_error)?;
         let (moments, step, rng, mut settings) = match ck.optimizer {
-            Some((m, v, state)) => {
-                (Some((m, v)), state.step, state.rng().map_err(js_error)?, state.settings)
-            }
+            Some((m, v, state)) => (Some((m, v)), state.step, state.rng().map_err(js_error)?, state.settings),
             // Weights only: a fresh optimizer with this page's settings.
             None => (None, 0, Rng::new(derive_seed(opts.seed, stream::BATCHES, 0)), opts.settings()),
         };

@@ -206,16 +206,7 @@ unsafe fn gemm_b_strided<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, 
 /// Backward: writes (overwrites) `dqkv [B, T, 3C]` from `dout [B, T, C]`, using the forward's
 /// `out` and `lse`. Each (batch, head) pair is one task, so no two tasks touch one element.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<T: Float>(
-    par: &dyn Parallel,
-    dqkv: &mut [T],
-    dout: &[T],
-    qkv: &[T],
-    out: &[T],
-    lse: &[T],
-    scratch: &mut [T],
-    s: AttentionShape,
-) {
+pub fn backward<T: Float>(par: &dyn Parallel, dqkv: &mut [T], dout: &[T], qkv: &[T], out: &[T], lse: &[T], scratch: &mut [T], s: AttentionShape) {
     let (t, hs, c) = (s.seq, s.head_size, s.c());
     assert!(dqkv.len() == qkv.len() && dout.len() == out.len() && qkv.len() == s.batch * t * 3 * c);
     assert!(scratch.len() >= s.scratch_len());
@@ -343,8 +334,7 @@ mod tests {
             for h in 0..s.heads {
                 for i in 0..t {
                     let at = |r: usize, part: usize, d: usize| qkv[(b * t + r) * 3 * c + part * c + h * hs + d];
-                    let scores: Vec<f64> =
-                        (0..=i).map(|j| (0..hs).map(|d| at(i, 0, d) * at(j, 1, d)).sum::<f64>() / (hs as f64).sqrt()).collect();
+                    let scores: Vec<f64> = (0..=i).map(|j| (0..hs).map(|d| at(i, 0, d) * at(j, 1, d)).sum::<f64>() / (hs as f64).sqrt()).collect();
                     let z: f64 = scores.iter().map(|s| s.exp()).sum();
                     assert!((lse[(b * s.heads + h) * t + i] - z.ln()).abs() < 1e-12);
                     for d in 0..hs {

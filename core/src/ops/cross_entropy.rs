@@ -9,14 +9,7 @@ use crate::simd::wide_dispatch;
 ///
 /// With `Some(scale)` every logits row is replaced by `scale * (softmax(row) - onehot(target))`,
 /// the gradient of `scale * Σ losses`; use `scale = 1 / N` for the mean loss.
-pub fn forward<T: Float>(
-    par: &dyn Parallel,
-    losses: &mut [T],
-    logits: &mut [T],
-    targets: &[u32],
-    v: usize,
-    grad_scale: Option<T>,
-) {
+pub fn forward<T: Float>(par: &dyn Parallel, losses: &mut [T], logits: &mut [T], targets: &[u32], v: usize, grad_scale: Option<T>) {
     let n = targets.len();
     assert!(losses.len() == n && logits.len() == n * v);
     let tasks = par.threads().min(n).max(1);

@@ -32,9 +32,7 @@ pub fn backward<T: Float>(par: &dyn Parallel, dwte: &mut [T], dwpe: &mut [T], do
         for (i, &tok) in tokens.iter().enumerate() {
             let d = &dout[i * c + cols.start..i * c + cols.end];
             // SAFETY: tasks own disjoint column ranges of every row.
-            let (wt, wp) = unsafe {
-                (dwte_ptr.slice(tok as usize * c + cols.start, cols.len()), dwpe_ptr.slice((i % t) * c + cols.start, cols.len()))
-            };
+            let (wt, wp) = unsafe { (dwte_ptr.slice(tok as usize * c + cols.start, cols.len()), dwpe_ptr.slice((i % t) * c + cols.start, cols.len())) };
             for ((a, b), &g) in wt.iter_mut().zip(wp.iter_mut()).zip(d) {
                 *a += g;
                 *b += g;

@@ -28,10 +28,7 @@ pub fn assert_close(what: &str, analytic: &[f64], numeric: &[f64]) {
     assert_eq!(analytic.len(), numeric.len(), "{what}: length");
     let scale = numeric.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
     for (i, (a, n)) in analytic.iter().zip(numeric).enumerate() {
-        assert!(
-            (a - n).abs() <= 1e-6 * scale,
-            "{what}[{i}]: analytic {a} vs numeric {n} (scale {scale})"
-        );
+        assert!((a - n).abs() <= 1e-6 * scale, "{what}[{i}]: analytic {a} vs numeric {n} (scale {scale})");
     }
 }
 

@@ -10,16 +10,7 @@ pub const EPS: f64 = 1e-5;
 
 /// Forward. `x, out [N, C]`; saves per-row `mean [N]` and `rstd [N]` for backward.
 #[allow(clippy::too_many_arguments)]
-pub fn forward<T: Float>(
-    par: &dyn Parallel,
-    out: &mut [T],
-    mean: &mut [T],
-    rstd: &mut [T],
-    x: &[T],
-    w: &[T],
-    b: &[T],
-    c: usize,
-) {
+pub fn forward<T: Float>(par: &dyn Parallel, out: &mut [T], mean: &mut [T], rstd: &mut [T], x: &[T], w: &[T], b: &[T], c: usize) {
     let n = mean.len();
     let tasks = par.threads().min(n);
     let (out_p, mean_p, rstd_p) = (SharedMut(out.as_mut_ptr()), SharedMut(mean.as_mut_ptr()), SharedMut(rstd.as_mut_ptr()));

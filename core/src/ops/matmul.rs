@@ -125,17 +125,7 @@ pub fn scratch_len(k: usize, m: usize) -> usize {
 /// GEMM's panels, which every row block reads (packing them per row block cost 5% of
 /// forward's time).
 #[allow(clippy::too_many_arguments)]
-pub fn forward<T: Float>(
-    par: &dyn Parallel,
-    wt: &mut [T],
-    out: &mut [T],
-    x: &[T],
-    w: &[T],
-    bias: Option<&[T]>,
-    epilogue: Epilogue<'_, T>,
-    k: usize,
-    m: usize,
-) {
+pub fn forward<T: Float>(par: &dyn Parallel, wt: &mut [T], out: &mut [T], x: &[T], w: &[T], bias: Option<&[T]>, epilogue: Epilogue<'_, T>, k: usize, m: usize) {
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && out.len() == n * m, "matmul forward: shape mismatch");
     pack_panels(w, BLayout::Transposed, k, m, wt);
