@@ -802,21 +802,14 @@ pub fn f32_kernel_name() -> &'static str {
     }
 }
 
-/// The fastest f32 kernel this CPU runs.
+/// The fastest f32 kernel this CPU runs (x86-64: the one for [`crate::simd::width`]).
 pub(crate) fn f32_kernel() -> Kernel<f32> {
-    #[cfg(all(target_arch = "x86_64", feature = "std"))]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            return Kernel { mr: 12, nr: 32, gemm: gemm_avx512 };
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return Kernel { mr: 6, nr: 16, gemm: gemm_avx2 };
-        }
+    #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
+    match crate::simd::width() {
+        crate::simd::Width::Avx512 => return Kernel { mr: 12, nr: 32, gemm: gemm_avx512 },
+        crate::simd::Width::Avx2 => return Kernel { mr: 6, nr: 16, gemm: gemm_avx2 },
+        crate::simd::Width::Baseline => {}
     }
-    #[cfg(all(target_arch = "x86_64", not(feature = "std"), target_feature = "avx512f"))]
-    return Kernel { mr: 12, nr: 32, gemm: gemm_avx512 };
-    #[cfg(all(target_arch = "x86_64", not(feature = "std"), not(target_feature = "avx512f"), target_feature = "avx2", target_feature = "fma"))]
-    return Kernel { mr: 6, nr: 16, gemm: gemm_avx2 };
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     return Kernel { mr: WASM_MR, nr: WASM_NR, gemm: gemm_wasm };
     #[allow(unreachable_code)]

@@ -6,7 +6,8 @@
 //! contraction, and sums in the order the code spells out), so results are bit-identical
 //! whichever runs.
 
-/// The widest vector extension the element-wise loops are compiled for that this CPU has.
+/// The widest vector extension this CPU has of those Alpha's kernels are compiled for: the
+/// element-wise loops ([`wide_dispatch!`]) and the GEMM's micro-kernel both follow it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Width {
     /// AVX-512 (F, DQ, VL, BW): 16 f32 lanes.
@@ -17,15 +18,27 @@ pub enum Width {
     Baseline,
 }
 
-/// The [`Width`] the element-wise loops run at here.
+/// The [`Width`] the kernels run at here: detected at run time with `std`, else what the
+/// build enables.
 #[inline]
 pub fn width() -> Width {
     #[cfg(all(target_arch = "x86_64", feature = "std"))]
     {
-        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512dq") {
+        use std::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512dq") && has!("avx512vl") && has!("avx512bw") {
             return Width::Avx512;
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if has!("avx2") && has!("fma") {
+            return Width::Avx2;
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", feature = "std")))]
+    {
+        if cfg!(all(target_arch = "x86_64", target_feature = "avx512f", target_feature = "avx512dq", target_feature = "avx512vl", target_feature = "avx512bw"))
+        {
+            return Width::Avx512;
+        }
+        if cfg!(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")) {
             return Width::Avx2;
         }
     }
