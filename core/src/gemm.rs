@@ -286,7 +286,6 @@ const IN_PLACE_GROUP_STRIDE: usize = 1024;
 /// # Safety
 /// As [`GemmFn`]; the loops must run on this CPU.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn dispatch_layout<T: Float>(loops: [GemmFn<T>; 3], p: Product<T>) {
     if p.m == 0 || p.n == 0 {
         return;
