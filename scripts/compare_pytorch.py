@@ -9,9 +9,12 @@ Configurations:
                                      [--backend cpu|gpu]
 
 Alpha runs `alpha-native bench --json` (steady state: training steps only); PyTorch runs the
-same model and step (AdamW, clip 1.0) from scripts/nanogpt_reference.py. `--backend gpu` runs
-Alpha with `--backend gpu` and PyTorch on CUDA (fp32; both wait for each step's end); the
-thread count does not apply there. Needs a release build (cargo build --release) and:
+same model and step (AdamW, clip 1.0) from scripts/nanogpt_reference.py. Each row also shows
+the range of the rounds' own ratios (how far the machine's noise moves them), and with more
+than one thread count the speed-up from the fewest to the most threads is printed for both.
+`--backend gpu` runs Alpha with `--backend gpu` and PyTorch on CUDA (fp32; both wait for each
+step's end); the thread count does not apply there. Needs a release build (cargo build
+--release) and:
 pip install torch numpy safetensors
 """
 import argparse
@@ -61,12 +64,15 @@ def main():
     p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     args = p.parse_args()
     threads_list = [1] if args.backend == "gpu" else args.threads
-    print("| config | threads | Alpha ms/iter | Alpha tok/s | PyTorch ms/iter | PyTorch tok/s | Alpha speed vs PyTorch |")
-    print("|---|---|---|---|---|---|---|")
+    print("| config | threads | Alpha ms/iter | Alpha tok/s | PyTorch ms/iter | PyTorch tok/s | Alpha speed vs PyTorch |"
+          " per-round ratios |")
+    print("|---|---|---|---|---|---|---|---|")
     impl, on = "pytorch", "cpu"
+    scaling = []
     for name in args.configs:
         c = dict(CONFIGS[name], **(GPU_STEPS if args.backend == "gpu" else {}))
         tokens = c["batch"] * c["block"]
+        medians = {}
         for threads in threads_list:
             alpha, torch = [], []
             for _ in range(args.rounds):
@@ -75,11 +81,20 @@ def main():
                 ms, impl = pytorch_ms(c, threads, args.backend)
                 torch.append(ms)
             a, t = statistics.median(alpha), statistics.median(torch)
+            medians[threads] = (a, t)
+            # Each round's PyTorch time over the Alpha time just before it: how far the
+            # machine's noise moves the ratio.
+            ratios = sorted(tb / ab for ab, tb in zip(alpha, torch))
             shown = "-" if args.backend == "gpu" else threads
-            print(f"| {name} | {shown} | {a:.1f} | {tokens / a * 1e3:.0f} | {t:.1f} | {tokens / t * 1e3:.0f} | {t / a:.2f}x |",
-                  flush=True)
+            print(f"| {name} | {shown} | {a:.1f} | {tokens / a * 1e3:.0f} | {t:.1f} | {tokens / t * 1e3:.0f} | {t / a:.2f}x |"
+                  f" {ratios[0]:.2f}x-{ratios[-1]:.2f}x |", flush=True)
+        if len(medians) > 1:
+            lo, hi = min(medians), max(medians)
+            scaling.append(f"{name} {lo} -> {hi} threads: Alpha {medians[lo][0] / medians[hi][0]:.2f}x,"
+                           f" PyTorch {medians[lo][1] / medians[hi][1]:.2f}x")
     print(f"(Alpha on {on}; {impl}; medians of {args.rounds} alternating rounds; per round: median step time)")
-
+    for line in scaling:
+        print(f"Scaling, {line}")
 
 if __name__ == "__main__":
     main()
