@@ -115,7 +115,16 @@ mod pool {
     impl ThreadPool {
         /// A pool running tasks on `threads` threads in total (the caller plus `threads - 1`
         /// workers). `threads` of 0 is treated as 1.
+        ///
+        /// # Panics
+        /// If the operating system refuses a thread (see [`ThreadPool::try_new`]).
         pub fn new(threads: usize) -> Self {
+            Self::try_new(threads).expect("spawning a worker thread")
+        }
+
+        /// [`ThreadPool::new`], or the operating system's error when it refuses a thread
+        /// (the workers already started are stopped).
+        pub fn try_new(threads: usize) -> std::io::Result<Self> {
             let shared = Arc::new(Shared {
                 job: Mutex::new(None),
                 wake: Condvar::new(),
@@ -123,13 +132,13 @@ mod pool {
                 busy: AtomicUsize::new(0),
                 worker_panicked: AtomicBool::new(false),
             });
-            let workers = (1..threads.max(1))
-                .map(|i| {
-                    let shared = Arc::clone(&shared);
-                    std::thread::Builder::new().name(format!("alpha-worker-{i}")).spawn(move || worker(&shared, i, threads)).expect("spawning a worker thread")
-                })
-                .collect();
-            ThreadPool { shared, workers, run_lock: Mutex::new(()) }
+            let mut pool = ThreadPool { shared, workers: Vec::new(), run_lock: Mutex::new(()) };
+            for i in 1..threads.max(1) {
+                let shared = Arc::clone(&pool.shared);
+                // On an error `pool` is dropped, which stops and joins the workers so far.
+                pool.workers.push(std::thread::Builder::new().name(format!("alpha-worker-{i}")).spawn(move || worker(&shared, i, threads))?);
+            }
+            Ok(pool)
         }
     }
 

@@ -68,6 +68,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let config: GptConfig = m.config(tok.vocab_size());
     let plan = Plan::new(config, m.batch, m.block).map_err(|e| e.to_string())?;
     args.device.check()?;
+    crate::memory::check(&plan, args.device.backend)?;
     if args.device.backend == Backend::Gpu && args.no_phases {
         return Err("--no-phases measures the CPU's phase clocks; a GPU step has none inside it".into());
     }

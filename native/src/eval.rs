@@ -62,6 +62,7 @@ pub fn evaluate(checkpoint: &Path, text: &Path, block: Option<usize>, batch: usi
     }
     let b = batch.min(windows);
     let plan = Plan::new(ck.config, b, t).map_err(|e| e.to_string())?;
+    crate::memory::check(&plan, device.backend)?;
     let mut model = Forward::new(device, plan, ck.params)?;
     let (mut x, mut y) = (vec![0; plan.tokens()], vec![0; plan.tokens()]);
     let mut total = 0.0f64;

@@ -59,9 +59,11 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "activations": mib(plan.acts_len()), "batch": mib(2 * plan.tokens()),
         "total": mib(4 * p + plan.acts_len() + 2 * plan.tokens()),
     });
+    // A run that cannot fit is described, not measured.
+    let fits = crate::memory::check(&plan, args.device.backend);
     let mut estimate = serde_json::Value::Null;
     let mut device = serde_json::Value::Null;
-    if args.measure_steps > 0 {
+    if args.measure_steps > 0 && fits.is_ok() {
         let train = train_split(&plan, &ids)?;
         let mut cpu_memory = None;
         let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, bench_train_config(1), fresh_start(&plan))?;
@@ -101,6 +103,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "params": plan.num_params(),
         "flops_per_token": flops_per_token(&plan),
         "memory_mib": memory,
+        "memory_error": fits.as_ref().err(),
         "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
         "device": device,
         "estimate": estimate,
@@ -136,6 +139,9 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         m.batch,
         f(&mm["total"])
     );
+    if let Err(e) = &fits {
+        println!("estimate   not measured: {e}");
+    }
     if !device.is_null() {
         println!(
             "GPU run    {} ({}): {:.2} MiB of device memory, {} kernels and 1 submit per step",

@@ -256,6 +256,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     }
     let plan = Plan::new(run.config, s.batch, block).map_err(|e| e.to_string())?;
     args.device.check()?;
+    crate::memory::check(&plan, args.device.backend)?;
 
     let ckpt_path = args.out.join(CHECKPOINT_FILE);
     let resuming_in_place = args.resume.as_ref().is_some_and(|r| same_file(r, &ckpt_path));

@@ -127,6 +127,11 @@ fn bad_training_input_is_a_clear_error() {
     check(&["--data", "text.txt", "--block", "0"], "block_size must be at least 1");
     check(&["--data", "text.txt", "--iters", "0"], "--iters must be at least 1");
     check(&["--data", "text.txt", "--threads", "0"], "--threads must be at least 1");
+    check(&["--data", "text.txt", "--threads", "5000"], "--threads 5000 is more than 1024");
+    // Petabytes of activations: refused before any allocation (which would abort), and
+    // before the output directory is made.
+    check(&["--data", "text.txt", "--batch", "100000000000", "--out", "never"], "of memory (model state");
+    assert!(!dir.join("never").exists());
     check(&["--data", "text.txt", "--grad-accum", "0"], "--grad-accum must be at least 1");
     check(&["--data", "text.txt", "--lr=-1"], "--lr must be a positive number");
     check(&["--data", "text.txt", "--beta2", "1"], "--beta1 and --beta2 must be below 1");
@@ -444,6 +449,14 @@ fn info_reports_machine_memory_and_estimate_and_caches_the_peak() {
     assert!(f(&e["ms_per_iter"]) > 0.0 && f(&e["ms_per_eval_batch"]) > 0.0);
     assert!((f(&e["training_s"]) - f(&e["ms_per_iter"]) * 100.0 / 1e3).abs() < 1e-9);
     assert!((f(&e["run_s"]) - f(&e["training_s"]) - f(&e["evaluation_s"])).abs() < 1e-9);
+    assert!(first["memory_error"].is_null());
+    // A run too large for the machine is described, with why it is not measured.
+    let mut args = vec!["info", "--data", "text.txt", "--json", "--measure-steps", "2", "--peak-gflops", "1"];
+    args.extend(TINY);
+    args.extend(["--batch", "100000000000"]);
+    let huge = json_of(&Command::new(BIN).args(&args).current_dir(&dir).output().unwrap());
+    assert!(huge["estimate"].is_null() && f(&huge["memory_mib"]["activations"]) > 1e9);
+    assert!(huge["memory_error"].as_str().unwrap().contains("but this machine has"), "{huge}");
     // The second run reuses the measured peak.
     let second = info();
     assert_eq!(second["peak_source"], "cached");

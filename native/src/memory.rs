@@ -1,0 +1,109 @@
+//! Whether a run fits in this machine's memory, checked before anything is allocated: an
+//! allocation the system refuses aborts the process without a word, and one it grants on
+//! overcommit gets the process killed halfway through the first step.
+
+use crate::engine::Backend;
+use alpha_core::Plan;
+
+/// Bytes of host memory a run of `plan` needs, split as (model state, activations and batch).
+/// Model state: the parameters, their gradients and both AdamW moments, plus up to three
+/// more copies of the parameters' size while a run starts or writes a checkpoint; on a GPU
+/// the device holds the working copies, the host the run state and checkpoint copies.
+/// Activations (with the backward's scratch) and the batch live on the device on a GPU.
+pub fn host_bytes(plan: &Plan, backend: Backend) -> (u128, u128) {
+    let f32s = |n: usize| n as u128 * 4;
+    let p = f32s(plan.params_len());
+    match backend {
+        Backend::Cpu => (7 * p, f32s(plan.acts_len()) + f32s(2 * plan.tokens())),
+        Backend::Gpu => (4 * p, 0),
+    }
+}
+
+/// Bytes the system can still give this process: available memory plus free swap, from
+/// Linux's `/proc/meminfo`; `None` elsewhere (or where it cannot be read).
+pub fn available_bytes() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| info.lines().find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse::<u128>().ok());
+    Some((kib("MemAvailable:")? + kib("SwapFree:").unwrap_or(0)) * 1024)
+}
+
+/// An error saying what a run of `plan` needs and what the machine has, when the first is
+/// larger; `Ok` where the available memory is unknown.
+pub fn check(plan: &Plan, backend: Backend) -> Result<(), String> {
+    match available_bytes() {
+        Some(available) => check_against(plan, backend, available),
+        None => Ok(()),
+    }
+}
+
+fn check_against(plan: &Plan, backend: Backend, available: u128) -> Result<(), String> {
+    let (state, activations) = host_bytes(plan, backend);
+    let need = state + activations;
+    if need <= available {
+        return Ok(());
+    }
+    let detail = match backend {
+        Backend::Cpu => format!("model state {}, activations {} for a batch of {} x {} tokens", size(state), size(activations), plan.batch, plan.seq),
+        Backend::Gpu => "the run state and checkpoint copies of the model".to_string(),
+    };
+    Err(format!(
+        "this run needs {} of memory ({detail}) but this machine has {} available; use a smaller --batch, --block, --layers or --embd",
+        size(need),
+        size(available)
+    ))
+}
+
+/// `bytes` in the largest binary unit that keeps it at least 1 (one decimal).
+fn size(bytes: u128) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alpha_core::GptConfig;
+
+    fn plan(batch: usize) -> Plan {
+        let config = GptConfig { vocab_size: 65, block_size: 64, n_layer: 2, n_head: 2, n_embd: 32 };
+        Plan::new(config, batch, 64).unwrap()
+    }
+
+    #[test]
+    fn a_run_larger_than_the_memory_is_refused_with_both_sizes() {
+        let p = plan(4);
+        let (state, acts) = host_bytes(&p, Backend::Cpu);
+        assert!(state > 0 && acts > 0);
+        assert_eq!(check_against(&p, Backend::Cpu, state + acts), Ok(()));
+        let err = check_against(&p, Backend::Cpu, state + acts - 1).unwrap_err();
+        assert!(err.contains(&format!("needs {}", size(state + acts))) && err.contains("for a batch of 4 x 64 tokens"), "{err}");
+        // On a GPU the activations are on the device.
+        assert_eq!(host_bytes(&p, Backend::Gpu).1, 0);
+        assert!(host_bytes(&plan(400), Backend::Cpu).1 > 50 * acts);
+    }
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(size(1000), "1000 bytes");
+        assert_eq!(size(1536), "1.5 KiB");
+        assert_eq!(size(3 << 30), "3.0 GiB");
+        assert_eq!(size(u128::MAX), format!("{:.1} EiB", u128::MAX as f64 / (1u128 << 60) as f64));
+    }
+
+    #[test]
+    fn this_machine_reports_its_memory() {
+        if cfg!(target_os = "linux") {
+            assert!(available_bytes().is_some_and(|b| b > 0));
+        }
+    }
+}
