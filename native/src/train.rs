@@ -427,7 +427,8 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         t.finish()?;
     }
     console.bar.finish_and_clear();
-    println!("done: {} steps; checkpoint saved to {}", engine.step_count(), ckpt_path.display());
+    let steps = engine.step_count();
+    println!("done: {steps} step{}; checkpoint saved to {}", if steps == 1 { "" } else { "s" }, ckpt_path.display());
     Ok(())
 }
 
