@@ -10,7 +10,7 @@ use alpha_core::Plan;
 /// more copies of the parameters' size while a run starts or writes a checkpoint; on a GPU
 /// the device holds the working copies, the host the run state and checkpoint copies.
 /// Activations (with the backward's scratch) and the batch live on the device on a GPU.
-pub fn host_bytes(plan: &Plan, backend: Backend) -> (u128, u128) {
+fn host_bytes(plan: &Plan, backend: Backend) -> (u128, u128) {
     let f32s = |n: usize| n as u128 * 4;
     let p = f32s(plan.params_len());
     match backend {
@@ -21,7 +21,7 @@ pub fn host_bytes(plan: &Plan, backend: Backend) -> (u128, u128) {
 
 /// Bytes the system can still give this process: available memory plus free swap, from
 /// Linux's `/proc/meminfo`; `None` elsewhere (or where it cannot be read).
-pub fn available_bytes() -> Option<u128> {
+fn available_bytes() -> Option<u128> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib = |key: &str| info.lines().find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse::<u128>().ok());
     Some((kib("MemAvailable:")? + kib("SwapFree:").unwrap_or(0)) * 1024)
@@ -46,11 +46,7 @@ fn check_against(plan: &Plan, backend: Backend, available: u128) -> Result<(), S
         Backend::Cpu => format!("model state {}, activations {} for a batch of {} x {} tokens", size(state), size(activations), plan.batch, plan.seq),
         Backend::Gpu => "the run state and checkpoint copies of the model".to_string(),
     };
-    Err(format!(
-        "this run needs {} of memory ({detail}) but this machine has {} available; use a smaller --batch, --block, --layers or --embd",
-        size(need),
-        size(available)
-    ))
+    Err(format!("this run needs {} of memory ({detail}) but this machine has {} available; use a smaller batch, block or model", size(need), size(available)))
 }
 
 /// `bytes` in the largest binary unit that keeps it at least 1 (one decimal).
