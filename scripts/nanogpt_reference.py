@@ -139,7 +139,7 @@ def cmd_bench(args):
     ms = statistics.median(times) * 1e3
     on = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(json.dumps({"impl": f"pytorch {torch.__version__} eager", "device": on, "threads": args.threads, "ms_per_iter": ms,
-                      "tokens_per_sec": B * T / ms * 1e3, "iters": args.iters}))
+                      "tokens_per_sec": B * T / ms * 1e3, "iters": args.iters, "step_ms": [t * 1e3 for t in times]}))
 
 
 def main():

@@ -82,8 +82,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     };
     let mut cpu_memory = None;
     let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, cfg, start)?;
-    let (mut ms, phases) = timed_steps(args, &mut engine, train)?;
+    let (steps_ms, phases) = timed_steps(args, &mut engine, train)?;
     let device = engine.device_json();
+    let mut ms = steps_ms.clone();
     ms.sort_by(f64::total_cmp);
     let median = if ms.len() % 2 == 1 { ms[ms.len() / 2] } else { (ms[ms.len() / 2 - 1] + ms[ms.len() / 2]) / 2.0 };
     let tokens_per_step = plan.tokens() * args.grad_accum;
@@ -104,6 +105,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         "iters": args.iters,
         "warmup": args.warmup,
         "ms_per_iter": {"median": median, "mean": mean, "min": ms[0], "max": ms[ms.len() - 1]},
+        "step_ms": steps_ms,
         "tokens_per_sec": tokens_per_sec,
         "phases_ms": (!args.no_phases).then(|| phases.json_ms(args.iters as f64)),
         "achieved_gflops": achieved,

@@ -377,6 +377,11 @@ fn bench_json_is_complete_and_consistent() {
     let ms = &r["ms_per_iter"];
     let (median, mean, min, max) = (f(&ms["median"]), f(&ms["mean"]), f(&ms["min"]), f(&ms["max"]));
     assert!(0.0 < min && min <= median && median <= max && min <= mean && mean <= max, "{ms}");
+    // Every timed step, in order: the summary is theirs.
+    let steps: Vec<f64> = r["step_ms"].as_array().unwrap().iter().map(f).collect();
+    assert_eq!(steps.len(), 6);
+    assert!((steps.iter().sum::<f64>() / 6.0 - mean).abs() < 1e-9 && steps.iter().all(|&s| min <= s && s <= max), "{steps:?}");
+    assert_eq!(steps.iter().copied().fold(f64::INFINITY, f64::min), min);
     assert_eq!(r["tokens_per_step"], 4 * 16);
     assert!((f(&r["tokens_per_sec"]) * median / 1e3 - 64.0).abs() < 1e-6);
     let phases = r["phases_ms"].as_object().unwrap();
