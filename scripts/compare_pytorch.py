@@ -1,16 +1,23 @@
-"""Side-by-side training speed of Alpha and PyTorch eager in one run, alternating the two so
-that machine noise hits both; prints a Markdown table of medians and the speed ratio.
+"""Side-by-side training speed of Alpha and PyTorch eager in one run, alternating the two in
+short rounds so that machine noise hits both alike; prints a Markdown table of the median step
+time over all rounds' steps and the speed ratio.
 
 Configurations:
   small  nanoGPT's Shakespeare-char CPU run: 4 layers, 4 heads, 128 embd, block 64, batch 12
   baby   nanoGPT's "baby GPT": 6 layers, 6 heads, 384 embd, block 256, batch 64
 
-  python3 scripts/compare_pytorch.py [--configs small baby] [--threads 1 2] [--rounds 3]
+  python3 scripts/compare_pytorch.py [--configs small baby] [--threads 1 2] [--rounds N]
                                      [--backend cpu|gpu]
 
 Alpha runs `alpha-native bench --json` (steady state: training steps only); PyTorch runs the
-same model and step (AdamW, clip 1.0) from scripts/nanogpt_reference.py. Each row also shows
-the range of the rounds' own ratios (how far the machine's noise moves them), and with more
+same model and step (AdamW, clip 1.0) from scripts/nanogpt_reference.py. Both report every
+timed step; each side's figure is the median of its steps from all rounds. Rounds are short
+(the small config: 10 rounds of 20 steps after 10 warm-up) because a shared machine's speed
+drifts in phases of seconds (on the 2-core EPYC VM of the README, a one-thread small step took
+~64 ms for a while, then ~88 ms for a dozen steps): long rounds let one side draw more slow
+phases than the other. Each row also shows the range of the rounds' own ratios (of their
+medians: how far the noise moves a single round) and the ratio of the two sides' 10th
+percentiles (the fastest tenth of the steps: the machine's slow phases left out), and with more
 than one thread count the speed-up from the fewest to the most threads is printed for both.
 `--backend gpu` runs Alpha with `--backend gpu` and PyTorch on CUDA (fp32; both wait for each
 step's end); the thread count does not apply there. Needs a release build (cargo build
@@ -27,8 +34,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHA = os.path.join(ROOT, "target", "release", "alpha-native")
 CONFIGS = {
-    "small": dict(layers=4, heads=4, embd=128, block=64, batch=12, iters=100, warmup=10),
-    "baby": dict(layers=6, heads=6, embd=384, block=256, batch=64, iters=4, warmup=1),
+    "small": dict(layers=4, heads=4, embd=128, block=64, batch=12, iters=20, warmup=10, rounds=10),
+    "baby": dict(layers=6, heads=6, embd=384, block=256, batch=64, iters=4, warmup=1, rounds=3),
 }
 # Timed and warm-up steps on a GPU, where a step takes milliseconds.
 GPU_STEPS = dict(iters=50, warmup=5)
@@ -43,7 +50,7 @@ def alpha_ms(c, threads, backend):
     out = subprocess.run([ALPHA, "bench", "--json", "--iters", str(c["iters"]), "--warmup", str(c["warmup"])]
                          + device + model_flags(c), check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
-    return r["ms_per_iter"]["median"], (r["device"] or {}).get("adapter", "cpu")
+    return r["step_ms"], (r["device"] or {}).get("adapter", "cpu")
 
 
 def pytorch_ms(c, threads, backend):
@@ -53,46 +60,59 @@ def pytorch_ms(c, threads, backend):
                           "--iters", str(c["iters"]), "--warmup", str(c["warmup"])] + model_flags(c),
                          check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
-    return r["ms_per_iter"], f"{r['impl']} on {r['device']}"
+    return r["step_ms"], f"{r['impl']} on {r['device']}"
+
+
+def percentile(values, q):
+    """The value below which a fraction `q` of `values` lies (nearest rank)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["small", "baby"])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, help="alternating rounds per row (default: 10 for small, 3 for baby)")
     p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     args = p.parse_args()
     threads_list = [1] if args.backend == "gpu" else args.threads
     print("| config | threads | Alpha ms/iter | Alpha tok/s | PyTorch ms/iter | PyTorch tok/s | Alpha speed vs PyTorch |"
-          " per-round ratios |")
-    print("|---|---|---|---|---|---|---|---|")
+          " per-round ratios | ratio of p10 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     impl, on = "pytorch", "cpu"
     scaling = []
     for name in args.configs:
         c = dict(CONFIGS[name], **(GPU_STEPS if args.backend == "gpu" else {}))
+        rounds = args.rounds or c["rounds"]
         tokens = c["batch"] * c["block"]
         medians = {}
         for threads in threads_list:
             alpha, torch = [], []
-            for _ in range(args.rounds):
-                ms, on = alpha_ms(c, threads, args.backend)
-                alpha.append(ms)
-                ms, impl = pytorch_ms(c, threads, args.backend)
-                torch.append(ms)
-            a, t = statistics.median(alpha), statistics.median(torch)
+            for _ in range(rounds):
+                steps, on = alpha_ms(c, threads, args.backend)
+                alpha.append(steps)
+                steps, impl = pytorch_ms(c, threads, args.backend)
+                torch.append(steps)
+            a_steps = [ms for steps in alpha for ms in steps]
+            t_steps = [ms for steps in torch for ms in steps]
+            a, t = statistics.median(a_steps), statistics.median(t_steps)
+            # The fastest tenth of each side's steps: the ratio with the machine's slow
+            # phases left out (shown beside the medians, never instead of them).
+            p10 = percentile(t_steps, 0.1) / percentile(a_steps, 0.1)
             medians[threads] = (a, t)
-            # Each round's PyTorch time over the Alpha time just before it: how far the
-            # machine's noise moves the ratio.
-            ratios = sorted(tb / ab for ab, tb in zip(alpha, torch))
+            # Each round's PyTorch median over the Alpha median just before it: how far the
+            # machine's noise moves the ratio of one round.
+            ratios = sorted(statistics.median(tb) / statistics.median(ab) for ab, tb in zip(alpha, torch))
             shown = "-" if args.backend == "gpu" else threads
             print(f"| {name} | {shown} | {a:.1f} | {tokens / a * 1e3:.0f} | {t:.1f} | {tokens / t * 1e3:.0f} | {t / a:.2f}x |"
-                  f" {ratios[0]:.2f}x-{ratios[-1]:.2f}x |", flush=True)
+                  f" {ratios[0]:.2f}x-{ratios[-1]:.2f}x | {p10:.2f}x |", flush=True)
         if len(medians) > 1:
             lo, hi = min(medians), max(medians)
             scaling.append(f"{name} {lo} -> {hi} threads: Alpha {medians[lo][0] / medians[hi][0]:.2f}x,"
                            f" PyTorch {medians[lo][1] / medians[hi][1]:.2f}x")
-    print(f"(Alpha on {on}; {impl}; medians of {args.rounds} alternating rounds; per round: median step time)")
+    rounds = ", ".join(f"{name} {args.rounds or CONFIGS[name]['rounds']}" for name in args.configs)
+    print(f"(Alpha on {on}; {impl}; median step time over all steps of alternating rounds: {rounds})")
     for line in scaling:
         print(f"Scaling, {line}")
 
