@@ -52,12 +52,12 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let pool = args.device.pool()?;
     let peak = peak(&pool, args.peak_gflops)?;
     let adapters = block_on(alpha_gpu::context::adapters());
-    let mib = |elements: usize| (elements * 4) as f64 / (1024.0 * 1024.0);
-    let p = plan.params_len();
+    let mib = |bytes: u128| bytes as f64 / (1024.0 * 1024.0);
+    let (p, activations, batch) = crate::memory::arena_bytes(&plan);
     let memory = json!({
         "params": mib(p), "grads": mib(p), "adam_m": mib(p), "adam_v": mib(p),
-        "activations": mib(plan.acts_len()), "batch": mib(2 * plan.tokens()),
-        "total": mib(4 * p + plan.acts_len() + 2 * plan.tokens()),
+        "activations": mib(activations), "batch": mib(batch),
+        "total": mib(4 * p + activations + batch),
     });
     // A run that cannot fit is described, not measured.
     let fits = crate::memory::check(&plan, args.device.backend);

@@ -11,12 +11,19 @@ use alpha_core::Plan;
 /// the device holds the working copies, the host the run state and checkpoint copies.
 /// Activations (with the backward's scratch) and the batch live on the device on a GPU.
 fn host_bytes(plan: &Plan, backend: Backend) -> (u128, u128) {
-    let f32s = |n: usize| n as u128 * 4;
-    let p = f32s(plan.params_len());
+    let (p, activations, batch) = arena_bytes(plan);
     match backend {
-        Backend::Cpu => (7 * p, f32s(plan.acts_len()) + f32s(2 * plan.tokens())),
+        Backend::Cpu => (7 * p, activations + batch),
         Backend::Gpu => (4 * p, 0),
     }
+}
+
+/// Bytes of the arenas a CPU run of `plan` allocates, as (parameters, activations with the
+/// backward's scratch, the batch's input and target tokens); the gradients and both AdamW
+/// moments are each the parameters' size.
+pub fn arena_bytes(plan: &Plan) -> (u128, u128, u128) {
+    let four_bytes = |n: usize| n as u128 * 4;
+    (four_bytes(plan.params_len()), four_bytes(plan.acts_len()), four_bytes(2 * plan.tokens()))
 }
 
 /// Bytes the system can still give this process: available memory plus free swap, from
