@@ -45,7 +45,7 @@ def model_flags(c):
     return [f"--{k}={c[k]}" for k in ("layers", "heads", "embd", "block", "batch")]
 
 
-def alpha_ms(c, threads, backend):
+def alpha_steps(c, threads, backend):
     device = ["--backend", "gpu"] if backend == "gpu" else ["--threads", str(threads), "--peak-gflops", "1"]
     out = subprocess.run([ALPHA, "bench", "--json", "--iters", str(c["iters"]), "--warmup", str(c["warmup"])]
                          + device + model_flags(c), check=True, capture_output=True, text=True)
@@ -53,7 +53,7 @@ def alpha_ms(c, threads, backend):
     return r["step_ms"], (r["device"] or {}).get("adapter", "cpu")
 
 
-def pytorch_ms(c, threads, backend):
+def pytorch_steps(c, threads, backend):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "nanogpt_reference.py"), "bench",
                           "--data", os.path.join(ROOT, "data", "shakespeare.txt"), "--threads", str(threads),
                           "--device", "cuda" if backend == "gpu" else "cpu",
@@ -81,18 +81,19 @@ def main():
           " per-round ratios | ratio of p10 |")
     print("|---|---|---|---|---|---|---|---|---|")
     impl, on = "pytorch", "cpu"
-    scaling = []
+    scaling, plans = [], []
     for name in args.configs:
         c = dict(CONFIGS[name], **(GPU_STEPS if args.backend == "gpu" else {}))
         rounds = args.rounds or c["rounds"]
+        plans.append(f"{name} {rounds} x {c['iters']} steps")
         tokens = c["batch"] * c["block"]
         medians = {}
         for threads in threads_list:
             alpha, torch = [], []
             for _ in range(rounds):
-                steps, on = alpha_ms(c, threads, args.backend)
+                steps, on = alpha_steps(c, threads, args.backend)
                 alpha.append(steps)
-                steps, impl = pytorch_ms(c, threads, args.backend)
+                steps, impl = pytorch_steps(c, threads, args.backend)
                 torch.append(steps)
             a_steps = [ms for steps in alpha for ms in steps]
             t_steps = [ms for steps in torch for ms in steps]
@@ -111,8 +112,7 @@ def main():
             lo, hi = min(medians), max(medians)
             scaling.append(f"{name} {lo} -> {hi} threads: Alpha {medians[lo][0] / medians[hi][0]:.2f}x,"
                            f" PyTorch {medians[lo][1] / medians[hi][1]:.2f}x")
-    rounds = ", ".join(f"{name} {args.rounds or CONFIGS[name]['rounds']}" for name in args.configs)
-    print(f"(Alpha on {on}; {impl}; median step time over all steps of alternating rounds: {rounds})")
+    print(f"(Alpha on {on}; {impl}; median step time over all steps of alternating rounds: {', '.join(plans)})")
     for line in scaling:
         print(f"Scaling, {line}")
 
