@@ -10,7 +10,8 @@ pub trait Parallel: Sync {
     /// How many tasks can run at once (used to size splits).
     fn threads(&self) -> usize;
     /// Calls `task(i)` once for every `i` in `0..tasks`, in any order, possibly concurrently,
-    /// and returns when all calls have returned.
+    /// and returns when all calls have returned. Splitting work into more tasks than threads
+    /// lets a [`ThreadPool`] even out threads that run at different speeds.
     fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync));
 }
 
@@ -82,7 +83,6 @@ mod pool {
 
     struct Job {
         task: TaskPtr,
-        tasks: usize,
     }
     // SAFETY: the pointee is Sync and outlives the job (run() waits for every worker).
     unsafe impl Send for Job {}
@@ -96,14 +96,46 @@ mod pool {
         busy: AtomicUsize,
         /// Whether a task of the current job panicked on a worker.
         worker_panicked: AtomicBool,
+        /// Each thread's share of the current job's tasks still to start.
+        shares: Box<[Share]>,
+    }
+
+    /// The tasks of one thread's share not yet started, `next..end` packed in one word: the
+    /// owner takes from the front, a thread whose own share is done takes from the back.
+    #[repr(align(64))]
+    struct Share(AtomicU64);
+
+    impl Share {
+        fn set(&self, range: core::ops::Range<usize>) {
+            self.0.store(((range.start as u64) << 32) | range.end as u64, Ordering::Relaxed);
+        }
+
+        /// Takes the first task left (`front`) or the last one.
+        fn take(&self, front: bool) -> Option<usize> {
+            let mut cur = self.0.load(Ordering::Relaxed);
+            loop {
+                let (next, end) = (cur >> 32, cur & u64::from(u32::MAX));
+                if next >= end {
+                    return None;
+                }
+                let (new, task) = if front { (cur + (1 << 32), next) } else { (cur - 1, end - 1) };
+                match self.0.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return Some(task as usize),
+                    Err(now) => cur = now,
+                }
+            }
+        }
     }
 
     /// A fixed set of worker threads created once; [`Parallel::run`] publishes a job, works on
-    /// the calling thread too, and waits for all. Thread `i` (the caller is 0) always runs the
-    /// `i`-th contiguous share of the tasks, so the rows a kernel's task owns stay in one
-    /// core's cache from op to op (handing tasks out through an atomic counter instead mixed
-    /// them: attention scaled 1.45x on two threads, 2.0x with fixed shares). Idle workers poll
-    /// briefly before sleeping. Dispatch performs no heap allocation.
+    /// the calling thread too, and waits for all. Thread `i` (the caller is 0) owns the `i`-th
+    /// contiguous share of the tasks and runs it from the front, so the rows a kernel's task
+    /// owns stay in one core's cache from op to op (handing every task out through one atomic
+    /// counter instead mixed them: attention scaled 1.45x on two threads, 2.0x with fixed
+    /// shares). A thread done with its share takes the others' last tasks not yet started, so
+    /// a thread slowed down by the machine (a busy sibling hyperthread, a preempted vCPU)
+    /// delays the job by one task, not by its whole share. Idle workers poll briefly before
+    /// sleeping. Dispatch performs no heap allocation.
     pub struct ThreadPool {
         shared: Arc<Shared>,
         workers: Vec<JoinHandle<()>>,
@@ -131,20 +163,30 @@ mod pool {
                 generation: AtomicU64::new(0),
                 busy: AtomicUsize::new(0),
                 worker_panicked: AtomicBool::new(false),
+                shares: (0..threads.max(1)).map(|_| Share(AtomicU64::new(0))).collect(),
             });
             let mut pool = ThreadPool { shared, workers: Vec::new(), run_lock: Mutex::new(()) };
             for i in 1..threads.max(1) {
                 let shared = Arc::clone(&pool.shared);
                 // On an error `pool` is dropped, which stops and joins the workers so far.
-                pool.workers.push(std::thread::Builder::new().name(format!("alpha-worker-{i}")).spawn(move || worker(&shared, i, threads))?);
+                pool.workers.push(std::thread::Builder::new().name(format!("alpha-worker-{i}")).spawn(move || worker(&shared, i))?);
             }
             Ok(pool)
         }
     }
 
-    /// Runs thread `me`'s share of the tasks: the same contiguous range every time.
-    fn drain(task: &(dyn Fn(usize) + Sync), tasks: usize, me: usize, threads: usize) {
-        super::split_range(tasks, threads, me).for_each(task);
+    /// Runs thread `me`'s share of the tasks from the front, then the other shares' tasks
+    /// not yet started from the back, until none is left.
+    fn drain(shared: &Shared, task: &(dyn Fn(usize) + Sync), me: usize) {
+        let threads = shared.shares.len();
+        while let Some(i) = shared.shares[me].take(true) {
+            task(i);
+        }
+        for other in (1..threads).map(|d| (me + d) % threads) {
+            while let Some(i) = shared.shares[other].take(false) {
+                task(i);
+            }
+        }
     }
 
     /// Waits until the generation differs from `seen`: polls, then sleeps.
@@ -166,20 +208,19 @@ mod pool {
         }
     }
 
-    fn worker(shared: &Shared, me: usize, threads: usize) {
+    fn worker(shared: &Shared, me: usize) {
         let mut seen = 0u64;
         loop {
             seen = next_generation(shared, seen);
             if seen == SHUTDOWN {
                 return;
             }
-            let (task, tasks) = {
+            let task = {
                 let job = shared.job.lock().unwrap_or_else(|e| e.into_inner());
-                let job = job.as_ref().expect("a new generation carries a job");
-                (job.task, job.tasks)
+                job.as_ref().expect("a new generation carries a job").task
             };
             // SAFETY: run() keeps the closure alive until `busy` drops to zero.
-            let work = std::panic::AssertUnwindSafe(|| drain(unsafe { &*task }, tasks, me, threads));
+            let work = std::panic::AssertUnwindSafe(|| drain(shared, unsafe { &*task }, me));
             // A panicking task is reported to run() (which re-raises it on the caller's
             // thread); the worker stays for later jobs.
             if std::panic::catch_unwind(work).is_err() {
@@ -204,9 +245,13 @@ mod pool {
             let ptr: TaskPtr = unsafe { core::mem::transmute::<&(dyn Fn(usize) + Sync), TaskPtr>(task) };
             let shared = &*self.shared;
             shared.busy.store(self.workers.len(), Ordering::Relaxed);
+            assert!(u32::try_from(tasks).is_ok(), "ThreadPool::run: at most 2^32 - 1 tasks");
+            for (i, share) in shared.shares.iter().enumerate() {
+                share.set(super::split_range(tasks, shared.shares.len(), i));
+            }
             {
                 let mut job = shared.job.lock().unwrap_or_else(|e| e.into_inner());
-                *job = Some(Job { task: ptr, tasks });
+                *job = Some(Job { task: ptr });
                 shared.generation.fetch_add(2, Ordering::AcqRel);
             }
             shared.wake.notify_all();
@@ -227,7 +272,7 @@ mod pool {
             }
             {
                 let _wait = WaitOnDrop(shared);
-                drain(task, tasks, 0, self.threads());
+                drain(shared, task, 0);
             }
             if shared.worker_panicked.swap(false, Ordering::AcqRel) {
                 panic!("a task panicked on a worker thread (its message is above)");
@@ -264,22 +309,24 @@ mod pool {
             }
         }
 
-        /// Each thread gets the same contiguous share of the tasks every run, the first
-        /// share on the calling thread.
+        /// A thread done with its share runs the tasks of another share not yet started: the
+        /// worker's first task waits for its share's last one, which only the caller can run
+        /// meanwhile (with fixed shares this never finished).
         #[test]
-        fn shares_are_fixed_per_thread() {
-            let pool = ThreadPool::new(3);
-            let runners = || {
-                let ids: Vec<Mutex<Option<std::thread::ThreadId>>> = (0..7).map(|_| Mutex::new(None)).collect();
-                pool.run(7, &|i| *ids[i].lock().unwrap() = Some(std::thread::current().id()));
-                ids.into_iter().map(|m| m.into_inner().unwrap().unwrap()).collect::<Vec<_>>()
-            };
-            let first = runners();
-            for _ in 0..20 {
-                assert_eq!(runners(), first);
-            }
-            assert!(first[..3].iter().all(|&t| t == std::thread::current().id()));
-            assert!(first[3] == first[4] && first[5] == first[6] && first[3] != first[5] && first[3] != first[0]);
+        fn idle_threads_take_tasks_not_started() {
+            let pool = ThreadPool::new(2);
+            let last_ran = AtomicBool::new(false);
+            let start = std::time::Instant::now();
+            pool.run(4, &|i| match i {
+                2 => {
+                    while !last_ran.load(Ordering::Acquire) {
+                        assert!(start.elapsed().as_secs() < 10, "task 3 never ran while task 2 waited for it");
+                        core::hint::spin_loop();
+                    }
+                }
+                3 => last_ran.store(true, Ordering::Release),
+                _ => {}
+            });
         }
 
         /// A task panicking on a worker makes run() panic on the caller's thread (instead of

@@ -5,7 +5,7 @@
 
 use super::row_blocks;
 use crate::float::Float;
-use crate::gemm::{gemm, gemm_packed, pack_panels, panels_len, BLayout, Strided};
+use crate::gemm::{gemm, gemm_packed, pack_panels, panels_len, row_block, BLayout, Strided};
 use crate::parallel::{split_range, Parallel, SharedMut};
 use crate::simd::wide_dispatch;
 
@@ -130,7 +130,6 @@ pub fn forward<T: Float>(par: &dyn Parallel, wt: &mut [T], out: &mut [T], x: &[T
     assert!(x.len() == n * k && w.len() == m * k && out.len() == n * m, "matmul forward: shape mismatch");
     pack_panels(w, BLayout::Transposed, k, m, wt);
     let wt: &[T] = wt;
-    let tasks = par.threads().min(n).max(1);
     let out_p = SharedMut(out.as_mut_ptr());
     let (pre_p, slope, residual) = match epilogue {
         Epilogue::None => (None, false, None),
@@ -143,33 +142,32 @@ pub fn forward<T: Float>(par: &dyn Parallel, wt: &mut [T], out: &mut [T], x: &[T
             (None, false, Some(input))
         }
     };
-    par.run(tasks, &|task| {
-        let rows = split_range(n, tasks, task);
-        // Blocks of rows go through residual, GEMM and GELU while they are still in cache.
-        for r0 in rows.clone().step_by(ROW_BLOCK) {
-            let block = r0..(r0 + ROW_BLOCK).min(rows.end);
-            let (start, len) = (block.start * m, block.len() * m);
-            // SAFETY: tasks own disjoint row ranges of `out` and `pre`.
-            let target = unsafe { pre_p.unwrap_or(out_p).slice(start, len) };
-            // The residual is copied in and added by the GEMM (beta 1), the bias by its
-            // micro-kernel: out = x·wᵀ + (input + bias).
-            let beta = match residual {
-                Some(r) => {
-                    target.copy_from_slice(&r[start..start + len]);
-                    T::ONE
-                }
-                None => T::ZERO,
-            };
-            // SAFETY: x rows are K-strided, wt holds wᵀ [K, M] as panels; target is exactly
-            // block.len() x m and overlaps neither.
-            unsafe {
-                let a = Strided { ptr: x.as_ptr().add(block.start * k), rs: k, cs: 1 };
-                gemm_packed(block.len(), m, k, a, wt, beta, bias, target.as_mut_ptr(), m);
+    // One task per block of rows, which goes through residual, GEMM and GELU while it is still
+    // in cache; blocks rather than one share per thread, so that an idle thread can take some
+    // of a slower one's (see `ThreadPool`).
+    par.run(n.div_ceil(ROW_BLOCK), &|task| {
+        let block = task * ROW_BLOCK..((task + 1) * ROW_BLOCK).min(n);
+        let (start, len) = (block.start * m, block.len() * m);
+        // SAFETY: tasks own disjoint row ranges of `out` and `pre`.
+        let target = unsafe { pre_p.unwrap_or(out_p).slice(start, len) };
+        // The residual is copied in and added by the GEMM (beta 1), the bias by its
+        // micro-kernel: out = x·wᵀ + (input + bias).
+        let beta = match residual {
+            Some(r) => {
+                target.copy_from_slice(&r[start..start + len]);
+                T::ONE
             }
-            if pre_p.is_some() {
-                // SAFETY: as above, the same rows of `out`.
-                gelu_forward(unsafe { out_p.slice(start, len) }, target, slope);
-            }
+            None => T::ZERO,
+        };
+        // SAFETY: x rows are K-strided, wt holds wᵀ [K, M] as panels; target is exactly
+        // block.len() x m and overlaps neither.
+        unsafe {
+            let a = Strided { ptr: x.as_ptr().add(block.start * k), rs: k, cs: 1 };
+            gemm_packed(block.len(), m, k, a, wt, beta, bias, target.as_mut_ptr(), m);
+        }
+        if pre_p.is_some() {
+            // SAFETY: as above, the same rows of `out`.
+            gelu_forward(unsafe { out_p.slice(start, len) }, target, slope);
         }
     });
 }
@@ -232,19 +230,21 @@ pub fn backward<T: Float>(
 /// first added into `dw` by the GEMM, the second computed into `dw_half` and added after. Each
 /// half reads only its own rows of `dout` and `x`, the rows that the same thread produced on
 /// two threads (split by `dw` rows, every task read all N rows, half of them from the other
-/// core's cache). The halves do not depend on the thread count; with more than two threads
-/// each half is split by rows of `dw`.
+/// core's cache). The halves do not depend on the thread count; each is split by rows of `dw`
+/// at the GEMM's row blocks, one task each, so that an idle thread can take some of a slower
+/// one's (see `ThreadPool`).
 #[allow(clippy::too_many_arguments)]
 fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T], dout: &[T], x: &[T], k: usize, m: usize) {
     let n = x.len() / k;
     let dw_half = &mut dw_half[..m * k];
     let (first, second) = (split_range(n, 2, 0), split_range(n, 2, 1));
-    let per_half = (par.threads() / 2).max(1);
+    let part_rows = row_block(m, T::kernel().mr);
+    let parts = m.div_ceil(part_rows);
     let (dw_p, half_p) = (SharedMut(dw.as_mut_ptr()), SharedMut(dw_half.as_mut_ptr()));
-    par.run(2 * per_half, &|task| {
-        let (half, part) = (task / per_half, task % per_half);
+    par.run(2 * parts, &|task| {
+        let (half, part) = (task / parts, task % parts);
         let (rows, out, beta) = if half == 0 { (first.clone(), dw_p, T::ONE) } else { (second.clone(), half_p, T::ZERO) };
-        let r = split_range(m, per_half, part);
+        let r = part * part_rows..((part + 1) * part_rows).min(m);
         // SAFETY: task (half, part) writes rows r of its own output (dw or dw_half, both
         // M x K); it reads columns r of the half's rows of dout and those rows of x.
         unsafe {
@@ -279,14 +279,14 @@ wide_dispatch!(
     fn column_sums<T>(sums: &mut [T], rows: &[T]) => column_sums_body
 );
 
-/// `c [rows, cols] = a [rows, depth] · b [depth, cols]` with the rows of `c` split across
-/// tasks; `a` and `c` are contiguous row-major, `b` is packed into `panels`.
+/// `c [rows, cols] = a [rows, depth] · b [depth, cols]`, one task per block of [`ROW_BLOCK`]
+/// rows of `c` (an idle thread can take some of a slower one's); `a` and `c` are contiguous
+/// row-major, `b` is packed into `panels`.
 fn par_gemm_packed<T: Float>(par: &dyn Parallel, rows: usize, cols: usize, depth: usize, a: &[T], panels: &[T], c: &mut [T]) {
     assert!(a.len() == rows * depth && c.len() == rows * cols);
-    let tasks = par.threads().min(rows).max(1);
     let c_p = SharedMut(c.as_mut_ptr());
-    par.run(tasks, &|task| {
-        let r = split_range(rows, tasks, task);
+    par.run(rows.div_ceil(ROW_BLOCK), &|task| {
+        let r = task * ROW_BLOCK..((task + 1) * ROW_BLOCK).min(rows);
         // SAFETY: each task writes its own rows of c; a's rows r are inside a, the panels
         // hold depth x cols (gemm_packed checks), and c overlaps neither.
         unsafe {
