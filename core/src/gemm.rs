@@ -50,7 +50,7 @@ pub const KC: usize = 384;
 /// Rows per row block of A in a product of `m` rows on a kernel of `mr`-row tiles: blocks of
 /// equal size (whole micro-panels, at most [`MC`]), since a short last block packed every B
 /// panel for a few tiles (weight gradients of 128 rows as 96 + 32 ran 10% slower than as
-/// 66 + 62). Callers that split a product's rows across tasks cut at these blocks: the same
+/// 66 + 62). The weight gradients split their rows across tasks at these blocks: the same
 /// work as one product.
 pub fn row_block(m: usize, mr: usize) -> usize {
     m.div_ceil(m.div_ceil(MC)).next_multiple_of(mr)
