@@ -5,9 +5,10 @@
 
 use super::row_blocks;
 use crate::float::Float;
-use crate::gemm::{gemm, gemm_packed, pack_panels, panels_len, row_block, BLayout, Strided};
+use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, Strided, KC};
 use crate::parallel::{split_range, Parallel, SharedMut};
 use crate::simd::wide_dispatch;
+use core::ops::Range;
 
 /// What is applied to `x·wᵀ + bias` before it is stored.
 pub enum Epilogue<'a, T> {
@@ -115,9 +116,15 @@ wide_dispatch!(
 const ROW_BLOCK: usize = crate::gemm::MC;
 
 /// Elements of the scratch [`forward`] and [`backward`] need for `w [M, K]`: forward's
-/// wᵀ in the GEMM's panels; backward's w in them, then the second half of `dw`'s sum.
+/// wᵀ in the GEMM's panels; backward's w in them (then, in the same place, one K block of
+/// both halves' `x` in panels: see [`weight_gradient`]), and the second half of `dw`'s sum.
 pub fn scratch_len(k: usize, m: usize) -> usize {
-    panels_len(m, k).max(panels_len(k, m) + m * k)
+    panels_len(m, k).max(backward_panels_len(k, m) + m * k)
+}
+
+/// The part of backward's scratch that holds w's panels, then `x`'s.
+fn backward_panels_len(k: usize, m: usize) -> usize {
+    panels_len(k, m).max(2 * panels_len(k, KC))
 }
 
 /// Forward. `out [N, M]`, `x [N, K]`, `w [M, K]`, `bias [M]`; rows split across tasks.
@@ -178,8 +185,9 @@ pub fn forward<T: Float>(par: &dyn Parallel, wt: &mut [T], out: &mut [T], x: &[T
 /// into the pre-activation gradient in place.
 /// `partials` is scratch of at least [`row_blocks::blocks`]`(N) * M` elements (for `db`),
 /// `scratch` of at least [`scratch_len`]: w packed into the GEMM's panels once for `dx` (the
-/// baby config's `dx` products ran 4-10% faster than packing w per block of 96 rows), then
-/// the second half of `dw`'s sum over the N rows, which is added after the first.
+/// baby config's `dx` products ran 4-10% faster than packing w per block of 96 rows), then in
+/// the same place `x` in panels for `dw` (see [`weight_gradient`]), and beside it the second
+/// half of `dw`'s sum over the N rows, which is added after the first.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Float>(
     par: &dyn Parallel,
@@ -216,14 +224,14 @@ pub fn backward<T: Float>(
         row_blocks::add_partials(par, n, partials, m, 0, db);
     }
     let dout: &[T] = dout;
-    let (panels, dw_half) = scratch.split_at_mut(panels_len(k, m));
+    let (panels, dw_half) = scratch.split_at_mut(backward_panels_len(k, m));
     if let Some(dx) = dx {
         assert_eq!(dx.len(), n * k);
         // dx [N, K] = dout [N, M] · w [M, K]
         pack_panels(w, BLayout::Rows, m, k, panels);
         par_gemm_packed(par, n, k, m, dout, panels, dx);
     }
-    weight_gradient(par, dw, dw_half, dout, x, k, m);
+    weight_gradient(par, dw, dw_half, panels, dout, x, k, m);
 }
 
 /// `dw [M, K] += doutᵀ [M, N] · x [N, K]`, the sum over the N rows in two fixed halves: the
@@ -233,25 +241,54 @@ pub fn backward<T: Float>(
 /// core's cache). The halves do not depend on the thread count; each is split by rows of `dw`
 /// at the GEMM's row blocks, one task each, so that an idle thread can take some of a slower
 /// one's (see `ThreadPool`).
+///
+/// A half goes through its rows in the GEMM's K blocks (the blocks one GEMM over the half
+/// takes: the same sums): each block of `x` is packed into panels once (in `x_panels`, of at
+/// least `2 * panels_len(K, KC)`), for every row block of `dw` to read, instead of once per
+/// row block (a weight gradient with six row blocks packed its B six times).
 #[allow(clippy::too_many_arguments)]
-fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T], dout: &[T], x: &[T], k: usize, m: usize) {
+fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T], x_panels: &mut [T], dout: &[T], x: &[T], k: usize, m: usize) {
     let n = x.len() / k;
     let dw_half = &mut dw_half[..m * k];
-    let (first, second) = (split_range(n, 2, 0), split_range(n, 2, 1));
+    let halves = [split_range(n, 2, 0), split_range(n, 2, 1)];
     let part_rows = row_block(m, T::kernel().mr);
     let parts = m.div_ceil(part_rows);
+    let panel_len = panels_len(k, KC);
     let (dw_p, half_p) = (SharedMut(dw.as_mut_ptr()), SharedMut(dw_half.as_mut_ptr()));
-    par.run(2 * parts, &|task| {
-        let (half, part) = (task / parts, task % parts);
-        let (rows, out, beta) = if half == 0 { (first.clone(), dw_p, T::ONE) } else { (second.clone(), half_p, T::ZERO) };
-        let r = part * part_rows..((part + 1) * part_rows).min(m);
-        // SAFETY: task (half, part) writes rows r of its own output (dw or dw_half, both
-        // M x K); it reads columns r of the half's rows of dout and those rows of x.
-        unsafe {
-            let a = Strided { ptr: dout.as_ptr().wrapping_add(rows.start * m + r.start), rs: 1, cs: m };
-            gemm(r.len(), k, rows.len(), a, x.as_ptr().wrapping_add(rows.start * k), k, beta, out.ptr().add(r.start * k), k);
-        }
-    });
+    // Rows of half `h` in its K block `block` (empty past the half's end).
+    let block_rows = |h: usize, block: usize| {
+        let half: &Range<usize> = &halves[h];
+        let start = (half.start + block * KC).min(half.end);
+        start..(start + KC).min(half.end)
+    };
+    // At least one block, which clears `dw_half` even when it has no rows.
+    for block in 0..halves[0].len().max(halves[1].len()).div_ceil(KC).max(1) {
+        let panels_p = SharedMut(x_panels.as_mut_ptr());
+        par.run(2, &|h| {
+            let rows = block_rows(h, block);
+            // SAFETY: each half packs into its own part of the panels.
+            let panels = unsafe { panels_p.slice(h * panel_len, panel_len) };
+            pack_panels(&x[rows.start * k..rows.end * k], BLayout::Rows, rows.len(), k, panels);
+        });
+        let x_panels: &[T] = x_panels;
+        par.run(2 * parts, &|task| {
+            let (h, part) = (task / parts, task % parts);
+            let rows = block_rows(h, block);
+            // The second half's first block overwrites `dw_half`; everything else adds.
+            let (out, beta) = match (h, block) {
+                (0, _) => (dw_p, T::ONE),
+                (_, 0) => (half_p, T::ZERO),
+                _ => (half_p, T::ONE),
+            };
+            let r = part * part_rows..((part + 1) * part_rows).min(m);
+            // SAFETY: task (half, part) writes rows r of its own output (dw or dw_half, both
+            // M x K); it reads columns r of the block's rows of dout and the block's panels.
+            unsafe {
+                let a = Strided { ptr: dout.as_ptr().wrapping_add(rows.start * m + r.start), rs: 1, cs: m };
+                gemm_packed(r.len(), k, rows.len(), a, &x_panels[h * panel_len..], beta, None, out.ptr().add(r.start * k), k);
+            }
+        });
+    }
     let tasks = par.threads().min(m).max(1);
     let dw_half: &[T] = dw_half;
     par.run(tasks, &|task| {
@@ -423,5 +460,32 @@ mod tests {
             };
             assert_eq!(run_backward(&Serial), run_backward(&Four), "{n}x{k}x{m}");
         }
+    }
+
+    /// Over halves of several K blocks each (the last one short), the weight gradient with
+    /// `x` packed block by block has the bits of one GEMM over each half, the first added to
+    /// `dw`, the second computed apart and added after.
+    #[test]
+    fn weight_gradient_over_k_blocks_matches_one_gemm_per_half() {
+        let (n, k, m) = (4 * KC + 3, 19, 13);
+        let mut rng = Rng::new(8);
+        let mut random32 = |len| random(&mut rng, len, 1.0).into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+        let (x, dout, dw0) = (random32(n * k), random32(n * m), random32(m * k));
+        let mut want = dw0.clone();
+        let mut second = vec![0f32; m * k];
+        for (h, out) in [&mut want, &mut second].into_iter().enumerate() {
+            let rows = split_range(n, 2, h);
+            // SAFETY: doutᵀ's columns `rows`, x's rows `rows`, and `out` is m x k.
+            unsafe {
+                let a = Strided { ptr: dout[rows.start * m..].as_ptr(), rs: 1, cs: m };
+                crate::gemm::gemm(m, k, rows.len(), a, x[rows.start * k..].as_ptr(), k, if h == 0 { 1.0 } else { 0.0 }, out.as_mut_ptr(), k);
+            }
+        }
+        want.iter_mut().zip(&second).for_each(|(w, s)| *w += s);
+        let mut dw = dw0;
+        let mut scratch = vec![f32::NAN; scratch_len(k, m)];
+        let (panels, dw_half) = scratch.split_at_mut(backward_panels_len(k, m));
+        weight_gradient(&Serial, &mut dw, dw_half, panels, &dout, &x, k, m);
+        assert_eq!(dw, want);
     }
 }
