@@ -8,7 +8,6 @@ use crate::float::Float;
 use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, Strided, KC};
 use crate::parallel::{split_range, Parallel, SharedMut};
 use crate::simd::wide_dispatch;
-use core::ops::Range;
 
 /// What is applied to `x·wᵀ + bias` before it is stored.
 pub enum Epilogue<'a, T> {
@@ -257,7 +256,7 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T]
     let (dw_p, half_p) = (SharedMut(dw.as_mut_ptr()), SharedMut(dw_half.as_mut_ptr()));
     // Rows of half `h` in its K block `block` (empty past the half's end).
     let block_rows = |h: usize, block: usize| {
-        let half: &Range<usize> = &halves[h];
+        let half = &halves[h];
         let start = (half.start + block * KC).min(half.end);
         start..(start + KC).min(half.end)
     };
