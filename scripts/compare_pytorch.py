@@ -19,6 +19,11 @@ phases than the other. Each row also shows the range of the rounds' own ratios (
 medians: how far the noise moves a single round) and the ratio of the two sides' 10th
 percentiles (the fastest tenth of the steps: the machine's slow phases left out), and with more
 than one thread count the speed-up from the fewest to the most threads is printed for both.
+On the CPU a roofline line per row follows: the step's necessary matmul FLOPs (see
+`necessary_flops`) over the cores' FMA limit (`alpha-native info`: vector FMAs on registers,
+the rate no GEMM can pass) give the fastest step possible; each side's median is shown as a
+fraction of it, and PyTorch's median over it is the largest ratio any implementation could
+reach in that run.
 `--backend gpu` runs Alpha with `--backend gpu` and PyTorch on CUDA (fp32; both wait for each
 step's end); the thread count does not apply there. Needs a release build (cargo build
 --release) and:
@@ -63,6 +68,28 @@ def pytorch_steps(c, threads, backend):
     return r["step_ms"], f"{r['impl']} on {r['device']}"
 
 
+def fma_limit(c, threads):
+    """The cores' FMA limit in GFLOP/s at `threads` threads and the vocabulary size, from
+    `alpha-native info` (None where it is not measured)."""
+    out = subprocess.run([ALPHA, "info", "--json", "--measure-steps", "0", "--peak-gflops", "1", "--threads", str(threads)]
+                         + model_flags(c), check=True, capture_output=True, text=True)
+    r = json.loads(out.stdout)
+    return r["fma_limit_gflops"], r["config"]["vocab_size"]
+
+
+def necessary_flops(c, vocab):
+    """FLOPs one training step cannot do without: every weight matmul forward and backward
+    (6 per weight per token: the 12 C^2 per block and the tied vocab x C head) and causal
+    attention's two products forward and four backward over the key/query pairs it keeps
+    (T(T+1)/2 per head, no padding, no recomputation). Layer norm, GELU, softmax and AdamW are
+    left out, so time at the FMA limit over these is a floor no implementation can beat."""
+    C, T, L = c["embd"], c["block"], c["layers"]
+    tokens = c["batch"] * T
+    matmuls = 6 * (L * 12 * C * C + vocab * C) * tokens
+    attention = L * c["batch"] * C * (T * (T + 1) // 2) * 2 * 6
+    return matmuls + attention
+
+
 def percentile(values, q):
     """The value below which a fraction `q` of `values` lies (nearest rank)."""
     s = sorted(values)
@@ -81,7 +108,7 @@ def main():
           " per-round ratios | ratio of p10 |")
     print("|---|---|---|---|---|---|---|---|---|")
     impl, on = "pytorch", "cpu"
-    scaling, plans = [], []
+    scaling, plans, roofline = [], [], []
     for name in args.configs:
         c = dict(CONFIGS[name], **(GPU_STEPS if args.backend == "gpu" else {}))
         rounds = args.rounds or c["rounds"]
@@ -90,6 +117,7 @@ def main():
         medians = {}
         for threads in threads_list:
             alpha, torch = [], []
+            limit, vocab = fma_limit(c, threads) if args.backend == "cpu" else (None, None)
             for _ in range(rounds):
                 steps, on = alpha_steps(c, threads, args.backend)
                 alpha.append(steps)
@@ -108,6 +136,16 @@ def main():
             shown = "-" if args.backend == "gpu" else threads
             print(f"| {name} | {shown} | {a:.1f} | {tokens / a * 1e3:.0f} | {t:.1f} | {tokens / t * 1e3:.0f} | {t / a:.2f}x |"
                   f" {ratios[0]:.2f}x-{ratios[-1]:.2f}x | {p10:.2f}x |", flush=True)
+            if limit:
+                # The clock drifts: the higher of the limits measured before and after the
+                # rounds, so that the floor is the lower one (the claim the weaker).
+                limit = max(limit, fma_limit(c, threads)[0])
+                flops = necessary_flops(c, vocab)
+                floor = flops / limit / 1e6
+                roofline.append(f"{name}, {threads} thread(s): {flops / 1e9:.3f} GFLOP of matmuls per step at the FMA limit"
+                                f" ({limit:.1f} GFLOP/s) take {floor:.1f} ms; Alpha's median step is at {floor / a:.0%}"
+                                f" of that limit, PyTorch's at {floor / t:.0%}; a step doing those FLOPs and nothing"
+                                f" else at the limit would be {t / floor:.2f}x ahead of this PyTorch median")
         if len(medians) > 1:
             lo, hi = min(medians), max(medians)
             scaling.append(f"{name} {lo} -> {hi} threads: Alpha {medians[lo][0] / medians[hi][0]:.2f}x,"
@@ -115,6 +153,8 @@ def main():
     print(f"(Alpha on {on}; {impl}; median step time over all steps of alternating rounds: {', '.join(plans)})")
     for line in scaling:
         print(f"Scaling, {line}")
+    for line in roofline:
+        print(f"Roofline, {line}")
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 
 use crate::bench::flops_per_token;
 use crate::engine::{Backend, DeviceArgs, StepError};
-use crate::peak::{cpu_model, peak, simd_features};
+use crate::peak::{cpu_model, fma_limit, peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, train_split};
 use crate::train::{load_corpus, ModelArgs};
 use alpha_core::gemm::f32_kernel_name;
@@ -51,6 +51,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     args.device.check()?;
     let pool = args.device.pool()?;
     let peak = peak(&pool, args.peak_gflops)?;
+    let fma = fma_limit(&pool);
     let adapters = block_on(alpha_gpu::context::adapters());
     let mib = |bytes: u128| bytes as f64 / (1024.0 * 1024.0);
     let (p, activations, batch) = crate::memory::arena_bytes(&plan);
@@ -98,6 +99,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "gemm_kernel": f32_kernel_name(),
         "peak_gflops": peak.gflops,
         "peak_source": peak.source,
+        "fma_limit_gflops": fma,
         "config": config,
         "batch": m.batch,
         "params": plan.num_params(),
@@ -117,6 +119,9 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     println!("CPU        {} ({} cores; threads used: {})", report["cpu"].as_str().unwrap_or("?"), report["cores"], report["threads"]);
     println!("SIMD       {} (GEMM kernel: {})", simd_features().join(" "), f32_kernel_name());
     println!("peak       {:.1} GFLOP/s ({})", peak.gflops, peak.source);
+    if let Some(fma) = fma {
+        println!("FMA limit  {fma:.1} GFLOP/s (independent vector FMAs on registers: what no GEMM can pass)");
+    }
     println!(
         "model      {} layers, {} heads, {} embd, block {}, vocab {}: {} parameters ({:.2}M), {:.2}M FLOPs/token",
         config.n_layer,

@@ -105,3 +105,60 @@ fn measure(pool: &ThreadPool) -> f64 {
     let flops = 2.0 * (N * N * N) as f64 * reps as f64 * threads as f64;
     (0..3).map(|_| flops / round(reps) / 1e9).fold(0.0, f64::max)
 }
+
+/// The cores' arithmetic limit in GFLOP/s, all threads together: each thread runs independent
+/// chains of the GEMM kernel's vector FMAs on registers only (no loads or stores), best of
+/// three rounds of about 0.1 s. No GEMM, Alpha's or any library's, can run faster; the
+/// gap between this and [`peak`] is what feeding the FMA units from memory costs. `None`
+/// where the GEMM kernel has no vector FMA (the portable and WebAssembly builds).
+pub fn fma_limit(pool: &ThreadPool) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use alpha_core::simd::{width, Width};
+        /// Chains per thread: more than an FMA's latency times the FMA pipes of current x86
+        /// cores (4-5 cycles x 2), and few enough to stay in the 16 AVX2 registers.
+        const CHAINS: usize = 12;
+        /// `$name(reps)`: `reps` rounds of one FMA on each chain's register; returns the first
+        /// lane of their sum, so that the work is not optimised away.
+        macro_rules! chains {
+            ($name:ident, $features:literal, $vec:ty, $splat:ident, $fmadd:ident, $add:ident, $first:ident) => {
+                #[target_feature(enable = $features)]
+                fn $name(reps: usize) -> f32 {
+                    use std::arch::x86_64::*;
+                    let (a, b) = ($splat(0.999_999), $splat(1e-7));
+                    let mut acc: [$vec; CHAINS] = [$splat(1.0); CHAINS];
+                    for _ in 0..reps {
+                        for x in &mut acc {
+                            *x = $fmadd(*x, a, b);
+                        }
+                    }
+                    $first(acc.into_iter().fold($splat(0.0), |s, x| $add(s, x)))
+                }
+            };
+        }
+        chains!(avx512, "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma", __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_cvtss_f32);
+        chains!(avx2, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_cvtss_f32);
+        let (lanes, run): (usize, fn(usize) -> f32) = match width() {
+            // SAFETY (both): the CPU has the features the function enables (detected).
+            Width::Avx512 => (16, |reps| unsafe { avx512(reps) }),
+            Width::Avx2 => (8, |reps| unsafe { avx2(reps) }),
+            Width::Baseline => return None,
+        };
+        let threads = pool.threads();
+        let round = |reps: usize| {
+            let t = Instant::now();
+            pool.run(threads, &|_| {
+                std::hint::black_box(run(std::hint::black_box(reps)));
+            });
+            t.elapsed().as_secs_f64()
+        };
+        let reps = ((0.1 / round(100_000).max(1e-6)) as usize * 100_000).max(100_000);
+        let flops = 2.0 * (CHAINS * lanes * reps * threads) as f64;
+        Some((0..3).map(|_| flops / round(reps) / 1e9).fold(0.0, f64::max))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = pool;
+        None
+    }
+}

@@ -446,6 +446,12 @@ fn info_reports_machine_memory_and_estimate_and_caches_the_peak() {
     assert!(first["simd"].is_array());
     assert!(f(&first["peak_gflops"]) > 0.0);
     assert_eq!(first["peak_source"], "measured");
+    // The FMA limit is measured wherever the GEMM kernel has vector FMAs.
+    if first["gemm_kernel"] != "portable" {
+        assert!(f(&first["fma_limit_gflops"]) > 0.0, "{first}");
+    } else {
+        assert!(first["fma_limit_gflops"].is_null(), "{first}");
+    }
     let mem = &first["memory_mib"];
     let parts: f64 = ["params", "grads", "adam_m", "adam_v", "activations", "batch"].iter().map(|k| f(&mem[k])).sum();
     assert!((parts - f(&mem["total"])).abs() < 1e-9);
