@@ -85,25 +85,31 @@ pub fn peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
 /// matrices (cache-resident, so the kernel's arithmetic rate is what is measured).
 fn measure(pool: &ThreadPool) -> f64 {
     const N: usize = 192;
-    let threads = pool.threads();
     let a = vec![0.5f32; N * N];
     let b = vec![0.25f32; N * N];
-    let cs: Vec<Mutex<Vec<f32>>> = (0..threads).map(|_| Mutex::new(vec![0f32; N * N])).collect();
+    let cs: Vec<Mutex<Vec<f32>>> = (0..pool.threads()).map(|_| Mutex::new(vec![0f32; N * N])).collect();
+    best_rate(pool, 1, 2.0 * (N * N * N) as f64, &|i, reps| {
+        let mut c = cs[i].lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..reps {
+            // SAFETY: a, b and c are N x N row-major and distinct.
+            unsafe { gemm(N, N, N, Strided { ptr: a.as_ptr(), rs: N, cs: 1 }, b.as_ptr(), N, 0.0, c.as_mut_ptr(), N) };
+        }
+    })
+}
+
+/// GFLOP/s of every thread of `pool` running `work(thread, reps)` at once, `flops_per_rep` each
+/// rep: the reps (a multiple of `unit`, at most 100,000 units) calibrated to about 0.1 s on one
+/// round of `unit`, then the best of three rounds.
+fn best_rate(pool: &ThreadPool, unit: usize, flops_per_rep: f64, work: &(dyn Fn(usize, usize) + Sync)) -> f64 {
+    let threads = pool.threads();
     let round = |reps: usize| {
         let t = Instant::now();
-        pool.run(threads, &|i| {
-            let mut c = cs[i].lock().unwrap_or_else(|e| e.into_inner());
-            for _ in 0..reps {
-                // SAFETY: a, b and c are N x N row-major and distinct.
-                unsafe { gemm(N, N, N, Strided { ptr: a.as_ptr(), rs: N, cs: 1 }, b.as_ptr(), N, 0.0, c.as_mut_ptr(), N) };
-            }
-        });
+        pool.run(threads, &|i| work(i, reps));
         t.elapsed().as_secs_f64()
     };
-    let one = round(1).max(1e-6);
-    let reps = ((0.1 / one) as usize).clamp(1, 100_000);
-    let flops = 2.0 * (N * N * N) as f64 * reps as f64 * threads as f64;
-    (0..3).map(|_| flops / round(reps) / 1e9).fold(0.0, f64::max)
+    let units = ((0.1 / round(unit).max(1e-6)) as usize).clamp(1, 100_000);
+    let flops = flops_per_rep * (units * unit * threads) as f64;
+    (0..3).map(|_| flops / round(units * unit) / 1e9).fold(0.0, f64::max)
 }
 
 /// The cores' arithmetic limit in GFLOP/s, all threads together: each thread runs independent
@@ -144,17 +150,9 @@ pub fn fma_limit(pool: &ThreadPool) -> Option<f64> {
             Width::Avx2 => (8, |reps| unsafe { avx2(reps) }),
             Width::Baseline => return None,
         };
-        let threads = pool.threads();
-        let round = |reps: usize| {
-            let t = Instant::now();
-            pool.run(threads, &|_| {
-                std::hint::black_box(run(std::hint::black_box(reps)));
-            });
-            t.elapsed().as_secs_f64()
-        };
-        let reps = ((0.1 / round(100_000).max(1e-6)) as usize * 100_000).max(100_000);
-        let flops = 2.0 * (CHAINS * lanes * reps * threads) as f64;
-        Some((0..3).map(|_| flops / round(reps) / 1e9).fold(0.0, f64::max))
+        Some(best_rate(pool, 100_000, 2.0 * (CHAINS * lanes) as f64, &|_, reps| {
+            std::hint::black_box(run(std::hint::black_box(reps)));
+        }))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
