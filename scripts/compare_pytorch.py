@@ -21,7 +21,7 @@ percentiles (the fastest tenth of the steps: the machine's slow phases left out)
 than one thread count the speed-up from the fewest to the most threads is printed for both.
 On the CPU a roofline line per row follows: the step's necessary matmul FLOPs (see
 `necessary_flops`) over the cores' FMA limit (`alpha-native info`: vector FMAs on registers,
-the rate no GEMM can pass) give the fastest step possible; each side's median is shown as a
+the rate no GEMM passes at the same clock) give the fastest step possible; each side's median is shown as a
 fraction of it, and PyTorch's median over it is the largest ratio any implementation could
 reach in that run.
 `--backend gpu` runs Alpha with `--backend gpu` and PyTorch on CUDA (fp32; both wait for each

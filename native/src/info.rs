@@ -120,7 +120,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     println!("SIMD       {} (GEMM kernel: {})", simd_features().join(" "), f32_kernel_name());
     println!("peak       {:.1} GFLOP/s ({})", peak.gflops, peak.source);
     if let Some(fma) = fma {
-        println!("FMA limit  {fma:.1} GFLOP/s (independent vector FMAs on registers: what no GEMM can pass)");
+        println!("FMA limit  {fma:.1} GFLOP/s (independent vector FMAs on registers: no GEMM passes it at the same clock)");
     }
     println!(
         "model      {} layers, {} heads, {} embd, block {}, vocab {}: {} parameters ({:.2}M), {:.2}M FLOPs/token",

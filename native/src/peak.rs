@@ -114,9 +114,11 @@ fn best_rate(pool: &ThreadPool, unit: usize, flops_per_rep: f64, work: &(dyn Fn(
 
 /// The cores' arithmetic limit in GFLOP/s, all threads together: each thread runs independent
 /// chains of the GEMM kernel's vector FMAs on registers only (no loads or stores), best of
-/// three rounds of about 0.1 s. No GEMM, Alpha's or any library's, can run faster; the
-/// gap between this and [`peak`] is what feeding the FMA units from memory costs. `None`
-/// where the GEMM kernel has no vector FMA (the portable and WebAssembly builds).
+/// three rounds of about 0.1 s. No GEMM, Alpha's or any library's, can run faster at the same
+/// clock; but boost clocks follow the load, and on the Zen 1 VM this loop read 36.4-37.3
+/// GFLOP/s right after [`peak`]'s GEMM run (36.5-36.8) and 36.4-39.6 on its own, so the two compare
+/// only when measured together. `None` where the GEMM kernel has no vector FMA (the portable
+/// and WebAssembly builds).
 pub fn fma_limit(pool: &ThreadPool) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
