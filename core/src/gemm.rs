@@ -31,6 +31,10 @@
 //! element sees the same arithmetic wherever tile edges fall: results do not depend on how
 //! callers split rows across tasks.
 //!
+//! A product whose A is zero outside a band (attention's causal ones: [`gemm_banded`]) runs
+//! each micro-tile over only the depth some row of it needs (attention's forward 3% and
+//! backward 5% faster on nanoGPT's CPU config, Zen 1).
+//!
 //! Each layout of A (row-major, groups in place, packed groups) has its own compiled loops
 //! and stack frame: `(MR + NR) * KC` elements (33 KiB for f32 with AVX2, 66 with AVX-512), or
 //! `(MC + NR) * KC` for packed groups (168 KiB with AVX2).
@@ -108,6 +112,34 @@ impl<T: Float> BOperand<T> {
     }
 }
 
+/// The part of the depth each row of C needs, where A is zero outside a band (attention's
+/// causal products): the micro-tiles skip the rest, a tile of rows `i0..i1` the depth that
+/// none of its rows needs. Skipped terms are exact zeros, so the sums are unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Band {
+    /// Every row needs the whole depth.
+    Full,
+    /// Row `i` needs depth `..i + d` (`P·V`: query `i` sees keys up to itself).
+    Below(usize),
+    /// Row `i` needs depth `i - d..` (saturating; `Pᵀ·dO`: key `i` is seen from query `i`).
+    Above(usize),
+}
+
+impl Band {
+    /// The depth rows `rows` need, within the K block `pc..pc + kc`, as an offset into the
+    /// block and a length (zero where they need none of it).
+    #[inline(always)]
+    fn depth(self, rows: core::ops::Range<usize>, pc: usize, kc: usize) -> (usize, usize) {
+        let (start, end) = match self {
+            Band::Full => return (0, kc),
+            Band::Below(d) => (pc, (rows.end - 1 + d).min(pc + kc)),
+            Band::Above(d) => (rows.start.saturating_sub(d).max(pc), pc + kc),
+        };
+        let start = start.min(pc + kc);
+        (start - pc, end.saturating_sub(start))
+    }
+}
+
 /// One product `C [m x n] = A [m x k] · B [k x n] + (beta·C + bias)`, as it is passed down
 /// from the public entries through a kernel's layers (dispatch, blocking, loops).
 #[derive(Clone, Copy)]
@@ -130,6 +162,8 @@ pub struct Product<T> {
     pub c: *mut T,
     /// Row stride of C.
     pub ldc: usize,
+    /// The depth each row of C needs.
+    pub band: Band,
 }
 
 /// A whole GEMM for one micro-kernel, as [`gemm_packed`] computes it. Safety as [`gemm`],
@@ -170,9 +204,23 @@ struct Aligned<A>(A);
 /// overlap `a` or `b`, and no other thread may access the written part of `c`.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
+    // SAFETY: forwarded.
+    unsafe { gemm_banded(m, n, k, a, b, ldb, beta, c, ldc, Band::Full) }
+}
+
+/// [`gemm`] for an A that is zero outside `band`: the depth no row needs is skipped (bits as
+/// [`gemm`]'s wherever B is finite there).
+///
+/// # Panics
+/// If A has no unit stride.
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_banded<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize, band: Band) {
     assert_unit_stride(a);
     // SAFETY: forwarded.
-    unsafe { (T::kernel().gemm)(Product { m, n, k, a, b: BOperand::Rows { ptr: b, ld: ldb }, beta, bias: core::ptr::null(), c, ldc }) }
+    unsafe { (T::kernel().gemm)(Product { m, n, k, a, b: BOperand::Rows { ptr: b, ld: ldb }, beta, bias: core::ptr::null(), c, ldc, band }) }
 }
 
 /// Elements [`pack_panels`] may write for a `k x n` B, whatever the kernel: `k` rows of `n`
@@ -278,7 +326,7 @@ unsafe fn gemm_packed_on<T: Float>(
         None => core::ptr::null(),
     };
     // SAFETY: forwarded; the panels hold k x n (checked).
-    unsafe { (kernel.gemm)(Product { m, n, k, a, b: BOperand::Panels(panels.as_ptr()), beta, bias, c, ldc }) }
+    unsafe { (kernel.gemm)(Product { m, n, k, a, b: BOperand::Panels(panels.as_ptr()), beta, bias, c, ldc, band: Band::Full }) }
 }
 
 fn assert_unit_stride<T>(a: Strided<T>) {
@@ -353,7 +401,7 @@ unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT:
 /// As [`gemm`]; the kernel must run on this CPU.
 #[inline(always)]
 unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(tile: TileFn<T>, ap: *mut T, p: Product<T>) {
-    let Product { m, n, k, a, b, beta, bias, c, ldc } = p;
+    let Product { m, n, k, a, b, beta, bias, c, ldc, band } = p;
     let mut b_pack = MaybeUninit::<Aligned<[[T; NR]; KC]>>::uninit();
     let mut c_edge = MaybeUninit::<Aligned<[[T; NR]; MR]>>::uninit();
     let mut bias_edge = [T::ZERO; NR];
@@ -393,7 +441,12 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT
                             (ap.add((ir - in_place) * KC).cast_const(), packed_stride)
                         };
                         let ct = c.add((ic + ir) * ldc + jc);
-                        let kernel = |c, ldc| tile(kc, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
+                        // The band's depth: a later start moves along A's rows (or groups)
+                        // and B's rows.
+                        let (skip, depth) = band.depth(ic + ir..ic + ir + rows, pc, kc);
+                        let a_panel = a_panel.add(skip * if by_rows { 1 } else { a_stride });
+                        let b_panel = b_panel.add(skip * b_stride);
+                        let kernel = |c, ldc| tile(depth, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
                         run_tile::<T, MR, NR>(kernel, rows, w, ct, ldc, c_edge.as_mut_ptr().cast());
                     }
                 }
@@ -775,7 +828,7 @@ unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *cons
 /// As [`gemm`].
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 unsafe fn gemm_wasm(p: Product<f32>) {
-    let Product { m, n, k, a, b, beta, bias, c, ldc } = p;
+    let Product { m, n, k, a, b, beta, bias, c, ldc, band } = p;
     if k == 0 {
         // SAFETY: forwarded.
         return unsafe { scale_c(p) };
@@ -809,7 +862,9 @@ unsafe fn gemm_wasm(p: Product<f32>) {
                             (ae.cast_const(), 1, WASM_MR)
                         }
                     };
-                    let tile = |c: *mut f32, ldc: usize| tile_wasm(kc, ap, a_rs, a_cs, bp, bs, beta_pc, bias_panel, c, ldc);
+                    let (skip, depth) = band.depth(ir..ir + rows, pc, kc);
+                    let (ap, bp) = (ap.add(skip * a_cs), bp.add(skip * bs));
+                    let tile = |c: *mut f32, ldc: usize| tile_wasm(depth, ap, a_rs, a_cs, bp, bs, beta_pc, bias_panel, c, ldc);
                     run_tile::<f32, WASM_MR, WASM_NR>(tile, rows, w, c.add(ir * ldc + jc), ldc, c_edge.as_mut_ptr().cast());
                 }
             }
@@ -1045,6 +1100,48 @@ mod tests {
         }
     }
 
+    /// With A zero outside a band, the banded product has the bits of the full one: every
+    /// kernel, every layout of A, beta 0 and 1, bands ending and starting inside and past
+    /// the depth, over two K blocks.
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn banded_product_matches_full() {
+        let (m, n, k) = (29, 21, KC + 45);
+        let mut rng = Rng::new(11);
+        let b: Vec<f32> = (0..k * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        let c0: Vec<f32> = (0..m * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        for band in [Band::Below(1), Band::Below(7), Band::Below(KC + 3), Band::Below(k), Band::Above(0), Band::Above(5)] {
+            let needed = |i: usize, p: usize| match band {
+                Band::Full => true,
+                Band::Below(d) => p < i + d,
+                Band::Above(d) => p + d >= i,
+            };
+            let a: Vec<f32> = (0..m * k).map(|x| if needed(x / k, x % k) { rng.next_f64() as f32 - 0.5 } else { 0.0 }).collect();
+            // Row-major; column-major with columns close (groups read in place) and far apart
+            // (groups packed).
+            for col_stride in [0, m, 300] {
+                let (stored, rs, cs) = match col_stride {
+                    0 => (a.clone(), k, 1),
+                    _ => {
+                        ((0..col_stride * k).map(|x| if x % col_stride < m { a[(x % col_stride) * k + x / col_stride] } else { 0.0 }).collect(), 1, col_stride)
+                    }
+                };
+                let a = Strided { ptr: stored.as_ptr(), rs, cs };
+                for beta in [0.0, 1.0] {
+                    for (name, kernel) in f32_kernels() {
+                        let run = |band| {
+                            let mut c = c0.clone();
+                            let b = BOperand::Rows { ptr: b.as_ptr(), ld: n };
+                            unsafe { (kernel.gemm)(Product { m, n, k, a, b, beta, bias: core::ptr::null(), c: c.as_mut_ptr(), ldc: n, band }) };
+                            c
+                        };
+                        assert_eq!(run(band), run(Band::Full), "{name} {band:?} column stride {col_stride} beta {beta}");
+                    }
+                }
+            }
+        }
+    }
+
     #[cfg(not(target_arch = "wasm32"))]
     #[test]
     #[should_panic(expected = "row-major or column-major")]
@@ -1093,6 +1190,7 @@ mod tests {
                                 bias: bias.as_ptr(),
                                 c: c64.as_mut_ptr(),
                                 ldc: n,
+                                band: Band::Full,
                             }),
                             false => gemm(m, n, k, a64, b.as_ptr(), n, beta, c64.as_mut_ptr(), n),
                         }
@@ -1119,6 +1217,7 @@ mod tests {
                                 bias: bias_ptr,
                                 c: c32.as_mut_ptr(),
                                 ldc: n,
+                                band: Band::Full,
                             })
                         };
                         for i in 0..m * n {
@@ -1141,6 +1240,7 @@ mod tests {
                                     bias: core::ptr::null(),
                                     c: c_then.as_mut_ptr(),
                                     ldc: n,
+                                    band: Band::Full,
                                 })
                             };
                             assert_eq!(c_then, c32, "{name} {m}x{n}x{k} beta={beta}: bias differs from a prefilled C");

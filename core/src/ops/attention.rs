@@ -9,7 +9,7 @@
 //! probabilities (FlashAttention style).
 
 use crate::float::{dot, map_sum, max_of_first, Float};
-use crate::gemm::{gemm, transpose, Strided, MAX_MR};
+use crate::gemm::{gemm, gemm_banded, transpose, Band, Strided, MAX_MR};
 use crate::parallel::{Parallel, SharedMut};
 use crate::simd::wide_dispatch;
 use core::ops::Range;
@@ -186,21 +186,22 @@ pub fn forward<T: Float>(par: &dyn Parallel, out: &mut [T], lse: &mut [T], qkv: 
                 let probs = Strided { ptr: p.as_ptr(), rs: t, cs: 1 };
                 let v = head.part(0, 2);
                 let o = out_p.ptr().add((head.b * t + q0) * c + head.h * hs);
-                gemm_b_strided(rows.len(), hs, keys, probs, v, T::ZERO, o, c);
+                // Query q0 + r sees keys ..q0 + r + 1: the rest of its row of P is zero.
+                gemm_b_strided(rows.len(), hs, keys, probs, v, T::ZERO, o, c, Band::Below(q0 + 1));
             }
         }
     });
 }
 
-/// `gemm` whose B operand is a row-strided view (unit column stride).
+/// [`gemm_banded`] whose B operand is a row-strided view (unit column stride).
 ///
 /// # Safety
-/// As [`gemm`].
+/// As [`gemm_banded`].
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_b_strided<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: Strided<T>, beta: T, c: *mut T, ldc: usize) {
+unsafe fn gemm_b_strided<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: Strided<T>, beta: T, c: *mut T, ldc: usize, band: Band) {
     debug_assert_eq!(b.cs, 1);
     // SAFETY: forwarded.
-    unsafe { gemm(m, n, k, a, b.ptr, b.rs, beta, c, ldc) }
+    unsafe { gemm_banded(m, n, k, a, b.ptr, b.rs, beta, c, ldc, band) }
 }
 
 /// Backward: writes (overwrites) `dqkv [B, T, 3C]` from `dout [B, T, C]`, using the forward's
@@ -247,10 +248,12 @@ pub fn backward<T: Float>(par: &dyn Parallel, dqkv: &mut [T], dout: &[T], qkv: &
                 let p_t = Strided { ptr: p.as_ptr(), rs: 1, cs: t };
                 let ds_t = Strided { ptr: dp.as_ptr(), rs: 1, cs: t };
                 let ds = Strided { ptr: dp.as_ptr(), rs: t, cs: 1 };
-                // dV[..keys] (+)= Pᵀ · dO;  dK[..keys] (+)= dSᵀ · Q;  dQ[rows] = dS · K.
-                gemm_b_strided(keys, hs, n, p_t, d_o, beta_kv, d_at(0, 2), ld);
-                gemm_b_strided(keys, hs, n, ds_t, head.part(q0, 0), beta_kv, d_at(0, 1), ld);
-                gemm_b_strided(n, hs, keys, ds, head.part(0, 1), T::ZERO, d_at(q0, 0), ld);
+                // dV[..keys] (+)= Pᵀ · dO;  dK[..keys] (+)= dSᵀ · Q;  dQ[rows] = dS · K. P and
+                // dS are zero past each query's keys: key j takes no query before it.
+                let (seen_from, sees) = (Band::Above(q0), Band::Below(q0 + 1));
+                gemm_b_strided(keys, hs, n, p_t, d_o, beta_kv, d_at(0, 2), ld, seen_from);
+                gemm_b_strided(keys, hs, n, ds_t, head.part(q0, 0), beta_kv, d_at(0, 1), ld, seen_from);
+                gemm_b_strided(n, hs, keys, ds, head.part(0, 1), T::ZERO, d_at(q0, 0), ld, sees);
             }
         }
     });
