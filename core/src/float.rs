@@ -160,28 +160,6 @@ fn sum_lanes<T: Float>(mut acc: [T; 16]) -> T {
     acc[0]
 }
 
-/// Replaces each `a[i]` by `f(i, a[i])` and returns the sum of the new values, added in
-/// [`sum_map3`]'s order while they are still in registers (no second pass reading them back).
-#[inline(always)]
-pub fn map_sum<T: Float>(a: &mut [T], f: impl Fn(usize, T) -> T) -> T {
-    const LANES: usize = 16;
-    let whole = a.len() / LANES * LANES;
-    let (chunks, rest) = a.split_at_mut(whole);
-    let mut acc = [T::ZERO; LANES];
-    for (c, chunk) in chunks.chunks_exact_mut(LANES).enumerate() {
-        for (l, (s, x)) in acc.iter_mut().zip(chunk).enumerate() {
-            *x = f(c * LANES + l, *x);
-            *s += *x;
-        }
-    }
-    let mut tail = T::ZERO;
-    for (j, x) in rest.iter_mut().enumerate() {
-        *x = f(whole + j, *x);
-        tail += *x;
-    }
-    sum_lanes(acc) + tail
-}
-
 /// `Σ term(a[i], b[i])` in [`sum_map3`]'s order.
 #[inline(always)]
 pub fn sum_map2<T: Float>(a: &[T], b: &[T], term: impl Fn(T, T) -> T) -> T {
@@ -318,20 +296,6 @@ mod tests {
                     assert_eq!(max_of_first(&a, live), 3.0, "len {len} live {live} at {at}");
                 }
             }
-        }
-    }
-
-    /// `map_sum` stores what `f` returns and sums it exactly as `sum_map` sums the result.
-    #[test]
-    fn map_sum_matches_map_then_sum() {
-        for len in [0, 1, 15, 16, 17, 64, 75] {
-            let orig: Vec<f32> = (0..len).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.37).collect();
-            let f = |i: usize, x: f32| exp_f32(x) * (i % 3) as f32;
-            let mut fused = orig.clone();
-            let sum = map_sum(&mut fused, f);
-            let mapped: Vec<f32> = orig.iter().enumerate().map(|(i, &x)| f(i, x)).collect();
-            assert_eq!(fused, mapped);
-            assert_eq!(sum.to_bits(), sum_map(&mapped, |x| x).to_bits(), "len {len}");
         }
     }
 
