@@ -3,10 +3,11 @@
 #   formatting (cargo fmt --check), unit tests and finite-difference gradient checks, the
 #   zero-allocation test, end-to-end CLI tests, cross-crate tests, every GPU kernel and the
 #   whole model against the CPU (on any Vulkan adapter; without a GPU, lavapipe from
-#   mesa-vulkan-drivers), the embedding example, alpha-core's no_std builds, the GEMM tests
-#   again on the WebAssembly kernel (both builds), and the browser demo (alpha-web's two
-#   builds from scripts/build-web.sh, then tested in Debian's Chromium through
-#   playwright-core: WebGPU on SwiftShader and both WebAssembly CPU builds).
+#   mesa-vulkan-drivers), the embedding example, the API docs (rustdoc warnings are errors),
+#   alpha-core's no_std builds, the GEMM tests again on the WebAssembly kernel (both builds),
+#   and the browser demo (alpha-web's two builds from scripts/build-web.sh, then tested in
+#   Debian's Chromium through playwright-core: WebGPU on SwiftShader and both WebAssembly CPU
+#   builds).
 # The no_std builds use the rustup target thumbv7em-none-eabihf when it is installed, else
 # Debian's rustc-web/cargo-web/rust-web-src (.ci/run installs them); ALPHA_SKIP_NO_STD=1 skips.
 # The browser build uses the active toolchain when it has wasm32-unknown-unknown, else the one
@@ -29,6 +30,8 @@ fi
 
 cargo test --workspace --profile test-opt
 cargo run --profile test-opt -p alpha-core --example tiny --features alloc
+# The API docs (the crates are meant to be embedded): no broken or private links, no stray HTML.
+RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps
 
 if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then
     target=thumbv7em-none-eabihf

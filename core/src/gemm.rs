@@ -18,7 +18,7 @@
 //! A is read where it lies (packing row-major A was a copy of every row through L1: 4.6% of
 //! a training step): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
 //! `MR` consecutive values, one group per step, where its columns are close enough together
-//! (see [`IN_PLACE_GROUP_STRIDE`]; else it is packed a row block at a time). A last
+//! (see `IN_PLACE_GROUP_STRIDE`; else it is packed a row block at a time). A last
 //! micro-panel of fewer rows is packed, zero-padded, in the same layout (`MR` rows of `KC`
 //! values, or groups of `MR`). The kernel reads both layouts with one broadcast per row and
 //! step; it is compiled for each.

@@ -1,13 +1,13 @@
 //! Run-time SIMD dispatch for the element-wise loops outside the GEMM.
 //!
-//! [`wide_dispatch!`] defines a function that runs a loop body compiled again with AVX-512
+//! `wide_dispatch!` defines a function that runs a loop body compiled again with AVX-512
 //! or with AVX2 enabled, whichever is the widest the CPU has (detected at run time with
 //! `std`), else the baseline build. Every build performs the same IEEE operations (no FMA
 //! contraction, and sums in the order the code spells out), so results are bit-identical
 //! whichever runs.
 
 /// The widest vector extension this CPU has of those Alpha's kernels are compiled for: the
-/// element-wise loops ([`wide_dispatch!`]) and the GEMM's micro-kernel both follow it.
+/// element-wise loops (`wide_dispatch!`) and the GEMM's micro-kernel both follow it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Width {
     /// AVX-512 (F, DQ, VL, BW): 16 f32 lanes.

@@ -221,7 +221,7 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// Where it runs, for the start line: "2 threads" or "GPU <adapter> (<backend>)".
+    /// Where it runs, for the start line: `"2 threads"` or `"GPU <adapter> (<backend>)"`.
     pub fn describe(&self) -> String {
         match self {
             Engine::Cpu { pool, .. } => format!("{} threads", pool.threads()),

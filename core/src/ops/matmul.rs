@@ -116,7 +116,7 @@ const ROW_BLOCK: usize = crate::gemm::MC;
 
 /// Elements of the scratch [`forward`] and [`backward`] need for `w [M, K]`: forward's
 /// wᵀ in the GEMM's panels; backward's w in them (then, in the same place, one K block of
-/// both halves' `x` in panels: see [`weight_gradient`]), and the second half of `dw`'s sum.
+/// both halves' `x` in panels: see `weight_gradient`), and the second half of `dw`'s sum.
 pub fn scratch_len(k: usize, m: usize) -> usize {
     panels_len(m, k).max(backward_panels_len(k, m) + m * k)
 }
@@ -185,7 +185,7 @@ pub fn forward<T: Float>(par: &dyn Parallel, wt: &mut [T], out: &mut [T], x: &[T
 /// `partials` is scratch of at least [`row_blocks::blocks`]`(N) * M` elements (for `db`),
 /// `scratch` of at least [`scratch_len`]: w packed into the GEMM's panels once for `dx` (the
 /// baby config's `dx` products ran 4-10% faster than packing w per block of 96 rows), then in
-/// the same place `x` in panels for `dw` (see [`weight_gradient`]), and beside it the second
+/// the same place `x` in panels for `dw` (see `weight_gradient`), and beside it the second
 /// half of `dw`'s sum over the N rows, which is added after the first.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Float>(
