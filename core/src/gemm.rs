@@ -19,24 +19,24 @@
 //! a training step): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
 //! `MR` consecutive values, one group per step, where its columns are close enough together
 //! (see `IN_PLACE_GROUP_STRIDE`; else it is packed a row block at a time). A last
-//! micro-panel of fewer rows is packed, zero-padded, in the same layout (`MR` rows of `KC`
-//! values, or groups of `MR`). The kernel reads both layouts with one broadcast per row and
-//! step; it is compiled for each.
+//! micro-tile of fewer rows (an edge) runs a kernel compiled for that many rows, which reads
+//! only those rows of A and writes only those of C. The kernel reads both layouts with one
+//! broadcast per row and step; it is compiled for each.
 //!
 //! The f32 kernels use AVX-512 (12 x 32) or AVX2 + FMA (6 x 16) on x86-64, detected at run
 //! time with `std` and at compile time without, and the whole blocked loop is compiled with
 //! the same features; WebAssembly builds with `simd128` use a 4 x 8 `v128` kernel (fused
 //! multiply-add where the build also enables `relaxed-simd`) that reads A and B in place and
-//! packs only edge tiles; f64 and other CPUs use the portable kernel. Edge tiles run the same kernel on a padded copy of C, so every
-//! element sees the same arithmetic wherever tile edges fall: results do not depend on how
-//! callers split rows across tasks.
+//! packs only edge panels of B; f64 and other CPUs use the portable kernel. Edge tiles run the
+//! same arithmetic per element (their missing columns on a zero-padded copy of C), so results
+//! do not depend on where tile edges fall, nor on how callers split rows across tasks.
 //!
 //! A product whose A is zero outside a band (attention's causal ones: [`gemm_banded`]) runs
 //! each micro-tile over only the depth some row of it needs (attention's forward 3% and
 //! backward 5% faster on nanoGPT's CPU config, Zen 1).
 //!
 //! Each layout of A (row-major, groups in place, packed groups) has its own compiled loops
-//! and stack frame: `(MR + NR) * KC` elements (33 KiB for f32 with AVX2, 66 with AVX-512), or
+//! and stack frame: `NR * KC` elements (24 KiB for f32 with AVX2, 48 with AVX-512), or
 //! `(MC + NR) * KC` for packed groups (168 KiB with AVX2).
 
 use crate::float::Float;
@@ -187,6 +187,25 @@ pub struct Kernel<T> {
 /// `kc` rows of `NR` values `b_stride` apart and `bias` `NR` values added to every row (or
 /// is null: none). With `beta == 0`, C is only written.
 type TileFn<T> = unsafe fn(usize, *const T, usize, *const T, usize, T, *const T, *mut T, usize);
+
+/// A micro-kernel for an edge tile: `(rows, kc, ...)` as [`TileFn`] for the top `rows`
+/// (fewer than `MR`) rows of the tile, reading only those rows of A and writing only those
+/// of C, with the same arithmetic per element.
+type EdgeTileFn<T> = unsafe fn(usize, usize, *const T, usize, *const T, usize, T, *const T, *mut T, usize);
+
+/// `$body` with the const `$r` set to the run-time `$rows`, one of `$each`: the micro-kernels
+/// are compiled for each row count of an edge tile.
+macro_rules! with_rows {
+    ($rows:expr, [$($each:literal)*], |$r:ident| $body:expr) => {
+        match $rows {
+            $($each => {
+                const $r: usize = $each;
+                $body
+            })*
+            _ => unreachable!("an edge tile has fewer rows than a whole one"),
+        }
+    };
+}
 
 /// Storage aligned to a cache line.
 #[repr(C, align(64))]
@@ -374,41 +393,43 @@ unsafe fn dispatch_layout<T: Float>(loops: [GemmFn<T>; 3], p: Product<T>) {
     unsafe { loops[layout](p) }
 }
 
-/// The blocked loops for an `MR x NR` micro-kernel `tile` and one `LAYOUT` of A (k > 0),
-/// with the A buffer that layout needs: one micro-panel (for a last one of fewer than `MR`
-/// rows), or a whole row block of packed groups.
+/// The blocked loops for an `MR x NR` micro-kernel `tile` (and `edge_tile` for fewer rows)
+/// and one `LAYOUT` of A (k > 0), with the buffer for a row block of packed groups where
+/// that layout needs one.
 ///
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU; A's layout must be `LAYOUT`.
 #[inline(always)]
-unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(tile: TileFn<T>, p: Product<T>) {
+unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(tile: TileFn<T>, edge_tile: EdgeTileFn<T>, p: Product<T>) {
     const { assert!(MR <= MAX_MR && MC.is_multiple_of(MR) && NR <= MAX_NR) };
     if LAYOUT == GROUPS_PACKED {
         let mut a_block = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
         // SAFETY: forwarded; the buffer holds MC x KC.
-        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_block.as_mut_ptr().cast(), p) }
+        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, edge_tile, a_block.as_mut_ptr().cast(), p) }
     } else {
-        let mut a_panel = MaybeUninit::<Aligned<[[T; KC]; MR]>>::uninit();
-        // SAFETY: forwarded; the buffer holds MR x KC.
-        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, a_panel.as_mut_ptr().cast(), p) }
+        // SAFETY: forwarded; A is read in place.
+        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, edge_tile, core::ptr::null_mut(), p) }
     }
 }
 
-/// [`gemm_blocked`]'s loops; `k > 0`. `ap` holds `MR x KC` elements, `MC x KC` for
-/// [`GROUPS_PACKED`].
+/// [`gemm_blocked`]'s loops; `k > 0`. `ap` holds `MC x KC` elements for [`GROUPS_PACKED`]
+/// (else it is not used).
 ///
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU.
 #[inline(always)]
-unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(tile: TileFn<T>, ap: *mut T, p: Product<T>) {
+unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(tile: TileFn<T>, edge_tile: EdgeTileFn<T>, ap: *mut T, p: Product<T>) {
     let Product { m, n, k, a, b, beta, bias, c, ldc, band } = p;
     let mut b_pack = MaybeUninit::<Aligned<[[T; NR]; KC]>>::uninit();
     let mut c_edge = MaybeUninit::<Aligned<[[T; NR]; MR]>>::uninit();
     let mut bias_edge = [T::ZERO; NR];
     let bp = b_pack.as_mut_ptr().cast::<T>();
-    let by_rows = LAYOUT == ROWS;
-    // Strides of A's micro-panels read in place and of the packed last one.
-    let (in_place_stride, packed_stride) = if by_rows { (a.rs, KC) } else { (a.cs, MR) };
+    // Stride of A's micro-panels: where they lie, or packed.
+    let a_stride = match LAYOUT {
+        ROWS => a.rs,
+        GROUPS_IN_PLACE => a.cs,
+        _ => MR,
+    };
     let row_block = row_block(m, MR);
     for pc in (0..k).step_by(KC) {
         let kc = KC.min(k - pc);
@@ -416,12 +437,11 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT
         let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (T::ONE, core::ptr::null()) };
         for ic in (0..m).step_by(row_block) {
             let mc = row_block.min(m - ic);
-            // Rows ic..ic+in_place are read in place; the rest are packed (fewer than MR, or
-            // the whole block of far-apart groups).
-            let in_place = if LAYOUT == GROUPS_PACKED { 0 } else { mc / MR * MR };
-            // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
-            // holds MR x KC, or MC x KC for packed groups.
-            unsafe { pack_a::<T, MR>(ap, a, ic + in_place, mc - in_place, pc, kc, by_rows) };
+            if LAYOUT == GROUPS_PACKED {
+                // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
+                // holds MC x KC.
+                unsafe { pack_groups::<T, MR>(ap, a, ic, mc, pc, kc) };
+            }
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
                 // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds KC x NR;
@@ -431,23 +451,22 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT
                     unsafe { (b.panel::<NR>(k, pc, kc, jc, w, mc <= MC / 2, bp), bias_panel::<T, NR>(bias_pc, jc, w, &mut bias_edge)) };
                 for ir in (0..mc).step_by(MR) {
                     let rows = MR.min(mc - ir);
-                    // SAFETY: rows ic+ir.. of A, or micro-panel (ir-in_place)/MR of the packed
-                    // ones (MR x KC apart); the tile (ic+ir.., jc..) is inside C; the edge copy
-                    // holds MR x NR.
+                    // SAFETY: rows ic+ir.. of A, or micro-panel ir/MR of the packed ones (MR x
+                    // KC apart); the tile (ic+ir.., jc..) is inside C; the edge copy holds MR x NR.
                     unsafe {
-                        let (a_panel, a_stride) = if ir < in_place {
-                            (a.ptr.add((ic + ir) * a.rs + pc * a.cs), in_place_stride)
-                        } else {
-                            (ap.add((ir - in_place) * KC).cast_const(), packed_stride)
+                        let a_panel = match LAYOUT {
+                            GROUPS_PACKED => ap.add(ir * KC).cast_const(),
+                            _ => a.ptr.add((ic + ir) * a.rs + pc * a.cs),
                         };
                         let ct = c.add((ic + ir) * ldc + jc);
                         // The band's depth: a later start moves along A's rows (or groups)
                         // and B's rows.
                         let (skip, depth) = band.depth(ic + ir..ic + ir + rows, pc, kc);
-                        let a_panel = a_panel.add(skip * if by_rows { 1 } else { a_stride });
+                        let a_panel = a_panel.add(skip * if LAYOUT == ROWS { 1 } else { a_stride });
                         let b_panel = b_panel.add(skip * b_stride);
-                        let kernel = |c, ldc| tile(depth, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
-                        run_tile::<T, MR, NR>(kernel, rows, w, ct, ldc, c_edge.as_mut_ptr().cast());
+                        let whole = |c, ldc| tile(depth, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
+                        let edge = |rows, c, ldc| edge_tile(rows, depth, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
+                        run_tile::<T, MR, NR>(whole, edge, rows, w, ct, ldc, c_edge.as_mut_ptr().cast());
                     }
                 }
             }
@@ -493,68 +512,71 @@ unsafe fn bias_panel<T: Float, const NR: usize>(bias: *const T, jc: usize, w: us
     edge.as_ptr()
 }
 
-/// Runs `tile(c, ldc)` for the `rows x w` corner of an `MR x NR` tile of C at `ct`: in place
-/// when the tile is whole, else on a zero-padded copy in `edge` (row stride `NR`), so edge
-/// elements see the same arithmetic as the rest. The copy is cleared only when it is used:
-/// clearing it once per call was 1% of a training step, mostly in attention's small products.
+/// Runs the `rows x w` block of C at `ct` of an `MR x NR` tile: `whole(c, ldc)` in place for
+/// a whole tile, else `edge(rows, c, ldc)` (`rows` rows of `NR` columns; `whole` for `MR`)
+/// in place where the columns are whole, or on a zero-padded copy in `c_edge` (row stride
+/// `NR`), so edge elements see the same arithmetic as the rest. The copy is cleared only when
+/// it is used: clearing it once per call was 1% of a training step, mostly in attention's
+/// small products.
 ///
 /// # Safety
-/// The `rows x w` block at `ct` must be inside C; `edge` must be valid for `MR x NR` writes.
+/// The `rows x w` block at `ct` must be inside C; `c_edge` must be valid for `rows x NR`
+/// writes.
 #[inline(always)]
-unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(tile: impl FnOnce(*mut T, usize), rows: usize, w: usize, ct: *mut T, ldc: usize, edge: *mut T) {
-    if rows == MR && w == NR {
-        tile(ct, ldc);
-        return;
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(
+    whole: impl FnOnce(*mut T, usize),
+    edge: impl FnOnce(usize, *mut T, usize),
+    rows: usize,
+    w: usize,
+    ct: *mut T,
+    ldc: usize,
+    c_edge: *mut T,
+) {
+    // `whole` is called in two places only, so that the loops inline both.
+    if w == NR {
+        return if rows == MR { whole(ct, ldc) } else { edge(rows, ct, ldc) };
     }
     // SAFETY: inside C and the edge copy (caller).
     unsafe {
-        for i in 0..MR * NR {
-            edge.add(i).write(T::ZERO);
+        for i in 0..rows * NR {
+            c_edge.add(i).write(T::ZERO);
         }
         for i in 0..rows {
-            core::ptr::copy_nonoverlapping(ct.add(i * ldc), edge.add(i * NR), w);
+            core::ptr::copy_nonoverlapping(ct.add(i * ldc), c_edge.add(i * NR), w);
         }
-        tile(edge, NR);
+        if rows == MR {
+            whole(c_edge, NR)
+        } else {
+            edge(rows, c_edge, NR)
+        }
         for i in 0..rows {
-            core::ptr::copy_nonoverlapping(edge.add(i * NR), ct.add(i * ldc), w);
+            core::ptr::copy_nonoverlapping(c_edge.add(i * NR), ct.add(i * ldc), w);
         }
     }
 }
 
-/// Packs rows `i0..i0+mc`, columns `p0..p0+kc` of `a` into `dst` as micro-panels of `MR`
-/// rows, `MR x KC` elements apart: as `MR` rows `KC` apart (`by_rows`, for row-major A) or
-/// as `kc` groups of `MR` values. Rows past `mc` are zero.
+/// Packs rows `i0..i0+mc`, columns `p0..p0+kc` of a column-major `a` into `dst` as
+/// micro-panels of `kc` groups of `MR` values, `MR x KC` elements apart (a last panel's
+/// groups hold only its rows).
 ///
 /// # Safety
 /// The block must be inside `a`; `dst` must hold `mc.next_multiple_of(MR) x KC` elements.
 #[inline(always)]
-unsafe fn pack_a<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usize, mc: usize, p0: usize, kc: usize, by_rows: bool) {
+unsafe fn pack_groups<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usize, mc: usize, p0: usize, kc: usize) {
     for r0 in (0..mc).step_by(MR) {
         let rows = MR.min(mc - r0);
         // SAFETY (all accesses): inside the block and the buffer (caller).
         unsafe {
             let panel = dst.add(r0 * KC);
             let src = a.ptr.add((i0 + r0) * a.rs + p0 * a.cs);
-            if by_rows {
-                for i in 0..MR {
-                    let row = panel.add(i * KC);
-                    if i < rows {
-                        core::ptr::copy_nonoverlapping(src.add(i * a.rs), row, kc);
-                    } else {
-                        core::slice::from_raw_parts_mut(row, kc).fill(T::ZERO);
-                    }
-                }
-            } else {
-                // Constant-length copies, as in `pack_b`.
-                for p in 0..kc {
-                    let group = panel.add(p * MR);
-                    if rows == MR {
-                        core::ptr::copy_nonoverlapping(src.add(p * a.cs), group, MR);
-                    } else {
-                        for i in 0..MR {
-                            group.add(i).write(if i < rows { *src.add(i * a.rs + p * a.cs) } else { T::ZERO });
-                        }
-                    }
+            for p in 0..kc {
+                let group = panel.add(p * MR);
+                if rows == MR {
+                    // Constant-length copies, as in `pack_b`.
+                    core::ptr::copy_nonoverlapping(src.add(p * a.cs), group, MR);
+                } else {
+                    core::ptr::copy_nonoverlapping(src.add(p * a.cs), group, rows);
                 }
             }
         }
@@ -593,10 +615,31 @@ const PORTABLE_MR: usize = 4;
 /// Columns of the portable kernel's tile.
 const PORTABLE_NR: usize = 16;
 
-/// The portable micro-kernel (`PORTABLE_MR x PORTABLE_NR`), plain Rust; `GROUPS`: A as
-/// groups `a_stride` apart, else rows `a_stride` apart.
+/// The portable micro-kernel for edge tiles (an [`EdgeTileFn`]).
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable_tile<T: Float, const GROUPS: bool>(
+unsafe fn portable_edge_tile<T: Float, const GROUPS: bool>(
+    rows: usize,
+    kc: usize,
+    a: *const T,
+    a_stride: usize,
+    b: *const T,
+    b_stride: usize,
+    beta: T,
+    bias: *const T,
+    c: *mut T,
+    ldc: usize,
+) {
+    const { assert!(PORTABLE_MR == 4) };
+    // SAFETY: forwarded.
+    with_rows!(rows, [1 2 3], |R| unsafe { portable_tile::<T, GROUPS, R>(kc, a, a_stride, b, b_stride, beta, bias, c, ldc) })
+}
+
+/// The portable micro-kernel (a [`TileFn`] for `R == PORTABLE_MR`, `PORTABLE_NR` columns)
+/// for `R` rows, plain Rust; `GROUPS`: A as groups `a_stride` apart, else rows `a_stride`
+/// apart.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn portable_tile<T: Float, const GROUPS: bool, const R: usize>(
     kc: usize,
     a: *const T,
     a_stride: usize,
@@ -608,7 +651,7 @@ unsafe fn portable_tile<T: Float, const GROUPS: bool>(
     ldc: usize,
 ) {
     let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
-    let mut acc = [[T::ZERO; PORTABLE_NR]; PORTABLE_MR];
+    let mut acc = [[T::ZERO; PORTABLE_NR]; R];
     for p in 0..kc {
         // SAFETY: B holds kc rows of PORTABLE_NR values (caller).
         let brow = unsafe { &*b.add(p * b_stride).cast::<[T; PORTABLE_NR]>() };
@@ -639,9 +682,13 @@ unsafe fn portable_tile<T: Float, const GROUPS: bool>(
 /// The portable GEMM's loops for one layout of A (compiled apart: see [`dispatch_layout`]).
 #[inline(never)]
 unsafe fn portable_loops<T: Float, const LAYOUT: usize>(p: Product<T>) {
-    let tile: TileFn<T> = if LAYOUT == ROWS { portable_tile::<T, false> } else { portable_tile::<T, true> };
+    let (tile, edge_tile): (TileFn<T>, EdgeTileFn<T>) = if LAYOUT == ROWS {
+        (portable_tile::<T, false, PORTABLE_MR>, portable_edge_tile::<T, false>)
+    } else {
+        (portable_tile::<T, true, PORTABLE_MR>, portable_edge_tile::<T, true>)
+    };
     // SAFETY: forwarded; plain Rust runs anywhere.
-    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, LAYOUT>(tile, p) }
+    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, LAYOUT>(tile, edge_tile, p) }
 }
 
 /// The portable GEMM.
@@ -656,106 +703,112 @@ pub(crate) fn portable<T: Float>() -> Kernel<T> {
     Kernel { mr: PORTABLE_MR, nr: PORTABLE_NR, gemm: portable_gemm::<T> }
 }
 
-/// Generates an x86-64 f32 micro-kernel for a vector type (`$mr` rows of `$vecs` registers)
-/// and the blocked GEMM on it, both compiled with `$feature` (without `std` only where the
-/// build enables AVX2 or more: there is no run-time detection then).
+/// Generates, as module `$name`, an x86-64 f32 micro-kernel for a vector type (`$mr` rows of
+/// `$vecs` registers; edge tiles of each of `$edge_rows` rows) and the blocked GEMM on it,
+/// all compiled with `$feature` (without `std` only where the build enables AVX2 or more:
+/// there is no run-time detection then).
 macro_rules! x86_kernel {
-    ($tile:ident, $loops:ident, $gemm:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, $vecs:expr,
+    ($name:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, [$($edge_rows:literal)*], $vecs:expr,
      $zero:ident, $load:ident, $store:ident, $set1:ident, $add:ident, $fma:ident) => {
-        /// An f32 micro-kernel (see the module docs).
-        ///
-        /// # Safety
-        /// The CPU must have the target feature; the tile must be inside the operands.
+        /// The micro-kernel for one x86-64 instruction set and the GEMM on it.
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
-        #[target_feature(enable = $feature)]
-        #[inline]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn $tile<const GROUPS: bool>(
-            kc: usize,
-            a: *const f32,
-            a_stride: usize,
-            b: *const f32,
-            b_stride: usize,
-            beta: f32,
-            bias: *const f32,
-            c: *mut f32,
-            ldc: usize,
-        ) {
+        mod $name {
+            use super::*;
             use core::arch::x86_64::*;
-            let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
-            // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
-            unsafe {
-                // The tile's lines of C are fetched while the loop runs, not when it stores:
-                // a training step's C is rarely in L1 (2-8% per product on nanoGPT's CPU
-                // config, forward attention and QKV the most).
-                for i in 0..$mr {
-                    let row = c.add(i * ldc);
-                    for j in (0..$vecs * $lanes).step_by(16) {
-                        _mm_prefetch::<_MM_HINT_T0>(row.add(j).cast());
+
+            /// The micro-kernel (a [`TileFn`] for `R == $mr`; see the module docs) for `R` rows.
+            ///
+            /// # Safety
+            /// The CPU must have the target feature; the tile must be inside the operands.
+            #[target_feature(enable = $feature)]
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn tile<const GROUPS: bool, const R: usize>(kc: usize, a: *const f32, a_stride: usize, b: *const f32, b_stride: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+                let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
+                // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
+                unsafe {
+                    // The tile's lines of C are fetched while the loop runs, not when it stores:
+                    // a training step's C is rarely in L1 (2-8% per product on nanoGPT's CPU
+                    // config, forward attention and QKV the most).
+                    for i in 0..R {
+                        let row = c.add(i * ldc);
+                        for j in (0..$vecs * $lanes).step_by(16) {
+                            _mm_prefetch::<_MM_HINT_T0>(row.add(j).cast());
+                        }
+                        _mm_prefetch::<_MM_HINT_T0>(row.add($vecs * $lanes - 1).cast());
                     }
-                    _mm_prefetch::<_MM_HINT_T0>(row.add($vecs * $lanes - 1).cast());
-                }
-                let mut acc: [[$vec; $vecs]; $mr] = [[$zero(); $vecs]; $mr];
-                for p in 0..kc {
-                    let bp = b.add(p * b_stride);
-                    let mut bv: [$vec; $vecs] = [$zero(); $vecs];
-                    for (h, v) in bv.iter_mut().enumerate() {
-                        *v = $load(bp.add(h * $lanes));
+                    let mut acc: [[$vec; $vecs]; R] = [[$zero(); $vecs]; R];
+                    for p in 0..kc {
+                        let bp = b.add(p * b_stride);
+                        let mut bv: [$vec; $vecs] = [$zero(); $vecs];
+                        for (h, v) in bv.iter_mut().enumerate() {
+                            *v = $load(bp.add(h * $lanes));
+                        }
+                        for (i, row) in acc.iter_mut().enumerate() {
+                            let ai = $set1(*a.add(i * rs + p * cs));
+                            for (x, &bh) in row.iter_mut().zip(&bv) {
+                                *x = $fma(ai, bh, *x);
+                            }
+                        }
                     }
-                    for (i, row) in acc.iter_mut().enumerate() {
-                        let ai = $set1(*a.add(i * rs + p * cs));
-                        for (x, &bh) in row.iter_mut().zip(&bv) {
-                            *x = $fma(ai, bh, *x);
+                    let vbeta = $set1(beta);
+                    for (i, row) in acc.iter().enumerate() {
+                        for (h, &v) in row.iter().enumerate() {
+                            let cp = c.add(i * ldc + h * $lanes);
+                            let out = match (beta == 0.0, bias.is_null()) {
+                                (true, true) => v,
+                                (false, true) => $fma(vbeta, $load(cp), v),
+                                (true, false) => $add(v, $load(bias.add(h * $lanes))),
+                                (false, false) => $add(v, $fma(vbeta, $load(cp), $load(bias.add(h * $lanes)))),
+                            };
+                            $store(cp, out);
                         }
                     }
                 }
-                let vbeta = $set1(beta);
-                for (i, row) in acc.iter().enumerate() {
-                    for (h, &v) in row.iter().enumerate() {
-                        let cp = c.add(i * ldc + h * $lanes);
-                        let out = match (beta == 0.0, bias.is_null()) {
-                            (true, true) => v,
-                            (false, true) => $fma(vbeta, $load(cp), v),
-                            (true, false) => $add(v, $load(bias.add(h * $lanes))),
-                            (false, false) => $add(v, $fma(vbeta, $load(cp), $load(bias.add(h * $lanes)))),
-                        };
-                        $store(cp, out);
-                    }
-                }
             }
-        }
 
-        /// The blocked loops on the kernel above for one layout of A (compiled apart: see
-        /// [`dispatch_layout`]).
-        ///
-        /// # Safety
-        /// As [`gemm`]; the CPU must have the target feature; A's layout must be `LAYOUT`.
-        #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
-        #[target_feature(enable = $feature)]
-        unsafe fn $loops<const LAYOUT: usize>(p: Product<f32>) {
-            let tile: TileFn<f32> = if LAYOUT == ROWS { $tile::<false> } else { $tile::<true> };
-            // SAFETY: forwarded; the caller checked the features.
-            unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, LAYOUT>(tile, p) }
-        }
+            /// [`tile`] for an edge tile (an [`EdgeTileFn`]).
+            ///
+            /// # Safety
+            /// As [`tile`].
+            #[target_feature(enable = $feature)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn edge_tile<const GROUPS: bool>(rows: usize, kc: usize, a: *const f32, a_stride: usize, b: *const f32, b_stride: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+                // SAFETY: forwarded.
+                with_rows!(rows, [$($edge_rows)*], |R| unsafe { tile::<GROUPS, R>(kc, a, a_stride, b, b_stride, beta, bias, c, ldc) })
+            }
 
-        /// The blocked GEMM on the kernel above.
-        ///
-        /// # Safety
-        /// As [`gemm`]; the CPU must have the target feature.
-        #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
-        unsafe fn $gemm(p: Product<f32>) {
-            let loops: [GemmFn<f32>; 3] = [$loops::<ROWS>, $loops::<GROUPS_IN_PLACE>, $loops::<GROUPS_PACKED>];
-            // SAFETY: forwarded; the caller checked the features.
-            unsafe { dispatch_layout(loops, p) }
+            /// The blocked loops on the kernel above for one layout of A (compiled apart: see
+            /// [`dispatch_layout`]).
+            ///
+            /// # Safety
+            /// As [`gemm`]; the CPU must have the target feature; A's layout must be `LAYOUT`.
+            #[target_feature(enable = $feature)]
+            unsafe fn loops<const LAYOUT: usize>(p: Product<f32>) {
+                let (tile, edge_tile): (TileFn<f32>, EdgeTileFn<f32>) =
+                    if LAYOUT == ROWS { (tile::<false, $mr>, edge_tile::<false>) } else { (tile::<true, $mr>, edge_tile::<true>) };
+                // SAFETY: forwarded; the caller checked the features.
+                unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, LAYOUT>(tile, edge_tile, p) }
+            }
+
+            /// The blocked GEMM on the kernel above.
+            ///
+            /// # Safety
+            /// As [`gemm`]; the CPU must have the target feature.
+            pub(super) unsafe fn gemm(p: Product<f32>) {
+                let loops: [GemmFn<f32>; 3] = [loops::<ROWS>, loops::<GROUPS_IN_PLACE>, loops::<GROUPS_PACKED>];
+                // SAFETY: forwarded; the caller checked the features.
+                unsafe { dispatch_layout(loops, p) }
+            }
         }
     };
 }
 
 // One line per kernel, as a table.
 #[rustfmt::skip]
-x86_kernel!(tile_avx2, loops_avx2, gemm_avx2, "avx2,fma", __m256, 8, 6, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
+x86_kernel!(avx2, "avx2,fma", __m256, 8, 6, [1 2 3 4 5], 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
 #[rustfmt::skip]
-x86_kernel!(tile_avx512, loops_avx512, gemm_avx512, "avx512f", __m512, 16, 12, 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
+x86_kernel!(avx512, "avx512f", __m512, 16, 12, [1 2 3 4 5 6 7 8 9 10 11], 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
 
 /// Rows and columns of the WebAssembly SIMD kernel's tile. Engines keep v128 values in
 /// x86-64's 16 vector registers (V8 allocates 15), and LLVM's wasm output holds every
@@ -767,24 +820,36 @@ const WASM_MR: usize = 4;
 const WASM_NR: usize = 8;
 
 /// The f32 micro-kernel for WebAssembly with SIMD (`simd128`, enabled for the whole build:
-/// wasm has no run-time detection), reading A and B where they lie: element `(i, p)` of A at
-/// `a + i * a_rs + p * a_cs`, row `p` of B at `b + p * ldb`. Multiply then add, as the
-/// portable kernel; builds that also enable `relaxed-simd` use its multiply-add, which
-/// engines compile to a fused multiply-add where the CPU has one (as the x86-64 kernels).
+/// wasm has no run-time detection) for `R` rows, reading A and B where they lie: element
+/// `(i, p)` of A at `a + i * a_rs + p * a_cs`, row `p` of B at `b + p * ldb`. Multiply then
+/// add, as the portable kernel; builds that also enable `relaxed-simd` use its multiply-add,
+/// which engines compile to a fused multiply-add where the CPU has one (as the x86-64
+/// kernels).
 ///
 /// # Safety
 /// The tile must be inside the operands.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *const f32, ldb: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+unsafe fn tile_wasm<const R: usize>(
+    kc: usize,
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    ldb: usize,
+    beta: f32,
+    bias: *const f32,
+    c: *mut f32,
+    ldc: usize,
+) {
     use core::arch::wasm32::*;
     const VECS: usize = WASM_NR / 4;
     // SAFETY: pointers inside the operands and the tile (caller); v128 loads and stores are
     // unaligned.
     unsafe {
-        let mut acc = [[f32x4_splat(0.0); VECS]; WASM_MR];
-        let rows: [*const f32; WASM_MR] = core::array::from_fn(|i| a.add(i * a_rs));
+        let mut acc = [[f32x4_splat(0.0); VECS]; R];
+        let rows: [*const f32; R] = core::array::from_fn(|i| a.add(i * a_rs));
         for p in 0..kc {
             let bp = b.add(p * ldb);
             let bv: [v128; VECS] = core::array::from_fn(|h| v128_load(bp.add(h * 4).cast()));
@@ -819,8 +884,8 @@ unsafe fn tile_wasm(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, b: *cons
     }
 }
 
-/// The GEMM on the WebAssembly SIMD kernel. Unlike [`gemm_blocked`] it packs only edge tiles
-/// (zero-padded): the products a browser trains stay in cache as they lie, and packing them
+/// The GEMM on the WebAssembly SIMD kernel. Unlike [`gemm_blocked`] it packs only edge panels
+/// of B (zero-padded): the products a browser trains stay in cache as they lie, and packing them
 /// cost more than it saved (tiny preset in Chromium: 2.27 ms per step packed, 2.23 in place).
 /// K blocks as in [`gemm_blocked`], so both sum in the same order.
 ///
@@ -833,39 +898,31 @@ unsafe fn gemm_wasm(p: Product<f32>) {
         // SAFETY: forwarded.
         return unsafe { scale_c(p) };
     }
-    let mut a_edge = MaybeUninit::<Aligned<[f32; WASM_MR * KC]>>::uninit();
     let mut b_edge = MaybeUninit::<Aligned<[f32; KC * WASM_NR]>>::uninit();
     let mut c_edge = MaybeUninit::<Aligned<[f32; WASM_MR * WASM_NR]>>::uninit();
     let mut bias_edge = [0f32; WASM_NR];
-    let (ae, be) = (a_edge.as_mut_ptr().cast::<f32>(), b_edge.as_mut_ptr().cast::<f32>());
-    let by_rows = a.cs == 1;
+    let be = b_edge.as_mut_ptr().cast::<f32>();
     for pc in (0..k).step_by(KC) {
         let kc = KC.min(k - pc);
         let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (1.0, core::ptr::null()) };
         for jc in (0..n).step_by(WASM_NR) {
             let w = WASM_NR.min(n - jc);
             // SAFETY (all accesses): rows pc..pc+kc and columns jc..jc+w of B, and rows
-            // ir..ir+rows of A, are inside the operands (caller); the edge buffers hold a
-            // packed micro-panel each.
+            // ir..ir+rows of A, are inside the operands (caller); the edge buffer holds a
+            // packed panel of B.
             unsafe {
                 let bias_panel = bias_panel::<f32, WASM_NR>(bias_pc, jc, w, &mut bias_edge);
                 let (bp, bs) = b.panel::<WASM_NR>(k, pc, kc, jc, w, true, be);
                 for ir in (0..m).step_by(WASM_MR) {
                     let rows = WASM_MR.min(m - ir);
-                    let (ap, a_rs, a_cs) = if rows == WASM_MR {
-                        (a.ptr.add(ir * a.rs + pc * a.cs), a.rs, a.cs)
-                    } else {
-                        pack_a::<f32, WASM_MR>(ae, a, ir, rows, pc, kc, by_rows);
-                        if by_rows {
-                            (ae.cast_const(), KC, 1)
-                        } else {
-                            (ae.cast_const(), 1, WASM_MR)
-                        }
-                    };
                     let (skip, depth) = band.depth(ir..ir + rows, pc, kc);
-                    let (ap, bp) = (ap.add(skip * a_cs), bp.add(skip * bs));
-                    let tile = |c: *mut f32, ldc: usize| tile_wasm(depth, ap, a_rs, a_cs, bp, bs, beta_pc, bias_panel, c, ldc);
-                    run_tile::<f32, WASM_MR, WASM_NR>(tile, rows, w, c.add(ir * ldc + jc), ldc, c_edge.as_mut_ptr().cast());
+                    let (ap, bp) = (a.ptr.add(ir * a.rs + (pc + skip) * a.cs), bp.add(skip * bs));
+                    let whole = |c, ldc| tile_wasm::<WASM_MR>(depth, ap, a.rs, a.cs, bp, bs, beta_pc, bias_panel, c, ldc);
+                    let edge = |rows, c, ldc| {
+                        const { assert!(WASM_MR == 4) };
+                        with_rows!(rows, [1 2 3], |R| tile_wasm::<R>(depth, ap, a.rs, a.cs, bp, bs, beta_pc, bias_panel, c, ldc))
+                    };
+                    run_tile::<f32, WASM_MR, WASM_NR>(whole, edge, rows, w, c.add(ir * ldc + jc), ldc, c_edge.as_mut_ptr().cast());
                 }
             }
         }
@@ -888,8 +945,8 @@ pub fn f32_kernel_name() -> &'static str {
 pub(crate) fn f32_kernel() -> Kernel<f32> {
     #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
     match crate::simd::width() {
-        crate::simd::Width::Avx512 => return Kernel { mr: 12, nr: 32, gemm: gemm_avx512 },
-        crate::simd::Width::Avx2 => return Kernel { mr: 6, nr: 16, gemm: gemm_avx2 },
+        crate::simd::Width::Avx512 => return Kernel { mr: 12, nr: 32, gemm: avx512::gemm },
+        crate::simd::Width::Avx2 => return Kernel { mr: 6, nr: 16, gemm: avx2::gemm },
         crate::simd::Width::Baseline => {}
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -1051,10 +1108,10 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(("avx2", Kernel { mr: 6, nr: 16, gemm: gemm_avx2 as GemmFn<f32> }));
+                v.push(("avx2", Kernel { mr: 6, nr: 16, gemm: avx2::gemm as GemmFn<f32> }));
             }
             if std::is_x86_feature_detected!("avx512f") {
-                v.push(("avx512", Kernel { mr: 12, nr: 32, gemm: gemm_avx512 as GemmFn<f32> }));
+                v.push(("avx512", Kernel { mr: 12, nr: 32, gemm: avx512::gemm as GemmFn<f32> }));
             }
         }
         v
@@ -1080,7 +1137,8 @@ mod tests {
         }
     }
 
-    /// A row's result must not depend on which tile it falls in (full or edge).
+    /// A row's result must not depend on which tile it falls in (whole or edge, of every
+    /// kernel), and a product writes no row of C past its own.
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn rows_are_independent_of_tiling() {
@@ -1088,14 +1146,33 @@ mod tests {
         let mut rng = Rng::new(9);
         let a: Vec<f32> = (0..m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
         let b: Vec<f32> = (0..k * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
-        let mut whole = vec![0f32; m * n];
-        unsafe { gemm(m, n, k, Strided { ptr: a.as_ptr(), rs: k, cs: 1 }, b.as_ptr(), n, 0.0, whole.as_mut_ptr(), n) };
-        for start in 0..m {
-            for rows in 1..=(m - start) {
-                let mut part = vec![0f32; rows * n];
+        for (name, kernel) in f32_kernels() {
+            let product = |start: usize, rows: usize, c: &mut [f32]| unsafe {
                 let sub = Strided { ptr: a[start * k..].as_ptr(), rs: k, cs: 1 };
-                unsafe { gemm(rows, n, k, sub, b.as_ptr(), n, 0.0, part.as_mut_ptr(), n) };
-                assert_eq!(part, whole[start * n..(start + rows) * n], "rows {start}..{}", start + rows);
+                (kernel.gemm)(Product {
+                    m: rows,
+                    n,
+                    k,
+                    a: sub,
+                    b: BOperand::Rows { ptr: b.as_ptr(), ld: n },
+                    beta: 0.0,
+                    bias: core::ptr::null(),
+                    c: c.as_mut_ptr(),
+                    ldc: n,
+                    band: Band::Full,
+                })
+            };
+            // A whole tile's rows more than the product's, which keep their value.
+            let padded = |rows: usize| vec![7f32; (rows + MAX_MR) * n];
+            let mut whole = padded(m);
+            product(0, m, &mut whole);
+            for start in 0..m {
+                for rows in 1..=(m - start) {
+                    let mut part = padded(rows);
+                    product(start, rows, &mut part);
+                    assert_eq!(part[..rows * n], whole[start * n..(start + rows) * n], "{name}: rows {start}..{}", start + rows);
+                    assert!(part[rows * n..].iter().all(|&x| x == 7.0), "{name}: {rows} rows wrote past C");
+                }
             }
         }
     }
