@@ -57,30 +57,44 @@ fn gelu_slope<T: Float>(x: T, s: T) -> T {
     s + T::from_f64(2.0) * x * s * (T::ONE - s) * du
 }
 
-/// Elements GELU's forward works on at a time: four AVX2 vectors, whose exps' chains of
-/// dependent steps interleave (see [`Float::exp_lanes`]).
+/// Elements GELU's forward steps through together (see [`gelu_chunks`]): four AVX2 vectors.
 const GELU_LANES: usize = 32;
+/// [`GELU_LANES`] with AVX-512: six vectors, whose 32 registers keep more of the exps'
+/// chains in flight (Sapphire Rapids VM, with the slope: 0.69-0.81 ns per element against
+/// 1.08-1.14 for 32 lanes and 0.84-1.07 for 64; the MLP's forward 5.8% faster in the step).
+const GELU_LANES_AVX512: usize = 96;
 
-/// `out = gelu(pre)`; with `slope`, also `pre = gelu'(pre)` (one exp for both). Whole
-/// chunks of [`GELU_LANES`] step by step (one loop per step), the last few one by one.
+/// `out = gelu(pre)`; with `slope`, also `pre = gelu'(pre)` (one exp for both), in chunks of
+/// the width's lanes.
 #[inline(always)]
 fn gelu_rows<T: Float>(out: &mut [T], pre: &mut [T], slope: bool) {
-    let mut outs = out.chunks_exact_mut(GELU_LANES);
-    let mut pres = pre.chunks_exact_mut(GELU_LANES);
+    match crate::simd::width() {
+        crate::simd::Width::Avx512 => gelu_chunks::<T, GELU_LANES_AVX512>(out, pre, slope),
+        _ => gelu_chunks::<T, GELU_LANES>(out, pre, slope),
+    }
+}
+
+/// [`gelu_rows`] over whole chunks of `LANES` step by step (one loop per step, so that the
+/// lanes' exps' chains of dependent steps interleave: see [`Float::exp_lanes`]), the last
+/// few one by one.
+#[inline(always)]
+fn gelu_chunks<T: Float, const LANES: usize>(out: &mut [T], pre: &mut [T], slope: bool) {
+    let mut outs = out.chunks_exact_mut(LANES);
+    let mut pres = pre.chunks_exact_mut(LANES);
     for (o, p) in (&mut outs).zip(&mut pres) {
-        let mut x = [T::ZERO; GELU_LANES];
+        let mut x = [T::ZERO; LANES];
         x.copy_from_slice(p);
-        let mut s = [T::ZERO; GELU_LANES];
-        for i in 0..GELU_LANES {
+        let mut s = [T::ZERO; LANES];
+        for i in 0..LANES {
             s[i] = T::from_f64(-2.0) * gelu_u(x[i]);
         }
         let mut s = T::exp_lanes(s);
-        for i in 0..GELU_LANES {
+        for i in 0..LANES {
             s[i] = T::ONE / (T::ONE + s[i]);
             o[i] = x[i] * s[i];
         }
         if slope {
-            for i in 0..GELU_LANES {
+            for i in 0..LANES {
                 p[i] = gelu_slope(x[i], s[i]);
             }
         }
@@ -409,22 +423,28 @@ mod tests {
         check("residual", true);
     }
 
-    /// The widest build of the GELU loop this CPU runs (AVX-512 or AVX2) equals the baseline bit for
-    /// bit, with and without the slope (whose values the finite-difference test checks).
+    /// The GELU loop has the scalar functions' bits whatever its build (the widest this CPU
+    /// runs, or the baseline) and its chunks (AVX2's or AVX-512's, a remainder after them),
+    /// with and without the slope (whose values the finite-difference test checks).
     #[test]
-    fn wide_gelu_matches_baseline() {
+    fn gelu_loops_match_scalar() {
         let mut rng = Rng::new(12);
         let pre: Vec<f32> = (0..1000).map(|_| (rng.next_f64() as f32 - 0.5) * 20.0).collect();
+        type Loop = fn(&mut [f32], &mut [f32], bool);
+        let loops: [(&str, Loop); 3] = [
+            ("dispatched", gelu_forward::<f32>),
+            ("AVX2's chunks", gelu_chunks::<f32, GELU_LANES>),
+            ("AVX-512's chunks", gelu_chunks::<f32, GELU_LANES_AVX512>),
+        ];
         for slope in [false, true] {
-            let (mut wide, mut base) = (vec![0f32; 1000], vec![0f32; 1000]);
-            let (mut wide_pre, mut base_pre) = (pre.clone(), pre.clone());
-            gelu_forward(&mut wide, &mut wide_pre, slope);
-            gelu_rows(&mut base, &mut base_pre, slope);
-            assert_eq!(wide, base);
-            assert_eq!(wide_pre, base_pre);
-            assert!(base.iter().zip(&pre).all(|(&g, &x)| g == gelu(x)));
-            let expected: Vec<f32> = pre.iter().map(|&x| if slope { gelu_slope(x, gelu_sigmoid(x)) } else { x }).collect();
-            assert_eq!(base_pre, expected);
+            let want_out: Vec<f32> = pre.iter().map(|&x| gelu(x)).collect();
+            let want_pre: Vec<f32> = pre.iter().map(|&x| if slope { gelu_slope(x, gelu_sigmoid(x)) } else { x }).collect();
+            for (name, gelu_loop) in loops {
+                let (mut out, mut p) = (vec![0f32; pre.len()], pre.clone());
+                gelu_loop(&mut out, &mut p, slope);
+                assert_eq!(out, want_out, "{name}, slope {slope}");
+                assert_eq!(p, want_pre, "{name}, slope {slope}");
+            }
         }
     }
 
