@@ -3,17 +3,19 @@
 //! no copy.
 //!
 //! Loop order (per call, single-threaded; callers split rows across tasks), as in BLIS:
-//! K blocks of [`KC`] → row blocks of A (equal, at most [`MC`] rows) → column panels of `NR`
-//! columns of B, packed contiguously and zero-padded (the panel stays in L1 or L2 while every
-//! micro-panel of A streams past it; a whole panel for a product of at most `MC / 2` rows
-//! is read in place instead, where packing it cost more than it saved: attention's blocks of
-//! query rows ran 4-6% faster; a B that many calls share, a layer's weight, is packed into
-//! panels once by [`pack_panels`] and read by [`gemm_packed`]) → micro-kernel, which keeps an
-//! `MR x NR` tile of C in registers and broadcasts one element of A against `NR` elements of
-//! B per step, then stores the tile (adding `beta·C` and, for [`gemm_packed`], a bias row).
+//! K blocks of the kernel's depth ([`Kernel::kc`]) → row blocks of A (equal, at most [`MC`]
+//! rows) → column panels of `NR` columns of B, packed contiguously and zero-padded (the panel
+//! stays in L1 or L2 while every micro-panel of A streams past it; a whole panel for a
+//! product of at most `MC / 2` rows is read in place instead, where packing it cost more
+//! than it saved: attention's blocks of query rows ran 4-6% faster; a B that many calls
+//! share, a layer's weight, is packed into panels once by [`pack_panels`] and read by
+//! [`gemm_packed`]) → micro-kernel, which keeps an `MR x NR` tile of C in registers and
+//! broadcasts one element of A against `NR` elements of B per step, then stores the tile
+//! (adding `beta·C` and, for [`gemm_packed`], a bias row).
 //! K blocks are deep ([`KC`]) because C is read and written once per K block: with 128, the
 //! large products of the baby config ran ~8% slower (C of `16384 x 1536` streamed through
-//! memory up to twelve times).
+//! memory up to twelve times). AVX-512's are half as deep, so that its wider B panel stays
+//! in L1.
 //!
 //! A is read where it lies (packing row-major A was a copy of every row through L1: 4.6% of
 //! a training step): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
@@ -36,8 +38,8 @@
 //! backward 5% faster on nanoGPT's CPU config, Zen 1).
 //!
 //! Each layout of A (row-major, groups in place, packed groups) has its own compiled loops
-//! and stack frame: `NR * KC` elements (24 KiB for f32 with AVX2, 48 with AVX-512), or
-//! `(MC + NR) * KC` for packed groups (168 KiB with AVX2).
+//! and stack frame: `NR x depth` elements (24 KiB for f32 with AVX2 and with AVX-512), or
+//! `(MC + NR) x depth` for packed groups (168 KiB with AVX2).
 
 use crate::float::Float;
 use core::mem::MaybeUninit;
@@ -48,8 +50,13 @@ pub const MC: usize = 96;
 pub const MAX_NR: usize = 32;
 /// Most rows of any micro-tile.
 pub const MAX_MR: usize = 12;
-/// Depth of one K block.
+/// Depth of one K block: the deepest any kernel takes (see [`Kernel::kc`]).
 pub const KC: usize = 384;
+/// Depth of the AVX-512 kernel's K blocks: its 32-column B panel of a [`KC`]-deep block is
+/// 48 KiB, an L1 cache's worth on the CPUs that have it; with 192 (24 KiB) the small config's
+/// backward products, whose weight gradients are 384 deep, ran 3.5-6.4% faster (Sapphire
+/// Rapids VM, one thread), its forward ones unchanged.
+const AVX512_KC: usize = 192;
 
 /// Rows per row block of A in a product of `m` rows on a kernel of `mr`-row tiles: blocks of
 /// equal size (whole micro-panels, at most [`MC`]), since a short last block packed every B
@@ -93,7 +100,7 @@ pub enum BOperand<T> {
 impl<T: Float> BOperand<T> {
     /// Rows `pc..pc+kc` of the `NR` columns from `jc` (a multiple of `NR`; `w` of them inside
     /// B's `n`) as a kernel reads them, with their row stride: in the packed panels; where
-    /// they lie, for a whole panel and `in_place`; else packed into `buf` (`KC x NR`).
+    /// they lie, for a whole panel and `in_place`; else packed into `buf` (`kc x NR`).
     ///
     /// # Safety
     /// The rows and columns must be inside B (of depth `k`); `buf` must be valid for writes.
@@ -177,6 +184,8 @@ pub struct Kernel<T> {
     pub mr: usize,
     /// Columns of C per micro-tile.
     pub nr: usize,
+    /// Depth of its K blocks (at most [`KC`]): C is read and written once per block.
+    pub kc: usize,
     /// The GEMM.
     pub gemm: GemmFn<T>,
 }
@@ -400,27 +409,36 @@ unsafe fn dispatch_layout<T: Float>(loops: [GemmFn<T>; 3], p: Product<T>) {
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU; A's layout must be `LAYOUT`.
 #[inline(always)]
-unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(tile: TileFn<T>, edge_tile: EdgeTileFn<T>, p: Product<T>) {
-    const { assert!(MR <= MAX_MR && MC.is_multiple_of(MR) && NR <= MAX_NR) };
+unsafe fn gemm_blocked<T: Float, const MR: usize, const NR: usize, const DEPTH: usize, const LAYOUT: usize>(
+    tile: TileFn<T>,
+    edge_tile: EdgeTileFn<T>,
+    p: Product<T>,
+) {
+    const { assert!(MR <= MAX_MR && MC.is_multiple_of(MR) && NR <= MAX_NR && DEPTH <= KC) };
     if LAYOUT == GROUPS_PACKED {
-        let mut a_block = MaybeUninit::<Aligned<[T; MC * KC]>>::uninit();
-        // SAFETY: forwarded; the buffer holds MC x KC.
-        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, edge_tile, a_block.as_mut_ptr().cast(), p) }
+        let mut a_block = MaybeUninit::<Aligned<[[T; DEPTH]; MC]>>::uninit();
+        // SAFETY: forwarded; the buffer holds MC x DEPTH.
+        unsafe { blocked_loops::<T, MR, NR, DEPTH, LAYOUT>(tile, edge_tile, a_block.as_mut_ptr().cast(), p) }
     } else {
         // SAFETY: forwarded; A is read in place.
-        unsafe { blocked_loops::<T, MR, NR, LAYOUT>(tile, edge_tile, core::ptr::null_mut(), p) }
+        unsafe { blocked_loops::<T, MR, NR, DEPTH, LAYOUT>(tile, edge_tile, core::ptr::null_mut(), p) }
     }
 }
 
-/// [`gemm_blocked`]'s loops; `k > 0`. `ap` holds `MC x KC` elements for [`GROUPS_PACKED`]
-/// (else it is not used).
+/// [`gemm_blocked`]'s loops over K blocks `DEPTH` deep; `k > 0`. `ap` holds `MC x DEPTH`
+/// elements for [`GROUPS_PACKED`] (else it is not used).
 ///
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU.
 #[inline(always)]
-unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT: usize>(tile: TileFn<T>, edge_tile: EdgeTileFn<T>, ap: *mut T, p: Product<T>) {
+unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const DEPTH: usize, const LAYOUT: usize>(
+    tile: TileFn<T>,
+    edge_tile: EdgeTileFn<T>,
+    ap: *mut T,
+    p: Product<T>,
+) {
     let Product { m, n, k, a, b, beta, bias, c, ldc, band } = p;
-    let mut b_pack = MaybeUninit::<Aligned<[[T; NR]; KC]>>::uninit();
+    let mut b_pack = MaybeUninit::<Aligned<[[T; NR]; DEPTH]>>::uninit();
     let mut c_edge = MaybeUninit::<Aligned<[[T; NR]; MR]>>::uninit();
     let mut bias_edge = [T::ZERO; NR];
     let bp = b_pack.as_mut_ptr().cast::<T>();
@@ -431,20 +449,20 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT
         _ => MR,
     };
     let row_block = row_block(m, MR);
-    for pc in (0..k).step_by(KC) {
-        let kc = KC.min(k - pc);
+    for pc in (0..k).step_by(DEPTH) {
+        let kc = DEPTH.min(k - pc);
         // beta and the bias apply once, in the first K block.
         let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (T::ONE, core::ptr::null()) };
         for ic in (0..m).step_by(row_block) {
             let mc = row_block.min(m - ic);
             if LAYOUT == GROUPS_PACKED {
                 // SAFETY: rows ic..ic+mc, columns pc..pc+kc are inside A (caller); the buffer
-                // holds MC x KC.
-                unsafe { pack_groups::<T, MR>(ap, a, ic, mc, pc, kc) };
+                // holds MC x DEPTH.
+                unsafe { pack_groups::<T, MR, DEPTH>(ap, a, ic, mc, pc, kc) };
             }
             for jc in (0..n).step_by(NR) {
                 let w = NR.min(n - jc);
-                // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds KC x NR;
+                // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds DEPTH x NR;
                 // the bias (when there is one) holds n values. A whole panel that few tiles
                 // use is read in place (see the module docs).
                 let ((b_panel, b_stride), bias_panel) =
@@ -452,10 +470,10 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const LAYOUT
                 for ir in (0..mc).step_by(MR) {
                     let rows = MR.min(mc - ir);
                     // SAFETY: rows ic+ir.. of A, or micro-panel ir/MR of the packed ones (MR x
-                    // KC apart); the tile (ic+ir.., jc..) is inside C; the edge copy holds MR x NR.
+                    // DEPTH apart); the tile (ic+ir.., jc..) is inside C; the edge copy holds MR x NR.
                     unsafe {
                         let a_panel = match LAYOUT {
-                            GROUPS_PACKED => ap.add(ir * KC).cast_const(),
+                            GROUPS_PACKED => ap.add(ir * DEPTH).cast_const(),
                             _ => a.ptr.add((ic + ir) * a.rs + pc * a.cs),
                         };
                         let ct = c.add((ic + ir) * ldc + jc);
@@ -557,18 +575,18 @@ unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(
 }
 
 /// Packs rows `i0..i0+mc`, columns `p0..p0+kc` of a column-major `a` into `dst` as
-/// micro-panels of `kc` groups of `MR` values, `MR x KC` elements apart (a last panel's
+/// micro-panels of `kc` groups of `MR` values, `MR x DEPTH` elements apart (a last panel's
 /// groups hold only its rows).
 ///
 /// # Safety
-/// The block must be inside `a`; `dst` must hold `mc.next_multiple_of(MR) x KC` elements.
+/// The block must be inside `a`; `dst` must hold `mc.next_multiple_of(MR) x DEPTH` elements.
 #[inline(always)]
-unsafe fn pack_groups<T: Float, const MR: usize>(dst: *mut T, a: Strided<T>, i0: usize, mc: usize, p0: usize, kc: usize) {
+unsafe fn pack_groups<T: Float, const MR: usize, const DEPTH: usize>(dst: *mut T, a: Strided<T>, i0: usize, mc: usize, p0: usize, kc: usize) {
     for r0 in (0..mc).step_by(MR) {
         let rows = MR.min(mc - r0);
         // SAFETY (all accesses): inside the block and the buffer (caller).
         unsafe {
-            let panel = dst.add(r0 * KC);
+            let panel = dst.add(r0 * DEPTH);
             let src = a.ptr.add((i0 + r0) * a.rs + p0 * a.cs);
             for p in 0..kc {
                 let group = panel.add(p * MR);
@@ -688,7 +706,7 @@ unsafe fn portable_loops<T: Float, const LAYOUT: usize>(p: Product<T>) {
         (portable_tile::<T, true, PORTABLE_MR>, portable_edge_tile::<T, true>)
     };
     // SAFETY: forwarded; plain Rust runs anywhere.
-    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, LAYOUT>(tile, edge_tile, p) }
+    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, KC, LAYOUT>(tile, edge_tile, p) }
 }
 
 /// The portable GEMM.
@@ -700,15 +718,16 @@ unsafe fn portable_gemm<T: Float>(p: Product<T>) {
 
 /// The portable kernel for any element type.
 pub(crate) fn portable<T: Float>() -> Kernel<T> {
-    Kernel { mr: PORTABLE_MR, nr: PORTABLE_NR, gemm: portable_gemm::<T> }
+    Kernel { mr: PORTABLE_MR, nr: PORTABLE_NR, kc: KC, gemm: portable_gemm::<T> }
 }
 
 /// Generates, as module `$name`, an x86-64 f32 micro-kernel for a vector type (`$mr` rows of
-/// `$vecs` registers; edge tiles of each of `$edge_rows` rows) and the blocked GEMM on it,
+/// `$vecs` registers; edge tiles of each of `$edge_rows` rows) and the blocked GEMM on it
+/// (K blocks `$kc` deep),
 /// all compiled with `$feature` (without `std` only where the build enables AVX2 or more:
 /// there is no run-time detection then).
 macro_rules! x86_kernel {
-    ($name:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, [$($edge_rows:literal)*], $vecs:expr,
+    ($name:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, [$($edge_rows:literal)*], $vecs:expr, $kc:expr,
      $zero:ident, $load:ident, $store:ident, $set1:ident, $add:ident, $fma:ident) => {
         /// The micro-kernel for one x86-64 instruction set and the GEMM on it.
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
@@ -788,7 +807,7 @@ macro_rules! x86_kernel {
                 let (tile, edge_tile): (TileFn<f32>, EdgeTileFn<f32>) =
                     if LAYOUT == ROWS { (tile::<false, $mr>, edge_tile::<false>) } else { (tile::<true, $mr>, edge_tile::<true>) };
                 // SAFETY: forwarded; the caller checked the features.
-                unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, LAYOUT>(tile, edge_tile, p) }
+                unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, $kc, LAYOUT>(tile, edge_tile, p) }
             }
 
             /// The blocked GEMM on the kernel above.
@@ -806,9 +825,9 @@ macro_rules! x86_kernel {
 
 // One line per kernel, as a table.
 #[rustfmt::skip]
-x86_kernel!(avx2, "avx2,fma", __m256, 8, 6, [1 2 3 4 5], 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
+x86_kernel!(avx2, "avx2,fma", __m256, 8, 6, [1 2 3 4 5], 2, KC, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
 #[rustfmt::skip]
-x86_kernel!(avx512, "avx512f", __m512, 16, 12, [1 2 3 4 5 6 7 8 9 10 11], 2, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
+x86_kernel!(avx512, "avx512f", __m512, 16, 12, [1 2 3 4 5 6 7 8 9 10 11], 2, AVX512_KC, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
 
 /// Rows and columns of the WebAssembly SIMD kernel's tile. Engines keep v128 values in
 /// x86-64's 16 vector registers (V8 allocates 15), and LLVM's wasm output holds every
@@ -945,12 +964,12 @@ pub fn f32_kernel_name() -> &'static str {
 pub(crate) fn f32_kernel() -> Kernel<f32> {
     #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
     match crate::simd::width() {
-        crate::simd::Width::Avx512 => return Kernel { mr: 12, nr: 32, gemm: avx512::gemm },
-        crate::simd::Width::Avx2 => return Kernel { mr: 6, nr: 16, gemm: avx2::gemm },
+        crate::simd::Width::Avx512 => return Kernel { mr: 12, nr: 32, kc: AVX512_KC, gemm: avx512::gemm },
+        crate::simd::Width::Avx2 => return Kernel { mr: 6, nr: 16, kc: KC, gemm: avx2::gemm },
         crate::simd::Width::Baseline => {}
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    return Kernel { mr: WASM_MR, nr: WASM_NR, gemm: gemm_wasm };
+    return Kernel { mr: WASM_MR, nr: WASM_NR, kc: KC, gemm: gemm_wasm };
     #[allow(unreachable_code)]
     portable()
 }
@@ -1104,14 +1123,14 @@ mod tests {
         #[allow(unused_mut)]
         let mut v = vec![("portable", portable())];
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        v.push(("wasm", Kernel { mr: WASM_MR, nr: WASM_NR, gemm: gemm_wasm as GemmFn<f32> }));
+        v.push(("wasm", Kernel { mr: WASM_MR, nr: WASM_NR, kc: KC, gemm: gemm_wasm as GemmFn<f32> }));
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(("avx2", Kernel { mr: 6, nr: 16, gemm: avx2::gemm as GemmFn<f32> }));
+                v.push(("avx2", Kernel { mr: 6, nr: 16, kc: KC, gemm: avx2::gemm as GemmFn<f32> }));
             }
             if std::is_x86_feature_detected!("avx512f") {
-                v.push(("avx512", Kernel { mr: 12, nr: 32, gemm: avx512::gemm as GemmFn<f32> }));
+                v.push(("avx512", Kernel { mr: 12, nr: 32, kc: AVX512_KC, gemm: avx512::gemm as GemmFn<f32> }));
             }
         }
         v

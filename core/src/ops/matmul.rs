@@ -267,15 +267,16 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T]
     let part_rows = row_block(m, T::kernel().mr);
     let parts = m.div_ceil(part_rows);
     let panel_len = panels_len(k, KC);
+    let depth = T::kernel().kc;
     let (dw_p, half_p) = (SharedMut(dw.as_mut_ptr()), SharedMut(dw_half.as_mut_ptr()));
     // Rows of half `h` in its K block `block` (empty past the half's end).
     let block_rows = |h: usize, block: usize| {
         let half = &halves[h];
-        let start = (half.start + block * KC).min(half.end);
-        start..(start + KC).min(half.end)
+        let start = (half.start + block * depth).min(half.end);
+        start..(start + depth).min(half.end)
     };
     // At least one block, which clears `dw_half` even when it has no rows.
-    for block in 0..halves[0].len().max(halves[1].len()).div_ceil(KC).max(1) {
+    for block in 0..halves[0].len().max(halves[1].len()).div_ceil(depth).max(1) {
         let panels_p = SharedMut(x_panels.as_mut_ptr());
         par.run(2, &|h| {
             let rows = block_rows(h, block);
