@@ -56,6 +56,7 @@ pub const KC: usize = 384;
 /// 48 KiB, an L1 cache's worth on the CPUs that have it; with 192 (24 KiB) the small config's
 /// backward products, whose weight gradients are 384 deep, ran 3.5-6.4% faster (Sapphire
 /// Rapids VM, one thread), its forward ones unchanged.
+#[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
 const AVX512_KC: usize = 192;
 
 /// Rows per row block of A in a product of `m` rows on a kernel of `mr`-row tiles: blocks of
