@@ -820,6 +820,9 @@ macro_rules! x86_kernel {
                 // SAFETY: forwarded; the caller checked the features.
                 unsafe { dispatch_layout(loops, p) }
             }
+
+            /// The kernel's tile, K block depth and GEMM.
+            pub(super) const KERNEL: Kernel<f32> = Kernel { mr: $mr, nr: $vecs * $lanes, kc: $kc, gemm };
         }
     };
 }
@@ -949,6 +952,10 @@ unsafe fn gemm_wasm(p: Product<f32>) {
     }
 }
 
+/// The WebAssembly SIMD kernel's tile, K block depth and GEMM.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+const WASM_KERNEL: Kernel<f32> = Kernel { mr: WASM_MR, nr: WASM_NR, kc: KC, gemm: gemm_wasm };
+
 /// Name of the f32 micro-kernel [`gemm`] uses on this CPU: `avx512`, `avx2+fma`,
 /// `wasm-relaxed-simd`, `wasm-simd128` or `portable`.
 pub fn f32_kernel_name() -> &'static str {
@@ -965,12 +972,12 @@ pub fn f32_kernel_name() -> &'static str {
 pub(crate) fn f32_kernel() -> Kernel<f32> {
     #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
     match crate::simd::width() {
-        crate::simd::Width::Avx512 => return Kernel { mr: 12, nr: 32, kc: AVX512_KC, gemm: avx512::gemm },
-        crate::simd::Width::Avx2 => return Kernel { mr: 6, nr: 16, kc: KC, gemm: avx2::gemm },
+        crate::simd::Width::Avx512 => return avx512::KERNEL,
+        crate::simd::Width::Avx2 => return avx2::KERNEL,
         crate::simd::Width::Baseline => {}
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    return Kernel { mr: WASM_MR, nr: WASM_NR, kc: KC, gemm: gemm_wasm };
+    return WASM_KERNEL;
     #[allow(unreachable_code)]
     portable()
 }
@@ -1124,14 +1131,14 @@ mod tests {
         #[allow(unused_mut)]
         let mut v = vec![("portable", portable())];
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        v.push(("wasm", Kernel { mr: WASM_MR, nr: WASM_NR, kc: KC, gemm: gemm_wasm as GemmFn<f32> }));
+        v.push(("wasm", WASM_KERNEL));
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(("avx2", Kernel { mr: 6, nr: 16, kc: KC, gemm: avx2::gemm as GemmFn<f32> }));
+                v.push(("avx2", avx2::KERNEL));
             }
             if std::is_x86_feature_detected!("avx512f") {
-                v.push(("avx512", Kernel { mr: 12, nr: 32, kc: AVX512_KC, gemm: avx512::gemm as GemmFn<f32> }));
+                v.push(("avx512", avx512::KERNEL));
             }
         }
         v

@@ -264,10 +264,11 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T]
     let n = x.len() / k;
     let dw_half = &mut dw_half[..m * k];
     let halves = [split_range(n, 2, 0), split_range(n, 2, 1)];
-    let part_rows = row_block(m, T::kernel().mr);
+    let kernel = T::kernel();
+    let part_rows = row_block(m, kernel.mr);
     let parts = m.div_ceil(part_rows);
     let panel_len = panels_len(k, KC);
-    let depth = T::kernel().kc;
+    let depth = kernel.kc;
     let (dw_p, half_p) = (SharedMut(dw.as_mut_ptr()), SharedMut(dw_half.as_mut_ptr()));
     // Rows of half `h` in its K block `block` (empty past the half's end).
     let block_rows = |h: usize, block: usize| {
