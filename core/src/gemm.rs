@@ -14,8 +14,10 @@
 //! (adding `beta·C` and, for [`gemm_packed`], a bias row).
 //! K blocks are deep ([`KC`]) because C is read and written once per K block: with 128, the
 //! large products of the baby config ran ~8% slower (C of `16384 x 1536` streamed through
-//! memory up to twelve times). AVX-512's are half as deep, so that its wider B panel stays
-//! in L1.
+//! memory up to twelve times), and 512 rather than 384 takes nanoGPT's K = 512 products in
+//! one block (its MLP projection's forward 1.5% faster in the step on Zen 1, where a 16-column
+//! B panel of 512 rows, 32 KiB, is the whole L1). AVX-512's are shallower, so that its wider
+//! B panel stays in L1.
 //!
 //! A is read where it lies (packing row-major A was a copy of every row through L1: 4.6% of
 //! a training step): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
@@ -38,8 +40,8 @@
 //! backward 5% faster on nanoGPT's CPU config, Zen 1).
 //!
 //! Each layout of A (row-major, groups in place, packed groups) has its own compiled loops
-//! and stack frame: `NR x depth` elements (24 KiB for f32 with AVX2 and with AVX-512), or
-//! `(MC + NR) x depth` for packed groups (168 KiB with AVX2).
+//! and stack frame: `NR x depth` elements (32 KiB for f32 with AVX2, 24 KiB with AVX-512), or
+//! `(MC + NR) x depth` for packed groups (224 KiB with AVX2).
 
 use crate::float::Float;
 use core::mem::MaybeUninit;
@@ -51,8 +53,8 @@ pub const MAX_NR: usize = 32;
 /// Most rows of any micro-tile.
 pub const MAX_MR: usize = 12;
 /// Depth of one K block: the deepest any kernel takes (see [`Kernel::kc`]).
-pub const KC: usize = 384;
-/// Depth of the AVX-512 kernel's K blocks: its 32-column B panel of a [`KC`]-deep block is
+pub const KC: usize = 512;
+/// Depth of the AVX-512 kernel's K blocks: its 32-column B panel of a 384-deep block is
 /// 48 KiB, an L1 cache's worth on the CPUs that have it; with 192 (24 KiB) the small config's
 /// backward products, whose weight gradients are 384 deep, ran 3.5-6.4% faster (Sapphire
 /// Rapids VM, one thread), its forward ones unchanged.
