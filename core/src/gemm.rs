@@ -15,7 +15,7 @@
 //! K blocks are deep ([`KC`]) because C is read and written once per K block: with 128, the
 //! large products of the baby config ran ~8% slower (C of `16384 x 1536` streamed through
 //! memory up to twelve times), and 512 rather than 384 takes nanoGPT's K = 512 products in
-//! one block (its MLP projection's forward 1.5% faster in the step on Zen 1, where a 16-column
+//! one block (its MLP projection's forward 2.3% faster in the step on Zen 1, where a 16-column
 //! B panel of 512 rows, 32 KiB, is the whole L1). AVX-512's are shallower, so that its wider
 //! B panel stays in L1.
 //!
