@@ -46,9 +46,14 @@ pub fn width() -> Width {
 }
 
 /// `wide_dispatch!(pub fn name<T>(args) => body_fn)` defines `name`, which calls the
-/// `#[inline(always)]` function `body_fn(args)` compiled for the CPU's [`width`].
+/// `#[inline(always)]` function `body_fn(args)` compiled for the CPU's [`width`]. With
+/// `=> avx512_body, body_fn` it calls `avx512_body` instead where the width is AVX-512 (a
+/// body built for AVX-512's registers, such as a wider step).
 macro_rules! wide_dispatch {
     ($(#[$meta:meta])* $vis:vis fn $name:ident<T>($($arg:ident: $ty:ty),* $(,)?) => $body:path) => {
+        $crate::simd::wide_dispatch!($(#[$meta])* $vis fn $name<T>($($arg: $ty),*) => $body, $body);
+    };
+    ($(#[$meta:meta])* $vis:vis fn $name:ident<T>($($arg:ident: $ty:ty),* $(,)?) => $avx512_body:path, $body:path) => {
         $(#[$meta])*
         #[allow(clippy::too_many_arguments)]
         $vis fn $name<T: $crate::float::Float>($($arg: $ty),*) {
@@ -57,7 +62,7 @@ macro_rules! wide_dispatch {
                 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx512<T: $crate::float::Float>($($arg: $ty),*) {
-                    $body($($arg),*)
+                    $avx512_body($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
@@ -71,6 +76,11 @@ macro_rules! wide_dispatch {
                     $crate::simd::Width::Avx2 => return unsafe { avx2::<T>($($arg),*) },
                     $crate::simd::Width::Baseline => {}
                 }
+            }
+            // Without run-time detection the width is the build's own.
+            #[cfg(not(all(target_arch = "x86_64", feature = "std")))]
+            if $crate::simd::width() == $crate::simd::Width::Avx512 {
+                return $avx512_body($($arg),*);
             }
             $body($($arg),*)
         }

@@ -64,19 +64,9 @@ const GELU_LANES: usize = 32;
 /// 1.08-1.14 for 32 lanes and 0.84-1.07 for 64; the MLP's forward 5.8% faster in the step).
 const GELU_LANES_AVX512: usize = 96;
 
-/// `out = gelu(pre)`; with `slope`, also `pre = gelu'(pre)` (one exp for both), in chunks of
-/// the width's lanes.
-#[inline(always)]
-fn gelu_rows<T: Float>(out: &mut [T], pre: &mut [T], slope: bool) {
-    match crate::simd::width() {
-        crate::simd::Width::Avx512 => gelu_chunks::<T, GELU_LANES_AVX512>(out, pre, slope),
-        _ => gelu_chunks::<T, GELU_LANES>(out, pre, slope),
-    }
-}
-
-/// [`gelu_rows`] over whole chunks of `LANES` step by step (one loop per step, so that the
-/// lanes' exps' chains of dependent steps interleave: see [`Float::exp_lanes`]), the last
-/// few one by one.
+/// `out = gelu(pre)`; with `slope`, also `pre = gelu'(pre)` (one exp for both): whole chunks
+/// of `LANES` step by step (one loop per step, so that the lanes' exps' chains of dependent
+/// steps interleave: see [`Float::exp_lanes`]), the last few one by one.
 #[inline(always)]
 fn gelu_chunks<T: Float, const LANES: usize>(out: &mut [T], pre: &mut [T], slope: bool) {
     let mut outs = out.chunks_exact_mut(LANES);
@@ -117,7 +107,7 @@ fn mul_rows<T: Float>(d: &mut [T], factor: &[T]) {
 
 wide_dispatch!(
     /// `out = gelu(pre)` element-wise; with `slope`, `pre = gelu'(pre)` as well.
-    fn gelu_forward<T>(out: &mut [T], pre: &mut [T], slope: bool) => gelu_rows
+    fn gelu_forward<T>(out: &mut [T], pre: &mut [T], slope: bool) => gelu_chunks::<T, GELU_LANES_AVX512>, gelu_chunks::<T, GELU_LANES>
 );
 wide_dispatch!(
     /// `d *= factor` element-wise (GELU's backward, given its slope).
