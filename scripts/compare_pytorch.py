@@ -13,7 +13,7 @@ Alpha runs `alpha-native bench --json` (steady state: training steps only); PyTo
 same model and step (AdamW, clip 1.0) from scripts/nanogpt_reference.py. Both report every
 timed step; each side's figure is the median of its steps from all rounds. Rounds are short
 (the small config: 10 rounds of 20 steps after 10 warm-up) because a shared machine's speed
-drifts in phases of seconds (on the 2-core EPYC VM of the README, a one-thread small step took
+drifts in phases of seconds (on a 2-core EPYC VM (Zen 3), a one-thread small step took
 ~64 ms for a while, then ~88 ms for a dozen steps): long rounds let one side draw more slow
 phases than the other. Each row also shows the range of the rounds' own ratios (of their
 medians: how far the noise moves a single round) and the ratio of the two sides' 10th
