@@ -6,7 +6,7 @@ use crate::data::sample_batch;
 use crate::float::Float;
 use crate::ops::grad_norm;
 use crate::optim::{adamw_step, AdamWConfig, LrSchedule};
-use crate::parallel::Parallel;
+use crate::parallel::{split_range, Parallel, SharedMut};
 use crate::plan::Plan;
 use crate::rng::Rng;
 use crate::tape::{self, Observer, Op, Phase};
@@ -108,9 +108,15 @@ impl<'a, T: Float> Trainer<'a, T> {
         Ok(Trainer { plan, tape, mem, cfg, step: 0, rng })
     }
 
-    /// Zeroes the gradients (start of an optimizer step).
-    pub fn zero_grads(&mut self) {
-        self.mem.grads.fill(T::ZERO);
+    /// Zeroes the gradients (start of an optimizer step), split across `par`'s threads.
+    pub fn zero_grads(&mut self, par: &dyn Parallel) {
+        let (grads, tasks) = (SharedMut(self.mem.grads.as_mut_ptr()), par.threads());
+        let len = self.mem.grads.len();
+        par.run(tasks, &|task| {
+            let mine = split_range(len, tasks, task);
+            // SAFETY: tasks own disjoint ranges of the gradients.
+            unsafe { grads.slice(mine.start, mine.len()) }.fill(T::ZERO);
+        });
     }
 
     /// Draws the next training batch from `data`.
@@ -177,7 +183,7 @@ impl<'a, T: Float> Trainer<'a, T> {
             obs.phase_end(p);
             r
         }
-        self.zero_grads();
+        self.zero_grads(par);
         let mut loss = 0.0;
         for _ in 0..self.cfg.grad_accum {
             phase(obs, Phase::Data, |_| self.load_batch(data));

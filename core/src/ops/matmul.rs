@@ -6,7 +6,7 @@
 use super::row_blocks;
 use crate::float::Float;
 use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, Strided, KC};
-use crate::parallel::{split_range, Parallel, SharedMut};
+use crate::parallel::{split_range, Parallel, Serial, SharedMut};
 use crate::simd::wide_dispatch;
 
 /// What is applied to `x·wᵀ + bias` before it is stored.
@@ -138,7 +138,7 @@ fn backward_panels_len(k: usize, m: usize) -> usize {
 pub fn forward<T: Float>(par: &dyn Parallel, wt: &mut [T], out: &mut [T], x: &[T], w: &[T], bias: Option<&[T]>, epilogue: Epilogue<'_, T>, k: usize, m: usize) {
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && out.len() == n * m, "matmul forward: shape mismatch");
-    pack_panels(w, BLayout::Transposed, k, m, wt);
+    pack_panels(par, w, BLayout::Transposed, k, m, wt);
     let wt: &[T] = wt;
     let out_p = SharedMut(out.as_mut_ptr());
     let (pre_p, slope, residual) = match epilogue {
@@ -231,7 +231,7 @@ pub fn backward<T: Float>(
     if let Some(dx) = dx {
         assert_eq!(dx.len(), n * k);
         // dx [N, K] = dout [N, M] · w [M, K]
-        pack_panels(w, BLayout::Rows, m, k, panels);
+        pack_panels(par, w, BLayout::Rows, m, k, panels);
         par_gemm_packed(par, n, k, m, dout, panels, dx);
     }
     weight_gradient(par, dw, dw_half, panels, dout, x, k, m);
@@ -271,9 +271,9 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T]
         let panels_p = SharedMut(x_panels.as_mut_ptr());
         par.run(2, &|h| {
             let rows = block_rows(h, block);
-            // SAFETY: each half packs into its own part of the panels.
+            // SAFETY: each half packs into its own part of the panels (on this task's thread).
             let panels = unsafe { panels_p.slice(h * panel_len, panel_len) };
-            pack_panels(&x[rows.start * k..rows.end * k], BLayout::Rows, rows.len(), k, panels);
+            pack_panels(&Serial, &x[rows.start * k..rows.end * k], BLayout::Rows, rows.len(), k, panels);
         });
         let x_panels: &[T] = x_panels;
         par.run(2 * parts, &|task| {
@@ -342,7 +342,6 @@ fn par_gemm_packed<T: Float>(par: &dyn Parallel, rows: usize, cols: usize, depth
 mod tests {
     use super::*;
     use crate::ops::gradcheck::*;
-    use crate::parallel::Serial;
     use crate::rng::Rng;
 
     fn check(kind: &str, with_bias: bool) {
