@@ -274,9 +274,9 @@ pub enum BLayout {
 /// Packs B `[k x n]` into the panels this CPU's kernel reads: for every `NR` columns of B,
 /// `k` rows of `NR` values (zero past `n`). A B that many products use (every row block of
 /// a layer's tokens) is packed once instead of once per product; [`gemm_packed`] reads it.
-/// The panels are split across `par`'s threads (a layer's weight packed on one thread of
-/// two left the other idle for about 2% of a training step on nanoGPT's CPU config); the
-/// bits do not depend on the split.
+/// The panels are split across `par`'s threads (with the weights packed on the calling
+/// thread alone, nanoGPT's CPU config ran 3-6% slower at two threads); the bits do not
+/// depend on the split.
 ///
 /// # Panics
 /// If `b` holds fewer than `k * n` or `dst` fewer than [`panels_len`]`(n, k)` elements.
@@ -1141,6 +1141,7 @@ unsafe fn transpose_8x8_avx(src: *const f32, ld_src: usize, dst: *mut f32, ld_ds
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parallel::ReversedThreads;
     use crate::rng::Rng;
 
     #[allow(clippy::too_many_arguments)]
@@ -1152,17 +1153,6 @@ mod tests {
             }
         }
         c
-    }
-
-    /// Runs tasks as three threads would be given them, last first, on this thread.
-    struct ThreeTasks;
-    impl Parallel for ThreeTasks {
-        fn threads(&self) -> usize {
-            3
-        }
-        fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-            (0..tasks).rev().for_each(task);
-        }
     }
 
     /// Every f32 kernel this CPU can run, and the portable one.
@@ -1389,13 +1379,13 @@ mod tests {
                             assert_eq!(c_then, c32, "{name} {m}x{n}x{k} beta={beta}: bias differs from a prefilled C");
                         }
                         // B packed into panels once (from B and from Bᵀ, the panels split
-                        // among three tasks): the same bits (padding past the panels is NaN:
+                        // among three threads): the same bits (padding past the panels is NaN:
                         // never read).
                         let mut bt32 = vec![0f32; k * n];
                         transpose(&b32, k, n, n, &mut bt32);
                         for (b_layout, src) in [(BLayout::Rows, &b32), (BLayout::Transposed, &bt32)] {
                             let mut panels = vec![f32::NAN; panels_len(n, k)];
-                            pack_panels_for(&ThreeTasks, kernel.nr, src, b_layout, k, n, &mut panels);
+                            pack_panels_for(&ReversedThreads(3), kernel.nr, src, b_layout, k, n, &mut panels);
                             let mut c_packed: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
                             let bias = with_bias.then_some(&bias32[..]);
                             unsafe { gemm_packed_on(kernel, m, n, k, a32, &panels, beta as f32, bias, c_packed.as_mut_ptr(), n) };

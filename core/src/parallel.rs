@@ -28,6 +28,21 @@ impl Parallel for Serial {
     }
 }
 
+/// For tests: runs tasks as `.0` threads would be given them, last first, on the calling
+/// thread, so that a kernel's split across threads is exercised without threads.
+#[cfg(test)]
+pub(crate) struct ReversedThreads(pub usize);
+
+#[cfg(test)]
+impl Parallel for ReversedThreads {
+    fn threads(&self) -> usize {
+        self.0
+    }
+    fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        (0..tasks).rev().for_each(task);
+    }
+}
+
 /// Splits `0..n` into `parts` near-equal contiguous ranges and returns range `i`.
 #[inline]
 pub fn split_range(n: usize, parts: usize, i: usize) -> core::ops::Range<usize> {

@@ -342,6 +342,7 @@ fn par_gemm_packed<T: Float>(par: &dyn Parallel, rows: usize, cols: usize, depth
 mod tests {
     use super::*;
     use crate::ops::gradcheck::*;
+    use crate::parallel::ReversedThreads;
     use crate::rng::Rng;
 
     fn check(kind: &str, with_bias: bool) {
@@ -442,15 +443,7 @@ mod tests {
     /// Forward and backward give the same bits on four threads as on one.
     #[test]
     fn threaded_split_matches_serial() {
-        struct Four;
-        impl Parallel for Four {
-            fn threads(&self) -> usize {
-                4
-            }
-            fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-                (0..tasks).rev().for_each(task);
-            }
-        }
+        let four = ReversedThreads(4);
         // With one output column, two of the four tasks own no rows of dw.
         for (n, k, m) in [(13, 6, 5), (9, 4, 1)] {
             let mut rng = Rng::new(4);
@@ -458,7 +451,7 @@ mod tests {
             let w: Vec<f32> = random(&mut rng, m * k, 1.0).into_iter().map(|v| v as f32).collect();
             let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
             forward(&Serial, &mut vec![0.0; scratch_len(k, m)], &mut a, &x, &w, None, Epilogue::None, k, m);
-            forward(&Four, &mut vec![0.0; scratch_len(k, m)], &mut b, &x, &w, None, Epilogue::None, k, m);
+            forward(&four, &mut vec![0.0; scratch_len(k, m)], &mut b, &x, &w, None, Epilogue::None, k, m);
             assert_eq!(a, b);
             // Backward too: both halves of dw's rows split in two on four threads.
             let g: Vec<f32> = random(&mut rng, n * m, 1.0).into_iter().map(|v| v as f32).collect();
@@ -468,7 +461,7 @@ mod tests {
                 backward(par, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut scratch, &mut dout, &x, &w, None, k, m);
                 (dx, dw, db)
             };
-            assert_eq!(run_backward(&Serial), run_backward(&Four), "{n}x{k}x{m}");
+            assert_eq!(run_backward(&Serial), run_backward(&four), "{n}x{k}x{m}");
         }
     }
 
