@@ -398,15 +398,15 @@ const GROUPS_IN_PLACE: usize = 1;
 const GROUPS_PACKED: usize = 2;
 
 /// How much memory (bytes) the `kc` groups of one micro-panel of a column-major A may span
-/// to be read in place: a group per column, columns `cs` apart, so `kc · cs` bytes, whose
-/// lines fall into only `64 / (cs / 64)` of a 32 KiB L1's 64 sets. Past an L1's worth they
-/// evict each other within the micro-panel and every tile reads its A from L2. The small
-/// config's weight gradients (columns 512 bytes apart, 384 deep) alone: the MLP projection's
-/// 7-9% and the LM head's 4% faster packed, the attention projection's within ±3% (Zen 3); in
-/// the step the MLP projection's backward -2.8%, the attention projection's +1.3%. The baby
-/// config's, columns 4.5-6 KiB apart, ran 20% faster packed (Zen 1). Attention's `Pᵀ` and
-/// `dSᵀ`, a block of 24 query rows deep with columns `T` floats apart, stay in place up to
-/// T = 341.
+/// to be read in place: a group per column, columns `s` bytes apart, so `kc · s` bytes, whose
+/// lines fall into only `64 / (s / 64)` of a 32 KiB, 8-way L1's 64 sets (`s` a multiple of
+/// 64). Past an L1's worth they evict each other within the micro-panel and every tile reads
+/// its A from L2. The small config's weight gradients (columns 512 bytes apart, 384 deep)
+/// alone: the MLP projection's 7-9% and the LM head's 4% faster packed, the attention
+/// projection's within ±3% (Zen 3); in the step the MLP projection's backward -2.8%, the
+/// attention projection's +1.3%. The baby config's, columns 4.5-6 KiB apart, ran 20% faster
+/// packed (Zen 1). Attention's `Pᵀ` and `dSᵀ`, a block of 24 query rows deep with columns
+/// `T` floats apart, stay in place up to T = 341.
 const IN_PLACE_GROUP_SPAN: usize = 32 * 1024;
 
 /// Runs `loops[layout]` for A's layout (see [`ROWS`]; `depth` is the loops' K block depth);
