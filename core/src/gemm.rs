@@ -758,11 +758,12 @@ pub(crate) fn portable<T: Float>() -> Kernel<T> {
 
 /// Generates, as module `$name`, an x86-64 f32 micro-kernel for a vector type (`$mr` rows of
 /// `$vecs` registers; edge tiles of each of `$edge_rows` rows) and the blocked GEMM on it
-/// (K blocks `$kc` deep),
-/// all compiled with `$feature` (without `std` only where the build enables AVX2 or more:
-/// there is no run-time detection then).
+/// (K blocks `$kc` deep), all compiled with `$feature` (without `std` only where the build
+/// enables AVX2 or more: there is no run-time detection then). `$spread_prefetch`: whether
+/// the tile's rows of C are prefetched one per step of its first `$mr` steps rather than all
+/// before the first (see the kernel).
 macro_rules! x86_kernel {
-    ($name:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, [$($edge_rows:literal)*], $vecs:expr, $kc:expr,
+    ($name:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, [$($edge_rows:literal)*], $vecs:expr, $kc:expr, $spread_prefetch:expr,
      $zero:ident, $load:ident, $store:ident, $set1:ident, $add:ident, $fma:ident) => {
         /// The micro-kernel for one x86-64 instruction set and the GEMM on it.
         #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
@@ -783,16 +784,19 @@ macro_rules! x86_kernel {
                 unsafe {
                     // The tile's lines of C are fetched while the loop runs, not when it stores:
                     // a training step's C is rarely in L1 (2-8% per product on nanoGPT's CPU
-                    // config, forward attention and QKV the most).
-                    for i in 0..R {
+                    // config, forward attention and QKV the most; without it the AVX-512 step
+                    // took 30% longer on a Xeon VM). AVX-512's 36 prefetches at once stalled
+                    // the tile's start there, one row per step of its first R steps made the
+                    // step 3% faster; AVX2's 12 did not (1-2% slower spread, same VM).
+                    let prefetch_row = |i: usize| {
                         let row = c.add(i * ldc);
                         for j in (0..$vecs * $lanes).step_by(16) {
                             _mm_prefetch::<_MM_HINT_T0>(row.add(j).cast());
                         }
                         _mm_prefetch::<_MM_HINT_T0>(row.add($vecs * $lanes - 1).cast());
-                    }
+                    };
                     let mut acc: [[$vec; $vecs]; R] = [[$zero(); $vecs]; R];
-                    for p in 0..kc {
+                    let step = |acc: &mut [[$vec; $vecs]; R], p: usize| {
                         let bp = b.add(p * b_stride);
                         let mut bv: [$vec; $vecs] = [$zero(); $vecs];
                         for (h, v) in bv.iter_mut().enumerate() {
@@ -804,6 +808,17 @@ macro_rules! x86_kernel {
                                 *x = $fma(ai, bh, *x);
                             }
                         }
+                    };
+                    let head = if $spread_prefetch { R.min(kc) } else { 0 };
+                    for p in 0..head {
+                        prefetch_row(p);
+                        step(&mut acc, p);
+                    }
+                    for i in head..R {
+                        prefetch_row(i);
+                    }
+                    for p in head..kc {
+                        step(&mut acc, p);
                     }
                     let vbeta = $set1(beta);
                     for (i, row) in acc.iter().enumerate() {
@@ -863,9 +878,9 @@ macro_rules! x86_kernel {
 
 // One line per kernel, as a table.
 #[rustfmt::skip]
-x86_kernel!(avx2, "avx2,fma", __m256, 8, 6, [1 2 3 4 5], 2, KC, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
+x86_kernel!(avx2, "avx2,fma", __m256, 8, 6, [1 2 3 4 5], 2, KC, false, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
 #[rustfmt::skip]
-x86_kernel!(avx512, "avx512f", __m512, 16, 12, [1 2 3 4 5 6 7 8 9 10 11], 2, AVX512_KC, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
+x86_kernel!(avx512, "avx512f", __m512, 16, 12, [1 2 3 4 5 6 7 8 9 10 11], 2, AVX512_KC, true, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
 
 /// Rows and columns of the WebAssembly SIMD kernel's tile. Engines keep v128 values in
 /// x86-64's 16 vector registers (V8 allocates 15), and LLVM's wasm output holds every
