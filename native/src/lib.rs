@@ -9,6 +9,7 @@ pub mod corpus;
 pub mod engine;
 pub mod eval;
 pub mod fsutil;
+pub mod hugepages;
 pub mod info;
 pub mod memory;
 pub mod peak;

@@ -4,6 +4,10 @@ use alpha_native::{bench, eval, info, sample, train};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+/// Huge pages for the arenas (see the module).
+#[global_allocator]
+static ALLOCATOR: alpha_native::hugepages::HugePageAlloc = alpha_native::hugepages::HugePageAlloc;
+
 /// Alpha: train small GPT language models fast.
 #[derive(Parser, Debug)]
 #[command(name = "alpha-native", version, about, long_about = None, args_override_self = true)]
