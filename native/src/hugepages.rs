@@ -117,7 +117,8 @@ mod tests {
     fn blocks_hold_their_contents_through_every_path() {
         let a = HugePageAlloc;
         let layout = |size| Layout::from_size_align(size, 8).unwrap();
-        // Every 4093rd byte holds its index (mod 256).
+        // Every 4093rd byte holds its index (mod 256). SAFETY (both): called on blocks of at
+        // least `size` bytes.
         let fill = |p: *mut u8, size: usize| (0..size).step_by(4093).for_each(|i| unsafe { *p.add(i) = i as u8 });
         let holds = |p: *const u8, size: usize| (0..size).step_by(4093).all(|i| unsafe { *p.add(i) } == i as u8);
         // SAFETY: every block is used within its size and freed once, with its layout.
