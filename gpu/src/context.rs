@@ -2,6 +2,7 @@
 //! checks that keep every buffer within them.
 
 use core::fmt;
+use std::cell::RefCell;
 use wgpu::{Adapter, Backends, Device, Features, Instance, Limits, Queue};
 
 /// A GPU error with a message for the user (no adapter, a limit exceeded, a failed readback).
@@ -55,25 +56,55 @@ fn summary(index: usize, a: &Adapter) -> AdapterSummary {
     }
 }
 
-fn instance() -> Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    if desc.backends == Backends::all() {
-        // GL adapters have no compute shaders worth the name; browsers give WebGPU.
-        desc.backends = Backends::VULKAN | Backends::METAL | Backends::DX12 | Backends::BROWSER_WEBGPU;
+thread_local! {
+    /// The wgpu instance, made once. Per thread because a browser's instance cannot cross
+    /// threads; the CLI drives the GPU from its main thread, so it makes one.
+    static INSTANCE: Instance = {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        if desc.backends == Backends::all() {
+            // GL adapters have no compute shaders worth the name; browsers give WebGPU.
+            desc.backends = Backends::VULKAN | Backends::METAL | Backends::DX12 | Backends::BROWSER_WEBGPU;
+        }
+        Instance::new(desc)
+    };
+    /// The adapters, listed once: every listing asks each driver again (and Mesa's drivers
+    /// print their `XDG_RUNTIME_DIR` warning each time).
+    static ADAPTERS: RefCell<Option<Vec<Adapter>>> = const { RefCell::new(None) };
+}
+
+/// The instance and every adapter it offers natively (empty in a browser, which hands out
+/// one adapter on request instead).
+async fn adapter_list() -> (Instance, Vec<Adapter>) {
+    let instance = INSTANCE.with(Instance::clone);
+    if let Some(list) = ADAPTERS.with(|a| a.borrow().clone()) {
+        return (instance, list);
     }
-    Instance::new(desc)
+    let list = instance.enumerate_adapters(Backends::all()).await;
+    ADAPTERS.with(|a| *a.borrow_mut() = Some(list.clone()));
+    (instance, list)
 }
 
 /// Every adapter this machine offers (native; in a browser, the one it hands out).
 pub async fn adapters() -> Vec<AdapterSummary> {
-    let instance = instance();
-    let list = instance.enumerate_adapters(Backends::all()).await;
+    let (instance, list) = adapter_list().await;
     if list.is_empty() {
         if let Ok(a) = instance.request_adapter(&Default::default()).await {
             return vec![summary(0, &a)];
         }
     }
     list.iter().enumerate().map(|(i, a)| summary(i, a)).collect()
+}
+
+/// How much an adapter is preferred by default (lower first): a discrete GPU, then an
+/// integrated one, a virtual one, anything else, and a CPU (software) adapter last.
+fn preference(a: &Adapter) -> u8 {
+    match a.get_info().device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
 }
 
 /// An open device and its queue (cloning shares them).
@@ -95,17 +126,15 @@ impl Gpu {
     /// Opens the adapter `selector` names (an index into [`adapters`] or part of a name,
     /// case-insensitive), or the default high-performance adapter.
     pub async fn open(selector: Option<&str>) -> Result<Gpu, GpuError> {
-        let instance = instance();
-        let list = instance.enumerate_adapters(Backends::all()).await;
+        let (instance, list) = adapter_list().await;
+        let no_adapter = |why: String| GpuError(format!("no GPU adapter found ({why}); on Linux install a Vulkan driver (mesa-vulkan-drivers gives lavapipe)"));
         let (index, adapter) = match selector {
-            None => {
+            None if list.is_empty() => {
+                // A browser: it chooses.
                 let options = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
-                let a = instance
-                    .request_adapter(&options)
-                    .await
-                    .map_err(|e| GpuError(format!("no GPU adapter found ({e}); on Linux install a Vulkan driver (mesa-vulkan-drivers gives lavapipe)")))?;
-                (list.iter().position(|b| b.get_info() == a.get_info()).unwrap_or(0), a)
+                (0, instance.request_adapter(&options).await.map_err(|e| no_adapter(e.to_string()))?)
             }
+            None => list.into_iter().enumerate().min_by_key(|(_, a)| preference(a)).ok_or_else(|| no_adapter("none listed".into()))?,
             Some(sel) => {
                 let names: Vec<String> = list.iter().enumerate().map(|(i, a)| format!("{i}: {}", a.get_info().name)).collect();
                 let found = match sel.parse::<usize>() {
