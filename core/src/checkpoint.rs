@@ -5,19 +5,30 @@
 //! `transformer.wte.weight` and omitted). AdamW moments are stored as
 //! `optimizer.exp_avg.<name>` / `optimizer.exp_avg_sq.<name>`. The header's `__metadata__`
 //! holds JSON strings: `format`, `config` (a [`GptConfig`]), `tokenizer`, and, for a resumable
-//! checkpoint, `train` (step, RNG state and the run's settings).
+//! checkpoint, `train` (step, RNG state and the run's settings), and `crc32`: a JSON object
+//! giving every tensor's CRC-32 (IEEE) of its bytes, checked on every load (files written by
+//! other tools, without it, load unchecked).
+//!
+//! Saving streams: [`write`] reads the arenas once for the checksums (refusing any value that
+//! is not finite), emits the header, then the tensors straight from the arenas in small
+//! chunks, so nothing the size of the model is copied. Loading checks the header against the
+//! config before it allocates: a config that implies other tensors than the file holds is an
+//! error, so no header can make it allocate more than the file's own size.
 
+use crate::config::MAX_GRAD_ACCUM;
 use crate::optim::{AdamWConfig, LrSchedule};
-use crate::plan::{ParamInfo, Plan};
+use crate::plan::{ParamInfo, ParamKind, Plan, LAYER_PARAMS};
 use crate::tokenizer::CharTokenizer;
-use crate::train::TrainConfig;
+use crate::train::{try_vec, TrainConfig};
 use crate::GptConfig;
+use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec;
 use alloc::vec::Vec;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
 
 /// Identifies the file layout in `__metadata__.format`.
 pub const FORMAT: &str = "alpha-gpt/1";
@@ -95,6 +106,9 @@ impl TrainSettings {
                 return Err(format!("{} must be at least 1", name(field)));
             }
         }
+        if self.grad_accum > MAX_GRAD_ACCUM {
+            return Err(format!("{} is {}, more than the largest allowed ({MAX_GRAD_ACCUM})", name("grad_accum"), self.grad_accum));
+        }
         Ok(())
     }
 }
@@ -112,8 +126,8 @@ pub struct TrainState {
 
 impl TrainState {
     /// The batch generator the run saved.
-    pub fn rng(&self) -> Result<crate::Rng, InvalidCheckpoint> {
-        let state = self.rng_state.parse().map_err(|_| InvalidCheckpoint(format!("train.rng_state {:?} is not an integer", self.rng_state)))?;
+    pub fn rng(&self) -> Result<crate::Rng, CheckpointError> {
+        let state = self.rng_state.parse().map_err(|_| CheckpointError::Invalid(format!("train.rng_state {:?} is not an integer", self.rng_state)))?;
         Ok(crate::Rng::from_state(state))
     }
 }
@@ -131,18 +145,65 @@ pub struct Checkpoint {
     pub optimizer: Option<(Vec<f32>, Vec<f32>, TrainState)>,
 }
 
-/// Why bytes are not a valid checkpoint.
+/// Why bytes could not be loaded as a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidCheckpoint(pub String);
+pub enum CheckpointError {
+    /// Not a checkpoint of this format, or one whose header contradicts itself.
+    Invalid(String),
+    /// A tensor's bytes do not match the checksum the header gives for them.
+    Corrupt {
+        /// The tensor.
+        tensor: String,
+        /// The checksum in the header.
+        stored: u32,
+        /// The checksum of the bytes.
+        computed: u32,
+    },
+    /// The machine could not give the memory to hold the tensors.
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
+}
 
-impl core::fmt::Display for InvalidCheckpoint {
+impl core::fmt::Display for CheckpointError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "not a valid Alpha checkpoint: {}", self.0)
+        match self {
+            CheckpointError::Invalid(why) => write!(f, "not a valid Alpha checkpoint: {why}"),
+            CheckpointError::Corrupt { tensor, stored, computed } => {
+                write!(f, "corrupt: tensor {tensor} does not match its checksum (CRC-32 {computed:08x}, the header says {stored:08x})")
+            }
+            CheckpointError::OutOfMemory { bytes } => write!(f, "too large to load: {bytes} bytes of tensors could not be allocated"),
+        }
     }
 }
 
-fn le_bytes(xs: &[f32]) -> Vec<u8> {
-    xs.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// Why a checkpoint was not written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SaveError<E> {
+    /// A parameter or optimizer moment is NaN or infinite: such a model is never saved.
+    NonFinite {
+        /// The tensor that holds it.
+        tensor: String,
+        /// Its index in the tensor (row-major).
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// The arenas do not match the config (a caller's mistake).
+    Shape(String),
+    /// The sink failed.
+    Write(E),
+}
+
+impl<E: core::fmt::Display> core::fmt::Display for SaveError<E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            SaveError::NonFinite { tensor, index, value } => write!(f, "the model is not finite ({tensor}[{index}] is {value})"),
+            SaveError::Shape(why) => f.write_str(why),
+            SaveError::Write(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 fn shape_of(info: &ParamInfo) -> Vec<usize> {
@@ -153,49 +214,122 @@ fn shape_of(info: &ParamInfo) -> Vec<usize> {
     }
 }
 
-/// The safetensors bytes of a checkpoint: `params` (plan order) and, for a resumable one, the
-/// AdamW moments with the training state.
-pub fn to_bytes(config: GptConfig, chars: &[char], params: &[f32], optimizer: Option<(&[f32], &[f32], &TrainState)>) -> Result<Vec<u8>, String> {
-    // Any batch shape gives the parameter layout.
-    let plan = Plan::new(config, 1, 1).map_err(|e| e.to_string())?;
-    for (what, arena) in [("params", Some(params)), ("exp_avg", optimizer.map(|o| o.0)), ("exp_avg_sq", optimizer.map(|o| o.1))] {
-        if let Some(a) = arena.filter(|a| a.len() != plan.params_len()) {
-            return Err(format!("{what} has {} elements, the model has {}", a.len(), plan.params_len()));
+/// Floats of a save chunk: 16 KiB of bytes on the stack.
+const CHUNK: usize = 4096;
+
+/// Calls `f` with the little-endian bytes of `xs`, at most [`CHUNK`] floats at a time.
+fn le_chunks<E>(xs: &[f32], mut f: impl FnMut(&[u8]) -> Result<(), E>) -> Result<(), E> {
+    let mut buf = [0u8; 4 * CHUNK];
+    for chunk in xs.chunks(CHUNK) {
+        for (dst, x) in buf.chunks_exact_mut(4).zip(chunk) {
+            dst.copy_from_slice(&x.to_le_bytes());
         }
+        f(&buf[..4 * chunk.len()])?;
     }
-    let mut arenas: Vec<(String, Vec<u8>)> = vec![(String::new(), le_bytes(params))];
-    if let Some((m, v, _)) = optimizer {
-        arenas.push(("optimizer.exp_avg.".into(), le_bytes(m)));
-        arenas.push(("optimizer.exp_avg_sq.".into(), le_bytes(v)));
-    }
-    let mut tensors = Vec::new();
-    for (prefix, bytes) in &arenas {
-        for info in plan.params() {
-            let data = &bytes[info.span.offset * 4..info.span.end() * 4];
-            let view = TensorView::new(Dtype::F32, shape_of(&info), data).map_err(|e| e.to_string())?;
-            tensors.push((format!("{prefix}{info}"), view));
-        }
-    }
-    let mut meta = vec![
-        ("format".to_string(), FORMAT.to_string()),
-        ("config".to_string(), json(&config)),
-        ("tokenizer".to_string(), json(&TokenizerJson { kind: "char".into(), chars: chars.iter().collect() })),
-    ];
-    if let Some((_, _, state)) = optimizer {
-        meta.push(("train".to_string(), json(state)));
-    }
-    safetensors::tensor::serialize(tensors, Some(meta.into_iter().collect())).map_err(|e| format!("serialising checkpoint: {e}"))
+    Ok(())
 }
 
-fn json<T: Serialize>(value: &T) -> String {
+/// The CRC-32 of the little-endian bytes of `xs`.
+fn crc32(xs: &[f32]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    let _ = le_chunks::<core::convert::Infallible>(xs, |b| {
+        h.update(b);
+        Ok(())
+    });
+    h.finalize()
+}
+
+/// The tensor-name prefixes of the arenas in a file: the parameters, then (resumable
+/// checkpoints) the two AdamW moments.
+const ARENA_PREFIXES: [&str; 3] = ["", "optimizer.exp_avg.", "optimizer.exp_avg_sq."];
+
+/// Writes a checkpoint to `sink`, in order: `params` (plan order) and, for a resumable one,
+/// the AdamW moments with the training state. Reads every arena once for the checksums
+/// before the header is written, then again to stream the tensors; a value that is not
+/// finite stops it before anything is written.
+pub fn write<E>(
+    config: GptConfig,
+    chars: &[char],
+    params: &[f32],
+    optimizer: Option<(&[f32], &[f32], &TrainState)>,
+    sink: &mut dyn FnMut(&[u8]) -> Result<(), E>,
+) -> Result<(), SaveError<E>> {
+    // Any batch shape gives the parameter layout.
+    let plan = Plan::new(config, 1, 1).map_err(|e| SaveError::Shape(e.to_string()))?;
+    let mut arenas = vec![(ARENA_PREFIXES[0], params)];
+    if let Some((m, v, _)) = optimizer {
+        arenas.extend([(ARENA_PREFIXES[1], m), (ARENA_PREFIXES[2], v)]);
+    }
+    for (prefix, arena) in &arenas {
+        if arena.len() != plan.params_len() {
+            return Err(SaveError::Shape(format!("the {prefix}arena has {} elements, the model has {}", arena.len(), plan.params_len())));
+        }
+    }
+    let mut header = Map::new();
+    let mut checksums = Map::new();
+    let mut offset = 0usize;
+    for (prefix, arena) in &arenas {
+        for info in plan.params() {
+            let data = &arena[info.span.range()];
+            let name = format!("{prefix}{info}");
+            if let Some(index) = data.iter().position(|x| !x.is_finite()) {
+                return Err(SaveError::NonFinite { tensor: name, index, value: data[index] });
+            }
+            checksums.insert(name.clone(), crc32(data).into());
+            let end = offset + 4 * data.len();
+            header.insert(name, json!({"dtype": "F32", "shape": shape_of(&info), "data_offsets": [offset, end]}));
+            offset = end;
+        }
+    }
+    let mut meta = Map::new();
+    meta.insert("format".into(), FORMAT.into());
+    meta.insert("config".into(), to_json(&config).into());
+    meta.insert("tokenizer".into(), to_json(&TokenizerJson { kind: "char".into(), chars: chars.iter().collect() }).into());
+    if let Some((_, _, state)) = optimizer {
+        meta.insert("train".into(), to_json(state).into());
+    }
+    meta.insert("crc32".into(), to_json(&checksums).into());
+    header.insert("__metadata__".into(), Value::Object(meta));
+    let mut text = to_json(&header);
+    // safetensors pads the header with spaces so that the data starts 8-byte aligned.
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    sink(&(text.len() as u64).to_le_bytes()).map_err(SaveError::Write)?;
+    sink(text.as_bytes()).map_err(SaveError::Write)?;
+    for (_, arena) in &arenas {
+        for info in plan.params() {
+            le_chunks(&arena[info.span.range()], &mut *sink).map_err(SaveError::Write)?;
+        }
+    }
+    Ok(())
+}
+
+/// The safetensors bytes of a checkpoint (see [`write`]).
+pub fn to_bytes(
+    config: GptConfig,
+    chars: &[char],
+    params: &[f32],
+    optimizer: Option<(&[f32], &[f32], &TrainState)>,
+) -> Result<Vec<u8>, SaveError<core::convert::Infallible>> {
+    let mut bytes = Vec::new();
+    write(config, chars, params, optimizer, &mut |b: &[u8]| {
+        bytes.extend_from_slice(b);
+        Ok(())
+    })?;
+    Ok(bytes)
+}
+
+fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).expect("plain structs always serialise")
 }
 
-/// Reads and validates checkpoint bytes: every tensor must be present with the shape its
-/// config implies; the tokenizer must match the vocabulary size. Errors say why the bytes are
-/// not a valid Alpha checkpoint.
-pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, InvalidCheckpoint> {
-    let bad = InvalidCheckpoint;
+/// Reads and validates checkpoint bytes: the config must imply exactly the file's tensors,
+/// each with its shape; the tokenizer must match the vocabulary size; every tensor must match
+/// its checksum where the file has them. Nothing is allocated for the tensors before all of
+/// that holds.
+pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+    let bad = CheckpointError::Invalid;
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("{e} (truncated or corrupt file?)")))?;
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let meta = header.metadata().as_ref().ok_or_else(|| bad("no __metadata__ in the header".into()))?;
@@ -211,63 +345,176 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, InvalidCheckpoint> {
         return Err(bad(format!("the tokenizer has {} characters but vocab_size is {}", chars.len(), config.vocab_size)));
     }
     CharTokenizer::new(&chars[..]).map_err(|e| bad(format!("tokenizer: {e}")))?;
-    let plan = Plan::new(config, 1, 1).map_err(|e| bad(e.to_string()))?;
-    let read_arena = |prefix: &str| -> Result<Vec<f32>, InvalidCheckpoint> {
-        let mut arena = vec![0f32; plan.params_len()];
+    let state = match meta.get("train") {
+        None => None,
+        Some(train) => {
+            let state: TrainState = serde_json::from_str(train).map_err(|e| bad(format!("train: {e}")))?;
+            state.rng()?;
+            state.settings.validate(|f| format!("train.settings.{f}")).map_err(bad)?;
+            Some(state)
+        }
+    };
+    let prefixes = &ARENA_PREFIXES[..if state.is_some() { 3 } else { 1 }];
+    // The tensors the config implies, counted before any is looked up (a config may claim
+    // millions of layers; the file's own count is bounded by its size).
+    let expected = prefixes.len() * (4 + LAYER_PARAMS.len() * config.n_layer);
+    let tied_head = usize::from(tensors.tensor("lm_head.weight").is_ok());
+    if tensors.len() != expected + tied_head {
+        let names = tensors.names();
+        let unknown = names.iter().find(|n| **n != "lm_head.weight" && !is_known(&config, prefixes, n));
+        return Err(bad(match unknown {
+            Some(n) => format!("unexpected tensor {n}"),
+            None => format!("{} tensors, but its config implies {}", tensors.len(), expected + tied_head),
+        }));
+    }
+    // Within the address space: the config passed `validate`, and its tensors are the file's.
+    let plan = Plan::new(config, 1, 1).map_err(|e| bad(format!("config: {e}")))?;
+    let checksums: Option<BTreeMap<String, u32>> = match meta.get("crc32") {
+        None => None,
+        Some(c) => Some(serde_json::from_str(c).map_err(|e| bad(format!("crc32: {e}")))?),
+    };
+    for prefix in prefixes {
         for info in plan.params() {
             let name = format!("{prefix}{info}");
             let t = tensors.tensor(&name).map_err(|_| bad(format!("tensor {name} is missing")))?;
             if t.dtype() != Dtype::F32 || t.shape() != shape_of(&info).as_slice() {
                 return Err(bad(format!("tensor {name} is {:?} {:?}, expected F32 {:?}", t.dtype(), t.shape(), shape_of(&info))));
             }
+            if let Some(sums) = &checksums {
+                let stored = *sums.get(&name).ok_or_else(|| bad(format!("crc32 has no checksum for tensor {name}")))?;
+                let computed = crc32fast::hash(t.data());
+                if computed != stored {
+                    return Err(CheckpointError::Corrupt { tensor: name, stored, computed });
+                }
+            }
+        }
+    }
+    if let Some(extra) = checksums.iter().flat_map(|c| c.keys()).find(|n| tensors.tensor(n).is_err()) {
+        return Err(bad(format!("crc32 names tensor {extra}, which the file does not have")));
+    }
+    let read_arena = |prefix: &str| -> Result<Vec<f32>, CheckpointError> {
+        let mut arena = try_vec("parameters", plan.params_len(), 0f32).map_err(|_| CheckpointError::OutOfMemory { bytes: 4 * plan.params_len() })?;
+        for info in plan.params() {
+            let t = tensors.tensor(&format!("{prefix}{info}")).map_err(|e| bad(e.to_string()))?;
             for (dst, src) in arena[info.span.range()].iter_mut().zip(t.data().chunks_exact(4)) {
                 *dst = f32::from_le_bytes(src.try_into().expect("chunks of 4"));
             }
         }
         Ok(arena)
     };
-    let params = read_arena("")?;
-    let optimizer = match meta.get("train") {
+    let params = read_arena(prefixes[0])?;
+    let optimizer = match state {
         None => None,
-        Some(train) => {
-            let state: TrainState = serde_json::from_str(train).map_err(|e| bad(format!("train: {e}")))?;
-            state.rng()?;
-            Some((read_arena("optimizer.exp_avg.")?, read_arena("optimizer.exp_avg_sq.")?, state))
-        }
+        Some(state) => Some((read_arena(prefixes[1])?, read_arena(prefixes[2])?, state)),
     };
-    let expected = plan.params().count() * if optimizer.is_some() { 3 } else { 1 };
-    let tied_head = usize::from(tensors.tensor("lm_head.weight").is_ok());
-    if tensors.len() != expected + tied_head {
-        let names = tensors.names();
-        let unknown = names.iter().find(|n| **n != "lm_head.weight" && !is_known(&plan, n));
-        return Err(bad(match unknown {
-            Some(n) => format!("unexpected tensor {n}"),
-            None => format!("{} tensors, expected {}", tensors.len(), expected + tied_head),
-        }));
-    }
     Ok(Checkpoint { config, chars, params, optimizer })
 }
 
-fn is_known(plan: &Plan, name: &str) -> bool {
-    let base = name.strip_prefix("optimizer.exp_avg_sq.").or_else(|| name.strip_prefix("optimizer.exp_avg.")).unwrap_or(name);
-    plan.params().any(|info| info.to_string() == base)
+/// Whether `name` is a tensor of a model of `config` under one of `prefixes`, read from the
+/// name itself (no walk over the config's tensors, whose number the file does not bound).
+fn is_known(config: &GptConfig, prefixes: &[&str], name: &str) -> bool {
+    let Some(base) = prefixes.iter().rev().find_map(|p| name.strip_prefix(p)) else { return false };
+    let Some(rest) = base.strip_prefix("transformer.") else { return false };
+    let top = [ParamKind::Wte, ParamKind::Wpe, ParamKind::LnfWeight, ParamKind::LnfBias];
+    if top.iter().any(|k| k.suffix() == rest) {
+        return true;
+    }
+    let Some((layer, suffix)) = rest.strip_prefix("h.").and_then(|r| r.split_once('.')) else { return false };
+    let in_range = layer.parse::<usize>().is_ok_and(|l| l < config.n_layer && l.to_string() == layer);
+    in_range && LAYER_PARAMS.iter().any(|k| k.suffix() == suffix)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn bytes_round_trip_and_bad_bytes_are_errors() {
+    fn tiny() -> (GptConfig, Vec<f32>) {
         let config = GptConfig { vocab_size: 3, block_size: 4, n_layer: 1, n_head: 1, n_embd: 2 };
         let n = Plan::new(config, 1, 1).unwrap().params_len();
-        let params: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+        (config, (0..n).map(|i| i as f32 * 0.5 - 3.0).collect())
+    }
+
+    #[test]
+    fn bytes_round_trip_and_bad_bytes_are_errors() {
+        let (config, params) = tiny();
         let bytes = to_bytes(config, &['a', 'b', 'c'], &params, None).unwrap();
         let back = from_bytes(&bytes).unwrap();
         assert_eq!((back.config, back.chars, back.params), (config, vec!['a', 'b', 'c'], params.clone()));
         assert!(back.optimizer.is_none());
-        assert!(to_bytes(config, &['a', 'b', 'c'], &params[1..], None).unwrap_err().contains("params has"));
+        assert!(to_bytes(config, &['a', 'b', 'c'], &params[1..], None).unwrap_err().to_string().contains("arena has"));
         let err = from_bytes(&bytes[..bytes.len() / 2]).unwrap_err();
         assert!(err.to_string().starts_with("not a valid Alpha checkpoint: "), "{err}");
+    }
+
+    /// The writer's bytes are what the safetensors crate itself reads, header alignment and
+    /// metadata included.
+    #[test]
+    fn the_streamed_file_is_plain_safetensors() {
+        let (config, params) = tiny();
+        let bytes = to_bytes(config, &['a', 'b', 'c'], &params, None).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        assert!(n.is_multiple_of(8));
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let wte = st.tensor("transformer.wte.weight").unwrap();
+        assert_eq!((wte.dtype(), wte.shape()), (Dtype::F32, &[3, 2][..]));
+        assert_eq!(wte.data(), &bytes[8 + n..8 + n + 24]);
+        let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+        let sums: BTreeMap<String, u32> = serde_json::from_str(&header.metadata().as_ref().unwrap()["crc32"]).unwrap();
+        assert_eq!(sums.len(), st.len());
+        assert_eq!(sums["transformer.wte.weight"], crc32fast::hash(wte.data()));
+    }
+
+    /// Every single-byte change of tensor data is caught by its tensor's checksum.
+    #[test]
+    fn every_flipped_byte_of_tensor_data_is_an_error_naming_the_tensor() {
+        let (config, params) = tiny();
+        let bytes = to_bytes(config, &['a', 'b', 'c'], &params, None).unwrap();
+        let data_start = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        for i in data_start..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x5a;
+            match from_bytes(&b) {
+                Err(CheckpointError::Corrupt { tensor, .. }) => assert!(tensor.starts_with("transformer."), "{tensor}"),
+                other => panic!("byte {i} flipped: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn non_finite_values_are_never_written() {
+        let (config, mut params) = tiny();
+        let mut written = 0;
+        let mut count = |b: &[u8]| -> Result<(), core::convert::Infallible> {
+            written += b.len();
+            Ok(())
+        };
+        params[7] = f32::NAN;
+        let err = write(config, &['a', 'b', 'c'], &params, None, &mut count).unwrap_err();
+        assert!(matches!(&err, SaveError::NonFinite { tensor, index: 1, value } if tensor == "transformer.wpe.weight" && value.is_nan()), "{err:?}");
+        params[7] = 0.5;
+        let mut v = params.clone();
+        v[0] = f32::INFINITY;
+        let state = TrainState { step: 3, rng_state: "1".into(), settings: settings() };
+        let err = write(config, &['a', 'b', 'c'], &params, Some((&params, &v, &state)), &mut count).unwrap_err();
+        assert_eq!(err.to_string(), "the model is not finite (optimizer.exp_avg_sq.transformer.wte.weight[0] is inf)");
+        assert_eq!(written, 0, "nothing is written before every value is checked");
+    }
+
+    fn settings() -> TrainSettings {
+        TrainSettings {
+            data: "x".into(),
+            batch: 1,
+            iters: 5,
+            lr: 1e-3,
+            lr_decay_iters: 5,
+            min_lr: 1e-4,
+            warmup: 0,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            grad_clip: 1.0,
+            grad_accum: 1,
+            seed: 1,
+        }
     }
 }

@@ -37,8 +37,27 @@ pub enum ConfigError {
         /// The model's block size.
         block_size: usize,
     },
+    /// A size is larger than [`MAX_DIM`] (or, for gradient accumulation, [`MAX_GRAD_ACCUM`]).
+    OutOfRange {
+        /// Which size.
+        what: &'static str,
+        /// The value given.
+        value: usize,
+        /// The largest allowed.
+        max: usize,
+    },
     /// The arenas would not fit in the address space.
-    TooLarge,
+    TooLarge {
+        /// Bytes the arenas would take (at most; see [`crate::Plan::new`]).
+        bytes: u128,
+    },
+    /// The allocator refused memory the plan needs.
+    OutOfMemory {
+        /// What it was for.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// The caller's buffer is smaller than the plan needs.
     BufferTooSmall {
         /// Which buffer.
@@ -60,7 +79,11 @@ impl fmt::Display for ConfigError {
             ConfigError::SequenceTooLong { seq, block_size } => {
                 write!(f, "sequence length {seq} is larger than the model's block size {block_size}")
             }
-            ConfigError::TooLarge => write!(f, "the model's memory plan does not fit in the address space"),
+            ConfigError::OutOfRange { what, value, max } => write!(f, "{what} is {value}, more than the largest allowed ({max})"),
+            ConfigError::TooLarge { bytes } => {
+                write!(f, "the model's memory plan needs about {bytes} bytes, more than this machine's address space holds")
+            }
+            ConfigError::OutOfMemory { what, bytes } => write!(f, "cannot allocate {bytes} bytes for the {what}: not enough memory"),
             ConfigError::BufferTooSmall { what, needed, given } => {
                 write!(f, "the {what} buffer holds {given} elements but the plan needs {needed}")
             }
@@ -68,15 +91,31 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// The largest value of every size of a model and a batch (vocabulary, block, layers, heads,
+/// width, batch, sequence): 2^24. Each is far beyond any model that trains on one machine,
+/// and with every size bounded the memory plan's sums and products can be checked exactly
+/// (see [`crate::Plan::new`]) before anything is allocated.
+pub const MAX_DIM: usize = 1 << 24;
+
+/// The most micro-batches one optimizer step may accumulate: 2^16.
+pub const MAX_GRAD_ACCUM: usize = 1 << 16;
+
+/// An error unless `1 <= value <= max`.
+pub fn check_size(what: &'static str, value: usize, max: usize) -> Result<(), ConfigError> {
+    match value {
+        0 => Err(ConfigError::Zero(what)),
+        v if v > max => Err(ConfigError::OutOfRange { what, value, max }),
+        _ => Ok(()),
+    }
+}
+
 impl GptConfig {
-    /// Checks that every size is positive and the heads divide the width.
+    /// Checks that every size is between 1 and [`MAX_DIM`] and the heads divide the width.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (value, name) in
             [(self.vocab_size, "vocab_size"), (self.block_size, "block_size"), (self.n_layer, "n_layer"), (self.n_head, "n_head"), (self.n_embd, "n_embd")]
         {
-            if value == 0 {
-                return Err(ConfigError::Zero(name));
-            }
+            check_size(name, value, MAX_DIM)?;
         }
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(ConfigError::HeadsDoNotDivide { n_head: self.n_head, n_embd: self.n_embd });

@@ -168,7 +168,8 @@ impl<T: Float> Sampler<T> {
     /// Sampling memory for `config` with a context of `seq` tokens (at most the block size).
     pub fn new(config: crate::GptConfig, seq: usize) -> Result<Self, crate::ConfigError> {
         let plan = Plan::new(config, 1, seq)?;
-        Ok(Sampler { plan, tape: tape::record_to_vec(&plan), acts: alloc::vec![T::ZERO; plan.acts_len()], window: alloc::vec![0; seq] })
+        let acts = crate::train::try_vec("activations", plan.acts_len(), T::ZERO)?;
+        Ok(Sampler { plan, tape: tape::record_to_vec(&plan), acts, window: alloc::vec![0; seq] })
     }
 
     /// Generates `count` tokens after `prompt` with `params`, calling `emit` with each (see

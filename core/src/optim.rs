@@ -43,7 +43,8 @@ impl LrSchedule {
     /// Learning rate for step `it` (0-based).
     pub fn at(&self, it: u64) -> f64 {
         if it < self.warmup_iters {
-            return self.max_lr * (it + 1) as f64 / (self.warmup_iters + 1) as f64;
+            // In f64: `warmup_iters + 1` overflows u64 for the largest warmups.
+            return self.max_lr * (it as f64 + 1.0) / (self.warmup_iters as f64 + 1.0);
         }
         if it > self.decay_iters || self.decay_iters <= self.warmup_iters {
             return self.min_lr;

@@ -9,7 +9,7 @@
 //! Parameters are laid out in nanoGPT's `state_dict` order with `nn.Linear` layout
 //! (`[out_features, in_features]`), so a checkpoint is the params arena cut at the offsets.
 
-use crate::config::{ConfigError, GptConfig};
+use crate::config::{check_size, ConfigError, GptConfig, MAX_DIM};
 use crate::ops::attention::AttentionShape;
 use core::fmt;
 
@@ -214,10 +214,6 @@ pub struct Plan {
     acts_len: usize,
 }
 
-fn mul(a: usize, b: usize) -> Result<usize, ConfigError> {
-    a.checked_mul(b).ok_or(ConfigError::TooLarge)
-}
-
 /// Every activation span starts at a multiple of this many elements (256 bytes of `f32`):
 /// a GPU can then bind each tensor on its own (WebGPU's storage-buffer offset alignment) and
 /// CPU rows of whole cache lines start aligned.
@@ -226,6 +222,27 @@ pub const ACT_ALIGN: usize = 64;
 /// `len` rounded up to a whole number of [`ACT_ALIGN`] blocks.
 const fn aligned(len: usize) -> usize {
     len.div_ceil(ACT_ALIGN) * ACT_ALIGN
+}
+
+/// An upper bound on the elements of all arenas of a plan (the four parameter-shaped ones,
+/// the activations with their scratch, the batch), computed in `u128` from sizes of at most
+/// [`MAX_DIM`], where no product of them can overflow. It mirrors the layout below term by
+/// term, with every alignment pad and kernel scratch rounded up, so the real layout (in
+/// `usize`) never exceeds it.
+fn arena_elements_bound(config: &GptConfig, batch: usize, seq: usize) -> u128 {
+    let [c, v, block, layers, heads, b, t] =
+        [config.n_embd, config.vocab_size, config.block_size, config.n_layer, config.n_head, batch, seq].map(|x| x as u128);
+    let (a, nr, kc) = (ACT_ALIGN as u128, crate::gemm::MAX_NR as u128, crate::gemm::KC as u128);
+    let n = b * t;
+    let params = (v + block) * c + layers * (12 * c * c + 13 * c) + 2 * c;
+    let layer = 16 * n * c + 4 * n + b * heads * t + 14 * a;
+    let head = n * c + 3 * n + n * v + 6 * a;
+    // Each matmul's scratch (see `matmul::scratch_len`), all of them summed.
+    let matmul: u128 =
+        [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, v)].into_iter().map(|(k, m)| k * (m + nr) + m * (k + nr) + 2 * kc * (k + nr) + m * k).sum();
+    let attention = 2 * b * t * (c + heads * t);
+    let scratch = 6 * n * c + matmul + attention + (n + 1) * 4 * c + 7 * a;
+    4 * params + 2 * n + n * c + a + layers * layer + head + scratch
 }
 
 /// Hands out consecutive aligned spans.
@@ -242,34 +259,22 @@ impl Plan {
     /// Plans a model of `config` run on `batch` sequences of `seq` tokens.
     pub fn new(config: GptConfig, batch: usize, seq: usize) -> Result<Plan, ConfigError> {
         config.validate()?;
-        if batch == 0 {
-            return Err(ConfigError::Zero("batch size"));
-        }
-        if seq == 0 {
-            return Err(ConfigError::Zero("sequence length"));
-        }
+        check_size("batch size", batch, MAX_DIM)?;
+        check_size("sequence length", seq, MAX_DIM)?;
         if seq > config.block_size {
             return Err(ConfigError::SequenceTooLong { seq, block_size: config.block_size });
         }
+        // Every size below is a sum of terms of this bound, so none overflows once it fits.
+        let bytes = 4 * arena_elements_bound(&config, batch, seq);
+        if bytes > isize::MAX as u128 {
+            return Err(ConfigError::TooLarge { bytes });
+        }
         let c = config.n_embd;
-        let n = mul(batch, seq)?;
-        let nc = mul(n, c)?;
-        // Checked once here; every later size is a sum of these products.
-        mul(nc, 32)?;
-        mul(mul(n, config.vocab_size)?, 2)?;
-        mul(mul(config.vocab_size + config.block_size, c)?, 4)?;
-        let layer_params_len = mul(12 * c + 13, c)?;
-        // Bounds every matmul's scratch (weights padded to whole panels, twice).
-        mul(mul(config.vocab_size.max(4 * c), c + crate::gemm::MAX_NR)?, 2)?;
+        let layer_params_len = (12 * c + 13) * c;
         let mut plan = Plan { config, batch, seq, layer_params_len, layer_acts_len: 0, params_len: 0, acts_len: 0 };
         let lnf_b = plan.param(ParamKind::LnfBias, None);
         plan.params_len = lnf_b.span.end();
-        // Lengths checked against overflow before the layout functions below add them up.
         plan.layer_acts_len = aligned(plan.layer_acts(0).res_out.end() - plan.encoded().end());
-        let layers = mul(plan.layer_acts_len, config.n_layer)?;
-        let rest = aligned(nc) + 6 * aligned(nc) + 3 * aligned(n) + aligned(n * config.vocab_size);
-        let scratch = aligned(plan.matmul_scratch_len()) + aligned(plan.attention_shape().scratch_len()) + aligned(crate::ops::row_blocks::blocks(n) * 4 * c);
-        layers.checked_add(rest).and_then(|x| x.checked_add(scratch)).ok_or(ConfigError::TooLarge)?;
         plan.acts_len = aligned(plan.scratch().partials.end());
         Ok(plan)
     }
@@ -434,4 +439,45 @@ pub struct Scratch {
     /// Per-row-block column sums of the bias and LayerNorm gradients (see
     /// [`crate::ops::row_blocks`]): `blocks(N) x 4C`.
     pub partials: Span,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rng;
+
+    fn config(vocab_size: usize, block_size: usize, n_layer: usize, n_head: usize, n_embd: usize) -> GptConfig {
+        GptConfig { vocab_size, block_size, n_layer, n_head, n_embd }
+    }
+
+    /// The bound holds every arena of real layouts, odd sizes included (the test profile
+    /// checks every `usize` operation of the layout for overflow).
+    #[test]
+    fn the_bound_covers_every_arena() {
+        let mut rng = Rng::new(7);
+        let mut pick = |max: usize| 1 + rng.below(max);
+        for _ in 0..300 {
+            let heads = pick(6);
+            let cfg = config(pick(300), pick(80), pick(4), heads, heads * pick(20));
+            let (batch, seq) = (pick(9), pick(cfg.block_size));
+            let plan = Plan::new(cfg, batch, seq).unwrap();
+            let real = 4 * plan.params_len() + plan.acts_len() + 2 * plan.tokens();
+            assert!(real as u128 <= arena_elements_bound(&cfg, batch, seq), "{cfg:?} batch {batch} seq {seq}");
+            assert_eq!(plan.params().last().unwrap().span.end(), plan.params_len());
+        }
+    }
+
+    /// Sizes past MAX_DIM, and plans whose arenas would not fit the address space, are errors
+    /// before any arithmetic on them can overflow.
+    #[test]
+    fn huge_sizes_are_errors_not_overflows() {
+        let big = config(65, 64, 1_000_000_000, 4, 128);
+        assert_eq!(Plan::new(big, 1, 1), Err(ConfigError::OutOfRange { what: "n_layer", value: 1_000_000_000, max: MAX_DIM }));
+        let wide = config(MAX_DIM, MAX_DIM, MAX_DIM, MAX_DIM, MAX_DIM);
+        let err = Plan::new(wide, MAX_DIM, MAX_DIM).unwrap_err();
+        assert!(matches!(err, ConfigError::TooLarge { bytes } if bytes > 1 << 100), "{err:?}");
+        assert!(err.to_string().contains("address space"));
+        assert_eq!(Plan::new(config(65, 64, 2, 2, 32), usize::MAX, 1), Err(ConfigError::OutOfRange { what: "batch size", value: usize::MAX, max: MAX_DIM }));
+        assert_eq!(Plan::new(config(65, 64, 2, 2, 32), 0, 1), Err(ConfigError::Zero("batch size")));
+    }
 }

@@ -22,6 +22,11 @@ pub enum TokenizeError {
         /// Tokens the buffer can hold.
         capacity: usize,
     },
+    /// The tokens of the text do not fit in memory.
+    OutOfMemory {
+        /// Tokens of the text.
+        tokens: usize,
+    },
 }
 
 impl fmt::Display for TokenizeError {
@@ -31,6 +36,7 @@ impl fmt::Display for TokenizeError {
                 write!(f, "character {ch:?} (U+{:04X}) at line {line}, column {column} (byte {byte}) is not in the model's vocabulary", ch as u32)
             }
             TokenizeError::BufferTooSmall { capacity } => write!(f, "the text has more than {capacity} characters"),
+            TokenizeError::OutOfMemory { tokens } => write!(f, "the text's {tokens} tokens do not fit in memory"),
         }
     }
 }
@@ -142,7 +148,10 @@ impl CharTokenizer<alloc::vec::Vec<char>> {
 
     /// Encodes `text` into a new vector.
     pub fn encode_to_vec(&self, text: &str) -> Result<alloc::vec::Vec<u32>, TokenizeError> {
-        let mut out = alloc::vec![0; text.chars().count()];
+        let tokens = text.chars().count();
+        let mut out = alloc::vec::Vec::new();
+        out.try_reserve_exact(tokens).map_err(|_| TokenizeError::OutOfMemory { tokens })?;
+        out.resize(tokens, 0);
         self.encode(text, &mut out)?;
         Ok(out)
     }

@@ -102,9 +102,7 @@ impl<'a, T: Float> Trainer<'a, T> {
                 return Err(ConfigError::BufferTooSmall { what, needed, given: len });
             }
         }
-        if cfg.grad_accum == 0 {
-            return Err(ConfigError::Zero("gradient accumulation steps"));
-        }
+        crate::config::check_size("gradient accumulation steps", cfg.grad_accum, crate::config::MAX_GRAD_ACCUM)?;
         Ok(Trainer { plan, tape, mem, cfg, step: 0, rng })
     }
 
@@ -241,11 +239,11 @@ pub struct RunState<T> {
 impl<T: Float> RunState<T> {
     /// A new run from `seed`, as every frontend starts one: GPT-2 initialisation from the
     /// seed, batches from its [`stream::BATCHES`](crate::rng::stream::BATCHES) stream.
-    pub fn fresh(plan: &Plan, seed: u64) -> Self {
-        let mut params = alloc::vec![T::ZERO; plan.params_len()];
+    pub fn fresh(plan: &Plan, seed: u64) -> Result<Self, ConfigError> {
+        let mut params = try_vec("parameters", plan.params_len(), T::ZERO)?;
         crate::model::init_params(plan, &mut params, &mut Rng::new(seed));
         let rng = Rng::new(crate::rng::derive_seed(seed, crate::rng::stream::BATCHES, 0));
-        RunState { params, moments: None, step: 0, rng }
+        Ok(RunState { params, moments: None, step: 0, rng })
     }
 }
 
@@ -268,21 +266,31 @@ pub struct OwnedMemory<T> {
     pub batch: alloc::vec::Vec<u32>,
 }
 
+/// `len` copies of `value` in a new vector, or [`ConfigError::OutOfMemory`] naming `what`
+/// when the allocator refuses (where `vec!` would abort the process).
+#[cfg(feature = "alloc")]
+pub fn try_vec<T: Clone>(what: &'static str, len: usize, value: T) -> Result<alloc::vec::Vec<T>, ConfigError> {
+    let mut v = alloc::vec::Vec::new();
+    v.try_reserve_exact(len).map_err(|_| ConfigError::OutOfMemory { what, bytes: len.saturating_mul(core::mem::size_of::<T>()) })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
 #[cfg(feature = "alloc")]
 impl<T: Float> OwnedMemory<T> {
-    /// Zeroed memory and the recorded tape for `plan`.
-    pub fn new(plan: &Plan) -> Self {
-        use alloc::vec;
+    /// Zeroed memory and the recorded tape for `plan`; an error, not an abort, when the
+    /// machine cannot give it.
+    pub fn new(plan: &Plan) -> Result<Self, ConfigError> {
         let p = plan.params_len();
-        OwnedMemory {
+        Ok(OwnedMemory {
             tape: tape::record_to_vec(plan),
-            params: vec![T::ZERO; p],
-            grads: vec![T::ZERO; p],
-            adam_m: vec![T::ZERO; p],
-            adam_v: vec![T::ZERO; p],
-            acts: vec![T::ZERO; plan.acts_len()],
-            batch: vec![0; 2 * plan.tokens()],
-        }
+            params: try_vec("parameters", p, T::ZERO)?,
+            grads: try_vec("gradients", p, T::ZERO)?,
+            adam_m: try_vec("AdamW first moments", p, T::ZERO)?,
+            adam_v: try_vec("AdamW second moments", p, T::ZERO)?,
+            acts: try_vec("activations", plan.acts_len(), T::ZERO)?,
+            batch: try_vec("batch", 2 * plan.tokens(), 0)?,
+        })
     }
 
     /// A trainer borrowing this memory that continues `state` (its parameters and moments
@@ -334,7 +342,7 @@ mod tests {
     fn one_step(batch: usize, grad_accum: usize) -> (f64, Vec<f32>) {
         let cfg = GptConfig { vocab_size: 11, block_size: 8, n_layer: 1, n_head: 2, n_embd: 8 };
         let plan = Plan::new(cfg, batch, 8).unwrap();
-        let mut mem = OwnedMemory::<f32>::new(&plan);
+        let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
         init_params(&plan, &mut mem.params, &mut Rng::new(1));
         let tc = TrainConfig {
             schedule: LrSchedule { max_lr: 1e-2, min_lr: 1e-3, warmup_iters: 0, decay_iters: 10 },

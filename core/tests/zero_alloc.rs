@@ -51,10 +51,10 @@ fn training_evaluation_and_sampling_do_not_allocate() {
     };
     let data: Vec<u32> = (0..500u32).map(|i| (i * 7 + i / 3) % 13).collect();
     let pool = ThreadPool::new(2);
-    let mut mem = OwnedMemory::<f32>::new(&plan);
+    let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
     alpha_core::model::init_params(&plan, &mut mem.params, &mut Rng::new(1));
     let sample_plan = Plan::new(cfg, 1, 16).unwrap();
-    let mut sample_mem = OwnedMemory::<f32>::new(&sample_plan);
+    let mut sample_mem = OwnedMemory::<f32>::new(&sample_plan).unwrap();
     let mut window = vec![0u32; 16];
     let mut trainer = mem.trainer(plan, train_cfg, Rng::new(2)).unwrap();
     trainer.train_step(&pool, &data).unwrap();

@@ -18,7 +18,8 @@ pub const ELEMENT_BYTES: usize = 4;
 
 /// Bytes of `elements` arena elements.
 pub fn bytes(elements: usize) -> u64 {
-    (elements * ELEMENT_BYTES) as u64
+    // Saturating: a size past u64 is refused by `Gpu::check_size` like any over the limits.
+    (elements as u64).saturating_mul(ELEMENT_BYTES as u64)
 }
 
 /// A WGSL entry point.

@@ -97,9 +97,8 @@ impl GpuTrainer {
         if params.len() != plan.params_len() {
             return Err(GpuError(format!("{} parameters given, the model has {}", params.len(), plan.params_len())));
         }
-        if cfg.grad_accum == 0 {
-            return Err(GpuError("gradient accumulation steps must be at least 1".into()));
-        }
+        alpha_core::config::check_size("gradient accumulation steps", cfg.grad_accum, alpha_core::config::MAX_GRAD_ACCUM)
+            .map_err(|e| GpuError(e.to_string()))?;
         check_indexable(&plan)?;
         let layout = DeviceLayout::new(&plan);
         // AdamW and the gradient norm bind whole arenas.
@@ -123,7 +122,8 @@ impl GpuTrainer {
             adam_m: storage(&gpu, "AdamW first moments", layout.len())?,
             adam_v: storage(&gpu, "AdamW second moments", layout.len())?,
             acts: storage(&gpu, "activations", plan.acts_len())?,
-            batch: storage(&gpu, "batch", slot_len * (cfg.grad_accum + 1))?,
+            // One slot per micro-batch and one for evaluation.
+            batch: storage(&gpu, "batch", slot_len.checked_mul(cfg.grad_accum + 1).ok_or_else(|| GpuError("the batch buffer's size overflows".into()))?)?,
             stats: storage(&gpu, "statistics", ACT_ALIGN)?,
             norm_partials: storage(&gpu, "norm partials", ops::NORM_CHUNKS)?,
             split: storage(&gpu, "weight gradient chunks", split_len)?,

@@ -40,7 +40,7 @@ fn fresh_trainer(gpu: Gpu, init_seed: u64) -> (GpuTrainer, Vec<f32>, Vec<u32>) {
 #[test]
 fn twenty_steps_match_the_cpu() {
     let (plan, cfg, data) = setup();
-    let mut mem = OwnedMemory::<f32>::new(&plan);
+    let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
     init_params(&plan, &mut mem.params, &mut Rng::new(7));
     let gpu = open_gpu();
     let mut gt = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(11), &mem.params)).unwrap();
@@ -75,7 +75,7 @@ fn twenty_steps_match_the_cpu() {
 #[test]
 fn resumes_from_cpu_state_and_round_trips_it_exactly() {
     let (plan, cfg, data) = setup();
-    let mut mem = OwnedMemory::<f32>::new(&plan);
+    let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
     init_params(&plan, &mut mem.params, &mut Rng::new(3));
     // Three CPU steps; their state (what a checkpoint holds) continues on the GPU.
     let mut ct = mem.trainer(plan, cfg, Rng::new(2)).unwrap();
@@ -118,7 +118,7 @@ fn non_finite_steps_are_skipped_and_counted() {
 #[test]
 fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
     let (plan, _, data) = setup();
-    let mut mem = OwnedMemory::<f32>::new(&plan);
+    let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
     init_params(&plan, &mut mem.params, &mut Rng::new(5));
     let gpu = open_gpu();
     // Losses of one batch.
@@ -133,7 +133,7 @@ fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
     assert!(block_on(model.losses(&x[1..], y)).is_err(), "a batch of the wrong size is an error");
     // Greedy samples: the same tokens as the CPU, past the end of the window.
     let sampling = Plan::new(plan.config, 1, 9).unwrap();
-    let mut smem = OwnedMemory::<f32>::new(&sampling);
+    let mut smem = OwnedMemory::<f32>::new(&sampling).unwrap();
     let greedy = SamplingConfig { temperature: 0.0, top_k: 0 };
     let (mut want, mut window) = (Vec::new(), vec![0; 9]);
     generate(&Serial, &sampling, &smem.tape, &mem.params, &mut smem.acts, &mut window, &[3, 1, 4], 12, &greedy, &mut Rng::new(1), |t| want.push(t));

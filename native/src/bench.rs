@@ -6,6 +6,7 @@
 //! machine, measured by a calibrated GEMM run (see [`crate::peak`]) or given.
 
 use crate::engine::{Backend, DeviceArgs, Engine, StepError};
+use crate::fsutil::same_file;
 use crate::peak::{peak, Peak};
 use crate::step::{bench_train_config, fresh_start, train_split, Phases};
 use crate::trace::Trace;
@@ -29,13 +30,13 @@ pub struct BenchArgs {
     /// Where to run.
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Timed steps.
+    /// Timed steps (1 to 1000000).
     #[arg(long, default_value_t = 50)]
     pub iters: usize,
-    /// Untimed steps first.
+    /// Untimed steps first (0 to 1000000).
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
-    /// The machine's peak GFLOP/s for MFU. Default: measured once and cached.
+    /// The machine's peak GFLOP/s for MFU (positive). Default: measured once and cached.
     #[arg(long)]
     pub peak_gflops: Option<f64>,
     /// Print one JSON object instead of a table.
@@ -44,9 +45,12 @@ pub struct BenchArgs {
     /// Write a Chrome trace (open in Perfetto) of the first --trace-steps steps to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Steps recorded by --trace.
+    /// Steps recorded by --trace (1 to 1000).
     #[arg(long, default_value_t = 5)]
     pub trace_steps: u64,
+    /// Replace an existing --trace file.
+    #[arg(long)]
+    pub overwrite: bool,
     /// Time whole steps only, without the per-phase clocks (to measure what they cost).
     #[arg(long, conflicts_with = "trace")]
     pub no_phases: bool,
@@ -58,12 +62,23 @@ pub fn flops_per_token(plan: &Plan) -> f64 {
     6.0 * plan.num_params() as f64 + 12.0 * (c.n_layer * plan.seq * c.n_embd) as f64
 }
 
+/// The most steps `--iters` and `--warmup` may ask for.
+const MAX_BENCH_STEPS: usize = 1_000_000;
+
 /// Runs `bench`.
 pub fn run(args: &BenchArgs) -> Result<(), String> {
-    if args.iters == 0 {
-        return Err("--iters must be at least 1".into());
+    for (flag, value, min) in [("--iters", args.iters, 1), ("--warmup", args.warmup, 0)] {
+        if !(min..=MAX_BENCH_STEPS).contains(&value) {
+            return Err(format!("{flag} must be between {min} and {MAX_BENCH_STEPS}, got {value}"));
+        }
     }
     let m = &args.model;
+    if let (Some(trace), Some(data)) = (&args.trace, &m.data) {
+        if same_file(trace, data) {
+            return Err(format!("--trace {} is the same file as --data; choose another file", trace.display()));
+        }
+    }
+    let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
     let (tok, ids) = load_corpus(&m.data_name())?;
     let config: GptConfig = m.config(tok.vocab_size());
     let plan = Plan::new(config, m.batch, m.block).map_err(|e| e.to_string())?;
@@ -73,7 +88,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         return Err("--no-phases measures the CPU's phase clocks; a GPU step has none inside it".into());
     }
     let train = train_split(&plan, &ids)?;
-    let start = fresh_start(&plan);
+    let start = fresh_start(&plan)?;
     let cfg = bench_train_config(args.grad_accum);
     let pool = args.device.pool()?;
     let peak = match args.device.backend {
@@ -82,7 +97,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     };
     let mut cpu_memory = None;
     let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, cfg, start)?;
-    let (steps_ms, phases) = timed_steps(args, &mut engine, train)?;
+    let (steps_ms, phases) = timed_steps(args, &mut engine, train, trace.as_mut())?;
     let device = engine.device_json();
     let mut ms = steps_ms.clone();
     ms.sort_by(f64::total_cmp);
@@ -124,8 +139,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
 /// The timed steps (after the warm-up): each step's milliseconds and the summed phases. On
 /// the GPU each step ends with the read of its loss (what training does every log interval),
 /// so its time is submit to result.
-fn timed_steps(args: &BenchArgs, engine: &mut Engine<'_>, train: &[u32]) -> Result<(Vec<f64>, Phases), String> {
-    let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps)).transpose()?;
+fn timed_steps(args: &BenchArgs, engine: &mut Engine<'_>, train: &[u32], mut trace: Option<&mut Trace>) -> Result<(Vec<f64>, Phases), String> {
     let mut ms = Vec::with_capacity(args.iters);
     let mut phases = Phases::default();
     for i in 0..args.warmup + args.iters {
@@ -137,7 +151,7 @@ fn timed_steps(args: &BenchArgs, engine: &mut Engine<'_>, train: &[u32]) -> Resu
                 Phases { total: start.elapsed().as_secs_f64(), ..Phases::default() }
             }
             _ => {
-                let traced = trace.as_mut().filter(|_| i >= args.warmup);
+                let traced = trace.as_deref_mut().filter(|_| i >= args.warmup);
                 match engine.step(train, traced, true) {
                     Ok(r) => r.phases,
                     Err(StepError::Diverged(e)) => return Err(diverged(&e)),
@@ -150,7 +164,7 @@ fn timed_steps(args: &BenchArgs, engine: &mut Engine<'_>, train: &[u32]) -> Resu
             phases.add(&step);
         }
     }
-    if let Some(t) = trace.as_mut() {
+    if let Some(t) = trace {
         t.finish()?;
     }
     Ok((ms, phases))

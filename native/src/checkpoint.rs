@@ -1,14 +1,32 @@
-//! Checkpoint files: [`alpha_core::checkpoint`]'s safetensors bytes, written atomically.
+//! Checkpoint files: [`alpha_core::checkpoint`]'s safetensors bytes, streamed atomically to
+//! disk.
 
-use crate::fsutil::write_atomic;
-pub use alpha_core::checkpoint::{Checkpoint, TrainSettings, TrainState, FORMAT};
+use crate::fsutil::write_atomic_with;
+pub use alpha_core::checkpoint::{Checkpoint, SaveError, TrainSettings, TrainState, FORMAT};
 use alpha_core::GptConfig;
+use std::io;
 use std::path::Path;
 
-/// Writes a checkpoint atomically (temporary file, fsync, rename, fsync of the directory).
-pub fn save(path: &Path, config: GptConfig, chars: &[char], params: &[f32], optimizer: Option<(&[f32], &[f32], &TrainState)>) -> Result<(), String> {
-    let bytes = alpha_core::checkpoint::to_bytes(config, chars, params, optimizer)?;
-    write_atomic(path, &bytes).map_err(|e| format!("cannot write checkpoint {}: {e}", path.display()))
+/// Writes a checkpoint atomically (temporary file, fsync, rename, fsync of the directory),
+/// streaming the tensors from the arenas. A model that is not finite is not written (the
+/// file on disk, if any, stays as it was): that error is [`SaveError::NonFinite`].
+pub fn save(path: &Path, config: GptConfig, chars: &[char], params: &[f32], optimizer: Option<(&[f32], &[f32], &TrainState)>) -> Result<(), SaveError<String>> {
+    let mut refused = None;
+    let written = write_atomic_with(path, |w| {
+        alpha_core::checkpoint::write(config, chars, params, optimizer, &mut |b: &[u8]| w.write_all(b)).map_err(|e| match e {
+            SaveError::Write(e) => e,
+            other => {
+                let msg = other.to_string();
+                refused = Some(other);
+                io::Error::other(msg)
+            }
+        })
+    });
+    match (written, refused) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(SaveError::NonFinite { tensor, index, value })) => Err(SaveError::NonFinite { tensor, index, value }),
+        (Err(e), _) => Err(SaveError::Write(format!("cannot write checkpoint {}: {e}", path.display()))),
+    }
 }
 
 /// Reads and validates a checkpoint file (see [`alpha_core::checkpoint::from_bytes`]).

@@ -68,7 +68,7 @@ impl DeviceArgs {
         start: RunState<f32>,
     ) -> Result<Engine<'m>, String> {
         match self.backend {
-            Backend::Cpu => Engine::cpu(memory.insert(OwnedMemory::new(&plan)), pool, plan, cfg, start),
+            Backend::Cpu => Engine::cpu(memory.insert(OwnedMemory::new(&plan).map_err(|e| e.to_string())?), pool, plan, cfg, start),
             Backend::Gpu => Engine::gpu(self.open_gpu()?, plan, cfg, start),
         }
     }

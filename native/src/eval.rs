@@ -89,7 +89,7 @@ enum Forward {
 impl Forward {
     fn new(device: &DeviceArgs, plan: Plan, params: Vec<f32>) -> Result<Forward, String> {
         Ok(match device.backend {
-            Backend::Cpu => Forward::Cpu { pool: device.pool()?, plan, mem: OwnedMemory::new(&plan), params },
+            Backend::Cpu => Forward::Cpu { pool: device.pool()?, plan, mem: OwnedMemory::new(&plan).map_err(|e| e.to_string())?, params },
             Backend::Gpu => Forward::Gpu(block_on(GpuForward::new(device.open_gpu()?, plan, &params)).map_err(|e| e.to_string())?),
         })
     }

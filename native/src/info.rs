@@ -19,22 +19,22 @@ pub struct InfoArgs {
     /// Model shape and data.
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Steps of the planned run (for the whole-run estimate).
+    /// Steps of the planned run (for the whole-run estimate; 0 or more).
     #[arg(long, default_value_t = 2000)]
     pub iters: u64,
     /// Evaluation interval of the planned run (0: none).
     #[arg(long, default_value_t = 250)]
     pub eval_interval: u64,
-    /// Batches per split and evaluation of the planned run.
+    /// Batches per split and evaluation of the planned run (0 or more).
     #[arg(long, default_value_t = 20)]
     pub eval_iters: u64,
-    /// Steps timed for the estimate (after one warm-up step); 0 skips it.
+    /// Steps timed for the estimate (after one warm-up step), 0 to 1000; 0 skips it.
     #[arg(long, default_value_t = 3)]
     pub measure_steps: usize,
     /// Where the estimate is measured.
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// The machine's peak GFLOP/s. Default: measured once and cached.
+    /// The machine's peak GFLOP/s (positive). Default: measured once and cached.
     #[arg(long)]
     pub peak_gflops: Option<f64>,
     /// Print one JSON object instead of text.
@@ -42,8 +42,14 @@ pub struct InfoArgs {
     pub json: bool,
 }
 
+/// The most steps `--measure-steps` may time.
+const MAX_MEASURE_STEPS: usize = 1000;
+
 /// Runs `info`.
 pub fn run(args: &InfoArgs) -> Result<(), String> {
+    if args.measure_steps > MAX_MEASURE_STEPS {
+        return Err(format!("--measure-steps {} is more than {MAX_MEASURE_STEPS}", args.measure_steps));
+    }
     let m = &args.model;
     let (tok, ids) = load_corpus(&m.data_name())?;
     let config = m.config(tok.vocab_size());
@@ -67,7 +73,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     if args.measure_steps > 0 && fits.is_ok() {
         let train = train_split(&plan, &ids)?;
         let mut cpu_memory = None;
-        let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, bench_train_config(1), fresh_start(&plan))?;
+        let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, bench_train_config(1), fresh_start(&plan)?)?;
         device = engine.device_json();
         let n = args.measure_steps;
         let failed = |e| match e {
@@ -83,8 +89,9 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         let t = Instant::now();
         engine.evaluate(train, n, &mut Rng::new(2))?;
         let ms_eval_batch = t.elapsed().as_secs_f64() * 1e3 / n as f64;
-        let evals = args.iters.checked_div(args.eval_interval).map_or(0, |e| e + 1);
-        let eval_ms = (evals * 2 * args.eval_iters) as f64 * ms_eval_batch;
+        // In f64: the planned run's counts may be as large as u64 allows.
+        let evals = args.iters.checked_div(args.eval_interval).map_or(0.0, |e| e as f64 + 1.0);
+        let eval_ms = evals * 2.0 * args.eval_iters as f64 * ms_eval_batch;
         estimate = json!({
             "measured_steps": n, "ms_per_iter": ms_step, "ms_per_eval_batch": ms_eval_batch,
             "training_s": ms_step * args.iters as f64 / 1e3, "evaluation_s": eval_ms / 1e3,

@@ -30,9 +30,22 @@ enum Command {
     Info(info::InfoArgs),
 }
 
+/// Exits with a command-line error as one line (`error: ...`, status 2), or prints what was
+/// asked for (help, version) and exits 0.
+fn exit_with(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+        e.exit();
+    }
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or("error: invalid arguments");
+    eprintln!("{first} (see --help)");
+    std::process::exit(2);
+}
+
 fn main() {
-    let matches = Cli::command().get_matches();
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let matches = Cli::command().try_get_matches().unwrap_or_else(|e| exit_with(e));
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| exit_with(e));
     let result = match &cli.command {
         Command::Train(args) => {
             let sub = matches.subcommand_matches("train").expect("the train subcommand matched");

@@ -178,6 +178,6 @@ pub fn train_split<'a>(plan: &Plan, ids: &'a [u32]) -> Result<&'a [u32], String>
 }
 
 /// Where `bench` and `info` start: GPT-2 initialisation with seed 1337, batches from seed 1.
-pub fn fresh_start(plan: &Plan) -> RunState<f32> {
-    RunState { rng: Rng::new(1), ..RunState::fresh(plan, 1337) }
+pub fn fresh_start(plan: &Plan) -> Result<RunState<f32>, String> {
+    Ok(RunState { rng: Rng::new(1), ..RunState::fresh(plan, 1337).map_err(|e| e.to_string())? })
 }

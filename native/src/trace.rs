@@ -3,7 +3,7 @@
 //! op inside forward and backward, with the op's shape. GPU runs add a second track with every
 //! kernel's time from timestamp queries.
 
-use crate::fsutil::write_atomic;
+use crate::fsutil::{check_replaceable, write_atomic};
 use alpha_core::tape::{Observer, Op, Pass};
 use alpha_gpu::KernelTime;
 use serde_json::{json, Value};
@@ -27,11 +27,19 @@ pub struct Trace {
     error: Option<String>,
 }
 
+/// The most steps `--trace-steps` may record (a trace is held in memory until written).
+pub const MAX_TRACE_STEPS: u64 = 1000;
+
 impl Trace {
-    /// A trace of the next `steps` steps, to be written to `path`.
-    pub fn new(path: &Path, steps: u64) -> Result<Self, String> {
-        if steps == 0 {
-            return Err("--trace-steps must be at least 1".into());
+    /// A trace of the next `steps` steps, to be written to `path`, which must be absent (or,
+    /// with `overwrite`, a regular file).
+    pub fn new(path: &Path, steps: u64, overwrite: bool) -> Result<Self, String> {
+        if !(1..=MAX_TRACE_STEPS).contains(&steps) {
+            return Err(format!("--trace-steps must be between 1 and {MAX_TRACE_STEPS}, got {steps}"));
+        }
+        check_replaceable(path).map_err(|e| format!("--trace {}: {e}", path.display()))?;
+        if path.exists() && !overwrite {
+            return Err(format!("--trace {} already exists; choose another file, or pass --overwrite to replace it", path.display()));
         }
         let track = |tid: u32, name: &str| json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}});
         let events = vec![track(CPU_TRACK, "CPU"), track(GPU_TRACK, "GPU")];

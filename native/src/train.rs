@@ -1,9 +1,10 @@
 //! `alpha-native train`: nanoGPT's training loop on the CPU or a GPU, with evaluation,
 //! samples, atomic checkpoints, exact resume, JSON Lines metrics and a progress bar.
 
-use crate::checkpoint::{self, TrainSettings, TrainState};
+use crate::checkpoint::{self, SaveError, TrainSettings, TrainState};
 use crate::corpus;
 use crate::engine::{DeviceArgs, Engine, StepError};
+use crate::fsutil::{check_replaceable, remove_stale_temps, same_file, RunLock};
 use crate::step::Phases;
 use crate::trace::Trace;
 use alpha_core::rng::{derive_seed, stream};
@@ -11,10 +12,10 @@ use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{HumanDuration, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,37 +27,39 @@ pub struct TrainArgs {
     /// Model shape and data.
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Directory for the checkpoint (DIR/ckpt.safetensors).
+    /// Directory for the checkpoint (DIR/ckpt.safetensors), locked while the run lasts.
+    /// Default: `out`, or the directory of the checkpoint given to --resume.
     #[arg(long, value_name = "DIR", default_value = "out")]
     pub out: PathBuf,
-    /// Optimizer steps (the learning rate reaches --min-lr at the last one).
+    /// Optimizer steps of the whole run, at least 1 (the learning rate reaches --min-lr at
+    /// --lr-decay-iters). A resumed run continues its step count up to this.
     #[arg(long, default_value_t = 2000)]
     pub iters: u64,
-    /// Peak learning rate.
+    /// Peak learning rate (positive).
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
     /// Step at which the cosine decay reaches --min-lr. Default: --iters.
     #[arg(long)]
     pub lr_decay_iters: Option<u64>,
-    /// Final learning rate of the cosine decay.
+    /// Final learning rate of the cosine decay (0 or more).
     #[arg(long, default_value_t = 1e-4)]
     pub min_lr: f64,
-    /// Linear warmup steps.
+    /// Linear warmup steps (0 or more).
     #[arg(long, default_value_t = 100)]
     pub warmup: u64,
-    /// AdamW decoupled weight decay (2-D weights only).
+    /// AdamW decoupled weight decay (2-D weights only; 0 or more).
     #[arg(long, default_value_t = 0.1)]
     pub weight_decay: f64,
-    /// AdamW beta1.
+    /// AdamW beta1 (above 0, below 1).
     #[arg(long, default_value_t = 0.9)]
     pub beta1: f64,
-    /// AdamW beta2.
+    /// AdamW beta2 (above 0, below 1).
     #[arg(long, default_value_t = 0.99)]
     pub beta2: f64,
-    /// Clip the global gradient norm to this (0 disables).
+    /// Clip the global gradient norm to this (0 or more; 0 disables).
     #[arg(long, default_value_t = 1.0)]
     pub grad_clip: f64,
-    /// Micro-batches accumulated per optimizer step.
+    /// Micro-batches accumulated per optimizer step (1 to 65536).
     #[arg(long, default_value_t = 1)]
     pub grad_accum: usize,
     /// Seed for initialisation, batches, evaluation and samples.
@@ -65,7 +68,7 @@ pub struct TrainArgs {
     /// Evaluate train and val loss every N steps and at the end (0 disables).
     #[arg(long, default_value_t = 250)]
     pub eval_interval: u64,
-    /// Batches per split and evaluation.
+    /// Batches per split and evaluation (1 to 1000000).
     #[arg(long, default_value_t = 20)]
     pub eval_iters: usize,
     /// Print a sample every N steps and at the end (0 disables).
@@ -74,7 +77,7 @@ pub struct TrainArgs {
     /// Save a checkpoint every N steps (0: only at the end and on Ctrl-C).
     #[arg(long, default_value_t = 500)]
     pub checkpoint_interval: u64,
-    /// Log a metrics record (and a plain line when not on a terminal) every N steps.
+    /// Log a metrics record (and a plain line when not on a terminal) every N steps (at least 1).
     #[arg(long, default_value_t = 10)]
     pub log_interval: u64,
     /// Where to train.
@@ -84,16 +87,18 @@ pub struct TrainArgs {
     /// given explicitly override the settings).
     #[arg(long, value_name = "FILE")]
     pub resume: Option<PathBuf>,
-    /// Append JSON Lines metrics to this file.
+    /// Write JSON Lines metrics to this file: a new run refuses an existing file (unless
+    /// --overwrite, which starts it anew); a resumed run appends to it.
     #[arg(long, value_name = "FILE")]
     pub metrics: Option<PathBuf>,
-    /// Replace an existing DIR/ckpt.safetensors that does not belong to this run.
+    /// Replace an existing DIR/ckpt.safetensors that does not belong to this run, an existing
+    /// --trace file, and an existing --metrics file of a new run.
     #[arg(long)]
     pub overwrite: bool,
     /// Write a Chrome trace (open in Perfetto) of the first --trace-steps steps to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Steps recorded by --trace.
+    /// Steps recorded by --trace (1 to 1000).
     #[arg(long, default_value_t = 5)]
     pub trace_steps: u64,
 }
@@ -104,7 +109,8 @@ pub struct ModelArgs {
     /// Training text (UTF-8). Default: the embedded Shakespeare corpus. The last 10% is validation.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
-    /// Sequences per micro-batch.
+    /// Sequences per micro-batch (1 to 2^24, as every size below; the run must also fit in
+    /// memory).
     #[arg(long, default_value_t = 12)]
     pub batch: usize,
     /// Context length in tokens (the model's block size).
@@ -145,17 +151,37 @@ pub fn load_corpus(data: &str) -> Result<(CharTokenizer<Vec<char>>, Vec<u32>), S
 /// Name of the checkpoint inside `--out`.
 pub const CHECKPOINT_FILE: &str = "ckpt.safetensors";
 
-/// Prints above the progress bar, or plainly when there is none.
+/// Where the run's progress goes: a bar on stderr when stdout and stderr are both terminals,
+/// with other lines printed above it; plain lines on stdout otherwise (CI, `| tee`).
 struct Console {
     bar: ProgressBar,
 }
 
 impl Console {
+    fn new(iters: u64, position: u64) -> Console {
+        let on_terminal = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+        let target = if on_terminal { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+        let bar = ProgressBar::with_draw_target(Some(iters), target);
+        // Only the message is as wide as the terminal leaves room for, cut to fit, so the line
+        // never wraps: the step, ETA, loss and speed go into it.
+        bar.set_style(ProgressStyle::with_template("{bar:20.cyan/blue} {wide_msg}").expect("static template").progress_chars("##-"));
+        bar.set_position(position);
+        Console { bar }
+    }
+
     fn line(&self, msg: &str) {
         if self.bar.is_hidden() {
             println!("{msg}");
         } else {
             self.bar.println(msg);
+        }
+    }
+
+    /// Moves the bar to step `done` of `iters` with the latest loss and speed.
+    fn progress(&self, done: u64, iters: u64, stats: Option<(f64, f64)>) {
+        self.bar.set_position(done);
+        if let Some((loss, tok_s)) = stats {
+            self.bar.set_message(format!("{done}/{iters} loss {loss:.4} | {:.1}k tok/s | eta {}", tok_s / 1e3, HumanDuration(self.bar.eta())));
         }
     }
 }
@@ -214,15 +240,79 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
     Ok(Run { config: c, settings: s, chars: ck.chars.clone(), resume: Some(ck) })
 }
 
+/// The most batches `--eval-iters` may ask for.
+const MAX_EVAL_ITERS: usize = 1_000_000;
+
 fn validate(args: &TrainArgs, s: &TrainSettings) -> Result<(), String> {
     s.validate(|field| format!("--{}", field.replace('_', "-")))?;
     if args.eval_interval > 0 && args.eval_iters == 0 {
         return Err("--eval-iters must be at least 1 when --eval-interval is set".into());
     }
+    if args.eval_iters > MAX_EVAL_ITERS {
+        return Err(format!("--eval-iters {} is more than {MAX_EVAL_ITERS}", args.eval_iters));
+    }
     if args.log_interval == 0 {
         return Err("--log-interval must be at least 1".into());
     }
     Ok(())
+}
+
+/// The run's files: what it reads and what it writes.
+struct Files<'a> {
+    data: Option<&'a Path>,
+    resume: Option<&'a Path>,
+    out: PathBuf,
+    checkpoint: PathBuf,
+}
+
+impl Files<'_> {
+    /// Refuses outputs that would replace what the run reads or another of its outputs, an
+    /// existing trace without --overwrite, and outputs that are not regular files where they
+    /// would be replaced. Nothing is written yet.
+    fn check(&self, args: &TrainArgs) -> Result<(), String> {
+        if self.out.exists() && !self.out.is_dir() {
+            return Err(format!("--out {} exists and is not a directory", self.out.display()));
+        }
+        check_replaceable(&self.checkpoint).map_err(|e| format!("{}: {e}", self.checkpoint.display()))?;
+        if let Some(data) = self.data.filter(|d| same_file(d, &self.checkpoint)) {
+            return Err(format!("the checkpoint {} would replace --data {}; choose another --out", self.checkpoint.display(), data.display()));
+        }
+        // The checkpoint may replace the one resumed (resuming in place), nothing else.
+        let mut taken: Vec<(&str, &Path)> = vec![("the checkpoint", &self.checkpoint)];
+        taken.extend(self.data.map(|p| ("--data", p)));
+        taken.extend(self.resume.map(|p| ("--resume", p)));
+        for (flag, path) in [("--metrics", args.metrics.as_deref()), ("--trace", args.trace.as_deref())] {
+            let Some(path) = path else { continue };
+            if let Some((other, _)) = taken.iter().find(|(_, p)| same_file(p, path)) {
+                return Err(format!("{flag} {} is the same file as {other}; choose another file", path.display()));
+            }
+            taken.push((flag, path));
+        }
+        Ok(())
+    }
+
+    /// The metrics file: a fresh run starts it (an existing one only with --overwrite), a
+    /// resumed run appends to it.
+    fn open_metrics(&self, path: &Path, resumed: bool, overwrite: bool) -> Result<File, String> {
+        let meta = std::fs::metadata(path).ok();
+        if meta.as_ref().is_some_and(|m| m.is_dir()) {
+            return Err(format!("--metrics {} is a directory", path.display()));
+        }
+        let existing_file = meta.as_ref().is_some_and(|m| m.is_file());
+        if existing_file && !resumed && !overwrite {
+            return Err(format!(
+                "--metrics {} already exists; a new run does not append to another run's metrics: choose another file, or pass --overwrite to start it anew",
+                path.display()
+            ));
+        }
+        let mut options = OpenOptions::new();
+        if existing_file && !resumed {
+            options.write(true).truncate(true);
+        } else {
+            options.create(true).append(true);
+        }
+        options.open(path).map_err(|e| format!("cannot open metrics file {}: {e}", path.display()))
+    }
 }
 
 /// Runs `train`. `explicit(flag)` tells whether a flag (clap id, e.g. `"min_lr"`) was given on
@@ -245,6 +335,8 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         (tokenizer, tokens)
     };
     let block = run.config.block_size;
+    // Checked first: it bounds the block size the message below computes with.
+    let plan = Plan::new(run.config, s.batch, block).map_err(|e| e.to_string())?;
     let (train_tokens, val_tokens) = data::split(&tokens);
     if val_tokens.len() <= block {
         return Err(format!(
@@ -254,12 +346,24 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             block + 1
         ));
     }
-    let plan = Plan::new(run.config, s.batch, block).map_err(|e| e.to_string())?;
     args.device.check()?;
     crate::memory::check(&plan, args.device.backend)?;
 
-    let ckpt_path = args.out.join(CHECKPOINT_FILE);
-    let resuming_in_place = args.resume.as_ref().is_some_and(|r| same_file(r, &ckpt_path));
+    // A resumed run writes back where its checkpoint lives unless --out says otherwise.
+    let out = match &args.resume {
+        Some(r) if !explicit("out") => r.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf(),
+        _ => args.out.clone(),
+    };
+    let data_path = (s.data != corpus::EMBEDDED).then(|| Path::new(&s.data));
+    let files = Files { data: data_path, resume: args.resume.as_deref(), checkpoint: out.join(CHECKPOINT_FILE), out };
+    files.check(args)?;
+    let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
+    std::fs::create_dir_all(&files.out).map_err(|e| format!("cannot create {}: {e}", files.out.display()))?;
+    // Held until the run ends; a second run into this directory stops here.
+    let _lock = RunLock::acquire(&files.out)?;
+    remove_stale_temps(&files.checkpoint).map_err(|e| format!("cannot clean up {}: {e}", files.out.display()))?;
+    let ckpt_path = &files.checkpoint;
+    let resuming_in_place = args.resume.as_ref().is_some_and(|r| same_file(r, ckpt_path));
     if ckpt_path.exists() && !resuming_in_place && !args.overwrite {
         return Err(format!(
             "{} already exists; resume it with --resume {}, choose another --out, or pass --overwrite",
@@ -267,11 +371,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             ckpt_path.display()
         ));
     }
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    let mut metrics = match &args.metrics {
-        Some(p) => Some(OpenOptions::new().create(true).append(true).open(p).map_err(|e| format!("cannot open metrics file {}: {e}", p.display()))?),
-        None => None,
-    };
+    let mut metrics = args.metrics.as_deref().map(|p| files.open_metrics(p, args.resume.is_some(), args.overwrite)).transpose()?;
 
     let start = match run.resume.take() {
         Some(ck) => {
@@ -279,7 +379,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             let rng = state.rng().map_err(|e| e.to_string())?;
             RunState { params: ck.params, moments: Some((m, v)), step: state.step, rng }
         }
-        None => RunState::fresh(&plan, s.seed),
+        None => RunState::fresh(&plan, s.seed).map_err(|e| e.to_string())?,
     };
     let start_step = start.step;
     let cfg = s.train_config();
@@ -298,12 +398,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         });
     }
 
-    let bar = ProgressBar::with_draw_target(Some(s.iters), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}").expect("static template").progress_chars("##-"),
-    );
-    bar.set_position(start_step);
-    let console = Console { bar };
+    let console = Console::new(s.iters, start_step);
     let params_count = plan.num_params();
     let what = if start_step > 0 { format!("resuming at step {start_step}") } else { "training from scratch".into() };
     console.line(&format!(
@@ -325,28 +420,33 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         "config": run.config, "settings": s, "device": device}),
     )?;
 
-    let save = |engine: &Engine<'_>| -> Result<(), String> {
-        let state = TrainState { step: engine.step_count(), rng_state: engine.rng().state().to_string(), settings: s.clone() };
-        let (params, m, v) = engine.state()?;
-        checkpoint::save(&ckpt_path, run.config, &run.chars, &params, Some((&m, &v, &state)))
+    // What is on disk when the run stops early: the last checkpoint it saved, or the one it
+    // resumed from.
+    let kept = |last_saved: Option<u64>| match last_saved.or(args.resume.as_ref().map(|_| start_step)) {
+        Some(at) if ckpt_path.exists() => format!("the last good checkpoint ({}, step {at}) is kept", ckpt_path.display()),
+        _ => "no checkpoint was written".into(),
     };
-    let mut last_saved: Option<u64> = None;
     let diverged = |e: StepError, last_saved: Option<u64>| match e {
-        StepError::Diverged(msg) => {
-            let kept = match last_saved.or(args.resume.as_ref().map(|_| start_step)) {
-                Some(at) if ckpt_path.exists() => format!("the last good checkpoint ({}, step {at}) is kept", ckpt_path.display()),
-                _ => "no checkpoint was written".into(),
-            };
-            format!("training diverged at {msg}; {kept}. Try a lower --lr or a smaller --grad-clip")
-        }
+        StepError::Diverged(msg) => format!("training diverged at {msg}; {}. Try a lower --lr or a smaller --grad-clip", kept(last_saved)),
         StepError::Device(msg) => msg,
     };
+    // Confirms every step was applied, then saves; a model that is not finite is never saved.
+    let save = |engine: &mut Engine<'_>, last_saved: Option<u64>| -> Result<(), String> {
+        engine.check().map_err(|e| diverged(e, last_saved))?;
+        let step = engine.step_count();
+        let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone() };
+        let (params, m, v) = engine.state()?;
+        checkpoint::save(ckpt_path, run.config, &run.chars, &params, Some((&m, &v, &state))).map_err(|e| match e {
+            SaveError::NonFinite { .. } => format!("not saving step {step}: {e}; {}. Try a lower --lr or a smaller --grad-clip", kept(last_saved)),
+            other => other.to_string(),
+        })
+    };
     let tokens_per_step = (plan.tokens() * s.grad_accum) as f64;
-    let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps)).transpose()?;
     let mut window = Phases::default();
     let mut window_steps = 0u64;
     let mut window_start = Instant::now();
-    loop {
+    let mut last_saved: Option<u64> = None;
+    let result = loop {
         let step = engine.step_count();
         if args.eval_interval > 0 && (step % args.eval_interval == 0 || step == s.iters) {
             let t = Instant::now();
@@ -364,34 +464,21 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
         }
         if step >= s.iters {
-            break;
+            break Ok(false);
         }
         if interrupted.load(Ordering::SeqCst) {
-            if let Some(t) = trace.as_mut() {
-                t.finish()?;
-            }
-            console.bar.abandon();
-            engine.check().map_err(|e| diverged(e, last_saved))?;
-            save(&engine)?;
-            println!("interrupted: checkpoint at step {step} saved to {}; continue with --resume {}", ckpt_path.display(), ckpt_path.display());
-            return Ok(());
+            break Ok(true);
         }
 
         let done = step + 1;
         let log = step % args.log_interval == 0 || done == s.iters;
         let report = match engine.step(train_tokens, trace.as_mut(), log) {
             Ok(r) => r,
-            Err(e) => {
-                console.bar.abandon();
-                return Err(diverged(e, last_saved));
-            }
+            Err(e) => break Err(diverged(e, last_saved)),
         };
         window.add(&report.phases);
         window_steps += 1;
-        console.bar.set_position(done);
-        if let Some(st) = report.stats {
-            console.bar.set_message(format!("loss {:.4} | {:.1}k tok/s", st.loss, tokens_per_step / report.phases.total / 1e3));
-        }
+        console.progress(done, s.iters, report.stats.map(|st| (st.loss, tokens_per_step / report.phases.total)));
         if let (true, Some(st)) = (log, report.stats) {
             // Full-workflow accounting: the window's wall time, evaluations, samples and
             // checkpoints included; idle is what no phase accounts for.
@@ -413,30 +500,28 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         }
         if args.checkpoint_interval > 0 && done % args.checkpoint_interval == 0 && done < s.iters {
             let t = Instant::now();
-            engine.check().map_err(|e| diverged(e, last_saved))?;
-            save(&engine)?;
+            if let Err(e) = save(&mut engine, last_saved) {
+                break Err(e);
+            }
             window.checkpoint += t.elapsed().as_secs_f64();
             last_saved = Some(done);
         }
-    }
-    if last_saved != Some(engine.step_count()) {
-        engine.check().map_err(|e| diverged(e, last_saved))?;
-        save(&engine)?;
-    }
-    if let Some(t) = trace.as_mut() {
-        t.finish()?;
-    }
+    };
+    // Whatever ended the run, the trace of the steps it recorded is written.
+    let traced = trace.as_mut().map_or(Ok(()), Trace::finish);
     console.bar.finish_and_clear();
-    let steps = engine.step_count();
-    println!("done: {steps} step{}; checkpoint saved to {}", if steps == 1 { "" } else { "s" }, ckpt_path.display());
-    Ok(())
-}
-
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
+    let interrupted = result?;
+    if last_saved != Some(engine.step_count()) {
+        save(&mut engine, last_saved)?;
     }
+    traced?;
+    let steps = engine.step_count();
+    if interrupted {
+        println!("interrupted: checkpoint at step {steps} saved to {}; continue with --resume {}", ckpt_path.display(), ckpt_path.display());
+    } else {
+        println!("done: {steps} step{}; checkpoint saved to {}", if steps == 1 { "" } else { "s" }, ckpt_path.display());
+    }
+    Ok(())
 }
 
 fn write_metrics(file: &mut Option<File>, record: serde_json::Value) -> Result<(), String> {

@@ -11,7 +11,7 @@ fn train(par: &dyn Parallel) -> (Vec<f64>, Vec<f32>) {
     let cfg = GptConfig { vocab_size: 29, block_size: 24, n_layer: 2, n_head: 3, n_embd: 36 };
     let plan = Plan::new(cfg, 5, 23).unwrap();
     let data: Vec<u32> = (0..4000u32).map(|i| (i * 17 + i / 7) % 29).collect();
-    let mut mem = OwnedMemory::<f32>::new(&plan);
+    let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
     model::init_params(&plan, &mut mem.params, &mut Rng::new(1));
     let tc = TrainConfig {
         schedule: LrSchedule { max_lr: 3e-3, min_lr: 3e-4, warmup_iters: 2, decay_iters: 6 },

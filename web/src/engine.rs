@@ -46,7 +46,7 @@ impl Engine {
     }
 
     fn cpu(plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Engine, String> {
-        let mut mem = OwnedMemory::<f32>::new(&plan);
+        let mut mem = OwnedMemory::<f32>::new(&plan).map_err(|e| e.to_string())?;
         mem.resume(plan, cfg, &start).map_err(|e| e.to_string())?;
         let sampler = Sampler::new(plan.config, plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Cpu(Box::new(CpuEngine { plan, cfg, mem, step: start.step, rng: start.rng, sampler })))

@@ -48,6 +48,8 @@ struct Stats {
     /// Why the page runs on the CPU although WebGPU was allowed, if it does.
     fallback: Option<String>,
     step: u64,
+    /// The step the run trains to (its `iters`).
+    iters: u64,
     params: usize,
     vocab: usize,
     tokens_per_step: usize,
@@ -97,7 +99,7 @@ impl Trainer {
         let config = opts.config(tok.vocab_size());
         let plan = Plan::new(config, opts.batch, opts.block).map_err(js_error)?;
         let tokens = tokenize(&tok, &text, opts.block)?;
-        let start = RunState::fresh(&plan, opts.seed);
+        let start = RunState::fresh(&plan, opts.seed).map_err(js_error)?;
         Trainer::build(opts.settings(), opts.backend, opts.eval_iters, tok, tokens, plan, start).await
     }
 
@@ -186,8 +188,8 @@ impl Trainer {
     }
 
     /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, kernel, fallback,
-    /// step, params, vocab, tokensPerStep, tokensPerSec, config }` (`kernel`: the CPU's
-    /// GEMM kernel; `tokensPerSec` of the last `step()` call).
+    /// step, iters, params, vocab, tokensPerStep, tokensPerSec, config }` (`kernel`: the CPU's
+    /// GEMM kernel; `iters`: the run's length; `tokensPerSec` of the last `step()` call).
     pub fn stats(&self) -> Result<JsValue, JsError> {
         let plan = self.engine.plan();
         let stats = Stats {
@@ -196,6 +198,7 @@ impl Trainer {
             kernel: self.engine.cpu_kernel(),
             fallback: self.fallback.clone(),
             step: self.engine.step_count(),
+            iters: self.settings.iters,
             params: plan.num_params(),
             vocab: self.config.vocab_size,
             tokens_per_step: self.tokens_per_step(),
@@ -205,12 +208,25 @@ impl Trainer {
         serde_wasm_bindgen::to_value(&stats).map_err(js_error)
     }
 
+    /// Sets the run's length, the step it trains to (as `alpha-native train --resume
+    /// --iters N` does; the learning-rate schedule keeps its `lrDecayIters`). At least 1.
+    #[wasm_bindgen(js_name = setIters)]
+    pub fn set_iters(&mut self, iters: f64) -> Result<(), JsError> {
+        if !(iters.is_finite() && iters >= 1.0 && iters.fract() == 0.0 && iters <= u64::MAX as f64) {
+            return Err(js_error(format!("iters must be a whole number of at least 1, got {iters}")));
+        }
+        self.settings.iters = iters as u64;
+        Ok(())
+    }
+
     /// The run as a safetensors checkpoint (`Uint8Array`): weights, AdamW moments, step and
-    /// batch generator, the format `alpha-native` reads and writes.
+    /// batch generator, the format `alpha-native` reads and writes. Rejects a model that is
+    /// not finite (nothing is saved).
     pub async fn save(&self) -> Result<Vec<u8>, JsError> {
         let (params, m, v) = self.engine.state().await.map_err(js_error)?;
-        let state = TrainState { step: self.engine.step_count(), rng_state: self.engine.rng().state().to_string(), settings: self.settings.clone() };
-        checkpoint::to_bytes(self.config, self.tok.chars(), &params, Some((&m, &v, &state))).map_err(js_error)
+        let step = self.engine.step_count();
+        let state = TrainState { step, rng_state: self.engine.rng().state().to_string(), settings: self.settings.clone() };
+        checkpoint::to_bytes(self.config, self.tok.chars(), &params, Some((&m, &v, &state))).map_err(|e| js_error(format!("not saving step {step}: {e}")))
     }
 }
 

@@ -1,0 +1,450 @@
+//! Nothing a user wrote is lost, replaced or half-written, and no input crashes the binary:
+//! one test per hole a hostile probe of `alpha-native` found (each fails on the code before
+//! its fix), plus a sweep of every numeric flag with hostile values.
+
+mod common;
+
+use alpha_native::checkpoint;
+use common::*;
+use std::fs;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A run that ends with an error: one `error:` line naming `needle`, and a non-zero exit.
+fn assert_one_line_error(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "expected a failure, got success: {err}");
+    assert!(err.starts_with("error: ") && err.trim_end().lines().count() == 1, "stderr {err:?}");
+    assert!(err.contains(needle), "{err:?} does not contain {needle:?}");
+}
+
+fn train_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["train", "--data", "text.txt"];
+    args.extend(TINY);
+    args.extend(QUIET);
+    args.extend(extra);
+    args
+}
+
+/// A diverging update (a learning rate past f32's range) makes the parameters infinite while
+/// the step's loss, computed before the update, is finite. The checkpoint after that step is
+/// refused: the previous one stays, the run says so and exits non-zero. On both backends.
+#[test]
+fn a_model_that_is_not_finite_is_never_saved() {
+    for backend in ["cpu", "gpu"] {
+        let dir = workdir(&format!("nonfinite-{backend}"));
+        let ckpt = train(&dir, &["--iters", "2", "--backend", backend]);
+        let before = fs::read(&ckpt).unwrap();
+        let args =
+            ["train", "--resume", "out/ckpt.safetensors", "--iters", "5", "--lr", "1e39", "--min-lr", "1e39", "--warmup", "0", "--checkpoint-interval", "1"];
+        let o = run(&dir, &[&args[..], QUIET, &["--backend", backend]].concat());
+        assert_one_line_error(&o, "not saving step 3: the model is not finite");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("the last good checkpoint (out/ckpt.safetensors, step 2) is kept"), "{o:?}");
+        assert_eq!(fs::read(&ckpt).unwrap(), before, "{backend}: the good checkpoint was replaced");
+        // Nothing half-written is left beside it.
+        assert_eq!(fs::read_dir(dir.join("out")).unwrap().count(), 2, "{backend}: only the checkpoint and the lock file");
+    }
+}
+
+/// Checkpoints carry per-tensor checksums: a flipped byte of tensor data is an error naming
+/// the file and the tensor, in every command that reads checkpoints.
+#[test]
+fn a_flipped_byte_in_a_checkpoint_is_an_error_naming_file_and_tensor() {
+    let dir = workdir("flip");
+    let ckpt = train(&dir, &["--iters", "2"]);
+    let mut bytes = fs::read(&ckpt).unwrap();
+    let n = bytes.len();
+    bytes[n - 10] ^= 0x01; // in the last tensor: optimizer.exp_avg_sq.transformer.ln_f.bias
+    fs::write(dir.join("flip.safetensors"), &bytes).unwrap();
+    let needle = "checkpoint flip.safetensors is corrupt: tensor optimizer.exp_avg_sq.transformer.ln_f.bias does not match its checksum";
+    assert_one_line_error(&run(&dir, &["sample", "--checkpoint", "flip.safetensors"]), needle);
+    assert_one_line_error(&run(&dir, &["eval", "--checkpoint", "flip.safetensors", "--text", "text.txt"]), needle);
+    assert_one_line_error(&run(&dir, &train_args(&["--resume", "flip.safetensors", "--out", "o2"])), needle);
+}
+
+/// A header whose config claims a billion layers (or a million, within the size limit) is an
+/// error before anything is allocated, not an abort.
+#[test]
+fn hostile_checkpoint_configs_are_errors_not_aborts() {
+    let dir = workdir("hostile-config");
+    let ckpt = train(&dir, &["--iters", "1"]);
+    let bytes = fs::read(&ckpt).unwrap();
+    for (layers, needle) in [
+        ("1000000000", "n_layer is 1000000000, more than the largest allowed (16777216)"),
+        ("16777216", "48 tensors, but its config implies 603979788"),
+        ("18446744073709551615", "n_layer is 18446744073709551615"),
+    ] {
+        fs::write(dir.join("h.safetensors"), edit_header(&bytes, r#"\"n_layer\":1"#, &format!(r#"\"n_layer\":{layers}"#))).unwrap();
+        for args in [&["sample", "--checkpoint", "h.safetensors"][..], &["eval", "--checkpoint", "h.safetensors", "--text", "text.txt"]] {
+            let o = run(&dir, args);
+            assert_eq!(o.status.code(), Some(1), "{layers}: {o:?}");
+            assert_one_line_error(&o, needle);
+        }
+    }
+}
+
+/// Out of memory is an error, not an abort, under a real limit on the address space (with
+/// Linux's overcommit an unchecked allocation would pass otherwise). 1 GiB is enough to start,
+/// not for these arenas; the memory check (which reads the machine's free memory) passes.
+#[test]
+fn out_of_memory_under_a_real_limit_is_an_error() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let dir = workdir("oom");
+    text_file(&dir);
+    let limited = |args: &str| {
+        let script = format!("ulimit -v 1048576 && exec {BIN} {args}");
+        Command::new("sh").args(["-c", &script]).current_dir(&dir).output().unwrap()
+    };
+    let o = limited("train --data text.txt --layers 8 --heads 8 --embd 512 --block 256 --batch 32 --threads 1 --out big");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert_one_line_error(&o, "not enough memory");
+    assert!(!dir.join("big/ckpt.safetensors").exists());
+    // A text whose tokens do not fit: 300 MB of it under the limit.
+    fs::write(dir.join("big.txt"), "ab\n".repeat(100_000_000)).unwrap();
+    let o = limited("train --data big.txt --iters 1 --out big2");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("big.txt"), "{o:?}");
+    assert_one_line_error(&o, "memory");
+    fs::remove_file(dir.join("big.txt")).unwrap();
+}
+
+/// `--trace`, `--metrics` and `--out` never replace a file the user did not ask to replace.
+#[test]
+fn outputs_never_clobber_what_the_run_reads_or_other_files() {
+    let dir = workdir("clobber");
+    let ckpt = train(&dir, &["--iters", "2"]);
+    let text = fs::read(dir.join("text.txt")).unwrap();
+    let ckpt_bytes = fs::read(&ckpt).unwrap();
+    fs::write(dir.join("mine.json"), "precious").unwrap();
+    fs::create_dir(dir.join("adir")).unwrap();
+    for (extra, needle) in [
+        (&["--trace", "text.txt", "--out", "o"][..], "--trace text.txt is the same file as --data"),
+        (&["--metrics", "text.txt", "--out", "o"], "--metrics text.txt is the same file as --data"),
+        (&["--trace", "out/ckpt.safetensors", "--out", "out", "--overwrite"], "is the same file as the checkpoint"),
+        (&["--metrics", "o/ckpt.safetensors", "--out", "o"], "is the same file as the checkpoint"),
+        (&["--trace", "./t.json", "--metrics", "t.json", "--out", "o"], "--trace ./t.json is the same file as --metrics"),
+        (&["--trace", "mine.json", "--out", "o"], "--trace mine.json already exists"),
+        (&["--metrics", "mine.json", "--out", "o"], "--metrics mine.json already exists"),
+        (&["--trace", "/dev/null", "--out", "o", "--overwrite"], "is not a regular file"),
+        (&["--trace", "adir", "--out", "o", "--overwrite"], "is not a regular file"),
+        (&["--metrics", "adir", "--out", "o", "--overwrite"], "--metrics adir is a directory"),
+        (&["--out", "text.txt"], "--out text.txt exists and is not a directory"),
+        (&["--resume", "out/ckpt.safetensors", "--trace", "out/ckpt.safetensors"], "is the same file as"),
+    ] {
+        assert_one_line_error(&run(&dir, &train_args(extra)), needle);
+    }
+    // The data named as the checkpoint's place.
+    fs::create_dir(dir.join("d")).unwrap();
+    fs::write(dir.join("d/ckpt.safetensors"), &text).unwrap();
+    assert_one_line_error(&run(&dir, &["train", "--data", "d/ckpt.safetensors", "--out", "d", "--overwrite"]), "would replace --data");
+    assert_eq!(fs::read(dir.join("text.txt")).unwrap(), text);
+    assert_eq!(fs::read(&ckpt).unwrap(), ckpt_bytes);
+    assert_eq!(fs::read_to_string(dir.join("mine.json")).unwrap(), "precious");
+    assert!(dir.join("adir").is_dir());
+    // bench's trace too.
+    let bench = ["bench", "--data", "text.txt", "--iters", "1", "--warmup", "0", "--peak-gflops", "1"];
+    assert_one_line_error(&run(&dir, &[&bench[..], TINY, &["--trace", "text.txt"]].concat()), "same file as --data");
+    assert_one_line_error(&run(&dir, &[&bench[..], TINY, &["--trace", "mine.json"]].concat()), "already exists");
+    assert_eq!(fs::read_to_string(dir.join("mine.json")).unwrap(), "precious");
+    assert_ok(&run(&dir, &[&bench[..], TINY, &["--trace", "mine.json", "--overwrite"]].concat()));
+    assert!(fs::read_to_string(dir.join("mine.json")).unwrap().contains("traceEvents"));
+}
+
+/// A new run refuses an existing metrics file unless --overwrite, which starts it anew; a
+/// resumed run appends to it.
+#[test]
+fn metrics_are_started_anew_only_when_asked_and_appended_on_resume() {
+    let dir = workdir("metrics-files");
+    train(&dir, &["--iters", "2", "--log-interval", "1", "--metrics", "m.jsonl"]);
+    let records = |p: &str| fs::read_to_string(dir.join(p)).unwrap().lines().count();
+    assert_eq!(records("m.jsonl"), 3, "start + 2 train records");
+    let again = train_args(&["--iters", "2", "--log-interval", "1", "--metrics", "m.jsonl", "--out", "o2"]);
+    assert_one_line_error(&run(&dir, &again), "--metrics m.jsonl already exists");
+    assert_eq!(records("m.jsonl"), 3);
+    assert_ok(&run(&dir, &[&again[..], &["--overwrite"]].concat()));
+    assert_eq!(records("m.jsonl"), 3, "--overwrite starts the file anew");
+    let resume = ["train", "--resume", "o2/ckpt.safetensors", "--iters", "4", "--log-interval", "1", "--metrics", "m.jsonl"];
+    assert_ok(&run(&dir, &[&resume[..], QUIET].concat()));
+    assert_eq!(records("m.jsonl"), 6, "a resumed run appends its start and 2 train records");
+}
+
+/// One run per output directory: a second run into a directory in use fails at once, naming
+/// the process that holds it, with or without --overwrite; once the first is gone (killed
+/// here, so the kernel released its lock), the directory is free.
+#[test]
+fn a_second_run_into_one_directory_fails_at_once() {
+    let dir = workdir("lock");
+    text_file(&dir);
+    let long = train_args(&["--iters", "1000000", "--out", "out", "--log-interval", "1"]);
+    let mut first = Command::new(BIN).args(&long).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut out = std::io::BufReader::new(first.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("step 1:") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "the first run ended early");
+    }
+    let pid = first.id().to_string();
+    for extra in [&[][..], &["--overwrite"]] {
+        let started = Instant::now();
+        let o = run(&dir, &[&train_args(&["--iters", "2", "--out", "out"])[..], extra].concat());
+        assert_one_line_error(&o, &format!("out is in use by process {pid}"));
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_ok(&run(&dir, &train_args(&["--iters", "2", "--out", "out", "--overwrite"])));
+}
+
+/// `--resume DIR/ckpt.safetensors` writes back to DIR (not `./out`), and more `--iters`
+/// continue the step count and the learning-rate schedule of the saved run.
+#[test]
+fn resume_continues_in_the_checkpoints_directory_and_schedule() {
+    let dir = workdir("resume-dir");
+    train(&dir, &["--iters", "4", "--out", "runs/a", "--lr-decay-iters", "6", "--warmup", "2"]);
+    let resume = ["train", "--resume", "runs/a/ckpt.safetensors", "--iters", "8", "--log-interval", "1", "--metrics", "r.jsonl"];
+    let o = run(&dir, &[&resume[..], QUIET].concat());
+    assert_ok(&o);
+    assert!(stdout(&o).contains("checkpoint saved to runs/a/ckpt.safetensors"), "{}", stdout(&o));
+    assert!(!dir.join("out").exists(), "a resumed run wrote to ./out");
+    let state = checkpoint::load(&dir.join("runs/a/ckpt.safetensors")).unwrap().optimizer.unwrap().2;
+    assert_eq!((state.step, state.settings.iters, state.settings.lr_decay_iters), (8, 8, 6));
+    let lrs: Vec<(u64, f64)> = fs::read_to_string(dir.join("r.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["type"] == "train")
+        .map(|r| (r["step"].as_u64().unwrap(), r["lr"].as_f64().unwrap()))
+        .collect();
+    let steps: Vec<u64> = lrs.iter().map(|s| s.0).collect();
+    assert_eq!(steps, [4, 5, 6, 7]);
+    // nanoGPT's schedule of the original run: cosine until step 6, then --min-lr.
+    let schedule = alpha_core::optim::LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 2, decay_iters: 6 };
+    for (step, lr) in lrs {
+        assert!((lr - schedule.at(step)).abs() < 1e-12, "step {step}: lr {lr}, schedule {}", schedule.at(step));
+    }
+}
+
+/// SIGKILL at any moment leaves no stray temporary file once the next run in the directory
+/// starts (the killed run's `.ckpt.safetensors.tmp-PID`).
+#[test]
+fn the_next_run_removes_what_a_killed_run_left() {
+    let dir = workdir("stale");
+    train(&dir, &["--iters", "2"]);
+    for pid in ["1", "4194304"] {
+        fs::write(dir.join(format!("out/.ckpt.safetensors.tmp-{pid}")), b"half a checkpoint").unwrap();
+    }
+    assert_ok(&run(&dir, &["train", "--resume", "out/ckpt.safetensors", "--iters", "3", "--eval-interval", "0", "--sample-interval", "0"]));
+    let mut left: Vec<String> = fs::read_dir(dir.join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    left.sort();
+    assert_eq!(left, ["ckpt.safetensors", "train.lock"]);
+}
+
+/// Every numeric flag of every command with values past its range, past its type, negative,
+/// not a number: a one-line error and a non-zero exit, or a valid run (stopped after a few
+/// seconds if it would go on), never a panic or an abort.
+#[test]
+fn hostile_numbers_in_every_flag_are_one_line_errors() {
+    let dir = workdir("flags");
+    train(&dir, &["--iters", "1"]);
+    let cache = dir.join("cache");
+    let commands: [(&[&str], &[&str]); 5] = [
+        (
+            &[
+                "train",
+                "--data",
+                "text.txt",
+                "--out",
+                "o",
+                "--overwrite",
+                "--iters",
+                "2",
+                "--layers",
+                "1",
+                "--heads",
+                "2",
+                "--embd",
+                "16",
+                "--block",
+                "16",
+                "--batch",
+                "4",
+            ],
+            &[
+                "--iters",
+                "--lr",
+                "--lr-decay-iters",
+                "--min-lr",
+                "--warmup",
+                "--weight-decay",
+                "--beta1",
+                "--beta2",
+                "--grad-clip",
+                "--grad-accum",
+                "--seed",
+                "--eval-interval",
+                "--eval-iters",
+                "--sample-interval",
+                "--checkpoint-interval",
+                "--log-interval",
+                "--trace-steps",
+                "--threads",
+                "--batch",
+                "--block",
+                "--layers",
+                "--heads",
+                "--embd",
+            ],
+        ),
+        (
+            &["bench", "--data", "text.txt", "--iters", "1", "--warmup", "0", "--layers", "1", "--heads", "2", "--embd", "16", "--block", "16", "--batch", "4"],
+            &["--iters", "--warmup", "--grad-accum", "--peak-gflops", "--trace-steps", "--threads", "--batch", "--block", "--layers", "--heads", "--embd"],
+        ),
+        (
+            &[
+                "info",
+                "--data",
+                "text.txt",
+                "--measure-steps",
+                "1",
+                "--peak-gflops",
+                "1",
+                "--layers",
+                "1",
+                "--heads",
+                "2",
+                "--embd",
+                "16",
+                "--block",
+                "16",
+                "--batch",
+                "4",
+            ],
+            &[
+                "--iters",
+                "--eval-interval",
+                "--eval-iters",
+                "--measure-steps",
+                "--peak-gflops",
+                "--threads",
+                "--batch",
+                "--block",
+                "--layers",
+                "--heads",
+                "--embd",
+            ],
+        ),
+        (&["sample", "--checkpoint", "out/ckpt.safetensors", "--tokens", "5"], &["--tokens", "--temperature", "--top-k", "--seed", "--block", "--threads"]),
+        (&["eval", "--checkpoint", "out/ckpt.safetensors", "--text", "text.txt"], &["--block", "--batch", "--threads"]),
+    ];
+    let values = ["18446744073709551615", "18446744073709551616", "-1", "0", "1e400", "nan", "-inf", "x"];
+    for (base, flags) in commands {
+        for flag in flags {
+            for value in values {
+                let mut args = base.to_vec();
+                args.extend([flag, value]);
+                let mut child = Command::new(BIN)
+                    .args(&args)
+                    .current_dir(&dir)
+                    .env("ALPHA_CACHE_DIR", &cache)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                let deadline = Instant::now() + Duration::from_secs(3);
+                while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if child.try_wait().unwrap().is_none() {
+                    // A valid value of a long run (e.g. --iters 2^64-1): stopped.
+                    child.kill().unwrap();
+                    child.wait().unwrap();
+                    continue;
+                }
+                let o = child.wait_with_output().unwrap();
+                let err = String::from_utf8_lossy(&o.stderr);
+                assert!(!err.contains("panicked") && o.status.code().is_some(), "{args:?}: {:?} {err}", o.status);
+                if !o.status.success() {
+                    assert!(err.starts_with("error: ") && err.trim_end().lines().count() == 1, "{args:?}: {err:?}");
+                }
+            }
+        }
+    }
+    // The products of sizes are checked too: each within 2^24, together past any address space.
+    let huge = ["--batch", "16777216", "--block", "1000", "--layers", "16777216", "--embd", "16777216", "--heads", "1"];
+    for command in [&["train", "--out", "o"][..], &["bench"], &["info"]] {
+        assert_one_line_error(&run(&dir, &[command, &["--data", "text.txt"], &huge].concat()), "more than this machine's address space holds");
+    }
+}
+
+/// Off a terminal (CI, `| tee`) the run prints plain lines and no progress bar; on one the
+/// bar fits the terminal's width. `script` gives the run a terminal of 60 columns.
+#[test]
+fn progress_fits_the_terminal_and_is_plain_lines_off_it() {
+    let dir = workdir("progress");
+    text_file(&dir);
+    let o = run(&dir, &train_args(&["--iters", "40", "--log-interval", "10", "--out", "o"]));
+    assert_ok(&o);
+    let (out, err) = (stdout(&o), String::from_utf8_lossy(&o.stderr).into_owned());
+    assert_eq!(out.lines().filter(|l| l.starts_with("step ") && l.contains("tok/s")).count(), 5, "{out}");
+    assert!(!err.contains('\r') && !err.contains("loss"), "a bar was drawn off a terminal: {err:?}");
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("`script` (util-linux) is not installed: the terminal half of this test is skipped");
+        return;
+    }
+    // Every step's line, loss, speed and ETA in a bar; slow enough steps that it redraws.
+    let slow = train_args(&["--iters", "300", "--out", "o2", "--threads", "1"]).join(" ");
+    let cmd = format!("stty cols 60 rows 20; {BIN} {slow}");
+    let o = Command::new("script").args(["-qec", &cmd, "/dev/null"]).current_dir(&dir).output().unwrap();
+    assert_ok(&o);
+    let screen = String::from_utf8_lossy(&o.stdout);
+    let visible = strip_ansi(&screen);
+    assert!(visible.contains("/300 loss"), "no progress bar on a terminal: {visible:?}");
+    // The bar's lines (other lines, such as the start line, wrap as any long log line does).
+    for segment in visible.split(['\r', '\n']).filter(|s| s.contains("/300 loss")) {
+        assert!(segment.chars().count() <= 60, "a bar of {} columns on a 60-column terminal: {segment:?}", segment.chars().count());
+    }
+}
+
+/// The text of terminal output without its escape sequences (CSI `ESC [ ... letter`).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for d in chars.by_ref() {
+                    if d.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// On a GPU, the adapters are listed once per process: Mesa's drivers print their
+/// `XDG_RUNTIME_DIR` warning on each listing (twice per listing for lavapipe), so a run
+/// shows it for one listing only.
+#[test]
+fn gpu_drivers_are_asked_once_per_run() {
+    let dir = workdir("xdg");
+    text_file(&dir);
+    let args = train_args(&["--iters", "2", "--backend", "gpu", "--out", "o"]);
+    let once = Command::new(BIN)
+        .args(["info", "--data", "text.txt", "--measure-steps", "0", "--peak-gflops", "1"])
+        .current_dir(&dir)
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let per_listing = String::from_utf8_lossy(&once.stderr).matches("XDG_RUNTIME_DIR").count();
+    let o = Command::new(BIN).args(&args).current_dir(&dir).env_remove("XDG_RUNTIME_DIR").output().unwrap();
+    assert_ok(&o);
+    let warnings = String::from_utf8_lossy(&o.stderr).matches("XDG_RUNTIME_DIR").count();
+    assert_eq!(warnings, per_listing, "{}", String::from_utf8_lossy(&o.stderr));
+}
