@@ -334,6 +334,9 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let meta = header.metadata().as_ref().ok_or_else(|| bad("no __metadata__ in the header".into()))?;
     let field = |key: &str| meta.get(key).ok_or_else(|| bad(format!("__metadata__ has no \"{key}\"")));
+    if let Some(format) = meta.get("format").filter(|f| *f != FORMAT) {
+        return Err(bad(format!("format {format:?} is not supported (only {FORMAT:?})")));
+    }
     let config: GptConfig = serde_json::from_str(field("config")?).map_err(|e| bad(format!("config: {e}")))?;
     config.validate().map_err(|e| bad(format!("config: {e}")))?;
     let tok: TokenizerJson = serde_json::from_str(field("tokenizer")?).map_err(|e| bad(format!("tokenizer: {e}")))?;
