@@ -51,7 +51,8 @@ const $ = (id) => document.getElementById(id);
 /** The page's state, for people and tests. */
 const state = {
   status: "loading", // loading | idle | running | paused | done | error
-  losses: [],
+  losses: [], // one per step trained in this page, from step firstStep on
+  firstStep: 0, // the step the model was at when this page began training it (a loaded checkpoint's)
   evals: [], // { step, train, val }
   samples: [], // { step, text }
   trainMs: 0, // time spent in steps (not evaluations or samples) since the page started training
@@ -153,6 +154,7 @@ async function createTrainer() {
   trainer = await Trainer.create(options, text);
   iters = params.has("steps") ? Number(params.get("steps")) : preset.options.iters;
   state.losses = [];
+  state.firstStep = 0;
   state.evals = [];
   state.samples = [];
   state.trainMs = 0;
@@ -222,13 +224,16 @@ function draw() {
   const { width, height } = canvas;
   ctx.clearRect(0, 0, width, height);
   const points = state.losses.length + state.evals.length;
-  canvas.dataset.points = String(points);
+  // The x axis is the run's steps from 0: the loss of step k (the k-th update's batch) at k,
+  // evaluations at theirs. The plotted range, for tests.
+  const lastStep = state.firstStep + state.losses.length;
+  const xMax = Math.max(iters, lastStep, 1);
+  Object.assign(canvas.dataset, { points: String(points), firstStep: String(state.firstStep), lastStep: String(lastStep), xMax: String(xMax) });
   if (points === 0) return;
   const all = [...state.losses, ...state.evals.map((e) => e.val)];
   const lo = Math.min(...all);
   const hi = Math.max(...all);
   const pad = 30;
-  const xMax = Math.max(iters, state.losses.length, 1);
   const x = (step) => pad + ((width - 2 * pad) * step) / xMax;
   const y = (loss) => height - pad - ((height - 2 * pad) * (loss - lo)) / Math.max(hi - lo, 1e-6);
   ctx.strokeStyle = "#ccd";
@@ -240,7 +245,7 @@ function draw() {
   ctx.fillText(`step ${xMax}`, width - pad - 50, height - 8);
   ctx.strokeStyle = "#3366cc";
   ctx.beginPath();
-  state.losses.forEach((loss, i) => (i === 0 ? ctx.moveTo(x(i), y(loss)) : ctx.lineTo(x(i), y(loss))));
+  state.losses.forEach((loss, i) => (i === 0 ? ctx.moveTo : ctx.lineTo).call(ctx, x(state.firstStep + i), y(loss)));
   ctx.stroke();
   ctx.fillStyle = "#dc6b19";
   for (const e of state.evals) {
@@ -286,12 +291,20 @@ async function uploadCheckpoint(file) {
     say("Loading the checkpoint…");
     trainer = await Trainer.load(bytes, text, { backend: backendChoice() });
     const s = trainer.stats();
-    iters = Math.max(s.step, params.has("steps") ? Number(params.get("steps")) : preset.options.iters);
+    // Train to the run's planned length (or the steps= parameter's); a finished run goes on
+    // for another preset's length, as `alpha-native train --resume --iters N` would.
+    const planned = params.has("steps") ? Number(params.get("steps")) : s.iters;
+    iters = planned > s.step ? planned : s.step + preset.options.iters;
+    trainer.setIters(iters);
     state.losses = [];
+    state.firstStep = s.step;
     state.evals = [];
+    state.trainMs = 0;
+    state.trainedSteps = 0;
     state.status = "paused";
     showStats();
-    say(`Loaded ${file.name}: step ${s.step}, ${s.params.toLocaleString("en")} parameters. Press Resume to continue.`);
+    draw();
+    say(`Loaded ${file.name}: step ${s.step} of ${iters}, ${s.params.toLocaleString("en")} parameters. Press Resume to continue.`);
     updateButtons();
   } catch (e) {
     fail(e);

@@ -137,6 +137,76 @@ test(`the first ${PARITY_STEPS} steps' losses equal alpha-native's on the CPU (1
   await page.close();
 });
 
+/** Uploads checkpoint `file` into a fresh page at `query`, presses Resume, and returns the state when done. */
+async function resumeInPage(file, query) {
+  const { page, errors } = await open(query);
+  await page.waitForFunction(() => window.alpha?.status === "idle");
+  await page.locator("#checkpoint").setInputFiles(file);
+  await page.waitForFunction(() => ["paused", "error"].includes(window.alpha?.status));
+  const loaded = await page.evaluate(() => window.alpha);
+  assert.equal(loaded.error, null);
+  assert.equal(await page.locator("#start").textContent(), "Resume");
+  await page.click("#start");
+  const s = await finished(page);
+  assert.equal(s.error, null);
+  const chart = await page.locator("#chart").evaluate((c) => ({ ...c.dataset }));
+  assert.deepEqual(errors, []);
+  return { page, loaded, s, chart };
+}
+
+test("a finished run's checkpoint, native or the page's, resumes in the page: the steps and the chart continue", async () => {
+  // alpha-native's 10-step run (the parity test's) and the page's own 30-step download: both
+  // runs are finished, so the page trains another preset's length (300 steps) after them.
+  for (const [file, query, from] of [
+    [join(work, "native", "ckpt.safetensors"), "?backend=cpu&preset=tiny", PARITY_STEPS],
+    [join(work, "from-page.safetensors"), `?backend=cpu&preset=tiny&steps=${STEPS}`, STEPS],
+  ]) {
+    const { page, loaded, s, chart } = await resumeInPage(file, query);
+    assert.equal(loaded.stats.step, from);
+    assert.equal(s.stats.step, from + 300, file);
+    assert.equal(await page.locator("#step").textContent(), String(from + 300));
+    assert.equal(s.firstStep, from);
+    assert.equal(s.losses.length, 300);
+    // The loss line starts at the checkpoint's step, on the run's own axis.
+    assert.deepEqual([chart.firstStep, chart.lastStep, chart.xMax], [String(from), String(from + 300), String(from + 300)]);
+    assert.ok(s.evals.every((e) => e.step >= from) && s.evals.at(-1).step === from + 300, JSON.stringify(s.evals));
+    await page.screenshot({ path: join(results, `resumed-from-${from}.png`), fullPage: true });
+    await page.close();
+  }
+});
+
+test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every control inside the screen", async () => {
+  const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+  const page = await context.newPage();
+  await page.goto(`${base}?backend=cpu&preset=nanogpt&steps=3&autostart=1`);
+  // Trained a little, so that the figures, the chart and a sample are filled; then the paste
+  // box shown too.
+  const s = await finished(page);
+  assert.equal(s.error, null);
+  await page.selectOption("#preset", "nanogpt");
+  await page.selectOption("#corpus", "paste");
+  const layout = await page.evaluate(() => {
+    const controls = [...document.querySelectorAll("select, button, input, textarea, label, canvas, dd, pre, #message")];
+    const visible = controls.filter((e) => e.getClientRects().length > 0);
+    return {
+      viewport: window.innerWidth,
+      scrollWidth: document.documentElement.scrollWidth,
+      outside: visible
+        .map((e) => ({ e: e.id || e.tagName.toLowerCase(), r: e.getBoundingClientRect() }))
+        .filter(({ r }) => r.left < 0 || r.right > window.innerWidth + 0.5)
+        .map(({ e, r }) => `${e}: ${Math.round(r.left)}..${Math.round(r.right)}`),
+      counted: visible.length,
+      options: document.querySelectorAll("#preset option").length,
+    };
+  });
+  await page.screenshot({ path: join(results, "phone-390.png"), fullPage: true });
+  assert.equal(layout.viewport, 390);
+  assert.ok(layout.options >= 3 && layout.counted >= 15, JSON.stringify(layout));
+  assert.ok(layout.scrollWidth <= layout.viewport, `the document is ${layout.scrollWidth} px wide on a ${layout.viewport} px screen`);
+  assert.deepEqual(layout.outside, []);
+  await context.close();
+});
+
 // Shapes where no GEMM is a whole number of tiles of any kernel (39 rows, widths 36, 108,
 // 144 and 84, attention over 13 positions with heads of 12), so every edge path runs.
 const ODD = { layers: 1, heads: 3, embd: 36, block: 13, batch: 3, lr: 3e-3, warmup: 10 };
