@@ -1,19 +1,57 @@
 #!/usr/bin/env bash
-# The whole test suite (the README's test command):
-#   formatting (cargo fmt --check), unit tests and finite-difference gradient checks, the
-#   zero-allocation test, end-to-end CLI tests, cross-crate tests, every GPU kernel and the
-#   whole model against the CPU (on any Vulkan adapter; without a GPU, lavapipe from
-#   mesa-vulkan-drivers), the embedding example, the API docs (rustdoc warnings are errors),
-#   alpha-core's no_std builds, the GEMM tests again on the WebAssembly kernel (both builds),
-#   and the browser demo (alpha-web's two builds from scripts/build-web.sh, then tested in
-#   Debian's Chromium through playwright-core: WebGPU on SwiftShader and both WebAssembly CPU
-#   builds).
+# The whole test suite (the README's test command), set-up included:
+#   first, what a fresh Debian 12 machine with only Rust lacks is installed once (apt packages:
+#   lavapipe's Vulkan for the GPU tests, g++ for the fuzz target's libFuzzer, Debian's
+#   rustc-web for the no_std builds, Chromium for the browser tests; then the offline wasm
+#   toolchain, scripts/setup-wasm-toolchain.sh). Each step is skipped when already done, so a
+#   second run goes straight to the tests. Installing needs root (or sudo).
+#   Then: formatting (cargo fmt --check), unit tests and finite-difference gradient checks,
+#   the zero-allocation test, end-to-end CLI tests (bad input, hostile files and flags, seeded
+#   mutations of every file Alpha reads, out of memory under ulimit, a 10,000-step soak), cross-crate
+#   tests, every GPU kernel and the whole model against the CPU (on any Vulkan adapter; without
+#   a GPU, lavapipe), the embedding example, the API docs (rustdoc warnings are errors), the
+#   cargo-fuzz target's build, alpha-core's no_std builds, the GEMM tests again on the
+#   WebAssembly kernel (both builds), and the browser demo (alpha-web's two builds from
+#   scripts/build-web.sh, then tested in Debian's Chromium through playwright-core: WebGPU on
+#   SwiftShader and both WebAssembly CPU builds).
 # The no_std builds use the rustup target thumbv7em-none-eabihf when it is installed, else
-# Debian's rustc-web/cargo-web/rust-web-src (.ci/run installs them); ALPHA_SKIP_NO_STD=1 skips.
+# Debian's rustc-web/cargo-web/rust-web-src; ALPHA_SKIP_NO_STD=1 skips them (and their set-up).
 # The browser build uses the active toolchain when it has wasm32-unknown-unknown, else the one
-# scripts/setup-wasm-toolchain.sh registers; ALPHA_SKIP_WEB=1 skips the browser tests.
+# scripts/setup-wasm-toolchain.sh registers; ALPHA_SKIP_WEB=1 skips the browser tests (and
+# their set-up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Set-up. Debian's packages, where missing (dpkg knows; nothing is downloaded when all are
+# there). Elsewhere than Debian, install the equivalents and this step finds nothing to do
+# only if dpkg is absent.
+packages="mesa-vulkan-drivers libvulkan1 g++"
+if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then packages="$packages rustc-web cargo-web rust-web-src"; fi
+if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then packages="$packages chromium"; fi
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+        echo "error: installing needs root: run as root, or install sudo" >&2
+        exit 1
+    fi
+}
+if command -v dpkg-query >/dev/null; then
+    missing=""
+    for pkg in $packages; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing="$missing $pkg"
+    done
+    if [ -n "$missing" ]; then
+        echo "installing:$missing"
+        as_root apt-get update -qq
+        # shellcheck disable=SC2086
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
+    fi
+fi
+# wasm32-unknown-unknown, wasm-bindgen-cli, wasm-pack and wasm-opt without downloads from
+# outside the package registries (with internet: rustup target add wasm32-unknown-unknown;
+# cargo install wasm-pack). It skips what is already there.
+if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
+    as_root env HOME="$HOME" scripts/setup-wasm-toolchain.sh
+fi
 
 # Mesa wants a private runtime directory; without one it warns on every device it opens.
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
@@ -32,6 +70,9 @@ cargo test --workspace --profile test-opt
 cargo run --profile test-opt -p alpha-core --example tiny --features alloc
 # The API docs (the crates are meant to be embedded): no broken or private links, no stray HTML.
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps
+# The fuzz target builds (a plain build: libFuzzer without coverage instrumentation; longer
+# runs by hand with cargo-fuzz, see the README).
+cargo build -q --manifest-path fuzz/Cargo.toml
 
 if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then
     target=thumbv7em-none-eabihf
