@@ -9,7 +9,7 @@
 //! giving every tensor's CRC-32 (IEEE) of its bytes, checked on every load (files written by
 //! other tools, without it, load unchecked).
 //!
-//! Saving streams: [`write`] reads the arenas once for the checksums (refusing any value that
+//! Saving streams: [`write()`] reads the arenas once for the checksums (refusing any value that
 //! is not finite), emits the header, then the tensors straight from the arenas in small
 //! chunks, so nothing the size of the model is copied. Loading checks the header against the
 //! config before it allocates: a config that implies other tensors than the file holds is an
@@ -305,7 +305,7 @@ pub fn write<E>(
     Ok(())
 }
 
-/// The safetensors bytes of a checkpoint (see [`write`]).
+/// The safetensors bytes of a checkpoint (see [`write()`]).
 pub fn to_bytes(
     config: GptConfig,
     chars: &[char],

@@ -54,6 +54,17 @@ pub(crate) fn storage(gpu: &Gpu, label: &str, elements: usize) -> Result<wgpu::B
     }))
 }
 
+/// Runs `make`, which creates device buffers, inside an out-of-memory error scope: a device
+/// that cannot give the memory is an error, not wgpu's panic on an uncaptured error.
+pub(crate) async fn allocating<T>(gpu: &Gpu, make: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
+    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let made = make()?;
+    match scope.pop().await {
+        Some(e) => Err(GpuError(format!("{} is out of memory for this model ({e}): use a smaller batch, block or model", gpu.adapter.name))),
+        None => Ok(made),
+    }
+}
+
 /// An error unless `plan`'s arenas can be indexed by the kernels: they compute element
 /// indices in u32, so each arena stays under 2^30 elements (headroom for index arithmetic).
 pub(crate) fn check_indexable(plan: &Plan) -> Result<(), GpuError> {
@@ -144,9 +155,12 @@ impl GpuForward {
         check_indexable(&plan)?;
         let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
         let layout = DeviceLayout::new(&plan);
-        let buffer = storage(&gpu, "parameters", layout.len())?;
-        gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&layout.to_device(params)));
-        GpuForward::sharing(gpu, kernels, plan, buffer)
+        allocating(&gpu.clone(), || {
+            let buffer = storage(&gpu, "parameters", layout.len())?;
+            gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&layout.to_device(params)));
+            GpuForward::sharing(gpu, kernels, plan, buffer)
+        })
+        .await
     }
 
     /// A forward-only model over an existing device parameter buffer (a trainer's: it sees

@@ -5,7 +5,7 @@
 //! small statistics buffer until [`GpuTrainer::stats`] reads them.
 
 use crate::context::{Gpu, GpuError};
-use crate::forward::{aligned, check_indexable, compile_forward, storage, BatchSlot, ForwardBuffers, GpuForward, LossUse};
+use crate::forward::{aligned, allocating, check_indexable, compile_forward, storage, BatchSlot, ForwardBuffers, GpuForward, LossUse};
 use crate::kernels::{bytes, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
@@ -116,18 +116,21 @@ impl GpuTrainer {
             })
             .max()
             .unwrap_or(0);
-        let bufs = Buffers {
-            params: storage(&gpu, "parameters", layout.len())?,
-            grads: storage(&gpu, "gradients", layout.len())?,
-            adam_m: storage(&gpu, "AdamW first moments", layout.len())?,
-            adam_v: storage(&gpu, "AdamW second moments", layout.len())?,
-            acts: storage(&gpu, "activations", plan.acts_len())?,
-            // One slot per micro-batch and one for evaluation.
-            batch: storage(&gpu, "batch", slot_len.checked_mul(cfg.grad_accum + 1).ok_or_else(|| GpuError("the batch buffer's size overflows".into()))?)?,
-            stats: storage(&gpu, "statistics", ACT_ALIGN)?,
-            norm_partials: storage(&gpu, "norm partials", ops::NORM_CHUNKS)?,
-            split: storage(&gpu, "weight gradient chunks", split_len)?,
-        };
+        let bufs = allocating(&gpu, || {
+            Ok(Buffers {
+                params: storage(&gpu, "parameters", layout.len())?,
+                grads: storage(&gpu, "gradients", layout.len())?,
+                adam_m: storage(&gpu, "AdamW first moments", layout.len())?,
+                adam_v: storage(&gpu, "AdamW second moments", layout.len())?,
+                acts: storage(&gpu, "activations", plan.acts_len())?,
+                // One slot per micro-batch and one for evaluation.
+                batch: storage(&gpu, "batch", slot_len.checked_mul(cfg.grad_accum + 1).ok_or_else(|| GpuError("the batch buffer's size overflows".into()))?)?,
+                stats: storage(&gpu, "statistics", ACT_ALIGN)?,
+                norm_partials: storage(&gpu, "norm partials", ops::NORM_CHUNKS)?,
+                split: storage(&gpu, "weight gradient chunks", split_len)?,
+            })
+        })
+        .await?;
         let scale = 1.0 / (n * cfg.grad_accum) as f32;
         let fwd = ForwardBuffers { params: &bufs.params, acts: &bufs.acts, batch: &bufs.batch, stats: &bufs.stats };
         let mut micro = Vec::with_capacity(cfg.grad_accum);

@@ -431,7 +431,8 @@ fn trace_spans_nest_step_then_phase_then_op() {
 }
 
 /// SIGKILL at many moments of a run that checkpoints every step: whatever is on disk always
-/// loads (writes are temp file + fsync + rename). Each kill waits for the run's first
+/// loads (writes are temp file + fsync + rename), and once the next run in the directory has
+/// started, no temporary file of a killed one is left. Each kill waits for the run's first
 /// checkpoint, then lands a few milliseconds into writing the next one.
 #[test]
 fn killing_the_process_never_leaves_a_corrupt_checkpoint() {
@@ -451,12 +452,22 @@ fn killing_the_process_never_leaves_a_corrupt_checkpoint() {
             assert!(std::time::Instant::now() < deadline, "no checkpoint within 60 s");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        let own = format!(".ckpt.safetensors.tmp-{}", child.id());
+        assert_eq!(temp_files(&dir).into_iter().filter(|f| *f != own).collect::<Vec<_>>(), Vec::<String>::new(), "a killed run's temporary file survived");
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         child.kill().unwrap();
         child.wait().unwrap();
         let ck = checkpoint::load(&ckpt).unwrap_or_else(|e| panic!("after SIGKILL {delay_ms} ms after a checkpoint: {e}"));
         assert!(ck.optimizer.is_some());
     }
+    let step = checkpoint::load(&ckpt).unwrap().optimizer.unwrap().2.step;
+    assert_ok(&run(&dir, &[&["train", "--resume", "out/ckpt.safetensors", "--iters", &(step + 1).to_string()][..], QUIET].concat()));
+    assert_eq!(temp_files(&dir), Vec::<String>::new());
+}
+
+/// The temporary checkpoint files in `dir/out`.
+fn temp_files(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir.join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|f| f.contains(".tmp-")).collect()
 }
 
 // The GPU backend through the CLI (lavapipe in CI).

@@ -232,6 +232,34 @@ test(`odd shapes: the first ${ODD_STEPS} steps' losses equal alpha-native's (1e-
   await page.close();
 });
 
+test("a model that is not finite is never saved, on WebGPU and the CPU", async () => {
+  const { page, errors } = await open("?backend=cpu&preset=tiny");
+  await page.waitForFunction(() => window.alpha?.status === "idle");
+  for (const backend of ["cpu", "webgpu"]) {
+    const result = await page.evaluate(async (backend) => {
+      const { WASM_BUILDS } = await import("./main.js");
+      const { default: init, Trainer } = await import(WASM_BUILDS.simd128);
+      await init();
+      const text = await (await fetch("data/shakespeare.txt")).text();
+      // A learning rate past f32's range: the first update makes the weights infinite while
+      // its loss, computed before it, is finite.
+      const t = await Trainer.create({ layers: 1, heads: 2, embd: 16, block: 16, batch: 4, lr: 1e39, warmup: 0, backend }, text);
+      const [loss] = await t.step(1);
+      try {
+        await t.save();
+        return { loss, saved: true };
+      } catch (e) {
+        return { loss, saved: false, message: String(e.message ?? e) };
+      }
+    }, backend);
+    assert.ok(Number.isFinite(result.loss), JSON.stringify(result));
+    assert.equal(result.saved, false, `${backend}: a non-finite model was saved`);
+    assert.match(result.message, /^not saving step 1: the model is not finite \(transformer\./);
+  }
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
 test("clear messages: a text too short, no WebGPU asked for where there is none", async () => {
   const { page } = await open("?backend=cpu&preset=tiny");
   await page.waitForFunction(() => window.alpha?.status === "idle");
