@@ -25,6 +25,14 @@ pub struct TrainConfig {
     pub grad_accum: usize,
 }
 
+impl TrainConfig {
+    /// An error unless the settings can drive a trainer (on any executor): gradient
+    /// accumulation 1..=[`MAX_GRAD_ACCUM`](crate::config::MAX_GRAD_ACCUM) micro-batches.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        crate::config::check_size("gradient accumulation steps", self.grad_accum, crate::config::MAX_GRAD_ACCUM)
+    }
+}
+
 /// The caller's memory for one model: four parameter-shaped arenas, the activations, and
 /// the batch (`2 * B * T` token ids: inputs then targets).
 pub struct Memory<'a, T> {
@@ -102,7 +110,7 @@ impl<'a, T: Float> Trainer<'a, T> {
                 return Err(ConfigError::BufferTooSmall { what, needed, given: len });
             }
         }
-        crate::config::check_size("gradient accumulation steps", cfg.grad_accum, crate::config::MAX_GRAD_ACCUM)?;
+        cfg.validate()?;
         Ok(Trainer { plan, tape, mem, cfg, step: 0, rng })
     }
 

@@ -97,8 +97,7 @@ impl GpuTrainer {
         if params.len() != plan.params_len() {
             return Err(GpuError(format!("{} parameters given, the model has {}", params.len(), plan.params_len())));
         }
-        alpha_core::config::check_size("gradient accumulation steps", cfg.grad_accum, alpha_core::config::MAX_GRAD_ACCUM)
-            .map_err(|e| GpuError(e.to_string()))?;
+        cfg.validate().map_err(|e| GpuError(e.to_string()))?;
         check_indexable(&plan)?;
         let layout = DeviceLayout::new(&plan);
         // AdamW and the gradient norm bind whole arenas.

@@ -6,7 +6,7 @@
 //! machine, measured by a calibrated GEMM run (see [`crate::peak`]) or given.
 
 use crate::engine::{Backend, DeviceArgs, Engine, StepError};
-use crate::fsutil::same_file;
+use crate::fsutil::check_outputs_distinct;
 use crate::peak::{peak, Peak};
 use crate::step::{bench_train_config, fresh_start, train_split, Phases};
 use crate::trace::Trace;
@@ -73,11 +73,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         }
     }
     let m = &args.model;
-    if let (Some(trace), Some(data)) = (&args.trace, &m.data) {
-        if same_file(trace, data) {
-            return Err(format!("--trace {} is the same file as --data; choose another file", trace.display()));
-        }
-    }
+    check_outputs_distinct(m.data.iter().map(|d| ("--data", d.as_path())).collect(), &[("--trace", args.trace.as_deref())])?;
     let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
     let (tok, ids) = load_corpus(&m.data_name())?;
     let config: GptConfig = m.config(tok.vocab_size());

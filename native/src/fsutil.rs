@@ -134,6 +134,20 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     resolved(a) == resolved(b)
 }
 
+/// An error if one of `outputs` (a flag and the file it names, if given) is the same file as
+/// one of `taken` (what the run reads or writes otherwise, by how errors name it) or as an
+/// earlier output.
+pub fn check_outputs_distinct<'a>(mut taken: Vec<(&'a str, &'a Path)>, outputs: &[(&'a str, Option<&'a Path>)]) -> Result<(), String> {
+    for &(flag, path) in outputs {
+        let Some(path) = path else { continue };
+        if let Some((other, _)) = taken.iter().find(|(_, p)| same_file(p, path)) {
+            return Err(format!("{flag} {} is the same file as {other}; choose another file", path.display()));
+        }
+        taken.push((flag, path));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 use crate::checkpoint::{self, SaveError, TrainSettings, TrainState};
 use crate::corpus;
 use crate::engine::{DeviceArgs, Engine, StepError};
-use crate::fsutil::{check_replaceable, remove_stale_temps, same_file, RunLock};
+use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, RunLock};
 use crate::step::Phases;
 use crate::trace::Trace;
 use alpha_core::rng::{derive_seed, stream};
@@ -281,14 +281,7 @@ impl Files<'_> {
         let mut taken: Vec<(&str, &Path)> = vec![("the checkpoint", &self.checkpoint)];
         taken.extend(self.data.map(|p| ("--data", p)));
         taken.extend(self.resume.map(|p| ("--resume", p)));
-        for (flag, path) in [("--metrics", args.metrics.as_deref()), ("--trace", args.trace.as_deref())] {
-            let Some(path) = path else { continue };
-            if let Some((other, _)) = taken.iter().find(|(_, p)| same_file(p, path)) {
-                return Err(format!("{flag} {} is the same file as {other}; choose another file", path.display()));
-            }
-            taken.push((flag, path));
-        }
-        Ok(())
+        check_outputs_distinct(taken, &[("--metrics", args.metrics.as_deref()), ("--trace", args.trace.as_deref())])
     }
 
     /// The metrics file: a fresh run starts it (an existing one only with --overwrite), a
