@@ -4,8 +4,9 @@
 //!
 //! - [`plan::Plan`] computes, from a [`GptConfig`] and the batch shape, where every tensor
 //!   lives in caller-owned arenas.
-//! - [`tape::record`] turns the model into a static list of fused ops; [`tape::forward`] and
-//!   [`tape::backward`] walk it with hand-written kernels from [`ops`].
+//! - [`tape::record`] turns the model into a static list of fused ops; [`walk::forward`] and
+//!   [`walk::backward`] walk it on an [`walk::Executor`]: [`cpu::CpuExecutor`] runs the
+//!   hand-written kernels from [`ops`] (alpha-gpu's executor records GPU dispatches).
 //! - [`train::Trainer`] adds batching ([`data`]), gradient clipping and AdamW ([`optim`]).
 //! - [`tokenizer::CharTokenizer`] maps text to ids; [`model::generate`] samples.
 //!
@@ -21,6 +22,7 @@ extern crate alloc;
 #[cfg(feature = "checkpoint")]
 pub mod checkpoint;
 pub mod config;
+pub mod cpu;
 pub mod data;
 pub mod float;
 pub mod gemm;
@@ -34,6 +36,7 @@ pub mod simd;
 pub mod tape;
 pub mod tokenizer;
 pub mod train;
+pub mod walk;
 
 pub use config::{ConfigError, GptConfig};
 pub use float::Float;

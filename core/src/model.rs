@@ -1,10 +1,12 @@
 //! The GPT: parameter initialisation and sampling on top of the tape.
 
+use crate::cpu::{Batch, CpuExecutor};
 use crate::float::Float;
 use crate::parallel::Parallel;
 use crate::plan::{ParamKind, Plan};
 use crate::rng::Rng;
 use crate::tape::{self, Op};
+use crate::walk;
 
 /// GPT-2 initialisation into `params`: weights and embeddings N(0, 0.02), residual output
 /// projections N(0, 0.02 / sqrt(2 * n_layer)), biases 0, LayerNorm weights 1.
@@ -145,7 +147,7 @@ pub fn generate<T: Float>(
     let v = plan.config.vocab_size;
     let mut window = ContextWindow::new(window, context);
     for _ in 0..count {
-        tape::forward(par, plan, tape, params, acts, window.tokens(), None, None);
+        walk::forward(&mut CpuExecutor::new(par, plan, params, acts, Batch { tokens: window.tokens(), targets: None }), tape, None);
         let row = window.last();
         let next = sample_token(&mut acts[plan.head_acts().logits.range()][row * v..(row + 1) * v], cfg, rng);
         emit(next);

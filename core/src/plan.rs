@@ -208,8 +208,14 @@ pub struct Plan {
     pub batch: usize,
     /// Tokens per sequence (`T`), at most `config.block_size`.
     pub seq: usize,
+    /// Activation checkpointing (see [`Plan::with_recompute`]).
+    recompute: bool,
     layer_params_len: usize,
+    /// Elements of one block's activations (with recompute: of the one shared set, without
+    /// the kept residual streams).
     layer_acts_len: usize,
+    /// Elements of all blocks' activations.
+    blocks_len: usize,
     params_len: usize,
     acts_len: usize,
 }
@@ -271,12 +277,41 @@ impl Plan {
         }
         let c = config.n_embd;
         let layer_params_len = (12 * c + 13) * c;
-        let mut plan = Plan { config, batch, seq, layer_params_len, layer_acts_len: 0, params_len: 0, acts_len: 0 };
+        let mut plan = Plan { config, batch, seq, recompute: false, layer_params_len, layer_acts_len: 0, blocks_len: 0, params_len: 0, acts_len: 0 };
         let lnf_b = plan.param(ParamKind::LnfBias, None);
         plan.params_len = lnf_b.span.end();
-        plan.layer_acts_len = aligned(plan.layer_acts(0).res_out.end() - plan.encoded().end());
-        plan.acts_len = aligned(plan.scratch().partials.end());
-        Ok(plan)
+        Ok(plan.with_recompute(false))
+    }
+
+    /// This plan with activation checkpointing on or off. On, the blocks share one set of
+    /// activations and only each block's input (the residual stream) is kept through the
+    /// forward; the backward walk recomputes a block's forward from it just before the
+    /// block's backward ([`crate::walk::backward`]). Losses and gradients keep their bits;
+    /// a block's activations (about 16 values per token and channel) shrink to its input (1).
+    pub fn with_recompute(mut self, recompute: bool) -> Plan {
+        self.recompute = recompute;
+        let blocks_start = self.blocks_start();
+        let layers = self.config.n_layer;
+        if recompute {
+            self.layer_acts_len = aligned(self.layer_acts(0).fc_gelu.end() - blocks_start);
+            self.blocks_len = self.layer_acts_len + layers * aligned(self.tokens() * self.config.n_embd);
+        } else {
+            self.layer_acts_len = aligned(self.layer_acts(0).res_out.end() - blocks_start);
+            self.blocks_len = layers * self.layer_acts_len;
+        }
+        self.acts_len = aligned(self.scratch().partials.end());
+        self
+    }
+
+    /// Whether the blocks' activations are recomputed in the backward (see
+    /// [`Plan::with_recompute`]).
+    pub fn recompute(&self) -> bool {
+        self.recompute
+    }
+
+    /// Where the blocks' activations start.
+    fn blocks_start(&self) -> usize {
+        aligned(self.encoded().end())
     }
 
     /// The shape of every attention op of this plan.
@@ -347,10 +382,10 @@ impl Plan {
         Span { offset: 0, len: self.tokens() * self.config.n_embd }
     }
 
-    /// Activations of block `l`.
+    /// Activations of block `l` (with recompute, all blocks share them but for `res_out`).
     pub fn layer_acts(&self, l: usize) -> LayerActs {
         let (n, c) = (self.tokens(), self.config.n_embd);
-        let mut b = Bump(aligned(self.encoded().end()) + l * self.layer_acts_len);
+        let mut b = Bump(self.blocks_start() + if self.recompute { 0 } else { l * self.layer_acts_len });
         LayerActs {
             ln1: b.take(n * c),
             ln1_mean: b.take(n),
@@ -364,7 +399,7 @@ impl Plan {
             ln2_rstd: b.take(n),
             fc_pre: b.take(4 * n * c),
             fc_gelu: b.take(4 * n * c),
-            res_out: b.take(n * c),
+            res_out: if self.recompute { Span { offset: self.blocks_start() + self.layer_acts_len + l * aligned(n * c), len: n * c } } else { b.take(n * c) },
         }
     }
 
@@ -380,7 +415,7 @@ impl Plan {
     /// Activations after the last block.
     pub fn head_acts(&self) -> HeadActs {
         let (n, c, v) = (self.tokens(), self.config.n_embd, self.config.vocab_size);
-        let mut b = Bump(aligned(self.encoded().end()) + self.config.n_layer * self.layer_acts_len);
+        let mut b = Bump(self.blocks_start() + self.blocks_len);
         HeadActs { lnf: b.take(n * c), lnf_mean: b.take(n), lnf_rstd: b.take(n), logits: b.take(n * v), losses: b.take(n) }
     }
 

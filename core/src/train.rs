@@ -2,6 +2,7 @@
 //! and AdamW, split into phases a frontend can time, plus evaluation.
 
 use crate::config::ConfigError;
+use crate::cpu::{Batch, CpuExecutor};
 use crate::data::sample_batch;
 use crate::float::Float;
 use crate::ops::grad_norm;
@@ -10,6 +11,7 @@ use crate::parallel::{split_range, Parallel, SharedMut};
 use crate::plan::Plan;
 use crate::rng::Rng;
 use crate::tape::{self, Observer, Op, Phase};
+use crate::walk;
 use core::fmt;
 
 /// Optimisation settings.
@@ -139,10 +141,12 @@ impl<'a, T: Float> Trainer<'a, T> {
 
     /// [`Trainer::forward`], reporting every op to `obs`.
     pub fn forward_observed(&mut self, par: &dyn Parallel, obs: &mut dyn Observer) -> f64 {
-        let (x, y) = self.mem.batch.split_at(self.plan.tokens());
+        let (tokens, targets) = self.mem.batch.split_at(self.plan.tokens());
         let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
-        let (p, a) = (&*self.mem.params, &mut *self.mem.acts);
-        tape::forward_observed(par, &self.plan, self.tape, p, a, x, Some(y), Some(scale), obs).unwrap_or(f64::NAN)
+        let batch = Batch { tokens, targets: Some(targets) };
+        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).observed(obs);
+        walk::forward(&mut cpu, self.tape, Some(scale));
+        cpu.loss().unwrap_or(f64::NAN)
     }
 
     /// Backward of the last [`Trainer::forward`], accumulating into the gradients.
@@ -152,8 +156,10 @@ impl<'a, T: Float> Trainer<'a, T> {
 
     /// [`Trainer::backward`], reporting every op to `obs`.
     pub fn backward_observed(&mut self, par: &dyn Parallel, obs: &mut dyn Observer) {
-        let x = &self.mem.batch[..self.plan.tokens()];
-        tape::backward_observed(par, &self.plan, self.tape, self.mem.params, self.mem.grads, self.mem.acts, x, obs);
+        let batch = Batch { tokens: &self.mem.batch[..self.plan.tokens()], targets: None };
+        self.mem.acts[self.plan.scratch().dres.range()].fill(T::ZERO);
+        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).with_grads(self.mem.grads).observed(obs);
+        walk::backward(&mut cpu, &self.plan, self.tape);
     }
 
     /// The global gradient norm.
@@ -221,8 +227,10 @@ impl<'a, T: Float> Trainer<'a, T> {
         for _ in 0..iters {
             let (x, y) = self.mem.batch.split_at_mut(n);
             sample_batch(rng, data, self.plan.seq, x, y);
-            let (x, y) = self.mem.batch.split_at(n);
-            total += tape::forward(par, &self.plan, self.tape, self.mem.params, self.mem.acts, x, Some(y), None).unwrap_or(f64::NAN);
+            let (tokens, targets) = self.mem.batch.split_at(n);
+            let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, Batch { tokens, targets: Some(targets) });
+            walk::forward(&mut cpu, self.tape, None);
+            total += cpu.loss().unwrap_or(f64::NAN);
         }
         total / iters.max(1) as f64
     }
@@ -364,6 +372,40 @@ mod tests {
         // The step leaves the accumulated gradients in place (Adam's first update barely
         // depends on their scale, so they are what shows an accumulation error).
         (loss, mem.grads)
+    }
+
+    /// Activation checkpointing changes memory, not arithmetic: three steps with two
+    /// micro-batches and three blocks give the same bits (losses, norms, parameters, moments)
+    /// with and without it, on one thread and on several, and the activations shrink.
+    #[test]
+    fn recompute_keeps_every_bit() {
+        let cfg = GptConfig { vocab_size: 13, block_size: 8, n_layer: 3, n_head: 2, n_embd: 8 };
+        let data: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 3) % 13).collect();
+        let run = |plan: Plan, par: &dyn Parallel| {
+            let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
+            init_params(&plan, &mut mem.params, &mut Rng::new(1));
+            let tc = TrainConfig {
+                schedule: LrSchedule { max_lr: 1e-2, min_lr: 1e-3, warmup_iters: 1, decay_iters: 10 },
+                adamw: AdamWConfig::default(),
+                grad_clip: 1.0,
+                grad_accum: 2,
+            };
+            let mut trainer = mem.trainer(plan, tc, Rng::new(2)).unwrap();
+            let stats: Vec<(u64, u64)> = (0..3)
+                .map(|_| {
+                    let s = trainer.train_step(par, &data).unwrap();
+                    (s.loss.to_bits(), s.grad_norm.to_bits())
+                })
+                .collect();
+            (stats, mem.params, mem.adam_m, mem.adam_v)
+        };
+        let plan = Plan::new(cfg, 3, 8).unwrap();
+        let recomputing = plan.with_recompute(true);
+        assert!(recomputing.acts_len() < plan.acts_len());
+        let four = crate::parallel::ReversedThreads(4);
+        for par in [&Serial as &dyn Parallel, &four] {
+            assert!(run(plan, par) == run(recomputing, par), "recompute changed the run");
+        }
     }
 
     /// Two accumulated micro-batches of 3 sequences are one step on the same 6 sequences.

@@ -1,16 +1,14 @@
-//! The forward walk of the tape on the GPU: compiled into a program for training (loss and
-//! its gradient), evaluation (losses) and sampling (logits), and [`GpuForward`], a model
-//! that only runs forward: `eval` over whole texts and `sample`.
+//! [`GpuForward`], a model that only runs forward (evaluation over whole texts, sampling),
+//! and the device memory every GPU model shares: batch slots, checked storage buffers.
 
 use crate::context::{Gpu, GpuError};
-use crate::kernels::{bytes, Kernels, Program, ProgramBuilder, View};
+use crate::executor::{DeviceArenas, Recorder};
+use crate::kernels::{bytes, Kernels, Program};
 use crate::layout::DeviceLayout;
-use crate::ops::{self, Epilogue};
 use crate::readback::read;
 use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
-use alpha_core::tape::{self, EpilogueSpan, Op};
-use alpha_core::Rng;
+use alpha_core::{tape, walk, Rng};
 
 /// `n` rounded up to a whole number of [`ACT_ALIGN`] elements.
 pub(crate) fn aligned(n: usize) -> usize {
@@ -75,62 +73,6 @@ pub(crate) fn check_indexable(plan: &Plan) -> Result<(), GpuError> {
     Ok(())
 }
 
-/// The buffers a forward walk reads and writes.
-pub(crate) struct ForwardBuffers<'a> {
-    pub params: &'a wgpu::Buffer,
-    pub acts: &'a wgpu::Buffer,
-    pub batch: &'a wgpu::Buffer,
-    pub stats: &'a wgpu::Buffer,
-}
-
-/// What the forward walk does with the loss: the per-position losses are summed into
-/// `stats[slot]`; with `grad_scale`, the logits are replaced by the loss gradient.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LossUse {
-    pub grad_scale: Option<f32>,
-    pub slot: usize,
-}
-
-/// The forward walk of `tape` over `bufs`, reading the batch in `batch`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn compile_forward(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    plan: &Plan,
-    layout: &DeviceLayout,
-    bufs: &ForwardBuffers<'_>,
-    tape: &[Op],
-    batch: BatchSlot,
-    loss: LossUse,
-) -> Result<Program, GpuError> {
-    let mut p = ProgramBuilder::default();
-    let a = |s: Span| View::span(bufs.acts, s);
-    let w = |s: Span| View::span(bufs.params, layout.device(s));
-    let ids = |s: Span| View::span(bufs.batch, s);
-    let c = plan.config.n_embd;
-    for op in tape {
-        p.label(op.name());
-        match *op {
-            Op::Embedding { wte, wpe, out, .. } => ops::embedding_forward(&mut p, a(out), ids(batch.tokens), w(wte), w(wpe), plan.seq, c),
-            Op::LayerNorm { x, out, mean, rstd, weight, bias, .. } => ops::layernorm_forward(&mut p, a(out), a(mean), a(rstd), a(x), w(weight), w(bias), c),
-            Op::Matmul { x, weight, bias, out, epilogue, k, m, .. } => {
-                let epi = match epilogue {
-                    EpilogueSpan::None => Epilogue::None,
-                    EpilogueSpan::Gelu { pre } => Epilogue::Gelu { pre: a(pre), slope: loss.grad_scale.is_some() },
-                    EpilogueSpan::Residual { input } => Epilogue::Residual(a(input)),
-                };
-                ops::matmul_forward(&mut p, a(out), a(x), w(weight), bias.map(w), epi, k, m)
-            }
-            Op::Attention { qkv, out, lse, shape, .. } => ops::attention_forward(&mut p, a(out), a(lse), a(qkv), shape),
-            Op::CrossEntropy { logits, losses } => {
-                ops::cross_entropy(&mut p, a(logits), a(losses), ids(batch.targets), plan.config.vocab_size, loss.grad_scale);
-                ops::sum_losses(&mut p, a(losses), View::first(bufs.stats, ACT_ALIGN), loss.slot);
-            }
-        }
-    }
-    p.build(gpu, kernels)
-}
-
 /// A model that only runs forward, batch by batch: the losses of given windows (`eval`) or
 /// the logits at one position (`sample`). Its parameters are its own or a trainer's.
 pub struct GpuForward {
@@ -173,9 +115,10 @@ impl GpuForward {
         let acts = storage(&gpu, "activations", plan.acts_len())?;
         let batch = storage(&gpu, "batch", slot_len)?;
         let stats = storage(&gpu, "statistics", ACT_ALIGN)?;
-        let tape = tape::record_to_vec(&plan);
-        let bufs = ForwardBuffers { params: &params, acts: &acts, batch: &batch, stats: &stats };
-        let program = compile_forward(&gpu, &kernels, &plan, &layout, &bufs, &tape, BatchSlot::new(0, n, vocab), LossUse { grad_scale: None, slot: 0 })?;
+        let bufs = DeviceArenas { params: &params, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
+        let mut recorder = Recorder::new(&plan, &layout, bufs, BatchSlot::new(0, n, vocab), 0);
+        walk::forward(&mut recorder, &tape::record_to_vec(&plan), None);
+        let program = recorder.finish(&gpu, &kernels)?;
         Ok(GpuForward { gpu, kernels, plan, layout, params, acts, batch, program, host_batch: vec![0; slot_len] })
     }
 

@@ -8,13 +8,15 @@
 //! - [`context`]: adapter choice, features and limits ([`Gpu`]).
 //! - [`kernels`]: the compiled pipelines and how a dispatch binds its tensors.
 //! - [`ops`]: per op family, the dispatches of its forward and backward (twins of
-//!   `alpha_core::ops`).
+//!   `alpha_core::ops`, over the same argument structs).
+//! - `executor`: the core's walk of the tape recorded into programs of those dispatches.
 //! - [`layout`]: where each parameter lives on the device.
-//! - [`forward`]: the forward walk alone, for evaluation and sampling ([`GpuForward`]).
+//! - [`forward`]: a forward-only model, for evaluation and sampling ([`GpuForward`]).
 //! - [`trainer`]: the whole training step, one submission per step ([`GpuTrainer`]).
 //! - [`profile`]: timestamp queries around every kernel, for traces ([`KernelTime`]).
 
 pub mod context;
+mod executor;
 pub mod forward;
 pub mod kernels;
 pub mod layout;

@@ -4,7 +4,9 @@
 
 use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
 use alpha_core::ops::attention::AttentionShape;
+use alpha_core::ops::matmul::Epilogue;
 use alpha_core::ops::row_blocks::blocks;
+use alpha_core::ops::{attention, cross_entropy, embedding, layernorm, matmul};
 use alpha_core::optim::AdamWConfig;
 
 const EPI_ACCUMULATE: u32 = 1;
@@ -15,23 +17,6 @@ const EPI_GELU_SLOPE: u32 = 16;
 
 fn u(x: usize) -> u32 {
     u32::try_from(x).expect("GPU shapes fit in 32 bits (checked when the trainer is built)")
-}
-
-/// What the forward matmul does after `x·wᵀ + bias`.
-#[derive(Clone, Copy, Debug)]
-pub enum Epilogue<'a> {
-    /// Nothing.
-    None,
-    /// GELU of the pre-activation, computed at `pre [N, M]`; with `slope` (backward follows)
-    /// `pre` is left holding `gelu'(pre)`, which is what [`matmul_backward`] reads.
-    Gelu {
-        /// Pre-activation `[N, M]`.
-        pre: View<'a>,
-        /// Leave GELU's slope there instead.
-        slope: bool,
-    },
-    /// Adds the residual stream `[N, M]`.
-    Residual(View<'a>),
 }
 
 /// Workgroups (64 x 64 output tiles) a weight gradient aims for: one with fewer tiles splits
@@ -77,46 +62,24 @@ fn gemm<'a>(
 }
 
 /// Forward: `out [N, M] = epilogue(x [N, K] · w [M, K]ᵀ + bias [M])`.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_forward<'a>(
-    p: &mut ProgramBuilder<'a>,
-    out: View<'a>,
-    x: View<'a>,
-    w: View<'a>,
-    bias: Option<View<'a>>,
-    epilogue: Epilogue<'a>,
-    k: usize,
-    m: usize,
-) {
+pub fn matmul_forward<'a>(p: &mut ProgramBuilder<'a>, a: matmul::Forward<View<'a>, View<'a>>) {
+    let matmul::Forward { out, x, weight, bias, epilogue, save_slope, k, m } = a;
     let n = x.len / k;
     let (aux, epi) = match epilogue {
         Epilogue::None => (None, 0),
-        Epilogue::Gelu { pre, slope } => (Some(pre), if slope { EPI_GELU | EPI_GELU_SLOPE } else { EPI_GELU }),
-        Epilogue::Residual(res) => (Some(res), EPI_RESIDUAL),
+        Epilogue::Gelu { pre } => (Some(pre), if save_slope { EPI_GELU | EPI_GELU_SLOPE } else { EPI_GELU }),
+        Epilogue::Residual { input } => (Some(input), EPI_RESIDUAL),
     };
     let flags = epi | if bias.is_some() { EPI_BIAS } else { 0 };
-    gemm(p, out, x, w, bias, aux, flags, [n, m, k], [k, 1, 1, k], 1);
+    gemm(p, out, x, weight, bias, aux, flags, [n, m, k], [k, 1, 1, k], 1);
 }
 
-/// Backward: GELU backward in place on `dout [N, M]` (`*= gelu_slope`, what the training
-/// forward left in its `pre`), `dbias += Σ rows`, `dx [N, K] = dout·w` (overwritten),
-/// `dw [M, K] += doutᵀ·x`. `partials`: at least `blocks(N) * M` elements of scratch;
-/// `split`: at least [`weight_grad_scratch_len`] (for a weight gradient split by depth).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_backward<'a>(
-    p: &mut ProgramBuilder<'a>,
-    dx: Option<View<'a>>,
-    dw: View<'a>,
-    dbias: Option<View<'a>>,
-    partials: View<'a>,
-    split: View<'a>,
-    dout: View<'a>,
-    x: View<'a>,
-    w: View<'a>,
-    gelu_slope: Option<View<'a>>,
-    k: usize,
-    m: usize,
-) {
+/// Backward: GELU backward in place on `dout [N, M]` (`*= gelu_slope`), `dbias += Σ rows`,
+/// `dx [N, K] = dout·w` (overwritten), `dw [M, K] += doutᵀ·x`. `partials`: at least
+/// `blocks(N) * M` elements of scratch; `split`: at least [`weight_grad_scratch_len`] (for a
+/// weight gradient split by depth).
+pub fn matmul_backward<'a>(p: &mut ProgramBuilder<'a>, a: matmul::Backward<View<'a>, View<'a>>, partials: View<'a>, split: View<'a>) {
+    let matmul::Backward { dx, dweight: dw, dbias, dout, x, weight: w, gelu_slope, k, m } = a;
     let n = x.len / k;
     if gelu_slope.is_some() || dbias.is_some() {
         let words = [u(n), u(m), u32::from(gelu_slope.is_some())];
@@ -145,35 +108,23 @@ pub fn add_partials<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, partials: Vie
 }
 
 /// LayerNorm forward: `out [N, C]`, saving `mean [N]` and `rstd [N]`.
-#[allow(clippy::too_many_arguments)]
-pub fn layernorm_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, mean: View<'a>, rstd: View<'a>, x: View<'a>, w: View<'a>, b: View<'a>, c: usize) {
-    let n = mean.len;
-    p.push(Kernel::LayerNormForward, &[u(n), u(c)], &[Some(out), Some(mean), Some(rstd), Some(x), Some(w), Some(b)], rows_grid(1, n));
+pub fn layernorm_forward<'a>(p: &mut ProgramBuilder<'a>, a: layernorm::Forward<View<'a>, View<'a>>) {
+    let layernorm::Forward { out, mean, rstd, x, weight, bias } = a;
+    let (n, c) = (mean.len, weight.len);
+    p.push(Kernel::LayerNormForward, &[u(n), u(c)], &[Some(out), Some(mean), Some(rstd), Some(x), Some(weight), Some(bias)], rows_grid(1, n));
 }
 
-/// LayerNorm backward: `dx += ...`, `dw`, `db` accumulated. `partials`: at least
+/// LayerNorm backward: `dx += ...`, `dweight`, `dbias` accumulated. `partials`: at least
 /// `blocks(N) * 2C` elements of scratch.
-#[allow(clippy::too_many_arguments)]
-pub fn layernorm_backward<'a>(
-    p: &mut ProgramBuilder<'a>,
-    dx: View<'a>,
-    dw: View<'a>,
-    db: View<'a>,
-    partials: View<'a>,
-    dout: View<'a>,
-    x: View<'a>,
-    mean: View<'a>,
-    rstd: View<'a>,
-    w: View<'a>,
-    c: usize,
-) {
-    let n = mean.len;
-    let views = [Some(dx), Some(dout), Some(x), Some(mean), Some(rstd), Some(w)];
+pub fn layernorm_backward<'a>(p: &mut ProgramBuilder<'a>, a: layernorm::Backward<View<'a>, View<'a>>, partials: View<'a>) {
+    let layernorm::Backward { dx, dweight, dbias, dout, x, mean, rstd, weight } = a;
+    let (n, c) = (mean.len, weight.len);
+    let views = [Some(dx), Some(dout), Some(x), Some(mean), Some(rstd), Some(weight)];
     p.push(Kernel::LayerNormBackward, &[u(n), u(c)], &views, rows_grid(1, n));
     let views = [Some(partials), Some(dout), Some(x), Some(mean), Some(rstd)];
     p.push(Kernel::LayerNormParamPartials, &[u(n), u(c)], &views, [u(c.div_ceil(64)), u(blocks(n)), 1]);
-    add_partials(p, dw, partials, blocks(n), 2 * c, 0);
-    add_partials(p, db, partials, blocks(n), 2 * c, c);
+    add_partials(p, dweight, partials, blocks(n), 2 * c, 0);
+    add_partials(p, dbias, partials, blocks(n), 2 * c, c);
 }
 
 fn attention_words(s: AttentionShape) -> [u32; 4] {
@@ -186,24 +137,17 @@ fn attention_grid(s: AttentionShape) -> [u32; 3] {
 }
 
 /// Causal attention forward: `out [B, T, C]` and `lse [B, NH, T]` from `qkv [B, T, 3C]`.
-pub fn attention_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, lse: View<'a>, qkv: View<'a>, s: AttentionShape) {
-    p.push(Kernel::AttentionForward, &attention_words(s), &[Some(out), Some(qkv), Some(lse)], attention_grid(s));
+pub fn attention_forward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, View<'a>>) {
+    let attention::Forward { out, lse, qkv, shape } = a;
+    p.push(Kernel::AttentionForward, &attention_words(shape), &[Some(out), Some(qkv), Some(lse)], attention_grid(shape));
 }
 
 /// Causal attention backward: `dqkv [B, T, 3C]` (overwritten) from `dout [B, T, C]`, using
-/// `delta [B, NH, T]` as scratch.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward<'a>(
-    p: &mut ProgramBuilder<'a>,
-    dqkv: View<'a>,
-    delta: View<'a>,
-    dout: View<'a>,
-    qkv: View<'a>,
-    out: View<'a>,
-    lse: View<'a>,
-    s: AttentionShape,
-) {
-    let (w, g) = (attention_words(s), attention_grid(s));
+/// `delta`, at least `[B, NH, T]`, as scratch.
+pub fn attention_backward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Backward<View<'a>, View<'a>>, delta: View<'a>) {
+    let attention::Backward { dqkv, dout, qkv, out, lse, shape } = a;
+    let delta = View { len: shape.batch * shape.heads * shape.seq, ..delta };
+    let (w, g) = (attention_words(shape), attention_grid(shape));
     p.push(Kernel::AttentionDelta, &w, &[Some(delta), Some(dout), Some(out)], g);
     let views = [Some(dqkv), Some(qkv), Some(dout), Some(lse), Some(delta)];
     p.push(Kernel::AttentionBackwardQ, &w, &views, g);
@@ -211,29 +155,23 @@ pub fn attention_backward<'a>(
 }
 
 /// Embedding forward: `out [N, C] = wte[tokens] + wpe[position]`.
-pub fn embedding_forward<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, tokens: View<'a>, wte: View<'a>, wpe: View<'a>, t: usize, c: usize) {
+pub fn embedding_forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, View<'a>>, tokens: View<'a>) {
+    let embedding::Forward { out, wte, wpe, seq } = a;
     let n = tokens.len;
-    p.push(Kernel::EmbeddingForward, &[u(n), u(c), u(t)], &[Some(out), Some(tokens), Some(wte), Some(wpe)], rows_grid(c.div_ceil(64), n));
+    let c = out.len / n;
+    p.push(Kernel::EmbeddingForward, &[u(n), u(c), u(seq)], &[Some(out), Some(tokens), Some(wte), Some(wpe)], rows_grid(c.div_ceil(64), n));
 }
 
 /// Embedding backward: `dwte`, `dwpe` accumulated from `dout [N, C]`. `order [N]` lists the
 /// rows grouped by token and `starts [V + 1]` where each token's rows begin (see
 /// [`group_rows_by_token`]).
-#[allow(clippy::too_many_arguments)]
-pub fn embedding_backward<'a>(
-    p: &mut ProgramBuilder<'a>,
-    dwte: View<'a>,
-    dwpe: View<'a>,
-    order: View<'a>,
-    starts: View<'a>,
-    dout: View<'a>,
-    t: usize,
-    c: usize,
-) {
+pub fn embedding_backward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Backward<View<'a>, View<'a>>, order: View<'a>, starts: View<'a>) {
+    let embedding::Backward { dwte, dwpe, dout, seq } = a;
     let vocab = starts.len - 1;
+    let c = dout.len / order.len;
     p.push(Kernel::EmbeddingBackwardWte, &[u(vocab), u(c)], &[Some(dwte), Some(order), Some(starts), Some(dout)], rows_grid(c.div_ceil(64), vocab));
-    let batch = order.len / t;
-    p.push(Kernel::EmbeddingBackwardWpe, &[u(t), u(c), u(batch)], &[Some(dwpe), Some(dout)], rows_grid(c.div_ceil(64), t));
+    let batch = order.len / seq;
+    p.push(Kernel::EmbeddingBackwardWpe, &[u(seq), u(c), u(batch)], &[Some(dwpe), Some(dout)], rows_grid(c.div_ceil(64), seq));
 }
 
 /// Fills `order [N]` and `starts [V + 1]` so that the rows holding token `v` are
@@ -258,11 +196,13 @@ pub fn group_rows_by_token(tokens: &[u32], order: &mut [u32], starts: &mut [u32]
     starts[vocab] = tokens.len() as u32;
 }
 
-/// Fused cross-entropy: `losses [N]`, and with `grad_scale` the logits `[N, V]` replaced by
-/// `grad_scale * (softmax - onehot)`.
-pub fn cross_entropy<'a>(p: &mut ProgramBuilder<'a>, logits: View<'a>, losses: View<'a>, targets: View<'a>, v: usize, grad_scale: Option<f32>) {
-    let n = losses.len;
-    let words = [u(n), u(v), u32::from(grad_scale.is_some()), grad_scale.unwrap_or(0.0).to_bits()];
+/// Fused cross-entropy against `targets [N]`: `losses [N]`, and with `grad_scale` the logits
+/// `[N, V]` replaced by `grad_scale * (softmax - onehot)`.
+pub fn cross_entropy<'a>(p: &mut ProgramBuilder<'a>, a: cross_entropy::Forward<View<'a>>, targets: View<'a>) {
+    let cross_entropy::Forward { losses, logits, grad_scale } = a;
+    let (n, v) = (losses.len, logits.len / losses.len);
+    let scale = grad_scale.map(|s| s as f32);
+    let words = [u(n), u(v), u32::from(scale.is_some()), scale.unwrap_or(0.0).to_bits()];
     p.push(Kernel::CrossEntropy, &words, &[Some(logits), Some(losses), Some(targets)], rows_grid(1, n));
 }
 

@@ -5,7 +5,8 @@
 //! small statistics buffer until [`GpuTrainer::stats`] reads them.
 
 use crate::context::{Gpu, GpuError};
-use crate::forward::{aligned, allocating, check_indexable, compile_forward, storage, BatchSlot, ForwardBuffers, GpuForward, LossUse};
+use crate::executor::{DeviceArenas, Recorder};
+use crate::forward::{aligned, allocating, check_indexable, storage, BatchSlot, GpuForward};
 use crate::kernels::{bytes, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
@@ -13,9 +14,9 @@ use crate::profile::{KernelTime, Profiler};
 use crate::readback::read;
 use alpha_core::data::sample_batch;
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
-use alpha_core::tape::{self, EpilogueSpan, Op};
+use alpha_core::tape;
 use alpha_core::train::{RunState, StepStats, TrainConfig};
-use alpha_core::Rng;
+use alpha_core::{walk, Rng};
 
 /// Statistics buffer slots: the step's loss sum and squared gradient norm, the evaluation's
 /// loss sum, and the count of steps whose update was skipped (not reset by a step).
@@ -107,14 +108,7 @@ impl GpuTrainer {
         let vocab = plan.config.vocab_size;
         let slot_len = BatchSlot::len(n, vocab);
         let tape = tape::record_to_vec(&plan);
-        let split_len = tape
-            .iter()
-            .map(|op| match *op {
-                Op::Matmul { k, m, .. } => ops::weight_grad_scratch_len(n, k, m),
-                _ => 0,
-            })
-            .max()
-            .unwrap_or(0);
+        let split_len = tape::matmul_shapes(&tape).map(|(k, m)| ops::weight_grad_scratch_len(n, k, m)).max().unwrap_or(0);
         let bufs = allocating(&gpu, || {
             Ok(Buffers {
                 params: storage(&gpu, "parameters", layout.len())?,
@@ -130,18 +124,22 @@ impl GpuTrainer {
             })
         })
         .await?;
-        let scale = 1.0 / (n * cfg.grad_accum) as f32;
-        let fwd = ForwardBuffers { params: &bufs.params, acts: &bufs.acts, batch: &bufs.batch, stats: &bufs.stats };
+        let scale = 1.0 / (n * cfg.grad_accum) as f64;
+        let arenas =
+            DeviceArenas { params: &bufs.params, grads: Some(&bufs.grads), acts: &bufs.acts, batch: &bufs.batch, stats: &bufs.stats, split: Some(&bufs.split) };
         let mut micro = Vec::with_capacity(cfg.grad_accum);
         for slot in 0..cfg.grad_accum {
             let b = BatchSlot::new(slot, n, vocab);
-            micro.push(MicroStep {
-                forward: compile_forward(&gpu, &kernels, &plan, &layout, &fwd, &tape, b, LossUse { grad_scale: Some(scale), slot: LOSS_SLOT })?,
-                backward: compile_backward(&gpu, &kernels, &plan, &layout, &bufs, &tape, b)?,
-            });
+            let mut forward = Recorder::new(&plan, &layout, arenas, b, LOSS_SLOT);
+            walk::forward(&mut forward, &tape, Some(scale));
+            // The residual gradient is cleared before it runs (see `step`).
+            let mut backward = Recorder::new(&plan, &layout, arenas, b, LOSS_SLOT);
+            walk::backward(&mut backward, &plan, &tape);
+            micro.push(MicroStep { forward: forward.finish(&gpu, &kernels)?, backward: backward.finish(&gpu, &kernels)? });
         }
-        let eval_slot = BatchSlot::new(cfg.grad_accum, n, vocab);
-        let eval = compile_forward(&gpu, &kernels, &plan, &layout, &fwd, &tape, eval_slot, LossUse { grad_scale: None, slot: EVAL_SLOT })?;
+        let mut eval = Recorder::new(&plan, &layout, arenas, BatchSlot::new(cfg.grad_accum, n, vocab), EVAL_SLOT);
+        walk::forward(&mut eval, &tape, None);
+        let eval = eval.finish(&gpu, &kernels)?;
         let mut p = ProgramBuilder::default();
         p.label("update");
         let whole = |buf| View::first(buf, layout.len());
@@ -329,46 +327,4 @@ impl GpuTrainer {
         let plan = Plan::new(self.plan.config, batch, seq).map_err(|e| GpuError(e.to_string()))?;
         GpuForward::sharing(self.gpu.clone(), self.kernels.clone(), plan, self.bufs.params.clone())
     }
-}
-
-/// The backward walk of the tape (the residual gradient is zeroed before it runs).
-fn compile_backward(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    plan: &Plan,
-    layout: &DeviceLayout,
-    bufs: &Buffers,
-    tape: &[Op],
-    batch: BatchSlot,
-) -> Result<Program, GpuError> {
-    let mut p = ProgramBuilder::default();
-    let a = |s: Span| View::span(&bufs.acts, s);
-    let w = |s: Span| View::span(&bufs.params, layout.device(s));
-    let g = |s: Span| View::span(&bufs.grads, layout.device(s));
-    let ids = |s: Span| View::span(&bufs.batch, s);
-    let c = plan.config.n_embd;
-    let partials = a(plan.scratch().partials);
-    let split = View::first(&bufs.split, (bufs.split.size() / 4) as usize);
-    for op in tape.iter().rev() {
-        p.label(op.name());
-        match *op {
-            Op::Embedding { wte, wpe, dout, .. } => ops::embedding_backward(&mut p, g(wte), g(wpe), ids(batch.order), ids(batch.starts), a(dout), plan.seq, c),
-            Op::LayerNorm { x, dx, dout, mean, rstd, weight, bias, .. } => {
-                ops::layernorm_backward(&mut p, a(dx), g(weight), g(bias), partials, a(dout), a(x), a(mean), a(rstd), w(weight), c)
-            }
-            Op::Matmul { x, dx, weight, bias, dout, epilogue, k, m, .. } => {
-                let pre = match epilogue {
-                    EpilogueSpan::Gelu { pre } => Some(a(pre)),
-                    _ => None,
-                };
-                ops::matmul_backward(&mut p, dx.map(a), g(weight), bias.map(g), partials, split, a(dout), a(x), w(weight), pre, k, m)
-            }
-            Op::Attention { qkv, dqkv, out, dout, lse, scratch, shape } => {
-                let delta = View { buffer: &bufs.acts, offset: scratch.offset, len: shape.batch * shape.heads * shape.seq };
-                ops::attention_backward(&mut p, a(dqkv), delta, a(dout), a(qkv), a(out), a(lse), shape)
-            }
-            Op::CrossEntropy { .. } => {}
-        }
-    }
-    p.build(gpu, kernels)
 }

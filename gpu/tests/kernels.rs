@@ -74,20 +74,34 @@ fn matmul_forward_with_each_epilogue_and_backward() {
         let mut out = vec![0.0; n * m];
         let mut pre = vec![0.0; n * m];
         let mut wt = vec![0.0; matmul::scratch_len(k, m)];
-        let cpu_epi = match epi {
+        let epilogue = match epi {
             0 => matmul::Epilogue::None,
-            1 | 2 => matmul::Epilogue::Gelu { pre: &mut pre, slope: epi == 2 },
-            _ => matmul::Epilogue::Residual { input: &residual },
+            1 | 2 => matmul::Epilogue::Gelu { pre: () },
+            _ => matmul::Epilogue::Residual { input: () },
         };
-        matmul::forward(&Serial, &mut wt, &mut out, &x, &w, Some(&bias), cpu_epi, k, m);
+        let save_slope = epi == 2;
+        let cpu_epi = epilogue.map(|()| &mut pre[..], |()| &residual[..]);
+        matmul::forward(
+            &Serial,
+            matmul::Forward { out: &mut out[..], x: &x[..], weight: &w[..], bias: Some(&bias[..]), epilogue: cpu_epi, save_slope, k, m },
+            &mut wt,
+        );
         let (gx, gw, gb, gr, gout, gpre) = (buffer(&x), buffer(&w), buffer(&bias), buffer(&residual), fresh(n * m), fresh(n * m));
         run(8, |p| {
-            let e = match epi {
-                0 => ops::Epilogue::None,
-                1 | 2 => ops::Epilogue::Gelu { pre: whole(&gpre, &pre), slope: epi == 2 },
-                _ => ops::Epilogue::Residual(whole(&gr, &residual)),
-            };
-            ops::matmul_forward(p, whole(&gout, &out), whole(&gx, &x), whole(&gw, &w), Some(whole(&gb, &bias)), e, k, m);
+            let epilogue = epilogue.map(|()| whole(&gpre, &pre), |()| whole(&gr, &residual));
+            ops::matmul_forward(
+                p,
+                matmul::Forward {
+                    out: whole(&gout, &out),
+                    x: whole(&gx, &x),
+                    weight: whole(&gw, &w),
+                    bias: Some(whole(&gb, &bias)),
+                    epilogue,
+                    save_slope,
+                    k,
+                    m,
+                },
+            );
         });
         assert_close(&format!("matmul forward, epilogue {epi}"), &download(&gout, n * m), &out, 1e-5);
         if epi == 1 || epi == 2 {
@@ -110,26 +124,35 @@ fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng) {
     let (dw0, db0) = (random(rng, m * k, 1.0), random(rng, m, 1.0));
     let (mut dout, mut dw, mut db, mut dx) = (dout0.clone(), dw0.clone(), db0.clone(), vec![0.0; n * k]);
     let (mut partials, mut scratch) = (vec![0.0; blocks(n) * m], vec![0.0; matmul::scratch_len(k, m)]);
-    matmul::backward(&Serial, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut scratch, &mut dout, &x, &w, Some(&slope), k, m);
+    let grads = matmul::Backward {
+        dx: Some(&mut dx[..]),
+        dweight: &mut dw[..],
+        dbias: Some(&mut db[..]),
+        dout: &mut dout[..],
+        x: &x[..],
+        weight: &w[..],
+        gelu_slope: Some(&slope[..]),
+        k,
+        m,
+    };
+    matmul::backward(&Serial, grads, &mut partials, &mut scratch);
     let (gdout, gdw, gdb, gdx, gpart, gslope, gx, gw) =
         (buffer(&dout0), buffer(&dw0), buffer(&db0), fresh(n * k), fresh(partials.len()), buffer(&slope), buffer(&x), buffer(&w));
     let split_len = ops::weight_grad_scratch_len(n, k, m).max(1);
     let gsplit = fresh(split_len);
     run(8, |p| {
-        ops::matmul_backward(
-            p,
-            Some(whole(&gdx, &dx)),
-            whole(&gdw, &dw),
-            Some(whole(&gdb, &db)),
-            whole(&gpart, &partials),
-            View::first(&gsplit, split_len),
-            whole(&gdout, &dout),
-            whole(&gx, &x),
-            whole(&gw, &w),
-            Some(whole(&gslope, &slope)),
+        let grads = matmul::Backward {
+            dx: Some(whole(&gdx, &dx)),
+            dweight: whole(&gdw, &dw),
+            dbias: Some(whole(&gdb, &db)),
+            dout: whole(&gdout, &dout),
+            x: whole(&gx, &x),
+            weight: whole(&gw, &w),
+            gelu_slope: Some(whole(&gslope, &slope)),
             k,
             m,
-        )
+        };
+        ops::matmul_backward(p, grads, whole(&gpart, &partials), View::first(&gsplit, split_len))
     });
     assert_close(&format!("dout after GELU backward ({n} rows)"), &download(&gdout, n * m), &dout, 1e-5);
     assert_close(&format!("dx ({n} rows)"), &download(&gdx, n * k), &dx, 1e-5);
@@ -144,9 +167,19 @@ fn layernorm_forward_and_backward() {
     let x: Vec<f32> = random(&mut rng, n * c, 2.0).iter().map(|v| v + 0.7).collect();
     let (w, b) = (random(&mut rng, c, 1.0), random(&mut rng, c, 1.0));
     let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
-    layernorm::forward(&Serial, &mut out, &mut mean, &mut rstd, &x, &w, &b, c);
+    layernorm::forward(&Serial, layernorm::Forward { out: &mut out, mean: &mut mean, rstd: &mut rstd, x: &x, weight: &w, bias: &b });
     let (gx, gw, gb, gout, gmean, grstd) = (buffer(&x), buffer(&w), buffer(&b), fresh(n * c), fresh(n), fresh(n));
-    run(8, |p| ops::layernorm_forward(p, whole(&gout, &out), whole(&gmean, &mean), whole(&grstd, &rstd), whole(&gx, &x), whole(&gw, &w), whole(&gb, &b), c));
+    run(8, |p| {
+        let a = layernorm::Forward {
+            out: whole(&gout, &out),
+            mean: whole(&gmean, &mean),
+            rstd: whole(&grstd, &rstd),
+            x: whole(&gx, &x),
+            weight: whole(&gw, &w),
+            bias: whole(&gb, &b),
+        };
+        ops::layernorm_forward(p, a)
+    });
     assert_close("layernorm out", &download(&gout, n * c), &out, 1e-5);
     assert_close("mean", &download(&gmean, n), &mean, 1e-5);
     assert_close("rstd", &download(&grstd, n), &rstd, 1e-5);
@@ -155,22 +188,30 @@ fn layernorm_forward_and_backward() {
     let (dx0, dw0, db0) = (random(&mut rng, n * c, 1.0), random(&mut rng, c, 1.0), random(&mut rng, c, 1.0));
     let (mut dx, mut dw, mut db) = (dx0.clone(), dw0.clone(), db0.clone());
     let mut partials = vec![0.0; blocks(n) * 2 * c];
-    layernorm::backward(&Serial, &mut dx, &mut dw, &mut db, &mut partials, &dout, &x, &mean, &rstd, &w, c);
+    let grads = layernorm::Backward {
+        dx: &mut dx[..],
+        dweight: &mut dw[..],
+        dbias: &mut db[..],
+        dout: &dout[..],
+        x: &x[..],
+        mean: &mean[..],
+        rstd: &rstd[..],
+        weight: &w[..],
+    };
+    layernorm::backward(&Serial, grads, &mut partials);
     let (gdx, gdw, gdb, gpart, gdout) = (buffer(&dx0), buffer(&dw0), buffer(&db0), fresh(partials.len()), buffer(&dout));
     run(8, |p| {
-        ops::layernorm_backward(
-            p,
-            whole(&gdx, &dx),
-            whole(&gdw, &dw),
-            whole(&gdb, &db),
-            whole(&gpart, &partials),
-            whole(&gdout, &dout),
-            whole(&gx, &x),
-            whole(&gmean, &mean),
-            whole(&grstd, &rstd),
-            whole(&gw, &w),
-            c,
-        )
+        let grads = layernorm::Backward {
+            dx: whole(&gdx, &dx),
+            dweight: whole(&gdw, &dw),
+            dbias: whole(&gdb, &db),
+            dout: whole(&gdout, &dout),
+            x: whole(&gx, &x),
+            mean: whole(&gmean, &mean),
+            rstd: whole(&grstd, &rstd),
+            weight: whole(&gw, &w),
+        };
+        ops::layernorm_backward(p, grads, whole(&gpart, &partials))
     });
     assert_close("layernorm dx", &download(&gdx, n * c), &dx, 1e-5);
     assert_close("layernorm dw", &download(&gdw, c), &dw, 1e-5);
@@ -188,27 +229,26 @@ fn attention_forward_and_backward() {
         let mut rng = Rng::new(9);
         let qkv = random(&mut rng, n * 3 * c, 1.5);
         let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; batch * heads * seq], vec![0.0; shape.scratch_len()]);
-        attention::forward(&Serial, &mut out, &mut lse, &qkv, &mut scratch, shape);
+        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape }, &mut scratch);
         let (gqkv, gout, glse) = (buffer(&qkv), fresh(n * c), fresh(lse.len()));
-        run(head_size, |p| ops::attention_forward(p, whole(&gout, &out), whole(&glse, &lse), whole(&gqkv, &qkv), shape));
+        run(head_size, |p| ops::attention_forward(p, attention::Forward { out: whole(&gout, &out), lse: whole(&glse, &lse), qkv: whole(&gqkv, &qkv), shape }));
         assert_close(&format!("{shape:?} out"), &download(&gout, n * c), &out, 1e-5);
         assert_close(&format!("{shape:?} lse"), &download(&glse, lse.len()), &lse, 1e-5);
 
         let dout = random(&mut rng, n * c, 1.0);
         let mut dqkv = vec![0.0; n * 3 * c];
-        attention::backward(&Serial, &mut dqkv, &dout, &qkv, &out, &lse, &mut scratch, shape);
+        attention::backward(&Serial, attention::Backward { dqkv: &mut dqkv, dout: &dout, qkv: &qkv, out: &out, lse: &lse, shape }, &mut scratch);
         let (gdqkv, gdout, gdelta) = (fresh(n * 3 * c), buffer(&dout), fresh(lse.len()));
         run(head_size, |p| {
-            ops::attention_backward(
-                p,
-                whole(&gdqkv, &dqkv),
-                whole(&gdelta, &lse),
-                whole(&gdout, &dout),
-                whole(&gqkv, &qkv),
-                whole(&gout, &out),
-                whole(&glse, &lse),
+            let grads = attention::Backward {
+                dqkv: whole(&gdqkv, &dqkv),
+                dout: whole(&gdout, &dout),
+                qkv: whole(&gqkv, &qkv),
+                out: whole(&gout, &out),
+                lse: whole(&glse, &lse),
                 shape,
-            )
+            };
+            ops::attention_backward(p, grads, whole(&gdelta, &lse))
         });
         assert_close(&format!("{shape:?} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, 1e-5);
     }
@@ -222,14 +262,20 @@ fn embedding_forward_and_backward() {
     let tokens: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
     let (wte, wpe) = (random(&mut rng, vocab * c, 1.0), random(&mut rng, 9 * c, 1.0));
     let mut out = vec![0.0; n * c];
-    embedding::forward(&Serial, &mut out, &tokens, &wte, &wpe, t, c);
+    embedding::forward(&Serial, embedding::Forward { out: &mut out, wte: &wte, wpe: &wpe, seq: t }, &tokens);
     let (gtok, gwte, gwpe, gout) = (buffer(&tokens), buffer(&wte), buffer(&wpe), fresh(n * c));
-    run(8, |p| ops::embedding_forward(p, whole(&gout, &out), whole(&gtok, &tokens), whole(&gwte, &wte), whole(&gwpe, &wpe), t, c));
+    run(8, |p| {
+        ops::embedding_forward(
+            p,
+            embedding::Forward { out: whole(&gout, &out), wte: whole(&gwte, &wte), wpe: whole(&gwpe, &wpe), seq: t },
+            whole(&gtok, &tokens),
+        )
+    });
     assert_eq!(download(&gout, n * c), out, "embedding forward is exact");
 
     let dout = random(&mut rng, n * c, 1.0);
     let (mut dwte, mut dwpe) = (wte.clone(), wpe.clone());
-    embedding::backward(&Serial, &mut dwte, &mut dwpe, &dout, &tokens, t, c);
+    embedding::backward(&Serial, embedding::Backward { dwte: &mut dwte, dwpe: &mut dwpe, dout: &dout, seq: t }, &tokens);
     let (mut order, mut starts) = (vec![0u32; n], vec![0u32; vocab + 1]);
     ops::group_rows_by_token(&tokens, &mut order, &mut starts);
     for v in 0..vocab {
@@ -238,7 +284,8 @@ fn embedding_forward_and_backward() {
     }
     let (gdwte, gdwpe, gorder, gstarts, gdout) = (buffer(&wte), buffer(&wpe), buffer(&order), buffer(&starts), buffer(&dout));
     run(8, |p| {
-        ops::embedding_backward(p, whole(&gdwte, &wte), whole(&gdwpe, &wpe), whole(&gorder, &order), whole(&gstarts, &starts), whole(&gdout, &dout), t, c)
+        let grads = embedding::Backward { dwte: whole(&gdwte, &wte), dwpe: whole(&gdwpe, &wpe), dout: whole(&gdout, &dout), seq: t };
+        ops::embedding_backward(p, grads, whole(&gorder, &order), whole(&gstarts, &starts))
     });
     assert_eq!(download(&gdwte, dwte.len()), dwte, "dwte sums in the CPU's order");
     assert_eq!(download(&gdwpe, dwpe.len()), dwpe, "dwpe sums in the CPU's order");
@@ -250,12 +297,16 @@ fn cross_entropy_loss_gradient_and_sum() {
     let mut rng = Rng::new(17);
     let logits = random(&mut rng, n * v, 4.0);
     let targets: Vec<u32> = (0..n).map(|_| rng.below(v) as u32).collect();
-    let scale = 1.0 / n as f32;
+    let grad_scale = Some(1.0 / n as f64);
     let (mut grad, mut losses) = (logits.clone(), vec![0.0; n]);
-    cross_entropy::forward(&Serial, &mut losses, &mut grad, &targets, v, Some(scale));
+    cross_entropy::forward(&Serial, cross_entropy::Forward { losses: &mut losses, logits: &mut grad, grad_scale }, &targets);
     let (glogits, glosses, gtargets, gstats) = (buffer(&logits), fresh(n), buffer(&targets), buffer(&[0.5f32; 4]));
     run(8, |p| {
-        ops::cross_entropy(p, whole(&glogits, &logits), whole(&glosses, &losses), whole(&gtargets, &targets), v, Some(scale));
+        ops::cross_entropy(
+            p,
+            cross_entropy::Forward { losses: whole(&glosses, &losses), logits: whole(&glogits, &logits), grad_scale },
+            whole(&gtargets, &targets),
+        );
         ops::sum_losses(p, whole(&glosses, &losses), View::first(&gstats, 4), 1);
     });
     assert_close("losses", &download(&glosses, n), &losses, 1e-5);

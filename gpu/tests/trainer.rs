@@ -1,12 +1,13 @@
 //! The whole model on the GPU against the CPU: same initialisation, same batches, 20 steps
 //! with gradient accumulation and clipping; evaluation; parameters round-tripping.
 
+use alpha_core::cpu::{Batch, CpuExecutor};
 use alpha_core::model::init_params;
 use alpha_core::model::{generate, SamplingConfig};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::Serial;
-use alpha_core::tape;
 use alpha_core::train::{OwnedMemory, TrainConfig};
+use alpha_core::walk;
 use alpha_core::{GptConfig, Plan, Rng};
 use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
 
@@ -124,7 +125,7 @@ fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
     // Losses of one batch.
     let n = plan.tokens();
     let (x, y) = (&data[..n], &data[1..n + 1]);
-    tape::forward(&Serial, &plan, &mem.tape, &mem.params, &mut mem.acts, x, Some(y), None);
+    walk::forward(&mut CpuExecutor::new(&Serial, &plan, &mem.params, &mut mem.acts, Batch { tokens: x, targets: Some(y) }), &mem.tape, None);
     let cpu = &mem.acts[plan.head_acts().losses.range()];
     let mut model = block_on(GpuForward::new(gpu.clone(), plan, &mem.params)).unwrap();
     let got = block_on(model.losses(x, y)).unwrap();

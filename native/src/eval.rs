@@ -5,10 +5,11 @@ use crate::checkpoint;
 use crate::corpus::read_text;
 use crate::engine::{Backend, DeviceArgs};
 use crate::sample::context_len;
+use alpha_core::cpu::{Batch, CpuExecutor};
 use alpha_core::parallel::ThreadPool;
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::OwnedMemory;
-use alpha_core::{tape, Plan};
+use alpha_core::{walk, Plan};
 use alpha_gpu::{block_on, GpuForward};
 use clap::Args;
 use std::borrow::Cow;
@@ -98,7 +99,8 @@ impl Forward {
     fn losses(&mut self, x: &[u32], y: &[u32]) -> Result<Cow<'_, [f32]>, String> {
         match self {
             Forward::Cpu { pool, plan, mem, params } => {
-                tape::forward(pool, plan, &mem.tape, params, &mut mem.acts, x, Some(y), None);
+                let batch = Batch { tokens: x, targets: Some(y) };
+                walk::forward(&mut CpuExecutor::new(pool, plan, params, &mut mem.acts, batch), &mem.tape, None);
                 Ok(Cow::Borrowed(&mem.acts[plan.head_acts().losses.range()]))
             }
             Forward::Gpu(m) => block_on(m.losses(x, y)).map(Cow::Owned).map_err(|e| e.to_string()),

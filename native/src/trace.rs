@@ -112,10 +112,6 @@ impl Observer for Trace {
         let start = self.open_ops.pop().expect("every op end follows its begin");
         let mut shape = String::new();
         let _ = op.describe_shape(&mut shape);
-        let pass = match pass {
-            Pass::Forward => "forward",
-            Pass::Backward => "backward",
-        };
-        self.span(op.name(), start, end, json!({"pass": pass, "tape_index": index, "shape": shape}));
+        self.span(op.name(), start, end, json!({"pass": pass.name(), "tape_index": index, "shape": shape}));
     }
 }

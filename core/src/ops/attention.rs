@@ -159,9 +159,38 @@ wide_dispatch!(
     fn softmax_grad<T>(ds: &mut [T], p: &[T], t: usize, keys: usize, d_o: &[T], o: &[T], stride: usize, hs: usize, scale: T) => softmax_grad_rows
 );
 
+/// Forward's tensors, `W` written and `R` read (slices here, device views on the GPU).
+pub struct Forward<W, R> {
+    /// Output `[B, T, C]`.
+    pub out: W,
+    /// Each query row's log-sum-exp `[B, NH, T]`, saved for backward.
+    pub lse: W,
+    /// Input `[B, T, 3C]`.
+    pub qkv: R,
+    /// Shape.
+    pub shape: AttentionShape,
+}
+
+/// Backward's tensors, `W` written and `R` read.
+pub struct Backward<W, R> {
+    /// Gradient of `qkv` `[B, T, 3C]` (overwritten).
+    pub dqkv: W,
+    /// Gradient of the output `[B, T, C]`.
+    pub dout: R,
+    /// Forward's input `[B, T, 3C]`.
+    pub qkv: R,
+    /// Forward's output `[B, T, C]`.
+    pub out: R,
+    /// Forward's saved log-sum-exp `[B, NH, T]`.
+    pub lse: R,
+    /// Shape.
+    pub shape: AttentionShape,
+}
+
 /// Forward: `out = softmax(q·kᵀ / sqrt(HS) + causal mask) · v` per head; saves `lse`.
 /// `scratch` holds at least [`AttentionShape::scratch_len`] elements.
-pub fn forward<T: Float>(par: &dyn Parallel, out: &mut [T], lse: &mut [T], qkv: &[T], scratch: &mut [T], s: AttentionShape) {
+pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch: &mut [T]) {
+    let Forward { out, lse, qkv, shape: s } = a;
     let (t, hs, c) = (s.seq, s.head_size, s.c());
     assert!(qkv.len() == s.batch * t * 3 * c && out.len() == s.batch * t * c && lse.len() == s.batch * s.heads * t);
     assert!(scratch.len() >= s.scratch_len());
@@ -208,8 +237,8 @@ unsafe fn gemm_b_strided<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, 
 
 /// Backward: writes (overwrites) `dqkv [B, T, 3C]` from `dout [B, T, C]`, using the forward's
 /// `out` and `lse`. Each (batch, head) pair is one task, so no two tasks touch one element.
-#[allow(clippy::too_many_arguments)]
-pub fn backward<T: Float>(par: &dyn Parallel, dqkv: &mut [T], dout: &[T], qkv: &[T], out: &[T], lse: &[T], scratch: &mut [T], s: AttentionShape) {
+pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scratch: &mut [T]) {
+    let Backward { dqkv, dout, qkv, out, lse, shape: s } = a;
     let (t, hs, c) = (s.seq, s.head_size, s.c());
     assert!(dqkv.len() == qkv.len() && dout.len() == out.len() && qkv.len() == s.batch * t * 3 * c);
     assert!(scratch.len() >= s.scratch_len());
@@ -310,8 +339,8 @@ mod tests {
     fn run_both_passes<T: Float>(s: AttentionShape, qkv: &[T], g: &[T]) -> (Vec<T>, Vec<T>) {
         let (n, c) = (s.batch * s.seq, s.c());
         let (mut out, mut lse, mut dqkv) = (vec![T::ZERO; n * c], vec![T::ZERO; s.batch * s.heads * s.seq], vec![T::from_f64(7.0); n * 3 * c]);
-        forward(&Serial, &mut out, &mut lse, qkv, &mut vec![T::ZERO; s.scratch_len()], s);
-        backward(&Serial, &mut dqkv, g, qkv, &out, &lse, &mut vec![T::ZERO; s.scratch_len()], s);
+        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv, shape: s }, &mut vec![T::ZERO; s.scratch_len()]);
+        backward(&Serial, Backward { dqkv: &mut dqkv, dout: g, qkv, out: &out, lse: &lse, shape: s }, &mut vec![T::ZERO; s.scratch_len()]);
         (out, dqkv)
     }
 
@@ -323,7 +352,7 @@ mod tests {
         let (_, dqkv) = run_both_passes(s, &qkv, &g);
         let (mut out, mut lse) = (vec![0.0; n * c], vec![0.0; s.batch * s.heads * s.seq]);
         let numeric = numeric_grad(&mut qkv, |x| {
-            forward(&Serial, &mut out, &mut lse, x, &mut vec![0.0; s.scratch_len()], s);
+            forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: x, shape: s }, &mut vec![0.0; s.scratch_len()]);
             weighted_sum(&out, &g)
         });
         assert_close("dqkv", &dqkv, &numeric);
@@ -334,7 +363,7 @@ mod tests {
         let mut rng = Rng::new(6);
         let qkv = random(&mut rng, s.batch * t * 3 * c, 2.0);
         let (mut out, mut lse) = (vec![0.0; s.batch * t * c], vec![0.0; s.batch * s.heads * t]);
-        forward(&Serial, &mut out, &mut lse, &qkv, &mut vec![0.0; s.scratch_len()], s);
+        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s }, &mut vec![0.0; s.scratch_len()]);
         for b in 0..s.batch {
             for h in 0..s.heads {
                 for i in 0..t {

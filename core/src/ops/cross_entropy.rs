@@ -5,12 +5,23 @@ use crate::float::{max_of, sum_map, Float};
 use crate::parallel::{split_range, Parallel, SharedMut};
 use crate::simd::wide_dispatch;
 
-/// Forward (and, with `grad_scale`, backward). `logits [N, V]`, `targets [N]`, `losses [N]`.
-///
-/// With `Some(scale)` every logits row is replaced by `scale * (softmax(row) - onehot(target))`,
-/// the gradient of `scale * Σ losses`; use `scale = 1 / N` for the mean loss.
-pub fn forward<T: Float>(par: &dyn Parallel, losses: &mut [T], logits: &mut [T], targets: &[u32], v: usize, grad_scale: Option<T>) {
+/// The fused op's tensors (slices here, device views on the GPU) and what it computes.
+pub struct Forward<W> {
+    /// Per-row losses `[N]`.
+    pub losses: W,
+    /// Logits `[N, V]`; with `grad_scale`, replaced by their gradient.
+    pub logits: W,
+    /// With `Some(scale)` every logits row is replaced by `scale * (softmax(row) -
+    /// onehot(target))`, the gradient of `scale * Σ losses`; `scale = 1 / N` gives the mean's.
+    pub grad_scale: Option<f64>,
+}
+
+/// Forward (and, with `grad_scale`, backward) against `targets [N]`.
+pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T]>, targets: &[u32]) {
+    let Forward { losses, logits, grad_scale } = a;
+    let grad_scale = grad_scale.map(T::from_f64);
     let n = targets.len();
+    let v = logits.len() / n.max(1);
     assert!(losses.len() == n && logits.len() == n * v);
     let tasks = par.threads().min(n).max(1);
     let (loss_p, logit_p) = (SharedMut(losses.as_mut_ptr()), SharedMut(logits.as_mut_ptr()));
@@ -73,10 +84,10 @@ mod tests {
         let targets = [0u32, 5, 2, 2];
         let mut losses = vec![0.0; n];
         let mut grad = logits.clone();
-        forward(&Serial, &mut losses, &mut grad, &targets, v, Some(1.0 / n as f64));
+        forward(&Serial, Forward { losses: &mut losses, logits: &mut grad, grad_scale: Some(1.0 / n as f64) }, &targets);
         let numeric = numeric_grad(&mut logits, |x| {
             let mut l = x.to_vec();
-            forward(&Serial, &mut losses, &mut l, &targets, v, None);
+            forward(&Serial, Forward { losses: &mut losses, logits: &mut l, grad_scale: None }, &targets);
             mean(&losses)
         });
         assert_close("dlogits", &grad, &numeric);
@@ -91,9 +102,9 @@ mod tests {
         let logits = random(&mut rng, n * v, 4.0);
         let targets = [0u32, 83, 17, 64, 64];
         let (mut losses, mut grad) = (vec![0.0; n], logits.clone());
-        forward(&Serial, &mut losses, &mut grad, &targets, v, Some(0.5));
+        forward(&Serial, Forward { losses: &mut losses, logits: &mut grad, grad_scale: Some(0.5) }, &targets);
         let (mut losses32, mut grad32) = (vec![0f32; n], logits.iter().map(|&x| x as f32).collect::<Vec<_>>());
-        forward(&Serial, &mut losses32, &mut grad32, &targets, v, Some(0.5));
+        forward(&Serial, Forward { losses: &mut losses32, logits: &mut grad32, grad_scale: Some(0.5) }, &targets);
         for (a, b) in losses32.iter().zip(&losses) {
             assert!((*a as f64 - b).abs() < 1e-6 * b.abs().max(1.0), "loss {a} vs {b}");
         }
@@ -106,7 +117,7 @@ mod tests {
     fn uniform_logits_give_log_vocab() {
         let mut logits = [0.5f32; 8];
         let mut losses = [0.0f32; 2];
-        forward(&Serial, &mut losses, &mut logits, &[1, 3], 4, None);
+        forward(&Serial, Forward { losses: &mut losses, logits: &mut logits, grad_scale: None }, &[1, 3]);
         for l in losses {
             assert!((l - 4f32.ln()).abs() < 1e-6);
         }

@@ -4,9 +4,35 @@ use super::COLUMN_CHUNK;
 use crate::float::Float;
 use crate::parallel::{split_range, Parallel, SharedMut};
 
-/// Forward. `out [N, C]`, `tokens [N]` (row `i` is position `i % t`), `wte [V, C]`, `wpe [>=T, C]`.
-pub fn forward<T: Float>(par: &dyn Parallel, out: &mut [T], tokens: &[u32], wte: &[T], wpe: &[T], t: usize, c: usize) {
+/// Forward's tensors, `W` written and `R` read (slices here, device views on the GPU).
+pub struct Forward<W, R> {
+    /// Output `[N, C]`.
+    pub out: W,
+    /// Token embedding `[V, C]`.
+    pub wte: R,
+    /// Position embedding `[>= T, C]`.
+    pub wpe: R,
+    /// Sequence length `T`: row `i` is position `i % T`.
+    pub seq: usize,
+}
+
+/// Backward's tensors, `W` written and `R` read.
+pub struct Backward<W, R> {
+    /// Gradient of the token embedding `[V, C]` (accumulated).
+    pub dwte: W,
+    /// Gradient of the position embedding `[>= T, C]` (accumulated).
+    pub dwpe: W,
+    /// Gradient of the output `[N, C]`.
+    pub dout: R,
+    /// Sequence length `T`.
+    pub seq: usize,
+}
+
+/// Forward: `out[i] = wte[tokens[i]] + wpe[i % T]` for the step's `tokens [N]`.
+pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, tokens: &[u32]) {
+    let Forward { out, wte, wpe, seq: t } = a;
     let n = tokens.len();
+    let c = out.len() / n.max(1);
     let tasks = par.threads().min(n);
     let out_ptr = SharedMut(out.as_mut_ptr());
     par.run(tasks, &|task| {
@@ -24,7 +50,9 @@ pub fn forward<T: Float>(par: &dyn Parallel, out: &mut [T], tokens: &[u32], wte:
 
 /// Backward: `dwte[tokens[i]] += dout[i]`, `dwpe[i % t] += dout[i]`. Parallel over column
 /// chunks, so every gradient element is summed in row order by one task.
-pub fn backward<T: Float>(par: &dyn Parallel, dwte: &mut [T], dwpe: &mut [T], dout: &[T], tokens: &[u32], t: usize, c: usize) {
+pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, tokens: &[u32]) {
+    let Backward { dwte, dwpe, dout, seq: t } = a;
+    let c = dout.len() / tokens.len().max(1);
     let chunks = c.div_ceil(COLUMN_CHUNK);
     let (dwte_ptr, dwpe_ptr) = (SharedMut(dwte.as_mut_ptr()), SharedMut(dwpe.as_mut_ptr()));
     par.run(chunks, &|chunk| {
@@ -58,15 +86,15 @@ mod tests {
         let w = random(&mut rng, b * t * c, 1.0);
         let mut out = vec![0.0; b * t * c];
         let (mut dwte, mut dwpe) = (vec![0.0; v * c], vec![0.0; t * c]);
-        backward(&Serial, &mut dwte, &mut dwpe, &w, &tokens, t, c);
+        backward(&Serial, Backward { dwte: &mut dwte, dwpe: &mut dwpe, dout: &w, seq: t }, &tokens);
         let wpe0 = wpe.clone();
         let num_wte = numeric_grad(&mut wte, |x| {
-            forward(&Serial, &mut out, &tokens, x, &wpe0, t, c);
+            forward(&Serial, Forward { out: &mut out, wte: x, wpe: &wpe0, seq: t }, &tokens);
             weighted_sum(&out, &w)
         });
         let wte0 = wte.clone();
         let num_wpe = numeric_grad(&mut wpe, |x| {
-            forward(&Serial, &mut out, &tokens, &wte0, x, t, c);
+            forward(&Serial, Forward { out: &mut out, wte: &wte0, wpe: x, seq: t }, &tokens);
             weighted_sum(&out, &w)
         });
         assert_close("dwte", &dwte, &num_wte);

@@ -8,10 +8,46 @@ use crate::simd::wide_dispatch;
 /// PyTorch's `nn.LayerNorm` epsilon.
 pub const EPS: f64 = 1e-5;
 
-/// Forward. `x, out [N, C]`; saves per-row `mean [N]` and `rstd [N]` for backward.
-#[allow(clippy::too_many_arguments)]
-pub fn forward<T: Float>(par: &dyn Parallel, out: &mut [T], mean: &mut [T], rstd: &mut [T], x: &[T], w: &[T], b: &[T], c: usize) {
-    let n = mean.len();
+/// Forward's tensors, `W` written and `R` read (slices here, device views on the GPU).
+pub struct Forward<W, R> {
+    /// Output `[N, C]`.
+    pub out: W,
+    /// Row means `[N]`, saved for backward.
+    pub mean: W,
+    /// Row reciprocal standard deviations `[N]`, saved for backward.
+    pub rstd: W,
+    /// Input `[N, C]`.
+    pub x: R,
+    /// Weight `[C]`.
+    pub weight: R,
+    /// Bias `[C]`.
+    pub bias: R,
+}
+
+/// Backward's tensors, `W` written and `R` read.
+pub struct Backward<W, R> {
+    /// Gradient of `x` `[N, C]` (accumulated).
+    pub dx: W,
+    /// Gradient of the weight `[C]` (accumulated).
+    pub dweight: W,
+    /// Gradient of the bias `[C]` (accumulated).
+    pub dbias: W,
+    /// Gradient of the output `[N, C]`.
+    pub dout: R,
+    /// Forward's input `[N, C]`.
+    pub x: R,
+    /// Forward's saved means `[N]`.
+    pub mean: R,
+    /// Forward's saved reciprocal standard deviations `[N]`.
+    pub rstd: R,
+    /// Weight `[C]`.
+    pub weight: R,
+}
+
+/// Forward: `out = (x - mean) * rstd * weight + bias` row by row, saving `mean` and `rstd`.
+pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>) {
+    let Forward { out, mean, rstd, x, weight: w, bias: b } = a;
+    let (n, c) = (mean.len(), w.len());
     let tasks = par.threads().min(n);
     let (out_p, mean_p, rstd_p) = (SharedMut(out.as_mut_ptr()), SharedMut(mean.as_mut_ptr()), SharedMut(rstd.as_mut_ptr()));
     par.run(tasks, &|task| {
@@ -43,23 +79,11 @@ wide_dispatch!(
     fn forward_rows<T>(out: &mut [T], mean: &mut [T], rstd: &mut [T], x: &[T], w: &[T], b: &[T], c: usize) => forward_rows_body
 );
 
-/// Backward. Accumulates `dx += d(out)/dx`, `dw`, `db` from `dout [N, C]`. `partials` is
-/// scratch of at least [`row_blocks::blocks`]`(N) * 2C` elements.
-#[allow(clippy::too_many_arguments)]
-pub fn backward<T: Float>(
-    par: &dyn Parallel,
-    dx: &mut [T],
-    dw: &mut [T],
-    db: &mut [T],
-    partials: &mut [T],
-    dout: &[T],
-    x: &[T],
-    mean: &[T],
-    rstd: &[T],
-    w: &[T],
-    c: usize,
-) {
-    let n = mean.len();
+/// Backward: accumulates `dx += d(out)/dx · dout`, `dweight`, `dbias`. `partials` is scratch
+/// of at least [`row_blocks::blocks`]`(N) * 2C` elements.
+pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, partials: &mut [T]) {
+    let Backward { dx, dweight: dw, dbias: db, dout, x, mean, rstd, weight: w } = a;
+    let (n, c) = (mean.len(), w.len());
     assert!(dx.len() == n * c && dout.len() == n * c && x.len() == n * c && w.len() == c);
     let dx_p = SharedMut(dx.as_mut_ptr());
     row_blocks::for_each_block(par, n, partials, 2 * c, &|rows, partial| {
@@ -113,12 +137,14 @@ mod tests {
         let mut b = random(&mut rng, c, 1.0);
         let g = random(&mut rng, n * c, 1.0);
         let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
-        forward(&Serial, &mut out, &mut mean, &mut rstd, &x, &w, &b, c);
+        forward(&Serial, Forward { out: &mut out, mean: &mut mean, rstd: &mut rstd, x: &x, weight: &w, bias: &b });
         let (mut dx, mut dw, mut db) = (vec![0.0; n * c], vec![0.0; c], vec![0.0; c]);
         let mut partials = vec![0.0; crate::ops::row_blocks::blocks(n) * 2 * c];
-        backward(&Serial, &mut dx, &mut dw, &mut db, &mut partials, &g, &x, &mean, &rstd, &w, c);
-        let mut loss = |x: &[f64], w: &[f64], b: &[f64]| {
-            forward(&Serial, &mut out, &mut mean, &mut rstd, x, w, b, c);
+        let grads =
+            Backward { dx: &mut dx[..], dweight: &mut dw[..], dbias: &mut db[..], dout: &g[..], x: &x[..], mean: &mean[..], rstd: &rstd[..], weight: &w[..] };
+        backward(&Serial, grads, &mut partials);
+        let mut loss = |x: &[f64], weight: &[f64], bias: &[f64]| {
+            forward(&Serial, Forward { out: &mut out, mean: &mut mean, rstd: &mut rstd, x, weight, bias });
             weighted_sum(&out, &g)
         };
         let (w0, b0, x0) = (w.clone(), b.clone(), x.clone());
@@ -131,7 +157,7 @@ mod tests {
     fn matches_the_definition() {
         let x = [1.0f32, 2.0, 3.0, 6.0];
         let (mut out, mut mean, mut rstd) = ([0.0f32; 4], [0.0f32], [0.0f32]);
-        forward(&Serial, &mut out, &mut mean, &mut rstd, &x, &[1.0; 4], &[0.5; 4], 4);
+        forward(&Serial, Forward { out: &mut out, mean: &mut mean, rstd: &mut rstd, x: &x, weight: &[1.0; 4], bias: &[0.5; 4] });
         let var: f32 = x.iter().map(|v| (v - 3.0) * (v - 3.0)).sum::<f32>() / 4.0;
         for (o, v) in out.iter().zip(x) {
             assert!((o - ((v - 3.0) / (var + 1e-5).sqrt() + 0.5)).abs() < 1e-6);

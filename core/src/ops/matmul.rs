@@ -9,23 +9,78 @@ use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, Stri
 use crate::parallel::{split_range, Parallel, Serial, SharedMut};
 use crate::simd::wide_dispatch;
 
-/// What is applied to `x·wᵀ + bias` before it is stored.
-pub enum Epilogue<'a, T> {
+/// What is applied to `x·wᵀ + bias` before it is stored: the one epilogue type of the tape,
+/// the CPU kernels and the GPU's, over `W` tensors written and `R` read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Epilogue<W, R> {
     /// Store as is.
     None,
-    /// Store `gelu(pre)` in `out`, where `pre [N, M]` is the pre-activation.
+    /// Store `gelu(pre)` in `out`.
     Gelu {
-        /// `[N, M]`: receives the pre-activation, then, with `slope`, `gelu'(pre)`.
-        pre: &'a mut [T],
-        /// Whether backward follows: then `pre` is overwritten with `gelu'(pre)`, which is
-        /// all the backward needs (it multiplies instead of evaluating GELU a second time).
-        slope: bool,
+        /// `[N, M]`: receives the pre-activation, or, in a forward that a backward follows,
+        /// `gelu'(pre)`, which is all the backward needs (it multiplies instead of evaluating
+        /// GELU a second time).
+        pre: W,
     },
     /// Store `input + x·wᵀ + bias`. In backward the input's gradient is `dout` itself.
     Residual {
         /// The residual stream `[N, M]`.
-        input: &'a [T],
+        input: R,
     },
+}
+
+impl<W, R> Epilogue<W, R> {
+    /// The same epilogue over other tensors.
+    pub fn map<W2, R2>(self, write: impl FnOnce(W) -> W2, read: impl FnOnce(R) -> R2) -> Epilogue<W2, R2> {
+        match self {
+            Epilogue::None => Epilogue::None,
+            Epilogue::Gelu { pre } => Epilogue::Gelu { pre: write(pre) },
+            Epilogue::Residual { input } => Epilogue::Residual { input: read(input) },
+        }
+    }
+}
+
+/// Forward's tensors, `W` written and `R` read (slices here, device views on the GPU).
+pub struct Forward<W, R> {
+    /// Output `[N, M]`.
+    pub out: W,
+    /// Input `[N, K]`.
+    pub x: R,
+    /// Weight `[M, K]`.
+    pub weight: R,
+    /// Bias `[M]`.
+    pub bias: Option<R>,
+    /// Applied before the store.
+    pub epilogue: Epilogue<W, R>,
+    /// A backward follows: GELU leaves its slope at `pre` (see [`Epilogue::Gelu`]).
+    pub save_slope: bool,
+    /// Input width `K`.
+    pub k: usize,
+    /// Output width `M`.
+    pub m: usize,
+}
+
+/// Backward's tensors, `W` written and `R` read.
+pub struct Backward<W, R> {
+    /// Gradient of `x` `[N, K]` (overwritten), if wanted.
+    pub dx: Option<W>,
+    /// Gradient of the weight `[M, K]` (accumulated).
+    pub dweight: W,
+    /// Gradient of the bias `[M]` (accumulated).
+    pub dbias: Option<W>,
+    /// Gradient of the output `[N, M]`; with `gelu_slope`, of the GELU's output, and turned
+    /// into the pre-activation's gradient in place.
+    pub dout: W,
+    /// Forward's input `[N, K]`.
+    pub x: R,
+    /// Weight `[M, K]`.
+    pub weight: R,
+    /// What a training forward left at a GELU epilogue's `pre`.
+    pub gelu_slope: Option<R>,
+    /// Input width `K`.
+    pub k: usize,
+    /// Output width `M`.
+    pub m: usize,
 }
 
 const GELU_SCALE: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
@@ -130,12 +185,12 @@ fn backward_panels_len(k: usize, m: usize) -> usize {
     panels_len(k, m).max(2 * panels_len(k, KC))
 }
 
-/// Forward. `out [N, M]`, `x [N, K]`, `w [M, K]`, `bias [M]`; rows split across tasks.
+/// Forward: `out = epilogue(x·wᵀ + bias)`; rows split across tasks.
 /// `wt` is scratch of at least [`scratch_len`] elements: wᵀ is packed there once into the
 /// GEMM's panels, which every row block reads (packing them per row block cost 5% of
 /// forward's time).
-#[allow(clippy::too_many_arguments)]
-pub fn forward<T: Float>(par: &dyn Parallel, wt: &mut [T], out: &mut [T], x: &[T], w: &[T], bias: Option<&[T]>, epilogue: Epilogue<'_, T>, k: usize, m: usize) {
+pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mut [T]) {
+    let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && out.len() == n * m, "matmul forward: shape mismatch");
     pack_panels(par, w, BLayout::Transposed, k, m, wt);
@@ -143,7 +198,7 @@ pub fn forward<T: Float>(par: &dyn Parallel, wt: &mut [T], out: &mut [T], x: &[T
     let out_p = SharedMut(out.as_mut_ptr());
     let (pre_p, slope, residual) = match epilogue {
         Epilogue::None => (None, false, None),
-        Epilogue::Gelu { pre, slope } => {
+        Epilogue::Gelu { pre } => {
             assert_eq!(pre.len(), n * m);
             (Some(SharedMut(pre.as_mut_ptr())), slope, None)
         }
@@ -191,21 +246,8 @@ pub fn forward<T: Float>(par: &dyn Parallel, wt: &mut [T], out: &mut [T], x: &[T
 /// baby config's `dx` products ran 4-10% faster than packing w per block of 96 rows), then in
 /// the same place `x` in panels for `dw` (see `weight_gradient`), and beside it the second
 /// half of `dw`'s sum over the N rows, which is added after the first.
-#[allow(clippy::too_many_arguments)]
-pub fn backward<T: Float>(
-    par: &dyn Parallel,
-    dx: Option<&mut [T]>,
-    dw: &mut [T],
-    db: Option<&mut [T]>,
-    partials: &mut [T],
-    scratch: &mut [T],
-    dout: &mut [T],
-    x: &[T],
-    w: &[T],
-    gelu_slope: Option<&[T]>,
-    k: usize,
-    m: usize,
-) {
+pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, partials: &mut [T], scratch: &mut [T]) {
+    let Backward { dx, dweight: dw, dbias: db, dout, x, weight: w, gelu_slope, k, m } = a;
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && dout.len() == n * m && dw.len() == m * k, "matmul backward: shape mismatch");
     // One pass over row blocks: the GELU's gradient in place, and the blocks' column sums.
@@ -355,13 +397,17 @@ mod tests {
         let g = random(&mut rng, n * m, 1.0);
         let mut out = vec![0.0; n * m];
         let mut pre = vec![0.0; n * m];
-        let run = |x: &[f64], w: &[f64], b: &[f64], r: &[f64], pre: &mut [f64], out: &mut [f64], slope: bool| {
-            let epi = match kind {
-                "gelu" => Epilogue::Gelu { pre, slope },
+        let run = |x: &[f64], weight: &[f64], b: &[f64], r: &[f64], pre: &mut [f64], out: &mut [f64], save_slope: bool| {
+            let epilogue = match kind {
+                "gelu" => Epilogue::Gelu { pre },
                 "residual" => Epilogue::Residual { input: r },
                 _ => Epilogue::None,
             };
-            forward(&Serial, &mut vec![0.0; scratch_len(k, m)], out, x, w, with_bias.then_some(b), epi, k, m);
+            forward(
+                &Serial,
+                Forward { out: &mut *out, x, weight, bias: with_bias.then_some(b), epilogue, save_slope, k, m },
+                &mut vec![0.0; scratch_len(k, m)],
+            );
             weighted_sum(out, &g)
         };
         run(&x, &w, &b, &r, &mut pre, &mut out, true);
@@ -369,7 +415,18 @@ mod tests {
         let gelu_slope = (kind == "gelu").then_some(&pre[..]);
         let mut partials = vec![0.0; crate::ops::row_blocks::blocks(n) * m];
         let mut scratch = vec![0.0; scratch_len(k, m)];
-        backward(&Serial, Some(&mut dx), &mut dw, with_bias.then_some(&mut db[..]), &mut partials, &mut scratch, &mut dout, &x, &w, gelu_slope, k, m);
+        let grads = Backward {
+            dx: Some(&mut dx[..]),
+            dweight: &mut dw[..],
+            dbias: with_bias.then_some(&mut db[..]),
+            dout: &mut dout[..],
+            x: &x[..],
+            weight: &w[..],
+            gelu_slope,
+            k,
+            m,
+        };
+        backward(&Serial, grads, &mut partials, &mut scratch);
         let (x0, w0, b0, r0) = (x.clone(), w.clone(), b.clone(), r.clone());
         let mut scratch = (vec![0.0; n * m], vec![0.0; n * m]);
         let mut loss = |x: &[f64], w: &[f64], b: &[f64], r: &[f64]| run(x, w, b, r, &mut scratch.0, &mut scratch.1, false);
@@ -450,15 +507,27 @@ mod tests {
             let x: Vec<f32> = random(&mut rng, n * k, 1.0).into_iter().map(|v| v as f32).collect();
             let w: Vec<f32> = random(&mut rng, m * k, 1.0).into_iter().map(|v| v as f32).collect();
             let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
-            forward(&Serial, &mut vec![0.0; scratch_len(k, m)], &mut a, &x, &w, None, Epilogue::None, k, m);
-            forward(&four, &mut vec![0.0; scratch_len(k, m)], &mut b, &x, &w, None, Epilogue::None, k, m);
+            let plain = |out| Forward { out, x: &x[..], weight: &w[..], bias: None, epilogue: Epilogue::None, save_slope: false, k, m };
+            forward(&Serial, plain(&mut a[..]), &mut vec![0.0; scratch_len(k, m)]);
+            forward(&four, plain(&mut b[..]), &mut vec![0.0; scratch_len(k, m)]);
             assert_eq!(a, b);
             // Backward too: both halves of dw's rows split in two on four threads.
             let g: Vec<f32> = random(&mut rng, n * m, 1.0).into_iter().map(|v| v as f32).collect();
             let run_backward = |par: &dyn Parallel| {
                 let (mut dx, mut dw, mut db, mut dout) = (vec![0f32; n * k], vec![0.5f32; m * k], vec![0f32; m], g.clone());
                 let (mut partials, mut scratch) = (vec![0f32; crate::ops::row_blocks::blocks(n) * m], vec![0f32; scratch_len(k, m)]);
-                backward(par, Some(&mut dx), &mut dw, Some(&mut db), &mut partials, &mut scratch, &mut dout, &x, &w, None, k, m);
+                let grads = Backward {
+                    dx: Some(&mut dx[..]),
+                    dweight: &mut dw[..],
+                    dbias: Some(&mut db[..]),
+                    dout: &mut dout[..],
+                    x: &x[..],
+                    weight: &w[..],
+                    gelu_slope: None,
+                    k,
+                    m,
+                };
+                backward(par, grads, &mut partials, &mut scratch);
                 (dx, dw, db)
             };
             assert_eq!(run_backward(&Serial), run_backward(&four), "{n}x{k}x{m}");

@@ -1,0 +1,204 @@
+//! The CPU executor of the [walk](crate::walk): each op's kernel from [`crate::ops`] runs as
+//! the walk reaches it, over slices of caller-owned arenas, split across `par`'s threads.
+
+use crate::float::Float;
+use crate::ops::{attention, cross_entropy, embedding, layernorm, matmul};
+use crate::parallel::Parallel;
+use crate::plan::{Plan, Scratch, Span};
+use crate::tape::{Observer, Op, Pass};
+use crate::walk::{Arena, Executor};
+use core::marker::PhantomData;
+
+/// The step's token ids: inputs `[N]` and, for a loss, targets `[N]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    /// Input tokens `[N]`.
+    pub tokens: &'a [u32],
+    /// Next tokens `[N]`; without them the walk computes logits only.
+    pub targets: Option<&'a [u32]>,
+}
+
+/// An arena the executor hands out disjoint slices of (see [`Executor::write`]).
+struct RawArena<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> RawArena<T> {
+    fn new(s: &mut [T]) -> Self {
+        RawArena { ptr: s.as_mut_ptr(), len: s.len() }
+    }
+
+    /// # Safety
+    /// No other live slice from this arena may overlap `span`.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get<'a>(&self, span: Span) -> &'a mut [T] {
+        assert!(span.end() <= self.len, "span {span:?} outside arena of {}", self.len);
+        // SAFETY: in bounds (checked) and exclusive (caller).
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.add(span.offset), span.len) }
+    }
+}
+
+/// Runs a walk's ops on the CPU over `params`, `acts` (and `grads` for a backward walk) with
+/// the token ids of `batch`. After a forward walk with targets, [`CpuExecutor::loss`] is the
+/// batch's mean loss.
+pub struct CpuExecutor<'a, T> {
+    par: &'a dyn Parallel,
+    scratch: Scratch,
+    params: &'a [T],
+    grads: Option<RawArena<T>>,
+    acts: RawArena<T>,
+    batch: Batch<'a>,
+    observer: Option<&'a mut dyn Observer>,
+    loss: Option<f64>,
+    /// The arenas stay borrowed while the executor lives.
+    _arenas: PhantomData<&'a mut [T]>,
+}
+
+impl<'a, T: Float> CpuExecutor<'a, T> {
+    /// An executor for `plan`'s tape over its arenas, for forward walks.
+    pub fn new(par: &'a dyn Parallel, plan: &Plan, params: &'a [T], acts: &'a mut [T], batch: Batch<'a>) -> Self {
+        let n = plan.tokens();
+        assert!(params.len() == plan.params_len() && acts.len() == plan.acts_len(), "arenas of another plan");
+        assert!(batch.tokens.len() == n && batch.targets.is_none_or(|y| y.len() == n), "a batch of {n} tokens");
+        let acts = RawArena::new(acts);
+        CpuExecutor { par, scratch: plan.scratch(), params, grads: None, acts, batch, observer: None, loss: None, _arenas: PhantomData }
+    }
+
+    /// With the gradients arena, for backward walks.
+    pub fn with_grads(mut self, grads: &'a mut [T]) -> Self {
+        assert_eq!(grads.len(), self.params.len(), "gradients of another plan");
+        self.grads = Some(RawArena::new(grads));
+        self
+    }
+
+    /// Reporting the start and end of every op to `observer`.
+    pub fn observed(mut self, observer: &'a mut dyn Observer) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// The mean loss of the last forward walk with targets.
+    pub fn loss(&self) -> Option<f64> {
+        self.loss
+    }
+
+    /// One of the plan's scratch spans.
+    fn scratch(&self, span: Span) -> &'a mut [T] {
+        // SAFETY: scratch spans overlap no span of the tape's ops (the plan's guarantee), and
+        // each kernel call takes each at most once.
+        unsafe { self.acts.get(span) }
+    }
+}
+
+impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
+    type Write = &'a mut [T];
+    type Read = &'a [T];
+
+    unsafe fn write(&self, arena: Arena, span: Span) -> &'a mut [T] {
+        // SAFETY (both): the caller's.
+        match arena {
+            Arena::Acts => unsafe { self.acts.get(span) },
+            Arena::Grads => unsafe { self.grads.as_ref().expect("a backward walk needs the gradients arena").get(span) },
+            Arena::Params => unreachable!("a walk never writes parameters"),
+        }
+    }
+
+    unsafe fn read(&self, arena: Arena, span: Span) -> &'a [T] {
+        match arena {
+            Arena::Params => &self.params[span.range()],
+            // SAFETY: the caller's.
+            _ => unsafe { self.write(arena, span) },
+        }
+    }
+
+    fn begin(&mut self, pass: Pass, index: usize, op: &Op) {
+        if let Some(o) = self.observer.as_mut() {
+            o.begin(pass, index, op);
+        }
+    }
+
+    fn end(&mut self, pass: Pass, index: usize, op: &Op) {
+        if let Some(o) = self.observer.as_mut() {
+            o.end(pass, index, op);
+        }
+    }
+
+    fn embedding_forward(&mut self, a: embedding::Forward<&'a mut [T], &'a [T]>) {
+        embedding::forward(self.par, a, self.batch.tokens)
+    }
+
+    fn embedding_backward(&mut self, a: embedding::Backward<&'a mut [T], &'a [T]>) {
+        embedding::backward(self.par, a, self.batch.tokens)
+    }
+
+    fn layernorm_forward(&mut self, a: layernorm::Forward<&'a mut [T], &'a [T]>) {
+        layernorm::forward(self.par, a)
+    }
+
+    fn layernorm_backward(&mut self, a: layernorm::Backward<&'a mut [T], &'a [T]>) {
+        layernorm::backward(self.par, a, self.scratch(self.scratch.partials))
+    }
+
+    fn matmul_forward(&mut self, a: matmul::Forward<&'a mut [T], &'a [T]>) {
+        matmul::forward(self.par, a, self.scratch(self.scratch.wt))
+    }
+
+    fn matmul_backward(&mut self, a: matmul::Backward<&'a mut [T], &'a [T]>) {
+        matmul::backward(self.par, a, self.scratch(self.scratch.partials), self.scratch(self.scratch.wt))
+    }
+
+    fn attention_forward(&mut self, a: attention::Forward<&'a mut [T], &'a [T]>) {
+        attention::forward(self.par, a, self.scratch(self.scratch.attention))
+    }
+
+    fn attention_backward(&mut self, a: attention::Backward<&'a mut [T], &'a [T]>) {
+        attention::backward(self.par, a, self.scratch(self.scratch.attention))
+    }
+
+    fn cross_entropy(&mut self, a: cross_entropy::Forward<&'a mut [T]>) {
+        if let Some(targets) = self.batch.targets {
+            let cross_entropy::Forward { losses, logits, grad_scale } = a;
+            cross_entropy::forward(self.par, cross_entropy::Forward { losses: &mut *losses, logits, grad_scale }, targets);
+            self.loss = Some(cross_entropy::mean(losses));
+        }
+    }
+}
+
+#[cfg(test)]
+mod model_gradient_tests {
+    use super::*;
+    use crate::config::GptConfig;
+    use crate::ops::gradcheck::{assert_close, numeric_grad, random};
+    use crate::parallel::Serial;
+    use crate::rng::Rng;
+    use crate::tape::record_to_vec;
+    use crate::walk;
+
+    /// The whole model's backward against central differences of its loss, in f64.
+    #[test]
+    fn whole_model_gradients_match_finite_differences() {
+        let cfg = GptConfig { vocab_size: 7, block_size: 5, n_layer: 2, n_head: 2, n_embd: 6 };
+        let plan = Plan::new(cfg, 2, 4).unwrap();
+        let tape = record_to_vec(&plan);
+        let mut rng = Rng::new(11);
+        let mut params = random(&mut rng, plan.params_len(), 0.5);
+        let tokens: Vec<u32> = (0..8).map(|_| rng.below(7) as u32).collect();
+        let targets: Vec<u32> = (0..8).map(|_| rng.below(7) as u32).collect();
+        let batch = Batch { tokens: &tokens, targets: Some(&targets) };
+        let mut acts = vec![0.0; plan.acts_len()];
+        let mut grads = vec![0.0; plan.params_len()];
+        let mut cpu = CpuExecutor::new(&Serial, &plan, &params, &mut acts, batch).with_grads(&mut grads);
+        walk::forward(&mut cpu, &tape, Some(1.0 / plan.tokens() as f64));
+        walk::backward(&mut cpu, &plan, &tape);
+        let numeric = numeric_grad(&mut params, |p| {
+            let mut cpu = CpuExecutor::new(&Serial, &plan, p, &mut acts, batch);
+            walk::forward(&mut cpu, &tape, None);
+            cpu.loss().unwrap()
+        });
+        for info in plan.params() {
+            let r = info.span.range();
+            assert_close(&format!("{info}"), &grads[r.clone()], &numeric[r]);
+        }
+    }
+}

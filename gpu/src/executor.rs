@@ -1,0 +1,130 @@
+//! The GPU executor of alpha-core's [walk](alpha_core::walk): each op's dispatches (from
+//! [`crate::ops`]) are recorded into a program over device buffers as the walk reaches
+//! them; the program is built once and submitted every step.
+
+use crate::context::{Gpu, GpuError};
+use crate::forward::BatchSlot;
+use crate::kernels::{Kernels, Program, ProgramBuilder, View};
+use crate::layout::DeviceLayout;
+use crate::ops;
+use alpha_core::ops::{attention, cross_entropy, embedding, layernorm, matmul};
+use alpha_core::plan::{Plan, Scratch, Span, ACT_ALIGN};
+use alpha_core::tape::{Op, Pass};
+use alpha_core::walk::{Arena, Executor};
+
+/// The device buffers a walk reads and writes.
+#[derive(Clone, Copy)]
+pub(crate) struct DeviceArenas<'a> {
+    /// Parameters, in the device layout.
+    pub params: &'a wgpu::Buffer,
+    /// Their gradients (backward walks only).
+    pub grads: Option<&'a wgpu::Buffer>,
+    /// Activations and backward scratch, in the plan's layout.
+    pub acts: &'a wgpu::Buffer,
+    /// Token ids, in [`BatchSlot`]s.
+    pub batch: &'a wgpu::Buffer,
+    /// The loss sums and other statistics (see the trainer's slots).
+    pub stats: &'a wgpu::Buffer,
+    /// The depth chunks of split weight gradients (backward walks only; see
+    /// [`ops::weight_grad_scratch_len`]).
+    pub split: Option<&'a wgpu::Buffer>,
+}
+
+/// Records a walk's dispatches over [`DeviceArenas`], reading the token ids of one batch
+/// slot and summing the losses into one statistics slot.
+pub(crate) struct Recorder<'a> {
+    program: ProgramBuilder<'a>,
+    bufs: DeviceArenas<'a>,
+    layout: &'a DeviceLayout,
+    scratch: Scratch,
+    slot: BatchSlot,
+    loss_slot: usize,
+}
+
+impl<'a> Recorder<'a> {
+    /// A recorder for `plan`'s tape over `bufs`, reading batch `slot` and summing losses into
+    /// `stats[loss_slot]`.
+    pub fn new(plan: &Plan, layout: &'a DeviceLayout, bufs: DeviceArenas<'a>, slot: BatchSlot, loss_slot: usize) -> Self {
+        Recorder { program: ProgramBuilder::default(), bufs, layout, scratch: plan.scratch(), slot, loss_slot }
+    }
+
+    /// The recorded dispatches as a program, pipelines bound.
+    pub fn finish(self, gpu: &Gpu, kernels: &Kernels) -> Result<Program, GpuError> {
+        self.program.build(gpu, kernels)
+    }
+
+    fn acts(&self, span: Span) -> View<'a> {
+        View::span(self.bufs.acts, span)
+    }
+
+    fn ids(&self, span: Span) -> View<'a> {
+        View::span(self.bufs.batch, span)
+    }
+}
+
+impl<'a> Executor for Recorder<'a> {
+    type Write = View<'a>;
+    type Read = View<'a>;
+
+    unsafe fn write(&self, arena: Arena, span: Span) -> View<'a> {
+        match arena {
+            Arena::Acts => self.acts(span),
+            Arena::Params => View::span(self.bufs.params, self.layout.device(span)),
+            Arena::Grads => View::span(self.bufs.grads.expect("a backward walk needs the gradients"), self.layout.device(span)),
+        }
+    }
+
+    unsafe fn read(&self, arena: Arena, span: Span) -> View<'a> {
+        // SAFETY: views are handles; the device orders the dispatches.
+        unsafe { self.write(arena, span) }
+    }
+
+    fn begin(&mut self, _pass: Pass, _index: usize, op: &Op) {
+        self.program.label(op.name());
+    }
+
+    fn embedding_forward(&mut self, a: embedding::Forward<View<'a>, View<'a>>) {
+        let tokens = self.ids(self.slot.tokens);
+        ops::embedding_forward(&mut self.program, a, tokens)
+    }
+
+    fn embedding_backward(&mut self, a: embedding::Backward<View<'a>, View<'a>>) {
+        let (order, starts) = (self.ids(self.slot.order), self.ids(self.slot.starts));
+        ops::embedding_backward(&mut self.program, a, order, starts)
+    }
+
+    fn layernorm_forward(&mut self, a: layernorm::Forward<View<'a>, View<'a>>) {
+        ops::layernorm_forward(&mut self.program, a)
+    }
+
+    fn layernorm_backward(&mut self, a: layernorm::Backward<View<'a>, View<'a>>) {
+        let partials = self.acts(self.scratch.partials);
+        ops::layernorm_backward(&mut self.program, a, partials)
+    }
+
+    fn matmul_forward(&mut self, a: matmul::Forward<View<'a>, View<'a>>) {
+        ops::matmul_forward(&mut self.program, a)
+    }
+
+    fn matmul_backward(&mut self, a: matmul::Backward<View<'a>, View<'a>>) {
+        let split = self.bufs.split.expect("a backward walk needs the split-gradient scratch");
+        let split = View::first(split, (split.size() / 4) as usize);
+        let partials = self.acts(self.scratch.partials);
+        ops::matmul_backward(&mut self.program, a, partials, split)
+    }
+
+    fn attention_forward(&mut self, a: attention::Forward<View<'a>, View<'a>>) {
+        ops::attention_forward(&mut self.program, a)
+    }
+
+    fn attention_backward(&mut self, a: attention::Backward<View<'a>, View<'a>>) {
+        let delta = self.acts(self.scratch.attention);
+        ops::attention_backward(&mut self.program, a, delta)
+    }
+
+    fn cross_entropy(&mut self, a: cross_entropy::Forward<View<'a>>) {
+        let (losses, targets) = (a.losses, self.ids(self.slot.targets));
+        ops::cross_entropy(&mut self.program, a, targets);
+        ops::sum_losses(&mut self.program, losses, View::first(self.bufs.stats, ACT_ALIGN), self.loss_slot);
+    }
+}
