@@ -2,17 +2,20 @@
 noise hits both alike (the way to tell whether a change made training faster):
 
   python3 scripts/compare_builds.py BEFORE AFTER [--rounds 10] [--iters 20] [--warmup 5]
-                                    [--threads 1] [-- more bench flags]
+                                    [--threads 1] [--after-flags FLAGS] [-- more bench flags]
 
 BEFORE and AFTER are alpha-native binaries (copy target/release/alpha-native aside before
-rebuilding). Each round runs `bench --json` once with each; prints both sides' medians over all
-their steps, the ratio AFTER / BEFORE of those medians, and the median and range of the rounds'
-own ratios. Needs nothing beyond Python 3.
+rebuilding), or one binary twice with --after-flags giving the AFTER side's own flags (e.g.
+`--after-flags=--recompute` sets activation checkpointing against none). Each round runs
+`bench --json` once with each; prints both sides' medians over all their steps, the ratio
+AFTER / BEFORE of those medians, and the median and range of the rounds' own ratios. Needs
+nothing beyond Python 3.
 """
 import argparse
 import json
 import statistics
 import subprocess
+import sys
 
 
 def steps(binary, args, extra):
@@ -30,11 +33,15 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("extra", nargs="*", help="more bench flags (after --)")
-    args = p.parse_args()
+    p.add_argument("--after-flags", default="", help="bench flags of the AFTER side only (space separated)")
+    # Everything after `--` goes to bench as is (argparse would not take it after options).
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.extra = extra
     before, after, ratios = [], [], []
     for _ in range(args.rounds):
-        b, a = steps(args.before, args, args.extra), steps(args.after, args, args.extra)
+        b, a = steps(args.before, args, args.extra), steps(args.after, args, args.extra + args.after_flags.split())
         before += b
         after += a
         ratios.append(statistics.median(a) / statistics.median(b))

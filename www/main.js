@@ -2,7 +2,7 @@
 // WebAssembly), watch the losses and samples, save and load checkpoints.
 //
 // URL parameters (for links and tests): backend=auto|webgpu|cpu, preset=<name>, steps=N (stop
-// after N steps), seed=N, autostart=1, wasm=relaxed|simd128 (which build, below).
+// after N steps), seed=N, recompute=1, autostart=1, wasm=relaxed|simd128 (which build, below).
 // window.alpha exposes the page's state.
 
 const params = new URLSearchParams(location.search);
@@ -148,7 +148,7 @@ function showStats() {
 async function createTrainer() {
   const text = await readText();
   const backend = backendChoice();
-  const options = { ...preset.options, backend };
+  const options = { ...preset.options, backend, recompute: $("recompute").checked };
   if (params.has("seed")) options.seed = Number(params.get("seed"));
   say("Building the model…");
   trainer = await Trainer.create(options, text);
@@ -289,7 +289,7 @@ async function uploadCheckpoint(file) {
     const bytes = new Uint8Array(await file.arrayBuffer());
     const text = await readText();
     say("Loading the checkpoint…");
-    trainer = await Trainer.load(bytes, text, { backend: backendChoice() });
+    trainer = await Trainer.load(bytes, text, { backend: backendChoice(), recompute: $("recompute").checked });
     const s = trainer.stats();
     // Train to the run's planned length (or the steps= parameter's); a finished run goes on
     // for another preset's length, as `alpha-native train --resume --iters N` would.
@@ -324,6 +324,7 @@ function setup() {
   $("preset").value = presetName;
   preset = PRESETS[presetName];
   $("backend").value = params.get("backend") ?? "auto";
+  $("recompute").checked = params.get("recompute") === "1";
   const showPreset = () => ($("preset-info").textContent = `${preset.options.iters} steps, evaluation every ${preset.evalInterval}, a sample every ${preset.sampleInterval}.`);
   showPreset();
   const reset = () => {
@@ -338,6 +339,7 @@ function setup() {
     reset();
   };
   $("backend").onchange = reset;
+  $("recompute").onchange = reset;
   $("corpus").onchange = () => {
     $("paste").hidden = $("corpus").value !== "paste";
     $("upload").hidden = $("corpus").value !== "upload";

@@ -17,9 +17,10 @@
 
 use crate::config::MAX_GRAD_ACCUM;
 use crate::optim::{AdamWConfig, LrSchedule};
+use crate::plan::try_vec;
 use crate::plan::{ParamInfo, ParamKind, Plan, LAYER_PARAMS};
 use crate::tokenizer::CharTokenizer;
-use crate::train::{try_vec, TrainConfig};
+use crate::train::TrainConfig;
 use crate::GptConfig;
 use alloc::collections::BTreeMap;
 use alloc::format;

@@ -3,7 +3,6 @@
 //! Kernels are written once, generic over [`Float`], so the finite-difference tests run the
 //! very same code in double precision.
 
-use crate::gemm::Kernel;
 use core::fmt::Debug;
 use core::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
@@ -56,10 +55,6 @@ pub trait Float:
             self
         }
     }
-    /// The fastest GEMM micro-kernel this CPU runs for this type.
-    fn kernel() -> Kernel<Self> {
-        crate::gemm::portable()
-    }
 }
 
 impl Float for f32 {
@@ -92,9 +87,6 @@ impl Float for f32 {
         return <f32>::sqrt(self);
         #[cfg(not(feature = "std"))]
         return libm::sqrtf(self);
-    }
-    fn kernel() -> Kernel<Self> {
-        crate::gemm::f32_kernel()
     }
 }
 

@@ -5,7 +5,7 @@ use crate::float::Float;
 use crate::parallel::Parallel;
 use crate::plan::{ParamKind, Plan};
 use crate::rng::Rng;
-use crate::tape::{self, Op};
+use crate::tape::Op;
 use crate::walk;
 
 /// GPT-2 initialisation into `params`: weights and embeddings N(0, 0.02), residual output
@@ -170,8 +170,8 @@ impl<T: Float> Sampler<T> {
     /// Sampling memory for `config` with a context of `seq` tokens (at most the block size).
     pub fn new(config: crate::GptConfig, seq: usize) -> Result<Self, crate::ConfigError> {
         let plan = Plan::new(config, 1, seq)?;
-        let acts = crate::train::try_vec("activations", plan.acts_len(), T::ZERO)?;
-        Ok(Sampler { plan, tape: tape::record_to_vec(&plan), acts, window: alloc::vec![0; seq] })
+        let acts = crate::plan::try_vec("activations", plan.acts_len(), T::ZERO)?;
+        Ok(Sampler { plan, tape: crate::tape::record_to_vec(&plan), acts, window: alloc::vec![0; seq] })
     }
 
     /// Generates `count` tokens after `prompt` with `params`, calling `emit` with each (see

@@ -214,8 +214,12 @@ pub struct Plan {
     /// Elements of one block's activations (with recompute: of the one shared set, without
     /// the kept residual streams).
     layer_acts_len: usize,
-    /// Elements of all blocks' activations.
-    blocks_len: usize,
+    /// Where the blocks' kept inputs start (with recompute).
+    kept_offset: usize,
+    /// Where the head's activations start.
+    head_offset: usize,
+    /// Where the backward's scratch starts.
+    scratch_offset: usize,
     params_len: usize,
     acts_len: usize,
 }
@@ -277,7 +281,19 @@ impl Plan {
         }
         let c = config.n_embd;
         let layer_params_len = (12 * c + 13) * c;
-        let mut plan = Plan { config, batch, seq, recompute: false, layer_params_len, layer_acts_len: 0, blocks_len: 0, params_len: 0, acts_len: 0 };
+        let mut plan = Plan {
+            config,
+            batch,
+            seq,
+            recompute: false,
+            layer_params_len,
+            layer_acts_len: 0,
+            kept_offset: 0,
+            head_offset: 0,
+            scratch_offset: 0,
+            params_len: 0,
+            acts_len: 0,
+        };
         let lnf_b = plan.param(ParamKind::LnfBias, None);
         plan.params_len = lnf_b.span.end();
         Ok(plan.with_recompute(false))
@@ -288,16 +304,23 @@ impl Plan {
     /// forward; the backward walk recomputes a block's forward from it just before the
     /// block's backward ([`crate::walk::backward`]). Losses and gradients keep their bits;
     /// a block's activations (about 16 values per token and channel) shrink to its input (1).
+    /// The head's activations share the blocks' too: the head runs forward after the last
+    /// block and backward before the first recompute.
     pub fn with_recompute(mut self, recompute: bool) -> Plan {
         self.recompute = recompute;
-        let blocks_start = self.blocks_start();
+        let start = self.blocks_start();
         let layers = self.config.n_layer;
+        let head_len = self.head_acts_at(0).losses.end().next_multiple_of(ACT_ALIGN);
         if recompute {
-            self.layer_acts_len = aligned(self.layer_acts(0).fc_gelu.end() - blocks_start);
-            self.blocks_len = self.layer_acts_len + layers * aligned(self.tokens() * self.config.n_embd);
+            self.layer_acts_len = aligned(self.layer_acts(0).fc_gelu.end() - start);
+            let shared = self.layer_acts_len.max(head_len);
+            self.kept_offset = start + shared;
+            self.head_offset = start;
+            self.scratch_offset = self.kept_offset + layers * aligned(self.tokens() * self.config.n_embd);
         } else {
-            self.layer_acts_len = aligned(self.layer_acts(0).res_out.end() - blocks_start);
-            self.blocks_len = layers * self.layer_acts_len;
+            self.layer_acts_len = aligned(self.layer_acts(0).res_out.end() - start);
+            self.head_offset = start + layers * self.layer_acts_len;
+            self.scratch_offset = self.head_offset + head_len;
         }
         self.acts_len = aligned(self.scratch().partials.end());
         self
@@ -399,7 +422,7 @@ impl Plan {
             ln2_rstd: b.take(n),
             fc_pre: b.take(4 * n * c),
             fc_gelu: b.take(4 * n * c),
-            res_out: if self.recompute { Span { offset: self.blocks_start() + self.layer_acts_len + l * aligned(n * c), len: n * c } } else { b.take(n * c) },
+            res_out: if self.recompute { Span { offset: self.kept_offset + l * aligned(n * c), len: n * c } } else { b.take(n * c) },
         }
     }
 
@@ -414,8 +437,12 @@ impl Plan {
 
     /// Activations after the last block.
     pub fn head_acts(&self) -> HeadActs {
+        self.head_acts_at(self.head_offset)
+    }
+
+    fn head_acts_at(&self, offset: usize) -> HeadActs {
         let (n, c, v) = (self.tokens(), self.config.n_embd, self.config.vocab_size);
-        let mut b = Bump(self.blocks_start() + self.blocks_len);
+        let mut b = Bump(offset);
         HeadActs { lnf: b.take(n * c), lnf_mean: b.take(n), lnf_rstd: b.take(n), logits: b.take(n * v), losses: b.take(n) }
     }
 
@@ -433,7 +460,7 @@ impl Plan {
     /// Backward scratch buffers.
     pub fn scratch(&self) -> Scratch {
         let nc = self.tokens() * self.config.n_embd;
-        let mut b = Bump(aligned(self.head_acts().losses.end()));
+        let mut b = Bump(self.scratch_offset);
         let wt = self.matmul_scratch_len();
         let attention = self.attention_shape().scratch_len();
         let partials = crate::ops::row_blocks::blocks(self.tokens()) * 4 * self.config.n_embd;
@@ -474,6 +501,16 @@ pub struct Scratch {
     /// Per-row-block column sums of the bias and LayerNorm gradients (see
     /// [`crate::ops::row_blocks`]): `blocks(N) x 4C`.
     pub partials: Span,
+}
+
+/// `len` copies of `value` in a new vector, or [`ConfigError::OutOfMemory`] naming `what`
+/// when the allocator refuses (where `vec!` would abort the process).
+#[cfg(feature = "alloc")]
+pub fn try_vec<T: Clone>(what: &'static str, len: usize, value: T) -> Result<alloc::vec::Vec<T>, ConfigError> {
+    let mut v = alloc::vec::Vec::new();
+    v.try_reserve_exact(len).map_err(|_| ConfigError::OutOfMemory { what, bytes: len.saturating_mul(core::mem::size_of::<T>()) })?;
+    v.resize(len, value);
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -344,15 +344,16 @@ mod plan_tests {
         let mut ops = [Op::BLANK; 64];
         let tape = record(plan, &mut ops).unwrap();
         let sc = plan.scratch();
-        // With recompute, every block's input is kept apart from the shared activations.
+        // With recompute, every block's input is kept apart from the shared activations (the
+        // blocks' and the head's).
         let kept: Vec<Span> = (0..=plan.config.n_layer).map(|l| plan.residual_in(l)).collect();
         for (i, a) in kept.iter().enumerate() {
             for b in &kept[i + 1..] {
                 assert!(!overlap(*a, *b), "kept residuals {a:?} and {b:?} overlap");
             }
-            let shared = plan.layer_acts(0);
-            for s in [shared.ln1, shared.qkv, shared.atty, shared.res_mid, shared.ln2, shared.fc_pre, shared.fc_gelu] {
-                assert!(!overlap(*a, s), "kept residual {a:?} overlaps block activation {s:?}");
+            let (shared, h) = (plan.layer_acts(0), plan.head_acts());
+            for s in [shared.ln1, shared.qkv, shared.atty, shared.res_mid, shared.ln2, shared.fc_pre, shared.fc_gelu, h.lnf, h.logits, h.losses] {
+                assert!(!overlap(*a, s), "kept residual {a:?} overlaps activation {s:?}");
             }
         }
         for op in tape {

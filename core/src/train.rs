@@ -8,9 +8,11 @@ use crate::float::Float;
 use crate::ops::grad_norm;
 use crate::optim::{adamw_step, AdamWConfig, LrSchedule};
 use crate::parallel::{split_range, Parallel, SharedMut};
+#[cfg(feature = "alloc")]
+use crate::plan::try_vec;
 use crate::plan::Plan;
 use crate::rng::Rng;
-use crate::tape::{self, Observer, Op, Phase};
+use crate::tape::{Observer, Op, Phase};
 use crate::walk;
 use core::fmt;
 
@@ -282,16 +284,6 @@ pub struct OwnedMemory<T> {
     pub batch: alloc::vec::Vec<u32>,
 }
 
-/// `len` copies of `value` in a new vector, or [`ConfigError::OutOfMemory`] naming `what`
-/// when the allocator refuses (where `vec!` would abort the process).
-#[cfg(feature = "alloc")]
-pub fn try_vec<T: Clone>(what: &'static str, len: usize, value: T) -> Result<alloc::vec::Vec<T>, ConfigError> {
-    let mut v = alloc::vec::Vec::new();
-    v.try_reserve_exact(len).map_err(|_| ConfigError::OutOfMemory { what, bytes: len.saturating_mul(core::mem::size_of::<T>()) })?;
-    v.resize(len, value);
-    Ok(v)
-}
-
 #[cfg(feature = "alloc")]
 impl<T: Float> OwnedMemory<T> {
     /// Zeroed memory and the recorded tape for `plan`; an error, not an abort, when the
@@ -299,7 +291,7 @@ impl<T: Float> OwnedMemory<T> {
     pub fn new(plan: &Plan) -> Result<Self, ConfigError> {
         let p = plan.params_len();
         Ok(OwnedMemory {
-            tape: tape::record_to_vec(plan),
+            tape: crate::tape::record_to_vec(plan),
             params: try_vec("parameters", p, T::ZERO)?,
             grads: try_vec("gradients", p, T::ZERO)?,
             adam_m: try_vec("AdamW first moments", p, T::ZERO)?,

@@ -3,7 +3,6 @@
 //! them; the program is built once and submitted every step.
 
 use crate::context::{Gpu, GpuError};
-use crate::forward::BatchSlot;
 use crate::kernels::{Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
@@ -11,6 +10,35 @@ use alpha_core::ops::{attention, cross_entropy, embedding, layernorm, matmul};
 use alpha_core::plan::{Plan, Scratch, Span, ACT_ALIGN};
 use alpha_core::tape::{Op, Pass};
 use alpha_core::walk::{Arena, Executor};
+
+/// `n` rounded up to a whole number of [`ACT_ALIGN`] elements.
+pub(crate) fn aligned(n: usize) -> usize {
+    n.div_ceil(ACT_ALIGN) * ACT_ALIGN
+}
+
+/// Where one batch's token ids live in a batch buffer (u32 elements): inputs and targets,
+/// and for the embedding's backward the rows grouped by token.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchSlot {
+    pub tokens: Span,
+    pub targets: Span,
+    pub order: Span,
+    pub starts: Span,
+}
+
+impl BatchSlot {
+    /// Slot `index` for batches of `n` tokens over a vocabulary of `vocab`.
+    pub fn new(index: usize, n: usize, vocab: usize) -> BatchSlot {
+        let base = index * BatchSlot::len(n, vocab);
+        let s = |i: usize, len| Span { offset: base + i * aligned(n), len };
+        BatchSlot { tokens: s(0, n), targets: s(1, n), order: s(2, n), starts: s(3, vocab + 1) }
+    }
+
+    /// Elements of one slot.
+    pub fn len(n: usize, vocab: usize) -> usize {
+        3 * aligned(n) + aligned(vocab + 1)
+    }
+}
 
 /// The device buffers a walk reads and writes.
 #[derive(Clone, Copy)]
@@ -26,7 +54,7 @@ pub(crate) struct DeviceArenas<'a> {
     /// The loss sums and other statistics (see the trainer's slots).
     pub stats: &'a wgpu::Buffer,
     /// The depth chunks of split weight gradients (backward walks only; see
-    /// [`ops::weight_grad_scratch_len`]).
+    /// [`ops::matmul::weight_grad_scratch_len`]).
     pub split: Option<&'a wgpu::Buffer>,
 }
 
@@ -85,46 +113,46 @@ impl<'a> Executor for Recorder<'a> {
 
     fn embedding_forward(&mut self, a: embedding::Forward<View<'a>, View<'a>>) {
         let tokens = self.ids(self.slot.tokens);
-        ops::embedding_forward(&mut self.program, a, tokens)
+        ops::embedding::forward(&mut self.program, a, tokens)
     }
 
     fn embedding_backward(&mut self, a: embedding::Backward<View<'a>, View<'a>>) {
         let (order, starts) = (self.ids(self.slot.order), self.ids(self.slot.starts));
-        ops::embedding_backward(&mut self.program, a, order, starts)
+        ops::embedding::backward(&mut self.program, a, order, starts)
     }
 
     fn layernorm_forward(&mut self, a: layernorm::Forward<View<'a>, View<'a>>) {
-        ops::layernorm_forward(&mut self.program, a)
+        ops::layernorm::forward(&mut self.program, a)
     }
 
     fn layernorm_backward(&mut self, a: layernorm::Backward<View<'a>, View<'a>>) {
         let partials = self.acts(self.scratch.partials);
-        ops::layernorm_backward(&mut self.program, a, partials)
+        ops::layernorm::backward(&mut self.program, a, partials)
     }
 
     fn matmul_forward(&mut self, a: matmul::Forward<View<'a>, View<'a>>) {
-        ops::matmul_forward(&mut self.program, a)
+        ops::matmul::forward(&mut self.program, a)
     }
 
     fn matmul_backward(&mut self, a: matmul::Backward<View<'a>, View<'a>>) {
         let split = self.bufs.split.expect("a backward walk needs the split-gradient scratch");
         let split = View::first(split, (split.size() / 4) as usize);
         let partials = self.acts(self.scratch.partials);
-        ops::matmul_backward(&mut self.program, a, partials, split)
+        ops::matmul::backward(&mut self.program, a, partials, split)
     }
 
     fn attention_forward(&mut self, a: attention::Forward<View<'a>, View<'a>>) {
-        ops::attention_forward(&mut self.program, a)
+        ops::attention::forward(&mut self.program, a)
     }
 
     fn attention_backward(&mut self, a: attention::Backward<View<'a>, View<'a>>) {
         let delta = self.acts(self.scratch.attention);
-        ops::attention_backward(&mut self.program, a, delta)
+        ops::attention::backward(&mut self.program, a, delta)
     }
 
     fn cross_entropy(&mut self, a: cross_entropy::Forward<View<'a>>) {
         let (losses, targets) = (a.losses, self.ids(self.slot.targets));
-        ops::cross_entropy(&mut self.program, a, targets);
-        ops::sum_losses(&mut self.program, losses, View::first(self.bufs.stats, ACT_ALIGN), self.loss_slot);
+        ops::cross_entropy::forward(&mut self.program, a, targets);
+        ops::cross_entropy::sum_losses(&mut self.program, losses, View::first(self.bufs.stats, ACT_ALIGN), self.loss_slot);
     }
 }

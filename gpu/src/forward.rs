@@ -2,42 +2,13 @@
 //! and the device memory every GPU model shares: batch slots, checked storage buffers.
 
 use crate::context::{Gpu, GpuError};
-use crate::executor::{DeviceArenas, Recorder};
+use crate::executor::{BatchSlot, DeviceArenas, Recorder};
 use crate::kernels::{bytes, Kernels, Program};
 use crate::layout::DeviceLayout;
 use crate::readback::read;
 use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
-use alpha_core::plan::{Plan, Span, ACT_ALIGN};
+use alpha_core::plan::{Plan, ACT_ALIGN};
 use alpha_core::{tape, walk, Rng};
-
-/// `n` rounded up to a whole number of [`ACT_ALIGN`] elements.
-pub(crate) fn aligned(n: usize) -> usize {
-    n.div_ceil(ACT_ALIGN) * ACT_ALIGN
-}
-
-/// Where one batch's token ids live in a batch buffer (u32 elements): inputs and targets,
-/// and for the embedding's backward the rows grouped by token.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BatchSlot {
-    pub tokens: Span,
-    pub targets: Span,
-    pub order: Span,
-    pub starts: Span,
-}
-
-impl BatchSlot {
-    /// Slot `index` for batches of `n` tokens over a vocabulary of `vocab`.
-    pub fn new(index: usize, n: usize, vocab: usize) -> BatchSlot {
-        let base = index * BatchSlot::len(n, vocab);
-        let s = |i: usize, len| Span { offset: base + i * aligned(n), len };
-        BatchSlot { tokens: s(0, n), targets: s(1, n), order: s(2, n), starts: s(3, vocab + 1) }
-    }
-
-    /// Elements of one slot.
-    pub fn len(n: usize, vocab: usize) -> usize {
-        3 * aligned(n) + aligned(vocab + 1)
-    }
-}
 
 /// A storage buffer of `elements` 32-bit words (at least one aligned block), checked against
 /// the device's limits.

@@ -7,7 +7,6 @@
 //! once; a program is encoded into a compute pass as it is.
 
 use crate::context::{Gpu, GpuError};
-use crate::profile::QueryCursor;
 use alpha_core::plan::Span;
 use std::num::NonZeroU64;
 
@@ -412,11 +411,11 @@ impl Program {
         self.dispatches.iter().map(|d| (d.label, d.kernel))
     }
 
-    /// Records each dispatch in a pass of its own with a timestamp before and after it,
-    /// taking query indices from `queries` (profiling: the extra passes cost a little).
-    pub(crate) fn encode_timed(&self, kernels: &Kernels, enc: &mut wgpu::CommandEncoder, queries: &mut QueryCursor<'_>) {
+    /// Records each dispatch in a pass of its own with a timestamp before and after it, at
+    /// the pair of queries `next_pair` gives (profiling: the extra passes cost a little).
+    pub(crate) fn encode_timed<'q>(&self, kernels: &Kernels, enc: &mut wgpu::CommandEncoder, mut next_pair: impl FnMut() -> (&'q wgpu::QuerySet, u32)) {
         for d in &self.dispatches {
-            let (set, begin) = queries.next_pair();
+            let (set, begin) = next_pair();
             let timestamp_writes =
                 wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(begin), end_of_pass_write_index: Some(begin + 1) };
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(d.label), timestamp_writes: Some(timestamp_writes) });

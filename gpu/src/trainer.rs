@@ -5,8 +5,8 @@
 //! small statistics buffer until [`GpuTrainer::stats`] reads them.
 
 use crate::context::{Gpu, GpuError};
-use crate::executor::{DeviceArenas, Recorder};
-use crate::forward::{aligned, allocating, check_indexable, storage, BatchSlot, GpuForward};
+use crate::executor::{aligned, BatchSlot, DeviceArenas, Recorder};
+use crate::forward::{allocating, check_indexable, storage, GpuForward};
 use crate::kernels::{bytes, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
@@ -35,7 +35,7 @@ struct Buffers {
     batch: wgpu::Buffer,
     stats: wgpu::Buffer,
     norm_partials: wgpu::Buffer,
-    /// The depth chunks of split weight gradients (see `ops::weight_grad_splits`).
+    /// The depth chunks of split weight gradients (see `ops::matmul::weight_grad_splits`).
     split: wgpu::Buffer,
 }
 
@@ -99,16 +99,14 @@ impl GpuTrainer {
             return Err(GpuError(format!("{} parameters given, the model has {}", params.len(), plan.params_len())));
         }
         cfg.validate().map_err(|e| GpuError(e.to_string()))?;
-        check_indexable(&plan)?;
+        GpuTrainer::check_fits(&gpu, &plan)?;
         let layout = DeviceLayout::new(&plan);
-        // AdamW and the gradient norm bind whole arenas.
-        gpu.check_size("the parameter arena (bound whole by AdamW)", bytes(layout.len()), true)?;
         let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
         let n = plan.tokens();
         let vocab = plan.config.vocab_size;
         let slot_len = BatchSlot::len(n, vocab);
         let tape = tape::record_to_vec(&plan);
-        let split_len = tape::matmul_shapes(&tape).map(|(k, m)| ops::weight_grad_scratch_len(n, k, m)).max().unwrap_or(0);
+        let split_len = tape::matmul_shapes(&tape).map(|(k, m)| ops::matmul::weight_grad_scratch_len(n, k, m)).max().unwrap_or(0);
         let bufs = allocating(&gpu, || {
             Ok(Buffers {
                 params: storage(&gpu, "parameters", layout.len())?,
@@ -119,7 +117,7 @@ impl GpuTrainer {
                 // One slot per micro-batch and one for evaluation.
                 batch: storage(&gpu, "batch", slot_len.checked_mul(cfg.grad_accum + 1).ok_or_else(|| GpuError("the batch buffer's size overflows".into()))?)?,
                 stats: storage(&gpu, "statistics", ACT_ALIGN)?,
-                norm_partials: storage(&gpu, "norm partials", ops::NORM_CHUNKS)?,
+                norm_partials: storage(&gpu, "norm partials", ops::grad_norm::NORM_CHUNKS)?,
                 split: storage(&gpu, "weight gradient chunks", split_len)?,
             })
         })
@@ -144,8 +142,8 @@ impl GpuTrainer {
         p.label("update");
         let whole = |buf| View::first(buf, layout.len());
         let stats = View::first(&bufs.stats, ACT_ALIGN);
-        ops::sum_squares(&mut p, whole(&bufs.grads), View::first(&bufs.norm_partials, ops::NORM_CHUNKS), stats, NORM_SLOT);
-        let adamw_index = ops::adamw(&mut p, whole(&bufs.params), whole(&bufs.grads), whole(&bufs.adam_m), whole(&bufs.adam_v), stats);
+        ops::grad_norm::sum_squares(&mut p, whole(&bufs.grads), View::first(&bufs.norm_partials, ops::grad_norm::NORM_CHUNKS), stats, NORM_SLOT);
+        let adamw_index = ops::adamw::dispatch(&mut p, whole(&bufs.params), whole(&bufs.grads), whole(&bufs.adam_m), whole(&bufs.adam_v), stats);
         let update = p.build(&gpu, &kernels)?;
         let dres = plan.scratch().dres;
         let t = GpuTrainer {
@@ -167,6 +165,16 @@ impl GpuTrainer {
         };
         t.upload(params, moments)?;
         Ok(t)
+    }
+
+    /// An error unless a trainer of `plan` is within `gpu`'s limits: buffer and binding
+    /// sizes, the kernels' 32-bit indices (the device's free memory shows only when the
+    /// buffers are made).
+    pub fn check_fits(gpu: &Gpu, plan: &Plan) -> Result<(), GpuError> {
+        check_indexable(plan)?;
+        // AdamW and the gradient norm bind whole arenas.
+        gpu.check_size("the parameter arena (bound whole by AdamW)", bytes(DeviceLayout::new(plan).len()), true)?;
+        gpu.check_size("activations", bytes(plan.acts_len().max(ACT_ALIGN)), false)
     }
 
     /// Replaces the parameters and, when given, the AdamW moments `(m, v)` (host layout).
@@ -208,7 +216,7 @@ impl GpuTrainer {
         sample_batch(rng.unwrap_or(&mut self.rng), data, self.plan.seq, &mut x[..n], y);
         let (head, starts) = hb.split_at_mut(b.starts.offset);
         let (tokens, order) = head.split_at_mut(b.order.offset);
-        ops::group_rows_by_token(&tokens[b.tokens.range()], &mut order[..n], &mut starts[..vocab + 1]);
+        ops::embedding::group_rows_by_token(&tokens[b.tokens.range()], &mut order[..n], &mut starts[..vocab + 1]);
         let offset = bytes(slot * BatchSlot::len(n, vocab));
         self.gpu.queue.write_buffer(&self.bufs.batch, offset, bytemuck::cast_slice(&self.host_batch));
     }
@@ -222,7 +230,7 @@ impl GpuTrainer {
             self.write_batch(slot, data, None);
         }
         self.step += 1;
-        let words = ops::adamw_words(
+        let words = ops::adamw::words(
             self.layout.len(),
             self.layout.decay_end(),
             &self.cfg.adamw,
@@ -237,7 +245,7 @@ impl GpuTrainer {
         enc.clear_buffer(&self.bufs.stats, 0, Some(bytes(2)));
         let mut queries = self.profiler.as_ref().map(Profiler::cursor);
         let mut encode = |enc: &mut wgpu::CommandEncoder, program: &Program| match queries.as_mut() {
-            Some(q) => program.encode_timed(&self.kernels, enc, q),
+            Some(q) => program.encode_timed(&self.kernels, enc, || q.next_pair()),
             None => program.encode(&self.kernels, &mut enc.begin_compute_pass(&Default::default())),
         };
         for m in &self.micro {

@@ -89,7 +89,7 @@ fn matmul_forward_with_each_epilogue_and_backward() {
         let (gx, gw, gb, gr, gout, gpre) = (buffer(&x), buffer(&w), buffer(&bias), buffer(&residual), fresh(n * m), fresh(n * m));
         run(8, |p| {
             let epilogue = epilogue.map(|()| whole(&gpre, &pre), |()| whole(&gr, &residual));
-            ops::matmul_forward(
+            ops::matmul::forward(
                 p,
                 matmul::Forward {
                     out: whole(&gout, &out),
@@ -110,7 +110,7 @@ fn matmul_forward_with_each_epilogue_and_backward() {
     }
     matmul_backward_matches_cpu(n, k, m, &mut rng);
     // Enough rows that the weight gradient is split by depth (chunks of 150 rows).
-    assert_eq!(ops::weight_grad_splits(300, k, m), 2);
+    assert_eq!(ops::matmul::weight_grad_splits(300, k, m), 2);
     matmul_backward_matches_cpu(300, k, m, &mut rng);
 }
 
@@ -138,7 +138,7 @@ fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng) {
     matmul::backward(&Serial, grads, &mut partials, &mut scratch);
     let (gdout, gdw, gdb, gdx, gpart, gslope, gx, gw) =
         (buffer(&dout0), buffer(&dw0), buffer(&db0), fresh(n * k), fresh(partials.len()), buffer(&slope), buffer(&x), buffer(&w));
-    let split_len = ops::weight_grad_scratch_len(n, k, m).max(1);
+    let split_len = ops::matmul::weight_grad_scratch_len(n, k, m).max(1);
     let gsplit = fresh(split_len);
     run(8, |p| {
         let grads = matmul::Backward {
@@ -152,7 +152,7 @@ fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng) {
             k,
             m,
         };
-        ops::matmul_backward(p, grads, whole(&gpart, &partials), View::first(&gsplit, split_len))
+        ops::matmul::backward(p, grads, whole(&gpart, &partials), View::first(&gsplit, split_len))
     });
     assert_close(&format!("dout after GELU backward ({n} rows)"), &download(&gdout, n * m), &dout, 1e-5);
     assert_close(&format!("dx ({n} rows)"), &download(&gdx, n * k), &dx, 1e-5);
@@ -178,7 +178,7 @@ fn layernorm_forward_and_backward() {
             weight: whole(&gw, &w),
             bias: whole(&gb, &b),
         };
-        ops::layernorm_forward(p, a)
+        ops::layernorm::forward(p, a)
     });
     assert_close("layernorm out", &download(&gout, n * c), &out, 1e-5);
     assert_close("mean", &download(&gmean, n), &mean, 1e-5);
@@ -211,7 +211,7 @@ fn layernorm_forward_and_backward() {
             rstd: whole(&grstd, &rstd),
             weight: whole(&gw, &w),
         };
-        ops::layernorm_backward(p, grads, whole(&gpart, &partials))
+        ops::layernorm::backward(p, grads, whole(&gpart, &partials))
     });
     assert_close("layernorm dx", &download(&gdx, n * c), &dx, 1e-5);
     assert_close("layernorm dw", &download(&gdw, c), &dw, 1e-5);
@@ -231,7 +231,7 @@ fn attention_forward_and_backward() {
         let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; batch * heads * seq], vec![0.0; shape.scratch_len()]);
         attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape }, &mut scratch);
         let (gqkv, gout, glse) = (buffer(&qkv), fresh(n * c), fresh(lse.len()));
-        run(head_size, |p| ops::attention_forward(p, attention::Forward { out: whole(&gout, &out), lse: whole(&glse, &lse), qkv: whole(&gqkv, &qkv), shape }));
+        run(head_size, |p| ops::attention::forward(p, attention::Forward { out: whole(&gout, &out), lse: whole(&glse, &lse), qkv: whole(&gqkv, &qkv), shape }));
         assert_close(&format!("{shape:?} out"), &download(&gout, n * c), &out, 1e-5);
         assert_close(&format!("{shape:?} lse"), &download(&glse, lse.len()), &lse, 1e-5);
 
@@ -248,7 +248,7 @@ fn attention_forward_and_backward() {
                 lse: whole(&glse, &lse),
                 shape,
             };
-            ops::attention_backward(p, grads, whole(&gdelta, &lse))
+            ops::attention::backward(p, grads, whole(&gdelta, &lse))
         });
         assert_close(&format!("{shape:?} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, 1e-5);
     }
@@ -265,7 +265,7 @@ fn embedding_forward_and_backward() {
     embedding::forward(&Serial, embedding::Forward { out: &mut out, wte: &wte, wpe: &wpe, seq: t }, &tokens);
     let (gtok, gwte, gwpe, gout) = (buffer(&tokens), buffer(&wte), buffer(&wpe), fresh(n * c));
     run(8, |p| {
-        ops::embedding_forward(
+        ops::embedding::forward(
             p,
             embedding::Forward { out: whole(&gout, &out), wte: whole(&gwte, &wte), wpe: whole(&gwpe, &wpe), seq: t },
             whole(&gtok, &tokens),
@@ -277,7 +277,7 @@ fn embedding_forward_and_backward() {
     let (mut dwte, mut dwpe) = (wte.clone(), wpe.clone());
     embedding::backward(&Serial, embedding::Backward { dwte: &mut dwte, dwpe: &mut dwpe, dout: &dout, seq: t }, &tokens);
     let (mut order, mut starts) = (vec![0u32; n], vec![0u32; vocab + 1]);
-    ops::group_rows_by_token(&tokens, &mut order, &mut starts);
+    ops::embedding::group_rows_by_token(&tokens, &mut order, &mut starts);
     for v in 0..vocab {
         let rows: Vec<u32> = (0..n as u32).filter(|&i| tokens[i as usize] == v as u32).collect();
         assert_eq!(&order[starts[v] as usize..starts[v + 1] as usize], &rows[..], "rows of token {v}");
@@ -285,7 +285,7 @@ fn embedding_forward_and_backward() {
     let (gdwte, gdwpe, gorder, gstarts, gdout) = (buffer(&wte), buffer(&wpe), buffer(&order), buffer(&starts), buffer(&dout));
     run(8, |p| {
         let grads = embedding::Backward { dwte: whole(&gdwte, &wte), dwpe: whole(&gdwpe, &wpe), dout: whole(&gdout, &dout), seq: t };
-        ops::embedding_backward(p, grads, whole(&gorder, &order), whole(&gstarts, &starts))
+        ops::embedding::backward(p, grads, whole(&gorder, &order), whole(&gstarts, &starts))
     });
     assert_eq!(download(&gdwte, dwte.len()), dwte, "dwte sums in the CPU's order");
     assert_eq!(download(&gdwpe, dwpe.len()), dwpe, "dwpe sums in the CPU's order");
@@ -302,12 +302,12 @@ fn cross_entropy_loss_gradient_and_sum() {
     cross_entropy::forward(&Serial, cross_entropy::Forward { losses: &mut losses, logits: &mut grad, grad_scale }, &targets);
     let (glogits, glosses, gtargets, gstats) = (buffer(&logits), fresh(n), buffer(&targets), buffer(&[0.5f32; 4]));
     run(8, |p| {
-        ops::cross_entropy(
+        ops::cross_entropy::forward(
             p,
             cross_entropy::Forward { losses: whole(&glosses, &losses), logits: whole(&glogits, &logits), grad_scale },
             whole(&gtargets, &targets),
         );
-        ops::sum_losses(p, whole(&glosses, &losses), View::first(&gstats, 4), 1);
+        ops::cross_entropy::sum_losses(p, whole(&glosses, &losses), View::first(&gstats, 4), 1);
     });
     assert_close("losses", &download(&glosses, n), &losses, 1e-5);
     assert_close("dlogits", &download(&glogits, n * v), &grad, 1e-5);
@@ -331,10 +331,10 @@ fn squared_norm_and_adamw_with_clip() {
     let (lr, step, clip, decay_end) = (3e-3, 4u64, 1.0, 640);
     let kernels = block_on(Kernels::new(gpu(), 8)).unwrap();
     let mut p = ProgramBuilder::default();
-    ops::sum_squares(&mut p, whole(&gg, &grads), View::first(&gpart, 256), View::first(&gstats, 4), 1);
-    let i = ops::adamw(&mut p, whole(&gp, &params), whole(&gg, &grads), whole(&gm, &m0), whole(&gv, &v0), View::first(&gstats, 4));
+    ops::grad_norm::sum_squares(&mut p, whole(&gg, &grads), View::first(&gpart, 256), View::first(&gstats, 4), 1);
+    let i = ops::adamw::dispatch(&mut p, whole(&gp, &params), whole(&gg, &grads), whole(&gm, &m0), whole(&gv, &v0), View::first(&gstats, 4));
     let program = p.build(gpu(), &kernels).unwrap();
-    program.set_words(&gpu().queue, i, &ops::adamw_words(len, decay_end, &cfg, lr, step, clip, [0, 1, 2]));
+    program.set_words(&gpu().queue, i, &ops::adamw::words(len, decay_end, &cfg, lr, step, clip, [0, 1, 2]));
     program.submit(gpu(), &kernels);
     let stats = download(&gstats, 3);
     assert!((stats[1] as f64 - sumsq).abs() < 1e-5 * sumsq, "Σ g² {} vs {sumsq}", stats[1]);

@@ -40,11 +40,24 @@ fn fresh_trainer(gpu: Gpu, init_seed: u64) -> (GpuTrainer, Vec<f32>, Vec<u32>) {
 
 #[test]
 fn twenty_steps_match_the_cpu() {
+    twenty_steps_against_the_cpu(false);
+}
+
+/// Activation checkpointing on the GPU: the walk's recompute recorded into the backward
+/// program, within the same tolerance of the CPU.
+#[test]
+fn twenty_steps_with_recompute_match_the_cpu() {
+    twenty_steps_against_the_cpu(true);
+}
+
+fn twenty_steps_against_the_cpu(recompute: bool) {
     let (plan, cfg, data) = setup();
     let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
     init_params(&plan, &mut mem.params, &mut Rng::new(7));
     let gpu = open_gpu();
-    let mut gt = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(11), &mem.params)).unwrap();
+    let gpu_plan = plan.with_recompute(recompute);
+    let mut gt = block_on(GpuTrainer::new(gpu, gpu_plan, cfg, Rng::new(11), &mem.params)).unwrap();
+    assert_eq!(gt.device_bytes() < block_on(GpuTrainer::new(open_gpu(), plan, cfg, Rng::new(11), &mem.params)).unwrap().device_bytes(), recompute);
     let mut ct = mem.trainer(plan, cfg, Rng::new(11)).unwrap();
     for step in 0..20 {
         let cpu = ct.train_step(&Serial, &data).unwrap();

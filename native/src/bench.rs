@@ -5,7 +5,8 @@
 //! T × C (attention scores and weighted sums). MFU = achieved FLOP/s ÷ the peak of this
 //! machine, measured by a calibrated GEMM run (see [`crate::peak`]) or given.
 
-use crate::engine::{Backend, DeviceArgs, Engine, StepError};
+use crate::device::{Backend, DeviceArgs};
+use crate::engine::{Engine, StepError};
 use crate::fsutil::check_outputs_distinct;
 use crate::peak::{peak, Peak};
 use crate::step::{bench_train_config, fresh_start, train_split, Phases};
@@ -77,7 +78,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
     let (tok, ids) = load_corpus(&m.data_name())?;
     let config: GptConfig = m.config(tok.vocab_size());
-    let plan = Plan::new(config, m.batch, m.block).map_err(|e| e.to_string())?;
+    let plan = m.plan(config, m.batch)?;
     args.device.check()?;
     crate::memory::check(&plan, args.device.backend)?;
     if args.device.backend == Backend::Gpu && args.no_phases {
@@ -92,7 +93,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         Backend::Gpu => args.peak_gflops.map(|gflops| Peak { gflops, source: "given" }),
     };
     let mut cpu_memory = None;
-    let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, cfg, start)?;
+    let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;
     let (steps_ms, phases) = timed_steps(args, &mut engine, train, trace.as_mut())?;
     let device = engine.device_json();
     let mut ms = steps_ms.clone();
@@ -110,6 +111,8 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         "config": config,
         "batch": m.batch,
         "grad_accum": args.grad_accum,
+        "recompute": plan.recompute(),
+        "activations_mib": crate::memory::arena_bytes(&plan).1 as f64 / (1024.0 * 1024.0),
         "tokens_per_step": tokens_per_step,
         "params": plan.num_params(),
         "flops_per_token": fpt,

@@ -7,6 +7,7 @@
 //! device counts the steps whose update it skipped (non-finite loss or norm), so a divergence
 //! between two reads is still found.
 
+use crate::device::{Backend, DeviceArgs};
 use crate::sample::{training_sample, TRAINING_SAMPLES};
 use crate::step::{timed_step, Phases};
 use crate::trace::Trace;
@@ -16,71 +17,9 @@ use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::{OwnedMemory, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
-use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::time::Instant;
-
-/// Where the model runs.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// The CPU kernels of alpha-core.
-    Cpu,
-    /// alpha-gpu's WGSL kernels through wgpu (Vulkan, Metal, DX12).
-    Gpu,
-}
-
-/// The flags that choose where a command runs.
-#[derive(Args, Debug, Clone)]
-pub struct DeviceArgs {
-    /// Where to run.
-    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
-    pub backend: Backend,
-    /// Worker threads (CPU backend; the GPU backend's host work is one thread). Default: one
-    /// per core.
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// GPU adapter (--backend gpu): an index or part of a name, as `info` lists them.
-    /// Default: the high-performance adapter.
-    #[arg(long)]
-    pub adapter: Option<String>,
-}
-
-impl DeviceArgs {
-    /// The CPU thread pool (`--threads`).
-    pub fn pool(&self) -> Result<ThreadPool, String> {
-        crate::thread_pool(self.threads)
-    }
-
-    /// Opens the GPU `--adapter` names.
-    pub fn open_gpu(&self) -> Result<Gpu, String> {
-        block_on(Gpu::open(self.adapter.as_deref())).map_err(|e| e.to_string())
-    }
-
-    /// An engine for `plan` on the chosen backend, starting from `start`; on the CPU its
-    /// arenas are allocated into `memory` and it runs on `pool`.
-    pub fn engine<'m>(
-        &self,
-        memory: &'m mut Option<OwnedMemory<f32>>,
-        pool: &'m ThreadPool,
-        plan: Plan,
-        cfg: TrainConfig,
-        start: RunState<f32>,
-    ) -> Result<Engine<'m>, String> {
-        match self.backend {
-            Backend::Cpu => Engine::cpu(memory.insert(OwnedMemory::new(&plan).map_err(|e| e.to_string())?), pool, plan, cfg, start),
-            Backend::Gpu => Engine::gpu(self.open_gpu()?, plan, cfg, start),
-        }
-    }
-
-    /// An error if `--adapter` is given without `--backend gpu` (it would be ignored).
-    pub fn check(&self) -> Result<(), String> {
-        if self.backend == Backend::Cpu && self.adapter.is_some() {
-            return Err("--adapter selects a GPU; add --backend gpu".into());
-        }
-        Ok(())
-    }
-}
 
 /// Parameters and AdamW moments `(params, m, v)` in host layout: borrowed from CPU memory,
 /// read back from a GPU.
@@ -132,6 +71,22 @@ pub enum Engine<'m> {
 }
 
 impl<'m> Engine<'m> {
+    /// An engine for `plan` on the backend `device` chooses, starting from `start`; on the
+    /// CPU its arenas are allocated into `memory` and it runs on `pool`.
+    pub fn new(
+        device: &DeviceArgs,
+        memory: &'m mut Option<OwnedMemory<f32>>,
+        pool: &'m ThreadPool,
+        plan: Plan,
+        cfg: TrainConfig,
+        start: RunState<f32>,
+    ) -> Result<Self, String> {
+        match device.backend {
+            Backend::Cpu => Engine::cpu(memory.insert(OwnedMemory::new(&plan).map_err(|e| e.to_string())?), pool, plan, cfg, start),
+            Backend::Gpu => Engine::gpu(device.open_gpu()?, plan, cfg, start),
+        }
+    }
+
     /// A CPU engine over `mem` (allocated for `plan`) continuing `start`.
     pub fn cpu(mem: &'m mut OwnedMemory<f32>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Self, String> {
         let trainer = mem.resume(plan, cfg, &start).map_err(|e| e.to_string())?;

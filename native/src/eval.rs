@@ -3,7 +3,7 @@
 
 use crate::checkpoint;
 use crate::corpus::read_text;
-use crate::engine::{Backend, DeviceArgs};
+use crate::device::{Backend, DeviceArgs};
 use crate::sample::context_len;
 use alpha_core::cpu::{Batch, CpuExecutor};
 use alpha_core::parallel::ThreadPool;

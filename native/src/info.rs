@@ -1,14 +1,16 @@
 //! `alpha-native info`: the machine and what a configuration will need, before a long run.
 
 use crate::bench::flops_per_token;
-use crate::engine::{Backend, DeviceArgs, StepError};
+use crate::device::{Backend, DeviceArgs};
+use crate::engine::{Engine, StepError};
 use crate::peak::{cpu_model, fma_limit, peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, train_split};
 use crate::train::{load_corpus, ModelArgs};
+use alpha_core::config::MAX_DIM;
 use alpha_core::gemm::f32_kernel_name;
 use alpha_core::parallel::Parallel;
-use alpha_core::{Plan, Rng};
-use alpha_gpu::{block_on, AdapterSummary};
+use alpha_core::{GptConfig, Plan, Rng};
+use alpha_gpu::{block_on, AdapterSummary, Gpu, GpuTrainer};
 use clap::Args;
 use serde_json::json;
 use std::time::Instant;
@@ -53,7 +55,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let m = &args.model;
     let (tok, ids) = load_corpus(&m.data_name())?;
     let config = m.config(tok.vocab_size());
-    let plan = Plan::new(config, m.batch, m.block).map_err(|e| e.to_string())?;
+    let plan = m.plan(config, m.batch)?;
     args.device.check()?;
     let pool = args.device.pool()?;
     let peak = peak(&pool, args.peak_gflops)?;
@@ -68,12 +70,18 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     });
     // A run that cannot fit is described, not measured.
     let fits = crate::memory::check(&plan, args.device.backend);
+    let gpu = match args.device.backend {
+        Backend::Gpu => Some(args.device.open_gpu()?),
+        Backend::Cpu => None,
+    };
+    let largest = |recompute| largest_batch(config, recompute, args.device.backend, gpu.as_ref());
+    let largest_batch = json!({"without_recompute": largest(false), "with_recompute": largest(true)});
     let mut estimate = serde_json::Value::Null;
     let mut device = serde_json::Value::Null;
     if args.measure_steps > 0 && fits.is_ok() {
         let train = train_split(&plan, &ids)?;
         let mut cpu_memory = None;
-        let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, bench_train_config(1), fresh_start(&plan)?)?;
+        let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, bench_train_config(1), fresh_start(&plan)?)?;
         device = engine.device_json();
         let n = args.measure_steps;
         let failed = |e| match e {
@@ -111,8 +119,10 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "batch": m.batch,
         "params": plan.num_params(),
         "flops_per_token": flops_per_token(&plan),
+        "recompute": plan.recompute(),
         "memory_mib": memory,
         "memory_error": fits.as_ref().err(),
+        "largest_batch": largest_batch,
         "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
         "device": device,
         "estimate": estimate,
@@ -150,6 +160,11 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         f(&mm["activations"]),
         m.batch,
         f(&mm["total"])
+    );
+    let limit = if gpu.is_some() { "this machine's memory and the adapter's limits" } else { "this machine's memory" };
+    println!(
+        "fits       batch up to {} of {} tokens, {} with --recompute ({limit})",
+        largest_batch["without_recompute"], config.block_size, largest_batch["with_recompute"]
     );
     if let Err(e) = &fits {
         println!("estimate   not measured: {e}");
@@ -198,5 +213,15 @@ fn adapter_json(a: &AdapterSummary) -> serde_json::Value {
     json!({
         "index": a.index, "name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver,
         "features": a.features, "max_buffer_bytes": a.max_buffer, "max_storage_binding_bytes": a.max_storage_binding,
+    })
+}
+
+/// The largest batch of whole blocks a training run of `config` fits on `backend` (with
+/// `gpu`, within its limits too), with or without recompute.
+fn largest_batch(config: GptConfig, recompute: bool, backend: Backend, gpu: Option<&Gpu>) -> usize {
+    crate::memory::largest_batch(MAX_DIM, |batch| {
+        let Ok(plan) = Plan::new(config, batch, config.block_size) else { return false };
+        let plan = plan.with_recompute(recompute);
+        crate::memory::check(&plan, backend).is_ok() && gpu.is_none_or(|g| GpuTrainer::check_fits(g, &plan).is_ok())
     })
 }

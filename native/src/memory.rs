@@ -2,7 +2,7 @@
 //! allocation the system refuses aborts the process without a word, and one it grants on
 //! overcommit gets the process killed halfway through the first step.
 
-use crate::engine::Backend;
+use crate::device::Backend;
 use alpha_core::Plan;
 
 /// Bytes of host memory a run of `plan` needs, split as (model state, activations and batch).
@@ -56,6 +56,32 @@ fn check_against(plan: &Plan, backend: Backend, available: u128) -> Result<(), S
     Err(format!("this run needs {} of memory ({detail}) but this machine has {} available; use a smaller batch, block or model", size(need), size(available)))
 }
 
+/// The largest batch in `1..=max` for which `fits` holds (`fits` true up to some batch and
+/// false above it), or 0 when not even one sequence fits: doubling, then bisection.
+pub fn largest_batch(max: usize, fits: impl Fn(usize) -> bool) -> usize {
+    if !fits(1) {
+        return 0;
+    }
+    let mut low = 1;
+    while low < max && fits((2 * low).min(max)) {
+        low = (2 * low).min(max);
+    }
+    // fits(low), and low == max or !fits(min(2 * low, max)).
+    let mut high = (2 * low).min(max);
+    if low == high {
+        return low;
+    }
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if fits(mid) {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    low
+}
+
 /// `bytes` in the largest binary unit that keeps it at least 1 (one decimal).
 fn size(bytes: u128) -> String {
     let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -93,6 +119,18 @@ mod tests {
         // On a GPU the activations are on the device.
         assert_eq!(host_bytes(&p, Backend::Gpu).1, 0);
         assert!(host_bytes(&plan(400), Backend::Cpu).1 > 50 * acts);
+    }
+
+    #[test]
+    fn the_largest_batch_is_found_at_every_edge() {
+        for limit in [0, 1, 2, 3, 7, 64, 65, 1000, 1 << 24] {
+            assert_eq!(largest_batch(1 << 24, |b| b <= limit), limit);
+        }
+        assert_eq!(largest_batch(100, |_| true), 100);
+        // Against real plans: the batch found fits, one more does not.
+        let (state, acts) = host_bytes(&plan(4), Backend::Cpu);
+        let fits = |b| check_against(&plan(b), Backend::Cpu, state + acts).is_ok();
+        assert_eq!(largest_batch(1 << 24, fits), 4);
     }
 
     #[test]

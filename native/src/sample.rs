@@ -1,7 +1,7 @@
 //! `alpha-native sample`: generate text from a checkpoint.
 
 use crate::checkpoint;
-use crate::engine::{Backend, DeviceArgs};
+use crate::device::{Backend, DeviceArgs};
 use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::parallel::ThreadPool;
 use alpha_core::tokenizer::CharTokenizer;

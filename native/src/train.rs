@@ -3,7 +3,8 @@
 
 use crate::checkpoint::{self, SaveError, TrainSettings, TrainState};
 use crate::corpus;
-use crate::engine::{DeviceArgs, Engine, StepError};
+use crate::device::DeviceArgs;
+use crate::engine::{Engine, StepError};
 use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, RunLock};
 use crate::step::Phases;
 use crate::trace::Trace;
@@ -125,6 +126,11 @@ pub struct ModelArgs {
     /// Embedding width.
     #[arg(long, default_value_t = 128)]
     pub embd: usize,
+    /// Activation checkpointing: keep only each block's input through the forward and run
+    /// the block's forward again just before its backward. Activations shrink to about a
+    /// sixteenth per block for one more forward of each block; losses keep their bits.
+    #[arg(long)]
+    pub recompute: bool,
 }
 
 impl ModelArgs {
@@ -136,6 +142,11 @@ impl ModelArgs {
     /// The configuration for a vocabulary of `vocab_size`.
     pub fn config(&self, vocab_size: usize) -> GptConfig {
         GptConfig { vocab_size, block_size: self.block, n_layer: self.layers, n_head: self.heads, n_embd: self.embd }
+    }
+
+    /// The memory plan of `config` for batches of `batch` whole blocks, with `--recompute`.
+    pub fn plan(&self, config: GptConfig, batch: usize) -> Result<Plan, String> {
+        Ok(Plan::new(config, batch, config.block_size).map_err(|e| e.to_string())?.with_recompute(self.recompute))
     }
 }
 
@@ -329,7 +340,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     };
     let block = run.config.block_size;
     // Checked first: it bounds the block size the message below computes with.
-    let plan = Plan::new(run.config, s.batch, block).map_err(|e| e.to_string())?;
+    let plan = args.model.plan(run.config, s.batch)?;
     let (train_tokens, val_tokens) = data::split(&tokens);
     if val_tokens.len() <= block {
         return Err(format!(
@@ -378,7 +389,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let cfg = s.train_config();
     let pool = args.device.pool()?;
     let mut cpu_memory = None;
-    let mut engine = args.device.engine(&mut cpu_memory, &pool, plan, cfg, start)?;
+    let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;
 
     let interrupted = Arc::new(AtomicBool::new(false));
     {

@@ -149,6 +149,33 @@ fn resume_is_exact() {
     assert_eq!((xm, xv, xs.step, xs.rng_state), (ym, yv, ys.step, ys.rng_state));
 }
 
+/// `--recompute` changes memory, not results: the same losses and checkpoint bit for bit
+/// (with gradient accumulation and evaluation), and `info` reports the smaller activations and
+/// the larger batch that fits.
+#[test]
+fn recompute_keeps_the_run_and_shrinks_the_activations() {
+    let dir = workdir("recompute");
+    let common = ["--iters", "6", "--layers", "3", "--grad-accum", "2", "--log-interval", "1", "--eval-interval", "3"];
+    train(&dir, &[&common[..], &["--out", "plain", "--metrics", "plain.jsonl"]].concat());
+    train(&dir, &[&common[..], &["--out", "recomputed", "--metrics", "recomputed.jsonl", "--recompute"]].concat());
+    let (a, b) = (train_losses(&dir.join("plain.jsonl")), train_losses(&dir.join("recomputed.jsonl")));
+    assert_eq!(a.len(), 6);
+    assert_eq!(a, b, "--recompute changed the losses");
+    let (x, y) = (checkpoint::load(&dir.join("plain/ckpt.safetensors")).unwrap(), checkpoint::load(&dir.join("recomputed/ckpt.safetensors")).unwrap());
+    assert_eq!((x.params, x.optimizer.unwrap().0), (y.params, y.optimizer.unwrap().0));
+    let info = |extra: &[&str]| {
+        let args = [&["info", "--data", "text.txt", "--json", "--measure-steps", "0", "--layers", "6", "--peak-gflops", "1"], extra].concat();
+        json_of(&run(&dir, &args))
+    };
+    let (plain, recomputed) = (info(&[]), info(&["--recompute"]));
+    let acts = |r: &serde_json::Value| r["memory_mib"]["activations"].as_f64().unwrap();
+    assert!(acts(&recomputed) < 0.5 * acts(&plain), "{} vs {} MiB", acts(&recomputed), acts(&plain));
+    assert_eq!((plain["recompute"].as_bool(), recomputed["recompute"].as_bool()), (Some(false), Some(true)));
+    let largest = &plain["largest_batch"];
+    let (without, with) = (largest["without_recompute"].as_u64().unwrap(), largest["with_recompute"].as_u64().unwrap());
+    assert!(without >= 1 && with > without, "{largest}");
+}
+
 #[test]
 fn ctrl_c_saves_a_checkpoint_and_exits_zero() {
     let dir = workdir("sigint");

@@ -97,7 +97,7 @@ impl Trainer {
         let opts = Options::from_js(options)?;
         let tok = CharTokenizer::from_text(&text).map_err(|e| js_error(format!("the text: {e}")))?;
         let config = opts.config(tok.vocab_size());
-        let plan = Plan::new(config, opts.batch, opts.block).map_err(js_error)?;
+        let plan = Plan::new(config, opts.batch, opts.block).map_err(js_error)?.with_recompute(opts.recompute);
         let tokens = tokenize(&tok, &text, opts.block)?;
         let start = RunState::fresh(&plan, opts.seed).map_err(js_error)?;
         Trainer::build(opts.settings(), opts.backend, opts.eval_iters, tok, tokens, plan, start).await
@@ -105,7 +105,8 @@ impl Trainer {
 
     /// Continues the run saved in checkpoint `bytes` (from `save()` or `alpha-native train`)
     /// on `text`, which must use the checkpoint's characters. `options` may set `backend`,
-    /// `evalIters` and `iters`; the model and the other settings come from the checkpoint.
+    /// `evalIters`, `iters` and `recompute`; the model and the other settings come from the
+    /// checkpoint.
     pub async fn load(bytes: Vec<u8>, text: String, options: JsValue) -> Result<Trainer, JsError> {
         let opts = Options::from_js(options)?;
         let ck = checkpoint::from_bytes(&bytes).map_err(js_error)?;
@@ -118,7 +119,7 @@ impl Trainer {
         if opts.iters_given {
             settings.iters = opts.iters;
         }
-        let plan = Plan::new(ck.config, settings.batch, ck.config.block_size).map_err(js_error)?;
+        let plan = Plan::new(ck.config, settings.batch, ck.config.block_size).map_err(js_error)?.with_recompute(opts.recompute);
         let tokens = tokenize(&tok, &text, ck.config.block_size)?;
         let start = RunState { params: ck.params, moments, step, rng };
         Trainer::build(settings, opts.backend, opts.eval_iters, tok, tokens, plan, start).await

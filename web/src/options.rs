@@ -40,6 +40,7 @@ struct Raw {
     seed: u64,
     eval_iters: usize,
     backend: BackendChoice,
+    recompute: bool,
 }
 
 impl Default for Raw {
@@ -63,6 +64,7 @@ impl Default for Raw {
             seed: 1337,
             eval_iters: 20,
             backend: BackendChoice::Auto,
+            recompute: false,
         }
     }
 }
@@ -84,6 +86,8 @@ pub struct Options {
     pub eval_iters: usize,
     /// Where to train.
     pub backend: BackendChoice,
+    /// Activation checkpointing ([`alpha_core::Plan::with_recompute`]).
+    pub recompute: bool,
 }
 
 /// `snake_case` as the options object spells it.
@@ -123,6 +127,7 @@ impl Options {
             iters_given: raw.iters.is_some(),
             eval_iters: raw.eval_iters,
             backend: raw.backend,
+            recompute: raw.recompute,
             raw,
         };
         options.settings().validate(camel).map_err(|e| JsError::new(&e))?;

@@ -45,14 +45,14 @@ const MAX_QUERY_BLOCK: usize = QUERY_BLOCK_ROWS + MAX_MR - 1;
 
 impl AttentionShape {
     fn query_block<T: Float>(&self) -> usize {
-        QUERY_BLOCK_ROWS.next_multiple_of(T::kernel().mr).min(self.seq)
+        QUERY_BLOCK_ROWS.next_multiple_of(crate::gemm::kernel::<T>().mr).min(self.seq)
     }
 
     /// Keys to score for a block whose queries see `keys` keys: up to the GEMM kernel's next
     /// whole column panel (the softmax masks the extra ones), since a partial panel costs
     /// more than a whole one (with AVX-512, 48 queries by 48 keys took longer than by 64).
     fn scored_keys<T: Float>(&self, keys: usize) -> usize {
-        keys.next_multiple_of(T::kernel().nr).min(self.seq)
+        keys.next_multiple_of(crate::gemm::kernel::<T>().nr).min(self.seq)
     }
 
     /// Scratch one (batch, head) task needs: `Kᵀ` and `Vᵀ` (`HS x T` each) and two row

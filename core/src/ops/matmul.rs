@@ -296,7 +296,7 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T]
     let n = x.len() / k;
     let dw_half = &mut dw_half[..m * k];
     let halves = [split_range(n, 2, 0), split_range(n, 2, 1)];
-    let kernel = T::kernel();
+    let kernel = crate::gemm::kernel::<T>();
     let part_rows = row_block(m, kernel.mr);
     let parts = m.div_ceil(part_rows);
     let panel_len = panels_len(k, KC);

@@ -43,10 +43,23 @@
 //! and stack frame: `NR x depth` elements (32 KiB for f32 with AVX2, 24 KiB with AVX-512), or
 //! `(MC + NR) x depth` for packed groups (224 KiB with AVX2).
 
+//!
+//! Files: this one the blocking and packing driver and the kernel choice; one file per
+//! micro-kernel family: `portable` (any element type), `x86` (AVX2 + FMA and AVX-512, one
+//! macro), `wasm` (SIMD128 and relaxed SIMD); and the SIMD transposes ([`transpose()`]).
+
+mod portable;
+mod transpose;
+mod wasm;
+mod x86;
+
 use crate::float::Float;
 use crate::parallel::{split_range, Parallel, SharedMut};
+use core::any::Any;
 use core::mem::MaybeUninit;
 use core::ops::Range;
+pub use transpose::transpose;
+pub(crate) use transpose::transpose_strided;
 
 /// Most rows of C per row block of A (a multiple of every kernel's `MR`).
 pub const MC: usize = 96;
@@ -220,6 +233,7 @@ macro_rules! with_rows {
         }
     };
 }
+use with_rows;
 
 /// Storage aligned to a cache line.
 #[repr(C, align(64))]
@@ -253,7 +267,7 @@ pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *co
 pub unsafe fn gemm_banded<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize, band: Band) {
     assert_unit_stride(a);
     // SAFETY: forwarded.
-    unsafe { (T::kernel().gemm)(Product { m, n, k, a, b: BOperand::Rows { ptr: b, ld: ldb }, beta, bias: core::ptr::null(), c, ldc, band }) }
+    unsafe { (kernel::<T>().gemm)(Product { m, n, k, a, b: BOperand::Rows { ptr: b, ld: ldb }, beta, bias: core::ptr::null(), c, ldc, band }) }
 }
 
 /// Elements [`pack_panels`] may write for a `k x n` B, whatever the kernel: `k` rows of `n`
@@ -281,7 +295,7 @@ pub enum BLayout {
 /// # Panics
 /// If `b` holds fewer than `k * n` or `dst` fewer than [`panels_len`]`(n, k)` elements.
 pub fn pack_panels<T: Float>(par: &dyn Parallel, b: &[T], layout: BLayout, k: usize, n: usize, dst: &mut [T]) {
-    pack_panels_for(par, T::kernel().nr, b, layout, k, n, dst);
+    pack_panels_for(par, kernel::<T>().nr, b, layout, k, n, dst);
 }
 
 /// [`pack_panels`] for a kernel `nr` columns wide.
@@ -353,7 +367,7 @@ fn pack_panels_nr<T: Float, const NR: usize>(b: &[T], layout: BLayout, k: usize,
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_packed<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, panels: &[T], beta: T, bias: Option<&[T]>, c: *mut T, ldc: usize) {
     // SAFETY: forwarded.
-    unsafe { gemm_packed_on(T::kernel(), m, n, k, a, panels, beta, bias, c, ldc) }
+    unsafe { gemm_packed_on(kernel::<T>(), m, n, k, a, panels, beta, bias, c, ldc) }
 }
 
 /// [`gemm_packed`] on a given kernel (whose panels [`pack_panels_for`] wrote).
@@ -663,348 +677,6 @@ unsafe fn pack_b<T: Float, const NR: usize>(dst: *mut T, b: *const T, ldb: usize
     }
 }
 
-/// Rows of the portable kernel's tile.
-const PORTABLE_MR: usize = 4;
-/// Columns of the portable kernel's tile.
-const PORTABLE_NR: usize = 16;
-
-/// The portable micro-kernel for edge tiles (an [`EdgeTileFn`]).
-#[allow(clippy::too_many_arguments)]
-unsafe fn portable_edge_tile<T: Float, const GROUPS: bool>(
-    rows: usize,
-    kc: usize,
-    a: *const T,
-    a_stride: usize,
-    b: *const T,
-    b_stride: usize,
-    beta: T,
-    bias: *const T,
-    c: *mut T,
-    ldc: usize,
-) {
-    const { assert!(PORTABLE_MR == 4) };
-    // SAFETY: forwarded.
-    with_rows!(rows, [1 2 3], |R| unsafe { portable_tile::<T, GROUPS, R>(kc, a, a_stride, b, b_stride, beta, bias, c, ldc) })
-}
-
-/// The portable micro-kernel (a [`TileFn`] for `R == PORTABLE_MR`, `PORTABLE_NR` columns)
-/// for `R` rows, plain Rust; `GROUPS`: A as groups `a_stride` apart, else rows `a_stride`
-/// apart.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn portable_tile<T: Float, const GROUPS: bool, const R: usize>(
-    kc: usize,
-    a: *const T,
-    a_stride: usize,
-    b: *const T,
-    b_stride: usize,
-    beta: T,
-    bias: *const T,
-    c: *mut T,
-    ldc: usize,
-) {
-    let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
-    let mut acc = [[T::ZERO; PORTABLE_NR]; R];
-    for p in 0..kc {
-        // SAFETY: B holds kc rows of PORTABLE_NR values (caller).
-        let brow = unsafe { &*b.add(p * b_stride).cast::<[T; PORTABLE_NR]>() };
-        for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: as above.
-            let ai = unsafe { *a.add(i * rs + p * cs) };
-            for (x, &bj) in row.iter_mut().zip(brow) {
-                *x += ai * bj;
-            }
-        }
-    }
-    for (i, row) in acc.iter().enumerate() {
-        for (j, &x) in row.iter().enumerate() {
-            // SAFETY: inside the tile and the bias (caller).
-            unsafe {
-                let cij = c.add(i * ldc + j);
-                *cij = match (beta == T::ZERO, bias.is_null()) {
-                    (true, true) => x,
-                    (false, true) => x + beta * *cij,
-                    (true, false) => x + *bias.add(j),
-                    (false, false) => x + (beta * *cij + *bias.add(j)),
-                };
-            }
-        }
-    }
-}
-
-/// The portable GEMM's loops for one layout of A (compiled apart: see [`dispatch_layout`]).
-#[inline(never)]
-unsafe fn portable_loops<T: Float, const LAYOUT: usize>(p: Product<T>) {
-    let (tile, edge_tile): (TileFn<T>, EdgeTileFn<T>) = if LAYOUT == ROWS {
-        (portable_tile::<T, false, PORTABLE_MR>, portable_edge_tile::<T, false>)
-    } else {
-        (portable_tile::<T, true, PORTABLE_MR>, portable_edge_tile::<T, true>)
-    };
-    // SAFETY: forwarded; plain Rust runs anywhere.
-    unsafe { gemm_blocked::<T, PORTABLE_MR, PORTABLE_NR, KC, LAYOUT>(tile, edge_tile, p) }
-}
-
-/// The portable GEMM.
-unsafe fn portable_gemm<T: Float>(p: Product<T>) {
-    let loops: [GemmFn<T>; 3] = [portable_loops::<T, ROWS>, portable_loops::<T, GROUPS_IN_PLACE>, portable_loops::<T, GROUPS_PACKED>];
-    // SAFETY: forwarded.
-    unsafe { dispatch_layout(loops, KC, p) }
-}
-
-/// The portable kernel for any element type.
-pub(crate) fn portable<T: Float>() -> Kernel<T> {
-    Kernel { mr: PORTABLE_MR, nr: PORTABLE_NR, kc: KC, gemm: portable_gemm::<T> }
-}
-
-/// Generates, as module `$name`, an x86-64 f32 micro-kernel for a vector type (`$mr` rows of
-/// `$vecs` registers; edge tiles of each of `$edge_rows` rows) and the blocked GEMM on it
-/// (K blocks `$kc` deep), all compiled with `$feature` (without `std` only where the build
-/// enables AVX2 or more: there is no run-time detection then). `$spread_prefetch`: whether
-/// the tile's rows of C are prefetched one per step of its first `$mr` steps rather than all
-/// before the first (see the kernel).
-macro_rules! x86_kernel {
-    ($name:ident, $feature:literal, $vec:ty, $lanes:expr, $mr:expr, [$($edge_rows:literal)*], $vecs:expr, $kc:expr, $spread_prefetch:expr,
-     $zero:ident, $load:ident, $store:ident, $set1:ident, $add:ident, $fma:ident) => {
-        /// The micro-kernel for one x86-64 instruction set and the GEMM on it.
-        #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
-        mod $name {
-            use super::*;
-            use core::arch::x86_64::*;
-
-            /// The micro-kernel (a [`TileFn`] for `R == $mr`; see the module docs) for `R` rows.
-            ///
-            /// # Safety
-            /// The CPU must have the target feature; the tile must be inside the operands.
-            #[target_feature(enable = $feature)]
-            #[inline]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn tile<const GROUPS: bool, const R: usize>(kc: usize, a: *const f32, a_stride: usize, b: *const f32, b_stride: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
-                let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
-                // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
-                unsafe {
-                    // The tile's lines of C are fetched while the loop runs, not when it stores:
-                    // a training step's C is rarely in L1 (2-8% per product on nanoGPT's CPU
-                    // config, forward attention and QKV the most; without it the AVX-512 step
-                    // took 30% longer on a Xeon VM). AVX-512's 36 prefetches at once stalled
-                    // the tile's start there, one row per step of its first R steps made the
-                    // step 3% faster; AVX2's 12 did not (1-2% slower spread, same VM).
-                    let prefetch_row = |i: usize| {
-                        let row = c.add(i * ldc);
-                        for j in (0..$vecs * $lanes).step_by(16) {
-                            _mm_prefetch::<_MM_HINT_T0>(row.add(j).cast());
-                        }
-                        _mm_prefetch::<_MM_HINT_T0>(row.add($vecs * $lanes - 1).cast());
-                    };
-                    let mut acc: [[$vec; $vecs]; R] = [[$zero(); $vecs]; R];
-                    let step = |acc: &mut [[$vec; $vecs]; R], p: usize| {
-                        let bp = b.add(p * b_stride);
-                        let mut bv: [$vec; $vecs] = [$zero(); $vecs];
-                        for (h, v) in bv.iter_mut().enumerate() {
-                            *v = $load(bp.add(h * $lanes));
-                        }
-                        for (i, row) in acc.iter_mut().enumerate() {
-                            let ai = $set1(*a.add(i * rs + p * cs));
-                            for (x, &bh) in row.iter_mut().zip(&bv) {
-                                *x = $fma(ai, bh, *x);
-                            }
-                        }
-                    };
-                    let head = if $spread_prefetch { R.min(kc) } else { 0 };
-                    for p in 0..head {
-                        prefetch_row(p);
-                        step(&mut acc, p);
-                    }
-                    for i in head..R {
-                        prefetch_row(i);
-                    }
-                    for p in head..kc {
-                        step(&mut acc, p);
-                    }
-                    let vbeta = $set1(beta);
-                    for (i, row) in acc.iter().enumerate() {
-                        for (h, &v) in row.iter().enumerate() {
-                            let cp = c.add(i * ldc + h * $lanes);
-                            let out = match (beta == 0.0, bias.is_null()) {
-                                (true, true) => v,
-                                (false, true) => $fma(vbeta, $load(cp), v),
-                                (true, false) => $add(v, $load(bias.add(h * $lanes))),
-                                (false, false) => $add(v, $fma(vbeta, $load(cp), $load(bias.add(h * $lanes)))),
-                            };
-                            $store(cp, out);
-                        }
-                    }
-                }
-            }
-
-            /// [`tile`] for an edge tile (an [`EdgeTileFn`]).
-            ///
-            /// # Safety
-            /// As [`tile`].
-            #[target_feature(enable = $feature)]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn edge_tile<const GROUPS: bool>(rows: usize, kc: usize, a: *const f32, a_stride: usize, b: *const f32, b_stride: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
-                // SAFETY: forwarded.
-                with_rows!(rows, [$($edge_rows)*], |R| unsafe { tile::<GROUPS, R>(kc, a, a_stride, b, b_stride, beta, bias, c, ldc) })
-            }
-
-            /// The blocked loops on the kernel above for one layout of A (compiled apart: see
-            /// [`dispatch_layout`]).
-            ///
-            /// # Safety
-            /// As [`gemm`]; the CPU must have the target feature; A's layout must be `LAYOUT`.
-            #[target_feature(enable = $feature)]
-            unsafe fn loops<const LAYOUT: usize>(p: Product<f32>) {
-                let (tile, edge_tile): (TileFn<f32>, EdgeTileFn<f32>) =
-                    if LAYOUT == ROWS { (tile::<false, $mr>, edge_tile::<false>) } else { (tile::<true, $mr>, edge_tile::<true>) };
-                // SAFETY: forwarded; the caller checked the features.
-                unsafe { gemm_blocked::<f32, $mr, { $vecs * $lanes }, $kc, LAYOUT>(tile, edge_tile, p) }
-            }
-
-            /// The blocked GEMM on the kernel above.
-            ///
-            /// # Safety
-            /// As [`gemm`]; the CPU must have the target feature.
-            pub(super) unsafe fn gemm(p: Product<f32>) {
-                let loops: [GemmFn<f32>; 3] = [loops::<ROWS>, loops::<GROUPS_IN_PLACE>, loops::<GROUPS_PACKED>];
-                // SAFETY: forwarded; the caller checked the features.
-                unsafe { dispatch_layout(loops, $kc, p) }
-            }
-
-            /// The kernel's tile, K block depth and GEMM.
-            pub(super) const KERNEL: Kernel<f32> = Kernel { mr: $mr, nr: $vecs * $lanes, kc: $kc, gemm };
-        }
-    };
-}
-
-// One line per kernel, as a table.
-#[rustfmt::skip]
-x86_kernel!(avx2, "avx2,fma", __m256, 8, 6, [1 2 3 4 5], 2, KC, false, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps);
-#[rustfmt::skip]
-x86_kernel!(avx512, "avx512f", __m512, 16, 12, [1 2 3 4 5 6 7 8 9 10 11], 2, AVX512_KC, true, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps);
-
-/// Rows and columns of the WebAssembly SIMD kernel's tile. Engines keep v128 values in
-/// x86-64's 16 vector registers (V8 allocates 15), and LLVM's wasm output holds every
-/// broadcast of A live across the B vectors: 8 accumulators, two B vectors and four
-/// broadcasts fit; 6 x 8 spilled (tiny preset in Chromium: 3.0 ms per step against 2.4).
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-const WASM_MR: usize = 4;
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-const WASM_NR: usize = 8;
-
-/// The f32 micro-kernel for WebAssembly with SIMD (`simd128`, enabled for the whole build:
-/// wasm has no run-time detection) for `R` rows, reading A and B where they lie: element
-/// `(i, p)` of A at `a + i * a_rs + p * a_cs`, row `p` of B at `b + p * ldb`. Multiply then
-/// add, as the portable kernel; builds that also enable `relaxed-simd` use its multiply-add,
-/// which engines compile to a fused multiply-add where the CPU has one (as the x86-64
-/// kernels).
-///
-/// # Safety
-/// The tile must be inside the operands.
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_wasm<const R: usize>(
-    kc: usize,
-    a: *const f32,
-    a_rs: usize,
-    a_cs: usize,
-    b: *const f32,
-    ldb: usize,
-    beta: f32,
-    bias: *const f32,
-    c: *mut f32,
-    ldc: usize,
-) {
-    use core::arch::wasm32::*;
-    const VECS: usize = WASM_NR / 4;
-    // SAFETY: pointers inside the operands and the tile (caller); v128 loads and stores are
-    // unaligned.
-    unsafe {
-        let mut acc = [[f32x4_splat(0.0); VECS]; R];
-        let rows: [*const f32; R] = core::array::from_fn(|i| a.add(i * a_rs));
-        for p in 0..kc {
-            let bp = b.add(p * ldb);
-            let bv: [v128; VECS] = core::array::from_fn(|h| v128_load(bp.add(h * 4).cast()));
-            for (row, &ar) in acc.iter_mut().zip(&rows) {
-                let ai = f32x4_splat(*ar.add(p * a_cs));
-                for (x, &bh) in row.iter_mut().zip(&bv) {
-                    #[cfg(target_feature = "relaxed-simd")]
-                    {
-                        *x = f32x4_relaxed_madd(ai, bh, *x);
-                    }
-                    #[cfg(not(target_feature = "relaxed-simd"))]
-                    {
-                        *x = f32x4_add(*x, f32x4_mul(ai, bh));
-                    }
-                }
-            }
-        }
-        let vbeta = f32x4_splat(beta);
-        for (i, row) in acc.iter().enumerate() {
-            for (h, &v) in row.iter().enumerate() {
-                let cp = c.add(i * ldc + h * 4);
-                let scaled_c = || f32x4_mul(vbeta, v128_load(cp.cast()));
-                let out = match (beta == 0.0, bias.is_null()) {
-                    (true, true) => v,
-                    (false, true) => f32x4_add(v, scaled_c()),
-                    (true, false) => f32x4_add(v, v128_load(bias.add(h * 4).cast())),
-                    (false, false) => f32x4_add(v, f32x4_add(scaled_c(), v128_load(bias.add(h * 4).cast()))),
-                };
-                v128_store(cp.cast(), out);
-            }
-        }
-    }
-}
-
-/// The GEMM on the WebAssembly SIMD kernel. Unlike [`gemm_blocked`] it packs only edge panels
-/// of B (zero-padded): the products a browser trains stay in cache as they lie, and packing them
-/// cost more than it saved (tiny preset in Chromium: 2.27 ms per step packed, 2.23 in place).
-/// K blocks as in [`gemm_blocked`], so both sum in the same order.
-///
-/// # Safety
-/// As [`gemm`].
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-unsafe fn gemm_wasm(p: Product<f32>) {
-    let Product { m, n, k, a, b, beta, bias, c, ldc, band } = p;
-    if k == 0 {
-        // SAFETY: forwarded.
-        return unsafe { scale_c(p) };
-    }
-    let mut b_edge = MaybeUninit::<Aligned<[f32; KC * WASM_NR]>>::uninit();
-    let mut c_edge = MaybeUninit::<Aligned<[f32; WASM_MR * WASM_NR]>>::uninit();
-    let mut bias_edge = [0f32; WASM_NR];
-    let be = b_edge.as_mut_ptr().cast::<f32>();
-    for pc in (0..k).step_by(KC) {
-        let kc = KC.min(k - pc);
-        let (beta_pc, bias_pc) = if pc == 0 { (beta, bias) } else { (1.0, core::ptr::null()) };
-        for jc in (0..n).step_by(WASM_NR) {
-            let w = WASM_NR.min(n - jc);
-            // SAFETY (all accesses): rows pc..pc+kc and columns jc..jc+w of B, and rows
-            // ir..ir+rows of A, are inside the operands (caller); the edge buffer holds a
-            // packed panel of B.
-            unsafe {
-                let bias_panel = bias_panel::<f32, WASM_NR>(bias_pc, jc, w, &mut bias_edge);
-                let (bp, bs) = b.panel::<WASM_NR>(k, pc, kc, jc, w, true, be);
-                for ir in (0..m).step_by(WASM_MR) {
-                    let rows = WASM_MR.min(m - ir);
-                    let (skip, depth) = band.depth(ir..ir + rows, pc, kc);
-                    let (ap, bp) = (a.ptr.add(ir * a.rs + (pc + skip) * a.cs), bp.add(skip * bs));
-                    let whole = |c, ldc| tile_wasm::<WASM_MR>(depth, ap, a.rs, a.cs, bp, bs, beta_pc, bias_panel, c, ldc);
-                    let edge = |rows, c, ldc| {
-                        const { assert!(WASM_MR == 4) };
-                        with_rows!(rows, [1 2 3], |R| tile_wasm::<R>(depth, ap, a.rs, a.cs, bp, bs, beta_pc, bias_panel, c, ldc))
-                    };
-                    run_tile::<f32, WASM_MR, WASM_NR>(whole, edge, rows, w, c.add(ir * ldc + jc), ldc, c_edge.as_mut_ptr().cast());
-                }
-            }
-        }
-    }
-}
-
-/// The WebAssembly SIMD kernel's tile, K block depth and GEMM.
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-const WASM_KERNEL: Kernel<f32> = Kernel { mr: WASM_MR, nr: WASM_NR, kc: KC, gemm: gemm_wasm };
-
 /// Name of the f32 micro-kernel [`gemm`] uses on this CPU: `avx512`, `avx2+fma`,
 /// `wasm-relaxed-simd`, `wasm-simd128` or `portable`.
 pub fn f32_kernel_name() -> &'static str {
@@ -1021,141 +693,21 @@ pub fn f32_kernel_name() -> &'static str {
 pub(crate) fn f32_kernel() -> Kernel<f32> {
     #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
     match crate::simd::width() {
-        crate::simd::Width::Avx512 => return avx512::KERNEL,
-        crate::simd::Width::Avx2 => return avx2::KERNEL,
+        crate::simd::Width::Avx512 => return x86::avx512::KERNEL,
+        crate::simd::Width::Avx2 => return x86::avx2::KERNEL,
         crate::simd::Width::Baseline => {}
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    return WASM_KERNEL;
+    return wasm::KERNEL;
     #[allow(unreachable_code)]
-    portable()
+    portable::portable()
 }
 
-/// Transposes `src [rows x cols]` (rows `row_stride` apart, unit column stride) into the
-/// contiguous `dst [cols x rows]`: whole 8 x 8 tiles in AVX registers for f32 where the CPU
-/// has AVX, the rest element by element.
-pub fn transpose<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T]) {
-    transpose_strided(src, rows, cols, row_stride, dst, rows);
-}
-
-/// [`transpose`] into rows `dst_stride` apart (at least `rows`).
-fn transpose_strided<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T], dst_stride: usize) {
-    assert!(rows == 0 || src.len() >= (rows - 1) * row_stride + cols);
-    assert!(dst_stride >= rows && (cols == 0 || dst.len() >= (cols - 1) * dst_stride + rows));
-    let (full_r, full_c) = transpose_whole_tiles(src, rows, cols, row_stride, dst, dst_stride);
-    for r in 0..rows {
-        let c_start = if r < full_r { full_c } else { 0 };
-        for c in c_start..cols {
-            dst[c * dst_stride + r] = src[r * row_stride + c];
-        }
-    }
-}
-
-/// The fast part of [`transpose`]: the whole square tiles (8 x 8 with AVX, 4 x 4 with
-/// WebAssembly SIMD) for f32 where the CPU allows; returns the rows and columns they cover
-/// (`(0, 0)` where nothing was done).
-fn transpose_whole_tiles<T: Float>(src: &[T], rows: usize, cols: usize, row_stride: usize, dst: &mut [T], dst_stride: usize) -> (usize, usize) {
-    if core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>() {
-        return (0, 0);
-    }
-    let (src, dst) = (src.as_ptr().cast::<f32>(), dst.as_mut_ptr().cast::<f32>());
-    #[cfg(all(target_arch = "x86_64", feature = "std"))]
-    if std::is_x86_feature_detected!("avx") {
-        // SAFETY: T is f32 (checked); the tile is inside both matrices (the caller asserted
-        // their sizes); the CPU has AVX (checked).
-        return for_whole_tiles(rows, cols, 8, |r, c| unsafe {
-            transpose_8x8_avx(src.add(r * row_stride + c), row_stride, dst.add(c * dst_stride + r), dst_stride)
-        });
-    }
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    {
-        // SAFETY: T is f32 (checked); the tile is inside both matrices (the caller asserted
-        // their sizes).
-        for_whole_tiles(rows, cols, 4, |r, c| unsafe { transpose_4x4_wasm(src.add(r * row_stride + c), row_stride, dst.add(c * dst_stride + r), dst_stride) })
-    }
-    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
-    {
-        let _ = (src, dst, rows, cols, row_stride, dst_stride);
-        (0, 0)
-    }
-}
-
-/// Calls `tile(r, c)` for the top-left corner of every whole `size x size` tile of a
-/// `rows x cols` matrix; returns the rows and columns the tiles cover.
-#[cfg(any(all(target_arch = "x86_64", feature = "std"), all(target_arch = "wasm32", target_feature = "simd128")))]
-#[inline(always)]
-fn for_whole_tiles(rows: usize, cols: usize, size: usize, mut tile: impl FnMut(usize, usize)) -> (usize, usize) {
-    let (full_r, full_c) = (rows / size * size, cols / size * size);
-    for r in (0..full_r).step_by(size) {
-        for c in (0..full_c).step_by(size) {
-            tile(r, c);
-        }
-    }
-    (full_r, full_c)
-}
-
-/// Transposes the 4 x 4 f32 tile at `src` (rows `ld_src` apart) into `dst` (rows `ld_dst`
-/// apart) in four `v128` registers.
-///
-/// # Safety
-/// Both tiles must be valid.
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-#[inline]
-unsafe fn transpose_4x4_wasm(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usize) {
-    use core::arch::wasm32::*;
-    // SAFETY: inside the tiles (caller); v128 loads and stores are unaligned.
-    unsafe {
-        let r: [v128; 4] = core::array::from_fn(|i| v128_load(src.add(i * ld_src).cast()));
-        // Interleave pairs of rows, then take the halves of the pairs.
-        let lo01 = i32x4_shuffle::<0, 4, 1, 5>(r[0], r[1]);
-        let hi01 = i32x4_shuffle::<2, 6, 3, 7>(r[0], r[1]);
-        let lo23 = i32x4_shuffle::<0, 4, 1, 5>(r[2], r[3]);
-        let hi23 = i32x4_shuffle::<2, 6, 3, 7>(r[2], r[3]);
-        v128_store(dst.cast(), i32x4_shuffle::<0, 1, 4, 5>(lo01, lo23));
-        v128_store(dst.add(ld_dst).cast(), i32x4_shuffle::<2, 3, 6, 7>(lo01, lo23));
-        v128_store(dst.add(2 * ld_dst).cast(), i32x4_shuffle::<0, 1, 4, 5>(hi01, hi23));
-        v128_store(dst.add(3 * ld_dst).cast(), i32x4_shuffle::<2, 3, 6, 7>(hi01, hi23));
-    }
-}
-
-/// Transposes the 8 x 8 f32 tile at `src` (rows `ld_src` apart) into `dst` (rows `ld_dst`
-/// apart).
-///
-/// # Safety
-/// The CPU must have AVX; both tiles must be valid.
-#[cfg(all(target_arch = "x86_64", feature = "std"))]
-#[target_feature(enable = "avx")]
-unsafe fn transpose_8x8_avx(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usize) {
-    use core::arch::x86_64::*;
-    // SAFETY: inside the tiles (caller).
-    unsafe {
-        let r: [__m256; 8] = core::array::from_fn(|i| _mm256_loadu_ps(src.add(i * ld_src)));
-        // Interleave pairs of rows, then pairs of pairs, then swap 128-bit halves.
-        let t = [
-            _mm256_unpacklo_ps(r[0], r[1]),
-            _mm256_unpackhi_ps(r[0], r[1]),
-            _mm256_unpacklo_ps(r[2], r[3]),
-            _mm256_unpackhi_ps(r[2], r[3]),
-            _mm256_unpacklo_ps(r[4], r[5]),
-            _mm256_unpackhi_ps(r[4], r[5]),
-            _mm256_unpacklo_ps(r[6], r[7]),
-            _mm256_unpackhi_ps(r[6], r[7]),
-        ];
-        let u = [
-            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
-            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
-            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
-            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
-            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-        ];
-        for i in 0..4 {
-            _mm256_storeu_ps(dst.add(i * ld_dst), _mm256_permute2f128_ps::<0x20>(u[i], u[i + 4]));
-            _mm256_storeu_ps(dst.add((i + 4) * ld_dst), _mm256_permute2f128_ps::<0x31>(u[i], u[i + 4]));
-        }
-    }
+/// The fastest GEMM micro-kernel this CPU runs for `T`: the one [`f32_kernel_name`] names for
+/// `f32`, the portable one for other types (`f64`, in the gradient checks).
+pub fn kernel<T: Float>() -> Kernel<T> {
+    let fastest: &dyn Any = &f32_kernel();
+    fastest.downcast_ref::<Kernel<T>>().copied().unwrap_or_else(portable::portable)
 }
 
 /// Also built for WebAssembly, where they run on its kernel (scripts/test.sh, under node).
@@ -1179,16 +731,16 @@ mod tests {
     /// Every f32 kernel this CPU can run, and the portable one.
     fn f32_kernels() -> Vec<(&'static str, Kernel<f32>)> {
         #[allow(unused_mut)]
-        let mut v = vec![("portable", portable())];
+        let mut v = vec![("portable", portable::portable())];
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        v.push(("wasm", WASM_KERNEL));
+        v.push(("wasm", wasm::KERNEL));
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(("avx2", avx2::KERNEL));
+                v.push(("avx2", x86::avx2::KERNEL));
             }
             if std::is_x86_feature_detected!("avx512f") {
-                v.push(("avx512", avx512::KERNEL));
+                v.push(("avx512", x86::avx512::KERNEL));
             }
         }
         v
@@ -1334,7 +886,7 @@ mod tests {
                     unsafe {
                         let a64 = Strided { ptr: stored.as_ptr(), rs, cs };
                         match with_bias {
-                            true => (f64::kernel().gemm)(Product {
+                            true => (kernel::<f64>().gemm)(Product {
                                 m,
                                 n,
                                 k,

@@ -1,0 +1,33 @@
+//! Causal self-attention's dispatches ([`alpha_core::ops::attention`];
+//! `shaders/attention.wgsl`).
+
+use super::u;
+use crate::kernels::{Kernel, ProgramBuilder, View};
+use alpha_core::ops::attention::{self, AttentionShape};
+
+fn attention_words(s: AttentionShape) -> [u32; 4] {
+    let scale = 1.0 / (s.head_size as f32).sqrt();
+    [u(s.batch), u(s.seq), u(s.heads), scale.to_bits()]
+}
+
+fn attention_grid(s: AttentionShape) -> [u32; 3] {
+    [u(s.seq.div_ceil(64)), u(s.batch * s.heads), 1]
+}
+
+/// Causal attention forward: `out [B, T, C]` and `lse [B, NH, T]` from `qkv [B, T, 3C]`.
+pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, View<'a>>) {
+    let attention::Forward { out, lse, qkv, shape } = a;
+    p.push(Kernel::AttentionForward, &attention_words(shape), &[Some(out), Some(qkv), Some(lse)], attention_grid(shape));
+}
+
+/// Causal attention backward: `dqkv [B, T, 3C]` (overwritten) from `dout [B, T, C]`, using
+/// `delta`, at least `[B, NH, T]`, as scratch.
+pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Backward<View<'a>, View<'a>>, delta: View<'a>) {
+    let attention::Backward { dqkv, dout, qkv, out, lse, shape } = a;
+    let delta = View { len: shape.batch * shape.heads * shape.seq, ..delta };
+    let (w, g) = (attention_words(shape), attention_grid(shape));
+    p.push(Kernel::AttentionDelta, &w, &[Some(delta), Some(dout), Some(out)], g);
+    let views = [Some(dqkv), Some(qkv), Some(dout), Some(lse), Some(delta)];
+    p.push(Kernel::AttentionBackwardQ, &w, &views, g);
+    p.push(Kernel::AttentionBackwardKv, &w, &views, g);
+}

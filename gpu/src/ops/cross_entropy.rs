@@ -1,0 +1,21 @@
+//! The fused cross-entropy's dispatches ([`alpha_core::ops::cross_entropy`];
+//! `shaders/cross_entropy.wgsl`) and the loss sum the step reads back.
+
+use super::u;
+use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
+use alpha_core::ops::cross_entropy;
+
+/// Fused cross-entropy against `targets [N]`: `losses [N]`, and with `grad_scale` the logits
+/// `[N, V]` replaced by `grad_scale * (softmax - onehot)`.
+pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: cross_entropy::Forward<View<'a>>, targets: View<'a>) {
+    let cross_entropy::Forward { losses, logits, grad_scale } = a;
+    let (n, v) = (losses.len, logits.len / losses.len);
+    let scale = grad_scale.map(|s| s as f32);
+    let words = [u(n), u(v), u32::from(scale.is_some()), scale.unwrap_or(0.0).to_bits()];
+    p.push(Kernel::CrossEntropy, &words, &[Some(logits), Some(losses), Some(targets)], rows_grid(1, n));
+}
+
+/// `stats[slot] += Σ losses`.
+pub fn sum_losses<'a>(p: &mut ProgramBuilder<'a>, losses: View<'a>, stats: View<'a>, slot: usize) {
+    p.push(Kernel::SumLosses, &[u(losses.len), u(slot)], &[Some(losses), Some(stats)], [1, 1, 1]);
+}

@@ -1,0 +1,47 @@
+//! The embedding's dispatches ([`alpha_core::ops::embedding`]; `shaders/embedding.wgsl`).
+
+use super::u;
+use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
+use alpha_core::ops::embedding;
+
+/// Embedding forward: `out [N, C] = wte[tokens] + wpe[position]`.
+pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, View<'a>>, tokens: View<'a>) {
+    let embedding::Forward { out, wte, wpe, seq } = a;
+    let n = tokens.len;
+    let c = out.len / n;
+    p.push(Kernel::EmbeddingForward, &[u(n), u(c), u(seq)], &[Some(out), Some(tokens), Some(wte), Some(wpe)], rows_grid(c.div_ceil(64), n));
+}
+
+/// Embedding backward: `dwte`, `dwpe` accumulated from `dout [N, C]`. `order [N]` lists the
+/// rows grouped by token and `starts [V + 1]` where each token's rows begin (see
+/// [`group_rows_by_token`]).
+pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Backward<View<'a>, View<'a>>, order: View<'a>, starts: View<'a>) {
+    let embedding::Backward { dwte, dwpe, dout, seq } = a;
+    let vocab = starts.len - 1;
+    let c = dout.len / order.len;
+    p.push(Kernel::EmbeddingBackwardWte, &[u(vocab), u(c)], &[Some(dwte), Some(order), Some(starts), Some(dout)], rows_grid(c.div_ceil(64), vocab));
+    let batch = order.len / seq;
+    p.push(Kernel::EmbeddingBackwardWpe, &[u(seq), u(c), u(batch)], &[Some(dwpe), Some(dout)], rows_grid(c.div_ceil(64), seq));
+}
+
+/// Fills `order [N]` and `starts [V + 1]` so that the rows holding token `v` are
+/// `order[starts[v]..starts[v + 1]]`, in increasing order (a counting sort).
+pub fn group_rows_by_token(tokens: &[u32], order: &mut [u32], starts: &mut [u32]) {
+    let vocab = starts.len() - 1;
+    // starts[v + 1] = end of token v's rows (counts, then a running sum) ...
+    starts.fill(0);
+    for &t in tokens {
+        starts[t as usize + 1] += 1;
+    }
+    for v in 1..=vocab {
+        starts[v] += starts[v - 1];
+    }
+    // ... counted down to their start while placing the rows from the last.
+    for (i, &t) in tokens.iter().enumerate().rev() {
+        let end = &mut starts[t as usize + 1];
+        *end -= 1;
+        order[*end as usize] = i as u32;
+    }
+    starts.copy_within(1..=vocab, 0);
+    starts[vocab] = tokens.len() as u32;
+}

@@ -1,0 +1,24 @@
+//! The dispatches of each op family, forward and backward side by side, one file per family
+//! as in `alpha_core::ops` (whose argument structs they take, over views of device buffers)
+//! and `shaders/`. Shapes in comments use `N` rows (`B*T` tokens), `C` channels, `V`
+//! vocabulary.
+
+pub mod adamw;
+pub mod attention;
+pub mod cross_entropy;
+pub mod embedding;
+pub mod grad_norm;
+pub mod layernorm;
+pub mod matmul;
+
+use crate::kernels::{Kernel, ProgramBuilder, View};
+
+fn u(x: usize) -> u32 {
+    u32::try_from(x).expect("GPU shapes fit in 32 bits (checked when the trainer is built)")
+}
+
+/// `out [W] += Σ_b partials[b * stride + offset ..][..W]` over `count` row blocks.
+pub fn add_partials<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, partials: View<'a>, count: usize, stride: usize, offset: usize) {
+    let words = [u(count), u(out.len), u(stride), u(offset)];
+    p.push(Kernel::AddPartials, &words, &[Some(partials), Some(out)], [u(out.len.div_ceil(64)), 1, 1]);
+}

@@ -1,0 +1,65 @@
+//! Where a command runs: the `--backend`, `--threads` and `--adapter` flags, the CPU's thread
+//! pool and the GPU they choose.
+
+use alpha_core::parallel::ThreadPool;
+use alpha_gpu::{block_on, Gpu};
+use clap::{Args, ValueEnum};
+
+/// The most threads `--threads` may ask for.
+pub const MAX_THREADS: usize = 1024;
+
+/// A thread pool of `threads` threads (`None`: one per available core).
+pub fn thread_pool(threads: Option<usize>) -> Result<ThreadPool, String> {
+    let n = match threads {
+        Some(0) => return Err("--threads must be at least 1".into()),
+        Some(n) if n > MAX_THREADS => return Err(format!("--threads {n} is more than {MAX_THREADS}")),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    };
+    ThreadPool::try_new(n).map_err(|e| format!("cannot start {n} threads: {e}"))
+}
+
+/// Where the model runs.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The CPU kernels of alpha-core.
+    Cpu,
+    /// alpha-gpu's WGSL kernels through wgpu (Vulkan, Metal, DX12).
+    Gpu,
+}
+
+/// The flags that choose where a command runs.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
+    /// Worker threads (CPU backend; the GPU backend's host work is one thread). Default: one
+    /// per core.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// GPU adapter (--backend gpu): an index or part of a name, as `info` lists them.
+    /// Default: the high-performance adapter.
+    #[arg(long)]
+    pub adapter: Option<String>,
+}
+
+impl DeviceArgs {
+    /// The CPU thread pool (`--threads`).
+    pub fn pool(&self) -> Result<ThreadPool, String> {
+        thread_pool(self.threads)
+    }
+
+    /// Opens the GPU `--adapter` names.
+    pub fn open_gpu(&self) -> Result<Gpu, String> {
+        block_on(Gpu::open(self.adapter.as_deref())).map_err(|e| e.to_string())
+    }
+
+    /// An error if `--adapter` is given without `--backend gpu` (it would be ignored).
+    pub fn check(&self) -> Result<(), String> {
+        if self.backend == Backend::Cpu && self.adapter.is_some() {
+            return Err("--adapter selects a GPU; add --backend gpu".into());
+        }
+        Ok(())
+    }
+}
