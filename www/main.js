@@ -1,8 +1,9 @@
 // The demo page: pick a text and a model, train it with alpha-web (WebGPU or the CPU in
 // WebAssembly), watch the losses and samples, save and load checkpoints.
 //
-// URL parameters (for links and tests): backend=auto|webgpu|cpu, preset=<name>, steps=N (stop
-// after N steps), seed=N, recompute=1, autostart=1, wasm=relaxed|simd128 (which build, below).
+// URL parameters (for links and tests): backend=auto|webgpu|cpu, preset=<name>, steps=N (the
+// run's length, as iters=N), any other option of Trainer.create by its name (evalInterval=N,
+// seed=N, ...; recompute=1), autostart=1, wasm=relaxed|simd128 (which build, below).
 // window.alpha exposes the page's state.
 
 const params = new URLSearchParams(location.search);
@@ -24,27 +25,26 @@ const { default: init, Trainer } = await import(WASM_BUILDS[wasmBuild] ?? WASM_B
   return import(WASM_BUILDS.simd128);
 });
 
-/** Model presets: options for Trainer.create, and how often to evaluate and sample. */
-export const PRESETS = {
-  tiny: {
-    label: "tiny: 2 layers, 2 heads, 32 wide, block 32, batch 8",
-    options: { layers: 2, heads: 2, embd: 32, block: 32, batch: 8, lr: 3e-3, warmup: 10, iters: 300, evalIters: 5 },
-    evalInterval: 25,
-    sampleInterval: 100,
-  },
-  small: {
-    label: "small: 4 layers, 4 heads, 64 wide, block 64, batch 12",
-    options: { layers: 4, heads: 4, embd: 64, block: 64, batch: 12, lr: 2e-3, warmup: 50, iters: 1000, evalIters: 10 },
-    evalInterval: 100,
-    sampleInterval: 250,
-  },
-  nanogpt: {
-    label: "nanoGPT's Shakespeare-char CPU run: 4 layers, 4 heads, 128 wide, block 64, batch 12",
-    options: { layers: 4, heads: 4, embd: 128, block: 64, batch: 12, lr: 1e-3, warmup: 100, iters: 2000, evalIters: 20 },
-    evalInterval: 250,
-    sampleInterval: 500,
-  },
-};
+/**
+ * Model presets, by name: the library's (alpha_core::run::PRESETS, the repository's
+ * config/*.toml, the same as `alpha-native train --config NAME`), each a whole options object
+ * for Trainer.create. Filled once the library is loaded.
+ */
+export const PRESETS = {};
+
+/** A preset's menu entry: its name and model. */
+const presetLabel = (name, o) => `${name}: ${o.layers} layers, ${o.heads} heads, ${o.embd} wide, block ${o.block}, batch ${o.batch}`;
+
+/** The options the URL sets over a preset's: `steps` (the run's length) and any option by name. */
+function urlOptions(options) {
+  const out = {};
+  for (const [key, value] of params) {
+    const name = key === "steps" ? "iters" : key;
+    if (!(name in options) || name === "backend") continue;
+    out[name] = typeof options[name] === "boolean" ? value === "1" || value === "true" : Number(value);
+  }
+  return out;
+}
 
 const $ = (id) => document.getElementById(id);
 
@@ -55,6 +55,8 @@ const state = {
   firstStep: 0, // the step the model was at when this page began training it (a loaded checkpoint's)
   evals: [], // { step, train, val }
   samples: [], // { step, text }
+  records: [], // every record trainer.next() returned, in order (the run's metrics)
+  saved: null, // the step of the last checkpoint the run saved
   trainMs: 0, // time spent in steps (not evaluations or samples) since the page started training
   trainedSteps: 0,
   stats: null,
@@ -64,7 +66,7 @@ const state = {
 window.alpha = state;
 
 let trainer = null;
-let preset = PRESETS.tiny;
+let preset = null;
 let iters = 0;
 let running = false;
 // Trainer calls run one at a time (each borrows the model until its promise settles).
@@ -148,11 +150,12 @@ function showStats() {
 async function createTrainer() {
   const text = await readText();
   const backend = backendChoice();
-  const options = { ...preset.options, backend, recompute: $("recompute").checked };
-  if (params.has("seed")) options.seed = Number(params.get("seed"));
+  const options = { ...preset.options, ...urlOptions(preset.options), backend, recompute: $("recompute").checked };
   say("Building the model…");
   trainer = await Trainer.create(options, text);
-  iters = params.has("steps") ? Number(params.get("steps")) : preset.options.iters;
+  iters = options.iters;
+  state.records = [];
+  state.saved = null;
   state.losses = [];
   state.firstStep = 0;
   state.evals = [];
@@ -162,58 +165,63 @@ async function createTrainer() {
   say(`${trainer.stats().params.toLocaleString("en")} parameters, vocabulary of ${trainer.stats().vocab} characters.`);
 }
 
-async function evaluate(step) {
-  const { train, val } = await use((t) => t.evaluate());
-  state.evals.push({ step, train, val });
-  $("val-loss").textContent = val.toFixed(4);
+/** Shows a record of trainer.next() and keeps it in the page's state. */
+function show(r) {
+  state.records.push(r);
+  switch (r.type) {
+    case "train":
+      state.losses.push(r.loss);
+      $("loss").textContent = r.loss.toFixed(4);
+      break;
+    case "eval":
+      state.evals.push({ step: r.step, train: r.train, val: r.val });
+      $("val-loss").textContent = r.val.toFixed(4);
+      break;
+    case "sample": {
+      state.samples.push({ step: r.step, text: r.text });
+      const h = document.createElement("h3");
+      h.textContent = `step ${r.step}`;
+      const pre = document.createElement("pre");
+      pre.textContent = r.text;
+      $("samples").prepend(h, pre);
+      break;
+    }
+    case "save":
+      state.saved = r.step;
+      break;
+  }
 }
 
-async function sample(step) {
-  const text = await use((t) => t.sample("\n", 200, 0.8));
-  state.samples.push({ step, text });
-  const h = document.createElement("h3");
-  h.textContent = `step ${step}`;
-  const pre = document.createElement("pre");
-  pre.textContent = text;
-  $("samples").prepend(h, pre);
-}
-
+/** The run's loop, which the library keeps (the CLI's): each call does its next action. */
 async function train() {
   running = true;
   state.status = "running";
   updateButtons();
-  let chunk = 1;
+  let painted = performance.now();
   while (running) {
-    const step = trainer.stats().step;
-    if (step % preset.evalInterval === 0 || step >= iters) {
-      if (!state.evals.some((e) => e.step === step)) await evaluate(step);
+    const started = performance.now();
+    const r = await use((t) => t.next());
+    if (r.type === "train") {
+      state.trainMs += performance.now() - started;
+      state.trainedSteps += 1;
     }
-    if (step > 0 && (step % preset.sampleInterval === 0 || step >= iters)) {
-      if (!state.samples.some((s) => s.step === step)) await sample(step);
-    }
-    if (step >= iters) {
+    if (r.type === "done") {
       state.status = "done";
       running = false;
-      say(`Done: ${step} steps.`);
+      say(`Done: ${r.step} steps.`);
       break;
     }
-    // Steps until the next evaluation, sample or the end, in chunks of about 100 ms.
-    const next = Math.min(iters, (Math.floor(step / preset.evalInterval) + 1) * preset.evalInterval, (Math.floor(step / preset.sampleInterval) + 1) * preset.sampleInterval);
-    const n = Math.max(1, Math.min(chunk, next - step));
-    const started = performance.now();
-    const losses = await use((t) => t.step(n));
-    const ms = performance.now() - started;
-    state.trainMs += ms;
-    state.trainedSteps += n;
-    chunk = Math.max(1, Math.min(50, Math.round((n * 100) / Math.max(ms, 1))));
-    state.losses.push(...losses);
-    $("loss").textContent = losses[losses.length - 1].toFixed(4);
-    showStats();
-    draw();
-    // Let the page paint and handle input between chunks.
-    await new Promise((resolve) => setTimeout(resolve, 0));
+    show(r);
+    // Paint and let the page handle input about every 100 ms.
+    if (performance.now() - painted > 100 || r.type !== "train") {
+      showStats();
+      draw();
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      painted = performance.now();
+    }
   }
   if (state.status === "running") state.status = "paused";
+  showStats();
   updateButtons();
   draw();
 }
@@ -270,7 +278,15 @@ async function start() {
 
 async function download() {
   try {
-    const bytes = await use((t) => t.save());
+    // The model now, or, where it cannot be saved (not finite), the run's last checkpoint.
+    const bytes = await use((t) =>
+      t.save().catch((e) => {
+        const last = t.lastSaved();
+        if (!last) throw e;
+        say(`${e.message ?? e}; downloading the last checkpoint the run saved (step ${state.saved}).`, true);
+        return last;
+      }),
+    );
     const url = URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" }));
     const a = document.createElement("a");
     a.href = url;
@@ -289,7 +305,10 @@ async function uploadCheckpoint(file) {
     const bytes = new Uint8Array(await file.arrayBuffer());
     const text = await readText();
     say("Loading the checkpoint…");
-    trainer = await Trainer.load(bytes, text, { backend: backendChoice(), recompute: $("recompute").checked });
+    // The model and the optimisation come from the checkpoint; the cadence from the preset.
+    const o = { ...preset.options, ...urlOptions(preset.options) };
+    const cadence = { evalInterval: o.evalInterval, evalIters: o.evalIters, sampleInterval: o.sampleInterval, checkpointInterval: o.checkpointInterval, logInterval: o.logInterval };
+    trainer = await Trainer.load(bytes, text, { ...cadence, backend: backendChoice(), recompute: $("recompute").checked });
     const s = trainer.stats();
     // Train to the run's planned length (or the steps= parameter's); a finished run goes on
     // for another preset's length, as `alpha-native train --resume --iters N` would.
@@ -299,6 +318,8 @@ async function uploadCheckpoint(file) {
     state.losses = [];
     state.firstStep = s.step;
     state.evals = [];
+    state.records = [];
+    state.saved = null;
     state.trainMs = 0;
     state.trainedSteps = 0;
     state.status = "paused";
@@ -312,10 +333,12 @@ async function uploadCheckpoint(file) {
 }
 
 function setup() {
-  for (const [name, p] of Object.entries(PRESETS)) {
+  for (const p of Trainer.presets()) {
+    PRESETS[p.name] = p;
     const option = document.createElement("option");
-    option.value = name;
-    option.textContent = p.label;
+    option.value = p.name;
+    option.textContent = presetLabel(p.name, p.options);
+    option.title = p.description;
     $("preset").append(option);
   }
   const presetName = params.get("preset") ?? "tiny";
@@ -325,7 +348,11 @@ function setup() {
   preset = PRESETS[presetName];
   $("backend").value = params.get("backend") ?? "auto";
   $("recompute").checked = params.get("recompute") === "1";
-  const showPreset = () => ($("preset-info").textContent = `${preset.options.iters} steps, evaluation every ${preset.evalInterval}, a sample every ${preset.sampleInterval}.`);
+  const showPreset = () => {
+    const o = { ...preset.options, ...urlOptions(preset.options) };
+    const about = preset.description.charAt(0).toUpperCase() + preset.description.slice(1);
+    $("preset-info").textContent = `${about} ${o.iters} steps, evaluation every ${o.evalInterval}, a sample every ${o.sampleInterval}.`;
+  };
   showPreset();
   const reset = () => {
     running = false;

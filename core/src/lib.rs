@@ -9,6 +9,7 @@
 //!   hand-written kernels from [`ops`] (alpha-gpu's executor records GPU dispatches).
 //! - [`train::Trainer`] adds batching ([`data`]), gradient clipping and AdamW ([`optim`]).
 //! - [`tokenizer::CharTokenizer`] maps text to ids; [`model::generate`] samples.
+//! - [`run`]: the defaults, presets and loop of a training run, shared by every frontend.
 //!
 //! Nothing allocates inside a training step. Features: `alloc` adds owned buffers
 //! ([`train::OwnedMemory`]) and building a vocabulary from text; `std` adds
@@ -32,6 +33,7 @@ pub mod optim;
 pub mod parallel;
 pub mod plan;
 pub mod rng;
+pub mod run;
 pub mod simd;
 pub mod tape;
 pub mod tokenizer;

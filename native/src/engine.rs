@@ -8,11 +8,12 @@
 //! between two reads is still found.
 
 use crate::device::{Backend, DeviceArgs};
-use crate::sample::{training_sample, TRAINING_SAMPLES};
+use crate::sample::training_sample;
 use crate::step::{timed_step, Phases};
 use crate::trace::Trace;
 use alpha_core::model::Sampler;
 use alpha_core::parallel::{Parallel, ThreadPool};
+use alpha_core::run::{sample_start, SAMPLES};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::{OwnedMemory, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
@@ -147,15 +148,15 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// A `count`-character sample of the current model (see [`TRAINING_SAMPLES`]).
+    /// A `count`-character sample of the current model (see [`SAMPLES`]).
     pub fn sample(&mut self, tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> Result<String, String> {
         match self {
             Engine::Cpu { trainer, pool, sampler } => Ok(training_sample(sampler, pool, trainer.mem.params, tok, count, seed)),
             Engine::Gpu(g) => {
                 let mut out = String::new();
-                let start = [crate::sample::start_token(tok)];
+                let start = [sample_start(tok)];
                 let emit = |id| out.push(tok.decode(id).unwrap_or('?'));
-                block_on(g.sampler.generate(&start, count, &TRAINING_SAMPLES, &mut Rng::new(seed), emit)).map_err(|e| e.to_string())?;
+                block_on(g.sampler.generate(&start, count, &SAMPLES, &mut Rng::new(seed), emit)).map_err(|e| e.to_string())?;
                 Ok(out)
             }
         }

@@ -14,6 +14,7 @@ pub mod hugepages;
 pub mod info;
 pub mod memory;
 pub mod peak;
+pub mod runfile;
 pub mod sample;
 pub mod step;
 pub mod trace;

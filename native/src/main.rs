@@ -1,6 +1,6 @@
 //! `alpha-native`: train, sample, evaluate and benchmark GPT language models on the CPU.
 
-use alpha_native::{bench, eval, info, sample, train};
+use alpha_native::{bench, eval, info, runfile, sample, train};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
@@ -44,7 +44,13 @@ fn exit_with(e: clap::Error) -> ! {
 }
 
 fn main() {
-    let matches = Cli::command().try_get_matches().unwrap_or_else(|e| exit_with(e));
+    let command = Cli::command();
+    let train = command.find_subcommand("train").expect("the train subcommand exists");
+    let args = runfile::expand(std::env::args_os().collect(), train).unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    });
+    let matches = Cli::command().try_get_matches_from(args).unwrap_or_else(|e| exit_with(e));
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| exit_with(e));
     let result = match &cli.command {
         Command::Train(args) => {

@@ -4,6 +4,7 @@ use crate::checkpoint;
 use crate::device::{Backend, DeviceArgs};
 use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::parallel::ThreadPool;
+use alpha_core::run::{sample_start, SAMPLES};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, GpuForward};
@@ -88,20 +89,11 @@ pub fn context_len(requested: Option<usize>, block_size: usize) -> Result<usize,
     }
 }
 
-/// How samples during training are drawn: temperature 0.8 and top-k 200 (nanoGPT's
-/// `sample.py` defaults), starting from [`start_token`].
-pub const TRAINING_SAMPLES: SamplingConfig = SamplingConfig { temperature: 0.8, top_k: 200 };
-
-/// The token samples during training start from: a newline (nanoGPT's default start), or
-/// id 0 if the vocabulary has none.
-pub fn start_token(tok: &CharTokenizer<Vec<char>>) -> u32 {
-    tok.id('\n').unwrap_or(0)
-}
-
-/// A `count`-character sample for training logs (see [`TRAINING_SAMPLES`]) from `params`.
+/// A `count`-character sample for training logs (see [`alpha_core::run::SAMPLES`]) from
+/// `params`.
 pub fn training_sample(sampler: &mut Sampler<f32>, pool: &ThreadPool, params: &[f32], tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> String {
     let mut out = String::new();
     let emit = |id| out.push(tok.decode(id).unwrap_or('?'));
-    sampler.generate(pool, params, &[start_token(tok)], count, &TRAINING_SAMPLES, &mut Rng::new(seed), emit);
+    sampler.generate(pool, params, &[sample_start(tok)], count, &SAMPLES, &mut Rng::new(seed), emit);
     out
 }

@@ -5,10 +5,12 @@ use crate::checkpoint::{self, SaveError, TrainSettings, TrainState};
 use crate::corpus;
 use crate::device::DeviceArgs;
 use crate::engine::{Engine, StepError};
-use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, RunLock};
+use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, write_atomic, RunLock};
+use crate::runfile::{self, RUN_FILE};
 use crate::step::Phases;
 use crate::trace::Trace;
 use alpha_core::rng::{derive_seed, stream};
+use alpha_core::run::{Action, Cadence, RunLoop, DEFAULT, SAMPLE_LEN};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
@@ -34,52 +36,52 @@ pub struct TrainArgs {
     pub out: PathBuf,
     /// Optimizer steps of the whole run, at least 1 (the learning rate reaches --min-lr at
     /// --lr-decay-iters). A resumed run continues its step count up to this.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = DEFAULT.iters)]
     pub iters: u64,
     /// Peak learning rate (positive).
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = DEFAULT.lr)]
     pub lr: f64,
     /// Step at which the cosine decay reaches --min-lr. Default: --iters.
     #[arg(long)]
     pub lr_decay_iters: Option<u64>,
     /// Final learning rate of the cosine decay (0 or more).
-    #[arg(long, default_value_t = 1e-4)]
+    #[arg(long, default_value_t = DEFAULT.min_lr)]
     pub min_lr: f64,
     /// Linear warmup steps (0 or more).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = DEFAULT.warmup)]
     pub warmup: u64,
     /// AdamW decoupled weight decay (2-D weights only; 0 or more).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = DEFAULT.weight_decay)]
     pub weight_decay: f64,
     /// AdamW beta1 (above 0, below 1).
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = DEFAULT.beta1)]
     pub beta1: f64,
     /// AdamW beta2 (above 0, below 1).
-    #[arg(long, default_value_t = 0.99)]
+    #[arg(long, default_value_t = DEFAULT.beta2)]
     pub beta2: f64,
     /// Clip the global gradient norm to this (0 or more; 0 disables).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = DEFAULT.grad_clip)]
     pub grad_clip: f64,
     /// Micro-batches accumulated per optimizer step (1 to 65536).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = DEFAULT.grad_accum)]
     pub grad_accum: usize,
     /// Seed for initialisation, batches, evaluation and samples.
-    #[arg(long, default_value_t = 1337)]
+    #[arg(long, default_value_t = DEFAULT.seed)]
     pub seed: u64,
     /// Evaluate train and val loss every N steps and at the end (0 disables).
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = DEFAULT.eval_interval)]
     pub eval_interval: u64,
     /// Batches per split and evaluation (1 to 1000000).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = DEFAULT.eval_iters)]
     pub eval_iters: usize,
     /// Print a sample every N steps and at the end (0 disables).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = DEFAULT.sample_interval)]
     pub sample_interval: u64,
     /// Save a checkpoint every N steps (0: only at the end and on Ctrl-C).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = DEFAULT.checkpoint_interval)]
     pub checkpoint_interval: u64,
     /// Log a metrics record (and a plain line when not on a terminal) every N steps (at least 1).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = DEFAULT.log_interval)]
     pub log_interval: u64,
     /// Where to train.
     #[command(flatten)]
@@ -102,6 +104,11 @@ pub struct TrainArgs {
     /// Steps recorded by --trace (1 to 1000).
     #[arg(long, default_value_t = 5)]
     pub trace_steps: u64,
+    /// Run file (TOML whose keys are these flags, `_` for `-`) or preset (tiny, small,
+    /// shakespeare_char, baby): its keys set the flags, and flags given here override them. Every
+    /// run writes its resolved configuration to DIR/run.toml, which repeats it.
+    #[arg(long, value_name = "FILE|PRESET")]
+    pub config: Option<PathBuf>,
 }
 
 /// The model and data flags `train`, `bench` and `info` share.
@@ -112,19 +119,19 @@ pub struct ModelArgs {
     pub data: Option<PathBuf>,
     /// Sequences per micro-batch (1 to 2^24, as every size below; the run must also fit in
     /// memory).
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value_t = DEFAULT.batch)]
     pub batch: usize,
     /// Context length in tokens (the model's block size).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = DEFAULT.block)]
     pub block: usize,
     /// Transformer blocks.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = DEFAULT.layers)]
     pub layers: usize,
     /// Attention heads per block (must divide --embd).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = DEFAULT.heads)]
     pub heads: usize,
     /// Embedding width.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = DEFAULT.embd)]
     pub embd: usize,
     /// Activation checkpointing: keep only each block's input through the forward and run
     /// the block's forward again just before its backward. Activations shrink to about a
@@ -272,8 +279,12 @@ fn validate(args: &TrainArgs, s: &TrainSettings) -> Result<(), String> {
 struct Files<'a> {
     data: Option<&'a Path>,
     resume: Option<&'a Path>,
+    /// The run file given to --config (not a preset).
+    config: Option<&'a Path>,
     out: PathBuf,
     checkpoint: PathBuf,
+    /// The resolved configuration beside the checkpoint.
+    run_file: PathBuf,
 }
 
 impl Files<'_> {
@@ -284,7 +295,9 @@ impl Files<'_> {
         if self.out.exists() && !self.out.is_dir() {
             return Err(format!("--out {} exists and is not a directory", self.out.display()));
         }
-        check_replaceable(&self.checkpoint).map_err(|e| format!("{}: {e}", self.checkpoint.display()))?;
+        for output in [&self.checkpoint, &self.run_file] {
+            check_replaceable(output).map_err(|e| format!("{}: {e}", output.display()))?;
+        }
         if let Some(data) = self.data.filter(|d| same_file(d, &self.checkpoint)) {
             return Err(format!("the checkpoint {} would replace --data {}; choose another --out", self.checkpoint.display(), data.display()));
         }
@@ -292,6 +305,11 @@ impl Files<'_> {
         let mut taken: Vec<(&str, &Path)> = vec![("the checkpoint", &self.checkpoint)];
         taken.extend(self.data.map(|p| ("--data", p)));
         taken.extend(self.resume.map(|p| ("--resume", p)));
+        taken.extend(self.config.map(|p| ("--config", p)));
+        if let Some((what, _)) = taken.iter().find(|(_, p)| same_file(p, &self.run_file)) {
+            return Err(format!("the run's resolved configuration {} would replace {what}; choose another --out", self.run_file.display()));
+        }
+        taken.push(("the run file", &self.run_file));
         check_outputs_distinct(taken, &[("--metrics", args.metrics.as_deref()), ("--trace", args.trace.as_deref())])
     }
 
@@ -359,7 +377,9 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         _ => args.out.clone(),
     };
     let data_path = (s.data != corpus::EMBEDDED).then(|| Path::new(&s.data));
-    let files = Files { data: data_path, resume: args.resume.as_deref(), checkpoint: out.join(CHECKPOINT_FILE), out };
+    let config_file = args.config.as_deref().filter(|c| c.exists());
+    let (checkpoint, run_file) = (out.join(CHECKPOINT_FILE), out.join(RUN_FILE));
+    let files = Files { data: data_path, resume: args.resume.as_deref(), config: config_file, checkpoint, run_file, out };
     files.check(args)?;
     let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
     std::fs::create_dir_all(&files.out).map_err(|e| format!("cannot create {}: {e}", files.out.display()))?;
@@ -374,6 +394,11 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             ckpt_path.display(),
             ckpt_path.display()
         ));
+    }
+    // The run file beside the checkpoint is replaced when it is one this program wrote.
+    let ours = std::fs::read_to_string(&files.run_file).is_ok_and(|t| t.starts_with(RUN_FILE_HEADER));
+    if files.run_file.exists() && !ours && !args.overwrite {
+        return Err(format!("{} exists and is not a run file alpha-native wrote; choose another --out, or pass --overwrite", files.run_file.display()));
     }
     let mut metrics = args.metrics.as_deref().map(|p| files.open_metrics(p, args.resume.is_some(), args.overwrite)).transpose()?;
 
@@ -390,6 +415,8 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let pool = args.device.pool()?;
     let mut cpu_memory = None;
     let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;
+    let resolved = resolved_run_file(args, &run.config, &s);
+    write_atomic(&files.run_file, resolved.as_bytes()).map_err(|e| format!("cannot write {}: {e}", files.run_file.display()))?;
 
     let interrupted = Arc::new(AtomicBool::new(false));
     {
@@ -450,65 +477,77 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let mut window_steps = 0u64;
     let mut window_start = Instant::now();
     let mut last_saved: Option<u64> = None;
+    let cadence = Cadence {
+        iters: s.iters,
+        eval_interval: args.eval_interval,
+        sample_interval: args.sample_interval,
+        checkpoint_interval: args.checkpoint_interval,
+        log_interval: args.log_interval,
+    };
+    let mut run_loop = RunLoop::new(cadence, start_step);
     let result = loop {
-        let step = engine.step_count();
-        if args.eval_interval > 0 && (step % args.eval_interval == 0 || step == s.iters) {
-            let t = Instant::now();
-            let eval_rng = |split| Rng::new(derive_seed(s.seed, split, step));
-            let train_loss = engine.evaluate(train_tokens, args.eval_iters, &mut eval_rng(stream::EVAL_TRAIN))?;
-            let val_loss = engine.evaluate(val_tokens, args.eval_iters, &mut eval_rng(stream::EVAL_VAL))?;
-            window.eval += t.elapsed().as_secs_f64();
-            console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
-            write_metrics(&mut metrics, json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
-        }
-        if args.sample_interval > 0 && step > 0 && (step % args.sample_interval == 0 || step == s.iters) {
-            let t = Instant::now();
-            let text = engine.sample(&tokenizer, 200, derive_seed(s.seed, stream::SAMPLES, step))?;
-            window.sample += t.elapsed().as_secs_f64();
-            console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
-        }
-        if step >= s.iters {
-            break Ok(false);
-        }
-        if interrupted.load(Ordering::SeqCst) {
-            break Ok(true);
-        }
-
-        let done = step + 1;
-        let log = step % args.log_interval == 0 || done == s.iters;
-        let report = match engine.step(train_tokens, trace.as_mut(), log) {
-            Ok(r) => r,
-            Err(e) => break Err(diverged(e, last_saved)),
-        };
-        window.add(&report.phases);
-        window_steps += 1;
-        console.progress(done, s.iters, report.stats.map(|st| (st.loss, tokens_per_step / report.phases.total)));
-        if let (true, Some(st)) = (log, report.stats) {
-            // Full-workflow accounting: the window's wall time, evaluations, samples and
-            // checkpoints included; idle is what no phase accounts for.
-            let n = window_steps as f64;
-            window.close(window_start.elapsed().as_secs_f64());
-            let ms_per_step = window.total * 1e3 / n;
-            let tok_s = tokens_per_step * n / window.total;
-            if console.bar.is_hidden() {
-                println!("step {step}: loss {:.4}, lr {:.3e}, grad norm {:.3}, {ms_per_step:.1} ms/step, {tok_s:.0} tok/s", st.loss, st.lr, st.grad_norm);
+        let action = run_loop.next_action();
+        let step = run_loop.step();
+        match action {
+            Action::Evaluate => {
+                let t = Instant::now();
+                let eval_rng = |split| Rng::new(derive_seed(s.seed, split, step));
+                let train_loss = engine.evaluate(train_tokens, args.eval_iters, &mut eval_rng(stream::EVAL_TRAIN))?;
+                let val_loss = engine.evaluate(val_tokens, args.eval_iters, &mut eval_rng(stream::EVAL_VAL))?;
+                window.eval += t.elapsed().as_secs_f64();
+                console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
+                write_metrics(&mut metrics, json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
             }
-            write_metrics(
-                &mut metrics,
-                json!({"type": "train", "step": step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
-                "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n), "device": device}),
-            )?;
-            window = Phases::default();
-            window_steps = 0;
-            window_start = Instant::now();
-        }
-        if args.checkpoint_interval > 0 && done % args.checkpoint_interval == 0 && done < s.iters {
-            let t = Instant::now();
-            if let Err(e) = save(&mut engine, last_saved) {
-                break Err(e);
+            Action::Sample => {
+                let t = Instant::now();
+                let text = engine.sample(&tokenizer, SAMPLE_LEN, derive_seed(s.seed, stream::SAMPLES, step))?;
+                window.sample += t.elapsed().as_secs_f64();
+                console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
+                write_metrics(&mut metrics, json!({"type": "sample", "step": step, "text": text}))?;
             }
-            window.checkpoint += t.elapsed().as_secs_f64();
-            last_saved = Some(done);
+            Action::Finish => break Ok(false),
+            Action::Train { .. } if interrupted.load(Ordering::SeqCst) => break Ok(true),
+            Action::Train { log } => {
+                let done = step + 1;
+                let report = match engine.step(train_tokens, trace.as_mut(), log) {
+                    Ok(r) => r,
+                    Err(e) => break Err(diverged(e, last_saved)),
+                };
+                window.add(&report.phases);
+                window_steps += 1;
+                console.progress(done, s.iters, report.stats.map(|st| (st.loss, tokens_per_step / report.phases.total)));
+                if let (true, Some(st)) = (log, report.stats) {
+                    // Full-workflow accounting: the window's wall time, evaluations, samples and
+                    // checkpoints included; idle is what no phase accounts for.
+                    let n = window_steps as f64;
+                    window.close(window_start.elapsed().as_secs_f64());
+                    let ms_per_step = window.total * 1e3 / n;
+                    let tok_s = tokens_per_step * n / window.total;
+                    if console.bar.is_hidden() {
+                        println!(
+                            "step {step}: loss {:.4}, lr {:.3e}, grad norm {:.3}, {ms_per_step:.1} ms/step, {tok_s:.0} tok/s",
+                            st.loss, st.lr, st.grad_norm
+                        );
+                    }
+                    write_metrics(
+                        &mut metrics,
+                        json!({"type": "train", "step": step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
+                        "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n), "device": device}),
+                    )?;
+                    window = Phases::default();
+                    window_steps = 0;
+                    window_start = Instant::now();
+                }
+            }
+            Action::Save => {
+                let t = Instant::now();
+                if let Err(e) = save(&mut engine, last_saved) {
+                    break Err(e);
+                }
+                window.checkpoint += t.elapsed().as_secs_f64();
+                last_saved = Some(step);
+                write_metrics(&mut metrics, json!({"type": "save", "step": step}))?;
+            }
         }
     };
     // Whatever ended the run, the trace of the steps it recorded is written.
@@ -517,6 +556,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let interrupted = result?;
     if last_saved != Some(engine.step_count()) {
         save(&mut engine, last_saved)?;
+        write_metrics(&mut metrics, json!({"type": "save", "step": engine.step_count()}))?;
     }
     traced?;
     let steps = engine.step_count();
@@ -536,4 +576,45 @@ fn write_metrics(file: &mut Option<File>, record: serde_json::Value) -> Result<(
         f.write_all(line.as_bytes()).map_err(|e| format!("cannot write metrics: {e}"))?;
     }
     Ok(())
+}
+
+/// The first line of every run file a run writes (the mark that it may replace it).
+const RUN_FILE_HEADER: &str = "# The resolved configuration of the run in this directory: `alpha-native train --config\n# THIS_FILE --out NEW_DIR` repeats it; keys are train's flags with `_` for `-`.\n";
+
+/// The run file that repeats this run (`train --config DIR/run.toml`): its model, settings,
+/// cadence and backend as resolved from the defaults, --config, the checkpoint resumed and the
+/// flags.
+fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) -> String {
+    let (int, float) = (|v: u64| v.to_string(), |v: f64| format!("{v:?}"));
+    let mut entries = Vec::new();
+    if s.data != corpus::EMBEDDED {
+        entries.push(("data", runfile::string(&s.data)));
+    }
+    entries.extend([
+        ("layers", int(config.n_layer as u64)),
+        ("heads", int(config.n_head as u64)),
+        ("embd", int(config.n_embd as u64)),
+        ("block", int(config.block_size as u64)),
+        ("batch", int(s.batch as u64)),
+        ("grad_accum", int(s.grad_accum as u64)),
+        ("iters", int(s.iters)),
+        ("lr", float(s.lr)),
+        ("lr_decay_iters", int(s.lr_decay_iters)),
+        ("min_lr", float(s.min_lr)),
+        ("warmup", int(s.warmup)),
+        ("weight_decay", float(s.weight_decay)),
+        ("beta1", float(s.beta1)),
+        ("beta2", float(s.beta2)),
+        ("grad_clip", float(s.grad_clip)),
+        ("seed", int(s.seed)),
+        ("eval_interval", int(args.eval_interval)),
+        ("eval_iters", int(args.eval_iters as u64)),
+        ("sample_interval", int(args.sample_interval)),
+        ("checkpoint_interval", int(args.checkpoint_interval)),
+        ("log_interval", int(args.log_interval)),
+        ("recompute", args.model.recompute.to_string()),
+        ("backend", runfile::string(if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" })),
+    ]);
+    entries.extend(args.device.adapter.as_deref().map(|a| ("adapter", runfile::string(a))));
+    runfile::write(RUN_FILE_HEADER, &entries)
 }

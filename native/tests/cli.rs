@@ -176,6 +176,67 @@ fn recompute_keeps_the_run_and_shrinks_the_activations() {
     assert!(without >= 1 && with > without, "{largest}");
 }
 
+/// `--config`: a preset or a run file sets the flags, the command line overrides them, and the
+/// resolved run file written beside the checkpoint repeats the run bit for bit.
+#[test]
+fn run_files_set_flags_and_the_resolved_one_repeats_the_run() {
+    let dir = workdir("runfile");
+    text_file(&dir);
+    let start = |metrics: &str| {
+        let first = fs::read_to_string(dir.join(metrics)).unwrap().lines().next().unwrap().to_string();
+        serde_json::from_str::<serde_json::Value>(&first).unwrap()
+    };
+    let base = ["train", "--data", "text.txt", "--iters", "4", "--log-interval", "1", "--eval-interval", "2", "--threads", "2"];
+    // The tiny preset, with --lr given on the command line over the preset's 3e-3.
+    assert_ok(&run(&dir, &[&base[..], &["--config", "tiny", "--lr", "2e-3", "--out", "a", "--metrics", "a.jsonl"]].concat()));
+    let a = start("a.jsonl");
+    assert_eq!((a["config"]["n_layer"].as_u64(), a["config"]["n_embd"].as_u64(), a["settings"]["batch"].as_u64()), (Some(2), Some(32), Some(8)));
+    assert_eq!((a["settings"]["lr"].as_f64(), a["settings"]["warmup"].as_u64()), (Some(2e-3), Some(10)));
+    let resolved = fs::read_to_string(dir.join("a/run.toml")).unwrap();
+    assert!(resolved.contains("lr = 0.002\n") && resolved.contains("layers = 2\n") && resolved.contains("data = \"text.txt\""), "{resolved}");
+    // The resolved file alone repeats the run: the same records and checkpoint.
+    assert_ok(&run(&dir, &["train", "--config", "a/run.toml", "--out", "b", "--metrics", "b.jsonl", "--threads", "2"]));
+    assert_eq!(train_losses(&dir.join("a.jsonl")), train_losses(&dir.join("b.jsonl")));
+    assert_eq!(fs::read(dir.join("a/ckpt.safetensors")).unwrap(), fs::read(dir.join("b/ckpt.safetensors")).unwrap());
+    assert_eq!(fs::read_to_string(dir.join("b/run.toml")).unwrap(), resolved);
+    // A hand-written file.
+    fs::write(dir.join("mine.toml"), "# mine\nlayers = 1\nembd = 16\nheads = 2\nblock = 16\nbatch = 4\niters = 2\nrecompute = true\n").unwrap();
+    assert_ok(&run(&dir, &["train", "--data", "text.txt", "--config", "mine.toml", "--out", "c", "--metrics", "c.jsonl"]));
+    assert_eq!(start("c.jsonl")["config"]["n_layer"].as_u64(), Some(1));
+    assert!(fs::read_to_string(dir.join("c/run.toml")).unwrap().contains("recompute = true"));
+    // Bad run files: one line, exit status 2, nothing written.
+    for (text, needle) in [
+        ("lrr = 1", "`lrr` is not a flag of alpha-native train"),
+        ("lr = [1]", "`lr` must be a number or a string, not array"),
+        ("recompute = 1", "`recompute` must be true or false"),
+        ("lr = ", "bad.toml: "),
+    ] {
+        fs::write(dir.join("bad.toml"), text).unwrap();
+        let o = run(&dir, &["train", "--data", "text.txt", "--config", "bad.toml", "--out", "bad"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{text}: {err}");
+        assert!(err.starts_with("error: ") && err.trim_end().lines().count() == 1 && err.contains(needle), "{text}: {err}");
+        assert!(!dir.join("bad").exists());
+    }
+    for (args, needle) in [
+        (&["--config", "mine.toml", "--lr", "x"][..], "invalid value 'x' for '--lr <LR>'"),
+        (&["--config", "nope"], "no such file, nor a preset (tiny, small, shakespeare_char, baby)"),
+    ] {
+        let o = run(&dir, &[&["train", "--data", "text.txt"], args].concat());
+        assert_eq!(o.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&o.stderr).contains(needle), "{args:?}");
+    }
+    // The resolved file never replaces the run file read, nor a file of another run.
+    expect_error(&dir, &["train", "--config", "a/run.toml", "--out", "a", "--overwrite"], "a/run.toml would replace --config");
+    fs::remove_file(dir.join("b/ckpt.safetensors")).unwrap();
+    fs::write(dir.join("b/run.toml"), "# a user's notes\n").unwrap();
+    expect_error(&dir, &["train", "--data", "text.txt", "--config", "tiny", "--out", "b"], "b/run.toml exists and is not a run file alpha-native wrote");
+    assert_eq!(fs::read_to_string(dir.join("b/run.toml")).unwrap(), "# a user's notes\n");
+    // A run that saved no checkpoint leaves its own run file, which the next run replaces.
+    fs::write(dir.join("b/run.toml"), &resolved).unwrap();
+    assert_ok(&run(&dir, &["train", "--data", "text.txt", "--config", "tiny", "--iters", "1", "--out", "b"]));
+}
+
 #[test]
 fn ctrl_c_saves_a_checkpoint_and_exits_zero() {
     let dir = workdir("sigint");
@@ -524,7 +585,7 @@ fn gpu_training_follows_the_cpu_and_checkpoints_cross_backends() {
     assert_eq!(cpu.len(), 8);
     assert_same_curve(&gpu, &cpu);
     let records: Vec<serde_json::Value> = fs::read_to_string(dir.join("gpu.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    for r in records.iter().filter(|r| r["type"] != "eval") {
+    for r in records.iter().filter(|r| ["start", "train"].contains(&r["type"].as_str().unwrap())) {
         assert_eq!(r["device"]["kernels_per_step"], 16 + 34, "{r}");
         assert!(r["device"]["device_memory_mib"].as_f64().unwrap() > 0.0, "{r}");
     }

@@ -15,6 +15,8 @@
 //! const { train, val } = await t.evaluate();
 //! const text = await t.sample("ROMEO:", 200, 0.8);
 //! const bytes = await t.save();             // Uint8Array, a .safetensors checkpoint
+//! // Or the run's own loop (alpha_core::run::RunLoop, as `alpha-native train` runs it):
+//! for (let r = await t.next(); r.type !== "done"; r = await t.next()) console.log(r);
 //! ```
 
 mod engine;
@@ -22,11 +24,12 @@ mod options;
 
 use alpha_core::checkpoint::{self, TrainSettings, TrainState};
 use alpha_core::rng::{derive_seed, stream};
+use alpha_core::run::{sample_start, Action, RunLoop, PRESETS, SAMPLES, SAMPLE_LEN};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
 use engine::Engine;
-use options::{BackendChoice, Options};
+use options::{camel, Options, Raw};
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
 
@@ -68,6 +71,27 @@ pub struct Trainer {
     engine: Engine,
     fallback: Option<String>,
     tokens_per_sec: Option<f64>,
+    /// The run's loop (`next`).
+    run: RunLoop,
+    /// The step of the last checkpoint `next` saved, and its bytes.
+    saved: Option<(u64, Vec<u8>)>,
+}
+
+/// What `next()` resolves to: the action it carried out, as `alpha-native train`'s metrics
+/// record it.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+enum Record {
+    /// Both splits' mean loss at `step`.
+    Eval { step: u64, train: f64, val: f64 },
+    /// A sample at `step`.
+    Sample { step: u64, text: String },
+    /// Step `step` trained; its loss.
+    Train { step: u64, loss: f64 },
+    /// A checkpoint of `step` steps was saved (`lastSaved()` has it).
+    Save { step: u64 },
+    /// The run is at its end.
+    Done { step: u64 },
 }
 
 fn js_error(msg: impl core::fmt::Display) -> JsError {
@@ -100,7 +124,35 @@ impl Trainer {
         let plan = Plan::new(config, opts.batch, opts.block).map_err(js_error)?.with_recompute(opts.recompute);
         let tokens = tokenize(&tok, &text, opts.block)?;
         let start = RunState::fresh(&plan, opts.seed).map_err(js_error)?;
-        Trainer::build(opts.settings(), opts.backend, opts.eval_iters, tok, tokens, plan, start).await
+        Trainer::build(&opts, opts.settings(), tok, tokens, plan, start).await
+    }
+
+    /// The presets (`alpha_core::run::PRESETS`, the repository's `config/*.toml`): an array of
+    /// `{ name, description, options }`, each `options` a whole options object (the defaults
+    /// with the preset's keys over them).
+    pub fn presets() -> Result<js_sys::Array, JsError> {
+        let out = js_sys::Array::new();
+        for p in PRESETS {
+            let options = Raw::defaults_object()?;
+            let table: toml::Table = p.toml.parse().map_err(|e: toml::de::Error| js_error(format!("preset {}: {}", p.name, e.message())))?;
+            for (key, value) in table {
+                let value = match value {
+                    toml::Value::Integer(i) => JsValue::from_f64(i as f64),
+                    toml::Value::Float(f) => JsValue::from_f64(f),
+                    toml::Value::Boolean(b) => JsValue::from_bool(b),
+                    toml::Value::String(s) => JsValue::from_str(&s),
+                    other => return Err(js_error(format!("preset {}: `{key}` is a {}", p.name, other.type_str()))),
+                };
+                js_sys::Reflect::set(&options, &JsValue::from_str(&camel(&key)), &value).map_err(|_| js_error("cannot build a preset"))?;
+            }
+            let description = p.toml.lines().next().and_then(|l| l.strip_prefix(&format!("# {}: ", p.name))).unwrap_or("");
+            let entry = js_sys::Object::new();
+            for (k, v) in [("name", JsValue::from_str(p.name)), ("description", JsValue::from_str(description)), ("options", options)] {
+                js_sys::Reflect::set(&entry, &JsValue::from_str(k), &v).map_err(|_| js_error("cannot build a preset"))?;
+            }
+            out.push(&entry);
+        }
+        Ok(out)
     }
 
     /// Continues the run saved in checkpoint `bytes` (from `save()` or `alpha-native train`)
@@ -122,22 +174,76 @@ impl Trainer {
         let plan = Plan::new(ck.config, settings.batch, ck.config.block_size).map_err(js_error)?.with_recompute(opts.recompute);
         let tokens = tokenize(&tok, &text, ck.config.block_size)?;
         let start = RunState { params: ck.params, moments, step, rng };
-        Trainer::build(settings, opts.backend, opts.eval_iters, tok, tokens, plan, start).await
+        Trainer::build(&opts, settings, tok, tokens, plan, start).await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn build(
+        opts: &Options,
         settings: TrainSettings,
-        backend: BackendChoice,
-        eval_iters: usize,
         tok: CharTokenizer<Vec<char>>,
         tokens: Vec<u32>,
         plan: Plan,
         start: RunState<f32>,
     ) -> Result<Trainer, JsError> {
         let cfg = settings.train_config();
-        let (engine, fallback) = Engine::new(backend, plan, cfg, start).await.map_err(js_error)?;
-        Ok(Trainer { config: plan.config, settings, tok, tokens, eval_iters, engine, fallback, tokens_per_sec: None })
+        let run = RunLoop::new(opts.cadence(settings.iters), start.step);
+        let (engine, fallback) = Engine::new(opts.backend, plan, cfg, start).await.map_err(js_error)?;
+        let eval_iters = opts.eval_iters;
+        Ok(Trainer { config: plan.config, settings, tok, tokens, eval_iters, engine, fallback, tokens_per_sec: None, run, saved: None })
+    }
+
+    /// Carries out the run's next action (`alpha_core::run::RunLoop`, the loop of `alpha-native
+    /// train`: evaluate, sample, train a step, save, at the options' intervals) and resolves to
+    /// its record: `{ type: "eval", step, train, val }`, `{ type: "sample", step, text }`,
+    /// `{ type: "train", step, loss }`, `{ type: "save", step }` (a checkpoint, kept for
+    /// `lastSaved()`; one at the end too) or, once the run is at its end, `{ type: "done",
+    /// step }`. Rejects as `step` and `save` do.
+    pub async fn next(&mut self) -> Result<JsValue, JsError> {
+        let at = self.engine.step_count();
+        if self.run.taken() != at {
+            // Steps taken with step(): the loop goes on from there.
+            self.run = RunLoop::new(self.run.cadence(), at);
+        }
+        let action = self.run.next_action();
+        let step = self.run.step();
+        let record = match action {
+            Action::Evaluate => {
+                let (train, val) = self.evaluate_splits().await?;
+                Record::Eval { step, train, val }
+            }
+            Action::Sample => {
+                let seed = derive_seed(self.settings.seed, stream::SAMPLES, step);
+                let ids = self.engine.sample(&[sample_start(&self.tok)], SAMPLE_LEN, &SAMPLES, &mut Rng::new(seed)).await.map_err(js_error)?;
+                Record::Sample { step, text: ids.into_iter().map(|id| self.tok.decode(id).unwrap_or('\u{FFFD}')).collect() }
+            }
+            Action::Train { .. } => {
+                let started = js_sys::Date::now();
+                let (train, _) = data::split(&self.tokens);
+                let loss = self.engine.step(train).await.map_err(js_error)?;
+                let seconds = (js_sys::Date::now() - started) / 1e3;
+                if seconds > 0.0 {
+                    self.tokens_per_sec = Some(self.tokens_per_step() as f64 / seconds);
+                }
+                Record::Train { step, loss }
+            }
+            Action::Save => {
+                self.saved = Some((step, self.save().await?));
+                Record::Save { step }
+            }
+            Action::Finish if self.saved.as_ref().map(|s| s.0) != Some(step) => {
+                self.saved = Some((step, self.save().await?));
+                Record::Save { step }
+            }
+            Action::Finish => Record::Done { step },
+        };
+        serde_wasm_bindgen::to_value(&record).map_err(js_error)
+    }
+
+    /// The last checkpoint `next()` saved (`Uint8Array`), if any: what is left when a later
+    /// step diverges.
+    #[wasm_bindgen(js_name = lastSaved)]
+    pub fn last_saved(&self) -> Option<Vec<u8>> {
+        self.saved.as_ref().map(|(_, bytes)| bytes.clone())
     }
 
     /// `n` optimizer steps; resolves to their losses (a `Float32Array`). Rejects if a loss or
@@ -159,19 +265,13 @@ impl Trainer {
     /// nanoGPT's `estimate_loss`: the mean loss of `evalIters` batches of each split, drawn
     /// with the run's evaluation seeds for this step; resolves to `{ train, val }`.
     pub async fn evaluate(&mut self) -> Result<JsValue, JsError> {
-        let step = self.engine.step_count();
-        let (train, val) = data::split(&self.tokens);
-        let mut losses = [0.0; 2];
-        for (loss, (split, stream)) in losses.iter_mut().zip([(train, stream::EVAL_TRAIN), (val, stream::EVAL_VAL)]) {
-            let mut rng = Rng::new(derive_seed(self.settings.seed, stream, step));
-            *loss = self.engine.evaluate(split, self.eval_iters, &mut rng).await.map_err(js_error)?;
-        }
+        let (train, val) = self.evaluate_splits().await?;
         #[derive(Serialize)]
         struct Losses {
             train: f64,
             val: f64,
         }
-        serde_wasm_bindgen::to_value(&Losses { train: losses[0], val: losses[1] }).map_err(js_error)
+        serde_wasm_bindgen::to_value(&Losses { train, val }).map_err(js_error)
     }
 
     /// `count` characters continuing `prompt` (empty: a newline) at `temperature` (0:
@@ -217,6 +317,7 @@ impl Trainer {
             return Err(js_error(format!("iters must be a whole number of at least 1, got {iters}")));
         }
         self.settings.iters = iters as u64;
+        self.run.set_iters(self.settings.iters);
         Ok(())
     }
 
@@ -232,6 +333,18 @@ impl Trainer {
 }
 
 impl Trainer {
+    /// nanoGPT's `estimate_loss` at the current step: the train and val splits' mean losses.
+    async fn evaluate_splits(&mut self) -> Result<(f64, f64), JsError> {
+        let step = self.engine.step_count();
+        let (train, val) = data::split(&self.tokens);
+        let mut losses = [0.0; 2];
+        for (loss, (split, stream)) in losses.iter_mut().zip([(train, stream::EVAL_TRAIN), (val, stream::EVAL_VAL)]) {
+            let mut rng = Rng::new(derive_seed(self.settings.seed, stream, step));
+            *loss = self.engine.evaluate(split, self.eval_iters, &mut rng).await.map_err(js_error)?;
+        }
+        Ok((losses[0], losses[1]))
+    }
+
     fn tokens_per_step(&self) -> usize {
         self.engine.plan().tokens() * self.settings.grad_accum
     }

@@ -1,13 +1,14 @@
-//! The options object `Trainer.create` takes: nanoGPT's names in camelCase, every field
-//! optional, defaults those of `alpha-native train`.
+//! The options object `Trainer.create` takes: `alpha-native train`'s flags in camelCase,
+//! every field optional, the defaults `alpha_core::run::DEFAULT`'s.
 
 use alpha_core::checkpoint::TrainSettings;
+use alpha_core::run::{Cadence, DEFAULT};
 use alpha_core::GptConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 /// Where to train.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendChoice {
     /// WebGPU when the browser has a usable adapter, else the CPU.
@@ -19,9 +20,9 @@ pub enum BackendChoice {
 }
 
 /// The fields of the options object.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
-struct Raw {
+pub struct Raw {
     layers: usize,
     heads: usize,
     embd: usize,
@@ -39,33 +40,50 @@ struct Raw {
     grad_accum: usize,
     seed: u64,
     eval_iters: usize,
+    eval_interval: u64,
+    sample_interval: u64,
+    checkpoint_interval: u64,
+    log_interval: u64,
     backend: BackendChoice,
     recompute: bool,
 }
 
 impl Default for Raw {
     fn default() -> Self {
+        let d = DEFAULT;
         Raw {
-            layers: 4,
-            heads: 4,
-            embd: 128,
-            block: 64,
-            batch: 12,
-            lr: 1e-3,
-            min_lr: 1e-4,
-            warmup: 100,
+            layers: d.layers,
+            heads: d.heads,
+            embd: d.embd,
+            block: d.block,
+            batch: d.batch,
+            lr: d.lr,
+            min_lr: d.min_lr,
+            warmup: d.warmup,
             iters: None,
             lr_decay_iters: None,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.99,
-            grad_clip: 1.0,
-            grad_accum: 1,
-            seed: 1337,
-            eval_iters: 20,
+            weight_decay: d.weight_decay,
+            beta1: d.beta1,
+            beta2: d.beta2,
+            grad_clip: d.grad_clip,
+            grad_accum: d.grad_accum,
+            seed: d.seed,
+            eval_iters: d.eval_iters,
+            eval_interval: d.eval_interval,
+            sample_interval: d.sample_interval,
+            checkpoint_interval: d.checkpoint_interval,
+            log_interval: d.log_interval,
             backend: BackendChoice::Auto,
             recompute: false,
         }
+    }
+}
+
+impl Raw {
+    /// Every option at its default (the run's length too) as a JS object: a preset's base.
+    pub fn defaults_object() -> Result<JsValue, JsError> {
+        let raw = Raw { iters: Some(DEFAULT.iters), ..Raw::default() };
+        serde_wasm_bindgen::to_value(&raw).map_err(|e| JsError::new(&e.to_string()))
     }
 }
 
@@ -91,7 +109,7 @@ pub struct Options {
 }
 
 /// `snake_case` as the options object spells it.
-fn camel(field: &str) -> String {
+pub fn camel(field: &str) -> String {
     let mut out = String::new();
     let mut upper = false;
     for ch in field.chars() {
@@ -118,7 +136,10 @@ impl Options {
         if raw.eval_iters == 0 {
             return Err(JsError::new("evalIters must be at least 1"));
         }
-        let iters = raw.iters.unwrap_or(2000);
+        if raw.log_interval == 0 {
+            return Err(JsError::new("logInterval must be at least 1"));
+        }
+        let iters = raw.iters.unwrap_or(DEFAULT.iters);
         let options = Options {
             block: raw.block,
             batch: raw.batch,
@@ -132,6 +153,18 @@ impl Options {
         };
         options.settings().validate(camel).map_err(|e| JsError::new(&e))?;
         Ok(options)
+    }
+
+    /// When the run evaluates, samples, saves and logs, up to step `iters`.
+    pub fn cadence(&self, iters: u64) -> Cadence {
+        let r = &self.raw;
+        Cadence {
+            iters,
+            eval_interval: r.eval_interval,
+            sample_interval: r.sample_interval,
+            checkpoint_interval: r.checkpoint_interval,
+            log_interval: r.log_interval,
+        }
     }
 
     /// The model for a vocabulary of `vocab_size`.

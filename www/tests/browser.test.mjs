@@ -137,6 +137,34 @@ test(`the first ${PARITY_STEPS} steps' losses equal alpha-native's on the CPU (1
   await page.close();
 });
 
+test("the page's run loop is alpha-native train's: the same records (steps, losses, evaluations, samples, saves)", async () => {
+  const cadence = { evalInterval: 4, sampleInterval: 6, checkpointInterval: 5, logInterval: 1 };
+  const metrics = join(work, "loop.jsonl");
+  const flags = Object.entries(cadence).flatMap(([k, v]) => [`--${k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`, String(v)]);
+  execFileSync(native, ["train", "--config", "tiny", "--iters", "12", ...flags, "--out", join(work, "loop"), "--metrics", metrics]);
+  const cli = readFileSync(metrics, "utf8").trim().split("\n").map((l) => JSON.parse(l)).filter((r) => r.type !== "start");
+  const query = Object.entries(cadence).map(([k, v]) => `&${k}=${v}`).join("");
+  const { page, errors } = await open(`?backend=cpu&preset=tiny&steps=12${query}&autostart=1`);
+  const s = await finished(page);
+  assert.equal(s.error, null);
+  const kinds = (records) => records.map((r) => `${r.type}@${r.step}`);
+  assert.deepEqual(kinds(s.records), kinds(cli));
+  assert.ok(kinds(cli).includes("save@5") && kinds(cli).includes("sample@6") && kinds(cli).includes("eval@12"), kinds(cli).join(" "));
+  const close = (what, got, want) => assert.ok(Math.abs(got - want) <= 1e-4 * want, `${what}: page ${got}, native ${want}`);
+  s.records.forEach((r, i) => {
+    const c = cli[i];
+    if (r.type === "train") close(`loss of step ${r.step}`, r.loss, c.loss);
+    if (r.type === "eval") {
+      close(`train loss at ${r.step}`, r.train, c.train_loss);
+      close(`val loss at ${r.step}`, r.val, c.val_loss);
+    }
+    if (r.type === "sample") assert.equal(r.text.length, c.text.length);
+  });
+  assert.equal(s.saved, 12);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
 /** Uploads checkpoint `file` into a fresh page at `query`, presses Resume, and returns the state when done. */
 async function resumeInPage(file, query) {
   const { page, errors } = await open(query);
@@ -178,12 +206,12 @@ test("a finished run's checkpoint, native or the page's, resumes in the page: th
 test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every control inside the screen", async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const page = await context.newPage();
-  await page.goto(`${base}?backend=cpu&preset=nanogpt&steps=3&autostart=1`);
+  await page.goto(`${base}?backend=cpu&preset=shakespeare_char&steps=3&autostart=1`);
   // Trained a little, so that the figures, the chart and a sample are filled; then the paste
   // box shown too.
   const s = await finished(page);
   assert.equal(s.error, null);
-  await page.selectOption("#preset", "nanogpt");
+  await page.selectOption("#preset", "shakespeare_char");
   await page.selectOption("#corpus", "paste");
   const layout = await page.evaluate(() => {
     const controls = [...document.querySelectorAll("select, button, input, textarea, label, canvas, dd, pre, #message")];
