@@ -385,7 +385,9 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     std::fs::create_dir_all(&files.out).map_err(|e| format!("cannot create {}: {e}", files.out.display()))?;
     // Held until the run ends; a second run into this directory stops here.
     let _lock = RunLock::acquire(&files.out)?;
-    remove_stale_temps(&files.checkpoint).map_err(|e| format!("cannot clean up {}: {e}", files.out.display()))?;
+    for output in [&files.checkpoint, &files.run_file] {
+        remove_stale_temps(output).map_err(|e| format!("cannot clean up {}: {e}", files.out.display()))?;
+    }
     let ckpt_path = &files.checkpoint;
     let resuming_in_place = args.resume.as_ref().is_some_and(|r| same_file(r, ckpt_path));
     if ckpt_path.exists() && !resuming_in_place && !args.overwrite {

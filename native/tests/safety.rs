@@ -42,7 +42,7 @@ fn a_model_that_is_not_finite_is_never_saved() {
         assert!(String::from_utf8_lossy(&o.stderr).contains("the last good checkpoint (out/ckpt.safetensors, step 2) is kept"), "{o:?}");
         assert_eq!(fs::read(&ckpt).unwrap(), before, "{backend}: the good checkpoint was replaced");
         // Nothing half-written is left beside it.
-        assert_eq!(fs::read_dir(dir.join("out")).unwrap().count(), 2, "{backend}: only the checkpoint and the lock file");
+        assert_eq!(fs::read_dir(dir.join("out")).unwrap().count(), 3, "{backend}: only the checkpoint, the run file and the lock file");
     }
 }
 
@@ -172,15 +172,15 @@ fn metrics_are_started_anew_only_when_asked_and_appended_on_resume() {
     let dir = workdir("metrics-files");
     train(&dir, &["--iters", "2", "--log-interval", "1", "--metrics", "m.jsonl"]);
     let records = |p: &str| fs::read_to_string(dir.join(p)).unwrap().lines().count();
-    assert_eq!(records("m.jsonl"), 3, "start + 2 train records");
+    assert_eq!(records("m.jsonl"), 4, "start + 2 train records + the final save");
     let again = train_args(&["--iters", "2", "--log-interval", "1", "--metrics", "m.jsonl", "--out", "o2"]);
     assert_one_line_error(&run(&dir, &again), "--metrics m.jsonl already exists");
-    assert_eq!(records("m.jsonl"), 3);
+    assert_eq!(records("m.jsonl"), 4);
     assert_ok(&run(&dir, &[&again[..], &["--overwrite"]].concat()));
-    assert_eq!(records("m.jsonl"), 3, "--overwrite starts the file anew");
+    assert_eq!(records("m.jsonl"), 4, "--overwrite starts the file anew");
     let resume = ["train", "--resume", "o2/ckpt.safetensors", "--iters", "4", "--log-interval", "1", "--metrics", "m.jsonl"];
     assert_ok(&run(&dir, &[&resume[..], QUIET].concat()));
-    assert_eq!(records("m.jsonl"), 6, "a resumed run appends its start and 2 train records");
+    assert_eq!(records("m.jsonl"), 8, "a resumed run appends its start, 2 train records and its save");
 }
 
 /// One run per output directory: a second run into a directory in use fails at once, naming
@@ -247,11 +247,12 @@ fn the_next_run_removes_what_a_killed_run_left() {
     train(&dir, &["--iters", "2"]);
     for pid in ["1", "4194304"] {
         fs::write(dir.join(format!("out/.ckpt.safetensors.tmp-{pid}")), b"half a checkpoint").unwrap();
+        fs::write(dir.join(format!("out/.run.toml.tmp-{pid}")), b"half a run file").unwrap();
     }
     assert_ok(&run(&dir, &["train", "--resume", "out/ckpt.safetensors", "--iters", "3", "--eval-interval", "0", "--sample-interval", "0"]));
     let mut left: Vec<String> = fs::read_dir(dir.join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     left.sort();
-    assert_eq!(left, ["ckpt.safetensors", "train.lock"]);
+    assert_eq!(left, ["ckpt.safetensors", "run.toml", "train.lock"]);
 }
 
 /// The model flags `train`, `bench` and `info` share.
