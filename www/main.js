@@ -3,27 +3,43 @@
 //
 // URL parameters (for links and tests): backend=auto|webgpu|cpu, preset=<name>, steps=N (the
 // run's length, as iters=N), any other option of Trainer.create by its name (evalInterval=N,
-// seed=N, ...; recompute=1), autostart=1, wasm=relaxed|simd128 (which build, below).
+// threads=N, seed=N, ...; recompute=1), autostart=1, wasm=threads|relaxed|simd128 (which build,
+// below).
 // window.alpha exposes the page's state.
 
 const params = new URLSearchParams(location.search);
 
-// alpha-web comes in two WebAssembly builds (scripts/build-web.sh): pkg/ with SIMD128, which
-// every current browser runs, and pkg-relaxed/, whose CPU kernels also use relaxed SIMD's
-// fused multiply-add. The page loads the second where the browser validates a module with
-// f32x4.relaxed_madd (this one: () -> v128, three i8x16.splat and the madd).
+// alpha-web comes in three WebAssembly builds (scripts/build-web.sh): pkg/ with SIMD128, which
+// every current browser runs; pkg-relaxed/, whose CPU kernels also use relaxed SIMD's fused
+// multiply-add; and pkg-threads/, relaxed SIMD with WebAssembly threads (the CPU engine on
+// every core, through Web Workers on shared memory). The page loads the threads build where it
+// is cross-origin isolated (serve.mjs sends the headers) and the browser validates a module
+// with f32x4.relaxed_madd (this one: () -> v128, three i8x16.splat and the madd), else the
+// relaxed build where it validates it, else pkg/.
 const RELAXED_SIMD_PROBE = new Uint8Array([
   0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 19, 1, 17, 0,
   65, 1, 253, 15, 65, 1, 253, 15, 65, 1, 253, 15, 253, 133, 2, 11,
 ]);
 /** The builds, by the name the `wasm` URL parameter takes. */
-export const WASM_BUILDS = { relaxed: "./pkg-relaxed/alpha_web.js", simd128: "./pkg/alpha_web.js" };
-const wasmBuild = params.get("wasm") ?? (WebAssembly.validate(RELAXED_SIMD_PROBE) ? "relaxed" : "simd128");
-const { default: init, Trainer } = await import(WASM_BUILDS[wasmBuild] ?? WASM_BUILDS.simd128).catch((e) => {
-  if (wasmBuild !== "relaxed") throw e;
-  console.warn(`pkg-relaxed/ did not load (${e}); using pkg/`);
-  return import(WASM_BUILDS.simd128);
-});
+export const WASM_BUILDS = { threads: "./pkg-threads/alpha_web.js", relaxed: "./pkg-relaxed/alpha_web.js", simd128: "./pkg/alpha_web.js" };
+const relaxed = WebAssembly.validate(RELAXED_SIMD_PROBE);
+const wasmBuild = params.get("wasm") ?? (relaxed ? (globalThis.crossOriginIsolated ? "threads" : "relaxed") : "simd128");
+/** Imports the first build of `names` that loads. */
+async function importBuild(names) {
+  for (const [i, name] of names.entries()) {
+    try {
+      return await import(WASM_BUILDS[name] ?? WASM_BUILDS.simd128);
+    } catch (e) {
+      if (i === names.length - 1) throw e;
+      console.warn(`${WASM_BUILDS[name]} did not load (${e}); trying the next build`);
+    }
+  }
+}
+const fallbacks = { threads: ["threads", "relaxed", "simd128"], relaxed: ["relaxed", "simd128"] };
+const build = await importBuild(fallbacks[wasmBuild] ?? [wasmBuild]);
+const init = build.default;
+/** The loaded build's Trainer (for tests and benchmarks, once the page is idle). */
+export const Trainer = build.Trainer;
 
 /**
  * Model presets, by name: the library's (alpha_core::run::PRESETS, the repository's
@@ -141,7 +157,9 @@ function tokensPerSec() {
 function showStats() {
   const s = (state.stats = trainer.stats());
   $("backend-name").textContent =
-    s.backend === "webgpu" ? `WebGPU (${s.adapter || adapterLabel || "default adapter"})` : `CPU (WebAssembly, ${s.kernel === "wasm-relaxed-simd" ? "relaxed SIMD" : "SIMD128"})`;
+    s.backend === "webgpu"
+      ? `WebGPU (${s.adapter || adapterLabel || "default adapter"})`
+      : `CPU (WebAssembly, ${s.kernel === "wasm-relaxed-simd" ? "relaxed SIMD" : "SIMD128"}, ${s.threads} thread${s.threads === 1 ? "" : "s"})`;
   $("step").textContent = String(s.step);
   if (state.trainMs > 0) $("tok-s").textContent = Math.round(tokensPerSec()).toLocaleString("en");
   if (s.fallback) say(`WebGPU could not be used (${s.fallback}): training on the CPU (WebAssembly).`);

@@ -1,5 +1,5 @@
 // A static server for the demo: www/ at /, the repository's data/ at /data/ (the Shakespeare
-// corpus). No dependencies. `npm start` (port 8080) or `PORT=0 node serve.mjs` (any free
+// corpus), cross-origin isolated (so the page can use WebAssembly threads). No dependencies. `npm start` (port 8080) or `PORT=0 node serve.mjs` (any free
 // port); it prints the address it listens on.
 
 import { createServer } from "node:http";
@@ -39,7 +39,9 @@ const server = createServer(async (req, res) => {
   try {
     if (!file) throw Object.assign(new Error("outside"), { code: "ENOENT" });
     const body = await readFile(file);
-    res.writeHead(200, { "content-type": types[extname(file)] ?? "application/octet-stream", "cache-control": "no-cache" });
+    // Cross-origin isolation, which WebAssembly threads (shared memory) need.
+    const isolation = { "cross-origin-opener-policy": "same-origin", "cross-origin-embedder-policy": "require-corp" };
+    res.writeHead(200, { "content-type": types[extname(file)] ?? "application/octet-stream", "cache-control": "no-cache", ...isolation });
     res.end(body);
   } catch (e) {
     res.writeHead(e.code === "ENOENT" || e.code === "EISDIR" ? 404 : 500, { "content-type": "text/plain" });

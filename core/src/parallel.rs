@@ -80,7 +80,7 @@ impl<T> SharedMut<T> {
 }
 
 #[cfg(feature = "std")]
-pub use pool::ThreadPool;
+pub use pool::{ThreadPool, WorkerLoop};
 
 #[cfg(feature = "std")]
 mod pool {
@@ -153,8 +153,26 @@ mod pool {
     /// sleeping. Dispatch performs no heap allocation.
     pub struct ThreadPool {
         shared: Arc<Shared>,
+        /// The workers' threads where this pool started them (joined when it is dropped).
         workers: Vec<JoinHandle<()>>,
+        threads: usize,
         run_lock: Mutex<()>,
+    }
+
+    /// The work of one worker of a pool (see [`ThreadPool::with_spawner`]): run it on a
+    /// thread of its own; it returns when the pool is dropped.
+    pub type WorkerLoop = Box<dyn FnOnce() + Send>;
+
+    /// Locks `m` without ever sleeping on it (the calling thread may be one that must not
+    /// block, as a browser's main thread): others hold it only for a few instructions.
+    fn lock_spinning<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        loop {
+            match m.try_lock() {
+                Ok(guard) => return guard,
+                Err(std::sync::TryLockError::Poisoned(e)) => return e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => core::hint::spin_loop(),
+            }
+        }
     }
 
     const SHUTDOWN: u64 = u64::MAX;
@@ -172,19 +190,46 @@ mod pool {
         /// [`ThreadPool::new`], or the operating system's error when it refuses a thread
         /// (the workers already started are stopped).
         pub fn try_new(threads: usize) -> std::io::Result<Self> {
+            let mut handles = Vec::new();
+            let made = ThreadPool::with_spawner(threads, |i, work| {
+                handles.push(std::thread::Builder::new().name(format!("alpha-worker-{i}")).spawn(work)?);
+                Ok(())
+            });
+            match made {
+                Ok(mut pool) => {
+                    pool.workers = handles;
+                    Ok(pool)
+                }
+                Err(e) => {
+                    // The pool was dropped: the workers so far have been told to stop.
+                    for h in handles {
+                        let _ = h.join();
+                    }
+                    Err(e)
+                }
+            }
+        }
+
+        /// A pool of `threads` threads in total whose `threads - 1` workers the caller starts:
+        /// `spawn(i, work)` must run `work` on a thread of its own (where `std::thread` has
+        /// none, a browser's Web Worker). Jobs wait for every worker, so the first must not
+        /// run before they have started. Where `spawn` fails, the pool is dropped (its workers
+        /// so far stop) and its error returned.
+        pub fn with_spawner(threads: usize, mut spawn: impl FnMut(usize, WorkerLoop) -> std::io::Result<()>) -> std::io::Result<Self> {
+            let threads = threads.max(1);
             let shared = Arc::new(Shared {
                 job: Mutex::new(None),
                 wake: Condvar::new(),
                 generation: AtomicU64::new(0),
                 busy: AtomicUsize::new(0),
                 worker_panicked: AtomicBool::new(false),
-                shares: (0..threads.max(1)).map(|_| Share(AtomicU64::new(0))).collect(),
+                shares: (0..threads).map(|_| Share(AtomicU64::new(0))).collect(),
             });
-            let mut pool = ThreadPool { shared, workers: Vec::new(), run_lock: Mutex::new(()) };
-            for i in 1..threads.max(1) {
+            let mut pool = ThreadPool { shared, workers: Vec::new(), threads: 1, run_lock: Mutex::new(()) };
+            for i in 1..threads {
                 let shared = Arc::clone(&pool.shared);
-                // On an error `pool` is dropped, which stops and joins the workers so far.
-                pool.workers.push(std::thread::Builder::new().name(format!("alpha-worker-{i}")).spawn(move || worker(&shared, i))?);
+                spawn(i, Box::new(move || worker(&shared, i)))?;
+                pool.threads += 1;
             }
             Ok(pool)
         }
@@ -247,25 +292,25 @@ mod pool {
 
     impl Parallel for ThreadPool {
         fn threads(&self) -> usize {
-            self.workers.len() + 1
+            self.threads
         }
 
         fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-            if self.workers.is_empty() || tasks <= 1 {
+            if self.threads == 1 || tasks <= 1 {
                 (0..tasks).for_each(task);
                 return;
             }
-            let _one_job_at_a_time = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _one_job_at_a_time = lock_spinning(&self.run_lock);
             // SAFETY: only the lifetime is erased; we wait below until no worker uses it.
             let ptr: TaskPtr = unsafe { core::mem::transmute::<&(dyn Fn(usize) + Sync), TaskPtr>(task) };
             let shared = &*self.shared;
-            shared.busy.store(self.workers.len(), Ordering::Relaxed);
+            shared.busy.store(self.threads - 1, Ordering::Relaxed);
             assert!(u32::try_from(tasks).is_ok(), "ThreadPool::run: at most 2^32 - 1 tasks");
             for (i, share) in shared.shares.iter().enumerate() {
                 share.set(super::split_range(tasks, shared.shares.len(), i));
             }
             {
-                let mut job = shared.job.lock().unwrap_or_else(|e| e.into_inner());
+                let mut job = lock_spinning(&shared.job);
                 *job = Some(Job { task: ptr });
                 shared.generation.fetch_add(2, Ordering::AcqRel);
             }
@@ -298,7 +343,7 @@ mod pool {
     impl Drop for ThreadPool {
         fn drop(&mut self) {
             {
-                let _job = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
+                let _job = lock_spinning(&self.shared.job);
                 self.shared.generation.store(SHUTDOWN, Ordering::Release);
             }
             self.shared.wake.notify_all();
@@ -311,6 +356,34 @@ mod pool {
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        /// Workers started by the caller's own means (here threads it spawns itself, as the
+        /// page starts Web Workers) run jobs as the pool's own do.
+        #[test]
+        fn workers_started_by_the_caller_run_jobs() {
+            let mut started = Vec::new();
+            let pool = ThreadPool::with_spawner(3, |_, work| {
+                started.push(std::thread::spawn(work));
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(pool.threads(), 3);
+            let hits: Vec<AtomicUsize> = (0..50).map(|_| AtomicUsize::new(0)).collect();
+            let threads_seen = Mutex::new(std::collections::HashSet::new());
+            pool.run(50, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+                threads_seen.lock().unwrap().insert(std::thread::current().id());
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            assert!(threads_seen.lock().unwrap().len() > 1, "only the caller worked");
+            drop(pool);
+            for t in started {
+                t.join().unwrap();
+            }
+            let failing = ThreadPool::with_spawner(2, |_, _| Err(std::io::Error::other("no threads here")));
+            assert!(failing.is_err());
+        }
 
         #[test]
         fn runs_every_task_once() {

@@ -1,9 +1,11 @@
 //! The model being trained in the page: alpha-gpu on WebGPU, or alpha-core's CPU kernels in
-//! WebAssembly (one thread). Every call is async: WebGPU readbacks resolve on the browser's
-//! event loop, and the page stays responsive between them.
+//! WebAssembly (on every core where the page runs the threads build: `threads`). Every call is
+//! async: WebGPU readbacks resolve on the browser's event loop, and the page stays responsive
+//! between them.
 
 use crate::options::BackendChoice;
 use alpha_core::model::{Sampler, SamplingConfig};
+use alpha_core::parallel::Parallel;
 use alpha_core::train::{OwnedMemory, RunState, TrainConfig};
 use alpha_core::{Plan, Rng, Serial};
 use alpha_gpu::{Gpu, GpuForward, GpuTrainer};
@@ -11,6 +13,8 @@ use alpha_gpu::{Gpu, GpuForward, GpuTrainer};
 /// The CPU engine: the arenas, and the training state between calls (a core `Trainer`
 /// borrows the arenas for the length of one call).
 pub struct CpuEngine {
+    /// The threads the kernels run on.
+    par: Box<dyn Parallel>,
     plan: Plan,
     cfg: TrainConfig,
     mem: OwnedMemory<f32>,
@@ -34,22 +38,24 @@ pub enum Engine {
 impl Engine {
     /// An engine on the chosen backend; with `Auto`, the CPU when WebGPU cannot be used, and
     /// why (returned beside it).
-    pub async fn new(choice: BackendChoice, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<(Engine, Option<String>), String> {
+    /// `threads`: the CPU engine's threads (1 unless this is the threads build).
+    pub async fn new(choice: BackendChoice, plan: Plan, cfg: TrainConfig, start: RunState<f32>, threads: usize) -> Result<(Engine, Option<String>), String> {
         if choice == BackendChoice::Cpu {
-            return Ok((Engine::cpu(plan, cfg, start)?, None));
+            return Ok((Engine::cpu(plan, cfg, start, threads).await?, None));
         }
         match Engine::gpu(plan, cfg, &start).await {
             Ok(engine) => Ok((engine, None)),
-            Err(e) if choice == BackendChoice::Auto => Ok((Engine::cpu(plan, cfg, start)?, Some(e))),
+            Err(e) if choice == BackendChoice::Auto => Ok((Engine::cpu(plan, cfg, start, threads).await?, Some(e))),
             Err(e) => Err(e),
         }
     }
 
-    fn cpu(plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Engine, String> {
+    async fn cpu(plan: Plan, cfg: TrainConfig, start: RunState<f32>, threads: usize) -> Result<Engine, String> {
         let mut mem = OwnedMemory::<f32>::new(&plan).map_err(|e| e.to_string())?;
         mem.resume(plan, cfg, &start).map_err(|e| e.to_string())?;
         let sampler = Sampler::new(plan.config, plan.config.block_size).map_err(|e| e.to_string())?;
-        Ok(Engine::Cpu(Box::new(CpuEngine { plan, cfg, mem, step: start.step, rng: start.rng, sampler })))
+        let par = threads_pool(threads).await?;
+        Ok(Engine::Cpu(Box::new(CpuEngine { par, plan, cfg, mem, step: start.step, rng: start.rng, sampler })))
     }
 
     async fn gpu(plan: Plan, cfg: TrainConfig, start: &RunState<f32>) -> Result<Engine, String> {
@@ -63,7 +69,7 @@ impl Engine {
     /// the loss or gradient norm is not finite.
     pub async fn step(&mut self, data: &[u32]) -> Result<f64, String> {
         match self {
-            Engine::Cpu(c) => c.with_trainer(|t| t.train_step(&Serial, data).map(|s| s.loss).map_err(|e| format!("training diverged at {e}")))?,
+            Engine::Cpu(c) => c.with_trainer(|t, par| t.train_step(par, data).map(|s| s.loss).map_err(|e| format!("training diverged at {e}")))?,
             Engine::Gpu(g) => {
                 let lr = g.trainer.step(data);
                 let s = g.trainer.stats(lr).await.map_err(|e| e.to_string())?;
@@ -83,7 +89,7 @@ impl Engine {
     /// The mean loss of `iters` batches of `data` drawn with `rng`.
     pub async fn evaluate(&mut self, data: &[u32], iters: usize, rng: &mut Rng) -> Result<f64, String> {
         match self {
-            Engine::Cpu(c) => c.with_trainer(|t| Ok(t.evaluate(&Serial, data, iters, rng)))?,
+            Engine::Cpu(c) => c.with_trainer(|t, par| Ok(t.evaluate(par, data, iters, rng)))?,
             Engine::Gpu(g) => g.trainer.evaluate(data, iters, rng).await.map_err(|e| e.to_string()),
         }
     }
@@ -92,7 +98,7 @@ impl Engine {
     pub async fn sample(&mut self, prompt: &[u32], count: usize, cfg: &SamplingConfig, rng: &mut Rng) -> Result<Vec<u32>, String> {
         let mut out = Vec::with_capacity(count);
         match self {
-            Engine::Cpu(c) => c.sampler.generate(&Serial, &c.mem.params, prompt, count, cfg, rng, |id| out.push(id)),
+            Engine::Cpu(c) => c.sampler.generate(&*c.par, &c.mem.params, prompt, count, cfg, rng, |id| out.push(id)),
             Engine::Gpu(g) => g.sampler.generate(prompt, count, cfg, rng, |id| out.push(id)).await.map_err(|e| e.to_string())?,
         }
         Ok(out)
@@ -146,6 +152,14 @@ impl Engine {
         }
     }
 
+    /// The threads the CPU engine runs on (1 on WebGPU).
+    pub fn threads(&self) -> usize {
+        match self {
+            Engine::Cpu(c) => c.par.threads(),
+            Engine::Gpu(_) => 1,
+        }
+    }
+
     /// The CPU's GEMM kernel (`wasm-simd128` or `wasm-relaxed-simd`, after the build).
     pub fn cpu_kernel(&self) -> Option<&'static str> {
         match self {
@@ -155,12 +169,28 @@ impl Engine {
     }
 }
 
+/// The CPU engine's threads: a pool of `threads` in the threads build, else this one.
+#[cfg(target_feature = "atomics")]
+async fn threads_pool(threads: usize) -> Result<Box<dyn Parallel>, String> {
+    Ok(match threads {
+        0 | 1 => Box::new(Serial),
+        n => Box::new(crate::threads::pool(n).await?),
+    })
+}
+
+/// The CPU engine's threads: this one (a build without WebAssembly threads).
+#[cfg(not(target_feature = "atomics"))]
+async fn threads_pool(_threads: usize) -> Result<Box<dyn Parallel>, String> {
+    Ok(Box::new(Serial))
+}
+
 impl CpuEngine {
-    /// Runs `f` with a core trainer over the arenas, keeping its step and generator after.
-    fn with_trainer<R>(&mut self, f: impl FnOnce(&mut alpha_core::train::Trainer<'_, f32>) -> R) -> Result<R, String> {
+    /// Runs `f` with a core trainer over the arenas and the engine's threads, keeping the
+    /// trainer's step and generator after.
+    fn with_trainer<R>(&mut self, f: impl FnOnce(&mut alpha_core::train::Trainer<'_, f32>, &dyn Parallel) -> R) -> Result<R, String> {
         let mut t = self.mem.trainer(self.plan, self.cfg, self.rng).map_err(|e| e.to_string())?;
         t.step = self.step;
-        let r = f(&mut t);
+        let r = f(&mut t, &*self.par);
         self.step = t.step;
         self.rng = t.rng;
         Ok(r)

@@ -21,6 +21,8 @@
 
 mod engine;
 mod options;
+#[cfg(target_feature = "atomics")]
+mod threads;
 
 use alpha_core::checkpoint::{self, TrainSettings, TrainState};
 use alpha_core::rng::{derive_seed, stream};
@@ -50,6 +52,8 @@ struct Stats {
     kernel: Option<&'static str>,
     /// Why the page runs on the CPU although WebGPU was allowed, if it does.
     fallback: Option<String>,
+    /// The CPU engine's threads (1 on WebGPU and in builds without WebAssembly threads).
+    threads: usize,
     step: u64,
     /// The step the run trains to (its `iters`).
     iters: u64,
@@ -187,7 +191,7 @@ impl Trainer {
     ) -> Result<Trainer, JsError> {
         let cfg = settings.train_config();
         let run = RunLoop::new(opts.cadence(settings.iters), start.step);
-        let (engine, fallback) = Engine::new(opts.backend, plan, cfg, start).await.map_err(js_error)?;
+        let (engine, fallback) = Engine::new(opts.backend, plan, cfg, start, opts.threads).await.map_err(js_error)?;
         let eval_iters = opts.eval_iters;
         Ok(Trainer { config: plan.config, settings, tok, tokens, eval_iters, engine, fallback, tokens_per_sec: None, run, saved: None })
     }
@@ -288,9 +292,10 @@ impl Trainer {
         Ok(generated.into_iter().map(|id| self.tok.decode(id).unwrap_or('\u{FFFD}')).collect())
     }
 
-    /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, kernel, fallback,
-    /// step, iters, params, vocab, tokensPerStep, tokensPerSec, config }` (`kernel`: the CPU's
-    /// GEMM kernel; `iters`: the run's length; `tokensPerSec` of the last `step()` call).
+    /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, kernel, threads,
+    /// fallback, step, iters, params, vocab, tokensPerStep, tokensPerSec, config }` (`kernel`:
+    /// the CPU's GEMM kernel; `threads`: the CPU engine's; `iters`: the run's length;
+    /// `tokensPerSec` of the last step).
     pub fn stats(&self) -> Result<JsValue, JsError> {
         let plan = self.engine.plan();
         let stats = Stats {
@@ -298,6 +303,7 @@ impl Trainer {
             adapter: self.engine.adapter(),
             kernel: self.engine.cpu_kernel(),
             fallback: self.fallback.clone(),
+            threads: self.engine.threads(),
             step: self.engine.step_count(),
             iters: self.settings.iters,
             params: plan.num_params(),

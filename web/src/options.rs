@@ -46,6 +46,9 @@ pub struct Raw {
     log_interval: u64,
     backend: BackendChoice,
     recompute: bool,
+    /// CPU threads (the threads build; others run one). Default: the browser's
+    /// `navigator.hardwareConcurrency`.
+    threads: Option<usize>,
 }
 
 impl Default for Raw {
@@ -75,6 +78,7 @@ impl Default for Raw {
             log_interval: d.log_interval,
             backend: BackendChoice::Auto,
             recompute: false,
+            threads: None,
         }
     }
 }
@@ -85,6 +89,16 @@ impl Raw {
         let raw = Raw { iters: Some(DEFAULT.iters), ..Raw::default() };
         serde_wasm_bindgen::to_value(&raw).map_err(|e| JsError::new(&e.to_string()))
     }
+}
+
+/// The most CPU threads the page uses.
+const MAX_THREADS: usize = 64;
+
+/// `navigator.hardwareConcurrency` (1 where the browser does not say).
+fn hardware_concurrency() -> usize {
+    let navigator = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("navigator")).unwrap_or(JsValue::UNDEFINED);
+    let cores = js_sys::Reflect::get(&navigator, &JsValue::from_str("hardwareConcurrency")).ok().and_then(|v| v.as_f64());
+    cores.map_or(1, |c| (c as usize).max(1))
 }
 
 /// Validated options.
@@ -106,6 +120,8 @@ pub struct Options {
     pub backend: BackendChoice,
     /// Activation checkpointing ([`alpha_core::Plan::with_recompute`]).
     pub recompute: bool,
+    /// CPU threads (see [`Raw`]'s `threads`).
+    pub threads: usize,
 }
 
 /// `snake_case` as the options object spells it.
@@ -149,6 +165,11 @@ impl Options {
             eval_iters: raw.eval_iters,
             backend: raw.backend,
             recompute: raw.recompute,
+            threads: match raw.threads {
+                Some(0) => return Err(JsError::new("threads must be at least 1")),
+                Some(n) => n.min(MAX_THREADS),
+                None => hardware_concurrency().min(MAX_THREADS),
+            },
             raw,
         };
         options.settings().validate(camel).map_err(|e| JsError::new(&e))?;

@@ -63,12 +63,14 @@ test("the page loads with no console errors", async () => {
   await page.close();
 });
 
-// WebGPU, and the CPU path in both WebAssembly builds (Chromium validates relaxed SIMD, so the
-// page picks pkg-relaxed unless told otherwise).
+// WebGPU, and the CPU path in all three WebAssembly builds (the page is cross-origin isolated
+// and Chromium validates relaxed SIMD, so it picks pkg-threads, on every core, unless told
+// otherwise).
 const RUNS = [
   ["webgpu", "webgpu", "", /^WebGPU \(/],
-  ["cpu", "cpu", "", /^CPU \(WebAssembly, relaxed SIMD\)$/],
-  ["cpu-simd128", "cpu", "&wasm=simd128", /^CPU \(WebAssembly, SIMD128\)$/],
+  ["cpu", "cpu", "", /^CPU \(WebAssembly, relaxed SIMD, [2-9]\d* threads\)$/],
+  ["cpu-relaxed", "cpu", "&wasm=relaxed", /^CPU \(WebAssembly, relaxed SIMD, 1 thread\)$/],
+  ["cpu-simd128", "cpu", "&wasm=simd128", /^CPU \(WebAssembly, SIMD128, 1 thread\)$/],
 ];
 
 for (const [run, backend, extra, shown] of RUNS) {
@@ -163,6 +165,23 @@ test("the page's run loop is alpha-native train's: the same records (steps, loss
   assert.equal(s.saved, 12);
   assert.deepEqual(errors, []);
   await page.close();
+});
+
+// The speed of the threads is a benchmark, not a test: `node www/bench.mjs 3 small`.
+test("the page's CPU engine on every core (the threads build): two threads give one thread's losses", async () => {
+  const losses = {};
+  for (const threads of [1, 2]) {
+    const { page, errors } = await open(`?backend=cpu&preset=small&steps=6&threads=${threads}&evalInterval=0&sampleInterval=0&autostart=1`);
+    const s = await finished(page);
+    assert.equal(s.error, null);
+    assert.equal(s.stats.threads, threads);
+    assert.equal(s.stats.kernel, "wasm-relaxed-simd");
+    assert.deepEqual(errors, []);
+    losses[threads] = s.losses;
+    await page.close();
+  }
+  assert.equal(losses[2].length, 6);
+  assert.deepEqual(losses[2], losses[1], "two threads changed the losses");
 });
 
 /** Uploads checkpoint `file` into a fresh page at `query`, presses Resume, and returns the state when done. */
