@@ -76,6 +76,27 @@ pub struct TrainSettings {
 }
 
 impl TrainSettings {
+    /// The default run's settings ([`crate::run::DEFAULT`]) on `data`, the learning rate
+    /// decaying over the whole run.
+    pub fn defaults(data: impl Into<String>) -> TrainSettings {
+        let d = crate::run::DEFAULT;
+        TrainSettings {
+            data: data.into(),
+            batch: d.batch,
+            iters: d.iters,
+            lr: d.lr,
+            lr_decay_iters: d.iters,
+            min_lr: d.min_lr,
+            warmup: d.warmup,
+            weight_decay: d.weight_decay,
+            beta1: d.beta1,
+            beta2: d.beta2,
+            grad_clip: d.grad_clip,
+            grad_accum: d.grad_accum,
+            seed: d.seed,
+        }
+    }
+
     /// The optimisation settings of the run (AdamW eps 1e-8, as PyTorch's default).
     pub fn train_config(&self) -> TrainConfig {
         TrainConfig {
@@ -505,20 +526,6 @@ mod tests {
     }
 
     fn settings() -> TrainSettings {
-        TrainSettings {
-            data: "x".into(),
-            batch: 1,
-            iters: 5,
-            lr: 1e-3,
-            lr_decay_iters: 5,
-            min_lr: 1e-4,
-            warmup: 0,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.99,
-            grad_clip: 1.0,
-            grad_accum: 1,
-            seed: 1,
-        }
+        TrainSettings { batch: 1, iters: 5, lr_decay_iters: 5, warmup: 0, seed: 1, ..TrainSettings::defaults("x") }
     }
 }

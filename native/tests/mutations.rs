@@ -34,21 +34,7 @@ fn base_checkpoint(resumable: bool) -> Vec<u8> {
     let mut rng = Rng::new(1);
     let mut arena = || (0..plan.params_len()).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
     let (params, m, v) = (arena(), arena(), arena().iter().map(|x| x * x).collect::<Vec<f32>>());
-    let settings = TrainSettings {
-        data: "text.txt".into(),
-        batch: 2,
-        iters: 10,
-        lr: 1e-3,
-        lr_decay_iters: 10,
-        min_lr: 1e-4,
-        warmup: 2,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.99,
-        grad_clip: 1.0,
-        grad_accum: 1,
-        seed: 7,
-    };
+    let settings = TrainSettings { batch: 2, iters: 10, lr_decay_iters: 10, warmup: 2, seed: 7, ..TrainSettings::defaults("text.txt") };
     let state = TrainState { step: 3, rng_state: "12345".into(), settings };
     let chars: Vec<char> = CHARS.chars().collect();
     checkpoint::to_bytes(CONFIG, &chars, &params, resumable.then_some((&m[..], &v[..], &state))).unwrap()

@@ -18,21 +18,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn settings() -> TrainSettings {
-    TrainSettings {
-        data: "x.txt".into(),
-        batch: 2,
-        iters: 10,
-        lr: 1e-3,
-        lr_decay_iters: 10,
-        min_lr: 1e-4,
-        warmup: 2,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.99,
-        grad_clip: 1.0,
-        grad_accum: 1,
-        seed: 7,
-    }
+    TrainSettings { batch: 2, iters: 10, lr_decay_iters: 10, warmup: 2, seed: 7, ..TrainSettings::defaults("x.txt") }
 }
 
 /// nanoGPT's `GPT.state_dict()` keys and shapes for `CFG` (with bias=True), `lm_head` left out.
