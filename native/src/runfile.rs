@@ -15,7 +15,11 @@ pub const RUN_FILE: &str = "run.toml";
 /// inserted as flags right after the subcommand, so that the command line's own flags, which
 /// come later, override them. Other command lines come back as they are.
 pub fn expand(args: Vec<OsString>, train: &clap::Command) -> Result<Vec<OsString>, String> {
-    let Some(sub) = args.iter().position(|a| a == "train") else { return Ok(args) };
+    // The subcommand comes first: the program takes no options of its own before it.
+    let sub = 1;
+    if args.get(sub).is_none_or(|a| a != "train") {
+        return Ok(args);
+    }
     let mut config = None;
     for (i, a) in args.iter().enumerate().skip(sub + 1) {
         match a.to_str() {
@@ -127,6 +131,9 @@ mod tests {
         assert_eq!(expanded[..2], ["alpha-native", "train"].map(OsString::from));
         assert_eq!(expanded[expanded.len() - 4..], ["--config", "tiny", "--lr", "1"].map(OsString::from));
         assert!(expanded.len() > 6);
+        // Another subcommand's argument that reads "train" is not the subcommand.
+        let other = ["alpha-native", "sample", "--prompt", "train", "--config", "x"].map(OsString::from).to_vec();
+        assert_eq!(expand(other.clone(), &train()).unwrap(), other);
         let err = expand(["alpha-native", "train", "--config=nope"].map(OsString::from).to_vec(), &train()).unwrap_err();
         assert!(err.contains("no such file, nor a preset (tiny, small, shakespeare_char, baby)"), "{err}");
     }
