@@ -55,18 +55,15 @@ macro_rules! wide_dispatch {
     };
     ($(#[$meta:meta])* $vis:vis fn $name:ident<T>($($arg:ident: $ty:ty),* $(,)?) => $avx512_body:path, $body:path) => {
         $(#[$meta])*
-        #[allow(clippy::too_many_arguments)]
         $vis fn $name<T: $crate::float::Float>($($arg: $ty),*) {
             #[cfg(all(target_arch = "x86_64", feature = "std"))]
             {
                 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn avx512<T: $crate::float::Float>($($arg: $ty),*) {
+                        unsafe fn avx512<T: $crate::float::Float>($($arg: $ty),*) {
                     $avx512_body($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn avx2<T: $crate::float::Float>($($arg: $ty),*) {
+                        unsafe fn avx2<T: $crate::float::Float>($($arg: $ty),*) {
                     $body($($arg),*)
                 }
                 match $crate::simd::width() {

@@ -3,7 +3,7 @@
 //! kernel (no table of known CPUs).
 
 use crate::fsutil::write_atomic;
-use alpha_core::gemm::{f32_kernel_name, gemm, Strided};
+use alpha_core::gemm::{f32_kernel_name, gemm, Rows, RowsMut, Shape, Strided};
 use alpha_core::parallel::{Parallel, ThreadPool};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -92,7 +92,15 @@ fn measure(pool: &ThreadPool) -> f64 {
         let mut c = cs[i].lock().unwrap_or_else(|e| e.into_inner());
         for _ in 0..reps {
             // SAFETY: a, b and c are N x N row-major and distinct.
-            unsafe { gemm(N, N, N, Strided { ptr: a.as_ptr(), rs: N, cs: 1 }, b.as_ptr(), N, 0.0, c.as_mut_ptr(), N) };
+            unsafe {
+                gemm(
+                    Shape { m: N, n: N, k: N },
+                    Strided { ptr: a.as_ptr(), rs: N, cs: 1 },
+                    Rows { ptr: b.as_ptr(), ld: N },
+                    0.0,
+                    RowsMut { ptr: c.as_mut_ptr(), ld: N },
+                )
+            };
         }
     })
 }

@@ -101,37 +101,84 @@ unsafe impl<T: Sync> Sync for Strided<T> {}
 // SAFETY: as above.
 unsafe impl<T: Sync> Send for Strided<T> {}
 
+impl<T> Strided<T> {
+    /// The same view as [`Rows`].
+    ///
+    /// # Panics
+    /// If the column stride is not 1.
+    pub fn rows(self) -> Rows<T> {
+        assert_eq!(self.cs, 1, "gemm: B and C need adjacent columns");
+        Rows { ptr: self.ptr, ld: self.rs }
+    }
+}
+
+/// A read-only matrix whose columns are adjacent: row `i` starts at `ptr + i * ld`. (In a
+/// micro-kernel's A read as groups, a "row" is a group: see [`TileFn`].)
+#[derive(Clone, Copy)]
+pub struct Rows<T> {
+    /// Element (0, 0).
+    pub ptr: *const T,
+    /// Row stride.
+    pub ld: usize,
+}
+
+/// [`Rows`], written: the C of a product.
+#[derive(Clone, Copy)]
+pub struct RowsMut<T> {
+    /// Element (0, 0).
+    pub ptr: *mut T,
+    /// Row stride.
+    pub ld: usize,
+}
+
+impl<T> RowsMut<T> {
+    /// The block whose element (0, 0) is element `(i, j)` of this one.
+    ///
+    /// # Safety
+    /// The element must be inside the allocation (as [`pointer::add`]).
+    #[inline(always)]
+    unsafe fn at(self, i: usize, j: usize) -> Self {
+        // SAFETY: forwarded.
+        RowsMut { ptr: unsafe { self.ptr.add(i * self.ld + j) }, ld: self.ld }
+    }
+}
+
+/// The sizes of a product: `C [m x n] = A [m x k] · B [k x n]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Rows of A and C.
+    pub m: usize,
+    /// Columns of B and C.
+    pub n: usize,
+    /// Depth: columns of A, rows of B.
+    pub k: usize,
+}
+
 /// The B operand of a GEMM.
 #[derive(Clone, Copy)]
 pub enum BOperand<T> {
-    /// Row-major with row stride `ld`: the loops pack its panels as they need them.
-    Rows {
-        /// Element (0, 0).
-        ptr: *const T,
-        /// Row stride.
-        ld: usize,
-    },
+    /// Row-major: the loops pack its panels as they need them.
+    Rows(Rows<T>),
     /// Whole panels already packed by [`pack_panels`] for this kernel.
     Panels(*const T),
 }
 
 impl<T: Float> BOperand<T> {
-    /// Rows `pc..pc+kc` of the `NR` columns from `jc` (a multiple of `NR`; `w` of them inside
-    /// B's `n`) as a kernel reads them, with their row stride: in the packed panels; where
-    /// they lie, for a whole panel and `in_place`; else packed into `buf` (`kc x NR`).
+    /// Rows `depth` of columns `cols` (`NR` columns from a multiple of `NR`, or fewer at B's
+    /// right edge) as a kernel reads them: in the packed panels; where they lie, for a whole
+    /// panel and `in_place`; else packed into `buf` (`depth.len() x NR`).
     ///
     /// # Safety
     /// The rows and columns must be inside B (of depth `k`); `buf` must be valid for writes.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn panel<const NR: usize>(self, k: usize, pc: usize, kc: usize, jc: usize, w: usize, in_place: bool, buf: *mut T) -> (*const T, usize) {
+    unsafe fn panel<const NR: usize>(self, k: usize, depth: Range<usize>, cols: Range<usize>, in_place: bool, buf: *mut T) -> Rows<T> {
         // SAFETY (all): inside B or its panels (caller).
         match self {
-            BOperand::Panels(ptr) => (unsafe { ptr.add(jc * k + pc * NR) }, NR),
-            BOperand::Rows { ptr, ld } if in_place && w == NR => (unsafe { ptr.add(pc * ld + jc) }, ld),
-            BOperand::Rows { ptr, ld } => {
-                unsafe { pack_b::<T, NR>(buf, ptr, ld, pc, kc, jc, w) };
-                (buf.cast_const(), NR)
+            BOperand::Panels(ptr) => Rows { ptr: unsafe { ptr.add(cols.start * k + depth.start * NR) }, ld: NR },
+            BOperand::Rows(b) if in_place && cols.len() == NR => Rows { ptr: unsafe { b.ptr.add(depth.start * b.ld + cols.start) }, ld: b.ld },
+            BOperand::Rows(b) => {
+                unsafe { pack_b::<T, NR>(buf, b, depth, cols) };
+                Rows { ptr: buf.cast_const(), ld: NR }
             }
         }
     }
@@ -169,12 +216,8 @@ impl Band {
 /// from the public entries through a kernel's layers (dispatch, blocking, loops).
 #[derive(Clone, Copy)]
 pub struct Product<T> {
-    /// Rows of A and C.
-    pub m: usize,
-    /// Columns of B and C.
-    pub n: usize,
-    /// Depth: columns of A, rows of B.
-    pub k: usize,
+    /// The sizes.
+    pub shape: Shape,
     /// A, with a unit row or column stride.
     pub a: Strided<T>,
     /// B, row-major or packed into panels.
@@ -183,10 +226,8 @@ pub struct Product<T> {
     pub beta: T,
     /// `n` values added to every row of C, or null: none.
     pub bias: *const T,
-    /// Element (0, 0) of C (unit column stride).
-    pub c: *mut T,
-    /// Row stride of C.
-    pub ldc: usize,
+    /// C.
+    pub c: RowsMut<T>,
     /// The depth each row of C needs.
     pub band: Band,
 }
@@ -208,17 +249,18 @@ pub struct Kernel<T> {
     pub gemm: GemmFn<T>,
 }
 
-/// A micro-kernel: `(kc, a, a_stride, b, b_stride, beta, bias, c, ldc)` computes the tile
+/// A micro-kernel: `(kc, a, b, beta, bias, c)` computes the tile
 /// `C[MR x NR] = A·B + (beta·C + bias)`, where element `(i, p)` of A is at
-/// `i * a_stride + p` (rows) or at `i + p * a_stride` (groups of `MR` values), `b` holds
-/// `kc` rows of `NR` values `b_stride` apart and `bias` `NR` values added to every row (or
-/// is null: none). With `beta == 0`, C is only written.
-type TileFn<T> = unsafe fn(usize, *const T, usize, *const T, usize, T, *const T, *mut T, usize);
+/// `i * a.ld + p` (rows) or at `i + p * a.ld` (groups of `MR` values), `b` holds `kc` rows
+/// of `NR` values and `bias` `NR` values added to every row (or is null: none). With
+/// `beta == 0`, C is only written. (Each operand is a pointer and a stride, passed in two
+/// registers as before they were grouped.)
+type TileFn<T> = unsafe fn(usize, Rows<T>, Rows<T>, T, *const T, RowsMut<T>);
 
 /// A micro-kernel for an edge tile: `(rows, kc, ...)` as [`TileFn`] for the top `rows`
 /// (fewer than `MR`) rows of the tile, reading only those rows of A and writing only those
 /// of C, with the same arithmetic per element.
-type EdgeTileFn<T> = unsafe fn(usize, usize, *const T, usize, *const T, usize, T, *const T, *mut T, usize);
+type EdgeTileFn<T> = unsafe fn(usize, usize, Rows<T>, Rows<T>, T, *const T, RowsMut<T>);
 
 /// `$body` with the const `$r` set to the run-time `$rows`, one of `$each`: the micro-kernels
 /// are compiled for each row count of an edge tile.
@@ -240,8 +282,8 @@ use with_rows;
 struct Aligned<A>(A);
 
 /// `C[m x n] = A[m x k] · B[k x n] + beta · C`; `A` has a unit column stride (row-major) or
-/// a unit row stride (column-major), `B` row stride `ldb` and unit column stride, `C` row
-/// stride `ldc` and unit column stride. With `beta == 0`, C is only written.
+/// a unit row stride (column-major); B and C are row-major. With `beta == 0`, C is only
+/// written.
 ///
 /// # Panics
 /// If A has no unit stride.
@@ -249,10 +291,9 @@ struct Aligned<A>(A);
 /// # Safety
 /// Every element reached through the shapes and strides must be valid; `c` must not
 /// overlap `a` or `b`, and no other thread may access the written part of `c`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize) {
+pub unsafe fn gemm<T: Float>(shape: Shape, a: Strided<T>, b: Rows<T>, beta: T, c: RowsMut<T>) {
     // SAFETY: forwarded.
-    unsafe { gemm_banded(m, n, k, a, b, ldb, beta, c, ldc, Band::Full) }
+    unsafe { gemm_banded(shape, a, b, beta, c, Band::Full) }
 }
 
 /// [`gemm`] for an A that is zero outside `band`: the depth no row needs is skipped (bits as
@@ -263,11 +304,10 @@ pub unsafe fn gemm<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *co
 ///
 /// # Safety
 /// As [`gemm`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_banded<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: *const T, ldb: usize, beta: T, c: *mut T, ldc: usize, band: Band) {
+pub unsafe fn gemm_banded<T: Float>(shape: Shape, a: Strided<T>, b: Rows<T>, beta: T, c: RowsMut<T>, band: Band) {
     assert_unit_stride(a);
     // SAFETY: forwarded.
-    unsafe { (kernel::<T>().gemm)(Product { m, n, k, a, b: BOperand::Rows { ptr: b, ld: ldb }, beta, bias: core::ptr::null(), c, ldc, band }) }
+    unsafe { (kernel::<T>().gemm)(Product { shape, a, b: BOperand::Rows(b), beta, bias: core::ptr::null(), c, band }) }
 }
 
 /// Elements [`pack_panels`] may write for a `k x n` B, whatever the kernel: `k` rows of `n`
@@ -335,7 +375,7 @@ fn pack_panels_nr<T: Float, const NR: usize>(b: &[T], layout: BLayout, k: usize,
                 for (j, panel) in panels.clone().zip(dst.chunks_exact_mut(NR * k)) {
                     // SAFETY: row p, columns j·NR.. of the panel's width are inside B (k x n,
                     // checked by the caller); the panel holds k x NR.
-                    unsafe { pack_b::<T, NR>(panel[p * NR..].as_mut_ptr(), b.as_ptr(), n, p, 1, j * NR, width(j)) };
+                    unsafe { pack_b::<T, NR>(panel[p * NR..].as_mut_ptr(), Rows { ptr: b.as_ptr(), ld: n }, p..p + 1, j * NR..j * NR + width(j)) };
                 }
             }
         }
@@ -364,40 +404,27 @@ fn pack_panels_nr<T: Float, const NR: usize>(b: &[T], layout: BLayout, k: usize,
 ///
 /// # Safety
 /// As [`gemm`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_packed<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, panels: &[T], beta: T, bias: Option<&[T]>, c: *mut T, ldc: usize) {
+pub unsafe fn gemm_packed<T: Float>(shape: Shape, a: Strided<T>, panels: &[T], beta: T, bias: Option<&[T]>, c: RowsMut<T>) {
     // SAFETY: forwarded.
-    unsafe { gemm_packed_on(kernel::<T>(), m, n, k, a, panels, beta, bias, c, ldc) }
+    unsafe { gemm_packed_on(kernel::<T>(), shape, a, panels, beta, bias, c) }
 }
 
 /// [`gemm_packed`] on a given kernel (whose panels [`pack_panels_for`] wrote).
 ///
 /// # Safety
 /// As [`gemm`]; the kernel must run on this CPU.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_packed_on<T: Float>(
-    kernel: Kernel<T>,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Strided<T>,
-    panels: &[T],
-    beta: T,
-    bias: Option<&[T]>,
-    c: *mut T,
-    ldc: usize,
-) {
+unsafe fn gemm_packed_on<T: Float>(kernel: Kernel<T>, shape: Shape, a: Strided<T>, panels: &[T], beta: T, bias: Option<&[T]>, c: RowsMut<T>) {
     assert_unit_stride(a);
-    assert!(panels.len() >= k * n.next_multiple_of(kernel.nr), "gemm_packed: panels too short");
+    assert!(panels.len() >= shape.k * shape.n.next_multiple_of(kernel.nr), "gemm_packed: panels too short");
     let bias = match bias {
         Some(bias) => {
-            assert_eq!(bias.len(), n, "gemm_packed: one bias per column");
+            assert_eq!(bias.len(), shape.n, "gemm_packed: one bias per column");
             bias.as_ptr()
         }
         None => core::ptr::null(),
     };
     // SAFETY: forwarded; the panels hold k x n (checked).
-    unsafe { (kernel.gemm)(Product { m, n, k, a, b: BOperand::Panels(panels.as_ptr()), beta, bias, c, ldc, band: Band::Full }) }
+    unsafe { (kernel.gemm)(Product { shape, a, b: BOperand::Panels(panels.as_ptr()), beta, bias, c, band: Band::Full }) }
 }
 
 fn assert_unit_stride<T>(a: Strided<T>) {
@@ -433,16 +460,17 @@ const IN_PLACE_GROUP_SPAN: usize = 32 * 1024;
 /// As [`GemmFn`]; the loops must run on this CPU.
 #[inline(always)]
 unsafe fn dispatch_layout<T: Float>(loops: [GemmFn<T>; 3], depth: usize, p: Product<T>) {
-    if p.m == 0 || p.n == 0 {
+    let Shape { m, n, k } = p.shape;
+    if m == 0 || n == 0 {
         return;
     }
-    if p.k == 0 {
+    if k == 0 {
         // SAFETY: forwarded.
         return unsafe { scale_c(p) };
     }
     let layout = if p.a.cs == 1 {
         ROWS
-    } else if p.k.min(depth) * p.a.cs * core::mem::size_of::<T>() <= IN_PLACE_GROUP_SPAN {
+    } else if k.min(depth) * p.a.cs * core::mem::size_of::<T>() <= IN_PLACE_GROUP_SPAN {
         GROUPS_IN_PLACE
     } else {
         GROUPS_PACKED
@@ -486,7 +514,7 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const DEPTH:
     ap: *mut T,
     p: Product<T>,
 ) {
-    let Product { m, n, k, a, b, beta, bias, c, ldc, band } = p;
+    let Product { shape: Shape { m, n, k }, a, b, beta, bias, c, band } = p;
     let mut b_pack = MaybeUninit::<Aligned<[[T; NR]; DEPTH]>>::uninit();
     let mut c_edge = MaybeUninit::<Aligned<[[T; NR]; MR]>>::uninit();
     let mut bias_edge = [T::ZERO; NR];
@@ -514,8 +542,8 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const DEPTH:
                 // SAFETY: rows pc..pc+kc, columns jc..jc+w are inside B; the buffer holds DEPTH x NR;
                 // the bias (when there is one) holds n values. A whole panel that few tiles
                 // use is read in place (see the module docs).
-                let ((b_panel, b_stride), bias_panel) =
-                    unsafe { (b.panel::<NR>(k, pc, kc, jc, w, mc <= MC / 2, bp), bias_panel::<T, NR>(bias_pc, jc, w, &mut bias_edge)) };
+                let (b_panel, bias_panel) =
+                    unsafe { (b.panel::<NR>(k, pc..pc + kc, jc..jc + w, mc <= MC / 2, bp), bias_panel::<T, NR>(bias_pc, jc, w, &mut bias_edge)) };
                 for ir in (0..mc).step_by(MR) {
                     let rows = MR.min(mc - ir);
                     // SAFETY: rows ic+ir.. of A, or micro-panel ir/MR of the packed ones (MR x
@@ -525,15 +553,14 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const DEPTH:
                             GROUPS_PACKED => ap.add(ir * DEPTH).cast_const(),
                             _ => a.ptr.add((ic + ir) * a.rs + pc * a.cs),
                         };
-                        let ct = c.add((ic + ir) * ldc + jc);
                         // The band's depth: a later start moves along A's rows (or groups)
                         // and B's rows.
                         let (skip, depth) = band.depth(ic + ir..ic + ir + rows, pc, kc);
-                        let a_panel = a_panel.add(skip * if LAYOUT == ROWS { 1 } else { a_stride });
-                        let b_panel = b_panel.add(skip * b_stride);
-                        let whole = |c, ldc| tile(depth, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
-                        let edge = |rows, c, ldc| edge_tile(rows, depth, a_panel, a_stride, b_panel, b_stride, beta_pc, bias_panel, c, ldc);
-                        run_tile::<T, MR, NR>(whole, edge, rows, w, ct, ldc, c_edge.as_mut_ptr().cast());
+                        let a_panel = Rows { ptr: a_panel.add(skip * if LAYOUT == ROWS { 1 } else { a_stride }), ld: a_stride };
+                        let b_panel = Rows { ptr: b_panel.ptr.add(skip * b_panel.ld), ld: b_panel.ld };
+                        let whole = |c| tile(depth, a_panel, b_panel, beta_pc, bias_panel, c);
+                        let edge = |rows, c| edge_tile(rows, depth, a_panel, b_panel, beta_pc, bias_panel, c);
+                        run_tile::<T, MR, NR>(whole, edge, rows, w, c.at(ic + ir, jc), c_edge.as_mut_ptr().cast());
                     }
                 }
             }
@@ -546,12 +573,12 @@ unsafe fn blocked_loops<T: Float, const MR: usize, const NR: usize, const DEPTH:
 /// # Safety
 /// C must be valid for writes; a bias must hold `n` values.
 unsafe fn scale_c<T: Float>(p: Product<T>) {
-    let Product { m, n, beta, bias, c, ldc, .. } = p;
+    let Product { shape: Shape { m, n, .. }, beta, bias, c, .. } = p;
     for i in 0..m {
         for j in 0..n {
             // SAFETY: inside C and the bias (caller).
             unsafe {
-                let cij = c.add(i * ldc + j);
+                let cij = c.ptr.add(i * c.ld + j);
                 let bj = if bias.is_null() { T::ZERO } else { *bias.add(j) };
                 *cij = if beta == T::ZERO { T::ZERO + bj } else { T::ZERO + (beta * *cij + bj) };
             }
@@ -579,10 +606,10 @@ unsafe fn bias_panel<T: Float, const NR: usize>(bias: *const T, jc: usize, w: us
     edge.as_ptr()
 }
 
-/// Runs the `rows x w` block of C at `ct` of an `MR x NR` tile: `whole(c, ldc)` in place for
-/// a whole tile, else `edge(rows, c, ldc)` (`rows` rows of `NR` columns; `whole` for `MR`)
-/// in place where the columns are whole, or on a zero-padded copy in `c_edge` (row stride
-/// `NR`), so edge elements see the same arithmetic as the rest. The copy is cleared only when
+/// Runs the `rows x w` block `ct` of C of an `MR x NR` tile: `whole(c)` in place for a whole
+/// tile, else `edge(rows, c)` (`rows` rows of `NR` columns; `whole` for `MR`) in place where
+/// the columns are whole, or on a zero-padded copy in `c_edge` (row stride `NR`), so edge
+/// elements see the same arithmetic as the rest. The copy is cleared only when
 /// it is used: clearing it once per call was 1% of a training step, mostly in attention's
 /// small products.
 ///
@@ -590,19 +617,17 @@ unsafe fn bias_panel<T: Float, const NR: usize>(bias: *const T, jc: usize, w: us
 /// The `rows x w` block at `ct` must be inside C; `c_edge` must be valid for `rows x NR`
 /// writes.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(
-    whole: impl FnOnce(*mut T, usize),
-    edge: impl FnOnce(usize, *mut T, usize),
+    whole: impl FnOnce(RowsMut<T>),
+    edge: impl FnOnce(usize, RowsMut<T>),
     rows: usize,
     w: usize,
-    ct: *mut T,
-    ldc: usize,
+    ct: RowsMut<T>,
     c_edge: *mut T,
 ) {
     // `whole` is called in two places only, so that the loops inline both.
     if w == NR {
-        return if rows == MR { whole(ct, ldc) } else { edge(rows, ct, ldc) };
+        return if rows == MR { whole(ct) } else { edge(rows, ct) };
     }
     // SAFETY: inside C and the edge copy (caller).
     unsafe {
@@ -610,15 +635,16 @@ unsafe fn run_tile<T: Float, const MR: usize, const NR: usize>(
             c_edge.add(i).write(T::ZERO);
         }
         for i in 0..rows {
-            core::ptr::copy_nonoverlapping(ct.add(i * ldc), c_edge.add(i * NR), w);
+            core::ptr::copy_nonoverlapping(ct.ptr.add(i * ct.ld), c_edge.add(i * NR), w);
         }
+        let copy = RowsMut { ptr: c_edge, ld: NR };
         if rows == MR {
-            whole(c_edge, NR)
+            whole(copy)
         } else {
-            edge(rows, c_edge, NR)
+            edge(rows, copy)
         }
         for i in 0..rows {
-            core::ptr::copy_nonoverlapping(c_edge.add(i * NR), ct.add(i * ldc), w);
+            core::ptr::copy_nonoverlapping(c_edge.add(i * NR), ct.ptr.add(i * ct.ld), w);
         }
     }
 }
@@ -650,16 +676,17 @@ unsafe fn pack_groups<T: Float, const MR: usize, const DEPTH: usize>(dst: *mut T
     }
 }
 
-/// Packs rows `p0..p0+kc`, columns `j0..j0+w` of `b` into `dst` as `kc` rows of `NR`
-/// (columns past `w` are zero).
+/// Packs rows `depth`, columns `cols` (at most `NR`) of `b` into `dst` as `depth.len()` rows
+/// of `NR` (columns past `cols` are zero).
 ///
 /// # Safety
-/// The block must be inside `b`; `dst` must hold `kc * NR` elements.
+/// The block must be inside `b`; `dst` must hold `depth.len() * NR` elements.
 #[inline(always)]
-unsafe fn pack_b<T: Float, const NR: usize>(dst: *mut T, b: *const T, ldb: usize, p0: usize, kc: usize, j0: usize, w: usize) {
+unsafe fn pack_b<T: Float, const NR: usize>(dst: *mut T, b: Rows<T>, depth: Range<usize>, cols: Range<usize>) {
+    let (kc, w, ldb) = (depth.len(), cols.len(), b.ld);
     // SAFETY (all accesses): inside the block and the buffer (caller).
     unsafe {
-        let src = b.add(p0 * ldb + j0);
+        let src = b.ptr.add(depth.start * ldb + cols.start);
         // Copies of a constant NR values: LLVM emits them as vector moves wherever this is
         // inlined (a `[T; NR]` read was sometimes split into NR scalar moves).
         if w == NR {
@@ -717,12 +744,13 @@ mod tests {
     use crate::parallel::ReversedThreads;
     use crate::rng::Rng;
 
-    #[allow(clippy::too_many_arguments)]
-    fn naive(m: usize, n: usize, k: usize, a: &[f64], rsa: usize, csa: usize, b: &[f64], ldb: usize) -> Vec<f64> {
+    /// `A·B` for row-major `a` and `b`.
+    fn naive(shape: Shape, a: &[f64], b: &[f64]) -> Vec<f64> {
+        let Shape { m, n, k } = shape;
         let mut c = vec![0.0; m * n];
         for i in 0..m {
             for j in 0..n {
-                c[i * n + j] = (0..k).map(|p| a[i * rsa + p * csa] * b[p * ldb + j]).sum();
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
             }
         }
         c
@@ -779,15 +807,12 @@ mod tests {
             let product = |start: usize, rows: usize, c: &mut [f32]| unsafe {
                 let sub = Strided { ptr: a[start * k..].as_ptr(), rs: k, cs: 1 };
                 (kernel.gemm)(Product {
-                    m: rows,
-                    n,
-                    k,
+                    shape: Shape { m: rows, n, k },
                     a: sub,
-                    b: BOperand::Rows { ptr: b.as_ptr(), ld: n },
+                    b: BOperand::Rows(Rows { ptr: b.as_ptr(), ld: n }),
                     beta: 0.0,
                     bias: core::ptr::null(),
-                    c: c.as_mut_ptr(),
-                    ldc: n,
+                    c: RowsMut { ptr: c.as_mut_ptr(), ld: n },
                     band: Band::Full,
                 })
             };
@@ -837,8 +862,8 @@ mod tests {
                     for (name, kernel) in f32_kernels() {
                         let run = |band| {
                             let mut c = c0.clone();
-                            let b = BOperand::Rows { ptr: b.as_ptr(), ld: n };
-                            unsafe { (kernel.gemm)(Product { m, n, k, a, b, beta, bias: core::ptr::null(), c: c.as_mut_ptr(), ldc: n, band }) };
+                            let (b, c_rows) = (BOperand::Rows(Rows { ptr: b.as_ptr(), ld: n }), RowsMut { ptr: c.as_mut_ptr(), ld: n });
+                            unsafe { (kernel.gemm)(Product { shape: Shape { m, n, k }, a, b, beta, bias: core::ptr::null(), c: c_rows, band }) };
                             c
                         };
                         assert_eq!(run(band), run(Band::Full), "{name} {band:?} column stride {col_stride} beta {beta}");
@@ -853,7 +878,8 @@ mod tests {
     #[should_panic(expected = "row-major or column-major")]
     fn a_without_unit_stride_is_refused() {
         let (a, b, mut c) = ([1f32; 8], [1f32; 4], [0f32; 4]);
-        unsafe { gemm(2, 2, 2, Strided { ptr: a.as_ptr(), rs: 2, cs: 4 }, b.as_ptr(), 2, 0.0, c.as_mut_ptr(), 2) };
+        let a = Strided { ptr: a.as_ptr(), rs: 2, cs: 4 };
+        unsafe { gemm(Shape { m: 2, n: 2, k: 2 }, a, Rows { ptr: b.as_ptr(), ld: 2 }, 0.0, RowsMut { ptr: c.as_mut_ptr(), ld: 2 }) };
     }
 
     /// Odd shapes (edge tiles, several K blocks), A row-major, column-major and column-major
@@ -864,6 +890,7 @@ mod tests {
     fn matches_naive_product() {
         let mut rng = Rng::new(8);
         for &(m, n, k) in &[(1, 1, 1), (7, 17, 5), (13, 33, 300), (6, 16, 513), (20, 3, 2), (101, 45, 260), (301, 37, 30)] {
+            let shape = Shape { m, n, k };
             let a: Vec<f64> = (0..m * k).map(|_| rng.next_f64() - 0.5).collect();
             let b: Vec<f64> = (0..k * n).map(|_| rng.next_f64() - 0.5).collect();
             let c0: Vec<f64> = (0..m * n).map(|_| rng.next_f64() - 0.5).collect();
@@ -879,7 +906,7 @@ mod tests {
                     "columns" => (t, 1, m),
                     _ => (t.chunks(m).flat_map(|col| col.iter().copied().chain([f64::NAN; 3])).collect(), 1, m + 3),
                 };
-                let expect = naive(m, n, k, &a, k, 1, &b, n);
+                let expect = naive(shape, &a, &b);
                 for (beta, with_bias) in [(0.0, false), (1.0, false), (0.0, true), (1.0, true)] {
                     let bias_of = |j: usize| if with_bias { bias[j] } else { 0.0 };
                     let mut c64 = c0.clone();
@@ -887,18 +914,15 @@ mod tests {
                         let a64 = Strided { ptr: stored.as_ptr(), rs, cs };
                         match with_bias {
                             true => (kernel::<f64>().gemm)(Product {
-                                m,
-                                n,
-                                k,
+                                shape,
                                 a: a64,
-                                b: BOperand::Rows { ptr: b.as_ptr(), ld: n },
+                                b: BOperand::Rows(Rows { ptr: b.as_ptr(), ld: n }),
                                 beta,
                                 bias: bias.as_ptr(),
-                                c: c64.as_mut_ptr(),
-                                ldc: n,
+                                c: RowsMut { ptr: c64.as_mut_ptr(), ld: n },
                                 band: Band::Full,
                             }),
-                            false => gemm(m, n, k, a64, b.as_ptr(), n, beta, c64.as_mut_ptr(), n),
+                            false => gemm(shape, a64, Rows { ptr: b.as_ptr(), ld: n }, beta, RowsMut { ptr: c64.as_mut_ptr(), ld: n }),
                         }
                     }
                     let s32: Vec<f32> = stored.iter().map(|&x| x as f32).collect();
@@ -914,15 +938,12 @@ mod tests {
                         let bias_ptr = if with_bias { bias32.as_ptr() } else { core::ptr::null() };
                         unsafe {
                             (kernel.gemm)(Product {
-                                m,
-                                n,
-                                k,
+                                shape,
                                 a: a32,
-                                b: BOperand::Rows { ptr: b32.as_ptr(), ld: n },
+                                b: BOperand::Rows(Rows { ptr: b32.as_ptr(), ld: n }),
                                 beta: beta as f32,
                                 bias: bias_ptr,
-                                c: c32.as_mut_ptr(),
-                                ldc: n,
+                                c: RowsMut { ptr: c32.as_mut_ptr(), ld: n },
                                 band: Band::Full,
                             })
                         };
@@ -937,15 +958,12 @@ mod tests {
                             let mut c_then: Vec<f32> = (0..m * n).map(|i| (beta as f32 * c0[i] as f32) + bias32[i % n]).collect();
                             unsafe {
                                 (kernel.gemm)(Product {
-                                    m,
-                                    n,
-                                    k,
+                                    shape,
                                     a: a32,
-                                    b: BOperand::Rows { ptr: b32.as_ptr(), ld: n },
+                                    b: BOperand::Rows(Rows { ptr: b32.as_ptr(), ld: n }),
                                     beta: 1.0,
                                     bias: core::ptr::null(),
-                                    c: c_then.as_mut_ptr(),
-                                    ldc: n,
+                                    c: RowsMut { ptr: c_then.as_mut_ptr(), ld: n },
                                     band: Band::Full,
                                 })
                             };
@@ -961,7 +979,7 @@ mod tests {
                             pack_panels_for(&ReversedThreads(3), kernel.nr, src, b_layout, k, n, &mut panels);
                             let mut c_packed: Vec<f32> = c0.iter().map(|&x| x as f32).collect();
                             let bias = with_bias.then_some(&bias32[..]);
-                            unsafe { gemm_packed_on(kernel, m, n, k, a32, &panels, beta as f32, bias, c_packed.as_mut_ptr(), n) };
+                            unsafe { gemm_packed_on(kernel, shape, a32, &panels, beta as f32, bias, RowsMut { ptr: c_packed.as_mut_ptr(), ld: n }) };
                             assert_eq!(c_packed, c32, "{name} {m}x{n}x{k} {layout} beta={beta}: B packed from {b_layout:?} differs");
                         }
                         // Every layout of A gets the same arithmetic: bit-identical.

@@ -9,41 +9,18 @@ const PORTABLE_MR: usize = 4;
 const PORTABLE_NR: usize = 16;
 
 /// The portable micro-kernel for edge tiles (an [`EdgeTileFn`]).
-#[allow(clippy::too_many_arguments)]
-unsafe fn portable_edge_tile<T: Float, const GROUPS: bool>(
-    rows: usize,
-    kc: usize,
-    a: *const T,
-    a_stride: usize,
-    b: *const T,
-    b_stride: usize,
-    beta: T,
-    bias: *const T,
-    c: *mut T,
-    ldc: usize,
-) {
+unsafe fn portable_edge_tile<T: Float, const GROUPS: bool>(rows: usize, kc: usize, a: Rows<T>, b: Rows<T>, beta: T, bias: *const T, c: RowsMut<T>) {
     const { assert!(PORTABLE_MR == 4) };
     // SAFETY: forwarded.
-    with_rows!(rows, [1 2 3], |R| unsafe { portable_tile::<T, GROUPS, R>(kc, a, a_stride, b, b_stride, beta, bias, c, ldc) })
+    with_rows!(rows, [1 2 3], |R| unsafe { portable_tile::<T, GROUPS, R>(kc, a, b, beta, bias, c) })
 }
 
 /// The portable micro-kernel (a [`TileFn`] for `R == PORTABLE_MR`, `PORTABLE_NR` columns)
-/// for `R` rows, plain Rust; `GROUPS`: A as groups `a_stride` apart, else rows `a_stride`
-/// apart.
+/// for `R` rows, plain Rust; `GROUPS`: A as groups `a.ld` apart, else rows `a.ld` apart.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn portable_tile<T: Float, const GROUPS: bool, const R: usize>(
-    kc: usize,
-    a: *const T,
-    a_stride: usize,
-    b: *const T,
-    b_stride: usize,
-    beta: T,
-    bias: *const T,
-    c: *mut T,
-    ldc: usize,
-) {
-    let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
+unsafe fn portable_tile<T: Float, const GROUPS: bool, const R: usize>(kc: usize, a: Rows<T>, b: Rows<T>, beta: T, bias: *const T, c: RowsMut<T>) {
+    let (rs, cs) = if GROUPS { (1, a.ld) } else { (a.ld, 1) };
+    let (a, b, b_stride, ldc, c) = (a.ptr, b.ptr, b.ld, c.ld, c.ptr);
     let mut acc = [[T::ZERO; PORTABLE_NR]; R];
     for p in 0..kc {
         // SAFETY: B holds kc rows of PORTABLE_NR values (caller).

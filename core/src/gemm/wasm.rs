@@ -15,7 +15,7 @@ const WASM_NR: usize = 8;
 
 /// The f32 micro-kernel for WebAssembly with SIMD (`simd128`, enabled for the whole build:
 /// wasm has no run-time detection) for `R` rows, reading A and B where they lie: element
-/// `(i, p)` of A at `a + i * a_rs + p * a_cs`, row `p` of B at `b + p * ldb`. Multiply then
+/// `(i, p)` of A at `a.ptr + i * a.rs + p * a.cs`, row `p` of B at `b.ptr + p * b.ld`. Multiply then
 /// add, as the portable kernel; builds that also enable `relaxed-simd` use its multiply-add,
 /// which engines compile to a fused multiply-add where the CPU has one (as the x86-64
 /// kernels).
@@ -24,20 +24,9 @@ const WASM_NR: usize = 8;
 /// The tile must be inside the operands.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_wasm<const R: usize>(
-    kc: usize,
-    a: *const f32,
-    a_rs: usize,
-    a_cs: usize,
-    b: *const f32,
-    ldb: usize,
-    beta: f32,
-    bias: *const f32,
-    c: *mut f32,
-    ldc: usize,
-) {
+unsafe fn tile_wasm<const R: usize>(kc: usize, a: Strided<f32>, b: Rows<f32>, beta: f32, bias: *const f32, c: RowsMut<f32>) {
     use core::arch::wasm32::*;
+    let (a, a_rs, a_cs, b, ldb, c, ldc) = (a.ptr, a.rs, a.cs, b.ptr, b.ld, c.ptr, c.ld);
     const VECS: usize = WASM_NR / 4;
     // SAFETY: pointers inside the operands and the tile (caller); v128 loads and stores are
     // unaligned.
@@ -87,7 +76,7 @@ unsafe fn tile_wasm<const R: usize>(
 /// As [`gemm`].
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 unsafe fn gemm_wasm(p: Product<f32>) {
-    let Product { m, n, k, a, b, beta, bias, c, ldc, band } = p;
+    let Product { shape: Shape { m, n, k }, a, b, beta, bias, c, band } = p;
     if k == 0 {
         // SAFETY: forwarded.
         return unsafe { scale_c(p) };
@@ -106,17 +95,18 @@ unsafe fn gemm_wasm(p: Product<f32>) {
             // packed panel of B.
             unsafe {
                 let bias_panel = bias_panel::<f32, WASM_NR>(bias_pc, jc, w, &mut bias_edge);
-                let (bp, bs) = b.panel::<WASM_NR>(k, pc, kc, jc, w, true, be);
+                let panel = b.panel::<WASM_NR>(k, pc..pc + kc, jc..jc + w, true, be);
                 for ir in (0..m).step_by(WASM_MR) {
                     let rows = WASM_MR.min(m - ir);
                     let (skip, depth) = band.depth(ir..ir + rows, pc, kc);
-                    let (ap, bp) = (a.ptr.add(ir * a.rs + (pc + skip) * a.cs), bp.add(skip * bs));
-                    let whole = |c, ldc| tile_wasm::<WASM_MR>(depth, ap, a.rs, a.cs, bp, bs, beta_pc, bias_panel, c, ldc);
-                    let edge = |rows, c, ldc| {
+                    let ap = Strided { ptr: a.ptr.add(ir * a.rs + (pc + skip) * a.cs), ..a };
+                    let bp = Rows { ptr: panel.ptr.add(skip * panel.ld), ..panel };
+                    let whole = |c| tile_wasm::<WASM_MR>(depth, ap, bp, beta_pc, bias_panel, c);
+                    let edge = |rows, c| {
                         const { assert!(WASM_MR == 4) };
-                        with_rows!(rows, [1 2 3], |R| tile_wasm::<R>(depth, ap, a.rs, a.cs, bp, bs, beta_pc, bias_panel, c, ldc))
+                        with_rows!(rows, [1 2 3], |R| tile_wasm::<R>(depth, ap, bp, beta_pc, bias_panel, c))
                     };
-                    run_tile::<f32, WASM_MR, WASM_NR>(whole, edge, rows, w, c.add(ir * ldc + jc), ldc, c_edge.as_mut_ptr().cast());
+                    run_tile::<f32, WASM_MR, WASM_NR>(whole, edge, rows, w, c.at(ir, jc), c_edge.as_mut_ptr().cast());
                 }
             }
         }

@@ -25,9 +25,9 @@ macro_rules! x86_kernel {
             /// The CPU must have the target feature; the tile must be inside the operands.
             #[target_feature(enable = $feature)]
             #[inline]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn tile<const GROUPS: bool, const R: usize>(kc: usize, a: *const f32, a_stride: usize, b: *const f32, b_stride: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
-                let (rs, cs) = if GROUPS { (1, a_stride) } else { (a_stride, 1) };
+            unsafe fn tile<const GROUPS: bool, const R: usize>(kc: usize, a: Rows<f32>, b: Rows<f32>, beta: f32, bias: *const f32, c: RowsMut<f32>) {
+                let (rs, cs) = if GROUPS { (1, a.ld) } else { (a.ld, 1) };
+                let (a, b, b_stride, ldc, c) = (a.ptr, b.ptr, b.ld, c.ld, c.ptr);
                 // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
                 unsafe {
                     // The tile's lines of C are fetched while the loop runs, not when it stores:
@@ -89,10 +89,9 @@ macro_rules! x86_kernel {
             /// # Safety
             /// As [`tile`].
             #[target_feature(enable = $feature)]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn edge_tile<const GROUPS: bool>(rows: usize, kc: usize, a: *const f32, a_stride: usize, b: *const f32, b_stride: usize, beta: f32, bias: *const f32, c: *mut f32, ldc: usize) {
+            unsafe fn edge_tile<const GROUPS: bool>(rows: usize, kc: usize, a: Rows<f32>, b: Rows<f32>, beta: f32, bias: *const f32, c: RowsMut<f32>) {
                 // SAFETY: forwarded.
-                with_rows!(rows, [$($edge_rows)*], |R| unsafe { tile::<GROUPS, R>(kc, a, a_stride, b, b_stride, beta, bias, c, ldc) })
+                with_rows!(rows, [$($edge_rows)*], |R| unsafe { tile::<GROUPS, R>(kc, a, b, beta, bias, c) })
             }
 
             /// The blocked loops on the kernel above for one layout of A (compiled apart: see

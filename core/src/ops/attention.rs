@@ -9,7 +9,7 @@
 //! probabilities (FlashAttention style).
 
 use crate::float::{dot, max_of_first, sum_map, Float};
-use crate::gemm::{gemm, gemm_banded, transpose, Band, Strided, MAX_MR};
+use crate::gemm::{gemm, gemm_banded, transpose, Band, Rows, RowsMut, Shape, Strided, MAX_MR};
 use crate::parallel::{Parallel, SharedMut};
 use crate::simd::wide_dispatch;
 use core::ops::Range;
@@ -142,11 +142,29 @@ wide_dispatch!(
     fn causal_softmax_recompute<T>(p: &mut [T], t: usize, rows: Range<usize>, scale: T, lse: &[T]) => causal_softmax_recompute_rows
 );
 
+/// One head's rows of the output and of its gradient (for [`softmax_grad`]): row `r` is
+/// `hs` values at `r * stride` of each.
+#[derive(Clone, Copy)]
+struct HeadRows<'a, T> {
+    d_o: &'a [T],
+    o: &'a [T],
+    stride: usize,
+    hs: usize,
+}
+
+impl<T: Float> HeadRows<'_, T> {
+    /// `rowsum(dO ⊙ O)` of row `r`.
+    #[inline(always)]
+    fn dot(&self, r: usize) -> T {
+        let row = r * self.stride..r * self.stride + self.hs;
+        dot(&self.d_o[row.clone()], &self.o[row])
+    }
+}
+
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn softmax_grad_rows<T: Float>(ds: &mut [T], p: &[T], t: usize, keys: usize, d_o: &[T], o: &[T], stride: usize, hs: usize, scale: T) {
+fn softmax_grad_rows<T: Float>(ds: &mut [T], p: &[T], t: usize, keys: usize, outputs: HeadRows<'_, T>, scale: T) {
     for r in 0..ds.len() / t {
-        let delta = dot(&d_o[r * stride..r * stride + hs], &o[r * stride..r * stride + hs]);
+        let delta = outputs.dot(r);
         for (dsj, &pj) in ds[r * t..r * t + keys].iter_mut().zip(&p[r * t..r * t + keys]) {
             *dsj = pj * (*dsj - delta) * scale;
         }
@@ -155,8 +173,8 @@ fn softmax_grad_rows<T: Float>(ds: &mut [T], p: &[T], t: usize, keys: usize, d_o
 
 wide_dispatch!(
     /// `dS = P ⊙ (dP − rowsum(dO ⊙ O)) · scale` in place over `ds` (holding dP), for row blocks
-    /// of stride `t` with `keys` live columns; `d_o` and `o` rows are `stride` apart.
-    fn softmax_grad<T>(ds: &mut [T], p: &[T], t: usize, keys: usize, d_o: &[T], o: &[T], stride: usize, hs: usize, scale: T) => softmax_grad_rows
+    /// of stride `t` with `keys` live columns, `outputs` the block's rows of dO and O.
+    fn softmax_grad<T>(ds: &mut [T], p: &[T], t: usize, keys: usize, outputs: HeadRows<'_, T>, scale: T) => softmax_grad_rows
 );
 
 /// Forward's tensors, `W` written and `R` read (slices here, device views on the GPU).
@@ -212,27 +230,17 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch
             // SAFETY: the operands are the block's rows of q, Kᵀ's first columns (at most t),
             // the block's rows of p (stride t), and of this head's output (stride C).
             unsafe {
-                gemm(rows.len(), s.scored_keys::<T>(keys), hs, head.part(q0, 0), kt.as_ptr(), t, T::ZERO, p.as_mut_ptr(), t);
+                let scores = RowsMut { ptr: p.as_mut_ptr(), ld: t };
+                gemm(Shape { m: rows.len(), n: s.scored_keys::<T>(keys), k: hs }, head.part(q0, 0), Rows { ptr: kt.as_ptr(), ld: t }, T::ZERO, scores);
                 causal_softmax(p, t, rows.clone(), scale, lse);
                 let probs = Strided { ptr: p.as_ptr(), rs: t, cs: 1 };
-                let v = head.part(0, 2);
-                let o = out_p.ptr().add((head.b * t + q0) * c + head.h * hs);
+                let o = RowsMut { ptr: out_p.ptr().add((head.b * t + q0) * c + head.h * hs), ld: c };
                 // Query q0 + r sees keys ..q0 + r + 1: the rest of its row of P is zero.
-                gemm_b_strided(rows.len(), hs, keys, probs, v, T::ZERO, o, c, Band::Below(q0 + 1));
+                let product = Shape { m: rows.len(), n: hs, k: keys };
+                gemm_banded(product, probs, head.part(0, 2).rows(), T::ZERO, o, Band::Below(q0 + 1));
             }
         }
     });
-}
-
-/// [`gemm_banded`] whose B operand is a row-strided view (unit column stride).
-///
-/// # Safety
-/// As [`gemm_banded`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_b_strided<T: Float>(m: usize, n: usize, k: usize, a: Strided<T>, b: Strided<T>, beta: T, c: *mut T, ldc: usize, band: Band) {
-    debug_assert_eq!(b.cs, 1);
-    // SAFETY: forwarded.
-    unsafe { gemm_banded(m, n, k, a, b.ptr, b.rs, beta, c, ldc, band) }
 }
 
 /// Backward: writes (overwrites) `dqkv [B, T, 3C]` from `dout [B, T, C]`, using the forward's
@@ -257,8 +265,7 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scrat
         };
         transpose(&qkv[head.off(0, 1)..], t, hs, 3 * c, kt);
         transpose(&qkv[head.off(0, 2)..], t, hs, 3 * c, vt);
-        let ld = 3 * c;
-        let d_at = |i: usize, part: usize| d_p.ptr().wrapping_add(head.off(i, part));
+        let d_at = |i: usize, part: usize| RowsMut { ptr: d_p.ptr().wrapping_add(head.off(i, part)), ld: 3 * c };
         // Last block first: it sees every key, so it writes all of dK and dV (nothing to
         // clear beforehand) and earlier blocks add to them.
         for q0 in (0..t).step_by(qb).rev() {
@@ -270,21 +277,23 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scrat
             // columns of dqkv (stride 3C), disjoint from everything read.
             unsafe {
                 let scored = s.scored_keys::<T>(keys);
-                gemm(n, scored, hs, head.part(q0, 0), kt.as_ptr(), t, T::ZERO, p.as_mut_ptr(), t);
+                let scores = Shape { m: n, n: scored, k: hs };
+                gemm(scores, head.part(q0, 0), Rows { ptr: kt.as_ptr(), ld: t }, T::ZERO, RowsMut { ptr: p.as_mut_ptr(), ld: t });
                 causal_softmax_recompute(p, t, rows.clone(), scale, &lse[task * t..(task + 1) * t]);
-                gemm(n, scored, hs, d_o, vt.as_ptr(), t, T::ZERO, dp.as_mut_ptr(), t);
+                gemm(scores, d_o, Rows { ptr: vt.as_ptr(), ld: t }, T::ZERO, RowsMut { ptr: dp.as_mut_ptr(), ld: t });
                 let o0 = (head.b * t + q0) * c + head.h * hs;
-                let (d_o_rows, o_rows) = (&dout[o0..o0 + (n - 1) * c + hs], &out[o0..o0 + (n - 1) * c + hs]);
-                softmax_grad(&mut dp[..n * t], p, t, keys, d_o_rows, o_rows, c, hs, scale);
+                let outputs = HeadRows { d_o: &dout[o0..o0 + (n - 1) * c + hs], o: &out[o0..o0 + (n - 1) * c + hs], stride: c, hs };
+                softmax_grad(&mut dp[..n * t], p, t, keys, outputs, scale);
                 let p_t = Strided { ptr: p.as_ptr(), rs: 1, cs: t };
                 let ds_t = Strided { ptr: dp.as_ptr(), rs: 1, cs: t };
                 let ds = Strided { ptr: dp.as_ptr(), rs: t, cs: 1 };
                 // dV[..keys] (+)= Pᵀ · dO;  dK[..keys] (+)= dSᵀ · Q;  dQ[rows] = dS · K. P and
                 // dS are zero past each query's keys: key j takes no query before it.
                 let (seen_from, sees) = (Band::Above(q0), Band::Below(q0 + 1));
-                gemm_b_strided(keys, hs, n, p_t, d_o, beta_kv, d_at(0, 2), ld, seen_from);
-                gemm_b_strided(keys, hs, n, ds_t, head.part(q0, 0), beta_kv, d_at(0, 1), ld, seen_from);
-                gemm_b_strided(n, hs, keys, ds, head.part(0, 1), T::ZERO, d_at(q0, 0), ld, sees);
+                let (by_key, by_query) = (Shape { m: keys, n: hs, k: n }, Shape { m: n, n: hs, k: keys });
+                gemm_banded(by_key, p_t, d_o.rows(), beta_kv, d_at(0, 2), seen_from);
+                gemm_banded(by_key, ds_t, head.part(q0, 0).rows(), beta_kv, d_at(0, 1), seen_from);
+                gemm_banded(by_query, ds, head.part(0, 1).rows(), T::ZERO, d_at(q0, 0), sees);
             }
         }
     });

@@ -5,7 +5,7 @@
 
 use super::row_blocks;
 use crate::float::Float;
-use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, Strided, KC};
+use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, RowsMut, Shape, Strided, KC};
 use crate::parallel::{split_range, Parallel, Serial, SharedMut};
 use crate::simd::wide_dispatch;
 
@@ -228,7 +228,7 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mu
         // block.len() x m and overlaps neither.
         unsafe {
             let a = Strided { ptr: x.as_ptr().add(block.start * k), rs: k, cs: 1 };
-            gemm_packed(block.len(), m, k, a, wt, beta, bias, target.as_mut_ptr(), m);
+            gemm_packed(Shape { m: block.len(), n: m, k }, a, wt, beta, bias, RowsMut { ptr: target.as_mut_ptr(), ld: m });
         }
         if pre_p.is_some() {
             // SAFETY: as above, the same rows of `out`.
@@ -269,14 +269,14 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, parti
         row_blocks::add_partials(par, n, partials, m, 0, db);
     }
     let dout: &[T] = dout;
-    let (panels, dw_half) = scratch.split_at_mut(backward_panels_len(k, m));
     if let Some(dx) = dx {
         assert_eq!(dx.len(), n * k);
         // dx [N, K] = dout [N, M] · w [M, K]
+        let panels = &mut scratch[..backward_panels_len(k, m)];
         pack_panels(par, w, BLayout::Rows, m, k, panels);
-        par_gemm_packed(par, n, k, m, dout, panels, dx);
+        par_gemm_packed(par, Shape { m: n, n: k, k: m }, dout, panels, dx);
     }
-    weight_gradient(par, dw, dw_half, panels, dout, x, k, m);
+    weight_gradient(par, dw, dout, x, k, m, scratch);
 }
 
 /// `dw [M, K] += doutᵀ [M, N] · x [N, K]`, the sum over the N rows in two fixed halves: the
@@ -288,12 +288,13 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, parti
 /// one's (see `ThreadPool`).
 ///
 /// A half goes through its rows in the GEMM's K blocks (the blocks one GEMM over the half
-/// takes: the same sums): each block of `x` is packed into panels once (in `x_panels`, of at
-/// least `2 * panels_len(K, KC)`), for every row block of `dw` to read, instead of once per
-/// row block (a weight gradient with six row blocks packed its B six times).
-#[allow(clippy::too_many_arguments)]
-fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T], x_panels: &mut [T], dout: &[T], x: &[T], k: usize, m: usize) {
+/// takes: the same sums): each block of `x` is packed into panels once (in the scratch's
+/// first [`backward_panels_len`], of at least `2 * panels_len(K, KC)`), for every row block
+/// of `dw` to read, instead of once per row block (a weight gradient with six row blocks
+/// packed its B six times). `scratch` is [`backward`]'s.
+fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[T], k: usize, m: usize, scratch: &mut [T]) {
     let n = x.len() / k;
+    let (x_panels, dw_half) = scratch.split_at_mut(backward_panels_len(k, m));
     let dw_half = &mut dw_half[..m * k];
     let halves = [split_range(n, 2, 0), split_range(n, 2, 1)];
     let kernel = crate::gemm::kernel::<T>();
@@ -332,7 +333,8 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dw_half: &mut [T]
             // M x K); it reads columns r of the block's rows of dout and the block's panels.
             unsafe {
                 let a = Strided { ptr: dout.as_ptr().wrapping_add(rows.start * m + r.start), rs: 1, cs: m };
-                gemm_packed(r.len(), k, rows.len(), a, &x_panels[h * panel_len..], beta, None, out.ptr().add(r.start * k), k);
+                let c = RowsMut { ptr: out.ptr().add(r.start * k), ld: k };
+                gemm_packed(Shape { m: r.len(), n: k, k: rows.len() }, a, &x_panels[h * panel_len..], beta, None, c);
             }
         });
     }
@@ -363,19 +365,20 @@ wide_dispatch!(
     fn column_sums<T>(sums: &mut [T], rows: &[T]) => column_sums_body
 );
 
-/// `c [rows, cols] = a [rows, depth] · b [depth, cols]`, one task per block of [`ROW_BLOCK`]
-/// rows of `c` (an idle thread can take some of a slower one's); `a` and `c` are contiguous
-/// row-major, `b` is packed into `panels`.
-fn par_gemm_packed<T: Float>(par: &dyn Parallel, rows: usize, cols: usize, depth: usize, a: &[T], panels: &[T], c: &mut [T]) {
-    assert!(a.len() == rows * depth && c.len() == rows * cols);
+/// `c [m, n] = a [m, k] · b [k, n]`, one task per block of [`ROW_BLOCK`] rows of `c` (an
+/// idle thread can take some of a slower one's); `a` and `c` are contiguous row-major, `b`
+/// is packed into `panels`.
+fn par_gemm_packed<T: Float>(par: &dyn Parallel, shape: Shape, a: &[T], panels: &[T], c: &mut [T]) {
+    let Shape { m, n, k } = shape;
+    assert!(a.len() == m * k && c.len() == m * n);
     let c_p = SharedMut(c.as_mut_ptr());
-    par.run(rows.div_ceil(ROW_BLOCK), &|task| {
-        let r = task * ROW_BLOCK..((task + 1) * ROW_BLOCK).min(rows);
+    par.run(m.div_ceil(ROW_BLOCK), &|task| {
+        let r = task * ROW_BLOCK..((task + 1) * ROW_BLOCK).min(m);
         // SAFETY: each task writes its own rows of c; a's rows r are inside a, the panels
-        // hold depth x cols (gemm_packed checks), and c overlaps neither.
+        // hold k x n (gemm_packed checks), and c overlaps neither.
         unsafe {
-            let a = Strided { ptr: a.as_ptr().add(r.start * depth), rs: depth, cs: 1 };
-            gemm_packed(r.len(), cols, depth, a, panels, T::ZERO, None, c_p.ptr().add(r.start * cols), cols);
+            let a = Strided { ptr: a.as_ptr().add(r.start * k), rs: k, cs: 1 };
+            gemm_packed(Shape { m: r.len(), n, k }, a, panels, T::ZERO, None, RowsMut { ptr: c_p.ptr().add(r.start * n), ld: n });
         }
     });
 }
@@ -550,14 +553,14 @@ mod tests {
             // SAFETY: doutᵀ's columns `rows`, x's rows `rows`, and `out` is m x k.
             unsafe {
                 let a = Strided { ptr: dout[rows.start * m..].as_ptr(), rs: 1, cs: m };
-                crate::gemm::gemm(m, k, rows.len(), a, x[rows.start * k..].as_ptr(), k, if h == 0 { 1.0 } else { 0.0 }, out.as_mut_ptr(), k);
+                let b = crate::gemm::Rows { ptr: x[rows.start * k..].as_ptr(), ld: k };
+                crate::gemm::gemm(Shape { m, n: k, k: rows.len() }, a, b, if h == 0 { 1.0 } else { 0.0 }, RowsMut { ptr: out.as_mut_ptr(), ld: k });
             }
         }
         want.iter_mut().zip(&second).for_each(|(w, s)| *w += s);
         let mut dw = dw0;
         let mut scratch = vec![f32::NAN; scratch_len(k, m)];
-        let (panels, dw_half) = scratch.split_at_mut(backward_panels_len(k, m));
-        weight_gradient(&Serial, &mut dw, dw_half, panels, &dout, &x, k, m);
+        weight_gradient(&Serial, &mut dw, &dout, &x, k, m, &mut scratch);
         assert_eq!(dw, want);
     }
 }
