@@ -3,7 +3,7 @@
 //!
 //! Run: `cargo run -p alpha-core --example tiny --features alloc`
 
-use alpha_core::model::{generate, init_params, SamplingConfig};
+use alpha_core::model::{generate, init_params, SamplingConfig, SamplingMemory};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::tape::{self, Op};
 use alpha_core::tokenizer::CharTokenizer;
@@ -48,10 +48,9 @@ fn main() {
     let mut window = vec![0u32; 16];
     let prompt = tok.encode_to_vec("to be").expect("known characters");
     let mut out = String::from("to be");
-    let sampling = SamplingConfig { temperature: 0.5, top_k: 0 };
+    let sampling = SamplingConfig { temperature: 0.5, top_k: 0, tokens: 40 };
     let params = &*trainer.mem.params;
-    generate(&Serial, &sample_plan, sample_tape, params, &mut sample_acts, &mut window, &prompt, 40, &sampling, &mut Rng::new(1), |id| {
-        out.push(tok.decode(id).expect("ids come from the vocabulary"))
-    });
+    let mem = SamplingMemory { plan: &sample_plan, tape: sample_tape, acts: &mut sample_acts, window: &mut window };
+    generate(&Serial, mem, params, &prompt, &sampling, &mut Rng::new(1), |id| out.push(tok.decode(id).expect("ids come from the vocabulary")));
     println!("sample: {out:?}");
 }

@@ -27,13 +27,16 @@ pub fn init_params<T: Float>(plan: &Plan, params: &mut [T], rng: &mut Rng) {
     }
 }
 
-/// How the next token is drawn from the logits.
+/// How many tokens to generate and how each is drawn from the logits (Hugging Face's
+/// `GenerationConfig`: `max_new_tokens`, `temperature`, `top_k`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingConfig {
     /// Logits are divided by this; 0 means greedy (argmax).
     pub temperature: f64,
     /// Keep only the `top_k` most likely tokens (and ties); 0 keeps all.
     pub top_k: usize,
+    /// Tokens to generate after the prompt.
+    pub tokens: usize,
 }
 
 /// Draws a token id from one row of logits (nanoGPT's `sample.py`: temperature, then top-k,
@@ -126,27 +129,35 @@ impl<'w> ContextWindow<'w> {
     }
 }
 
-/// Generates `count` tokens after `context`, calling `emit` with each. `plan` must have
-/// batch 1; `window` is caller scratch of `plan.seq` tokens. The model sees the last
-/// `plan.seq` tokens (see [`ContextWindow`]).
-#[allow(clippy::too_many_arguments)]
+/// The memory [`generate`] runs in, borrowed: a batch-1 plan, its tape and activations, and
+/// scratch for the context window (`plan.seq` tokens).
+pub struct SamplingMemory<'a, T> {
+    /// The plan (batch 1).
+    pub plan: &'a Plan,
+    /// Its tape.
+    pub tape: &'a [Op],
+    /// Its activations.
+    pub acts: &'a mut [T],
+    /// Window scratch, `plan.seq` tokens.
+    pub window: &'a mut [u32],
+}
+
+/// Generates `cfg.tokens` tokens after `context` with `params`, calling `emit` with each. The
+/// model sees the last `plan.seq` tokens (see [`ContextWindow`]).
 pub fn generate<T: Float>(
     par: &dyn Parallel,
-    plan: &Plan,
-    tape: &[Op],
+    mem: SamplingMemory<'_, T>,
     params: &[T],
-    acts: &mut [T],
-    window: &mut [u32],
     context: &[u32],
-    count: usize,
     cfg: &SamplingConfig,
     rng: &mut Rng,
     mut emit: impl FnMut(u32),
 ) {
+    let SamplingMemory { plan, tape, acts, window } = mem;
     assert!(plan.batch == 1 && window.len() == plan.seq, "generate needs a batch-1 plan and a window of plan.seq tokens");
     let v = plan.config.vocab_size;
     let mut window = ContextWindow::new(window, context);
-    for _ in 0..count {
+    for _ in 0..cfg.tokens {
         walk::forward(&mut CpuExecutor::new(par, plan, params, acts, Batch { tokens: window.tokens(), targets: None }), tape, None);
         let row = window.last();
         let next = sample_token(&mut acts[plan.head_acts().logits.range()][row * v..(row + 1) * v], cfg, rng);
@@ -174,11 +185,11 @@ impl<T: Float> Sampler<T> {
         Ok(Sampler { plan, tape: crate::tape::record_to_vec(&plan), acts, window: alloc::vec![0; seq] })
     }
 
-    /// Generates `count` tokens after `prompt` with `params`, calling `emit` with each (see
-    /// [`generate`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate(&mut self, par: &dyn Parallel, params: &[T], prompt: &[u32], count: usize, cfg: &SamplingConfig, rng: &mut Rng, emit: impl FnMut(u32)) {
-        generate(par, &self.plan, &self.tape, params, &mut self.acts, &mut self.window, prompt, count, cfg, rng, emit);
+    /// Generates `cfg.tokens` tokens after `prompt` with `params`, calling `emit` with each
+    /// (see [`generate`]).
+    pub fn generate(&mut self, par: &dyn Parallel, params: &[T], prompt: &[u32], cfg: &SamplingConfig, rng: &mut Rng, emit: impl FnMut(u32)) {
+        let mem = SamplingMemory { plan: &self.plan, tape: &self.tape, acts: &mut self.acts, window: &mut self.window };
+        generate(par, mem, params, prompt, cfg, rng, emit);
     }
 }
 
@@ -217,9 +228,9 @@ mod tests {
         let mut rng = Rng::new(3);
         for _ in 0..20 {
             let mut l = [0.1f32, 3.0, 2.9, -4.0];
-            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 1 }, &mut rng), 1);
+            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 1, tokens: 1 }, &mut rng), 1);
             let mut l = [0.1f32, 3.0, 2.9, -4.0];
-            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 0.0, top_k: 0 }, &mut rng), 1);
+            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 0.0, top_k: 0, tokens: 1 }, &mut rng), 1);
         }
     }
 
@@ -230,7 +241,7 @@ mod tests {
         let n = 60_000;
         for _ in 0..n {
             let mut l = [0.0f32, 1.0, 2.0];
-            counts[sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 0 }, &mut rng) as usize] += 1;
+            counts[sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 0, tokens: 1 }, &mut rng) as usize] += 1;
         }
         let z: f64 = (0..3).map(|i| libm::exp(i as f64)).sum();
         for (i, &c) in counts.iter().enumerate() {

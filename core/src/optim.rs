@@ -85,22 +85,23 @@ wide_dispatch!(
     fn adamw_update<T>(p: &mut [T], m: &mut [T], v: &mut [T], g: &[T], k: AdamConsts<T>) => adamw_elements
 );
 
+/// The tensors of one AdamW update, each `plan.params_len()` long, in plan order.
+pub struct AdamWTensors<'a, T> {
+    /// Parameters (updated).
+    pub params: &'a mut [T],
+    /// Their gradients (read).
+    pub grads: &'a [T],
+    /// First moments (updated).
+    pub m: &'a mut [T],
+    /// Second moments (updated).
+    pub v: &'a mut [T],
+}
+
 /// One AdamW update of every parameter. `step` is 1-based (bias correction); `grad_scale`
 /// multiplies every gradient first (the clip factor). Moments and parameters are updated in
 /// one pass; gradients are left as they were.
-#[allow(clippy::too_many_arguments)]
-pub fn adamw_step<T: Float>(
-    par: &dyn Parallel,
-    plan: &Plan,
-    params: &mut [T],
-    grads: &[T],
-    m: &mut [T],
-    v: &mut [T],
-    cfg: &AdamWConfig,
-    lr: f64,
-    step: u64,
-    grad_scale: f64,
-) {
+pub fn adamw_step<T: Float>(par: &dyn Parallel, plan: &Plan, t: AdamWTensors<'_, T>, cfg: &AdamWConfig, lr: f64, step: u64, grad_scale: f64) {
+    let AdamWTensors { params, grads, m, v } = t;
     let len = plan.params_len();
     assert!(params.len() == len && grads.len() == len && m.len() == len && v.len() == len);
     let bc1 = 1.0 - libm::pow(cfg.beta1, step as f64);
@@ -177,7 +178,7 @@ mod adamw_tests {
         let (lr, clip) = (0.01, 0.5);
         for step in 1..=2u64 {
             let g: Vec<f64> = (0..n).map(|i| ((i + step as usize) as f64 * 0.91).cos()).collect();
-            adamw_step(&Serial, &plan, &mut p, &g, &mut m, &mut v, &cfg, lr, step, clip);
+            adamw_step(&Serial, &plan, AdamWTensors { params: &mut p, grads: &g, m: &mut m, v: &mut v }, &cfg, lr, step, clip);
             for info in plan.params() {
                 for i in info.span.range() {
                     let gi = g[i] * clip;

@@ -25,12 +25,9 @@
 use crate::model::SamplingConfig;
 use crate::tokenizer::CharTokenizer;
 
-/// How a run's samples are drawn: temperature 0.8 and top-k 200 (nanoGPT's `sample.py`
-/// defaults), [`SAMPLE_LEN`] tokens from a newline.
-pub const SAMPLES: SamplingConfig = SamplingConfig { temperature: 0.8, top_k: 200 };
-
-/// Tokens of a run's samples.
-pub const SAMPLE_LEN: usize = 200;
+/// How a run's samples are drawn: 200 tokens from a newline (see [`sample_start`]) at
+/// temperature 0.8 and top-k 200 (nanoGPT's `sample.py` defaults).
+pub const SAMPLES: SamplingConfig = SamplingConfig { temperature: 0.8, top_k: 200, tokens: 200 };
 
 /// The token a run's samples start from: a newline (nanoGPT's start), or id 0 where the
 /// vocabulary has none.

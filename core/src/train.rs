@@ -6,7 +6,7 @@ use crate::cpu::{Batch, CpuExecutor};
 use crate::data::sample_batch;
 use crate::float::Float;
 use crate::ops::grad_norm;
-use crate::optim::{adamw_step, AdamWConfig, LrSchedule};
+use crate::optim::{adamw_step, AdamWConfig, AdamWTensors, LrSchedule};
 use crate::parallel::{split_range, Parallel, SharedMut};
 #[cfg(feature = "alloc")]
 use crate::plan::try_vec;
@@ -180,7 +180,8 @@ impl<'a, T: Float> Trainer<'a, T> {
         let lr = self.lr();
         self.step += 1;
         let m = &mut self.mem;
-        adamw_step(par, &self.plan, m.params, m.grads, m.adam_m, m.adam_v, &self.cfg.adamw, lr, self.step, clip);
+        let tensors = AdamWTensors { params: m.params, grads: m.grads, m: m.adam_m, v: m.adam_v };
+        adamw_step(par, &self.plan, tensors, &self.cfg.adamw, lr, self.step, clip);
     }
 
     /// One whole optimizer step on batches from `data`: `grad_accum` micro-batches, clip,

@@ -3,7 +3,7 @@
 //! It runs without libtest (`harness = false`): the harness's own threads allocate at
 //! unpredictable moments, which the process-wide counter would see.
 
-use alpha_core::model::{generate, SamplingConfig};
+use alpha_core::model::{generate, SamplingConfig, SamplingMemory};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
 use alpha_core::train::{OwnedMemory, TrainConfig};
@@ -66,10 +66,10 @@ fn training_evaluation_and_sampling_do_not_allocate() {
     }
     let eval_loss = trainer.evaluate(&pool, &data, 2, &mut eval_rng);
     let mut emitted = 0;
-    let scfg = SamplingConfig { temperature: 0.8, top_k: 5 };
+    let scfg = SamplingConfig { temperature: 0.8, top_k: 5, tokens: 20 };
     let params = &*trainer.mem.params;
-    let (sp, st) = (&sample_plan, &sample_mem.tape);
-    generate(&pool, sp, st, params, &mut sample_mem.acts, &mut window, &[1, 2], 20, &scfg, &mut eval_rng, |_| emitted += 1);
+    let mem = SamplingMemory { plan: &sample_plan, tape: &sample_mem.tape, acts: &mut sample_mem.acts, window: &mut window };
+    generate(&pool, mem, params, &[1, 2], &scfg, &mut eval_rng, |_| emitted += 1);
     let after = ALLOCATIONS.load(Ordering::SeqCst);
 
     assert!(eval_loss.is_finite());

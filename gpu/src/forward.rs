@@ -138,15 +138,15 @@ impl GpuForward {
         read(&self.gpu, &self.acts, self.plan.head_acts().logits.offset + position * v, v).await
     }
 
-    /// Generates `count` tokens after `context` (a batch-1 model; see
+    /// Generates `cfg.tokens` tokens after `context` (a batch-1 model; see
     /// [`alpha_core::model::generate`], whose draws this repeats), calling `emit` with each.
-    pub async fn generate(&mut self, context: &[u32], count: usize, cfg: &SamplingConfig, rng: &mut Rng, mut emit: impl FnMut(u32)) -> Result<(), GpuError> {
+    pub async fn generate(&mut self, context: &[u32], cfg: &SamplingConfig, rng: &mut Rng, mut emit: impl FnMut(u32)) -> Result<(), GpuError> {
         if self.plan.batch != 1 {
             return Err(GpuError("sampling needs a batch-1 model".into()));
         }
         let mut scratch = vec![0; self.plan.seq];
         let mut window = ContextWindow::new(&mut scratch, context);
-        for _ in 0..count {
+        for _ in 0..cfg.tokens {
             let mut logits = self.logits(window.tokens(), window.last()).await?;
             let next = sample_token(&mut logits, cfg, rng);
             emit(next);

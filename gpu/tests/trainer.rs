@@ -3,7 +3,7 @@
 
 use alpha_core::cpu::{Batch, CpuExecutor};
 use alpha_core::model::init_params;
-use alpha_core::model::{generate, SamplingConfig};
+use alpha_core::model::{generate, SamplingConfig, SamplingMemory};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::Serial;
 use alpha_core::train::{OwnedMemory, TrainConfig};
@@ -148,12 +148,13 @@ fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
     // Greedy samples: the same tokens as the CPU, past the end of the window.
     let sampling = Plan::new(plan.config, 1, 9).unwrap();
     let mut smem = OwnedMemory::<f32>::new(&sampling).unwrap();
-    let greedy = SamplingConfig { temperature: 0.0, top_k: 0 };
+    let greedy = SamplingConfig { temperature: 0.0, top_k: 0, tokens: 12 };
     let (mut want, mut window) = (Vec::new(), vec![0; 9]);
-    generate(&Serial, &sampling, &smem.tape, &mem.params, &mut smem.acts, &mut window, &[3, 1, 4], 12, &greedy, &mut Rng::new(1), |t| want.push(t));
+    let cpu_mem = SamplingMemory { plan: &sampling, tape: &smem.tape, acts: &mut smem.acts, window: &mut window };
+    generate(&Serial, cpu_mem, &mem.params, &[3, 1, 4], &greedy, &mut Rng::new(1), |t| want.push(t));
     let mut sampler = block_on(GpuForward::new(gpu, sampling, &mem.params)).unwrap();
     let mut got = Vec::new();
-    block_on(sampler.generate(&[3, 1, 4], 12, &greedy, &mut Rng::new(1), |t| got.push(t))).unwrap();
+    block_on(sampler.generate(&[3, 1, 4], &greedy, &mut Rng::new(1), |t| got.push(t))).unwrap();
     assert_eq!(got, want);
 }
 

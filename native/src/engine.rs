@@ -148,15 +148,15 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// A `count`-character sample of the current model (see [`SAMPLES`]).
-    pub fn sample(&mut self, tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> Result<String, String> {
+    /// A sample of the current model (see [`SAMPLES`]).
+    pub fn sample(&mut self, tok: &CharTokenizer<Vec<char>>, seed: u64) -> Result<String, String> {
         match self {
-            Engine::Cpu { trainer, pool, sampler } => Ok(training_sample(sampler, pool, trainer.mem.params, tok, count, seed)),
+            Engine::Cpu { trainer, pool, sampler } => Ok(training_sample(sampler, pool, trainer.mem.params, tok, seed)),
             Engine::Gpu(g) => {
                 let mut out = String::new();
                 let start = [sample_start(tok)];
                 let emit = |id| out.push(tok.decode(id).unwrap_or('?'));
-                block_on(g.sampler.generate(&start, count, &SAMPLES, &mut Rng::new(seed), emit)).map_err(|e| e.to_string())?;
+                block_on(g.sampler.generate(&start, &SAMPLES, &mut Rng::new(seed), emit)).map_err(|e| e.to_string())?;
                 Ok(out)
             }
         }

@@ -54,7 +54,7 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     let tok = CharTokenizer::new(ck.chars.clone()).map_err(|e| e.to_string())?;
     let prompt = tok.encode_to_vec(&args.prompt).map_err(|e| format!("--prompt: {e}"))?;
     args.device.check()?;
-    let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k };
+    let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k, tokens: args.tokens };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut result = write!(out, "{}", args.prompt);
@@ -68,12 +68,12 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
         Backend::Cpu => {
             let pool = args.device.pool()?;
             let mut sampler = Sampler::new(ck.config, block).map_err(|e| e.to_string())?;
-            sampler.generate(&pool, &ck.params, &prompt, args.tokens, &cfg, &mut Rng::new(args.seed), emit);
+            sampler.generate(&pool, &ck.params, &prompt, &cfg, &mut Rng::new(args.seed), emit);
         }
         Backend::Gpu => {
             let plan = Plan::new(ck.config, 1, block).map_err(|e| e.to_string())?;
             let mut model = block_on(GpuForward::new(args.device.open_gpu()?, plan, &ck.params)).map_err(|e| e.to_string())?;
-            block_on(model.generate(&prompt, args.tokens, &cfg, &mut Rng::new(args.seed), emit)).map_err(|e| e.to_string())?;
+            block_on(model.generate(&prompt, &cfg, &mut Rng::new(args.seed), emit)).map_err(|e| e.to_string())?;
         }
     }
     result.and_then(|_| writeln!(out)).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
@@ -89,11 +89,10 @@ pub fn context_len(requested: Option<usize>, block_size: usize) -> Result<usize,
     }
 }
 
-/// A `count`-character sample for training logs (see [`alpha_core::run::SAMPLES`]) from
-/// `params`.
-pub fn training_sample(sampler: &mut Sampler<f32>, pool: &ThreadPool, params: &[f32], tok: &CharTokenizer<Vec<char>>, count: usize, seed: u64) -> String {
+/// A sample for training logs (see [`alpha_core::run::SAMPLES`]) from `params`.
+pub fn training_sample(sampler: &mut Sampler<f32>, pool: &ThreadPool, params: &[f32], tok: &CharTokenizer<Vec<char>>, seed: u64) -> String {
     let mut out = String::new();
     let emit = |id| out.push(tok.decode(id).unwrap_or('?'));
-    sampler.generate(pool, params, &[sample_start(tok)], count, &SAMPLES, &mut Rng::new(seed), emit);
+    sampler.generate(pool, params, &[sample_start(tok)], &SAMPLES, &mut Rng::new(seed), emit);
     out
 }

@@ -10,7 +10,7 @@ use crate::runfile::{self, RUN_FILE};
 use crate::step::Phases;
 use crate::trace::Trace;
 use alpha_core::rng::{derive_seed, stream};
-use alpha_core::run::{Action, Cadence, RunLoop, DEFAULT, SAMPLE_LEN};
+use alpha_core::run::{Action, Cadence, RunLoop, DEFAULT};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
@@ -502,7 +502,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             }
             Action::Sample => {
                 let t = Instant::now();
-                let text = engine.sample(&tokenizer, SAMPLE_LEN, derive_seed(s.seed, stream::SAMPLES, step))?;
+                let text = engine.sample(&tokenizer, derive_seed(s.seed, stream::SAMPLES, step))?;
                 window.sample += t.elapsed().as_secs_f64();
                 console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
                 write_metrics(&mut metrics, json!({"type": "sample", "step": step, "text": text}))?;

@@ -94,12 +94,12 @@ impl Engine {
         }
     }
 
-    /// `count` token ids after `prompt`.
-    pub async fn sample(&mut self, prompt: &[u32], count: usize, cfg: &SamplingConfig, rng: &mut Rng) -> Result<Vec<u32>, String> {
-        let mut out = Vec::with_capacity(count);
+    /// `cfg.tokens` token ids after `prompt`.
+    pub async fn sample(&mut self, prompt: &[u32], cfg: &SamplingConfig, rng: &mut Rng) -> Result<Vec<u32>, String> {
+        let mut out = Vec::with_capacity(cfg.tokens);
         match self {
-            Engine::Cpu(c) => c.sampler.generate(&*c.par, &c.mem.params, prompt, count, cfg, rng, |id| out.push(id)),
-            Engine::Gpu(g) => g.sampler.generate(prompt, count, cfg, rng, |id| out.push(id)).await.map_err(|e| e.to_string())?,
+            Engine::Cpu(c) => c.sampler.generate(&*c.par, &c.mem.params, prompt, cfg, rng, |id| out.push(id)),
+            Engine::Gpu(g) => g.sampler.generate(prompt, cfg, rng, |id| out.push(id)).await.map_err(|e| e.to_string())?,
         }
         Ok(out)
     }

@@ -26,7 +26,7 @@ mod threads;
 
 use alpha_core::checkpoint::{self, TrainSettings, TrainState};
 use alpha_core::rng::{derive_seed, stream};
-use alpha_core::run::{sample_start, Action, RunLoop, PRESETS, SAMPLES, SAMPLE_LEN};
+use alpha_core::run::{sample_start, Action, RunLoop, PRESETS, SAMPLES};
 use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
@@ -217,7 +217,7 @@ impl Trainer {
             }
             Action::Sample => {
                 let seed = derive_seed(self.settings.seed, stream::SAMPLES, step);
-                let ids = self.engine.sample(&[sample_start(&self.tok)], SAMPLE_LEN, &SAMPLES, &mut Rng::new(seed)).await.map_err(js_error)?;
+                let ids = self.engine.sample(&[sample_start(&self.tok)], &SAMPLES, &mut Rng::new(seed)).await.map_err(js_error)?;
                 Record::Sample { step, text: ids.into_iter().map(|id| self.tok.decode(id).unwrap_or('\u{FFFD}')).collect() }
             }
             Action::Train { .. } => {
@@ -287,8 +287,8 @@ impl Trainer {
         let prompt = if prompt.is_empty() { "\n".to_string() } else { prompt };
         let ids = self.tok.encode_to_vec(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?;
         let seed = derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count());
-        let cfg = alpha_core::model::SamplingConfig { temperature, top_k: 200 };
-        let generated = self.engine.sample(&ids, count as usize, &cfg, &mut Rng::new(seed)).await.map_err(js_error)?;
+        let cfg = alpha_core::model::SamplingConfig { temperature, top_k: 200, tokens: count as usize };
+        let generated = self.engine.sample(&ids, &cfg, &mut Rng::new(seed)).await.map_err(js_error)?;
         Ok(generated.into_iter().map(|id| self.tok.decode(id).unwrap_or('\u{FFFD}')).collect())
     }
 
