@@ -113,7 +113,7 @@ impl<T> Strided<T> {
 }
 
 /// A read-only matrix whose columns are adjacent: row `i` starts at `ptr + i * ld`. (In a
-/// micro-kernel's A read as groups, a "row" is a group: see [`TileFn`].)
+/// micro-kernel's A read as groups, a "row" is a group: the tile's values of one column.)
 #[derive(Clone, Copy)]
 pub struct Rows<T> {
     /// Element (0, 0).
