@@ -3,17 +3,19 @@
 #   first, what a fresh Debian 12 machine with only Rust lacks is installed once (apt packages:
 #   lavapipe's Vulkan for the GPU tests, g++ for the fuzz target's libFuzzer, Debian's
 #   rustc-web for the no_std builds, Chromium for the browser tests; then the offline wasm
-#   toolchain, scripts/setup-wasm-toolchain.sh). Each step is skipped when already done, so a
+#   toolchain, scripts/setup-wasm-toolchain.sh; and pip's `tokenizers` in a virtual environment
+#   under target/ for the tokenizer parity test). Each step is skipped when already done, so a
 #   second run goes straight to the tests. Installing needs root (or sudo).
 #   Then: formatting (cargo fmt --check), unit tests and finite-difference gradient checks,
 #   the zero-allocation test, end-to-end CLI tests (bad input, hostile files and flags, seeded
-#   mutations of every file Alpha reads, out of memory under ulimit, a 10,000-step soak), cross-crate
-#   tests, every GPU kernel and the whole model against the CPU (on any Vulkan adapter; without
-#   a GPU, lavapipe), the embedding example, the API docs (rustdoc warnings are errors), the
-#   cargo-fuzz target's build, alpha-core's no_std builds, the GEMM tests again on the
-#   WebAssembly kernel (both builds), and the browser demo (alpha-web's two builds from
-#   scripts/build-web.sh, then tested in Debian's Chromium through playwright-core: WebGPU on
-#   SwiftShader and both WebAssembly CPU builds).
+#   mutations of every file Alpha reads, out of memory under ulimit, a 10,000-step soak),
+#   cross-crate tests, every GPU kernel and the whole model against the CPU (on any Vulkan
+#   adapter; without a GPU, lavapipe), byte-level BPE against Hugging Face `tokenizers` both
+#   ways (scripts/tokenizer_parity.py), the embedding example, the API docs (rustdoc warnings
+#   are errors), the cargo-fuzz target's build, alpha-core's no_std builds, the GEMM tests
+#   again on the WebAssembly kernel (both builds), and the browser demo (alpha-web's two builds
+#   from scripts/build-web.sh, then tested in Debian's Chromium through playwright-core: WebGPU
+#   on SwiftShader and both WebAssembly CPU builds).
 # The no_std builds use the rustup target thumbv7em-none-eabihf when it is installed, else
 # Debian's rustc-web/cargo-web/rust-web-src; ALPHA_SKIP_NO_STD=1 skips them (and their set-up).
 # The browser build uses the active toolchain when it has wasm32-unknown-unknown, else the one
@@ -53,6 +55,14 @@ if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
     as_root env HOME="$HOME" scripts/setup-wasm-toolchain.sh
 fi
 
+# Hugging Face `tokenizers` (a small wheel from PyPI) for the tokenizer parity test, in a
+# virtual environment of its own.
+parity_venv=target/parity-venv
+if ! "$parity_venv/bin/python" -c "import tokenizers" 2>/dev/null; then
+    python3 -m venv "$parity_venv"
+    "$parity_venv/bin/pip" install -q --disable-pip-version-check tokenizers
+fi
+
 # Mesa wants a private runtime directory; without one it warns on every device it opens.
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     XDG_RUNTIME_DIR="$(mktemp -d)"
@@ -67,6 +77,8 @@ else
 fi
 
 cargo test --workspace --profile test-opt
+cargo build -q --profile test-opt -p alpha-native
+"$parity_venv/bin/python" scripts/tokenizer_parity.py target/test-opt/alpha-native
 cargo run --profile test-opt -p alpha-core --example tiny --features alloc
 # The API docs (the crates are meant to be embedded): no broken or private links, no stray HTML.
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps
@@ -76,7 +88,7 @@ cargo build -q --manifest-path fuzz/Cargo.toml
 
 if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then
     target=thumbv7em-none-eabihf
-    for features in "" "--features alloc" "--features checkpoint"; do
+    for features in "" "--features alloc" "--features checkpoint" "--features bpe"; do
         echo "no_std build of alpha-core for $target ${features:-(no features)}"
         if rustup target list --installed 2>/dev/null | grep -qx "$target"; then
             # shellcheck disable=SC2086

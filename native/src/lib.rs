@@ -1,6 +1,6 @@
 //! # alpha-native
 //!
-//! The Alpha command line (`alpha-native train | sample | eval | bench | info`) as a library: the commands,
+//! The Alpha command line (`alpha-native train | sample | eval | bench | info | tokenizer`) as a library: the commands,
 //! the checkpoint format and the file helpers they share.
 
 pub mod bench;
@@ -17,5 +17,6 @@ pub mod peak;
 pub mod runfile;
 pub mod sample;
 pub mod step;
+pub mod tokenizer;
 pub mod trace;
 pub mod train;

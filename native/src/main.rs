@@ -1,6 +1,6 @@
 //! `alpha-native`: train, sample, evaluate and benchmark GPT language models on the CPU.
 
-use alpha_native::{bench, eval, info, runfile, sample, train};
+use alpha_native::{bench, eval, info, runfile, sample, tokenizer, train};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
@@ -28,6 +28,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Show the machine (CPU, SIMD, peak) and what a configuration needs (memory, time).
     Info(info::InfoArgs),
+    /// Train, apply and inspect byte-level BPE tokenizers (Hugging Face tokenizer.json).
+    #[command(subcommand)]
+    Tokenizer(tokenizer::TokenizerCommand),
 }
 
 /// Exits with a command-line error as one line (`error: ...`, status 2), or prints what was
@@ -62,6 +65,7 @@ fn main() {
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Info(args) => info::run(args),
+        Command::Tokenizer(command) => tokenizer::run(command),
     };
     if let Err(msg) = result {
         eprintln!("error: {msg}");

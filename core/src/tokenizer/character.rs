@@ -1,4 +1,4 @@
-//! Character-level tokenizer: the vocabulary is the sorted set of characters of a text, and a
+//! The character tokenizer: the vocabulary is the sorted set of characters of a text, and a
 //! character's id is its index in that set.
 
 use core::fmt;

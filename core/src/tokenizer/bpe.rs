@@ -1,0 +1,436 @@
+//! Byte-level BPE, GPT-2's tokenizer: text is cut at added tokens (`<|endoftext|>`), the rest
+//! into pieces by GPT-2's pattern ([`Gpt2Split`]), each piece's bytes start as one token each,
+//! and adjacent tokens are merged, the lowest-ranked merge first (leftmost among equals), until
+//! no merge applies: the ids of Hugging Face `tokenizers` and of `tiktoken` for the same files.
+//!
+//! ```
+//! use alpha_core::tokenizer::bpe::{AddedToken, Bpe, Options};
+//! // Every byte a token (ids 0..256, byte order), then merges "h"+"e" and "he"+"y".
+//! let mut vocab: Vec<(Vec<u8>, u32)> = (0..=255u8).map(|b| (vec![b], b as u32)).collect();
+//! vocab.push((b"he".to_vec(), 256));
+//! vocab.push((b"hey".to_vec(), 257));
+//! let merges = vec![(b"h".to_vec(), b"e".to_vec()), (b"he".to_vec(), b"y".to_vec())];
+//! let eot = AddedToken { content: "<|endoftext|>".into(), id: 258, special: true };
+//! let bpe = Bpe::new(vocab, &merges, vec![eot], Options::default()).unwrap();
+//! let ids = bpe.encode_to_vec("hey<|endoftext|>he");
+//! assert_eq!(ids, [257, 258, 256]);
+//! assert_eq!(bpe.decode(&ids).unwrap(), b"hey<|endoftext|>he");
+//! ```
+
+use super::pretokenize::Gpt2Split;
+use alloc::collections::BinaryHeap;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::cmp::Reverse;
+use core::fmt;
+use hashbrown::HashMap;
+
+/// Why a tokenizer could not be built, loaded or used (one line).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BpeError(pub String);
+
+impl fmt::Display for BpeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A token matched in the text before pre-tokenization (Hugging Face's added tokens), such as
+/// `<|endoftext|>`: its text always becomes its id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddedToken {
+    /// The text.
+    pub content: String,
+    /// Its id.
+    pub id: u32,
+    /// A control token (end of text, padding) rather than a word added to the vocabulary.
+    pub special: bool,
+}
+
+/// The switches of Hugging Face's `ByteLevel` pre-tokenizer and `BPE` model that change ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Put a space before each text (between added tokens) that does not start with one.
+    pub add_prefix_space: bool,
+    /// Cut text into pieces with GPT-2's pattern (else each text is one piece).
+    pub use_regex: bool,
+    /// A piece that is a token as a whole becomes that token without merges.
+    pub ignore_merges: bool,
+}
+
+impl Default for Options {
+    /// GPT-2's: no prefix space, GPT-2's pattern, merges always.
+    fn default() -> Self {
+        Options { add_prefix_space: false, use_regex: true, ignore_merges: false }
+    }
+}
+
+/// A merge of two adjacent tokens.
+#[derive(Clone, Copy, Debug)]
+struct Merge {
+    /// Its rank: lower merges first.
+    rank: u32,
+    /// The merged token.
+    id: u32,
+}
+
+/// The key of a pair of adjacent tokens.
+#[inline(always)]
+fn pair(left: u32, right: u32) -> u64 {
+    (left as u64) << 32 | right as u64
+}
+
+const NONE: u32 = u32::MAX;
+
+/// A token of a piece being merged, in a linked list.
+#[derive(Clone, Copy)]
+struct Symbol {
+    id: u32,
+    prev: u32,
+    next: u32,
+}
+
+/// Buffers of the merge loop, reused from piece to piece.
+#[derive(Default)]
+struct Scratch {
+    symbols: Vec<Symbol>,
+    heap: BinaryHeap<Reverse<(u32, u32)>>,
+}
+
+/// A text cut at the added tokens in it: `(text before, Some(index of the token))`, then
+/// `(the rest, None)`. Where several tokens match, the first to start wins, the longest among
+/// those.
+pub(crate) struct AddedSplit<'t, 'a> {
+    text: &'t str,
+    tokens: &'a [&'a str],
+    /// Each token's next occurrence at or after `pos` (`usize::MAX`: none), searched again
+    /// only once `pos` has passed it: one scan of the text per token.
+    next: Vec<usize>,
+    /// Where the next part starts; past the text once the last part was returned.
+    pos: usize,
+}
+
+impl<'t, 'a> AddedSplit<'t, 'a> {
+    pub(crate) fn new(text: &'t str, tokens: &'a [&'a str]) -> Self {
+        let mut split = AddedSplit { text, tokens, next: Vec::with_capacity(tokens.len()), pos: 0 };
+        split.next = tokens.iter().map(|t| split.occurrence(t, 0)).collect();
+        split
+    }
+
+    fn occurrence(&self, token: &str, from: usize) -> usize {
+        self.text[from..].find(token).map_or(usize::MAX, |i| from + i)
+    }
+}
+
+impl<'t> Iterator for AddedSplit<'t, '_> {
+    type Item = (&'t str, Option<usize>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.pos > self.text.len() {
+            return None;
+        }
+        let mut best: Option<(usize, usize)> = None;
+        for i in 0..self.tokens.len() {
+            if self.next[i] < self.pos {
+                self.next[i] = self.occurrence(self.tokens[i], self.pos);
+            }
+            let at = self.next[i];
+            if at != usize::MAX && best.is_none_or(|(b_at, b)| at < b_at || (at == b_at && self.tokens[i].len() > self.tokens[b].len())) {
+                best = Some((at, i));
+            }
+        }
+        let start = self.pos;
+        Some(match best {
+            Some((at, i)) => {
+                self.pos = at + self.tokens[i].len();
+                (&self.text[start..at], Some(i))
+            }
+            None => {
+                self.pos = self.text.len() + 1;
+                (&self.text[start..], None)
+            }
+        })
+    }
+}
+
+/// A byte-level BPE tokenizer (see the module docs).
+pub struct Bpe {
+    /// Each id's bytes: `bytes[offsets[id]..offsets[id + 1]]`.
+    bytes: Vec<u8>,
+    offsets: Vec<u32>,
+    /// The vocabulary's tokens by their bytes.
+    ids: HashMap<Vec<u8>, u32>,
+    /// The token of each single byte.
+    byte_ids: [u32; 256],
+    /// Merges by the pair they merge.
+    merges: HashMap<u64, Merge>,
+    /// The merged pairs in rank order.
+    merge_list: Vec<(u32, u32)>,
+    /// Whether merging a token's own bytes gives the token (then a piece equal to it needs no
+    /// merging: most pieces of a text).
+    whole: Vec<bool>,
+    added: Vec<AddedToken>,
+    options: Options,
+}
+
+impl Bpe {
+    /// A tokenizer from its vocabulary (each token's bytes and id), its merges in rank order
+    /// (each a pair of vocabulary tokens whose concatenation is a token too) and its added
+    /// tokens. Ids must run from 0 without gaps, every byte must be a token, and merges must
+    /// name tokens; anything else is an error that says what is wrong.
+    pub fn new(vocab: Vec<(Vec<u8>, u32)>, merges: &[(Vec<u8>, Vec<u8>)], added: Vec<AddedToken>, options: Options) -> Result<Self, BpeError> {
+        let size = vocab.iter().map(|(_, id)| id).chain(added.iter().map(|a| &a.id)).max().map_or(0, |&m| m as usize + 1);
+        let mut by_id: Vec<Option<&[u8]>> = vec![None; size];
+        for (bytes, id) in &vocab {
+            if by_id[*id as usize].replace(bytes).is_some() {
+                return Err(BpeError(format!("the vocabulary gives id {id} to two tokens")));
+            }
+        }
+        for a in &added {
+            if a.content.is_empty() {
+                return Err(BpeError(format!("added token {} is empty", a.id)));
+            }
+            match by_id[a.id as usize] {
+                Some(bytes) if bytes != a.content.as_bytes() => {
+                    return Err(BpeError(format!("id {} is both a vocabulary token and the added token {:?}", a.id, a.content)));
+                }
+                _ => by_id[a.id as usize] = Some(a.content.as_bytes()),
+            }
+        }
+        let (mut bytes, mut offsets) = (Vec::new(), vec![0u32]);
+        for (id, token) in by_id.iter().enumerate() {
+            let token = token.ok_or_else(|| BpeError(format!("ids must run from 0 to {} without gaps: id {id} has no token", size - 1)))?;
+            bytes.extend_from_slice(token);
+            offsets.push(u32::try_from(bytes.len()).map_err(|_| BpeError("the vocabulary's tokens exceed 4 GiB".into()))?);
+        }
+        let ids: HashMap<Vec<u8>, u32> = vocab.into_iter().collect();
+        let mut byte_ids = [NONE; 256];
+        for (b, slot) in byte_ids.iter_mut().enumerate() {
+            *slot = *ids.get(&[b as u8][..]).ok_or_else(|| {
+                BpeError(format!("the vocabulary has no token for the byte 0x{b:02x}: byte-level BPE needs all 256 (train with the full byte alphabet)"))
+            })?;
+        }
+        let token = |bytes: &[u8], rank: usize| {
+            ids.get(bytes).copied().ok_or_else(|| BpeError(format!("merge {rank}: {:?} is not in the vocabulary", String::from_utf8_lossy(bytes))))
+        };
+        let mut merge_map = HashMap::with_capacity(merges.len());
+        let mut merge_list = Vec::with_capacity(merges.len());
+        for (rank, (left, right)) in merges.iter().enumerate() {
+            let joined = [&left[..], &right[..]].concat();
+            let (l, r, id) = (token(left, rank)?, token(right, rank)?, token(&joined, rank)?);
+            // A repeated pair takes its last rank, as Hugging Face's map of merges does.
+            merge_map.insert(pair(l, r), Merge { rank: rank as u32, id });
+            merge_list.push((l, r));
+        }
+        let mut bpe = Bpe { bytes, offsets, ids, byte_ids, merges: merge_map, merge_list, whole: Vec::new(), added, options };
+        let mut scratch = Scratch::default();
+        let mut out = Vec::new();
+        bpe.whole = (0..size as u32)
+            .map(|id| {
+                out.clear();
+                bpe.merge(bpe.token_bytes(id).unwrap_or_default(), &mut out, &mut scratch);
+                out == [id]
+            })
+            .collect();
+        Ok(bpe)
+    }
+
+    /// Tokens in the vocabulary, added tokens included: ids are `0..vocab_size()`.
+    pub fn vocab_size(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The bytes of token `id` (an added token's text), or `None` past the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        let id = id as usize;
+        (id + 1 < self.offsets.len()).then(|| &self.bytes[self.offsets[id] as usize..self.offsets[id + 1] as usize])
+    }
+
+    /// The added tokens.
+    pub fn added_tokens(&self) -> &[AddedToken] {
+        &self.added
+    }
+
+    /// The merges in rank order, as pairs of ids.
+    pub fn merges(&self) -> &[(u32, u32)] {
+        &self.merge_list
+    }
+
+    /// The pre-tokenizer and model switches.
+    pub fn options(&self) -> Options {
+        self.options
+    }
+
+    /// The id of an added token's text.
+    pub fn added_id(&self, content: &str) -> Option<u32> {
+        self.added.iter().find(|a| a.content == content).map(|a| a.id)
+    }
+
+    /// Appends the ids of `text` to `out`.
+    pub fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        let mut scratch = Scratch::default();
+        let contents: Vec<&str> = self.added.iter().map(|a| a.content.as_str()).collect();
+        for (plain, added) in AddedSplit::new(text, &contents) {
+            self.encode_plain(plain, out, &mut scratch);
+            if let Some(i) = added {
+                out.push(self.added[i].id);
+            }
+        }
+    }
+
+    /// The ids of `text`.
+    pub fn encode_to_vec(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3);
+        self.encode(text, &mut out);
+        out
+    }
+
+    /// Text with no added token in it.
+    fn encode_plain(&self, text: &str, out: &mut Vec<u32>, scratch: &mut Scratch) {
+        if text.is_empty() {
+            return;
+        }
+        if self.options.add_prefix_space && !text.starts_with(' ') {
+            let spaced = [" ", text].concat();
+            return self.encode_pieces(&spaced, out, scratch);
+        }
+        self.encode_pieces(text, out, scratch);
+    }
+
+    fn encode_pieces(&self, text: &str, out: &mut Vec<u32>, scratch: &mut Scratch) {
+        if self.options.use_regex {
+            for piece in Gpt2Split::new(text) {
+                self.encode_piece(piece.as_bytes(), out, scratch);
+            }
+        } else {
+            self.encode_piece(text.as_bytes(), out, scratch);
+        }
+    }
+
+    #[inline]
+    fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>, scratch: &mut Scratch) {
+        if let [b] = piece {
+            return out.push(self.byte_ids[*b as usize]);
+        }
+        if let Some(&id) = self.ids.get(piece) {
+            if self.options.ignore_merges || self.whole[id as usize] {
+                return out.push(id);
+            }
+        }
+        self.merge(piece, out, scratch);
+    }
+
+    /// BPE on one piece: its bytes as tokens, then the lowest-ranked applicable merge (the
+    /// leftmost among equal ranks) until none applies; appends the tokens to `out`.
+    fn merge(&self, piece: &[u8], out: &mut Vec<u32>, scratch: &mut Scratch) {
+        let Scratch { symbols, heap } = scratch;
+        symbols.clear();
+        heap.clear();
+        let n = piece.len() as u32;
+        symbols.extend(piece.iter().enumerate().map(|(i, &b)| Symbol {
+            id: self.byte_ids[b as usize],
+            prev: if i == 0 { NONE } else { i as u32 - 1 },
+            next: if i as u32 + 1 == n { NONE } else { i as u32 + 1 },
+        }));
+        let rank_of = |left: u32, right: u32| self.merges.get(&pair(left, right));
+        for i in 1..piece.len() {
+            if let Some(m) = rank_of(symbols[i - 1].id, symbols[i].id) {
+                heap.push(Reverse((m.rank, i as u32 - 1)));
+            }
+        }
+        while let Some(Reverse((rank, pos))) = heap.pop() {
+            let s = symbols[pos as usize];
+            if s.id == NONE || s.next == NONE {
+                continue;
+            }
+            let right = symbols[s.next as usize];
+            // A stale entry: the pair at `pos` changed since it was pushed.
+            let Some(m) = rank_of(s.id, right.id).filter(|m| m.rank == rank) else { continue };
+            symbols[pos as usize].id = m.id;
+            symbols[pos as usize].next = right.next;
+            symbols[s.next as usize].id = NONE;
+            if right.next != NONE {
+                symbols[right.next as usize].prev = pos;
+                if let Some(after) = rank_of(m.id, symbols[right.next as usize].id) {
+                    heap.push(Reverse((after.rank, pos)));
+                }
+            }
+            if s.prev != NONE {
+                if let Some(before) = rank_of(symbols[s.prev as usize].id, m.id) {
+                    heap.push(Reverse((before.rank, s.prev)));
+                }
+            }
+        }
+        let mut at = if symbols.is_empty() { NONE } else { 0 };
+        while at != NONE {
+            out.push(symbols[at as usize].id);
+            at = symbols[at as usize].next;
+        }
+    }
+
+    /// The bytes of `ids` (added tokens as their text): the text they encode, or part of one.
+    pub fn decode(&self, ids: &[u32]) -> Result<Vec<u8>, BpeError> {
+        let mut out = Vec::new();
+        for &id in ids {
+            out.extend_from_slice(
+                self.token_bytes(id).ok_or_else(|| BpeError(format!("token id {id} is past the vocabulary ({} tokens)", self.vocab_size())))?,
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes, then the merges' tokens; `merges` as strings.
+    fn tokenizer(merges: &[(&str, &str)], added: &[&str]) -> Bpe {
+        let mut vocab: Vec<(Vec<u8>, u32)> = (0..=255u8).map(|b| (vec![b], b as u32)).collect();
+        let merges: Vec<(Vec<u8>, Vec<u8>)> = merges.iter().map(|(a, b)| (a.as_bytes().to_vec(), b.as_bytes().to_vec())).collect();
+        for (a, b) in &merges {
+            let joined = [&a[..], &b[..]].concat();
+            if !vocab.iter().any(|(t, _)| *t == joined) {
+                vocab.push((joined, vocab.len() as u32));
+            }
+        }
+        let added = added.iter().enumerate().map(|(i, s)| AddedToken { content: (*s).into(), id: (vocab.len() + i) as u32, special: true }).collect();
+        Bpe::new(vocab, &merges, added, Options::default()).unwrap()
+    }
+
+    #[test]
+    fn merges_lowest_rank_first_and_leftmost_among_equals() {
+        // "b"+"c" ranks before "a"+"b": "abc" -> a, bc (not ab, c), even though "abc" exists
+        // as a token (reached from "ab"+"c" only).
+        let t = tokenizer(&[("b", "c"), ("a", "b"), ("ab", "c")], &[]);
+        let bc = t.ids[&b"bc"[..]];
+        assert_eq!(t.encode_to_vec("abc"), [b'a' as u32, bc]);
+        // "aaa": the leftmost pair merges.
+        let t = tokenizer(&[("a", "a")], &[]);
+        let aa = t.ids[&b"aa"[..]];
+        assert_eq!(t.encode_to_vec("aaa"), [aa, b'a' as u32]);
+        assert_eq!(t.encode_to_vec("aaaa"), [aa, aa]);
+    }
+
+    #[test]
+    fn added_tokens_match_first_and_longest() {
+        let t = tokenizer(&[], &["<a>", "<a><b>"]);
+        let ids = t.encode_to_vec("x<a><b>y<a>");
+        assert_eq!(ids, [b'x' as u32, 257, b'y' as u32, 256]);
+        assert_eq!(t.decode(&ids).unwrap(), b"x<a><b>y<a>");
+        assert!(t.decode(&[258]).is_err());
+    }
+
+    #[test]
+    fn malformed_vocabularies_are_errors() {
+        let bytes: Vec<(Vec<u8>, u32)> = (0..=255u8).map(|b| (vec![b], b as u32)).collect();
+        let err = |vocab: Vec<(Vec<u8>, u32)>, merges: &[(Vec<u8>, Vec<u8>)]| Bpe::new(vocab, merges, Vec::new(), Options::default()).err().unwrap().0;
+        assert!(err(bytes[1..].to_vec(), &[]).contains("gaps"));
+        let mut shifted = bytes[1..].to_vec();
+        shifted.push((b"zz".to_vec(), 0));
+        assert!(err(shifted, &[]).contains("0x00"));
+        assert!(err(bytes.clone(), &[(b"a".to_vec(), b"b".to_vec())]).contains("\"ab\" is not in the vocabulary"));
+    }
+}

@@ -1,0 +1,102 @@
+"""Alpha's byte-level BPE against Hugging Face `tokenizers`, both ways (scripts/test.sh runs it):
+
+  python3 scripts/tokenizer_parity.py ALPHA_NATIVE
+
+1. `tokenizers` trains a GPT-2-style tokenizer (BPE, ByteLevel pre-tokenizer and decoder, the
+   256-byte alphabet, <|endoftext|>) on the corpus and saves it as tokenizer.json and as GPT-2's
+   vocab.json + merges.txt; the same tokenizer.json with `add_prefix_space` on is a third file.
+2. `alpha-native tokenizer train` learns one from the same corpus; `tokenizers` loads it.
+3. For every tokenizer, on the tricky strings of tests/data/tokenizer_tricky.txt (the whole file
+   and each line) and on slices of the corpus (one with <|endoftext|> between documents),
+   `alpha-native tokenizer encode` must give the ids `tokenizers` gives, and `alpha-native
+   tokenizer decode` of them the text's bytes.
+Needs: pip install tokenizers
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(ROOT, "data", "shakespeare.txt")
+TRICKY = os.path.join(ROOT, "tests", "data", "tokenizer_tricky.txt")
+VOCAB = 2000
+EOT = "<|endoftext|>"
+
+
+def run(alpha, args, stdin=None):
+    out = subprocess.run([alpha, "tokenizer"] + args, input=stdin, capture_output=True)
+    if out.returncode != 0:
+        sys.exit(f"alpha-native tokenizer {' '.join(args)} failed: {out.stderr.decode(errors='replace')}")
+    return out.stdout
+
+
+def hf_trained(tmp):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train([CORPUS], trainer)
+    path = os.path.join(tmp, "hf.json")
+    tok.save(path)
+    gpt2_dir = os.path.join(tmp, "gpt2-files")
+    os.mkdir(gpt2_dir)
+    tok.model.save(gpt2_dir)
+    with open(path, encoding="utf-8") as f:
+        spec = json.load(f)
+    spec["pre_tokenizer"]["add_prefix_space"] = True
+    prefixed = os.path.join(tmp, "hf-prefix-space.json")
+    with open(prefixed, "w", encoding="utf-8") as f:
+        json.dump(spec, f)
+    return path, gpt2_dir, prefixed
+
+
+def texts():
+    with open(TRICKY, encoding="utf-8", newline="") as f:
+        tricky = f.read()
+    with open(CORPUS, encoding="utf-8", newline="") as f:
+        corpus = f.read()
+    yield "tricky (whole file)", tricky
+    for i, line in enumerate(tricky.split("\n")):
+        if line:
+            yield f"tricky line {i + 1}", line
+    yield "corpus, first 200 kB", corpus[:200_000]
+    documents = corpus[1_000_000:1_100_000].split("\n\n")
+    yield "corpus documents joined by <|endoftext|>", EOT.join(documents)
+
+
+def main():
+    alpha = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_json, gpt2_dir, prefixed = hf_trained(tmp)
+        alpha_json = os.path.join(tmp, "alpha.json")
+        run(alpha, ["train", "--data", CORPUS, "--vocab-size", str(VOCAB), "--out", alpha_json])
+        # (what Alpha loads, what tokenizers loads): GPT-2's files are the tokenizer.json's model.
+        cases = [("tokenizers-trained tokenizer.json", hf_json, hf_json), ("tokenizers-trained vocab.json + merges.txt", gpt2_dir, hf_json),
+                 ("tokenizer.json with add_prefix_space", prefixed, prefixed), ("Alpha-trained tokenizer.json", alpha_json, alpha_json)]
+        text_path = os.path.join(tmp, "text.txt")
+        checked = 0
+        for case, alpha_file, hf_file in cases:
+            hf = Tokenizer.from_file(hf_file)
+            for name, text in texts():
+                with open(text_path, "w", encoding="utf-8", newline="") as f:
+                    f.write(text)
+                ids = json.loads(run(alpha, ["encode", "--tokenizer", alpha_file, "--text", text_path]))["ids"]
+                want = hf.encode(text).ids
+                if ids != want:
+                    at = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+                    sys.exit(f"{case}, {name}: ids differ from tokenizers' at token {at}: Alpha {ids[at:at + 8]}, tokenizers {want[at:at + 8]}")
+                decoded = run(alpha, ["decode", "--tokenizer", alpha_file], stdin=json.dumps({"ids": ids}).encode())
+                expected = text.encode("utf-8") if case != "tokenizer.json with add_prefix_space" else None
+                if expected is not None and decoded != expected:
+                    sys.exit(f"{case}, {name}: decode(encode(text)) is not the text")
+                checked += 1
+        print(f"tokenizer parity: {checked} texts x tokenizers, ids equal to tokenizers {__import__('tokenizers').__version__}; decode(encode(x)) == x")
+
+
+if __name__ == "__main__":
+    main()
