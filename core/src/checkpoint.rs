@@ -4,7 +4,9 @@
 //! Tensors use nanoGPT's `state_dict` names and `nn.Linear` layout (`lm_head` is tied to
 //! `transformer.wte.weight` and omitted). AdamW moments are stored as
 //! `optimizer.exp_avg.<name>` / `optimizer.exp_avg_sq.<name>`. The header's `__metadata__`
-//! holds JSON strings: `format`, `config` (a [`GptConfig`]), `tokenizer`, and, for a resumable
+//! holds JSON strings: `format`, `config` (a [`GptConfig`]), `tokenizer` (`{"type": "char",
+//! "chars": ...}`, or `{"type": "bpe", "tokenizer": {...}}` holding a Hugging Face
+//! `tokenizer.json`: a checkpoint needs no other file), and, for a resumable
 //! checkpoint, `train` (step, RNG state and the run's settings), and `crc32`: a JSON object
 //! giving every tensor's CRC-32 (IEEE) of its bytes, checked on every load (files written by
 //! other tools, without it, load unchecked).
@@ -19,7 +21,7 @@ use crate::config::MAX_GRAD_ACCUM;
 use crate::optim::{AdamWConfig, LrSchedule};
 use crate::plan::try_vec;
 use crate::plan::{ParamInfo, ParamKind, Plan, LAYER_PARAMS};
-use crate::tokenizer::CharTokenizer;
+use crate::tokenizer::{hf, CharTokenizer, Tokenizer};
 use crate::train::TrainConfig;
 use crate::GptConfig;
 use alloc::collections::BTreeMap;
@@ -34,14 +36,32 @@ use serde_json::{json, Map, Value};
 /// Identifies the file layout in `__metadata__.format`.
 pub const FORMAT: &str = "alpha-gpt/1";
 
-/// `__metadata__.tokenizer` for the character tokenizer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenizerJson {
-    /// Always `"char"`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// Every character, in id order.
-    pub chars: String,
+/// `__metadata__.tokenizer`: the tokenizer as JSON.
+fn tokenizer_json(tokenizer: &Tokenizer) -> String {
+    match tokenizer {
+        // Keys in this order, as files before BPE had them (the same bytes for the same run).
+        Tokenizer::Char(t) => format!("{{\"type\":\"char\",\"chars\":{}}}", Value::String(t.chars().iter().collect())),
+        Tokenizer::Bpe(t) => {
+            let spec: Value = serde_json::from_str(&hf::to_tokenizer_json(t)).expect("the writer writes JSON");
+            json!({"type": "bpe", "tokenizer": spec}).to_string()
+        }
+    }
+}
+
+/// The tokenizer of `__metadata__.tokenizer`.
+fn tokenizer_from_json(text: &str) -> Result<Tokenizer, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    match value.get("type").and_then(Value::as_str) {
+        Some("char") => {
+            let chars: Vec<char> = value.get("chars").and_then(Value::as_str).ok_or("a char tokenizer needs its chars")?.chars().collect();
+            CharTokenizer::new(chars).map(Tokenizer::from).map_err(|e| e.to_string())
+        }
+        Some("bpe") => {
+            let spec = value.get("tokenizer").ok_or("a bpe tokenizer needs its tokenizer.json")?;
+            hf::from_tokenizer_json(&spec.to_string()).map(Tokenizer::from).map_err(|e| e.to_string())
+        }
+        other => Err(format!("type {other:?} is not supported (\"char\" or \"bpe\")")),
+    }
 }
 
 /// The settings of a training run, stored so `--resume` continues the same run.
@@ -159,8 +179,8 @@ impl TrainState {
 pub struct Checkpoint {
     /// Model shape.
     pub config: GptConfig,
-    /// Tokenizer vocabulary in id order.
-    pub chars: Vec<char>,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
     /// Parameters in plan order.
     pub params: Vec<f32>,
     /// AdamW moments `(exp_avg, exp_avg_sq)` in plan order, with the training state.
@@ -271,7 +291,7 @@ const ARENA_PREFIXES: [&str; 3] = ["", "optimizer.exp_avg.", "optimizer.exp_avg_
 /// finite stops it before anything is written.
 pub fn write<E>(
     config: GptConfig,
-    chars: &[char],
+    tokenizer: &Tokenizer,
     params: &[f32],
     optimizer: Option<(&[f32], &[f32], &TrainState)>,
     sink: &mut dyn FnMut(&[u8]) -> Result<(), E>,
@@ -306,7 +326,10 @@ pub fn write<E>(
     let mut meta = Map::new();
     meta.insert("format".into(), FORMAT.into());
     meta.insert("config".into(), to_json(&config).into());
-    meta.insert("tokenizer".into(), to_json(&TokenizerJson { kind: "char".into(), chars: chars.iter().collect() }).into());
+    if tokenizer.vocab_size() != config.vocab_size {
+        return Err(SaveError::Shape(format!("the tokenizer has {} tokens, the model's vocabulary {}", tokenizer.vocab_size(), config.vocab_size)));
+    }
+    meta.insert("tokenizer".into(), tokenizer_json(tokenizer).into());
     if let Some((_, _, state)) = optimizer {
         meta.insert("train".into(), to_json(state).into());
     }
@@ -330,12 +353,12 @@ pub fn write<E>(
 /// The safetensors bytes of a checkpoint (see [`write()`]).
 pub fn to_bytes(
     config: GptConfig,
-    chars: &[char],
+    tokenizer: &Tokenizer,
     params: &[f32],
     optimizer: Option<(&[f32], &[f32], &TrainState)>,
 ) -> Result<Vec<u8>, SaveError<core::convert::Infallible>> {
     let mut bytes = Vec::new();
-    write(config, chars, params, optimizer, &mut |b: &[u8]| {
+    write(config, tokenizer, params, optimizer, &mut |b: &[u8]| {
         bytes.extend_from_slice(b);
         Ok(())
     })?;
@@ -361,15 +384,10 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     }
     let config: GptConfig = serde_json::from_str(field("config")?).map_err(|e| bad(format!("config: {e}")))?;
     config.validate().map_err(|e| bad(format!("config: {e}")))?;
-    let tok: TokenizerJson = serde_json::from_str(field("tokenizer")?).map_err(|e| bad(format!("tokenizer: {e}")))?;
-    if tok.kind != "char" {
-        return Err(bad(format!("tokenizer type {:?} is not supported (only \"char\")", tok.kind)));
+    let tokenizer = tokenizer_from_json(field("tokenizer")?).map_err(|e| bad(format!("tokenizer: {e}")))?;
+    if tokenizer.vocab_size() != config.vocab_size {
+        return Err(bad(format!("the tokenizer has {} tokens but vocab_size is {}", tokenizer.vocab_size(), config.vocab_size)));
     }
-    let chars: Vec<char> = tok.chars.chars().collect();
-    if chars.len() != config.vocab_size {
-        return Err(bad(format!("the tokenizer has {} characters but vocab_size is {}", chars.len(), config.vocab_size)));
-    }
-    CharTokenizer::new(&chars[..]).map_err(|e| bad(format!("tokenizer: {e}")))?;
     let state = match meta.get("train") {
         None => None,
         Some(train) => {
@@ -432,7 +450,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
         None => None,
         Some(state) => Some((read_arena(prefixes[1])?, read_arena(prefixes[2])?, state)),
     };
-    Ok(Checkpoint { config, chars, params, optimizer })
+    Ok(Checkpoint { config, tokenizer, params, optimizer })
 }
 
 /// Whether `name` is a tensor of a model of `config` under one of `prefixes`, read from the
@@ -453,6 +471,10 @@ fn is_known(config: &GptConfig, prefixes: &[&str], name: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn abc() -> Tokenizer {
+        Tokenizer::from(CharTokenizer::new(vec!['a', 'b', 'c']).unwrap())
+    }
+
     fn tiny() -> (GptConfig, Vec<f32>) {
         let config = GptConfig { vocab_size: 3, block_size: 4, n_layer: 1, n_head: 1, n_embd: 2 };
         let n = Plan::new(config, 1, 1).unwrap().params_len();
@@ -462,11 +484,11 @@ mod tests {
     #[test]
     fn bytes_round_trip_and_bad_bytes_are_errors() {
         let (config, params) = tiny();
-        let bytes = to_bytes(config, &['a', 'b', 'c'], &params, None).unwrap();
+        let bytes = to_bytes(config, &abc(), &params, None).unwrap();
         let back = from_bytes(&bytes).unwrap();
-        assert_eq!((back.config, back.chars, back.params), (config, vec!['a', 'b', 'c'], params.clone()));
+        assert_eq!((back.config, back.tokenizer, back.params), (config, abc(), params.clone()));
         assert!(back.optimizer.is_none());
-        assert!(to_bytes(config, &['a', 'b', 'c'], &params[1..], None).unwrap_err().to_string().contains("arena has"));
+        assert!(to_bytes(config, &abc(), &params[1..], None).unwrap_err().to_string().contains("arena has"));
         let err = from_bytes(&bytes[..bytes.len() / 2]).unwrap_err();
         assert!(err.to_string().starts_with("not a valid Alpha checkpoint: "), "{err}");
     }
@@ -476,7 +498,7 @@ mod tests {
     #[test]
     fn the_streamed_file_is_plain_safetensors() {
         let (config, params) = tiny();
-        let bytes = to_bytes(config, &['a', 'b', 'c'], &params, None).unwrap();
+        let bytes = to_bytes(config, &abc(), &params, None).unwrap();
         let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         assert!(n.is_multiple_of(8));
         let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -493,7 +515,7 @@ mod tests {
     #[test]
     fn every_flipped_byte_of_tensor_data_is_an_error_naming_the_tensor() {
         let (config, params) = tiny();
-        let bytes = to_bytes(config, &['a', 'b', 'c'], &params, None).unwrap();
+        let bytes = to_bytes(config, &abc(), &params, None).unwrap();
         let data_start = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         for i in data_start..bytes.len() {
             let mut b = bytes.clone();
@@ -514,13 +536,13 @@ mod tests {
             Ok(())
         };
         params[7] = f32::NAN;
-        let err = write(config, &['a', 'b', 'c'], &params, None, &mut count).unwrap_err();
+        let err = write(config, &abc(), &params, None, &mut count).unwrap_err();
         assert!(matches!(&err, SaveError::NonFinite { tensor, index: 1, value } if tensor == "transformer.wpe.weight" && value.is_nan()), "{err:?}");
         params[7] = 0.5;
         let mut v = params.clone();
         v[0] = f32::INFINITY;
         let state = TrainState { step: 3, rng_state: "1".into(), settings: settings() };
-        let err = write(config, &['a', 'b', 'c'], &params, Some((&params, &v, &state)), &mut count).unwrap_err();
+        let err = write(config, &abc(), &params, Some((&params, &v, &state)), &mut count).unwrap_err();
         assert_eq!(err.to_string(), "the model is not finite (optimizer.exp_avg_sq.transformer.wte.weight[0] is inf)");
         assert_eq!(written, 0, "nothing is written before every value is checked");
     }

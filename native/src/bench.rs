@@ -76,7 +76,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let m = &args.model;
     check_outputs_distinct(m.data.iter().map(|d| ("--data", d.as_path())).collect(), &[("--trace", args.trace.as_deref())])?;
     let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
-    let (tok, ids) = load_corpus(&m.data_name())?;
+    let (tok, ids) = load_corpus(&m.data_name(), m.tokenizer.as_deref(), &alpha_core::Serial)?;
     let config: GptConfig = m.config(tok.vocab_size());
     let plan = m.plan(config, m.batch)?;
     args.device.check()?;

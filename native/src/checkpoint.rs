@@ -3,6 +3,7 @@
 
 use crate::fsutil::write_atomic_with;
 pub use alpha_core::checkpoint::{Checkpoint, SaveError, TrainSettings, TrainState, FORMAT};
+use alpha_core::tokenizer::Tokenizer;
 use alpha_core::GptConfig;
 use std::io;
 use std::path::Path;
@@ -10,10 +11,16 @@ use std::path::Path;
 /// Writes a checkpoint atomically (temporary file, fsync, rename, fsync of the directory),
 /// streaming the tensors from the arenas. A model that is not finite is not written (the
 /// file on disk, if any, stays as it was): that error is [`SaveError::NonFinite`].
-pub fn save(path: &Path, config: GptConfig, chars: &[char], params: &[f32], optimizer: Option<(&[f32], &[f32], &TrainState)>) -> Result<(), SaveError<String>> {
+pub fn save(
+    path: &Path,
+    config: GptConfig,
+    tokenizer: &Tokenizer,
+    params: &[f32],
+    optimizer: Option<(&[f32], &[f32], &TrainState)>,
+) -> Result<(), SaveError<String>> {
     let mut refused = None;
     let written = write_atomic_with(path, |w| {
-        alpha_core::checkpoint::write(config, chars, params, optimizer, &mut |b: &[u8]| w.write_all(b)).map_err(|e| match e {
+        alpha_core::checkpoint::write(config, tokenizer, params, optimizer, &mut |b: &[u8]| w.write_all(b)).map_err(|e| match e {
             SaveError::Write(e) => e,
             other => {
                 let msg = other.to_string();

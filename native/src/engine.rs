@@ -13,8 +13,8 @@ use crate::step::{timed_step, Phases};
 use crate::trace::Trace;
 use alpha_core::model::Sampler;
 use alpha_core::parallel::{Parallel, ThreadPool};
-use alpha_core::run::{sample_start, SAMPLES};
-use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::run::SAMPLES;
+use alpha_core::tokenizer::{TextStream, Tokenizer};
 use alpha_core::train::{OwnedMemory, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
@@ -149,15 +149,14 @@ impl<'m> Engine<'m> {
     }
 
     /// A sample of the current model (see [`SAMPLES`]).
-    pub fn sample(&mut self, tok: &CharTokenizer<Vec<char>>, seed: u64) -> Result<String, String> {
+    pub fn sample(&mut self, tok: &Tokenizer, seed: u64) -> Result<String, String> {
         match self {
             Engine::Cpu { trainer, pool, sampler } => Ok(training_sample(sampler, pool, trainer.mem.params, tok, seed)),
             Engine::Gpu(g) => {
-                let mut out = String::new();
-                let start = [sample_start(tok)];
-                let emit = |id| out.push(tok.decode(id).unwrap_or('?'));
-                block_on(g.sampler.generate(&start, &SAMPLES, &mut Rng::new(seed), emit)).map_err(|e| e.to_string())?;
-                Ok(out)
+                let (mut text, mut out) = (TextStream::default(), String::new());
+                let emit = |id| out.push_str(&text.push(&tok.token_bytes(id)));
+                block_on(g.sampler.generate(&[tok.sample_start()], &SAMPLES, &mut Rng::new(seed), emit)).map_err(|e| e.to_string())?;
+                Ok(out + &text.finish())
             }
         }
     }

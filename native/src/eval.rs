@@ -7,7 +7,6 @@ use crate::device::{Backend, DeviceArgs};
 use crate::sample::context_len;
 use alpha_core::cpu::{Batch, CpuExecutor};
 use alpha_core::parallel::ThreadPool;
-use alpha_core::tokenizer::CharTokenizer;
 use alpha_core::train::OwnedMemory;
 use alpha_core::{walk, Plan};
 use alpha_gpu::{block_on, GpuForward};
@@ -44,6 +43,9 @@ pub struct EvalResult {
     pub windows: usize,
     /// Tokens predicted (`windows * T`).
     pub tokens: usize,
+    /// Bits per byte: the loss in bits over the UTF-8 bytes of the predicted tokens, which
+    /// compares models with different tokenizers.
+    pub bpb: f64,
 }
 
 /// Evaluates `checkpoint` on the text file at `text`.
@@ -55,12 +57,13 @@ pub fn evaluate(checkpoint: &Path, text: &Path, block: Option<usize>, batch: usi
     let ck = checkpoint::load(checkpoint)?;
     let t = context_len(block, ck.config.block_size)?;
     let content = read_text(text, "text file")?;
-    let tok = CharTokenizer::new(ck.chars.clone()).map_err(|e| e.to_string())?;
-    let ids = tok.encode_to_vec(&content).map_err(|e| format!("text file {}: {e}", text.display()))?;
+    let tok = &ck.tokenizer;
+    let ids = tok.encode_with(&device.pool()?, &content).map_err(|e| format!("text file {}: {e}", text.display()))?;
     let windows = ids.len().saturating_sub(1) / t;
     if windows == 0 {
-        return Err(format!("text file {} has {} characters; a window of {t} needs at least {}", text.display(), ids.len(), t + 1));
+        return Err(format!("text file {} has {} tokens; a window of {t} needs at least {}", text.display(), ids.len(), t + 1));
     }
+    let predicted_bytes: usize = ids[1..windows * t + 1].iter().map(|&id| tok.token_bytes(id).len()).sum();
     let b = batch.min(windows);
     let plan = Plan::new(ck.config, b, t).map_err(|e| e.to_string())?;
     crate::memory::check(&plan, device.backend)?;
@@ -77,7 +80,7 @@ pub fn evaluate(checkpoint: &Path, text: &Path, block: Option<usize>, batch: usi
         }
         total += model.losses(&x, &y)?[..real * t].iter().map(|&l| l as f64).sum::<f64>();
     }
-    Ok(EvalResult { loss: total / (windows * t) as f64, windows, tokens: windows * t })
+    Ok(EvalResult { loss: total / (windows * t) as f64, windows, tokens: windows * t, bpb: total / std::f64::consts::LN_2 / predicted_bytes as f64 })
 }
 
 /// A model that runs forward only, on the CPU or a GPU (one per evaluation).
@@ -108,9 +111,9 @@ impl Forward {
     }
 }
 
-/// Runs `eval` and prints `{"loss": L, "windows": n, "tokens": n*T}`.
+/// Runs `eval` and prints `{"loss": L, "windows": n, "tokens": n*T, "bpb": B}`.
 pub fn run(args: &EvalArgs) -> Result<(), String> {
     let r = evaluate(&args.checkpoint, &args.text, args.block, args.batch, &args.device)?;
-    println!("{}", serde_json::json!({"loss": r.loss, "windows": r.windows, "tokens": r.tokens}));
+    println!("{}", serde_json::json!({"loss": r.loss, "windows": r.windows, "tokens": r.tokens, "bpb": r.bpb}));
     Ok(())
 }

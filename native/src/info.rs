@@ -53,7 +53,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         return Err(format!("--measure-steps {} is more than {MAX_MEASURE_STEPS}", args.measure_steps));
     }
     let m = &args.model;
-    let (tok, ids) = load_corpus(&m.data_name())?;
+    let (tok, ids) = load_corpus(&m.data_name(), m.tokenizer.as_deref(), &alpha_core::Serial)?;
     let config = m.config(tok.vocab_size());
     let plan = m.plan(config, m.batch)?;
     args.device.check()?;

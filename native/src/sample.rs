@@ -4,8 +4,8 @@ use crate::checkpoint;
 use crate::device::{Backend, DeviceArgs};
 use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::parallel::ThreadPool;
-use alpha_core::run::{sample_start, SAMPLES};
-use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::run::SAMPLES;
+use alpha_core::tokenizer::{TextStream, Tokenizer};
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, GpuForward};
 use clap::Args;
@@ -51,32 +51,35 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     }
     let ck = checkpoint::load(&args.checkpoint)?;
     let block = context_len(args.block, ck.config.block_size)?;
-    let tok = CharTokenizer::new(ck.chars.clone()).map_err(|e| e.to_string())?;
-    let prompt = tok.encode_to_vec(&args.prompt).map_err(|e| format!("--prompt: {e}"))?;
+    let tok = &ck.tokenizer;
+    let prompt = tok.encode(&args.prompt).map_err(|e| format!("--prompt: {e}"))?;
     args.device.check()?;
     let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k, tokens: args.tokens };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut result = write!(out, "{}", args.prompt);
-    let emit = |id| {
+    // Whole characters only: BPE may split one across tokens.
+    let mut text = TextStream::default();
+    let mut emit = |id| {
         if result.is_ok() {
-            let ch = tok.decode(id).unwrap_or('\u{FFFD}');
-            result = write!(out, "{ch}").and_then(|_| if ch == '\n' { out.flush() } else { Ok(()) });
+            let chars = text.push(&tok.token_bytes(id));
+            result = write!(out, "{chars}").and_then(|_| if chars.contains('\n') { out.flush() } else { Ok(()) });
         }
     };
     match args.device.backend {
         Backend::Cpu => {
             let pool = args.device.pool()?;
             let mut sampler = Sampler::new(ck.config, block).map_err(|e| e.to_string())?;
-            sampler.generate(&pool, &ck.params, &prompt, &cfg, &mut Rng::new(args.seed), emit);
+            sampler.generate(&pool, &ck.params, &prompt, &cfg, &mut Rng::new(args.seed), &mut emit);
         }
         Backend::Gpu => {
             let plan = Plan::new(ck.config, 1, block).map_err(|e| e.to_string())?;
             let mut model = block_on(GpuForward::new(args.device.open_gpu()?, plan, &ck.params)).map_err(|e| e.to_string())?;
-            block_on(model.generate(&prompt, &cfg, &mut Rng::new(args.seed), emit)).map_err(|e| e.to_string())?;
+            block_on(model.generate(&prompt, &cfg, &mut Rng::new(args.seed), &mut emit)).map_err(|e| e.to_string())?;
         }
     }
-    result.and_then(|_| writeln!(out)).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
+    let rest = text.finish();
+    result.and_then(|_| writeln!(out, "{rest}")).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
 }
 
 /// The context length to use: `requested` (at most the checkpoint's) or the checkpoint's.
@@ -90,9 +93,9 @@ pub fn context_len(requested: Option<usize>, block_size: usize) -> Result<usize,
 }
 
 /// A sample for training logs (see [`alpha_core::run::SAMPLES`]) from `params`.
-pub fn training_sample(sampler: &mut Sampler<f32>, pool: &ThreadPool, params: &[f32], tok: &CharTokenizer<Vec<char>>, seed: u64) -> String {
-    let mut out = String::new();
-    let emit = |id| out.push(tok.decode(id).unwrap_or('?'));
-    sampler.generate(pool, params, &[sample_start(tok)], &SAMPLES, &mut Rng::new(seed), emit);
-    out
+pub fn training_sample(sampler: &mut Sampler<f32>, pool: &ThreadPool, params: &[f32], tok: &Tokenizer, seed: u64) -> String {
+    let (mut text, mut out) = (TextStream::default(), String::new());
+    let emit = |id| out.push_str(&text.push(&tok.token_bytes(id)));
+    sampler.generate(pool, params, &[tok.sample_start()], &SAMPLES, &mut Rng::new(seed), emit);
+    out + &text.finish()
 }

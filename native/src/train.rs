@@ -9,9 +9,10 @@ use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temp
 use crate::runfile::{self, RUN_FILE};
 use crate::step::Phases;
 use crate::trace::Trace;
+use alpha_core::parallel::Parallel;
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::run::{Action, Cadence, RunLoop, DEFAULT};
-use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
@@ -117,6 +118,10 @@ pub struct ModelArgs {
     /// Training text (UTF-8). Default: the embedded Shakespeare corpus. The last 10% is validation.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// A byte-level BPE tokenizer for the text (a Hugging Face tokenizer.json, or a directory
+    /// with one or with GPT-2's vocab.json + merges.txt). Default: the text's characters.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
     /// Sequences per micro-batch (1 to 2^24, as every size below; the run must also fit in
     /// memory).
     #[arg(long, default_value_t = DEFAULT.batch)]
@@ -157,12 +162,16 @@ impl ModelArgs {
     }
 }
 
-/// The text named by `--data`, its character tokenizer and its token ids.
-pub fn load_corpus(data: &str) -> Result<(CharTokenizer<Vec<char>>, Vec<u32>), String> {
+/// The text named by `--data` as token ids, with `tokenizer` (a BPE tokenizer's path; `None`:
+/// the text's characters), encoded on `par`'s threads.
+pub fn load_corpus(data: &str, tokenizer: Option<&Path>, par: &dyn Parallel) -> Result<(Tokenizer, Vec<u32>), String> {
     let text = corpus::training_text(data)?;
     let name = corpus::label(data);
-    let tok = CharTokenizer::from_text(&text).map_err(|e| format!("{name}: {e}"))?;
-    let ids = tok.encode_to_vec(&text).map_err(|e| format!("{name}: {e}"))?;
+    let tok: Tokenizer = match tokenizer {
+        Some(path) => crate::tokenizer::load(path)?.into(),
+        None => CharTokenizer::from_text(&text).map_err(|e| format!("{name}: {e}"))?.into(),
+    };
+    let ids = tok.encode_with(par, &text).map_err(|e| format!("{name}: {e}"))?;
     Ok((tok, ids))
 }
 
@@ -208,7 +217,6 @@ impl Console {
 struct Run {
     config: GptConfig,
     settings: TrainSettings,
-    chars: Vec<char>,
     resume: Option<checkpoint::Checkpoint>,
 }
 
@@ -229,9 +237,12 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         seed: args.seed,
     };
     let Some(path) = &args.resume else {
-        return Ok(Run { config: args.model.config(0), settings: fresh_settings, chars: Vec::new(), resume: None });
+        return Ok(Run { config: args.model.config(0), settings: fresh_settings, resume: None });
     };
     let ck = checkpoint::load(path)?;
+    if args.model.tokenizer.is_some() {
+        return Err("--tokenizer: a resumed run keeps its checkpoint's tokenizer".into());
+    }
     let Some((_, _, state)) = &ck.optimizer else {
         return Err(format!("checkpoint {} has no training state (no optimizer moments) and cannot be resumed", path.display()));
     };
@@ -255,7 +266,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
           min_lr => "min_lr", warmup => "warmup",
           weight_decay => "weight_decay", beta1 => "beta1", beta2 => "beta2", grad_clip => "grad_clip",
           grad_accum => "grad_accum", seed => "seed");
-    Ok(Run { config: c, settings: s, chars: ck.chars.clone(), resume: Some(ck) })
+    Ok(Run { config: c, settings: s, resume: Some(ck) })
 }
 
 /// The most batches `--eval-iters` may ask for.
@@ -344,17 +355,19 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     validate(args, &run.settings)?;
     let s = run.settings.clone();
     let data_name = corpus::label(&s.data);
-    let (tokenizer, tokens) = if run.resume.is_some() {
-        // A resumed run keeps the checkpoint's vocabulary.
-        let tokenizer = CharTokenizer::new(run.chars.clone()).map_err(|e| e.to_string())?;
-        let text = corpus::training_text(&s.data)?;
-        let tokens = tokenizer.encode_to_vec(&text).map_err(|e| format!("{data_name}: {e}"))?;
-        (tokenizer, tokens)
-    } else {
-        let (tokenizer, tokens) = load_corpus(&s.data)?;
-        run.config.vocab_size = tokenizer.vocab_size();
-        run.chars = tokenizer.chars().to_vec();
-        (tokenizer, tokens)
+    let pool = args.device.pool()?;
+    let (tokenizer, tokens) = match &run.resume {
+        // A resumed run keeps the checkpoint's tokenizer.
+        Some(ck) => {
+            let text = corpus::training_text(&s.data)?;
+            let tokens = ck.tokenizer.encode_with(&pool, &text).map_err(|e| format!("{data_name}: {e}"))?;
+            (ck.tokenizer.clone(), tokens)
+        }
+        None => {
+            let (tokenizer, tokens) = load_corpus(&s.data, args.model.tokenizer.as_deref(), &pool)?;
+            run.config.vocab_size = tokenizer.vocab_size();
+            (tokenizer, tokens)
+        }
     };
     let block = run.config.block_size;
     // Checked first: it bounds the block size the message below computes with.
@@ -362,7 +375,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let (train_tokens, val_tokens) = data::split(&tokens);
     if val_tokens.len() <= block {
         return Err(format!(
-            "{data_name} is too short: {} characters, but a block of {block} needs at least {} so that the 10% validation split holds {} tokens",
+            "{data_name} is too short: {} tokens, but a block of {block} needs at least {} so that the 10% validation split holds {} tokens",
             tokens.len(),
             (block + 1) * 10,
             block + 1
@@ -414,7 +427,6 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     };
     let start_step = start.step;
     let cfg = s.train_config();
-    let pool = args.device.pool()?;
     let mut cpu_memory = None;
     let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;
     let resolved = resolved_run_file(args, &run.config, &s);
@@ -469,7 +481,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         let step = engine.step_count();
         let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone() };
         let (params, m, v) = engine.state()?;
-        checkpoint::save(ckpt_path, run.config, &run.chars, &params, Some((&m, &v, &state))).map_err(|e| match e {
+        checkpoint::save(ckpt_path, run.config, &tokenizer, &params, Some((&m, &v, &state))).map_err(|e| match e {
             SaveError::NonFinite { .. } => format!("not saving step {step}: {e}; {}. Try a lower --lr or a smaller --grad-clip", kept(last_saved)),
             other => other.to_string(),
         })
@@ -592,6 +604,7 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) ->
     if s.data != corpus::EMBEDDED {
         entries.push(("data", runfile::string(&s.data)));
     }
+    entries.extend(args.model.tokenizer.as_ref().map(|t| ("tokenizer", runfile::string(&t.to_string_lossy()))));
     entries.extend([
         ("layers", int(config.n_layer as u64)),
         ("heads", int(config.n_head as u64)),

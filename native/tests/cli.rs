@@ -106,7 +106,7 @@ fn bad_checkpoints_and_texts_are_clear_errors() {
         ("garbage.safetensors", "not a valid Alpha checkpoint".into()),
         ("shape_lie.safetensors", "not a valid Alpha checkpoint".into()),
         ("config_lie.safetensors", format!("expected F32 [{v}, 32]")),
-        ("vocab_lie.safetensors", format!("the tokenizer has {v} characters but vocab_size is {}", v + 1)),
+        ("vocab_lie.safetensors", format!("the tokenizer has {v} tokens but vocab_size is {}", v + 1)),
         ("missing.safetensors", "cannot read checkpoint missing.safetensors".into()),
     ] {
         expect_error(&dir, &["sample", "--checkpoint", file], &needle);

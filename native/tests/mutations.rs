@@ -8,6 +8,7 @@
 mod common;
 
 use alpha_core::checkpoint::{self, TrainSettings, TrainState};
+use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::{GptConfig, Plan, Rng};
 use common::*;
 use serde_json::{json, Value};
@@ -36,8 +37,8 @@ fn base_checkpoint(resumable: bool) -> Vec<u8> {
     let (params, m, v) = (arena(), arena(), arena().iter().map(|x| x * x).collect::<Vec<f32>>());
     let settings = TrainSettings { batch: 2, iters: 10, lr_decay_iters: 10, warmup: 2, seed: 7, ..TrainSettings::defaults("text.txt") };
     let state = TrainState { step: 3, rng_state: "12345".into(), settings };
-    let chars: Vec<char> = CHARS.chars().collect();
-    checkpoint::to_bytes(CONFIG, &chars, &params, resumable.then_some((&m[..], &v[..], &state))).unwrap()
+    let tokenizer = Tokenizer::from(CharTokenizer::new(CHARS.chars().collect()).unwrap());
+    checkpoint::to_bytes(CONFIG, &tokenizer, &params, resumable.then_some((&m[..], &v[..], &state))).unwrap()
 }
 
 /// Numbers and values a hostile header might hold where sizes, offsets and names belong.
@@ -189,7 +190,7 @@ fn mutate(base: &[u8], rng: &mut Rng) -> (Vec<u8>, &'static str) {
 fn assert_consistent(ck: &checkpoint::Checkpoint) {
     let plan = Plan::new(ck.config, 1, 1).expect("an accepted config plans");
     assert_eq!(ck.params.len(), plan.params_len());
-    assert_eq!(ck.chars.len(), ck.config.vocab_size);
+    assert_eq!(ck.tokenizer.vocab_size(), ck.config.vocab_size);
     if let Some((m, v, state)) = &ck.optimizer {
         assert_eq!((m.len(), v.len()), (plan.params_len(), plan.params_len()));
         state.settings.validate(|f| f.to_string()).expect("accepted settings are valid");
@@ -282,7 +283,7 @@ fn mutated_texts_load_or_are_one_line_errors_naming_the_file() {
         let path = dir.join("text.txt");
         fs::write(&path, &b).unwrap();
         let name = path.to_string_lossy().into_owned();
-        match alpha_native::train::load_corpus(&name) {
+        match alpha_native::train::load_corpus(&name, None, &alpha_core::Serial) {
             Ok((tok, ids)) => {
                 assert_eq!(ids.len(), std::str::from_utf8(&b).unwrap().chars().count());
                 assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));

@@ -68,3 +68,41 @@ fn bad_input_is_a_one_line_error() {
     fs::write(dir.join("latin1.txt"), b"caf\xe9").unwrap();
     expect_error(&dir, &["tokenizer", "encode", "--tokenizer", "tok.json", "--text", "latin1.txt"], "not valid UTF-8");
 }
+
+/// A BPE model: trained on a text with `--tokenizer`, it carries the tokenizer in its
+/// checkpoint (sample and eval need nothing else), resumes exactly, and samples text.
+#[test]
+fn a_bpe_model_trains_resumes_samples_and_evaluates() {
+    let dir = workdir("tokenizer-bpe-model");
+    text_file(&dir);
+    assert_ok(&run(&dir, &["tokenizer", "train", "--data", "text.txt", "--vocab-size", "320", "--out", "tok.json"]));
+    let common = ["--tokenizer", "tok.json", "--iters", "8", "--lr-decay-iters", "8", "--warmup", "2", "--log-interval", "1", "--eval-interval", "4"];
+    train(&dir, &[&common[..], &["--out", "whole", "--metrics", "whole.jsonl"]].concat());
+    let mut first = common.to_vec();
+    first[3] = "5";
+    train(&dir, &[&first[..], &["--out", "split", "--metrics", "split.jsonl"]].concat());
+    let args = ["train", "--resume", "split/ckpt.safetensors", "--iters", "8", "--threads", "2", "--metrics", "split.jsonl", "--log-interval", "1"];
+    assert_ok(&run(&dir, &[&args[..], QUIET].concat()));
+    assert_eq!(train_losses(&dir.join("whole.jsonl")), train_losses(&dir.join("split.jsonl")));
+    let (x, y) = (checkpoint_of(&dir, "whole"), checkpoint_of(&dir, "split"));
+    assert_eq!((x.params, x.tokenizer.kind(), x.config.vocab_size), (y.params, "bpe", 320));
+    expect_error(&dir, &["train", "--resume", "split/ckpt.safetensors", "--iters", "9", "--tokenizer", "tok.json"], "keeps its checkpoint's tokenizer");
+
+    // Text, not ids: valid UTF-8 whatever bytes the (barely trained) model draws, the prompt
+    // as given.
+    let o = run(&dir, &["sample", "--checkpoint", "whole/ckpt.safetensors", "--prompt", "Thou naïve 🦀", "--tokens", "40"]);
+    assert_ok(&o);
+    assert!(std::str::from_utf8(&o.stdout).is_ok_and(|s| s.starts_with("Thou naïve 🦀")), "{:?}", o.stdout);
+    let o = run(&dir, &["eval", "--checkpoint", "whole/ckpt.safetensors", "--text", "text.txt", "--block", "16"]);
+    assert_ok(&o);
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let (loss, tokens, bpb) = (r["loss"].as_f64().unwrap(), r["tokens"].as_f64().unwrap(), r["bpb"].as_f64().unwrap());
+    // Bits per byte: the loss in bits spread over the bytes of the predicted tokens (more
+    // than one byte per token on average, so fewer bits per byte than per token).
+    assert!(bpb > 0.0 && bpb < loss / std::f64::consts::LN_2, "{r}");
+    assert!(tokens < 20_000.0, "BPE tokens are fewer than the text's bytes: {r}");
+}
+
+fn checkpoint_of(dir: &std::path::Path, out: &str) -> alpha_core::checkpoint::Checkpoint {
+    alpha_core::checkpoint::from_bytes(&fs::read(dir.join(out).join("ckpt.safetensors")).unwrap()).unwrap()
+}

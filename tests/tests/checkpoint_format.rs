@@ -3,6 +3,7 @@
 //! `lm_head.weight`), and a save/load round trip must be bit-exact.
 
 use alpha_core::model::init_params;
+use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::{GptConfig, Plan, Rng};
 use alpha_native::checkpoint::{self, TrainSettings, TrainState};
 use safetensors::SafeTensors;
@@ -58,9 +59,9 @@ fn tensors_are_nanogpt_state_dict_and_round_trip_exactly() {
     let m: Vec<f32> = (0..params.len()).map(|i| i as f32 * 0.25).collect();
     let v: Vec<f32> = (0..params.len()).map(|i| (i as f32).sqrt()).collect();
     let state = TrainState { step: 42, rng_state: u64::MAX.to_string(), settings: settings() };
-    let chars = ['\n', ' ', 'a', 'b', 'é'];
+    let tokenizer = Tokenizer::from(CharTokenizer::new(vec!['\n', ' ', 'a', 'b', 'é']).unwrap());
     let path = tmp("roundtrip.safetensors");
-    checkpoint::save(&path, CFG, &chars, &params, Some((&m, &v, &state))).unwrap();
+    checkpoint::save(&path, CFG, &tokenizer, &params, Some((&m, &v, &state))).unwrap();
 
     let bytes = std::fs::read(&path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -77,7 +78,7 @@ fn tensors_are_nanogpt_state_dict_and_round_trip_exactly() {
 
     let back = checkpoint::load(&path).unwrap();
     assert_eq!(back.config, CFG);
-    assert_eq!(back.chars, chars);
+    assert_eq!(back.tokenizer, tokenizer);
     assert_eq!(back.params, params);
     let (bm, bv, bs) = back.optimizer.unwrap();
     assert_eq!((bm, bv, bs), (m, v, state));
@@ -88,7 +89,8 @@ fn a_weights_only_checkpoint_loads_without_training_state() {
     let plan = Plan::new(CFG, 1, 1).unwrap();
     let params: Vec<f32> = (0..plan.params_len()).map(|i| i as f32).collect();
     let path = tmp("weights.safetensors");
-    checkpoint::save(&path, CFG, &['a', 'b', 'c', 'd', 'e'], &params, None).unwrap();
+    let tokenizer = Tokenizer::from(CharTokenizer::new(vec!['a', 'b', 'c', 'd', 'e']).unwrap());
+    checkpoint::save(&path, CFG, &tokenizer, &params, None).unwrap();
     let back = checkpoint::load(&path).unwrap();
     assert_eq!(back.params, params);
     assert!(back.optimizer.is_none());

@@ -26,8 +26,8 @@ mod threads;
 
 use alpha_core::checkpoint::{self, TrainSettings, TrainState};
 use alpha_core::rng::{derive_seed, stream};
-use alpha_core::run::{sample_start, Action, RunLoop, PRESETS, SAMPLES};
-use alpha_core::tokenizer::CharTokenizer;
+use alpha_core::run::{Action, RunLoop, PRESETS, SAMPLES};
+use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
 use engine::Engine;
@@ -69,7 +69,7 @@ struct Stats {
 pub struct Trainer {
     config: GptConfig,
     settings: TrainSettings,
-    tok: CharTokenizer<Vec<char>>,
+    tok: Tokenizer,
     tokens: Vec<u32>,
     eval_iters: usize,
     engine: Engine,
@@ -103,8 +103,8 @@ fn js_error(msg: impl core::fmt::Display) -> JsError {
 }
 
 /// The text's token ids with `tok`, and a check that its validation split holds a block.
-fn tokenize(tok: &CharTokenizer<Vec<char>>, text: &str, block: usize) -> Result<Vec<u32>, JsError> {
-    let tokens = tok.encode_to_vec(text).map_err(|e| js_error(format!("the text: {e}")))?;
+fn tokenize(tok: &Tokenizer, text: &str, block: usize) -> Result<Vec<u32>, JsError> {
+    let tokens = tok.encode(text).map_err(|e| js_error(format!("the text: {e}")))?;
     let (_, val) = data::split(&tokens);
     if val.len() <= block {
         return Err(js_error(format!(
@@ -123,7 +123,7 @@ impl Trainer {
     /// `text`: GPT-2 initialisation from `options.seed`, the vocabulary of `text`.
     pub async fn create(options: JsValue, text: String) -> Result<Trainer, JsError> {
         let opts = Options::from_js(options)?;
-        let tok = CharTokenizer::from_text(&text).map_err(|e| js_error(format!("the text: {e}")))?;
+        let tok = Tokenizer::from(CharTokenizer::from_text(&text).map_err(|e| js_error(format!("the text: {e}")))?);
         let config = opts.config(tok.vocab_size());
         let plan = Plan::new(config, opts.batch, opts.block).map_err(js_error)?.with_recompute(opts.recompute);
         let tokens = tokenize(&tok, &text, opts.block)?;
@@ -166,7 +166,7 @@ impl Trainer {
     pub async fn load(bytes: Vec<u8>, text: String, options: JsValue) -> Result<Trainer, JsError> {
         let opts = Options::from_js(options)?;
         let ck = checkpoint::from_bytes(&bytes).map_err(js_error)?;
-        let tok = CharTokenizer::new(ck.chars.clone()).map_err(js_error)?;
+        let tok = ck.tokenizer;
         let (moments, step, rng, mut settings) = match ck.optimizer {
             Some((m, v, state)) => (Some((m, v)), state.step, state.rng().map_err(js_error)?, state.settings),
             // Weights only: a fresh optimizer with this page's settings.
@@ -181,14 +181,7 @@ impl Trainer {
         Trainer::build(&opts, settings, tok, tokens, plan, start).await
     }
 
-    async fn build(
-        opts: &Options,
-        settings: TrainSettings,
-        tok: CharTokenizer<Vec<char>>,
-        tokens: Vec<u32>,
-        plan: Plan,
-        start: RunState<f32>,
-    ) -> Result<Trainer, JsError> {
+    async fn build(opts: &Options, settings: TrainSettings, tok: Tokenizer, tokens: Vec<u32>, plan: Plan, start: RunState<f32>) -> Result<Trainer, JsError> {
         let cfg = settings.train_config();
         let run = RunLoop::new(opts.cadence(settings.iters), start.step);
         let (engine, fallback) = Engine::new(opts.backend, plan, cfg, start, opts.threads).await.map_err(js_error)?;
@@ -217,8 +210,8 @@ impl Trainer {
             }
             Action::Sample => {
                 let seed = derive_seed(self.settings.seed, stream::SAMPLES, step);
-                let ids = self.engine.sample(&[sample_start(&self.tok)], &SAMPLES, &mut Rng::new(seed)).await.map_err(js_error)?;
-                Record::Sample { step, text: ids.into_iter().map(|id| self.tok.decode(id).unwrap_or('\u{FFFD}')).collect() }
+                let ids = self.engine.sample(&[self.tok.sample_start()], &SAMPLES, &mut Rng::new(seed)).await.map_err(js_error)?;
+                Record::Sample { step, text: self.tok.decode_lossy(&ids) }
             }
             Action::Train { .. } => {
                 let started = js_sys::Date::now();
@@ -285,11 +278,11 @@ impl Trainer {
             return Err(js_error(format!("the temperature must be a non-negative number, got {temperature}")));
         }
         let prompt = if prompt.is_empty() { "\n".to_string() } else { prompt };
-        let ids = self.tok.encode_to_vec(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?;
+        let ids = self.tok.encode(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?;
         let seed = derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count());
         let cfg = alpha_core::model::SamplingConfig { temperature, top_k: 200, tokens: count as usize };
         let generated = self.engine.sample(&ids, &cfg, &mut Rng::new(seed)).await.map_err(js_error)?;
-        Ok(generated.into_iter().map(|id| self.tok.decode(id).unwrap_or('\u{FFFD}')).collect())
+        Ok(self.tok.decode_lossy(&generated))
     }
 
     /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, kernel, threads,
@@ -334,7 +327,7 @@ impl Trainer {
         let (params, m, v) = self.engine.state().await.map_err(js_error)?;
         let step = self.engine.step_count();
         let state = TrainState { step, rng_state: self.engine.rng().state().to_string(), settings: self.settings.clone() };
-        checkpoint::to_bytes(self.config, self.tok.chars(), &params, Some((&m, &v, &state))).map_err(|e| js_error(format!("not saving step {step}: {e}")))
+        checkpoint::to_bytes(self.config, &self.tok, &params, Some((&m, &v, &state))).map_err(|e| js_error(format!("not saving step {step}: {e}")))
     }
 }
 

@@ -17,7 +17,8 @@
 //! assert_eq!(bpe.decode(&ids).unwrap(), b"hey<|endoftext|>he");
 //! ```
 
-use super::pretokenize::Gpt2Split;
+use super::pretokenize::{next_cut, Gpt2Split};
+use crate::parallel::{Parallel, SharedMut};
 use alloc::collections::BinaryHeap;
 use alloc::format;
 use alloc::string::String;
@@ -83,6 +84,10 @@ fn pair(left: u32, right: u32) -> u64 {
 }
 
 const NONE: u32 = u32::MAX;
+
+/// Bytes of text per part that one task encodes or counts: parts even out threads of unequal
+/// speed.
+pub(crate) const PART_BYTES: usize = 1 << 18;
 
 /// A token of a piece being merged, in a linked list.
 #[derive(Clone, Copy)]
@@ -156,6 +161,7 @@ impl<'t> Iterator for AddedSplit<'t, '_> {
 }
 
 /// A byte-level BPE tokenizer (see the module docs).
+#[derive(Clone)]
 pub struct Bpe {
     /// Each id's bytes: `bytes[offsets[id]..offsets[id + 1]]`.
     bytes: Vec<u8>,
@@ -173,6 +179,21 @@ pub struct Bpe {
     whole: Vec<bool>,
     added: Vec<AddedToken>,
     options: Options,
+}
+
+impl fmt::Debug for Bpe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Bpe {{ {} tokens, {} merges, added {:?}, {:?} }}", self.vocab_size(), self.merge_list.len(), self.added, self.options)
+    }
+}
+
+/// Two tokenizers are equal when they give every text the same ids: the same tokens, merges,
+/// added tokens and options (the maps follow from those).
+impl PartialEq for Bpe {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.bytes, &self.offsets, &self.merge_list, &self.added, self.options)
+            == (&other.bytes, &other.offsets, &other.merge_list, &other.added, other.options)
+    }
 }
 
 impl Bpe {
@@ -278,6 +299,37 @@ impl Bpe {
                 out.push(self.added[i].id);
             }
         }
+    }
+
+    /// The ids of `text`, encoded on `par`'s threads: the same ids as [`Bpe::encode`] for any
+    /// number of threads (the text is cut only where its pieces cannot change).
+    pub fn encode_with(&self, par: &dyn Parallel, text: &str) -> Vec<u32> {
+        let contents: Vec<&str> = self.added.iter().map(|a| a.content.as_str()).collect();
+        // Parts in order: a stretch of plain text, or one added token.
+        let mut parts: Vec<Result<&str, u32>> = Vec::new();
+        for (plain, added) in AddedSplit::new(text, &contents) {
+            let mut start = 0;
+            while start < plain.len() {
+                let end = next_cut(plain, (start + PART_BYTES).min(plain.len()));
+                parts.push(Ok(&plain[start..end]));
+                start = end;
+            }
+            parts.extend(added.map(|i| Err(self.added[i].id)));
+        }
+        let mut outs: Vec<Vec<u32>> = (0..parts.len()).map(|_| Vec::new()).collect();
+        let outs_p = SharedMut(outs.as_mut_ptr());
+        par.run(parts.len(), &|i| {
+            // SAFETY: task `i` alone writes output `i`.
+            let out = unsafe { &mut outs_p.slice(i, 1)[0] };
+            match parts[i] {
+                Ok(plain) => {
+                    out.reserve(plain.len() / 3);
+                    self.encode_plain(plain, out, &mut Scratch::default());
+                }
+                Err(id) => out.push(id),
+            }
+        });
+        outs.concat()
     }
 
     /// The ids of `text`.
@@ -421,6 +473,15 @@ mod tests {
         assert_eq!(ids, [b'x' as u32, 257, b'y' as u32, 256]);
         assert_eq!(t.decode(&ids).unwrap(), b"x<a><b>y<a>");
         assert!(t.decode(&[258]).is_err());
+    }
+
+    #[test]
+    fn threads_give_the_same_ids() {
+        let t = tokenizer(&[("t", "h"), ("th", "e"), (" ", "th"), ("\n", "\n")], &["<e>"]);
+        let line = |i: usize| if i % 30_000 == 7 { "<e>" } else { ["the cat\n", "\n  then", "x\n\nthe", " ünïcödé\n"][i % 4] };
+        let text: String = (0..100_000).map(line).collect();
+        assert!(text.len() > 2 * PART_BYTES);
+        assert_eq!(t.encode_with(&crate::parallel::ReversedThreads(3), &text), t.encode_to_vec(&text));
     }
 
     #[test]

@@ -63,7 +63,7 @@ const NO_ID: u16 = u16::MAX;
 
 /// A character tokenizer over a sorted, unique list of characters held in `C`
 /// (`Vec<char>`, `&[char]`, an array...).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CharTokenizer<C> {
     chars: C,
     ascii: [u16; 128],

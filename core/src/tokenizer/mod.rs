@@ -15,3 +15,8 @@ pub mod hf;
 pub mod pretokenize;
 #[cfg(feature = "bpe")]
 pub mod train;
+
+#[cfg(feature = "bpe")]
+mod model_tokenizer;
+#[cfg(feature = "bpe")]
+pub use model_tokenizer::{TextStream, Tokenizer};

@@ -16,7 +16,7 @@
 //! assert_eq!(bpe.decode(&bpe.encode_to_vec("lowest<|endoftext|>")).unwrap(), b"lowest<|endoftext|>");
 //! ```
 
-use super::bpe::{AddedSplit, AddedToken, Bpe, BpeError, Options};
+use super::bpe::{AddedSplit, AddedToken, Bpe, BpeError, Options, PART_BYTES};
 use super::byte_level::byte_char;
 use super::pretokenize::{next_cut, Gpt2Split};
 use crate::parallel::{split_range, Parallel, SharedMut};
@@ -33,9 +33,6 @@ use hashbrown::HashMap;
 pub struct WordCounts {
     counts: HashMap<Vec<u8>, u64>,
 }
-
-/// Bytes of text per part counted by one task: parts even out threads of unequal speed.
-const PART_BYTES: usize = 1 << 18;
 
 impl WordCounts {
     /// No text yet.
