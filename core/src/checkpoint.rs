@@ -67,8 +67,12 @@ fn tokenizer_from_json(text: &str) -> Result<Tokenizer, String> {
 /// The settings of a training run, stored so `--resume` continues the same run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainSettings {
-    /// Training text: a file path or `"<embedded shakespeare>"` (native), a label (browser).
+    /// Training text: a file path or `"<embedded shakespeare>"` (native), a label (browser);
+    /// with `dataset`, a prepared dataset's directory or shard pattern.
     pub data: String,
+    /// Whether `data` names a prepared dataset (`train --dataset`) rather than a text.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub dataset: bool,
     /// Sequences per micro-batch.
     pub batch: usize,
     /// Total optimizer steps of the run.
@@ -95,6 +99,10 @@ pub struct TrainSettings {
     pub seed: u64,
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 impl TrainSettings {
     /// The default run's settings ([`crate::run::DEFAULT`]) on `data`, the learning rate
     /// decaying over the whole run.
@@ -102,6 +110,7 @@ impl TrainSettings {
         let d = crate::run::DEFAULT;
         TrainSettings {
             data: data.into(),
+            dataset: false,
             batch: d.batch,
             iters: d.iters,
             lr: d.lr,

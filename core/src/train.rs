@@ -3,7 +3,7 @@
 
 use crate::config::ConfigError;
 use crate::cpu::{Batch, CpuExecutor};
-use crate::data::sample_batch;
+use crate::data::{sample_batch, Tokens};
 use crate::float::Float;
 use crate::ops::grad_norm;
 use crate::optim::{adamw_step, AdamWConfig, AdamWTensors, LrSchedule};
@@ -130,9 +130,9 @@ impl<'a, T: Float> Trainer<'a, T> {
     }
 
     /// Draws the next training batch from `data`.
-    pub fn load_batch(&mut self, data: &[u32]) {
+    pub fn load_batch<'d>(&mut self, data: impl Into<Tokens<'d>>) {
         let (x, y) = self.mem.batch.split_at_mut(self.plan.tokens());
-        sample_batch(&mut self.rng, data, self.plan.seq, x, y);
+        sample_batch(&mut self.rng, data.into(), self.plan.seq, x, y);
     }
 
     /// Training forward on the loaded batch; returns its mean loss and leaves the scaled
@@ -186,12 +186,12 @@ impl<'a, T: Float> Trainer<'a, T> {
 
     /// One whole optimizer step on batches from `data`: `grad_accum` micro-batches, clip,
     /// AdamW. A non-finite loss or norm is returned as an error and nothing is updated.
-    pub fn train_step(&mut self, par: &dyn Parallel, data: &[u32]) -> Result<StepStats, NonFinite> {
-        self.train_step_observed(par, data, &mut ())
+    pub fn train_step<'d>(&mut self, par: &dyn Parallel, data: impl Into<Tokens<'d>>) -> Result<StepStats, NonFinite> {
+        self.train_step_observed(par, data.into(), &mut ())
     }
 
     /// [`Trainer::train_step`], reporting each phase and each op to `obs`.
-    pub fn train_step_observed(&mut self, par: &dyn Parallel, data: &[u32], obs: &mut dyn Observer) -> Result<StepStats, NonFinite> {
+    pub fn train_step_observed(&mut self, par: &dyn Parallel, data: Tokens<'_>, obs: &mut dyn Observer) -> Result<StepStats, NonFinite> {
         fn phase<R>(obs: &mut dyn Observer, p: Phase, f: impl FnOnce(&mut dyn Observer) -> R) -> R {
             obs.phase_begin(p);
             let r = f(&mut *obs);
@@ -224,7 +224,8 @@ impl<'a, T: Float> Trainer<'a, T> {
 
     /// Mean loss over `iters` random batches of `data` drawn with `rng` (nanoGPT's
     /// `estimate_loss`). Leaves the training state untouched, gradients included.
-    pub fn evaluate(&mut self, par: &dyn Parallel, data: &[u32], iters: usize, rng: &mut Rng) -> f64 {
+    pub fn evaluate<'d>(&mut self, par: &dyn Parallel, data: impl Into<Tokens<'d>>, iters: usize, rng: &mut Rng) -> f64 {
+        let data = data.into();
         let n = self.plan.tokens();
         let mut total = 0.0;
         for _ in 0..iters {

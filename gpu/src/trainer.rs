@@ -12,7 +12,7 @@ use crate::layout::DeviceLayout;
 use crate::ops;
 use crate::profile::{KernelTime, Profiler};
 use crate::readback::read;
-use alpha_core::data::sample_batch;
+use alpha_core::data::{sample_batch, Tokens};
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape;
 use alpha_core::train::{RunState, StepStats, TrainConfig};
@@ -207,7 +207,7 @@ impl GpuTrainer {
     }
 
     /// Draws a batch from `data` into batch slot `slot` (on the host, then one write).
-    fn write_batch(&mut self, slot: usize, data: &[u32], rng: Option<&mut Rng>) {
+    fn write_batch(&mut self, slot: usize, data: Tokens<'_>, rng: Option<&mut Rng>) {
         let (n, vocab) = (self.plan.tokens(), self.plan.config.vocab_size);
         let b = BatchSlot::new(0, n, vocab);
         let hb = &mut self.host_batch;
@@ -224,7 +224,8 @@ impl GpuTrainer {
     /// One optimizer step on batches from `data`: `grad_accum` micro-batches, the gradient
     /// norm, clipping and AdamW, in one submission. Returns the learning rate used. A
     /// non-finite loss or norm skips the update on the device; [`GpuTrainer::stats`] reports it.
-    pub fn step(&mut self, data: &[u32]) -> f64 {
+    pub fn step<'d>(&mut self, data: impl Into<Tokens<'d>>) -> f64 {
+        let data = data.into();
         let lr = self.cfg.schedule.at(self.step);
         for slot in 0..self.cfg.grad_accum {
             self.write_batch(slot, data, None);
@@ -300,7 +301,8 @@ impl GpuTrainer {
 
     /// Mean loss over `iters` random batches of `data` drawn with `rng` (nanoGPT's
     /// `estimate_loss`); the training state is untouched. One submit per batch, one read.
-    pub async fn evaluate(&mut self, data: &[u32], iters: usize, rng: &mut Rng) -> Result<f64, GpuError> {
+    pub async fn evaluate<'d>(&mut self, data: impl Into<Tokens<'d>>, iters: usize, rng: &mut Rng) -> Result<f64, GpuError> {
+        let data = data.into();
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
         enc.clear_buffer(&self.bufs.stats, bytes(EVAL_SLOT), Some(bytes(1)));
         self.gpu.queue.submit([enc.finish()]);

@@ -11,7 +11,7 @@ use crate::fsutil::check_outputs_distinct;
 use crate::peak::{peak, Peak};
 use crate::step::{bench_train_config, fresh_start, train_split, Phases};
 use crate::trace::Trace;
-use crate::train::{load_corpus, ModelArgs};
+use crate::train::ModelArgs;
 use alpha_core::parallel::Parallel;
 use alpha_core::{GptConfig, Plan};
 use clap::Args;
@@ -76,7 +76,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let m = &args.model;
     check_outputs_distinct(m.data.iter().map(|d| ("--data", d.as_path())).collect(), &[("--trace", args.trace.as_deref())])?;
     let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
-    let (tok, ids) = load_corpus(&m.data_name(), m.tokenizer.as_deref(), &alpha_core::Serial)?;
+    let (tok, ids) = m.sample_tokens(&alpha_core::Serial)?;
     let config: GptConfig = m.config(tok.vocab_size());
     let plan = m.plan(config, m.batch)?;
     args.device.check()?;
@@ -151,7 +151,7 @@ fn timed_steps(args: &BenchArgs, engine: &mut Engine<'_>, train: &[u32], mut tra
             }
             _ => {
                 let traced = trace.as_deref_mut().filter(|_| i >= args.warmup);
-                match engine.step(train, traced, true) {
+                match engine.step(train.into(), traced, true) {
                     Ok(r) => r.phases,
                     Err(StepError::Diverged(e)) => return Err(diverged(&e)),
                     Err(StepError::Device(e)) => return Err(e),

@@ -11,6 +11,7 @@ use crate::device::{Backend, DeviceArgs};
 use crate::sample::training_sample;
 use crate::step::{timed_step, Phases};
 use crate::trace::Trace;
+use alpha_core::data::Tokens;
 use alpha_core::model::Sampler;
 use alpha_core::parallel::{Parallel, ThreadPool};
 use alpha_core::run::SAMPLES;
@@ -120,7 +121,7 @@ impl<'m> Engine<'m> {
 
     /// One optimizer step on batches from `data`, traced while `trace` is active. With
     /// `report` the step's loss is returned (on the GPU that waits for the step).
-    pub fn step(&mut self, data: &[u32], trace: Option<&mut Trace>, report: bool) -> Result<StepReport, StepError> {
+    pub fn step(&mut self, data: Tokens<'_>, trace: Option<&mut Trace>, report: bool) -> Result<StepReport, StepError> {
         match self {
             Engine::Cpu { trainer, pool, .. } => {
                 let s = timed_step(trainer, pool, data, trace).map_err(|e| StepError::Diverged(e.to_string()))?;
@@ -141,7 +142,7 @@ impl<'m> Engine<'m> {
     }
 
     /// nanoGPT's `estimate_loss` for one split: the mean loss of `iters` batches drawn with `rng`.
-    pub fn evaluate(&mut self, data: &[u32], iters: usize, rng: &mut Rng) -> Result<f64, String> {
+    pub fn evaluate(&mut self, data: Tokens<'_>, iters: usize, rng: &mut Rng) -> Result<f64, String> {
         match self {
             Engine::Cpu { trainer, pool, .. } => Ok(trainer.evaluate(*pool, data, iters, rng)),
             Engine::Gpu(g) => block_on(g.trainer.evaluate(data, iters, rng)).map_err(|e| e.to_string()),
@@ -209,7 +210,7 @@ impl<'m> Engine<'m> {
 }
 
 impl GpuEngine {
-    fn step(&mut self, data: &[u32], mut trace: Option<&mut Trace>, report: bool) -> Result<StepReport, StepError> {
+    fn step(&mut self, data: Tokens<'_>, mut trace: Option<&mut Trace>, report: bool) -> Result<StepReport, StepError> {
         let device = |e: alpha_gpu::GpuError| StepError::Device(e.to_string());
         if trace.is_some() != self.profiling {
             self.trainer.set_profiling(trace.is_some()).map_err(device)?;

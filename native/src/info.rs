@@ -5,7 +5,7 @@ use crate::device::{Backend, DeviceArgs};
 use crate::engine::{Engine, StepError};
 use crate::peak::{cpu_model, fma_limit, peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, train_split};
-use crate::train::{load_corpus, ModelArgs};
+use crate::train::ModelArgs;
 use alpha_core::config::MAX_DIM;
 use alpha_core::gemm::f32_kernel_name;
 use alpha_core::parallel::Parallel;
@@ -53,7 +53,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         return Err(format!("--measure-steps {} is more than {MAX_MEASURE_STEPS}", args.measure_steps));
     }
     let m = &args.model;
-    let (tok, ids) = load_corpus(&m.data_name(), m.tokenizer.as_deref(), &alpha_core::Serial)?;
+    let (tok, ids) = m.sample_tokens(&alpha_core::Serial)?;
     let config = m.config(tok.vocab_size());
     let plan = m.plan(config, m.batch)?;
     args.device.check()?;
@@ -88,14 +88,14 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             StepError::Diverged(e) => format!("diverged at {e}"),
             StepError::Device(e) => e,
         };
-        engine.step(train, None, true).map_err(failed)?;
+        engine.step(train.into(), None, true).map_err(failed)?;
         let t = Instant::now();
         for _ in 0..n {
-            engine.step(train, None, true).map_err(failed)?;
+            engine.step(train.into(), None, true).map_err(failed)?;
         }
         let ms_step = t.elapsed().as_secs_f64() * 1e3 / n as f64;
         let t = Instant::now();
-        engine.evaluate(train, n, &mut Rng::new(2))?;
+        engine.evaluate(train.into(), n, &mut Rng::new(2))?;
         let ms_eval_batch = t.elapsed().as_secs_f64() * 1e3 / n as f64;
         // In f64: the planned run's counts may be as large as u64 allows.
         let evals = args.iters.checked_div(args.eval_interval).map_or(0.0, |e| e as f64 + 1.0);

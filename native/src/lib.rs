@@ -1,11 +1,12 @@
 //! # alpha-native
 //!
-//! The Alpha command line (`alpha-native train | sample | eval | bench | info | tokenizer`) as a library: the commands,
+//! The Alpha command line (`alpha-native train | sample | eval | bench | info | prepare | tokenizer`) as a library: the commands,
 //! the checkpoint format and the file helpers they share.
 
 pub mod bench;
 pub mod checkpoint;
 pub mod corpus;
+pub mod dataset;
 pub mod device;
 pub mod engine;
 pub mod eval;

@@ -2,6 +2,7 @@
 //! `bench`.
 
 use crate::trace::Trace;
+use alpha_core::data::Tokens;
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
 use alpha_core::tape::{Observer, Op, Pass, Phase};
@@ -145,7 +146,7 @@ impl Observer for StepTimer<'_> {
 /// One optimizer step ([`Trainer::train_step_observed`]) with each phase timed, and traced
 /// (step, phases, ops) while `trace` is active (counting the step). A non-finite loss or norm
 /// is an error and the update is not applied.
-pub fn timed_step(trainer: &mut Trainer<'_, f32>, pool: &ThreadPool, data: &[u32], trace: Option<&mut Trace>) -> Result<TimedStep, NonFinite> {
+pub fn timed_step(trainer: &mut Trainer<'_, f32>, pool: &ThreadPool, data: Tokens<'_>, trace: Option<&mut Trace>) -> Result<TimedStep, NonFinite> {
     let start = Instant::now();
     let step = trainer.step;
     let mut timer = StepTimer { phases: Phases::default(), phase_start: start, trace: trace.filter(|t| t.active()) };

@@ -3,12 +3,14 @@
 
 use crate::checkpoint::{self, SaveError, TrainSettings, TrainState};
 use crate::corpus;
+use crate::dataset::{self, Dataset};
 use crate::device::DeviceArgs;
 use crate::engine::{Engine, StepError};
 use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, write_atomic, RunLock};
 use crate::runfile::{self, RUN_FILE};
 use crate::step::Phases;
 use crate::trace::Trace;
+use alpha_core::data::Tokens;
 use alpha_core::parallel::Parallel;
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::run::{Action, Cadence, RunLoop, DEFAULT};
@@ -122,6 +124,12 @@ pub struct ModelArgs {
     /// with one or with GPT-2's vocab.json + merges.txt). Default: the text's characters.
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
+    /// A prepared dataset instead of --data: a directory with train.bin and val.bin (from
+    /// `alpha-native prepare`, or nanoGPT's prepare.py with --tokenizer), or a pattern of
+    /// llm.c shards ('dir/*_train_*.bin'; the val shards are the same with _val_). Read through
+    /// memory maps: larger than RAM is fine.
+    #[arg(long, value_name = "DIR|PATTERN", conflicts_with = "data")]
+    pub dataset: Option<String>,
     /// Sequences per micro-batch (1 to 2^24, as every size below; the run must also fit in
     /// memory).
     #[arg(long, default_value_t = DEFAULT.batch)]
@@ -146,9 +154,25 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// `--data` as recorded in settings: the path, or [`corpus::EMBEDDED`].
+    /// `--data` (or `--dataset`) as recorded in settings: the path, or [`corpus::EMBEDDED`].
     pub fn data_name(&self) -> String {
-        self.data.as_ref().map_or_else(|| corpus::EMBEDDED.to_string(), |p| p.to_string_lossy().into_owned())
+        match (&self.dataset, &self.data) {
+            (Some(d), _) => d.clone(),
+            (None, Some(p)) => p.to_string_lossy().into_owned(),
+            (None, None) => corpus::EMBEDDED.to_string(),
+        }
+    }
+
+    /// The tokenizer and token ids `bench` and `info` run on: all of `--data`'s, or the first
+    /// [`DATASET_SAMPLE`] of `--dataset`'s train split.
+    pub fn sample_tokens(&self, par: &dyn Parallel) -> Result<(Tokenizer, Vec<u32>), String> {
+        let Some(spec) = &self.dataset else { return load_corpus(&self.data_name(), self.tokenizer.as_deref(), par) };
+        let tokenizer = self.tokenizer.as_deref().map(|p| crate::tokenizer::load(p).map(Tokenizer::from)).transpose()?;
+        let d = dataset::open(spec, tokenizer, par)?;
+        let segments = d.train.segments();
+        let mut ids = vec![0; d.train.len().min(DATASET_SAMPLE)];
+        Tokens::Stream(&segments).read(0, &mut ids);
+        Ok((d.tokenizer, ids))
     }
 
     /// The configuration for a vocabulary of `vocab_size`.
@@ -173,6 +197,15 @@ pub fn load_corpus(data: &str, tokenizer: Option<&Path>, par: &dyn Parallel) -> 
     };
     let ids = tok.encode_with(par, &text).map_err(|e| format!("{name}: {e}"))?;
     Ok((tok, ids))
+}
+
+/// Tokens of a dataset's train split that `bench` and `info` read.
+pub const DATASET_SAMPLE: usize = 1 << 24;
+
+/// What a run trains on: a text's ids in memory, or a prepared dataset's memory maps.
+enum TrainData {
+    Text(Vec<u32>),
+    Dataset(Dataset),
 }
 
 /// Name of the checkpoint inside `--out`.
@@ -223,6 +256,7 @@ struct Run {
 fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, String> {
     let fresh_settings = TrainSettings {
         data: args.model.data_name(),
+        dataset: args.model.dataset.is_some(),
         batch: args.model.batch,
         iters: args.iters,
         lr: args.lr,
@@ -356,31 +390,53 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let s = run.settings.clone();
     let data_name = corpus::label(&s.data);
     let pool = args.device.pool()?;
-    let (tokenizer, tokens) = match &run.resume {
-        // A resumed run keeps the checkpoint's tokenizer.
-        Some(ck) => {
-            let text = corpus::training_text(&s.data)?;
-            let tokens = ck.tokenizer.encode_with(&pool, &text).map_err(|e| format!("{data_name}: {e}"))?;
-            (ck.tokenizer.clone(), tokens)
-        }
-        None => {
-            let (tokenizer, tokens) = load_corpus(&s.data, args.model.tokenizer.as_deref(), &pool)?;
-            run.config.vocab_size = tokenizer.vocab_size();
-            (tokenizer, tokens)
-        }
+    // A resumed run keeps the checkpoint's tokenizer.
+    let known = match &run.resume {
+        Some(ck) => Some(ck.tokenizer.clone()),
+        None => args.model.tokenizer.as_deref().map(|p| crate::tokenizer::load(p).map(Tokenizer::from)).transpose()?,
     };
+    let (tokenizer, source) = if s.dataset {
+        let d = dataset::open(&s.data, known, &pool)?;
+        (d.tokenizer.clone(), TrainData::Dataset(d))
+    } else {
+        let text = corpus::training_text(&s.data)?;
+        let tokenizer = match known {
+            Some(t) => t,
+            None => CharTokenizer::from_text(&text).map_err(|e| format!("{data_name}: {e}"))?.into(),
+        };
+        let tokens = tokenizer.encode_with(&pool, &text).map_err(|e| format!("{data_name}: {e}"))?;
+        (tokenizer, TrainData::Text(tokens))
+    };
+    if run.resume.is_none() {
+        run.config.vocab_size = tokenizer.vocab_size();
+    }
     let block = run.config.block_size;
     // Checked first: it bounds the block size the message below computes with.
     let plan = args.model.plan(run.config, s.batch)?;
-    let (train_tokens, val_tokens) = data::split(&tokens);
-    if val_tokens.len() <= block {
-        return Err(format!(
-            "{data_name} is too short: {} tokens, but a block of {block} needs at least {} so that the 10% validation split holds {} tokens",
-            tokens.len(),
-            (block + 1) * 10,
-            block + 1
-        ));
-    }
+    let (train_segments, val_segments);
+    let (train_tokens, val_tokens): (Tokens<'_>, Tokens<'_>) = match &source {
+        TrainData::Text(tokens) => {
+            let (train, val) = data::split(tokens);
+            if val.len() <= block {
+                return Err(format!(
+                    "{data_name} is too short: {} tokens, but a block of {block} needs at least {} so that the 10% validation split holds {} tokens",
+                    tokens.len(),
+                    (block + 1) * 10,
+                    block + 1
+                ));
+            }
+            (train.into(), val.into())
+        }
+        TrainData::Dataset(d) => {
+            (train_segments, val_segments) = (d.train.segments(), d.val.segments());
+            for (name, split) in [("train", &d.train), ("val", &d.val)] {
+                if split.len() <= block {
+                    return Err(format!("dataset {data_name}: the {name} split has {} tokens; a block of {block} needs at least {}", split.len(), block + 1));
+                }
+            }
+            (Tokens::Stream(&train_segments), Tokens::Stream(&val_segments))
+        }
+    };
     args.device.check()?;
     crate::memory::check(&plan, args.device.backend)?;
 
@@ -389,7 +445,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         Some(r) if !explicit("out") => r.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf(),
         _ => args.out.clone(),
     };
-    let data_path = (s.data != corpus::EMBEDDED).then(|| Path::new(&s.data));
+    let data_path = (s.data != corpus::EMBEDDED && !s.dataset).then(|| Path::new(&s.data));
     let config_file = args.config.as_deref().filter(|c| c.exists());
     let (checkpoint, run_file) = (out.join(CHECKPOINT_FILE), out.join(RUN_FILE));
     let files = Files { data: data_path, resume: args.resume.as_deref(), config: config_file, checkpoint, run_file, out };
@@ -602,7 +658,7 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) ->
     let (int, float) = (|v: u64| v.to_string(), |v: f64| format!("{v:?}"));
     let mut entries = Vec::new();
     if s.data != corpus::EMBEDDED {
-        entries.push(("data", runfile::string(&s.data)));
+        entries.push((if s.dataset { "dataset" } else { "data" }, runfile::string(&s.data)));
     }
     entries.extend(args.model.tokenizer.as_ref().map(|t| ("tokenizer", runfile::string(&t.to_string_lossy()))));
     entries.extend([

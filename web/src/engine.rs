@@ -4,6 +4,7 @@
 //! between them.
 
 use crate::options::BackendChoice;
+use alpha_core::data::Tokens;
 use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::parallel::Parallel;
 use alpha_core::train::{OwnedMemory, RunState, TrainConfig};
@@ -67,7 +68,7 @@ impl Engine {
 
     /// One optimizer step on batches from `data`; its loss. An error (and no update) when
     /// the loss or gradient norm is not finite.
-    pub async fn step(&mut self, data: &[u32]) -> Result<f64, String> {
+    pub async fn step(&mut self, data: Tokens<'_>) -> Result<f64, String> {
         match self {
             Engine::Cpu(c) => c.with_trainer(|t, par| t.train_step(par, data).map(|s| s.loss).map_err(|e| format!("training diverged at {e}")))?,
             Engine::Gpu(g) => {
@@ -87,7 +88,7 @@ impl Engine {
     }
 
     /// The mean loss of `iters` batches of `data` drawn with `rng`.
-    pub async fn evaluate(&mut self, data: &[u32], iters: usize, rng: &mut Rng) -> Result<f64, String> {
+    pub async fn evaluate(&mut self, data: Tokens<'_>, iters: usize, rng: &mut Rng) -> Result<f64, String> {
         match self {
             Engine::Cpu(c) => c.with_trainer(|t, par| Ok(t.evaluate(par, data, iters, rng)))?,
             Engine::Gpu(g) => g.trainer.evaluate(data, iters, rng).await.map_err(|e| e.to_string()),

@@ -216,7 +216,7 @@ impl Trainer {
             Action::Train { .. } => {
                 let started = js_sys::Date::now();
                 let (train, _) = data::split(&self.tokens);
-                let loss = self.engine.step(train).await.map_err(js_error)?;
+                let loss = self.engine.step(train.into()).await.map_err(js_error)?;
                 let seconds = (js_sys::Date::now() - started) / 1e3;
                 if seconds > 0.0 {
                     self.tokens_per_sec = Some(self.tokens_per_step() as f64 / seconds);
@@ -250,7 +250,7 @@ impl Trainer {
         let started = js_sys::Date::now();
         let mut losses = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            losses.push(self.engine.step(train).await.map_err(js_error)? as f32);
+            losses.push(self.engine.step(train.into()).await.map_err(js_error)? as f32);
         }
         let seconds = (js_sys::Date::now() - started) / 1e3;
         if n > 0 && seconds > 0.0 {
@@ -339,7 +339,7 @@ impl Trainer {
         let mut losses = [0.0; 2];
         for (loss, (split, stream)) in losses.iter_mut().zip([(train, stream::EVAL_TRAIN), (val, stream::EVAL_VAL)]) {
             let mut rng = Rng::new(derive_seed(self.settings.seed, stream, step));
-            *loss = self.engine.evaluate(split, self.eval_iters, &mut rng).await.map_err(js_error)?;
+            *loss = self.engine.evaluate(split.into(), self.eval_iters, &mut rng).await.map_err(js_error)?;
         }
         Ok((losses[0], losses[1]))
     }

@@ -199,6 +199,7 @@ impl Options {
         let r = &self.raw;
         TrainSettings {
             data: "<browser text>".into(),
+            dataset: false,
             batch: r.batch,
             iters: self.iters,
             lr: r.lr,
