@@ -3,8 +3,8 @@
 //
 // URL parameters (for links and tests): backend=auto|webgpu|cpu, preset=<name>, steps=N (the
 // run's length, as iters=N), any other option of Trainer.create by its name (evalInterval=N,
-// threads=N, seed=N, ...; recompute=1), autostart=1, wasm=threads|relaxed|simd128 (which build,
-// below).
+// threads=N, seed=N, ...; recompute=1), tokenizer=char|512|1024|2048 (the tokenizer select),
+// autostart=1, wasm=threads|relaxed|simd128 (which build, below).
 // window.alpha exposes the page's state.
 
 const params = new URLSearchParams(location.search);
@@ -165,11 +165,23 @@ function showStats() {
   if (s.fallback) say(`WebGPU could not be used (${s.fallback}): training on the CPU (WebAssembly).`);
 }
 
+/** The tokenizer options of Trainer.create: a BPE tokenizer learned here (vocabSize), one
+ * uploaded (tokenizerJson), or none (the text's characters). */
+async function tokenizerOptions() {
+  const choice = $("tokenizer").value;
+  if (choice === "char") return {};
+  if (choice !== "json") return { vocabSize: Number(choice) };
+  const file = $("tokenizer-file").files[0];
+  if (!file) throw new Error("choose a tokenizer.json to encode the text with");
+  return { tokenizerJson: await file.text() };
+}
+
 async function createTrainer() {
   const text = await readText();
   const backend = backendChoice();
-  const options = { ...preset.options, ...urlOptions(preset.options), backend, recompute: $("recompute").checked };
-  say("Building the model…");
+  const tokenizer = await tokenizerOptions();
+  const options = { ...preset.options, ...urlOptions(preset.options), ...tokenizer, backend, recompute: $("recompute").checked };
+  say(tokenizer.vocabSize ? `Learning a BPE tokenizer of ${tokenizer.vocabSize} tokens, then building the model…` : "Building the model…");
   trainer = await Trainer.create(options, text);
   iters = options.iters;
   state.records = [];
@@ -180,7 +192,8 @@ async function createTrainer() {
   state.samples = [];
   state.trainMs = 0;
   state.trainedSteps = 0;
-  say(`${trainer.stats().params.toLocaleString("en")} parameters, vocabulary of ${trainer.stats().vocab} characters.`);
+  const s = trainer.stats();
+  say(`${s.params.toLocaleString("en")} parameters, vocabulary of ${s.vocab} ${s.tokenizer === "bpe" ? "BPE tokens" : "characters"}.`);
 }
 
 /** Shows a record of trainer.next() and keeps it in the page's state. */
@@ -366,6 +379,7 @@ function setup() {
   preset = PRESETS[presetName];
   $("backend").value = params.get("backend") ?? "auto";
   $("recompute").checked = params.get("recompute") === "1";
+  $("tokenizer").value = params.get("tokenizer") ?? "char";
   const showPreset = () => {
     const o = { ...preset.options, ...urlOptions(preset.options) };
     const about = preset.description.charAt(0).toUpperCase() + preset.description.slice(1);
@@ -384,6 +398,11 @@ function setup() {
     reset();
   };
   $("backend").onchange = reset;
+  $("tokenizer").onchange = () => {
+    $("tokenizer-file").hidden = $("tokenizer").value !== "json";
+    reset();
+  };
+  $("tokenizer-file").onchange = reset;
   $("recompute").onchange = reset;
   $("corpus").onchange = () => {
     $("paste").hidden = $("corpus").value !== "paste";

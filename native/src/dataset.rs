@@ -10,7 +10,7 @@ use crate::device::thread_pool;
 use crate::fsutil::write_atomic;
 use alpha_core::data::Segment;
 use alpha_core::parallel::{Parallel, ThreadPool};
-use alpha_core::tokenizer::bpe::Bpe;
+use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
 use alpha_core::tokenizer::{hf, Tokenizer};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -23,8 +23,6 @@ use std::sync::Mutex;
 
 /// `meta.json`'s `format`.
 pub const FORMAT: &str = "alpha-dataset/1";
-/// The token that ends every document.
-pub const END_OF_TEXT: &str = "<|endoftext|>";
 /// llm.c's shard header: 256 little-endian int32, the first three magic, version, tokens.
 const LLMC_HEADER_BYTES: usize = 256 * 4;
 const LLMC_MAGIC: i32 = 20240520;

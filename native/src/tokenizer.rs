@@ -4,7 +4,7 @@
 use crate::corpus::read_text;
 use crate::device::thread_pool;
 use crate::fsutil::write_atomic;
-use alpha_core::tokenizer::bpe::Bpe;
+use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
 use alpha_core::tokenizer::byte_level::byte_char;
 use alpha_core::tokenizer::hf;
 use alpha_core::tokenizer::train::{train, WordCounts};
@@ -55,7 +55,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
     /// A special token (repeat for several); they take the first ids.
-    #[arg(long = "special", value_name = "TOKEN", default_values_t = ["<|endoftext|>".to_string()])]
+    #[arg(long = "special", value_name = "TOKEN", default_values_t = [END_OF_TEXT.to_string()])]
     pub specials: Vec<String>,
     /// Threads that count the text's pieces. Default: one per core.
     #[arg(long)]

@@ -27,11 +27,13 @@ mod threads;
 use alpha_core::checkpoint::{self, TrainSettings, TrainState};
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::run::{Action, RunLoop, PRESETS, SAMPLES};
-use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
+use alpha_core::tokenizer::bpe::END_OF_TEXT;
+use alpha_core::tokenizer::train::WordCounts;
+use alpha_core::tokenizer::{self, hf, CharTokenizer, Tokenizer};
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
 use engine::Engine;
-use options::{camel, Options, Raw};
+use options::{camel, Options, Raw, TokenizerChoice};
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
 
@@ -59,6 +61,8 @@ struct Stats {
     iters: u64,
     params: usize,
     vocab: usize,
+    /// `"char"` or `"bpe"`.
+    tokenizer: &'static str,
     tokens_per_step: usize,
     tokens_per_sec: Option<f64>,
     config: GptConfig,
@@ -108,7 +112,7 @@ fn tokenize(tok: &Tokenizer, text: &str, block: usize) -> Result<Vec<u32>, JsErr
     let (_, val) = data::split(&tokens);
     if val.len() <= block {
         return Err(js_error(format!(
-            "the text is too short: {} characters, but a block of {block} needs at least {} so that the 10% validation split holds {} tokens",
+            "the text is too short: {} tokens, but a block of {block} needs at least {} so that the 10% validation split holds {} tokens",
             tokens.len(),
             (block + 1) * 10,
             block + 1
@@ -123,7 +127,15 @@ impl Trainer {
     /// `text`: GPT-2 initialisation from `options.seed`, the vocabulary of `text`.
     pub async fn create(options: JsValue, text: String) -> Result<Trainer, JsError> {
         let opts = Options::from_js(options)?;
-        let tok = Tokenizer::from(CharTokenizer::from_text(&text).map_err(|e| js_error(format!("the text: {e}")))?);
+        let tok: Tokenizer = match &opts.tokenizer {
+            TokenizerChoice::Chars => CharTokenizer::from_text(&text).map_err(|e| js_error(format!("the text: {e}")))?.into(),
+            TokenizerChoice::Learn(size) => {
+                let mut words = WordCounts::new();
+                words.add(&alpha_core::Serial, &text, &[END_OF_TEXT]);
+                tokenizer::train::train(&words, *size, &[END_OF_TEXT], &mut |_, _| {}).map_err(|e| js_error(format!("vocabSize: {e}")))?.into()
+            }
+            TokenizerChoice::Json(json) => hf::from_tokenizer_json(json).map_err(|e| js_error(format!("tokenizerJson: {e}")))?.into(),
+        };
         let config = opts.config(tok.vocab_size());
         let plan = Plan::new(config, opts.batch, opts.block).map_err(js_error)?.with_recompute(opts.recompute);
         let tokens = tokenize(&tok, &text, opts.block)?;
@@ -286,7 +298,8 @@ impl Trainer {
     }
 
     /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, kernel, threads,
-    /// fallback, step, iters, params, vocab, tokensPerStep, tokensPerSec, config }` (`kernel`:
+    /// fallback, step, iters, params, vocab, tokenizer, tokensPerStep, tokensPerSec, config }`
+    /// (`tokenizer`: `"char"` or `"bpe"`; `kernel`:
     /// the CPU's GEMM kernel; `threads`: the CPU engine's; `iters`: the run's length;
     /// `tokensPerSec` of the last step).
     pub fn stats(&self) -> Result<JsValue, JsError> {
@@ -301,6 +314,7 @@ impl Trainer {
             iters: self.settings.iters,
             params: plan.num_params(),
             vocab: self.config.vocab_size,
+            tokenizer: self.tok.kind(),
             tokens_per_step: self.tokens_per_step(),
             tokens_per_sec: self.tokens_per_sec,
             config: self.config,

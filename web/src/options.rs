@@ -49,6 +49,11 @@ pub struct Raw {
     /// CPU threads (the threads build; others run one). Default: the browser's
     /// `navigator.hardwareConcurrency`.
     threads: Option<usize>,
+    /// Learn a byte-level BPE tokenizer of this many tokens from the text, in the page
+    /// (`alpha-native tokenizer train`'s). Default: the text's characters.
+    vocab_size: Option<usize>,
+    /// A Hugging Face tokenizer.json (its text) to encode the text with.
+    tokenizer_json: Option<String>,
 }
 
 impl Default for Raw {
@@ -79,6 +84,8 @@ impl Default for Raw {
             backend: BackendChoice::Auto,
             recompute: false,
             threads: None,
+            vocab_size: None,
+            tokenizer_json: None,
         }
     }
 }
@@ -122,6 +129,18 @@ pub struct Options {
     pub recompute: bool,
     /// CPU threads (see [`Raw`]'s `threads`).
     pub threads: usize,
+    /// How the text becomes tokens.
+    pub tokenizer: TokenizerChoice,
+}
+
+/// How `Trainer.create` tokenizes its text.
+pub enum TokenizerChoice {
+    /// One token per character of the text.
+    Chars,
+    /// Byte-level BPE of this many tokens, learned from the text.
+    Learn(usize),
+    /// A Hugging Face tokenizer.json's text.
+    Json(String),
 }
 
 /// `snake_case` as the options object spells it.
@@ -169,6 +188,12 @@ impl Options {
                 Some(0) => return Err(JsError::new("threads must be at least 1")),
                 Some(n) => n.min(MAX_THREADS),
                 None => hardware_concurrency().min(MAX_THREADS),
+            },
+            tokenizer: match (raw.vocab_size, &raw.tokenizer_json) {
+                (Some(_), Some(_)) => return Err(JsError::new("give vocabSize (learn a tokenizer) or tokenizerJson (use one), not both")),
+                (Some(n), None) => TokenizerChoice::Learn(n),
+                (None, Some(json)) => TokenizerChoice::Json(json.clone()),
+                (None, None) => TokenizerChoice::Chars,
             },
             raw,
         };

@@ -139,6 +139,39 @@ test(`the first ${PARITY_STEPS} steps' losses equal alpha-native's on the CPU (1
   await page.close();
 });
 
+test("BPE in the page: a tokenizer learned in WebAssembly trains and samples text, and an uploaded tokenizer.json gives alpha-native's losses", async () => {
+  // Learned in the page from the Shakespeare text: 512 tokens.
+  const learned = await open(`?backend=cpu&preset=tiny&steps=${STEPS}&tokenizer=512&autostart=1`);
+  const s = await finished(learned.page);
+  assert.equal(s.error, null);
+  assert.deepEqual([s.stats.tokenizer, s.stats.vocab], ["bpe", 512]);
+  assert.ok(mean(s.losses.slice(-5)) < mean(s.losses.slice(0, 5)) - 0.1, `losses: ${s.losses.join(", ")}`);
+  const sample = await learned.page.locator("#samples pre").first().textContent();
+  assert.ok(sample.length > 200, `200 BPE tokens are more than 200 characters: ${JSON.stringify(sample)}`);
+  const [download] = await Promise.all([learned.page.waitForEvent("download"), learned.page.locator("#download").click()]);
+  const file = join(work, "bpe-from-page.safetensors");
+  await download.saveAs(file);
+  const out = execFileSync(native, ["sample", "--checkpoint", file, "--prompt", "ROMEO:", "--tokens", "20", "--seed", "1"], { encoding: "utf8" });
+  assert.ok(out.startsWith("ROMEO:") && out.length > 26, out);
+  assert.deepEqual(learned.errors, []);
+  await learned.page.close();
+
+  // A tokenizer.json that alpha-native learned, uploaded: the page's first steps are native's.
+  const tokenizer = join(work, "tokenizer.json");
+  execFileSync(native, ["tokenizer", "train", "--data", join(www, "..", "data", "shakespeare.txt"), "--vocab-size", "400", "--out", tokenizer]);
+  const want = nativeLosses([...TINY, "--tokenizer", tokenizer], PARITY_STEPS, "native-bpe");
+  const uploaded = await open(`?backend=cpu&preset=tiny&steps=${STEPS}&tokenizer=json`);
+  await uploaded.page.waitForFunction(() => window.alpha?.status === "idle");
+  await uploaded.page.locator("#tokenizer-file").setInputFiles(tokenizer);
+  await uploaded.page.locator("#start").click();
+  const u = await finished(uploaded.page);
+  assert.equal(u.error, null);
+  assert.equal(u.stats.vocab, 400);
+  assertLossesMatch(`uploaded tokenizer, ${PARITY_STEPS} steps`, u.losses.slice(0, PARITY_STEPS), want);
+  assert.deepEqual(uploaded.errors, []);
+  await uploaded.page.close();
+});
+
 test("the page's run loop is alpha-native train's: the same records (steps, losses, evaluations, samples, saves)", async () => {
   const cadence = { evalInterval: 4, sampleInterval: 6, checkpointInterval: 5, logInterval: 1 };
   const metrics = join(work, "loop.jsonl");
@@ -314,7 +347,7 @@ test("clear messages: a text too short, no WebGPU asked for where there is none"
   await page.fill("#paste", "far too short");
   await page.click("#start");
   await page.waitForFunction(() => window.alpha?.status === "error");
-  assert.match(await page.locator("#message").textContent(), /the text is too short: 13 characters/);
+  assert.match(await page.locator("#message").textContent(), /the text is too short: 13 tokens/);
   await page.close();
   const context = await browser.newContext();
   await context.addInitScript(() => delete Object.getPrototypeOf(navigator).gpu);

@@ -28,6 +28,10 @@ use core::cmp::Reverse;
 use core::fmt;
 use hashbrown::HashMap;
 
+/// GPT-2's end-of-text token: the special token `tokenizer train` learns by default, which
+/// ends every document of a prepared dataset.
+pub const END_OF_TEXT: &str = "<|endoftext|>";
+
 /// Why a tokenizer could not be built, loaded or used (one line).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BpeError(pub String);
