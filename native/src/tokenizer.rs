@@ -6,7 +6,9 @@ use crate::device::thread_pool;
 use crate::fsutil::write_atomic;
 use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
 use alpha_core::tokenizer::byte_level::byte_char;
-use alpha_core::tokenizer::hf;
+use alpha_core::parallel::Parallel;
+use alpha_core::tokenizer::pretokenize::next_cut;
+use alpha_core::tokenizer::{hf, TokenizeError, Tokenizer};
 use alpha_core::tokenizer::train::{train, WordCounts};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -139,6 +141,27 @@ pub fn run(command: &TokenizerCommand) -> Result<(), String> {
     }
 }
 
+/// Text encoded at once with a progress bar on a terminal: a large text with BPE in parts of
+/// about 16 MB, cut where its pieces cannot change (the same ids as one encoding).
+pub fn encode_with_progress(tok: &Tokenizer, par: &dyn Parallel, text: &str) -> Result<Vec<u32>, TokenizeError> {
+    const PART: usize = 16 << 20;
+    let Tokenizer::Bpe(bpe) = tok else { return tok.encode_with(par, text) };
+    // An added token with a newline in it could straddle a cut.
+    if text.len() <= 2 * PART || bpe.added_tokens().iter().any(|a| a.content.contains('\n')) {
+        return Ok(bpe.encode_with(par, text));
+    }
+    let progress = bar(text.len() as u64, "tokenizing {bytes}/{total_bytes} {wide_bar} {elapsed} (eta {eta})");
+    let (mut ids, mut start) = (Vec::with_capacity(text.len() / 3), 0);
+    while start < text.len() {
+        let end = next_cut(text, (start + PART).min(text.len()));
+        ids.extend(bpe.encode_with(par, &text[start..end]));
+        progress.set_position(end as u64);
+        start = end;
+    }
+    progress.finish_and_clear();
+    Ok(ids)
+}
+
 /// Reads a tokenizer: a tokenizer.json, or a directory with one or with vocab.json + merges.txt.
 pub fn load(path: &Path) -> Result<Bpe, String> {
     let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("cannot read tokenizer file {}: {e}", p.display()));
@@ -256,4 +279,23 @@ fn run_train(args: &TrainArgs) -> Result<(), String> {
         args.out.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A text large enough to be encoded in parts gets the ids of one encoding.
+    #[test]
+    fn parts_give_the_ids_of_one_encoding() {
+        let corpus = crate::corpus::SHAKESPEARE;
+        let mut words = WordCounts::new();
+        words.add(&alpha_core::Serial, &corpus[..200_000], &[END_OF_TEXT]);
+        let bpe = train(&words, 400, &[END_OF_TEXT], &mut |_, _| {}).unwrap();
+        let text = [corpus; 8].join(END_OF_TEXT);
+        assert!(text.len() > 32 << 20);
+        let pool = thread_pool(Some(2)).unwrap();
+        let want = bpe.encode_to_vec(&text);
+        assert_eq!(encode_with_progress(&Tokenizer::from(bpe), &pool, &text).unwrap(), want);
+    }
 }

@@ -195,7 +195,7 @@ pub fn load_corpus(data: &str, tokenizer: Option<&Path>, par: &dyn Parallel) -> 
         Some(path) => crate::tokenizer::load(path)?.into(),
         None => CharTokenizer::from_text(&text).map_err(|e| format!("{name}: {e}"))?.into(),
     };
-    let ids = tok.encode_with(par, &text).map_err(|e| format!("{name}: {e}"))?;
+    let ids = crate::tokenizer::encode_with_progress(&tok, par, &text).map_err(|e| format!("{name}: {e}"))?;
     Ok((tok, ids))
 }
 
@@ -404,7 +404,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             Some(t) => t,
             None => CharTokenizer::from_text(&text).map_err(|e| format!("{data_name}: {e}"))?.into(),
         };
-        let tokens = tokenizer.encode_with(&pool, &text).map_err(|e| format!("{data_name}: {e}"))?;
+        let tokens = crate::tokenizer::encode_with_progress(&tokenizer, &pool, &text).map_err(|e| format!("{data_name}: {e}"))?;
         (tokenizer, TrainData::Text(tokens))
     };
     if run.resume.is_none() {
