@@ -10,7 +10,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(ck) = from_bytes(data) {
         let plan = Plan::new(ck.config, 1, 1).expect("an accepted config plans");
         assert_eq!(ck.params.len(), plan.params_len());
-        assert_eq!(ck.chars.len(), ck.config.vocab_size);
+        assert_eq!(ck.tokenizer.vocab_size(), ck.config.vocab_size);
         if let Some((m, v, _)) = &ck.optimizer {
             assert_eq!((m.len(), v.len()), (plan.params_len(), plan.params_len()));
         }
