@@ -8,12 +8,12 @@
 
 use crate::device::thread_pool;
 use crate::fsutil::write_atomic;
+use crate::tokenizer::bar;
 use alpha_core::data::Segment;
 use alpha_core::parallel::{Parallel, ThreadPool};
 use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
 use alpha_core::tokenizer::{hf, Tokenizer};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use memmap2::Mmap;
 use serde_json::{json, Value};
 use std::fs::{self, File};
@@ -96,12 +96,6 @@ impl Dtype {
             other => Err(format!("dtype {other:?} is not uint16 or uint32")),
         }
     }
-}
-
-fn bar(len: u64, template: &str) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    bar.set_style(ProgressStyle::with_template(template).expect("a valid template"));
-    bar
 }
 
 /// The token ids of `docs`, each followed by `eot`, encoded on `pool`'s threads (each

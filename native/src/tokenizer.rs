@@ -4,12 +4,12 @@
 use crate::corpus::read_text;
 use crate::device::thread_pool;
 use crate::fsutil::write_atomic;
+use alpha_core::parallel::Parallel;
 use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
 use alpha_core::tokenizer::byte_level::byte_char;
-use alpha_core::parallel::Parallel;
 use alpha_core::tokenizer::pretokenize::next_cut;
-use alpha_core::tokenizer::{hf, TokenizeError, Tokenizer};
 use alpha_core::tokenizer::train::{train, WordCounts};
+use alpha_core::tokenizer::{hf, TokenizeError, Tokenizer};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{Read, Write};
@@ -240,7 +240,7 @@ pub fn describe(bpe: &Bpe) -> String {
 }
 
 /// A progress bar on stderr when it is a terminal (hidden otherwise).
-fn bar(len: u64, template: &str) -> ProgressBar {
+pub(crate) fn bar(len: u64, template: &str) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
     bar.set_style(ProgressStyle::with_template(template).expect("a valid template"));
     bar

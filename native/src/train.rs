@@ -166,8 +166,8 @@ impl ModelArgs {
     /// The tokenizer and token ids `bench` and `info` run on: all of `--data`'s, or the first
     /// [`DATASET_SAMPLE`] of `--dataset`'s train split.
     pub fn sample_tokens(&self, par: &dyn Parallel) -> Result<(Tokenizer, Vec<u32>), String> {
-        let Some(spec) = &self.dataset else { return load_corpus(&self.data_name(), self.tokenizer.as_deref(), par) };
         let tokenizer = self.tokenizer.as_deref().map(|p| crate::tokenizer::load(p).map(Tokenizer::from)).transpose()?;
+        let Some(spec) = &self.dataset else { return load_corpus(&self.data_name(), tokenizer, par) };
         let d = dataset::open(spec, tokenizer, par)?;
         let segments = d.train.segments();
         let mut ids = vec![0; d.train.len().min(DATASET_SAMPLE)];
@@ -186,13 +186,13 @@ impl ModelArgs {
     }
 }
 
-/// The text named by `--data` as token ids, with `tokenizer` (a BPE tokenizer's path; `None`:
-/// the text's characters), encoded on `par`'s threads.
-pub fn load_corpus(data: &str, tokenizer: Option<&Path>, par: &dyn Parallel) -> Result<(Tokenizer, Vec<u32>), String> {
+/// The text named by `--data` as token ids, with `tokenizer` (`None`: the text's characters),
+/// encoded on `par`'s threads.
+pub fn load_corpus(data: &str, tokenizer: Option<Tokenizer>, par: &dyn Parallel) -> Result<(Tokenizer, Vec<u32>), String> {
     let text = corpus::training_text(data)?;
     let name = corpus::label(data);
-    let tok: Tokenizer = match tokenizer {
-        Some(path) => crate::tokenizer::load(path)?.into(),
+    let tok = match tokenizer {
+        Some(t) => t,
         None => CharTokenizer::from_text(&text).map_err(|e| format!("{name}: {e}"))?.into(),
     };
     let ids = crate::tokenizer::encode_with_progress(&tok, par, &text).map_err(|e| format!("{name}: {e}"))?;
@@ -399,12 +399,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         let d = dataset::open(&s.data, known, &pool)?;
         (d.tokenizer.clone(), TrainData::Dataset(d))
     } else {
-        let text = corpus::training_text(&s.data)?;
-        let tokenizer = match known {
-            Some(t) => t,
-            None => CharTokenizer::from_text(&text).map_err(|e| format!("{data_name}: {e}"))?.into(),
-        };
-        let tokens = crate::tokenizer::encode_with_progress(&tokenizer, &pool, &text).map_err(|e| format!("{data_name}: {e}"))?;
+        let (tokenizer, tokens) = load_corpus(&s.data, known, &pool)?;
         (tokenizer, TrainData::Text(tokens))
     };
     if run.resume.is_none() {

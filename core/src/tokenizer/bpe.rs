@@ -207,6 +207,10 @@ impl Bpe {
     /// name tokens; anything else is an error that says what is wrong.
     pub fn new(vocab: Vec<(Vec<u8>, u32)>, merges: &[(Vec<u8>, Vec<u8>)], added: Vec<AddedToken>, options: Options) -> Result<Self, BpeError> {
         let size = vocab.iter().map(|(_, id)| id).chain(added.iter().map(|a| &a.id)).max().map_or(0, |&m| m as usize + 1);
+        // Checked before the table of ids is allocated: a file may claim any id.
+        if size > vocab.len() + added.len() {
+            return Err(BpeError(format!("ids must run from 0 without gaps: the largest is {}, for {} tokens", size - 1, vocab.len() + added.len())));
+        }
         let mut by_id: Vec<Option<&[u8]>> = vec![None; size];
         for (bytes, id) in &vocab {
             if by_id[*id as usize].replace(bytes).is_some() {
@@ -493,6 +497,9 @@ mod tests {
         let bytes: Vec<(Vec<u8>, u32)> = (0..=255u8).map(|b| (vec![b], b as u32)).collect();
         let err = |vocab: Vec<(Vec<u8>, u32)>, merges: &[(Vec<u8>, Vec<u8>)]| Bpe::new(vocab, merges, Vec::new(), Options::default()).err().unwrap().0;
         assert!(err(bytes[1..].to_vec(), &[]).contains("gaps"));
+        let mut huge = bytes.clone();
+        huge[5].1 = u32::MAX;
+        assert!(err(huge, &[]).contains("the largest is 4294967295, for 256 tokens"));
         let mut shifted = bytes[1..].to_vec();
         shifted.push((b"zz".to_vec(), 0));
         assert!(err(shifted, &[]).contains("0x00"));
