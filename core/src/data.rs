@@ -71,6 +71,7 @@ impl<'a> From<&'a [u32]> for Tokens<'a> {
     }
 }
 
+#[cfg(feature = "alloc")]
 impl<'a> From<&'a alloc::vec::Vec<u32>> for Tokens<'a> {
     fn from(ids: &'a alloc::vec::Vec<u32>) -> Self {
         Tokens::Ids(ids)
