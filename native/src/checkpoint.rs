@@ -36,8 +36,18 @@ pub fn save(
     }
 }
 
-/// Reads and validates a checkpoint file (see [`alpha_core::checkpoint::from_bytes`]).
+/// Reads and validates a checkpoint: an Alpha checkpoint file (see
+/// [`alpha_core::checkpoint::from_bytes`]), a Hugging Face GPT-2 directory, or the name of one
+/// in the local Hugging Face cache (`gpt2`, `openai-community/gpt2-medium`; see
+/// [`hf_model`](crate::hf_model)).
 pub fn load(path: &Path) -> Result<Checkpoint, String> {
+    if crate::hf_model::is_model_dir(path) {
+        return crate::hf_model::load(path);
+    }
+    let name = path.to_string_lossy();
+    if !path.exists() && (crate::hf_model::GPT2_NAMES.contains(&name.as_ref()) || name.matches('/').count() == 1 && !name.ends_with(".safetensors")) {
+        return crate::hf_model::load(&crate::hf_model::find_cached(&name)?);
+    }
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
     alpha_core::checkpoint::from_bytes(&bytes).map_err(|e| format!("checkpoint {} is {e}", path.display()))
 }

@@ -11,6 +11,7 @@ pub mod device;
 pub mod engine;
 pub mod eval;
 pub mod fsutil;
+pub mod hf_model;
 pub mod hugepages;
 pub mod info;
 pub mod memory;

@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Train a GPT (default: nanoGPT's Shakespeare-char CPU run on the embedded corpus).
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     /// Generate text from a checkpoint.
     Sample(sample::SampleArgs),
     /// Print the mean cross-entropy of a checkpoint on a text file as one JSON line.

@@ -93,6 +93,12 @@ pub struct TrainArgs {
     /// given explicitly override the settings).
     #[arg(long, value_name = "FILE")]
     pub resume: Option<PathBuf>,
+    /// Start from these weights with a fresh optimizer (nanoGPT's init_from, for fine-tuning):
+    /// a Hugging Face GPT-2 directory, a model in the local Hugging Face cache by name (gpt2,
+    /// gpt2-medium, gpt2-large, gpt2-xl, org/name), or an Alpha checkpoint. Its model shape and
+    /// tokenizer win over the size flags and --tokenizer; --block may shrink the context.
+    #[arg(long, value_name = "DIR|NAME|FILE", conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
     /// Write JSON Lines metrics to this file: a new run refuses an existing file (unless
     /// --overwrite, which starts it anew); a resumed run appends to it.
     #[arg(long, value_name = "FILE")]
@@ -251,6 +257,8 @@ struct Run {
     config: GptConfig,
     settings: TrainSettings,
     resume: Option<checkpoint::Checkpoint>,
+    /// `--init-from`'s weights, cropped to the run's context.
+    init: Option<checkpoint::Checkpoint>,
 }
 
 fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, String> {
@@ -270,8 +278,21 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         grad_accum: args.grad_accum,
         seed: args.seed,
     };
+    if let Some(from) = &args.init_from {
+        if args.model.tokenizer.is_some() {
+            return Err(format!("--tokenizer: --init-from {} brings its own tokenizer", from.display()));
+        }
+        let mut ck = checkpoint::load(from)?;
+        let block = if explicit("block") { args.model.block } else { ck.config.block_size };
+        if block > ck.config.block_size {
+            return Err(format!("--block {block} is larger than {}'s context of {} tokens", from.display(), ck.config.block_size));
+        }
+        ck.params = crop_context(&ck.params, ck.config, block)?;
+        ck.config.block_size = block;
+        return Ok(Run { config: ck.config, settings: fresh_settings, resume: None, init: Some(ck) });
+    }
     let Some(path) = &args.resume else {
-        return Ok(Run { config: args.model.config(0), settings: fresh_settings, resume: None });
+        return Ok(Run { config: args.model.config(0), settings: fresh_settings, resume: None, init: None });
     };
     let ck = checkpoint::load(path)?;
     if args.model.tokenizer.is_some() {
@@ -300,7 +321,19 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
           min_lr => "min_lr", warmup => "warmup",
           weight_decay => "weight_decay", beta1 => "beta1", beta2 => "beta2", grad_clip => "grad_clip",
           grad_accum => "grad_accum", seed => "seed");
-    Ok(Run { config: c, settings: s, resume: Some(ck) })
+    Ok(Run { config: c, settings: s, resume: Some(ck), init: None })
+}
+
+/// `params` of a model of `config` for a context of `block` tokens: the position table's
+/// first `block` rows (nanoGPT's `crop_block_size`), every other tensor as it is.
+fn crop_context(params: &[f32], config: GptConfig, block: usize) -> Result<Vec<f32>, String> {
+    let (from, to) = (Plan::new(config, 1, 1), Plan::new(GptConfig { block_size: block, ..config }, 1, 1));
+    let (from, to) = (from.map_err(|e| e.to_string())?, to.map_err(|e| e.to_string())?);
+    let mut out = vec![0f32; to.params_len()];
+    for (a, b) in from.params().zip(to.params()) {
+        out[b.span.range()].copy_from_slice(&params[a.span.range()][..b.span.len]);
+    }
+    Ok(out)
 }
 
 /// The most batches `--eval-iters` may ask for.
@@ -390,8 +423,8 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let s = run.settings.clone();
     let data_name = corpus::label(&s.data);
     let pool = args.device.pool()?;
-    // A resumed run keeps the checkpoint's tokenizer.
-    let known = match &run.resume {
+    // A resumed or initialised run keeps its checkpoint's tokenizer.
+    let known = match run.resume.as_ref().or(run.init.as_ref()) {
         Some(ck) => Some(ck.tokenizer.clone()),
         None => args.model.tokenizer.as_deref().map(|p| crate::tokenizer::load(p).map(Tokenizer::from)).transpose()?,
     };
@@ -402,7 +435,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         let (tokenizer, tokens) = load_corpus(&s.data, known, &pool)?;
         (tokenizer, TrainData::Text(tokens))
     };
-    if run.resume.is_none() {
+    if run.resume.is_none() && run.init.is_none() {
         run.config.vocab_size = tokenizer.vocab_size();
     }
     let block = run.config.block_size;
@@ -474,7 +507,11 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
             let rng = state.rng().map_err(|e| e.to_string())?;
             RunState { params: ck.params, moments: Some((m, v)), step: state.step, rng }
         }
-        None => RunState::fresh(&plan, s.seed).map_err(|e| e.to_string())?,
+        // Fine-tuning: the weights, a fresh optimizer, the run's batch stream.
+        None => match run.init.take() {
+            Some(ck) => RunState { params: ck.params, moments: None, step: 0, rng: Rng::new(derive_seed(s.seed, stream::BATCHES, 0)) },
+            None => RunState::fresh(&plan, s.seed).map_err(|e| e.to_string())?,
+        },
     };
     let start_step = start.step;
     let cfg = s.train_config();
@@ -496,7 +533,11 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
 
     let console = Console::new(s.iters, start_step);
     let params_count = plan.num_params();
-    let what = if start_step > 0 { format!("resuming at step {start_step}") } else { "training from scratch".into() };
+    let what = match (&args.init_from, start_step) {
+        (_, 1..) => format!("resuming at step {start_step}"),
+        (Some(from), _) => format!("fine-tuning {}", from.display()),
+        (None, _) => "training from scratch".into(),
+    };
     console.line(&format!(
         "{what}: {params_count} parameters ({:.2}M), vocab {}, {} layers, {} heads, {} embd, block {block}, batch {}x{}, on {}, data {}",
         params_count as f64 / 1e6,
@@ -656,6 +697,7 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) ->
         entries.push((if s.dataset { "dataset" } else { "data" }, runfile::string(&s.data)));
     }
     entries.extend(args.model.tokenizer.as_ref().map(|t| ("tokenizer", runfile::string(&t.to_string_lossy()))));
+    entries.extend(args.init_from.as_ref().map(|p| ("init_from", runfile::string(&p.to_string_lossy()))));
     entries.extend([
         ("layers", int(config.n_layer as u64)),
         ("heads", int(config.n_head as u64)),

@@ -1,0 +1,218 @@
+//! Hugging Face GPT-2 directories in: `config.json`, `model.safetensors` (or shards named by
+//! `model.safetensors.index.json`) and the tokenizer (`tokenizer.json`, or `vocab.json` +
+//! `merges.txt`), read as a checkpoint of weights. The weights keep their names (with or
+//! without the `transformer.` prefix); `transformers`' Conv1D stores `[in, out]`, so the four
+//! projection matrices are transposed into Alpha's `nn.Linear` layout; F32, F16 and BF16 are
+//! read; the head is tied to the token embedding. Files are memory-mapped, never copied whole.
+//! Alpha never unpickles: a directory with only `pytorch_model.bin` is refused, with the
+//! command that converts it.
+
+use crate::checkpoint::Checkpoint;
+use alpha_core::plan::{ParamInfo, ParamKind, Plan};
+use alpha_core::tokenizer::Tokenizer;
+use alpha_core::GptConfig;
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde_json::Value;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// Whether `path` is a model directory (it holds a `config.json`).
+pub fn is_model_dir(path: &Path) -> bool {
+    path.is_dir() && path.join("config.json").is_file()
+}
+
+/// The names `--init-from` and `--checkpoint` take for Hugging Face's GPT-2 models, found in
+/// the local Hugging Face cache.
+pub const GPT2_NAMES: [&str; 4] = ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"];
+
+/// The directory a model name (`gpt2`, `openai-community/gpt2`, any `org/name`) has in the
+/// local Hugging Face cache (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`):
+/// its newest snapshot. Nothing is downloaded; the error says where it looked.
+pub fn find_cached(name: &str) -> Result<PathBuf, String> {
+    let hub = match (std::env::var_os("HF_HUB_CACHE"), std::env::var_os("HF_HOME"), std::env::var_os("HOME")) {
+        (Some(cache), _, _) => PathBuf::from(cache),
+        (None, Some(home), _) => PathBuf::from(home).join("hub"),
+        (None, None, Some(home)) => PathBuf::from(home).join(".cache/huggingface/hub"),
+        (None, None, None) => return Err(format!("{name}: no Hugging Face cache (set HF_HOME)")),
+    };
+    // GPT-2's models moved to openai-community/; the cache keeps either name.
+    let mut repos = vec![name.replace('/', "--")];
+    if !name.contains('/') {
+        repos.push(format!("openai-community--{name}"));
+    }
+    let mut looked = Vec::new();
+    for repo in &repos {
+        let snapshots = hub.join(format!("models--{repo}")).join("snapshots");
+        looked.push(snapshots.display().to_string());
+        let Ok(entries) = std::fs::read_dir(&snapshots) else { continue };
+        let newest = entries.filter_map(|e| e.ok()).filter(|e| is_model_dir(&e.path())).max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
+        if let Some(dir) = newest {
+            return Ok(dir.path());
+        }
+    }
+    Err(format!(
+        "model {name} is not in the local Hugging Face cache (looked in {}); download it there first (huggingface-cli download {name}), or give its directory",
+        looked.join(" and ")
+    ))
+}
+
+/// `config.json` as Alpha's model; what Alpha's GPT does not compute is an error.
+fn config(dir: &Path) -> Result<GptConfig, String> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let c: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
+    let bad = |what: String| format!("{}: {what}; Alpha runs GPT-2 (model_type gpt2, gelu_new, LayerNorm eps 1e-5, tied head)", path.display());
+    let size =
+        |key: &str| c.get(key).and_then(Value::as_u64).and_then(|v| usize::try_from(v).ok()).ok_or_else(|| bad(format!("{key} is missing or not a size")));
+    if let Some(kind) = c.get("model_type").and_then(Value::as_str).filter(|k| *k != "gpt2") {
+        return Err(bad(format!("model_type is {kind:?}")));
+    }
+    match c.get("activation_function").and_then(Value::as_str).unwrap_or("gelu_new") {
+        "gelu_new" | "gelu_pytorch_tanh" => {}
+        other => return Err(bad(format!("activation_function is {other:?}"))),
+    }
+    let eps = c.get("layer_norm_epsilon").and_then(Value::as_f64).unwrap_or(1e-5);
+    if eps != 1e-5 {
+        return Err(bad(format!("layer_norm_epsilon is {eps}")));
+    }
+    let flag = |key: &str, default: bool| c.get(key).and_then(Value::as_bool).unwrap_or(default);
+    for (key, want) in [("scale_attn_weights", true), ("scale_attn_by_inverse_layer_idx", false), ("add_cross_attention", false), ("tie_word_embeddings", true)]
+    {
+        if flag(key, want) != want {
+            return Err(bad(format!("{key} is {}", !want)));
+        }
+    }
+    let n_embd = size("n_embd")?;
+    if let Some(inner) = c.get("n_inner").and_then(Value::as_u64).filter(|&i| i as usize != 4 * n_embd) {
+        return Err(bad(format!("n_inner is {inner}, not 4 x n_embd")));
+    }
+    let config = GptConfig { vocab_size: size("vocab_size")?, block_size: size("n_positions")?, n_layer: size("n_layer")?, n_head: size("n_head")?, n_embd };
+    config.validate().map_err(|e| bad(e.to_string()))?;
+    Ok(config)
+}
+
+/// The weight files: `model.safetensors`, or the shards its index names.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| format!("cannot read {}: {e}", index.display()))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", index.display()))?;
+        let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| format!("{} has no weight_map", index.display()))?;
+        let mut files: Vec<String> = map.values().filter_map(Value::as_str).map(str::to_string).collect();
+        files.sort();
+        files.dedup();
+        if files.iter().any(|f| f.contains('/') || f.contains('\\') || f == "..") {
+            return Err(format!("{} names a shard outside its directory", index.display()));
+        }
+        return Ok(files.iter().map(|f| dir.join(f)).collect());
+    }
+    if dir.join("pytorch_model.bin").is_file() {
+        return Err(format!(
+            "{} has only pytorch_model.bin, a pickle, which Alpha never loads; convert it once with: python -c \"from transformers import GPT2LMHeadModel as M; M.from_pretrained('{0}').save_pretrained('{0}')\" (writes model.safetensors)",
+            dir.display()
+        ));
+    }
+    Err(format!("{} has no model.safetensors (nor a sharded model.safetensors.index.json)", dir.display()))
+}
+
+/// Whether the tensor is stored as `[in, out]` (Conv1D) in `transformers`.
+fn is_conv1d(kind: ParamKind) -> bool {
+    matches!(kind, ParamKind::QkvWeight | ParamKind::AttnProjWeight | ParamKind::FcWeight | ParamKind::MlpProjWeight)
+}
+
+/// The shape of `info` in Alpha's layout (`[out, in]` for matrices).
+fn alpha_shape(info: &ParamInfo, c: &GptConfig) -> Vec<usize> {
+    let e = c.n_embd;
+    use ParamKind::*;
+    match info.kind {
+        Wte => vec![c.vocab_size, e],
+        Wpe => vec![c.block_size, e],
+        QkvWeight => vec![3 * e, e],
+        QkvBias => vec![3 * e],
+        AttnProjWeight => vec![e, e],
+        FcWeight => vec![4 * e, e],
+        FcBias => vec![4 * e],
+        MlpProjWeight => vec![e, 4 * e],
+        _ => vec![e],
+    }
+}
+
+/// A tensor's values as f32 (F32, F16 or BF16, little-endian).
+fn values(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>, String> {
+    let data = t.data();
+    Ok(match t.dtype() {
+        Dtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::F16 => data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::BF16 => data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        other => return Err(format!("tensor {name} is {other:?}; Alpha reads F32, F16 and BF16")),
+    })
+}
+
+/// Reads a Hugging Face GPT-2 directory as a checkpoint of weights (no optimizer state).
+pub fn load(dir: &Path) -> Result<Checkpoint, String> {
+    let config = config(dir)?;
+    let tokenizer = Tokenizer::from(crate::tokenizer::load(dir)?);
+    if tokenizer.vocab_size() != config.vocab_size {
+        return Err(format!("{}: config.json's vocab_size is {} but the tokenizer has {} tokens", dir.display(), config.vocab_size, tokenizer.vocab_size()));
+    }
+    let files = weight_files(dir)?;
+    let maps = files
+        .iter()
+        .map(|p| {
+            let f = File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            // SAFETY: read-only; a file changed while it loads can only change the values read.
+            unsafe { Mmap::map(&f) }.map_err(|e| format!("cannot map {}: {e}", p.display()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let shards = maps
+        .iter()
+        .zip(&files)
+        .map(|(m, p)| SafeTensors::deserialize(m).map_err(|e| format!("{} is not a valid safetensors file: {e}", p.display())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let find = |name: &str| -> Option<TensorView<'_>> {
+        let short = name.strip_prefix("transformer.").unwrap_or(name);
+        shards.iter().find_map(|s| s.tensor(name).or_else(|_| s.tensor(short)).ok())
+    };
+    let plan = Plan::new(config, 1, 1).map_err(|e| e.to_string())?;
+    let mut params = alpha_core::plan::try_vec("parameters", plan.params_len(), 0f32).map_err(|e| e.to_string())?;
+    for info in plan.params() {
+        let name = info.to_string();
+        let t = find(&name).ok_or_else(|| format!("{}: the weights have no tensor {name}", dir.display()))?;
+        let mut want = alpha_shape(&info, &config);
+        if is_conv1d(info.kind) {
+            want.reverse();
+        }
+        if t.shape() != want.as_slice() {
+            return Err(format!("{}: tensor {name} is {:?}, the config implies {want:?}", dir.display(), t.shape()));
+        }
+        let v = values(&name, &t)?;
+        let dst = &mut params[info.span.range()];
+        if is_conv1d(info.kind) {
+            // [in, out] -> [out, in].
+            let (rows, cols) = (want[0], want[1]);
+            for (i, row) in v.chunks_exact(cols).enumerate() {
+                for (j, &x) in row.iter().enumerate() {
+                    dst[j * rows + i] = x;
+                }
+            }
+        } else {
+            dst.copy_from_slice(&v);
+        }
+        if let Some(index) = dst.iter().position(|x| !x.is_finite()) {
+            return Err(format!("{}: tensor {name} holds {} at index {index}", dir.display(), dst[index]));
+        }
+    }
+    // An untied head would be a different model.
+    if let Some(head) = find("lm_head.weight") {
+        let wte = plan.params().find(|i| i.kind == ParamKind::Wte).expect("a GPT has a token embedding");
+        if head.shape() != [config.vocab_size, config.n_embd] || values("lm_head.weight", &head)? != params[wte.span.range()] {
+            return Err(format!("{}: lm_head.weight is not the token embedding; Alpha's head is tied", dir.display()));
+        }
+    }
+    Ok(Checkpoint { config, tokenizer, params, optimizer: None })
+}
