@@ -10,6 +10,9 @@
    and each line) and on slices of the corpus (one with <|endoftext|> between documents),
    `alpha-native tokenizer encode` must give the ids `tokenizers` gives, and `alpha-native
    tokenizer decode` of them the text's bytes.
+4. A character-level model exported by `alpha-native export --format hf`: `tokenizers` loads its
+   tokenizer.json and gives every character its id in the checkpoint's vocabulary (the index in
+   its sorted characters), decodes them back, and refuses a character outside it.
 Needs: pip install tokenizers
 """
 import json
@@ -95,7 +98,31 @@ def main():
                 if expected is not None and decoded != expected:
                     sys.exit(f"{case}, {name}: decode(encode(text)) is not the text")
                 checked += 1
-        print(f"tokenizer parity: {checked} texts x tokenizers, ids equal to tokenizers {__import__('tokenizers').__version__}; decode(encode(x)) == x")
+        check_char_export(alpha, tmp)
+        print(f"tokenizer parity: {checked} texts x tokenizers, ids equal to tokenizers {__import__('tokenizers').__version__}; decode(encode(x)) == x; a character model's export splits as Alpha does")
+
+
+def check_char_export(alpha, tmp):
+    with open(CORPUS, encoding="utf-8") as f:
+        text = f.read()[:30_000]
+    data = os.path.join(tmp, "chars.txt")
+    with open(data, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    out = os.path.join(tmp, "char-run")
+    subprocess.run([alpha, "train", "--data", data, "--iters", "1", "--layers", "1", "--heads", "1", "--embd", "8", "--block", "8", "--batch", "1",
+                    "--eval-interval", "0", "--sample-interval", "0", "--out", out], check=True, capture_output=True)
+    exported = os.path.join(tmp, "char-hf")
+    subprocess.run([alpha, "export", "--checkpoint", os.path.join(out, "ckpt.safetensors"), "--out", exported], check=True, capture_output=True)
+    tok = Tokenizer.from_file(os.path.join(exported, "tokenizer.json"))
+    chars = sorted(set(text))
+    ids = tok.encode(text).ids
+    if ids != [chars.index(c) for c in text] or tok.decode(ids) != text:
+        sys.exit("the exported character tokenizer does not split as Alpha's")
+    try:
+        tok.encode("\u20ac" if "\u20ac" not in chars else "\u2603")
+        sys.exit("the exported character tokenizer encoded a character outside its vocabulary")
+    except Exception:
+        pass
 
 
 if __name__ == "__main__":

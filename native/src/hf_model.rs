@@ -1,11 +1,13 @@
-//! Hugging Face GPT-2 directories in: `config.json`, `model.safetensors` (or shards named by
+//! Hugging Face GPT-2 directories in and out. In: `config.json`, `model.safetensors` (or shards named by
 //! `model.safetensors.index.json`) and the tokenizer (`tokenizer.json`, or `vocab.json` +
 //! `merges.txt`), read as a checkpoint of weights. The weights keep their names (with or
 //! without the `transformer.` prefix); `transformers`' Conv1D stores `[in, out]`, so the four
 //! projection matrices are transposed into Alpha's `nn.Linear` layout; F32, F16 and BF16 are
 //! read; the head is tied to the token embedding. Files are memory-mapped, never copied whole.
 //! Alpha never unpickles: a directory with only `pytorch_model.bin` is refused, with the
-//! command that converts it.
+//! command that converts it. Out ([`save`]): the same layout from any Alpha checkpoint, which
+//! `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` load; a character
+//! tokenizer becomes a `tokenizers` word-level model over single characters.
 
 use crate::checkpoint::Checkpoint;
 use alpha_core::plan::{ParamInfo, ParamKind, Plan};
@@ -215,4 +217,89 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
         }
     }
     Ok(Checkpoint { config, tokenizer, params, optimizer: None })
+}
+
+/// The `tokenizer.json` of a character tokenizer: each character a word of a word-level
+/// model, text split into single characters, tokens joined back without separators.
+fn char_tokenizer_json(chars: &[char]) -> Value {
+    let vocab: serde_json::Map<String, Value> = chars.iter().enumerate().map(|(id, c)| (c.to_string(), id.into())).collect();
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated", "invert": false},
+        "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        // An unknown character is an error, as in Alpha: the unknown token is not a word.
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    })
+}
+
+/// Writes `ck` to `dir` as a Hugging Face GPT-2 directory: `config.json`, `model.safetensors`
+/// (metadata `format: pt`, as `transformers` expects; the head tied, so omitted),
+/// `tokenizer.json`, `tokenizer_config.json` and `generation_config.json`, each atomically.
+pub fn save(ck: &Checkpoint, dir: &Path) -> Result<(), String> {
+    let c = ck.config;
+    let eot = match &ck.tokenizer {
+        Tokenizer::Bpe(b) => b.added_id(alpha_core::tokenizer::bpe::END_OF_TEXT),
+        Tokenizer::Char(_) => None,
+    };
+    let plan = Plan::new(c, 1, 1).map_err(|e| e.to_string())?;
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for info in plan.params() {
+        let data = &ck.params[info.span.range()];
+        let mut shape = alpha_shape(&info, &c);
+        let bytes: Vec<u8> = if is_conv1d(info.kind) {
+            // [out, in] -> [in, out].
+            let (rows, cols) = (shape[0], shape[1]);
+            shape.reverse();
+            (0..cols).flat_map(|j| (0..rows).map(move |i| data[i * cols + j])).flat_map(f32::to_le_bytes).collect()
+        } else {
+            data.iter().flat_map(|x| x.to_le_bytes()).collect()
+        };
+        tensors.push((info.to_string(), shape, bytes));
+    }
+    let views = tensors
+        .iter()
+        .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let meta = [("format".to_string(), "pt".to_string())].into_iter().collect();
+    let weights = safetensors::serialize(views, Some(meta)).map_err(|e| e.to_string())?;
+    let config = serde_json::json!({
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": null,
+        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false, "reorder_and_upcast_attn": false,
+        "tie_word_embeddings": true, "use_cache": true, "bos_token_id": eot, "eos_token_id": eot, "dtype": "float32",
+    });
+    let (tokenizer, special) = match &ck.tokenizer {
+        Tokenizer::Bpe(b) => (
+            serde_json::from_str(&alpha_core::tokenizer::hf::to_tokenizer_json(b)).expect("the writer writes JSON"),
+            eot.map(|_| alpha_core::tokenizer::bpe::END_OF_TEXT),
+        ),
+        Tokenizer::Char(t) => (char_tokenizer_json(t.chars()), None),
+    };
+    let mut tokenizer_config = serde_json::json!({"model_max_length": c.block_size, "add_prefix_space": false, "clean_up_tokenization_spaces": false});
+    if let Some(s) = special {
+        for key in ["bos_token", "eos_token", "unk_token"] {
+            tokenizer_config[key] = s.into();
+        }
+        tokenizer_config["tokenizer_class"] = "GPT2Tokenizer".into();
+    } else {
+        tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast".into();
+    }
+    let generation = serde_json::json!({"bos_token_id": eot, "eos_token_id": eot});
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let files: [(&str, Vec<u8>); 5] = [
+        ("config.json", format!("{config:#}\n").into_bytes()),
+        ("model.safetensors", weights),
+        ("tokenizer.json", format!("{tokenizer:#}\n").into_bytes()),
+        ("tokenizer_config.json", format!("{tokenizer_config:#}\n").into_bytes()),
+        ("generation_config.json", format!("{generation:#}\n").into_bytes()),
+    ];
+    for (name, bytes) in files {
+        let path = dir.join(name);
+        crate::fsutil::write_atomic(&path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
 }

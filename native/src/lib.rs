@@ -1,6 +1,6 @@
 //! # alpha-native
 //!
-//! The Alpha command line (`alpha-native train | sample | eval | bench | info | prepare | tokenizer`) as a library: the commands,
+//! The Alpha command line (`alpha-native train | sample | eval | bench | info | export | prepare | tokenizer`) as a library: the commands,
 //! the checkpoint format and the file helpers they share.
 
 pub mod bench;
@@ -10,6 +10,7 @@ pub mod dataset;
 pub mod device;
 pub mod engine;
 pub mod eval;
+pub mod export;
 pub mod fsutil;
 pub mod hf_model;
 pub mod hugepages;

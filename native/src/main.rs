@@ -1,6 +1,6 @@
 //! `alpha-native`: train, sample, evaluate and benchmark GPT language models on the CPU.
 
-use alpha_native::{bench, dataset, eval, info, runfile, sample, tokenizer, train};
+use alpha_native::{bench, dataset, eval, export, info, runfile, sample, tokenizer, train};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
@@ -28,6 +28,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Show the machine (CPU, SIMD, peak) and what a configuration needs (memory, time).
     Info(info::InfoArgs),
+    /// Write a model as a Hugging Face GPT-2 directory (transformers' from_pretrained loads it).
+    Export(export::ExportArgs),
     /// Tokenize text or JSONL into a dataset for `train --dataset` (nanoGPT's train.bin/val.bin).
     Prepare(dataset::PrepareArgs),
     /// Train, apply and inspect byte-level BPE tokenizers (Hugging Face tokenizer.json).
@@ -69,6 +71,7 @@ fn main() {
         Command::Info(args) => info::run(args),
         Command::Tokenizer(command) => tokenizer::run(command),
         Command::Prepare(args) => dataset::prepare(args),
+        Command::Export(args) => export::run(args),
     };
     if let Err(msg) = result {
         eprintln!("error: {msg}");

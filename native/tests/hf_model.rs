@@ -226,3 +226,46 @@ fn what_alpha_does_not_run_is_refused_in_one_line() {
     let model = variant(&dir, "untied", &untied, |_| {});
     expect_error(&dir, &["eval", "--checkpoint", model.to_str().unwrap(), "--text", text.to_str().unwrap()], "lm_head.weight is not the token embedding");
 }
+
+/// Export writes what transformers wrote: the fixture's weights come back byte for byte, and
+/// a fine-tuned model exports and loads back with the same loss.
+#[test]
+fn export_writes_the_hugging_face_layout() {
+    let dir = workdir("hf-export");
+    let m = fixture();
+    assert_ok(&run(&dir, &["export", "--checkpoint", m.to_str().unwrap(), "--out", "fixture"]));
+    assert_eq!(fs::read(dir.join("fixture/model.safetensors")).unwrap(), fs::read(m.join("model.safetensors")).unwrap());
+    let config: Value = serde_json::from_str(&fs::read_to_string(dir.join("fixture/config.json")).unwrap()).unwrap();
+    let theirs: Value = serde_json::from_str(&fs::read_to_string(m.join("config.json")).unwrap()).unwrap();
+    for key in ["vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "activation_function", "layer_norm_epsilon", "eos_token_id"] {
+        assert_eq!(config[key], theirs[key], "{key}");
+    }
+    expect_error(&dir, &["export", "--checkpoint", m.to_str().unwrap(), "--out", "fixture"], "is not empty; pass --force");
+
+    fs::copy(fixture().join("text.txt"), dir.join("text.txt")).unwrap();
+    let train = [
+        "train",
+        "--init-from",
+        m.to_str().unwrap(),
+        "--data",
+        "text.txt",
+        "--iters",
+        "3",
+        "--batch",
+        "2",
+        "--block",
+        "32",
+        "--eval-interval",
+        "0",
+        "--sample-interval",
+        "0",
+        "--out",
+        "ft",
+    ];
+    assert_ok(&run(&dir, &train));
+    assert_ok(&run(&dir, &["export", "--checkpoint", "ft/ckpt.safetensors", "--out", "ft-hf"]));
+    let a = run(&dir, &["eval", "--checkpoint", "ft/ckpt.safetensors", "--text", "text.txt"]);
+    let b = run(&dir, &["eval", "--checkpoint", "ft-hf", "--text", "text.txt"]);
+    assert_ok(&a);
+    assert_eq!(stdout(&a), stdout(&b));
+}
