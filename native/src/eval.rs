@@ -6,23 +6,28 @@ use crate::corpus::read_text;
 use crate::device::{Backend, DeviceArgs};
 use crate::sample::context_len;
 use alpha_core::cpu::{Batch, CpuExecutor};
+use alpha_core::data::Tokens;
 use alpha_core::parallel::ThreadPool;
 use alpha_core::train::OwnedMemory;
 use alpha_core::{walk, Plan};
 use alpha_gpu::{block_on, GpuForward};
 use clap::Args;
 use std::borrow::Cow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Flags of `alpha-native eval`.
 #[derive(Args, Debug, Clone)]
 pub struct EvalArgs {
-    /// Checkpoint to evaluate.
-    #[arg(long, value_name = "FILE")]
+    /// The model: an Alpha checkpoint, a Hugging Face GPT-2 directory, or a cached model name.
+    #[arg(long, value_name = "FILE|DIR|NAME")]
     pub checkpoint: PathBuf,
     /// UTF-8 text to measure the model on.
-    #[arg(long, value_name = "FILE")]
-    pub text: PathBuf,
+    #[arg(long, value_name = "FILE", required_unless_present = "dataset", conflicts_with = "dataset")]
+    pub text: Option<PathBuf>,
+    /// A prepared dataset (as `train --dataset` takes it): the model is measured on its
+    /// validation split.
+    #[arg(long, value_name = "DIR|PATTERN")]
+    pub dataset: Option<String>,
     /// Window length T. Default: the checkpoint's block size.
     #[arg(long)]
     pub block: Option<usize>,
@@ -49,35 +54,53 @@ pub struct EvalResult {
 }
 
 /// Evaluates `checkpoint` on the text file at `text`.
-pub fn evaluate(checkpoint: &Path, text: &Path, block: Option<usize>, batch: usize, device: &DeviceArgs) -> Result<EvalResult, String> {
+pub fn evaluate(args: &EvalArgs) -> Result<EvalResult, String> {
+    let EvalArgs { checkpoint, block, batch, device, .. } = args;
+    let batch = *batch;
     device.check()?;
     if batch == 0 {
         return Err("--batch must be at least 1".into());
     }
     let ck = checkpoint::load(checkpoint)?;
-    let t = context_len(block, ck.config.block_size)?;
-    let content = read_text(text, "text file")?;
+    let t = context_len(*block, ck.config.block_size)?;
     let tok = &ck.tokenizer;
-    let ids = tok.encode_with(&device.pool()?, &content).map_err(|e| format!("text file {}: {e}", text.display()))?;
-    let windows = ids.len().saturating_sub(1) / t;
+    let pool = device.pool()?;
+    let (ids, dataset, what);
+    let segments;
+    let tokens: Tokens<'_> = match (&args.text, &args.dataset) {
+        (Some(text), _) => {
+            let content = read_text(text, "text file")?;
+            ids = tok.encode_with(&pool, &content).map_err(|e| format!("text file {}: {e}", text.display()))?;
+            what = format!("text file {}", text.display());
+            Tokens::Ids(&ids)
+        }
+        (None, Some(spec)) => {
+            dataset = crate::dataset::open(spec, Some(tok.clone()), &pool)?;
+            segments = dataset.val.segments();
+            what = format!("dataset {spec}'s val split");
+            Tokens::Stream(&segments)
+        }
+        (None, None) => return Err("give --text or --dataset".into()),
+    };
+    let windows = tokens.len().saturating_sub(1) / t;
     if windows == 0 {
-        return Err(format!("text file {} has {} tokens; a window of {t} needs at least {}", text.display(), ids.len(), t + 1));
+        return Err(format!("{what} has {} tokens; a window of {t} needs at least {}", tokens.len(), t + 1));
     }
-    let predicted_bytes: usize = ids[1..windows * t + 1].iter().map(|&id| tok.token_bytes(id).len()).sum();
     let b = batch.min(windows);
     let plan = Plan::new(ck.config, b, t).map_err(|e| e.to_string())?;
     crate::memory::check(&plan, device.backend)?;
     let mut model = Forward::new(device, plan, ck.params)?;
     let (mut x, mut y) = (vec![0; plan.tokens()], vec![0; plan.tokens()]);
-    let mut total = 0.0f64;
+    let (mut total, mut predicted_bytes) = (0.0f64, 0usize);
     for first in (0..windows).step_by(b) {
         let real = b.min(windows - first);
         for r in 0..b {
             // Rows past the last window repeat it; their losses are not counted.
             let w = first + r.min(real - 1);
-            x[r * t..(r + 1) * t].copy_from_slice(&ids[w * t..(w + 1) * t]);
-            y[r * t..(r + 1) * t].copy_from_slice(&ids[w * t + 1..(w + 1) * t + 1]);
+            tokens.read(w * t, &mut x[r * t..(r + 1) * t]);
+            tokens.read(w * t + 1, &mut y[r * t..(r + 1) * t]);
         }
+        predicted_bytes += y[..real * t].iter().map(|&id| tok.token_bytes(id).len()).sum::<usize>();
         total += model.losses(&x, &y)?[..real * t].iter().map(|&l| l as f64).sum::<f64>();
     }
     Ok(EvalResult { loss: total / (windows * t) as f64, windows, tokens: windows * t, bpb: total / std::f64::consts::LN_2 / predicted_bytes as f64 })
@@ -113,7 +136,7 @@ impl Forward {
 
 /// Runs `eval` and prints `{"loss": L, "windows": n, "tokens": n*T, "bpb": B}`.
 pub fn run(args: &EvalArgs) -> Result<(), String> {
-    let r = evaluate(&args.checkpoint, &args.text, args.block, args.batch, &args.device)?;
+    let r = evaluate(args)?;
     println!("{}", serde_json::json!({"loss": r.loss, "windows": r.windows, "tokens": r.tokens, "bpb": r.bpb}));
     Ok(())
 }

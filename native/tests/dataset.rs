@@ -81,6 +81,13 @@ fn train_on_a_dataset_resumes_exactly_and_reads_nanogpt_and_llmc_layouts() {
     assert_ok(&run(&dir, &[&resume[..], QUIET].concat()));
     assert_eq!(train_losses(&dir.join("whole.jsonl")), train_losses(&dir.join("split.jsonl")));
     assert!(fs::read_to_string(dir.join("whole/run.toml")).unwrap().contains("dataset = \"ds\""));
+    // eval --dataset measures the val split.
+    let o = run(&dir, &["eval", "--checkpoint", "whole/ckpt.safetensors", "--dataset", "ds", "--block", "16"]);
+    assert_ok(&o);
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let val_tokens = fs::metadata(dir.join("ds/val.bin")).unwrap().len() as u64 / 2;
+    assert_eq!(r["windows"].as_u64().unwrap(), (val_tokens - 1) / 16, "{r}");
+    assert!(r["loss"].as_f64().unwrap().is_finite() && r["bpb"].as_f64().unwrap() > 0.0);
 
     // nanoGPT's prepare.py: the same two files without meta.json; the tokenizer is named.
     fs::create_dir_all(dir.join("nanogpt")).unwrap();
