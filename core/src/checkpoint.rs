@@ -173,6 +173,10 @@ pub struct TrainState {
     pub rng_state: String,
     /// The run's settings.
     pub settings: TrainSettings,
+    /// The lowest validation loss so far, where the run keeps its best checkpoint only
+    /// (`train --save best`): a resumed run saves again only below it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_val_loss: Option<f64>,
 }
 
 impl TrainState {
@@ -550,7 +554,7 @@ mod tests {
         params[7] = 0.5;
         let mut v = params.clone();
         v[0] = f32::INFINITY;
-        let state = TrainState { step: 3, rng_state: "1".into(), settings: settings() };
+        let state = TrainState { step: 3, rng_state: "1".into(), settings: settings(), best_val_loss: None };
         let err = write(config, &abc(), &params, Some((&params, &v, &state)), &mut count).unwrap_err();
         assert_eq!(err.to_string(), "the model is not finite (optimizer.exp_avg_sq.transformer.wte.weight[0] is inf)");
         assert_eq!(written, 0, "nothing is written before every value is checked");

@@ -107,6 +107,15 @@ pub struct TrainArgs {
     /// --trace file, and an existing --metrics file of a new run.
     #[arg(long)]
     pub overwrite: bool,
+    /// Which checkpoints the run writes: `always` (every --checkpoint-interval steps, at the end
+    /// and on Ctrl-C), or `best` (only after an evaluation whose val loss is the lowest so far:
+    /// nanoGPT's always_save_checkpoint=False, for fine-tuning).
+    #[arg(long, value_enum, default_value_t = SaveMode::Always)]
+    pub save: SaveMode,
+    /// Checkpoints kept: DIR/ckpt.safetensors is the newest; with N above 1 the last N saves
+    /// are also kept as DIR/ckpt-STEP.safetensors (1 to 1000).
+    #[arg(long, default_value_t = 1)]
+    pub keep: usize,
     /// Write a Chrome trace (open in Perfetto) of the first --trace-steps steps to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -118,6 +127,15 @@ pub struct TrainArgs {
     /// run writes its resolved configuration to DIR/run.toml, which repeats it.
     #[arg(long, value_name = "FILE|PRESET")]
     pub config: Option<PathBuf>,
+}
+
+/// Which checkpoints a run writes (`--save`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveMode {
+    /// At the checkpoint interval, at the end and on Ctrl-C.
+    Always,
+    /// After each evaluation with the lowest val loss so far, only.
+    Best,
 }
 
 /// The model and data flags `train`, `bench` and `info` share.
@@ -324,6 +342,33 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
     Ok(Run { config: c, settings: s, resume: Some(ck), init: None })
 }
 
+/// With `keep` above 1, keeps the checkpoint just saved at `path` (step `step`) as
+/// `ckpt-STEP.safetensors` beside it too (a hard link where the file system has them) and
+/// removes such files beyond the newest `keep`.
+fn keep_last(path: &Path, step: u64, keep: usize) -> Result<(), String> {
+    if keep <= 1 {
+        return Ok(());
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let stamped = dir.join(format!("ckpt-{step:08}.safetensors"));
+    let _ = std::fs::remove_file(&stamped);
+    std::fs::hard_link(path, &stamped).or_else(|_| std::fs::copy(path, &stamped).map(|_| ())).map_err(|e| format!("cannot keep {}: {e}", stamped.display()))?;
+    let mut kept: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("ckpt-") && n.ends_with(".safetensors") && n[5..n.len() - 12].bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    kept.sort();
+    for old in &kept[..kept.len().saturating_sub(keep)] {
+        std::fs::remove_file(old).map_err(|e| format!("cannot remove {}: {e}", old.display()))?;
+    }
+    Ok(())
+}
+
 /// `params` of a model of `config` for a context of `block` tokens: the position table's
 /// first `block` rows (nanoGPT's `crop_block_size`), every other tensor as it is.
 fn crop_context(params: &[f32], config: GptConfig, block: usize) -> Result<Vec<f32>, String> {
@@ -340,6 +385,12 @@ fn crop_context(params: &[f32], config: GptConfig, block: usize) -> Result<Vec<f
 const MAX_EVAL_ITERS: usize = 1_000_000;
 
 fn validate(args: &TrainArgs, s: &TrainSettings) -> Result<(), String> {
+    if !(1..=1000).contains(&args.keep) {
+        return Err(format!("--keep must be 1 to 1000, got {}", args.keep));
+    }
+    if args.save == SaveMode::Best && args.eval_interval == 0 {
+        return Err("--save best saves after evaluations; give an --eval-interval".into());
+    }
     s.validate(|field| format!("--{}", field.replace('_', "-")))?;
     if args.eval_interval > 0 && args.eval_iters == 0 {
         return Err("--eval-iters must be at least 1 when --eval-interval is set".into());
@@ -501,6 +552,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     }
     let mut metrics = args.metrics.as_deref().map(|p| files.open_metrics(p, args.resume.is_some(), args.overwrite)).transpose()?;
 
+    let resumed_best = run.resume.as_ref().and_then(|ck| ck.optimizer.as_ref()).and_then(|(_, _, state)| state.best_val_loss);
     let start = match run.resume.take() {
         Some(ck) => {
             let (m, v, state) = ck.optimizer.expect("resolve() checked the training state");
@@ -568,16 +620,19 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         StepError::Device(msg) => msg,
     };
     // Confirms every step was applied, then saves; a model that is not finite is never saved.
-    let save = |engine: &mut Engine<'_>, last_saved: Option<u64>| -> Result<(), String> {
+    let save = |engine: &mut Engine<'_>, last_saved: Option<u64>, best_val_loss: Option<f64>| -> Result<(), String> {
         engine.check().map_err(|e| diverged(e, last_saved))?;
         let step = engine.step_count();
-        let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone() };
+        let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone(), best_val_loss };
         let (params, m, v) = engine.state()?;
         checkpoint::save(ckpt_path, run.config, &tokenizer, &params, Some((&m, &v, &state))).map_err(|e| match e {
             SaveError::NonFinite { .. } => format!("not saving step {step}: {e}; {}. Try a lower --lr or a smaller --grad-clip", kept(last_saved)),
             other => other.to_string(),
-        })
+        })?;
+        keep_last(ckpt_path, step, args.keep)
     };
+    let best_mode = args.save == SaveMode::Best;
+    let mut best_val_loss = resumed_best.filter(|_| best_mode);
     let tokens_per_step = (plan.tokens() * s.grad_accum) as f64;
     let mut window = Phases::default();
     let mut window_steps = 0u64;
@@ -603,6 +658,16 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
                 window.eval += t.elapsed().as_secs_f64();
                 console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
                 write_metrics(&mut metrics, json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
+                if best_mode && best_val_loss.is_none_or(|b| val_loss < b) {
+                    let t = Instant::now();
+                    best_val_loss = Some(val_loss);
+                    if let Err(e) = save(&mut engine, last_saved, best_val_loss) {
+                        break Err(e);
+                    }
+                    window.checkpoint += t.elapsed().as_secs_f64();
+                    last_saved = Some(step);
+                    write_metrics(&mut metrics, json!({"type": "save", "step": step}))?;
+                }
             }
             Action::Sample => {
                 let t = Instant::now();
@@ -645,9 +710,11 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
                     window_start = Instant::now();
                 }
             }
+            // In --save best, only evaluations save.
+            Action::Save if best_mode => {}
             Action::Save => {
                 let t = Instant::now();
-                if let Err(e) = save(&mut engine, last_saved) {
+                if let Err(e) = save(&mut engine, last_saved, None) {
                     break Err(e);
                 }
                 window.checkpoint += t.elapsed().as_secs_f64();
@@ -660,13 +727,19 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let traced = trace.as_mut().map_or(Ok(()), Trace::finish);
     console.bar.finish_and_clear();
     let interrupted = result?;
-    if last_saved != Some(engine.step_count()) {
-        save(&mut engine, last_saved)?;
+    if last_saved != Some(engine.step_count()) && !best_mode {
+        save(&mut engine, last_saved, None)?;
         write_metrics(&mut metrics, json!({"type": "save", "step": engine.step_count()}))?;
     }
     traced?;
     let steps = engine.step_count();
-    if interrupted {
+    if best_mode {
+        let ended = if interrupted { format!("interrupted at step {steps}") } else { format!("done: {steps} steps") };
+        match (last_saved, best_val_loss) {
+            (Some(at), Some(loss)) => println!("{ended}; the best checkpoint (step {at}, val loss {loss:.4}) is {}", ckpt_path.display()),
+            _ => println!("{ended}; no evaluation improved on the resumed checkpoint's val loss, which stays as it was"),
+        }
+    } else if interrupted {
         println!("interrupted: checkpoint at step {steps} saved to {}; continue with --resume {}", ckpt_path.display(), ckpt_path.display());
     } else {
         println!("done: {steps} step{}; checkpoint saved to {}", if steps == 1 { "" } else { "s" }, ckpt_path.display());
@@ -720,6 +793,8 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) ->
         ("sample_interval", int(args.sample_interval)),
         ("checkpoint_interval", int(args.checkpoint_interval)),
         ("log_interval", int(args.log_interval)),
+        ("save", runfile::string(if args.save == SaveMode::Best { "best" } else { "always" })),
+        ("keep", int(args.keep as u64)),
         ("recompute", args.model.recompute.to_string()),
         ("backend", runfile::string(if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" })),
     ]);

@@ -669,3 +669,38 @@ fn info_lists_gpu_adapters_and_estimates_on_the_gpu() {
     assert_eq!(r["device"]["kernels_per_step"], 16 + 34);
     assert!(r["estimate"]["ms_per_iter"].as_f64().unwrap() > 0.0, "{r}");
 }
+
+/// `--save best` writes a checkpoint only after an evaluation with the lowest val loss so far
+/// (and records it, so a resumed run compares with it); `--keep N` keeps the last N saves.
+#[test]
+fn save_best_and_keep_last() {
+    let dir = workdir("save-best");
+    train(&dir, &["--iters", "12", "--eval-interval", "2", "--eval-iters", "1", "--lr", "3e-2", "--save", "best", "--metrics", "m.jsonl", "--out", "best"]);
+    let records: Vec<serde_json::Value> = fs::read_to_string(dir.join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut best = f64::INFINITY;
+    let mut saved = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        if r["type"] == "eval" {
+            let val = r["val_loss"].as_f64().unwrap();
+            let followed_by_save = records.get(i + 1).is_some_and(|n| n["type"] == "save" && n["step"] == r["step"]);
+            assert_eq!(followed_by_save, val < best, "step {}: val {val}, best so far {best}", r["step"]);
+            if val < best {
+                best = val;
+                saved.push(r["step"].as_u64().unwrap());
+            }
+        }
+    }
+    assert_eq!(records.iter().filter(|r| r["type"] == "save").count(), saved.len());
+    let ck = checkpoint::load(&dir.join("best/ckpt.safetensors")).unwrap();
+    let state = ck.optimizer.unwrap().2;
+    assert_eq!((state.step, state.best_val_loss), (*saved.last().unwrap(), Some(best)));
+    expect_error(&dir, &["train", "--data", "text.txt", "--save", "best", "--eval-interval", "0", "--out", "x"], "--save best saves after evaluations");
+
+    train(&dir, &["--iters", "7", "--checkpoint-interval", "2", "--keep", "3", "--out", "kept"]);
+    let mut files: Vec<String> =
+        fs::read_dir(dir.join("kept")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("ckpt")).collect();
+    files.sort();
+    assert_eq!(files, ["ckpt-00000004.safetensors", "ckpt-00000006.safetensors", "ckpt-00000007.safetensors", "ckpt.safetensors"]);
+    assert_eq!(fs::read(dir.join("kept/ckpt-00000007.safetensors")).unwrap(), fs::read(dir.join("kept/ckpt.safetensors")).unwrap());
+    expect_error(&dir, &["train", "--data", "text.txt", "--keep", "0", "--out", "y"], "--keep must be 1 to 1000");
+}

@@ -58,7 +58,7 @@ fn tensors_are_nanogpt_state_dict_and_round_trip_exactly() {
     init_params(&plan, &mut params, &mut Rng::new(3));
     let m: Vec<f32> = (0..params.len()).map(|i| i as f32 * 0.25).collect();
     let v: Vec<f32> = (0..params.len()).map(|i| (i as f32).sqrt()).collect();
-    let state = TrainState { step: 42, rng_state: u64::MAX.to_string(), settings: settings() };
+    let state = TrainState { step: 42, rng_state: u64::MAX.to_string(), settings: settings(), best_val_loss: None };
     let tokenizer = Tokenizer::from(CharTokenizer::new(vec!['\n', ' ', 'a', 'b', 'é']).unwrap());
     let path = tmp("roundtrip.safetensors");
     checkpoint::save(&path, CFG, &tokenizer, &params, Some((&m, &v, &state))).unwrap();

@@ -340,7 +340,7 @@ impl Trainer {
     pub async fn save(&self) -> Result<Vec<u8>, JsError> {
         let (params, m, v) = self.engine.state().await.map_err(js_error)?;
         let step = self.engine.step_count();
-        let state = TrainState { step, rng_state: self.engine.rng().state().to_string(), settings: self.settings.clone() };
+        let state = TrainState { step, rng_state: self.engine.rng().state().to_string(), settings: self.settings.clone(), best_val_loss: None };
         checkpoint::to_bytes(self.config, &self.tok, &params, Some((&m, &v, &state))).map_err(|e| js_error(format!("not saving step {step}: {e}")))
     }
 }
