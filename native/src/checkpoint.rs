@@ -48,6 +48,12 @@ pub fn load(path: &Path) -> Result<Checkpoint, String> {
     if !path.exists() && (crate::hf_model::GPT2_NAMES.contains(&name.as_ref()) || name.matches('/').count() == 1 && !name.ends_with(".safetensors")) {
         return crate::hf_model::load(&crate::hf_model::find_cached(&name)?);
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
+    // Read through a memory map: the parameters are copied once, into their arena, not first
+    // into a buffer the size of the file (at gpt2-xl size, 18 GB with the AdamW moments). The
+    // header's sizes are checked against the file's before any tensor is read.
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
+    // SAFETY: read-only; a file changed while it loads can only change the values read, which
+    // the checksums then refuse.
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
     alpha_core::checkpoint::from_bytes(&bytes).map_err(|e| format!("checkpoint {} is {e}", path.display()))
 }
