@@ -129,6 +129,36 @@ pub struct TrainArgs {
     pub config: Option<PathBuf>,
 }
 
+/// GPT-2's vocabulary: 50,000 merges, 256 bytes and `<|endoftext|>`.
+pub const GPT2_VOCAB: usize = 50257;
+/// GPT-2's context.
+pub const GPT2_CONTEXT: usize = 1024;
+
+/// The sizes of OpenAI's GPT-2 (`--model`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gpt2Size {
+    /// 124M parameters: 12 layers, 12 heads, 768 wide.
+    Gpt2,
+    /// 350M: 24 layers, 16 heads, 1024 wide.
+    Gpt2Medium,
+    /// 774M: 36 layers, 20 heads, 1280 wide.
+    Gpt2Large,
+    /// 1.5B: 48 layers, 25 heads, 1600 wide.
+    Gpt2Xl,
+}
+
+impl Gpt2Size {
+    /// `(layers, heads, width)`.
+    pub fn shape(self) -> (usize, usize, usize) {
+        match self {
+            Gpt2Size::Gpt2 => (12, 12, 768),
+            Gpt2Size::Gpt2Medium => (24, 16, 1024),
+            Gpt2Size::Gpt2Large => (36, 20, 1280),
+            Gpt2Size::Gpt2Xl => (48, 25, 1600),
+        }
+    }
+}
+
 /// Which checkpoints a run writes (`--save`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SaveMode {
@@ -158,9 +188,14 @@ pub struct ModelArgs {
     /// memory).
     #[arg(long, default_value_t = DEFAULT.batch)]
     pub batch: usize,
-    /// Context length in tokens (the model's block size).
-    #[arg(long, default_value_t = DEFAULT.block)]
-    pub block: usize,
+    /// Context length in tokens (the model's block size). Default: 64, or 1024 with --model.
+    #[arg(long)]
+    pub block: Option<usize>,
+    /// A GPT-2 size: gpt2 (124M), gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1.5B): its
+    /// layers, heads and width, a 1024-token context (--block may shorten it) and GPT-2's
+    /// vocabulary of 50257 tokens (train it with GPT-2's tokenizer, --tokenizer).
+    #[arg(long, value_enum, conflicts_with_all = ["layers", "heads", "embd"])]
+    pub model: Option<Gpt2Size>,
     /// Transformer blocks.
     #[arg(long, default_value_t = DEFAULT.layers)]
     pub layers: usize,
@@ -200,8 +235,21 @@ impl ModelArgs {
     }
 
     /// The configuration for a vocabulary of `vocab_size`.
+    /// `--model`'s (with GPT-2's vocabulary), else the size flags' for a vocabulary of
+    /// `vocab_size`.
     pub fn config(&self, vocab_size: usize) -> GptConfig {
-        GptConfig { vocab_size, block_size: self.block, n_layer: self.layers, n_head: self.heads, n_embd: self.embd }
+        match self.model {
+            Some(m) => {
+                let (n_layer, n_head, n_embd) = m.shape();
+                GptConfig { vocab_size: GPT2_VOCAB, block_size: self.block(), n_layer, n_head, n_embd }
+            }
+            None => GptConfig { vocab_size, block_size: self.block(), n_layer: self.layers, n_head: self.heads, n_embd: self.embd },
+        }
+    }
+
+    /// `--block`, or its default (64, GPT-2's 1024 with `--model`).
+    pub fn block(&self) -> usize {
+        self.block.unwrap_or(if self.model.is_some() { GPT2_CONTEXT } else { DEFAULT.block })
     }
 
     /// The memory plan of `config` for batches of `batch` whole blocks, with `--recompute`.
@@ -301,7 +349,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
             return Err(format!("--tokenizer: --init-from {} brings its own tokenizer", from.display()));
         }
         let mut ck = checkpoint::load(from)?;
-        let block = if explicit("block") { args.model.block } else { ck.config.block_size };
+        let block = args.model.block.unwrap_or(ck.config.block_size);
         if block > ck.config.block_size {
             return Err(format!("--block {block} is larger than {}'s context of {} tokens", from.display(), ck.config.block_size));
         }
@@ -316,12 +364,15 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
     if args.model.tokenizer.is_some() {
         return Err("--tokenizer: a resumed run keeps its checkpoint's tokenizer".into());
     }
+    if args.model.model.is_some() {
+        return Err("--model: a resumed run keeps its checkpoint's model".into());
+    }
     let Some((_, _, state)) = &ck.optimizer else {
         return Err(format!("checkpoint {} has no training state (no optimizer moments) and cannot be resumed", path.display()));
     };
     let c = ck.config;
     for (flag, given, stored, name) in [
-        ("block", args.model.block, c.block_size, "block size"),
+        ("block", args.model.block(), c.block_size, "block size"),
         ("layers", args.model.layers, c.n_layer, "number of layers"),
         ("heads", args.model.heads, c.n_head, "number of heads"),
         ("embd", args.model.embd, c.n_embd, "embedding width"),
@@ -487,6 +538,9 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         (tokenizer, TrainData::Text(tokens))
     };
     if run.resume.is_none() && run.init.is_none() {
+        if args.model.model.is_some() && tokenizer.vocab_size() != GPT2_VOCAB {
+            return Err(format!("--model has GPT-2's {GPT2_VOCAB} tokens, but the tokenizer has {}: train it with GPT-2's tokenizer (--tokenizer), or give --layers, --heads and --embd", tokenizer.vocab_size()));
+        }
         run.config.vocab_size = tokenizer.vocab_size();
     }
     let block = run.config.block_size;

@@ -704,3 +704,17 @@ fn save_best_and_keep_last() {
     assert_eq!(fs::read(dir.join("kept/ckpt-00000007.safetensors")).unwrap(), fs::read(dir.join("kept/ckpt.safetensors")).unwrap());
     expect_error(&dir, &["train", "--data", "text.txt", "--keep", "0", "--out", "y"], "--keep must be 1 to 1000");
 }
+
+/// `--model` sets GPT-2's sizes: 124,439,808 parameters for gpt2 (OpenAI's count), 1.5B for
+/// gpt2-xl; training one needs GPT-2's vocabulary.
+#[test]
+fn gpt2_presets_have_gpt2s_sizes() {
+    let dir = workdir("gpt2-presets");
+    text_file(&dir);
+    for (model, params) in [("gpt2", "124439808 parameters"), ("gpt2-medium", "354823168 parameters"), ("gpt2-xl", "1557611200 parameters")] {
+        let o = run(&dir, &["info", "--model", model, "--data", "text.txt", "--measure-steps", "0"]);
+        assert_ok(&o);
+        assert!(stdout(&o).contains(params), "{model}: {}", stdout(&o));
+    }
+    expect_error(&dir, &["train", "--model", "gpt2", "--data", "text.txt", "--iters", "1"], "--model has GPT-2's 50257 tokens, but the tokenizer has");
+}
