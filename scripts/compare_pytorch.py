@@ -5,6 +5,8 @@ time over all rounds' steps and the speed ratio.
 Configurations:
   small  nanoGPT's Shakespeare-char CPU run: 4 layers, 4 heads, 128 embd, block 64, batch 12
   baby   nanoGPT's "baby GPT": 6 layers, 6 heads, 384 embd, block 256, batch 64
+  gpt2   GPT-2 124M (alpha-native --model gpt2): 12 layers, 12 heads, 768 embd, vocabulary
+         50257, block 256, batch 4
 
   python3 scripts/compare_pytorch.py [--configs small baby] [--threads 1 2] [--rounds N]
                                      [--backend cpu|gpu]
@@ -41,13 +43,19 @@ ALPHA = os.path.join(ROOT, "target", "release", "alpha-native")
 CONFIGS = {
     "small": dict(layers=4, heads=4, embd=128, block=64, batch=12, iters=20, warmup=10, rounds=10),
     "baby": dict(layers=6, heads=6, embd=384, block=256, batch=64, iters=4, warmup=1, rounds=3),
+    "gpt2": dict(layers=12, heads=12, embd=768, block=256, batch=4, vocab=50257, iters=3, warmup=1, rounds=3),
 }
 # Timed and warm-up steps on a GPU, where a step takes milliseconds.
 GPU_STEPS = dict(iters=50, warmup=5)
 
 
-def model_flags(c):
-    return [f"--{k}={c[k]}" for k in ("layers", "heads", "embd", "block", "batch")]
+def model_flags(c, side="alpha"):
+    """The model's flags for `side`: alpha-native's `--model gpt2` where the config has GPT-2's
+    vocabulary, nanogpt_reference.py's `--vocab`."""
+    shape = [f"--{k}={c[k]}" for k in ("layers", "heads", "embd")]
+    if "vocab" in c:
+        shape = ["--model=gpt2"] if side == "alpha" else shape + [f"--vocab={c['vocab']}"]
+    return shape + [f"--{k}={c[k]}" for k in ("block", "batch")]
 
 
 def alpha_steps(c, threads, backend):
@@ -62,7 +70,7 @@ def pytorch_steps(c, threads, backend):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "nanogpt_reference.py"), "bench",
                           "--data", os.path.join(ROOT, "data", "shakespeare.txt"), "--threads", str(threads),
                           "--device", "cuda" if backend == "gpu" else "cpu",
-                          "--iters", str(c["iters"]), "--warmup", str(c["warmup"])] + model_flags(c),
+                          "--iters", str(c["iters"]), "--warmup", str(c["warmup"])] + model_flags(c, "pytorch"),
                          check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
     return r["step_ms"], f"{r['impl']} on {r['device']}"

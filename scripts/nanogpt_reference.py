@@ -116,7 +116,7 @@ def cmd_bench(args):
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     B, T = args.batch, args.block
-    model = GPT(len(chars), T, args.layers, args.heads, args.embd).to(device)
+    model = GPT(args.vocab or len(chars), T, args.layers, args.heads, args.embd).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -159,6 +159,7 @@ def main():
     b.add_argument("--layers", type=int, default=4)
     b.add_argument("--heads", type=int, default=4)
     b.add_argument("--embd", type=int, default=128)
+    b.add_argument("--vocab", type=int, help="vocabulary size (default: the text's characters; more for GPT-2's 50257)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = p.parse_args()
     {"eval": cmd_eval, "bench": cmd_bench}[args.cmd](args)
