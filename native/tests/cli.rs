@@ -41,7 +41,7 @@ fn help_explains_every_flag_with_its_default() {
     ] {
         assert!(help.contains(flag), "train --help lacks {flag}");
     }
-    for default in ["[default: 2000]", "[default: 12]", "[default: 64]", "[default: 0.001]", "[default: 0.0001]", "[default: 0.99]"] {
+    for default in ["[default: 2000]", "[default: 12]", "Default: 64, or 1024 with --model", "[default: 0.001]", "[default: 0.0001]", "[default: 0.99]"] {
         assert!(help.contains(default), "train --help lacks {default}");
     }
 }
