@@ -48,7 +48,7 @@ fn main() {
     let mut window = vec![0u32; 16];
     let prompt = tok.encode_to_vec("to be").expect("known characters");
     let mut out = String::from("to be");
-    let sampling = SamplingConfig { temperature: 0.5, top_k: 0, tokens: 40 };
+    let sampling = SamplingConfig { temperature: 0.5, top_k: 0, ..SamplingConfig::new(40) };
     let params = &*trainer.mem.params;
     let mem = SamplingMemory { plan: &sample_plan, tape: sample_tape, acts: &mut sample_acts, window: &mut window };
     generate(&Serial, mem, params, &prompt, &sampling, &mut Rng::new(1), |id| out.push(tok.decode(id).expect("ids come from the vocabulary")));

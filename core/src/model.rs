@@ -35,12 +35,25 @@ pub struct SamplingConfig {
     pub temperature: f64,
     /// Keep only the `top_k` most likely tokens (and ties); 0 keeps all.
     pub top_k: usize,
+    /// Then keep only the most likely tokens whose probabilities add up to `top_p` (nucleus
+    /// sampling; 1 keeps all).
+    pub top_p: f64,
     /// Tokens to generate after the prompt.
     pub tokens: usize,
+    /// A token that ends the generation (not emitted), as `<|endoftext|>`; `None`: none.
+    pub stop: Option<u32>,
+}
+
+impl SamplingConfig {
+    /// nanoGPT's `sample.py` defaults: temperature 0.8, top-k 200, all of the nucleus, no stop.
+    pub const fn new(tokens: usize) -> Self {
+        SamplingConfig { temperature: 0.8, top_k: 200, top_p: 1.0, tokens, stop: None }
+    }
 }
 
 /// Draws a token id from one row of logits (nanoGPT's `sample.py`: temperature, then top-k,
-/// then softmax and a multinomial draw). Uses `logits` as scratch; allocation-free.
+/// then softmax and a multinomial draw; with `top_p`, Hugging Face's nucleus after top-k).
+/// Uses `logits` as scratch; allocation-free.
 pub fn sample_token<T: Float>(logits: &mut [T], cfg: &SamplingConfig, rng: &mut Rng) -> u32 {
     let argmax = logits.iter().enumerate().fold(0, |best, (i, &x)| if x > logits[best] { i } else { best });
     if cfg.temperature <= 0.0 {
@@ -55,6 +68,18 @@ pub fn sample_token<T: Float>(logits: &mut [T], cfg: &SamplingConfig, rng: &mut 
         total += p;
         *x = T::from_f64(p);
     }
+    if cfg.top_p < 1.0 {
+        // The smallest set of the most likely tokens holding `top_p` of the mass: those at or
+        // above the threshold where the mass above first reaches it.
+        let t = largest_threshold(logits, |t| logits.iter().map(|x| x.to_f64()).filter(|&p| p >= t).sum::<f64>() >= cfg.top_p * total);
+        total = 0.0;
+        for x in logits.iter_mut() {
+            if x.to_f64() < t {
+                *x = T::ZERO;
+            }
+            total += x.to_f64();
+        }
+    }
     let mut r = rng.next_f64() * total;
     for (i, p) in logits.iter().enumerate() {
         r -= p.to_f64();
@@ -65,12 +90,18 @@ pub fn sample_token<T: Float>(logits: &mut [T], cfg: &SamplingConfig, rng: &mut 
     argmax as u32
 }
 
-/// The `k`-th largest value of `xs` (1-based), by bisection on the value: no allocation.
+/// The `k`-th largest value of `xs` (1-based): no allocation.
 fn kth_largest<T: Float>(xs: &[T], k: usize) -> f64 {
-    let count_at_least = |t: f64| xs.iter().filter(|x| x.to_f64() >= t).count();
+    largest_threshold(xs, |t| xs.iter().filter(|x| x.to_f64() >= t).count() >= k)
+}
+
+/// The largest value `t` of `xs` for which `holds(t)`, where `holds` is true at the smallest
+/// value and turns false once as `t` grows (a count or a mass of the values at or above `t`),
+/// by bisection on the value: no allocation.
+fn largest_threshold<T: Float>(xs: &[T], holds: impl Fn(f64) -> bool) -> f64 {
     let (mut lo, mut hi) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x.to_f64()), hi.max(x.to_f64())));
-    // Invariant: at least k values >= lo; fewer than k values >= hi (unless all tie at hi).
-    if count_at_least(hi) >= k {
+    // Invariant: holds(lo); !holds(hi) (unless it holds at the largest value).
+    if holds(hi) {
         return hi;
     }
     for _ in 0..200 {
@@ -78,7 +109,7 @@ fn kth_largest<T: Float>(xs: &[T], k: usize) -> f64 {
         if mid <= lo || mid >= hi {
             break;
         }
-        if count_at_least(mid) >= k {
+        if holds(mid) {
             lo = mid;
         } else {
             hi = mid;
@@ -161,6 +192,9 @@ pub fn generate<T: Float>(
         walk::forward(&mut CpuExecutor::new(par, plan, params, acts, Batch { tokens: window.tokens(), targets: None }), tape, None);
         let row = window.last();
         let next = sample_token(&mut acts[plan.head_acts().logits.range()][row * v..(row + 1) * v], cfg, rng);
+        if cfg.stop == Some(next) {
+            return;
+        }
         emit(next);
         window.push(next);
     }
@@ -228,9 +262,9 @@ mod tests {
         let mut rng = Rng::new(3);
         for _ in 0..20 {
             let mut l = [0.1f32, 3.0, 2.9, -4.0];
-            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 1, tokens: 1 }, &mut rng), 1);
+            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 1, ..SamplingConfig::new(1) }, &mut rng), 1);
             let mut l = [0.1f32, 3.0, 2.9, -4.0];
-            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 0.0, top_k: 0, tokens: 1 }, &mut rng), 1);
+            assert_eq!(sample_token(&mut l, &SamplingConfig { temperature: 0.0, top_k: 0, ..SamplingConfig::new(1) }, &mut rng), 1);
         }
     }
 
@@ -241,12 +275,33 @@ mod tests {
         let n = 60_000;
         for _ in 0..n {
             let mut l = [0.0f32, 1.0, 2.0];
-            counts[sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 0, tokens: 1 }, &mut rng) as usize] += 1;
+            counts[sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 0, ..SamplingConfig::new(1) }, &mut rng) as usize] += 1;
         }
         let z: f64 = (0..3).map(|i| libm::exp(i as f64)).sum();
         for (i, &c) in counts.iter().enumerate() {
             let p = libm::exp(i as f64) / z;
             assert!((c as f64 / n as f64 - p).abs() < 0.01, "token {i}: {c}");
+        }
+    }
+
+    /// Nucleus sampling keeps the fewest most likely tokens whose probabilities reach top_p
+    /// (Hugging Face's TopPLogitsWarper), renormalised.
+    #[test]
+    fn top_p_keeps_the_nucleus() {
+        let probs = [0.05, 0.5, 0.15, 0.3];
+        for (top_p, kept) in [(0.5, &[1][..]), (0.7, &[1, 3]), (0.9, &[1, 3, 2]), (1.0, &[1, 3, 2, 0])] {
+            let mut rng = Rng::new(4);
+            let mut counts = [0usize; 4];
+            let n = 40_000;
+            for _ in 0..n {
+                let mut l: [f32; 4] = probs.map(|p: f64| libm::log(p) as f32);
+                counts[sample_token(&mut l, &SamplingConfig { temperature: 1.0, top_k: 0, top_p, ..SamplingConfig::new(1) }, &mut rng) as usize] += 1;
+            }
+            let mass: f64 = kept.iter().map(|&i| probs[i]).sum();
+            for (i, &c) in counts.iter().enumerate() {
+                let want = if kept.contains(&i) { probs[i] / mass } else { 0.0 };
+                assert!((c as f64 / n as f64 - want).abs() < 0.01, "top_p {top_p}, token {i}: {c} of {n}");
+            }
         }
     }
 }

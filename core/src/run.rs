@@ -26,7 +26,7 @@ use crate::model::SamplingConfig;
 
 /// How a run's samples are drawn: 200 tokens from a newline (see [`Tokenizer::sample_start`](crate::tokenizer::Tokenizer::sample_start)) at
 /// temperature 0.8 and top-k 200 (nanoGPT's `sample.py` defaults).
-pub const SAMPLES: SamplingConfig = SamplingConfig { temperature: 0.8, top_k: 200, tokens: 200 };
+pub const SAMPLES: SamplingConfig = SamplingConfig::new(200);
 
 /// The default run: nanoGPT's Shakespeare-char run sized for a CPU (4 layers, 4 heads, 128
 /// wide, block 64, batch 12, 2000 steps). The CLI's flags and the page's options default to

@@ -149,6 +149,9 @@ impl GpuForward {
         for _ in 0..cfg.tokens {
             let mut logits = self.logits(window.tokens(), window.last()).await?;
             let next = sample_token(&mut logits, cfg, rng);
+            if cfg.stop == Some(next) {
+                break;
+            }
             emit(next);
             window.push(next);
         }

@@ -148,7 +148,7 @@ fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
     // Greedy samples: the same tokens as the CPU, past the end of the window.
     let sampling = Plan::new(plan.config, 1, 9).unwrap();
     let mut smem = OwnedMemory::<f32>::new(&sampling).unwrap();
-    let greedy = SamplingConfig { temperature: 0.0, top_k: 0, tokens: 12 };
+    let greedy = SamplingConfig { temperature: 0.0, top_k: 0, ..SamplingConfig::new(12) };
     let (mut want, mut window) = (Vec::new(), vec![0; 9]);
     let cpu_mem = SamplingMemory { plan: &sampling, tape: &smem.tape, acts: &mut smem.acts, window: &mut window };
     generate(&Serial, cpu_mem, &mem.params, &[3, 1, 4], &greedy, &mut Rng::new(1), |t| want.push(t));
@@ -156,6 +156,16 @@ fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
     let mut got = Vec::new();
     block_on(sampler.generate(&[3, 1, 4], &greedy, &mut Rng::new(1), |t| got.push(t))).unwrap();
     assert_eq!(got, want);
+    // A stop token ends both before it is emitted.
+    let stop = SamplingConfig { stop: Some(want[2]), ..greedy };
+    let until = want.iter().position(|&t| t == want[2]).unwrap();
+    let mut got = Vec::new();
+    block_on(sampler.generate(&[3, 1, 4], &stop, &mut Rng::new(1), |t| got.push(t))).unwrap();
+    assert_eq!(got, want[..until]);
+    let (mut cpu_got, mut window) = (Vec::new(), vec![0; 9]);
+    let cpu_mem = SamplingMemory { plan: &sampling, tape: &smem.tape, acts: &mut smem.acts, window: &mut window };
+    generate(&Serial, cpu_mem, &mem.params, &[3, 1, 4], &stop, &mut Rng::new(1), |t| cpu_got.push(t));
+    assert_eq!(cpu_got, want[..until]);
 }
 
 #[test]

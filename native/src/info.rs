@@ -63,9 +63,13 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let adapters = block_on(alpha_gpu::context::adapters());
     let mib = |bytes: u128| bytes as f64 / (1024.0 * 1024.0);
     let (p, activations, batch) = crate::memory::arena_bytes(&plan);
+    // The other choice of --recompute, for comparison.
+    let (_, other_activations, _) = crate::memory::arena_bytes(&plan.with_recompute(!plan.recompute()));
+    let (plain, recomputed) = if plan.recompute() { (other_activations, activations) } else { (activations, other_activations) };
     let memory = json!({
         "params": mib(p), "grads": mib(p), "adam_m": mib(p), "adam_v": mib(p),
         "activations": mib(activations), "batch": mib(batch),
+        "activations_plain": mib(plain), "activations_recompute": mib(recomputed),
         "total": mib(4 * p + activations + batch),
     });
     // A run that cannot fit is described, not measured.
@@ -152,13 +156,15 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     );
     let mm = &report["memory_mib"];
     println!(
-        "memory     params {:.2} MiB, grads {:.2}, AdamW m {:.2}, v {:.2}, activations {:.2} (batch {}), total {:.2} MiB",
+        "memory     params {:.2} MiB, grads {:.2}, AdamW m {:.2}, v {:.2}, activations {:.2} (batch {}; {:.2} without --recompute, {:.2} with), total {:.2} MiB",
         f(&mm["params"]),
         f(&mm["grads"]),
         f(&mm["adam_m"]),
         f(&mm["adam_v"]),
         f(&mm["activations"]),
         m.batch,
+        f(&mm["activations_plain"]),
+        f(&mm["activations_recompute"]),
         f(&mm["total"])
     );
     let limit = if gpu.is_some() { "this machine's memory and the adapter's limits" } else { "this machine's memory" };

@@ -15,21 +15,28 @@ use std::path::PathBuf;
 /// Flags of `alpha-native sample` (nanoGPT's `sample.py` defaults).
 #[derive(Args, Debug, Clone)]
 pub struct SampleArgs {
-    /// Checkpoint to sample from.
-    #[arg(long, value_name = "FILE")]
+    /// The model: an Alpha checkpoint, a Hugging Face GPT-2 directory, or a cached model name.
+    #[arg(long, value_name = "FILE|DIR|NAME")]
     pub checkpoint: PathBuf,
     /// Text the sample continues (printed first).
     #[arg(long, default_value = "\n")]
     pub prompt: String,
-    /// Characters to generate.
-    #[arg(long, default_value_t = 500)]
+    /// A UTF-8 file whose text the sample continues, instead of --prompt.
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+    pub prompt_file: Option<PathBuf>,
+    /// Tokens to generate; the sample ends sooner at <|endoftext|> where the tokenizer has it.
+    #[arg(long, visible_alias = "max-new-tokens", default_value_t = 500)]
     pub tokens: usize,
-    /// Softmax temperature (0: always the most likely character).
+    /// Softmax temperature (0: always the most likely token).
     #[arg(long, default_value_t = 0.8)]
     pub temperature: f64,
-    /// Sample only among the K most likely characters (0: all).
+    /// Sample only among the K most likely tokens (0: all).
     #[arg(long, default_value_t = 200)]
     pub top_k: usize,
+    /// Then only among the most likely tokens whose probabilities add up to P (nucleus
+    /// sampling; 1: all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
     /// Seed of the sampling.
     #[arg(long, default_value_t = 1337)]
     pub seed: u64,
@@ -46,18 +53,29 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
         return Err(format!("--temperature must be a non-negative number, got {}", args.temperature));
     }
-    if args.prompt.is_empty() {
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        return Err(format!("--top-p must be above 0 and at most 1, got {}", args.top_p));
+    }
+    let prompt_text = match &args.prompt_file {
+        Some(path) => crate::corpus::read_text(path, "prompt file")?,
+        None => args.prompt.clone(),
+    };
+    if prompt_text.is_empty() {
         return Err("--prompt is empty; give at least one character".into());
     }
     let ck = checkpoint::load(&args.checkpoint)?;
     let block = context_len(args.block, ck.config.block_size)?;
     let tok = &ck.tokenizer;
-    let prompt = tok.encode(&args.prompt).map_err(|e| format!("--prompt: {e}"))?;
+    let prompt = tok.encode(&prompt_text).map_err(|e| format!("--prompt: {e}"))?;
     args.device.check()?;
-    let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k, tokens: args.tokens };
+    let stop = match tok {
+        Tokenizer::Bpe(b) => b.added_id(alpha_core::tokenizer::bpe::END_OF_TEXT),
+        Tokenizer::Char(_) => None,
+    };
+    let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, tokens: args.tokens, stop };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut result = write!(out, "{}", args.prompt);
+    let mut result = write!(out, "{prompt_text}");
     // Whole characters only: BPE may split one across tokens.
     let mut text = TextStream::default();
     let mut emit = |id| {

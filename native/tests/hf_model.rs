@@ -99,6 +99,15 @@ fn the_loss_and_greedy_tokens_are_transformers() {
         run(&dir, &["sample", "--checkpoint", fixture().to_str().unwrap(), "--prompt", r["prompt"].as_str().unwrap(), "--tokens", "12", "--temperature", "0"]);
     assert_ok(&o);
     assert_eq!(stdout(&o), format!("{}{want_text}\n", r["prompt"].as_str().unwrap()));
+    // The same from a prompt file, with transformers' name for the length.
+    fs::write(dir.join("prompt.txt"), r["prompt"].as_str().unwrap()).unwrap();
+    let model = fixture();
+    let file_args =
+        ["sample", "--checkpoint", model.to_str().unwrap(), "--prompt-file", "prompt.txt", "--max-new-tokens", "12", "--temperature", "0", "--top-p", "0.5"];
+    let o = run(&dir, &file_args);
+    assert_ok(&o);
+    assert_eq!(stdout(&o), format!("{}{want_text}\n", r["prompt"].as_str().unwrap()));
+    expect_error(&dir, &["sample", "--checkpoint", model.to_str().unwrap(), "--top-p", "1.5"], "--top-p must be above 0 and at most 1");
 }
 
 #[test]

@@ -292,7 +292,7 @@ impl Trainer {
         let prompt = if prompt.is_empty() { "\n".to_string() } else { prompt };
         let ids = self.tok.encode(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?;
         let seed = derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count());
-        let cfg = alpha_core::model::SamplingConfig { temperature, top_k: 200, tokens: count as usize };
+        let cfg = alpha_core::model::SamplingConfig { temperature, ..alpha_core::model::SamplingConfig::new(count as usize) };
         let generated = self.engine.sample(&ids, &cfg, &mut Rng::new(seed)).await.map_err(js_error)?;
         Ok(self.tok.decode_lossy(&generated))
     }
