@@ -20,6 +20,7 @@ use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
 use indicatif::{HumanDuration, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -116,6 +117,10 @@ pub struct TrainArgs {
     /// are also kept as DIR/ckpt-STEP.safetensors (1 to 1000).
     #[arg(long, default_value_t = 1)]
     pub keep: usize,
+    /// Write checkpoints in the background: the run pauses only to copy its state (one
+    /// snapshot of the parameters and AdamW moments in memory while it is written).
+    #[arg(long)]
+    pub async_checkpoint: bool,
     /// Write a Chrome trace (open in Perfetto) of the first --trace-steps steps to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -391,6 +396,30 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
           weight_decay => "weight_decay", beta1 => "beta1", beta2 => "beta2", grad_clip => "grad_clip",
           grad_accum => "grad_accum", seed => "seed");
     Ok(Run { config: c, settings: s, resume: Some(ck), init: None })
+}
+
+/// A copy of the parameters and both AdamW moments (`--async-checkpoint`).
+type Snapshot = [Vec<f32>; 3];
+
+/// Where and how a run's checkpoints are written (owned, so that a background thread can).
+struct SaveTarget {
+    path: PathBuf,
+    config: GptConfig,
+    keep: usize,
+    /// What the run keeps if this save is refused (for the message).
+    kept: String,
+}
+
+impl SaveTarget {
+    /// Writes a checkpoint of `state` and the arenas; a model that is not finite is refused.
+    fn write(&self, tokenizer: &Tokenizer, params: &[f32], m: &[f32], v: &[f32], state: &TrainState) -> Result<(), String> {
+        let step = state.step;
+        checkpoint::save(&self.path, self.config, tokenizer, params, Some((m, v, state))).map_err(|e| match e {
+            SaveError::NonFinite { .. } => format!("not saving step {step}: {e}; {}. Try a lower --lr or a smaller --grad-clip", self.kept),
+            other => other.to_string(),
+        })?;
+        keep_last(&self.path, step, self.keep)
+    }
 }
 
 /// With `keep` above 1, keeps the checkpoint just saved at `path` (step `step`) as
@@ -673,17 +702,40 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         StepError::Diverged(msg) => format!("training diverged at {msg}; {}. Try a lower --lr or a smaller --grad-clip", kept(last_saved)),
         StepError::Device(msg) => msg,
     };
-    // Confirms every step was applied, then saves; a model that is not finite is never saved.
+    // With --async-checkpoint: the snapshot of the arenas, allocated and written once here
+    // (its page faults cost the start, not a save's pause), and the checkpoint a background
+    // thread is writing from it, joined (handing the snapshot back) before the next save and
+    // at the end of the run, where its error (if any) stops the run.
+    let snapshot: RefCell<Option<Snapshot>> = RefCell::new(args.async_checkpoint.then(|| [(); 3].map(|_| vec![f32::NAN; plan.params_len()])));
+    let pending: RefCell<Option<std::thread::JoinHandle<Result<Snapshot, String>>>> = RefCell::new(None);
+    let finish_pending = || -> Result<(), String> {
+        if let Some(writer) = pending.borrow_mut().take() {
+            *snapshot.borrow_mut() = Some(writer.join().unwrap_or_else(|_| Err("the checkpoint writer panicked".into()))?);
+        }
+        Ok(())
+    };
+    // Confirms every step was applied, then saves (or, with --async-checkpoint, copies the
+    // state and saves in the background); a model that is not finite is never saved.
     let save = |engine: &mut Engine<'_>, last_saved: Option<u64>, best_val_loss: Option<f64>| -> Result<(), String> {
         engine.check().map_err(|e| diverged(e, last_saved))?;
         let step = engine.step_count();
         let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone(), best_val_loss };
         let (params, m, v) = engine.state()?;
-        checkpoint::save(ckpt_path, run.config, &tokenizer, &params, Some((&m, &v, &state))).map_err(|e| match e {
-            SaveError::NonFinite { .. } => format!("not saving step {step}: {e}; {}. Try a lower --lr or a smaller --grad-clip", kept(last_saved)),
-            other => other.to_string(),
-        })?;
-        keep_last(ckpt_path, step, args.keep)
+        finish_pending()?;
+        let target = SaveTarget { path: ckpt_path.to_path_buf(), config: run.config, keep: args.keep, kept: kept(last_saved) };
+        if !args.async_checkpoint {
+            return target.write(&tokenizer, &params, &m, &v, &state);
+        }
+        let mut copy = snapshot.borrow_mut().take().expect("the writer handed the snapshot back");
+        for (dst, src) in copy.iter_mut().zip([&params, &m, &v]) {
+            dst.copy_from_slice(src);
+        }
+        let tokenizer = tokenizer.clone();
+        *pending.borrow_mut() = Some(std::thread::spawn(move || {
+            target.write(&tokenizer, &copy[0], &copy[1], &copy[2], &state)?;
+            Ok(copy)
+        }));
+        Ok(())
     };
     let best_mode = args.save == SaveMode::Best;
     let mut best_val_loss = resumed_best.filter(|_| best_mode);
@@ -780,9 +832,13 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     // Whatever ended the run, the trace of the steps it recorded is written.
     let traced = trace.as_mut().map_or(Ok(()), Trace::finish);
     console.bar.finish_and_clear();
+    // A checkpoint still being written is finished whatever ended the run.
+    let written = finish_pending();
     let interrupted = result?;
+    written?;
     if last_saved != Some(engine.step_count()) && !best_mode {
         save(&mut engine, last_saved, None)?;
+        finish_pending()?;
         write_metrics(&mut metrics, json!({"type": "save", "step": engine.step_count()}))?;
     }
     traced?;
@@ -849,6 +905,7 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) ->
         ("log_interval", int(args.log_interval)),
         ("save", runfile::string(if args.save == SaveMode::Best { "best" } else { "always" })),
         ("keep", int(args.keep as u64)),
+        ("async_checkpoint", args.async_checkpoint.to_string()),
         ("recompute", args.model.recompute.to_string()),
         ("backend", runfile::string(if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" })),
     ]);
