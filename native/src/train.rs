@@ -706,7 +706,8 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     // (its page faults cost the start, not a save's pause), and the checkpoint a background
     // thread is writing from it, joined (handing the snapshot back) before the next save and
     // at the end of the run, where its error (if any) stops the run.
-    let snapshot: RefCell<Option<Snapshot>> = RefCell::new(args.async_checkpoint.then(|| [(); 3].map(|_| vec![f32::NAN; plan.params_len()])));
+    let buffer = || alpha_core::plan::try_vec("the checkpoint snapshot", plan.params_len(), f32::NAN).map_err(|e| format!("--async-checkpoint: {e}"));
+    let snapshot: RefCell<Option<Snapshot>> = RefCell::new(if args.async_checkpoint { Some([buffer()?, buffer()?, buffer()?]) } else { None });
     let pending: RefCell<Option<std::thread::JoinHandle<Result<Snapshot, String>>>> = RefCell::new(None);
     let finish_pending = || -> Result<(), String> {
         if let Some(writer) = pending.borrow_mut().take() {
