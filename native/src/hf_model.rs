@@ -127,21 +127,9 @@ fn is_conv1d(kind: ParamKind) -> bool {
     matches!(kind, ParamKind::QkvWeight | ParamKind::AttnProjWeight | ParamKind::FcWeight | ParamKind::MlpProjWeight)
 }
 
-/// The shape of `info` in Alpha's layout (`[out, in]` for matrices).
-fn alpha_shape(info: &ParamInfo, c: &GptConfig) -> Vec<usize> {
-    let e = c.n_embd;
-    use ParamKind::*;
-    match info.kind {
-        Wte => vec![c.vocab_size, e],
-        Wpe => vec![c.block_size, e],
-        QkvWeight => vec![3 * e, e],
-        QkvBias => vec![3 * e],
-        AttnProjWeight => vec![e, e],
-        FcWeight => vec![4 * e, e],
-        FcBias => vec![4 * e],
-        MlpProjWeight => vec![e, 4 * e],
-        _ => vec![e],
-    }
+/// The shape of `info` in Alpha's layout (`[out, in]` for matrices), as nanoGPT stores it.
+fn alpha_shape(info: &ParamInfo) -> Vec<usize> {
+    info.shape[..info.ndim()].to_vec()
 }
 
 /// A tensor's values as f32 (F32, F16 or BF16, little-endian).
@@ -185,7 +173,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
     for info in plan.params() {
         let name = info.to_string();
         let t = find(&name).ok_or_else(|| format!("{}: the weights have no tensor {name}", dir.display()))?;
-        let mut want = alpha_shape(&info, &config);
+        let mut want = alpha_shape(&info);
         if is_conv1d(info.kind) {
             want.reverse();
         }
@@ -246,7 +234,7 @@ pub fn save(ck: &Checkpoint, dir: &Path) -> Result<(), String> {
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for info in plan.params() {
         let data = &ck.params[info.span.range()];
-        let mut shape = alpha_shape(&info, &c);
+        let mut shape = alpha_shape(&info);
         let bytes: Vec<u8> = if is_conv1d(info.kind) {
             // [out, in] -> [in, out].
             let (rows, cols) = (shape[0], shape[1]);
