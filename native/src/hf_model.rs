@@ -226,10 +226,7 @@ fn char_tokenizer_json(chars: &[char]) -> Value {
 /// `tokenizer.json`, `tokenizer_config.json` and `generation_config.json`, each atomically.
 pub fn save(ck: &Checkpoint, dir: &Path) -> Result<(), String> {
     let c = ck.config;
-    let eot = match &ck.tokenizer {
-        Tokenizer::Bpe(b) => b.added_id(alpha_core::tokenizer::bpe::END_OF_TEXT),
-        Tokenizer::Char(_) => None,
-    };
+    let eot = ck.tokenizer.end_of_text();
     let plan = Plan::new(c, 1, 1).map_err(|e| e.to_string())?;
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for info in plan.params() {

@@ -68,11 +68,7 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     let tok = &ck.tokenizer;
     let prompt = tok.encode(&prompt_text).map_err(|e| format!("--prompt: {e}"))?;
     args.device.check()?;
-    let stop = match tok {
-        Tokenizer::Bpe(b) => b.added_id(alpha_core::tokenizer::bpe::END_OF_TEXT),
-        Tokenizer::Char(_) => None,
-    };
-    let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, tokens: args.tokens, stop };
+    let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, tokens: args.tokens, stop: tok.end_of_text() };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut result = write!(out, "{prompt_text}");

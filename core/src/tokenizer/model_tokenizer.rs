@@ -94,6 +94,15 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// The id of `<|endoftext|>` ([`END_OF_TEXT`](super::bpe::END_OF_TEXT)), where the
+    /// tokenizer has it: the token that ends documents and samples.
+    pub fn end_of_text(&self) -> Option<u32> {
+        match self {
+            Tokenizer::Bpe(t) => t.added_id(super::bpe::END_OF_TEXT),
+            Tokenizer::Char(_) => None,
+        }
+    }
+
     /// The token samples start from: a newline (nanoGPT's start), or id 0 where a newline is
     /// not one token.
     pub fn sample_start(&self) -> u32 {
