@@ -6,13 +6,17 @@
 // Layout: qkv [B, T, 3C] with q, k, v side by side, head h at columns h*HS..(h+1)*HS of
 // each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size)
 // and `const KT` (rows per shared tile) for the model being compiled.
-// Words: 0 unused, 1 T, 2 NH, 3 scale (f32). Grid: (T / 64, B * NH); one thread per row.
+// Words: 0 unused, 1 T, 2 NH, 3 scale (f32), and for dropout on the probabilities 4 site,
+// 5 threshold (0: none), 6 the kept ones' scale (f32). Grid: (T / 64, B * NH); one thread
+// per row.
 
 @group(0) @binding(1) var<storage, read_write> at_1: array<f32>;
 @group(0) @binding(2) var<storage, read_write> at_2: array<f32>;
 @group(0) @binding(3) var<storage, read_write> at_3: array<f32>;
 @group(0) @binding(4) var<storage, read_write> at_4: array<f32>;
 @group(0) @binding(5) var<storage, read_write> at_5: array<f32>;
+// The micro-batch's dropout key (see common.wgsl), bound where the model has dropout.
+@group(0) @binding(6) var<storage, read_write> at_key: array<u32>;
 
 // Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS): private arrays a quarter as long,
 // each step a vector operation. They are `var`s and functions take them by pointer: indexing
@@ -24,6 +28,17 @@ var<workgroup> tile_b: array<vec4<f32>, KT * HS4>;
 var<workgroup> tile_rows: array<vec2<f32>, KT>;
 
 const MASKED: f32 = -3.0e38;
+
+/// What dropout multiplies probability (i, j) of (batch, head) `bh` by: 0, or the kept
+/// ones' scale (1 without dropout). Element ((b * NH + h) * T + i) * T + j of the site.
+fn dropped(bh: u32, i: u32, j: u32) -> f32 {
+    if (word(5u) == 0u) {
+        return 1.0;
+    }
+    let key = vec4<u32>(at_key[0], at_key[1], at_key[2], at_key[3]);
+    let seq = word(1u);
+    return select(0.0, wordf(6u), dropout_keeps(key, word(4u), word(5u), (bh * seq + i) * seq + j));
+}
 
 /// Offset of row `i` of batch `b`, part `part` (0 q, 1 k, 2 v), head `h` in qkv.
 fn qkv_at(b: u32, i: u32, part: u32, h: u32) -> u32 {
@@ -116,7 +131,7 @@ fn tile_dots(x: ptr<function, array<vec4<f32>, HS4>>, y: ptr<function, array<vec
     return vec2<f32>(s, dp);
 }
 
-// Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T].
+// Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T], 6 dropout key.
 @compute @workgroup_size(64)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
@@ -155,8 +170,9 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
                 if (j0 + jj <= i) {
                     let p = exp(s[jj] - tile_max);
                     l += p;
+                    let kept = p * dropped(wid.y, i, j0 + jj);
                     for (var d4 = 0u; d4 < HS4; d4++) {
-                        o[d4] = fma(vec4<f32>(p), tile_b[jj * HS4 + d4], o[d4]);
+                        o[d4] = fma(vec4<f32>(kept), tile_b[jj * HS4 + d4], o[d4]);
                     }
                 }
             }
@@ -186,7 +202,7 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 }
 
 // dQ of each query row (written to the q part of dqkv).
-// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta.
+// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
 @compute @workgroup_size(64)
 fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
@@ -206,7 +222,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
             for (var jj = 0u; jj < KT; jj++) {
                 if (j0 + jj <= i) {
                     let t = tile_dots(&q, &g, jj);
-                    let ds = exp(t.x * scale - lse) * (t.y - delta);
+                    let ds = exp(t.x * scale - lse) * (t.y * dropped(wid.y, i, j0 + jj) - delta);
                     for (var d4 = 0u; d4 < HS4; d4++) {
                         dq[d4] = fma(vec4<f32>(ds), tile_a[jj * HS4 + d4], dq[d4]);
                     }
@@ -221,7 +237,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
 }
 
 // dK and dV of each key row (written to the k and v parts of dqkv).
-// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta.
+// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
 @compute @workgroup_size(64)
 fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
@@ -249,9 +265,10 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
                 if (i < seq && i >= j) {
                     let t = tile_dots(&k, &v, r);
                     let p = exp(t.x * scale - tile_rows[r].x);
-                    let ds = p * (t.y - tile_rows[r].y);
+                    let drop = dropped(wid.y, i, j);
+                    let ds = p * (t.y * drop - tile_rows[r].y);
                     for (var d4 = 0u; d4 < HS4; d4++) {
-                        dv[d4] = fma(vec4<f32>(p), tile_b[r * HS4 + d4], dv[d4]);
+                        dv[d4] = fma(vec4<f32>(p * drop), tile_b[r * HS4 + d4], dv[d4]);
                         dk[d4] = fma(vec4<f32>(ds), tile_a[r * HS4 + d4], dk[d4]);
                     }
                 }

@@ -64,3 +64,44 @@ fn workgroup_max(v: f32, lid: u32) -> f32 {
     workgroupBarrier();
     return r;
 }
+
+// Dropout masks (CPU twin: core/src/ops/dropout.rs): element `idx` of a dropout site is kept
+// when word idx % 4 of Philox4x32-10 at counter (idx / 4, site, draw) and key seed is at least
+// the site's threshold. `key` holds (seed low, seed high, draw low, draw high).
+
+/// (high, low) words of the 64-bit product a * b.
+fn mul_hi_lo(a: u32, b: u32) -> vec2<u32> {
+    let a0 = a & 0xffffu;
+    let a1 = a >> 16u;
+    let b0 = b & 0xffffu;
+    let b1 = b >> 16u;
+    let p01 = a0 * b1;
+    let p10 = a1 * b0;
+    let mid = ((a0 * b0) >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+    return vec2<u32>(a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u), a * b);
+}
+
+/// Philox4x32-10 (Random123).
+fn philox(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var c = counter;
+    var k = key;
+    for (var round = 0u; round < 10u; round++) {
+        if (round > 0u) {
+            k += vec2<u32>(0x9E3779B9u, 0xBB67AE85u);
+        }
+        let p0 = mul_hi_lo(0xD2511F53u, c.x);
+        let p1 = mul_hi_lo(0xCD9E8D57u, c.z);
+        c = vec4<u32>(p1.x ^ c.y ^ k.x, p1.y, p0.x ^ c.w ^ k.y, p0.y);
+    }
+    return c;
+}
+
+/// The random words of elements 4 * block .. 4 * block + 4 of dropout site `site`.
+fn dropout_words(key: vec4<u32>, site: u32, block: u32) -> vec4<u32> {
+    return philox(vec4<u32>(block, site, key.z, key.w), key.xy);
+}
+
+/// Whether element `idx` of dropout site `site` is kept (always with threshold 0).
+fn dropout_keeps(key: vec4<u32>, site: u32, threshold: u32, idx: u32) -> bool {
+    return threshold == 0u || dropout_words(key, site, idx / 4u)[idx % 4u] >= threshold;
+}

@@ -58,6 +58,8 @@ pub enum ConfigError {
         /// Bytes asked for.
         bytes: usize,
     },
+    /// A probability outside `[0, 1)`.
+    Probability(&'static str),
     /// The caller's buffer is smaller than the plan needs.
     BufferTooSmall {
         /// Which buffer.
@@ -84,6 +86,7 @@ impl fmt::Display for ConfigError {
                 write!(f, "the model's memory plan needs about {bytes} bytes, more than this machine's address space holds")
             }
             ConfigError::OutOfMemory { what, bytes } => write!(f, "cannot allocate {bytes} bytes for the {what}: not enough memory"),
+            ConfigError::Probability(what) => write!(f, "{what} must be at least 0 and below 1"),
             ConfigError::BufferTooSmall { what, needed, given } => {
                 write!(f, "the {what} buffer holds {given} elements but the plan needs {needed}")
             }

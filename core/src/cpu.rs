@@ -2,6 +2,7 @@
 //! the walk reaches it, over slices of caller-owned arenas, split across `par`'s threads.
 
 use crate::float::Float;
+use crate::ops::dropout::{self, DropoutKey};
 use crate::ops::{attention, cross_entropy, embedding, layernorm, matmul};
 use crate::parallel::Parallel;
 use crate::plan::{Plan, Scratch, Span};
@@ -49,6 +50,7 @@ pub struct CpuExecutor<'a, T> {
     grads: Option<RawArena<T>>,
     acts: RawArena<T>,
     batch: Batch<'a>,
+    dropout_key: Option<DropoutKey>,
     observer: Option<&'a mut dyn Observer>,
     loss: Option<f64>,
     /// The arenas stay borrowed while the executor lives.
@@ -62,7 +64,7 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
         assert!(params.len() == plan.params_len() && acts.len() == plan.acts_len(), "arenas of another plan");
         assert!(batch.tokens.len() == n && batch.targets.is_none_or(|y| y.len() == n), "a batch of {n} tokens");
         let acts = RawArena::new(acts);
-        CpuExecutor { par, scratch: plan.scratch(), params, grads: None, acts, batch, observer: None, loss: None, _arenas: PhantomData }
+        CpuExecutor { par, scratch: plan.scratch(), params, grads: None, acts, batch, dropout_key: None, observer: None, loss: None, _arenas: PhantomData }
     }
 
     /// With the gradients arena, for backward walks.
@@ -70,6 +72,18 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
         assert_eq!(grads.len(), self.params.len(), "gradients of another plan");
         self.grads = Some(RawArena::new(grads));
         self
+    }
+
+    /// Drawing the dropout masks of a training walk (of a plan with dropout) with `key`, the
+    /// micro-batch's (see [`crate::Plan::dropout_key`]).
+    pub fn with_dropout_key(mut self, key: DropoutKey) -> Self {
+        self.dropout_key = Some(key);
+        self
+    }
+
+    /// The micro-batch's dropout key.
+    fn key(&self) -> DropoutKey {
+        self.dropout_key.expect("a training walk with dropout needs the micro-batch's dropout key (with_dropout_key)")
     }
 
     /// Reporting the start and end of every op to `observer`.
@@ -149,11 +163,19 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
     }
 
     fn attention_forward(&mut self, a: attention::Forward<&'a mut [T], &'a [T]>) {
-        attention::forward(self.par, a, self.scratch(self.scratch.attention))
+        attention::forward(self.par, a, self.scratch(self.scratch.attention), self.dropout_key)
     }
 
     fn attention_backward(&mut self, a: attention::Backward<&'a mut [T], &'a [T]>) {
-        attention::backward(self.par, a, self.scratch(self.scratch.attention))
+        attention::backward(self.par, a, self.scratch(self.scratch.attention), self.dropout_key)
+    }
+
+    fn dropout_forward(&mut self, a: dropout::Forward<&'a mut [T], &'a [T]>) {
+        dropout::forward(self.par, a, self.key())
+    }
+
+    fn dropout_backward(&mut self, a: dropout::Backward<&'a mut [T], &'a [T]>) {
+        dropout::backward(self.par, a, self.key())
     }
 
     fn cross_entropy(&mut self, a: cross_entropy::Forward<&'a mut [T]>) {
@@ -175,30 +197,56 @@ mod model_gradient_tests {
     use crate::tape::record_to_vec;
     use crate::walk;
 
-    /// The whole model's backward against central differences of its loss, in f64.
+    /// The whole model's backward against central differences of its loss, in f64, without
+    /// and with dropout (the same masks in every forward of the check).
     #[test]
     fn whole_model_gradients_match_finite_differences() {
         let cfg = GptConfig { vocab_size: 7, block_size: 5, n_layer: 2, n_head: 2, n_embd: 6 };
-        let plan = Plan::new(cfg, 2, 4).unwrap();
-        let tape = record_to_vec(&plan);
-        let mut rng = Rng::new(11);
-        let mut params = random(&mut rng, plan.params_len(), 0.5);
-        let tokens: Vec<u32> = (0..8).map(|_| rng.below(7) as u32).collect();
-        let targets: Vec<u32> = (0..8).map(|_| rng.below(7) as u32).collect();
-        let batch = Batch { tokens: &tokens, targets: Some(&targets) };
-        let mut acts = vec![0.0; plan.acts_len()];
-        let mut grads = vec![0.0; plan.params_len()];
-        let mut cpu = CpuExecutor::new(&Serial, &plan, &params, &mut acts, batch).with_grads(&mut grads);
-        walk::forward(&mut cpu, &tape, Some(1.0 / plan.tokens() as f64));
-        walk::backward(&mut cpu, &plan, &tape);
-        let numeric = numeric_grad(&mut params, |p| {
-            let mut cpu = CpuExecutor::new(&Serial, &plan, p, &mut acts, batch);
-            walk::forward(&mut cpu, &tape, None);
-            cpu.loss().unwrap()
-        });
-        for info in plan.params() {
-            let r = info.span.range();
-            assert_close(&format!("{info}"), &grads[r.clone()], &numeric[r]);
+        let plain = Plan::new(cfg, 2, 4).unwrap();
+        assert_eq!(plain.with_dropout(0.0, 9), Ok(plain), "dropout 0 is the plan without dropout");
+        for plan in [plain, plain.with_dropout(0.3, 9).unwrap()] {
+            let key = plan.dropout_key(5);
+            let tape = record_to_vec(&plan);
+            let mut rng = Rng::new(11);
+            let mut params = random(&mut rng, plan.params_len(), 0.5);
+            let tokens: Vec<u32> = (0..8).map(|_| rng.below(7) as u32).collect();
+            let targets: Vec<u32> = (0..8).map(|_| rng.below(7) as u32).collect();
+            let batch = Batch { tokens: &tokens, targets: Some(&targets) };
+            let mut acts = vec![0.0; plan.acts_len()];
+            let mut grads = vec![0.0; plan.params_len()];
+            let mut cpu = CpuExecutor::new(&Serial, &plan, &params, &mut acts, batch).with_grads(&mut grads).with_dropout_key(key);
+            walk::forward(&mut cpu, &tape, Some(1.0 / plan.tokens() as f64));
+            walk::backward(&mut cpu, &plan, &tape);
+            let numeric = numeric_grad(&mut params, |p| {
+                let mut cpu = CpuExecutor::new(&Serial, &plan, p, &mut acts, batch).with_dropout_key(key);
+                walk::forward(&mut cpu, &tape, Some(1.0));
+                cpu.loss().unwrap()
+            });
+            for info in plan.params() {
+                let r = info.span.range();
+                assert_close(&format!("{info} (dropout {})", plan.dropout()), &grads[r.clone()], &numeric[r]);
+            }
         }
+    }
+
+    /// Dropout drops in training walks only: an evaluation forward of a plan with dropout
+    /// gives the loss of the plan without, and a training forward another.
+    #[test]
+    fn evaluation_never_drops() {
+        let cfg = GptConfig { vocab_size: 7, block_size: 5, n_layer: 2, n_head: 2, n_embd: 6 };
+        let plain = Plan::new(cfg, 2, 4).unwrap();
+        let params = random(&mut Rng::new(3), plain.params_len(), 0.5);
+        let tokens: Vec<u32> = (0..8).map(|i| i % 7).collect();
+        let batch = Batch { tokens: &tokens, targets: Some(&tokens) };
+        let loss = |plan: Plan, training: bool| {
+            let mut acts = vec![0.0; plan.acts_len()];
+            let mut cpu = CpuExecutor::new(&Serial, &plan, &params, &mut acts, batch).with_dropout_key(plan.dropout_key(0));
+            walk::forward(&mut cpu, &record_to_vec(&plan), training.then_some(1.0));
+            cpu.loss().unwrap()
+        };
+        let dropping = plain.with_dropout(0.5, 1).unwrap();
+        assert_eq!(loss(dropping, false).to_bits(), loss(plain, false).to_bits());
+        assert_eq!(loss(plain, true).to_bits(), loss(plain, false).to_bits());
+        assert_ne!(loss(dropping, true), loss(plain, true));
     }
 }

@@ -210,6 +210,9 @@ pub struct Plan {
     pub seq: usize,
     /// Activation checkpointing (see [`Plan::with_recompute`]).
     recompute: bool,
+    /// Dropout's threshold (see [`crate::ops::dropout::threshold`]; 0: none) and seed (see
+    /// [`Plan::with_dropout`]).
+    dropout: (u32, u64),
     layer_params_len: usize,
     /// Elements of one block's activations (with recompute: of the one shared set, without
     /// the kept residual streams).
@@ -251,7 +254,7 @@ fn arena_elements_bound(config: &GptConfig, batch: usize, seq: usize) -> u128 {
     let matmul: u128 =
         [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, v)].into_iter().map(|(k, m)| k * (m + nr) + m * (k + nr) + 2 * kc * (k + nr) + m * k).sum();
     let attention = 2 * b * t * (c + heads * t);
-    let scratch = 6 * n * c + matmul + attention + (n + 1) * 4 * c + 7 * a;
+    let scratch = 7 * n * c + matmul + attention + (n + 1) * 4 * c + 8 * a;
     4 * params + 2 * n + n * c + a + layers * layer + head + scratch
 }
 
@@ -286,6 +289,7 @@ impl Plan {
             batch,
             seq,
             recompute: false,
+            dropout: (0, 0),
             layer_params_len,
             layer_acts_len: 0,
             kept_offset: 0,
@@ -322,8 +326,43 @@ impl Plan {
             self.head_offset = start + layers * self.layer_acts_len;
             self.scratch_offset = self.head_offset + head_len;
         }
-        self.acts_len = aligned(self.scratch().partials.end());
+        self.acts_len = aligned(self.scratch().dropped.end());
         self
+    }
+
+    /// This plan with dropout `p` (nanoGPT's `dropout`) in training walks, the masks drawn
+    /// from `seed` (see [`crate::ops::dropout`]): the tape gets dropout sites on the
+    /// embedding, the attention probabilities and both residual branches of every block, and
+    /// the scratch an `[N, C]` tensor for a dropped branch. `p = 0` is the plan without
+    /// dropout, bit for bit. Evaluation and sampling walks never drop.
+    pub fn with_dropout(mut self, p: f64, seed: u64) -> Result<Plan, ConfigError> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(ConfigError::Probability("dropout"));
+        }
+        // Attention's mask indices (B * NH * T * T) are 32-bit (as the GPU's).
+        let attention = self.batch * self.config.n_head * self.seq * self.seq;
+        const MAX_MASKED: usize = 1 << 32;
+        if p > 0.0 && attention > MAX_MASKED {
+            return Err(ConfigError::OutOfRange { what: "attention scores per step (B * heads * T * T) with dropout", value: attention, max: MAX_MASKED });
+        }
+        let threshold = crate::ops::dropout::threshold(p);
+        self.dropout = if threshold > 0 { (threshold, seed) } else { (0, 0) };
+        Ok(self.with_recompute(self.recompute))
+    }
+
+    /// Dropout site `id` (see [`crate::ops::dropout`]), or `None` without dropout.
+    pub fn dropout_site(&self, id: u32) -> Option<crate::ops::dropout::Site> {
+        (self.dropout.0 > 0).then_some(crate::ops::dropout::Site { id, threshold: self.dropout.0 })
+    }
+
+    /// The dropout probability (0: none).
+    pub fn dropout(&self) -> f64 {
+        self.dropout_site(0).map_or(0.0, |s| s.p())
+    }
+
+    /// The key of micro-batch `draw`'s masks (its number over the run).
+    pub fn dropout_key(&self, draw: u64) -> crate::ops::dropout::DropoutKey {
+        crate::ops::dropout::DropoutKey { seed: self.dropout.1, draw }
     }
 
     /// Whether the blocks' activations are recomputed in the backward (see
@@ -464,7 +503,16 @@ impl Plan {
         let wt = self.matmul_scratch_len();
         let attention = self.attention_shape().scratch_len();
         let partials = crate::ops::row_blocks::blocks(self.tokens()) * 4 * self.config.n_embd;
-        Scratch { dres: b.take(nc), dbig: b.take(4 * nc), dsmall: b.take(nc), wt: b.take(wt), attention: b.take(attention), partials: b.take(partials) }
+        let dropped = if self.dropout.0 > 0 { nc } else { 0 };
+        Scratch {
+            dres: b.take(nc),
+            dbig: b.take(4 * nc),
+            dsmall: b.take(nc),
+            wt: b.take(wt),
+            attention: b.take(attention),
+            partials: b.take(partials),
+            dropped: b.take(dropped),
+        }
     }
 }
 
@@ -501,6 +549,9 @@ pub struct Scratch {
     /// Per-row-block column sums of the bias and LayerNorm gradients (see
     /// [`crate::ops::row_blocks`]): `blocks(N) x 4C`.
     pub partials: Span,
+    /// With dropout, a branch before its dropout in a training forward and its gradient
+    /// after it in backward `[N, C]` (empty without dropout).
+    pub dropped: Span,
 }
 
 /// `len` copies of `value` in a new vector, or [`ConfigError::OutOfMemory`] naming `what`

@@ -7,6 +7,7 @@
 
 use crate::config::ConfigError;
 use crate::ops::attention::AttentionShape;
+use crate::ops::dropout::Site;
 use crate::ops::matmul::Epilogue;
 use crate::plan::{ParamKind, Plan, Span};
 use core::ops::Range;
@@ -27,6 +28,8 @@ pub enum Op {
         dout: Span,
         /// Sequence length `T` (row `i` is position `i % T`).
         seq: usize,
+        /// Dropout on `out` in training walks.
+        dropout: Option<Dropped>,
     },
     /// LayerNorm of `x` into `out`.
     LayerNorm {
@@ -67,6 +70,8 @@ pub enum Op {
         k: usize,
         /// Output width `M`.
         m: usize,
+        /// Dropout on `x·wᵀ + bias` (before a residual add) in training walks.
+        dropout: Option<Dropped>,
     },
     /// Causal self-attention over fused QKV.
     Attention {
@@ -82,6 +87,8 @@ pub enum Op {
         lse: Span,
         /// Shape.
         shape: AttentionShape,
+        /// Dropout on the attention probabilities in training walks.
+        dropout: Option<Site>,
     },
     /// Softmax cross-entropy of `logits` against the step's targets.
     CrossEntropy {
@@ -90,6 +97,17 @@ pub enum Op {
         /// Per-position losses `[N]`.
         losses: Span,
     },
+}
+
+/// Dropout on an op's output in training walks ([`crate::ops::dropout`]): the op writes
+/// `scratch`, the dropout reads it; in backward the dropout writes the op's output gradient
+/// there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    /// The dropout site.
+    pub site: Site,
+    /// `[N, C]` scratch (the plan's [`crate::plan::Scratch::dropped`]).
+    pub scratch: Span,
 }
 
 /// Which walk of the tape an op event belongs to.
@@ -228,14 +246,17 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
     let sc = plan.scratch();
     let nc = plan.tokens() * c;
     let dqkv = Span { offset: sc.dbig.offset, len: 3 * nc };
+    let dropped = |site| plan.dropout_site(site).map(|site| Dropped { site, scratch: sc.dropped });
     let mut i = 0;
     let mut push = |op| {
         ops[i] = op;
         i += 1;
     };
-    push(Op::Embedding { wte: p(ParamKind::Wte, None), wpe: p(ParamKind::Wpe, None), out: plan.encoded(), dout: sc.dres, seq: plan.seq });
+    push(Op::Embedding { wte: p(ParamKind::Wte, None), wpe: p(ParamKind::Wpe, None), out: plan.encoded(), dout: sc.dres, seq: plan.seq, dropout: dropped(0) });
     for l in 0..cfg.n_layer {
         let a = plan.layer_acts(l);
+        // Dropout sites 3l + 1 (attention probabilities), 3l + 2 and 3l + 3 (residual branches).
+        let site = 3 * l as u32;
         let res_in = plan.residual_in(l);
         let ln = |x, out, mean, rstd, w, b| Op::LayerNorm { x, dx: sc.dres, out, dout: sc.dsmall, mean, rstd, weight: p(w, Some(l)), bias: p(b, Some(l)) };
         push(ln(res_in, a.ln1, a.ln1_mean, a.ln1_rstd, ParamKind::Ln1Weight, ParamKind::Ln1Bias));
@@ -249,8 +270,10 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             epilogue: Epilogue::None,
             k: c,
             m: 3 * c,
+            dropout: None,
         });
-        push(Op::Attention { qkv: a.qkv, dqkv, out: a.atty, dout: sc.dsmall, lse: a.lse, shape: plan.attention_shape() });
+        let shape = plan.attention_shape();
+        push(Op::Attention { qkv: a.qkv, dqkv, out: a.atty, dout: sc.dsmall, lse: a.lse, shape, dropout: plan.dropout_site(site + 1) });
         push(Op::Matmul {
             x: a.atty,
             dx: Some(sc.dsmall),
@@ -261,6 +284,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             epilogue: Epilogue::Residual { input: res_in },
             k: c,
             m: c,
+            dropout: dropped(site + 2),
         });
         push(ln(a.res_mid, a.ln2, a.ln2_mean, a.ln2_rstd, ParamKind::Ln2Weight, ParamKind::Ln2Bias));
         push(Op::Matmul {
@@ -273,6 +297,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             epilogue: Epilogue::Gelu { pre: a.fc_pre },
             k: c,
             m: 4 * c,
+            dropout: None,
         });
         push(Op::Matmul {
             x: a.fc_gelu,
@@ -284,6 +309,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             epilogue: Epilogue::Residual { input: a.res_mid },
             k: 4 * c,
             m: c,
+            dropout: dropped(site + 3),
         });
     }
     let h = plan.head_acts();
@@ -307,6 +333,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
         epilogue: Epilogue::None,
         k: c,
         m: cfg.vocab_size,
+        dropout: None,
     });
     push(Op::CrossEntropy { logits: h.logits, losses: h.losses });
     debug_assert_eq!(i, len);
@@ -335,7 +362,9 @@ mod plan_tests {
     #[test]
     fn spans_used_together_are_disjoint() {
         let cfg = GptConfig { vocab_size: 11, block_size: 8, n_layer: 3, n_head: 2, n_embd: 6 };
-        for plan in [Plan::new(cfg, 3, 7).unwrap(), Plan::new(cfg, 3, 7).unwrap().with_recompute(true)] {
+        let plan = Plan::new(cfg, 3, 7).unwrap();
+        let dropping = plan.with_dropout(0.1, 1).unwrap();
+        for plan in [plan, plan.with_recompute(true), dropping, dropping.with_recompute(true)] {
             check_spans(&plan);
         }
     }
@@ -358,10 +387,11 @@ mod plan_tests {
         }
         for op in tape {
             let spans: &[Span] = &match *op {
-                Op::Embedding { out, dout, .. } => [out, dout].to_vec(),
+                Op::Embedding { out, dout, dropout, .. } => [out, dout].into_iter().chain(dropout.map(|d| d.scratch)).collect(),
                 Op::LayerNorm { x, dx, out, dout, mean, rstd, .. } => [x, dx, out, dout, mean, rstd, sc.partials].to_vec(),
-                Op::Matmul { x, dx, out, dout, epilogue, .. } => {
+                Op::Matmul { x, dx, out, dout, epilogue, dropout, .. } => {
                     let mut v = vec![x, out, sc.wt, sc.partials];
+                    v.extend(dropout.map(|d| d.scratch));
                     v.extend(dx);
                     if dout != out {
                         v.push(dout);

@@ -135,33 +135,43 @@ impl<'a, T: Float> Trainer<'a, T> {
         sample_batch(&mut self.rng, data.into(), self.plan.seq, x, y);
     }
 
-    /// Training forward on the loaded batch; returns its mean loss and leaves the scaled
-    /// logits gradient for [`Trainer::backward`].
-    pub fn forward(&mut self, par: &dyn Parallel) -> f64 {
-        self.forward_observed(par, &mut ())
+    /// Training forward on the loaded batch as micro-batch `micro` of the current step
+    /// (which draws its dropout masks); returns its mean loss and leaves the scaled logits
+    /// gradient for [`Trainer::backward`].
+    pub fn forward(&mut self, par: &dyn Parallel, micro: usize) -> f64 {
+        self.forward_observed(par, micro, &mut ())
     }
 
     /// [`Trainer::forward`], reporting every op to `obs`.
-    pub fn forward_observed(&mut self, par: &dyn Parallel, obs: &mut dyn Observer) -> f64 {
+    pub fn forward_observed(&mut self, par: &dyn Parallel, micro: usize, obs: &mut dyn Observer) -> f64 {
         let (tokens, targets) = self.mem.batch.split_at(self.plan.tokens());
         let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
         let batch = Batch { tokens, targets: Some(targets) };
-        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).observed(obs);
+        let key = self.dropout_key(micro);
+        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).with_dropout_key(key).observed(obs);
         walk::forward(&mut cpu, self.tape, Some(scale));
         cpu.loss().unwrap_or(f64::NAN)
     }
 
-    /// Backward of the last [`Trainer::forward`], accumulating into the gradients.
-    pub fn backward(&mut self, par: &dyn Parallel) {
-        self.backward_observed(par, &mut ())
+    /// Backward of the last [`Trainer::forward`] (of micro-batch `micro`), accumulating into
+    /// the gradients.
+    pub fn backward(&mut self, par: &dyn Parallel, micro: usize) {
+        self.backward_observed(par, micro, &mut ())
     }
 
     /// [`Trainer::backward`], reporting every op to `obs`.
-    pub fn backward_observed(&mut self, par: &dyn Parallel, obs: &mut dyn Observer) {
+    pub fn backward_observed(&mut self, par: &dyn Parallel, micro: usize, obs: &mut dyn Observer) {
         let batch = Batch { tokens: &self.mem.batch[..self.plan.tokens()], targets: None };
         self.mem.acts[self.plan.scratch().dres.range()].fill(T::ZERO);
-        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).with_grads(self.mem.grads).observed(obs);
+        let key = self.dropout_key(micro);
+        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).with_grads(self.mem.grads).with_dropout_key(key).observed(obs);
         walk::backward(&mut cpu, &self.plan, self.tape);
+    }
+
+    /// The dropout key of micro-batch `micro` of the current step: micro-batches are numbered
+    /// over the run, so a resumed run draws the masks it would have drawn.
+    fn dropout_key(&self, micro: usize) -> crate::ops::dropout::DropoutKey {
+        self.plan.dropout_key(self.step * self.cfg.grad_accum as u64 + micro as u64)
     }
 
     /// The global gradient norm.
@@ -200,10 +210,10 @@ impl<'a, T: Float> Trainer<'a, T> {
         }
         self.zero_grads(par);
         let mut loss = 0.0;
-        for _ in 0..self.cfg.grad_accum {
+        for micro in 0..self.cfg.grad_accum {
             phase(obs, Phase::Data, |_| self.load_batch(data));
-            loss += phase(obs, Phase::Forward, |o| self.forward_observed(par, o));
-            phase(obs, Phase::Backward, |o| self.backward_observed(par, o));
+            loss += phase(obs, Phase::Forward, |o| self.forward_observed(par, micro, o));
+            phase(obs, Phase::Backward, |o| self.backward_observed(par, micro, o));
         }
         loss /= self.cfg.grad_accum as f64;
         let grad_norm = phase(obs, Phase::GradNorm, |_| self.grad_norm(par));
@@ -370,7 +380,8 @@ mod tests {
 
     /// Activation checkpointing changes memory, not arithmetic: three steps with two
     /// micro-batches and three blocks give the same bits (losses, norms, parameters, moments)
-    /// with and without it, on one thread and on several, and the activations shrink.
+    /// with and without it, on one thread and on several, with and without dropout (whose
+    /// recomputed forward draws the same masks), and the activations shrink.
     #[test]
     fn recompute_keeps_every_bit() {
         let cfg = GptConfig { vocab_size: 13, block_size: 8, n_layer: 3, n_head: 2, n_embd: 8 };
@@ -393,12 +404,13 @@ mod tests {
                 .collect();
             (stats, mem.params, mem.adam_m, mem.adam_v)
         };
-        let plan = Plan::new(cfg, 3, 8).unwrap();
-        let recomputing = plan.with_recompute(true);
-        assert!(recomputing.acts_len() < plan.acts_len());
         let four = crate::parallel::ReversedThreads(4);
-        for par in [&Serial as &dyn Parallel, &four] {
-            assert!(run(plan, par) == run(recomputing, par), "recompute changed the run");
+        for plan in [Plan::new(cfg, 3, 8).unwrap(), Plan::new(cfg, 3, 8).unwrap().with_dropout(0.2, 5).unwrap()] {
+            let recomputing = plan.with_recompute(true);
+            assert!(recomputing.acts_len() < plan.acts_len());
+            for par in [&Serial as &dyn Parallel, &four] {
+                assert!(run(plan, par) == run(recomputing, par), "recompute changed the run (dropout {})", plan.dropout());
+            }
         }
     }
 

@@ -20,9 +20,9 @@
 //! assert!((cpu.loss().unwrap() - 5f64.ln()).abs() < 0.01);
 //! ```
 
-use crate::ops::{attention, cross_entropy, embedding, layernorm, matmul};
+use crate::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
 use crate::plan::{Plan, Span};
-use crate::tape::{self, Op, Pass};
+use crate::tape::{self, Dropped, Op, Pass};
 use core::ops::Range;
 
 /// Which arena a tensor of the tape lives in.
@@ -38,8 +38,8 @@ pub enum Arena {
 
 /// A backend the walk drives: it turns spans of the arenas into its tensors (slices, device
 /// views) and runs or records each op family's forward and backward. The walk builds every
-/// op's arguments; a backend adds only what is its own (the batch's token ids, kernel
-/// scratch).
+/// op's arguments; a backend adds only what is its own (the batch's token ids and dropout
+/// key, kernel scratch).
 pub trait Executor {
     /// A tensor an op writes (`&mut [T]` on the CPU).
     type Write;
@@ -82,6 +82,10 @@ pub trait Executor {
     fn attention_backward(&mut self, a: attention::Backward<Self::Write, Self::Read>);
     /// Fused cross-entropy against the executor's targets (and the loss's gradient).
     fn cross_entropy(&mut self, a: cross_entropy::Forward<Self::Write>);
+    /// Dropout with the executor's micro-batch key, before a residual add.
+    fn dropout_forward(&mut self, a: dropout::Forward<Self::Write, Self::Read>);
+    /// Dropout's gradient (forward's mask again).
+    fn dropout_backward(&mut self, a: dropout::Backward<Self::Write, Self::Read>);
 }
 
 /// Runs `tape` forward on `exec`. With `grad_scale`, a training forward: the logits are
@@ -139,22 +143,51 @@ unsafe fn forward_op<E: Executor>(e: &mut E, op: &Op, training: bool, grad_scale
     let w = |s| unsafe { e.write(Arena::Acts, s) };
     let r = |s| unsafe { e.read(Arena::Acts, s) };
     let p = |s| unsafe { e.read(Arena::Params, s) };
+    // Dropout runs in training walks only: the op writes its scratch, the dropout the output.
+    let dropping = |d: Option<Dropped>| d.filter(|_| training);
     match *op {
-        Op::Embedding { wte, wpe, out, seq, .. } => {
-            let a = embedding::Forward { out: w(out), wte: p(wte), wpe: p(wpe), seq };
-            e.embedding_forward(a)
+        Op::Embedding { wte, wpe, out, seq, dropout, .. } => {
+            let a = embedding::Forward { out: w(dropping(dropout).map_or(out, |d| d.scratch)), wte: p(wte), wpe: p(wpe), seq };
+            e.embedding_forward(a);
+            if let Some(d) = dropping(dropout) {
+                // SAFETY: forwarded to the caller.
+                unsafe { dropout_forward(e, d, out, None) }
+            }
         }
         Op::LayerNorm { x, out, mean, rstd, weight, bias, .. } => {
             let a = layernorm::Forward { out: w(out), mean: w(mean), rstd: w(rstd), x: r(x), weight: p(weight), bias: p(bias) };
             e.layernorm_forward(a)
         }
-        Op::Matmul { x, weight, bias, out, epilogue, k, m, .. } => {
-            let epilogue = epilogue.map(w, r);
-            let a = matmul::Forward { out: w(out), x: r(x), weight: p(weight), bias: bias.map(p), epilogue, save_slope: training, k, m };
-            e.matmul_forward(a)
-        }
-        Op::Attention { qkv, out, lse, shape, .. } => {
-            let a = attention::Forward { out: w(out), lse: w(lse), qkv: r(qkv), shape };
+        Op::Matmul { x, weight, bias, out, epilogue, k, m, dropout, .. } => match dropping(dropout) {
+            None => {
+                let epilogue = epilogue.map(w, r);
+                let a = matmul::Forward { out: w(out), x: r(x), weight: p(weight), bias: bias.map(p), epilogue, save_slope: training, k, m };
+                e.matmul_forward(a)
+            }
+            Some(d) => {
+                // The branch, dropped, then the residual added by the dropout.
+                let residual = match epilogue {
+                    matmul::Epilogue::Residual { input } => Some(input),
+                    matmul::Epilogue::None => None,
+                    matmul::Epilogue::Gelu { .. } => unreachable!("the tape drops no GELU output"),
+                };
+                let a = matmul::Forward {
+                    out: w(d.scratch),
+                    x: r(x),
+                    weight: p(weight),
+                    bias: bias.map(p),
+                    epilogue: matmul::Epilogue::None,
+                    save_slope: training,
+                    k,
+                    m,
+                };
+                e.matmul_forward(a);
+                // SAFETY: forwarded to the caller.
+                unsafe { dropout_forward(e, d, out, residual) }
+            }
+        },
+        Op::Attention { qkv, out, lse, shape, dropout, .. } => {
+            let a = attention::Forward { out: w(out), lse: w(lse), qkv: r(qkv), shape, dropout: dropout.filter(|_| training) };
             e.attention_forward(a)
         }
         Op::CrossEntropy { logits, losses } => {
@@ -164,9 +197,32 @@ unsafe fn forward_op<E: Executor>(e: &mut E, op: &Op, training: bool, grad_scale
     }
 }
 
+/// `out = residual + dropout(d.scratch)`.
+///
+/// # Safety
+/// The spans are pairwise disjoint.
+unsafe fn dropout_forward<E: Executor>(e: &mut E, d: Dropped, out: Span, residual: Option<Span>) {
+    // SAFETY: forwarded to the caller.
+    let a = unsafe {
+        dropout::Forward { out: e.write(Arena::Acts, out), y: e.read(Arena::Acts, d.scratch), residual: residual.map(|s| e.read(Arena::Acts, s)), site: d.site }
+    };
+    e.dropout_forward(a)
+}
+
 /// # Safety
 /// As [`forward_op`].
 unsafe fn backward_op<E: Executor>(e: &mut E, op: &Op) {
+    // A dropped output's gradient first goes through the dropout into its scratch, which the
+    // op then reads as its output's gradient (a residual's gradient is `dout` itself).
+    let dropped_dout = match *op {
+        Op::Embedding { dout, dropout: Some(d), .. } | Op::Matmul { dout, dropout: Some(d), .. } => {
+            // SAFETY: forwarded to the caller.
+            let a = unsafe { dropout::Backward { dy: e.write(Arena::Acts, d.scratch), dout: e.read(Arena::Acts, dout), site: d.site } };
+            e.dropout_backward(a);
+            Some(d.scratch)
+        }
+        _ => None,
+    };
     // SAFETY (all four): forwarded to the caller.
     let w = |s| unsafe { e.write(Arena::Acts, s) };
     let r = |s| unsafe { e.read(Arena::Acts, s) };
@@ -174,7 +230,7 @@ unsafe fn backward_op<E: Executor>(e: &mut E, op: &Op) {
     let g = |s| unsafe { e.write(Arena::Grads, s) };
     match *op {
         Op::Embedding { wte, wpe, dout, seq, .. } => {
-            let a = embedding::Backward { dwte: g(wte), dwpe: g(wpe), dout: r(dout), seq };
+            let a = embedding::Backward { dwte: g(wte), dwpe: g(wpe), dout: r(dropped_dout.unwrap_or(dout)), seq };
             e.embedding_backward(a)
         }
         Op::LayerNorm { x, dx, dout, mean, rstd, weight, bias, .. } => {
@@ -187,11 +243,12 @@ unsafe fn backward_op<E: Executor>(e: &mut E, op: &Op) {
                 matmul::Epilogue::Gelu { pre } => Some(r(pre)),
                 _ => None,
             };
-            let a = matmul::Backward { dx: dx.map(w), dweight: g(weight), dbias: bias.map(g), dout: w(dout), x: r(x), weight: p(weight), gelu_slope, k, m };
+            let dout = w(dropped_dout.unwrap_or(dout));
+            let a = matmul::Backward { dx: dx.map(w), dweight: g(weight), dbias: bias.map(g), dout, x: r(x), weight: p(weight), gelu_slope, k, m };
             e.matmul_backward(a)
         }
-        Op::Attention { qkv, dqkv, out, dout, lse, shape } => {
-            let a = attention::Backward { dqkv: w(dqkv), dout: r(dout), qkv: r(qkv), out: r(out), lse: r(lse), shape };
+        Op::Attention { qkv, dqkv, out, dout, lse, shape, dropout } => {
+            let a = attention::Backward { dqkv: w(dqkv), dout: r(dout), qkv: r(qkv), out: r(out), lse: r(lse), shape, dropout };
             e.attention_backward(a)
         }
         // The fused forward already left the logits' gradient in place.

@@ -6,7 +6,7 @@ use crate::context::{Gpu, GpuError};
 use crate::kernels::{Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
-use alpha_core::ops::{attention, cross_entropy, embedding, layernorm, matmul};
+use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
 use alpha_core::plan::{Plan, Scratch, Span, ACT_ALIGN};
 use alpha_core::tape::{Op, Pass};
 use alpha_core::walk::{Arena, Executor};
@@ -16,14 +16,16 @@ pub(crate) fn aligned(n: usize) -> usize {
     n.div_ceil(ACT_ALIGN) * ACT_ALIGN
 }
 
-/// Where one batch's token ids live in a batch buffer (u32 elements): inputs and targets,
-/// and for the embedding's backward the rows grouped by token.
+/// Where one micro-batch's data live in a batch buffer (u32 elements): input and target
+/// token ids, for the embedding's backward the rows grouped by token, and the dropout key
+/// (4 words: see [`alpha_core::ops::dropout::DropoutKey::words`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BatchSlot {
     pub tokens: Span,
     pub targets: Span,
     pub order: Span,
     pub starts: Span,
+    pub dropout_key: Span,
 }
 
 impl BatchSlot {
@@ -31,12 +33,13 @@ impl BatchSlot {
     pub fn new(index: usize, n: usize, vocab: usize) -> BatchSlot {
         let base = index * BatchSlot::len(n, vocab);
         let s = |i: usize, len| Span { offset: base + i * aligned(n), len };
-        BatchSlot { tokens: s(0, n), targets: s(1, n), order: s(2, n), starts: s(3, vocab + 1) }
+        let dropout_key = Span { offset: base + 3 * aligned(n) + aligned(vocab + 1), len: 4 };
+        BatchSlot { tokens: s(0, n), targets: s(1, n), order: s(2, n), starts: s(3, vocab + 1), dropout_key }
     }
 
     /// Elements of one slot.
     pub fn len(n: usize, vocab: usize) -> usize {
-        3 * aligned(n) + aligned(vocab + 1)
+        3 * aligned(n) + aligned(vocab + 1) + ACT_ALIGN
     }
 }
 
@@ -142,12 +145,23 @@ impl<'a> Executor for Recorder<'a> {
     }
 
     fn attention_forward(&mut self, a: attention::Forward<View<'a>, View<'a>>) {
-        ops::attention::forward(&mut self.program, a)
+        let key = self.ids(self.slot.dropout_key);
+        ops::attention::forward(&mut self.program, a, key)
     }
 
     fn attention_backward(&mut self, a: attention::Backward<View<'a>, View<'a>>) {
-        let delta = self.acts(self.scratch.attention);
-        ops::attention::backward(&mut self.program, a, delta)
+        let (delta, key) = (self.acts(self.scratch.attention), self.ids(self.slot.dropout_key));
+        ops::attention::backward(&mut self.program, a, delta, key)
+    }
+
+    fn dropout_forward(&mut self, a: dropout::Forward<View<'a>, View<'a>>) {
+        let key = self.ids(self.slot.dropout_key);
+        ops::dropout::forward(&mut self.program, a, key)
+    }
+
+    fn dropout_backward(&mut self, a: dropout::Backward<View<'a>, View<'a>>) {
+        let key = self.ids(self.slot.dropout_key);
+        ops::dropout::backward(&mut self.program, a, key)
     }
 
     fn cross_entropy(&mut self, a: cross_entropy::Forward<View<'a>>) {

@@ -60,6 +60,8 @@ pub enum Kernel {
     SumSquaresFinish,
     /// AdamW with clip (adamw.wgsl).
     AdamW,
+    /// Dropout before a residual add, and its backward (dropout.wgsl).
+    Dropout,
 }
 
 /// The WGSL files, each compiled with `common.wgsl` in front.
@@ -73,11 +75,21 @@ enum Shader {
     CrossEntropy,
     GradNorm,
     AdamW,
+    Dropout,
 }
 
 impl Shader {
-    const ALL: [Shader; 8] =
-        [Shader::Matmul, Shader::RowBlocks, Shader::LayerNorm, Shader::Attention, Shader::Embedding, Shader::CrossEntropy, Shader::GradNorm, Shader::AdamW];
+    const ALL: [Shader; 9] = [
+        Shader::Matmul,
+        Shader::RowBlocks,
+        Shader::LayerNorm,
+        Shader::Attention,
+        Shader::Embedding,
+        Shader::CrossEntropy,
+        Shader::GradNorm,
+        Shader::AdamW,
+        Shader::Dropout,
+    ];
 
     fn source(self) -> &'static str {
         match self {
@@ -89,6 +101,7 @@ impl Shader {
             Shader::CrossEntropy => include_str!("../../shaders/cross_entropy.wgsl"),
             Shader::GradNorm => include_str!("../../shaders/grad_norm.wgsl"),
             Shader::AdamW => include_str!("../../shaders/adamw.wgsl"),
+            Shader::Dropout => include_str!("../../shaders/dropout.wgsl"),
         }
     }
 }
@@ -97,7 +110,7 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 impl Kernel {
     /// Every kernel, in declaration order (pipelines are indexed by `kernel as usize`).
-    pub const ALL: [Kernel; 18] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::Matmul,
         Kernel::BiasGrad,
         Kernel::AddPartials,
@@ -116,6 +129,7 @@ impl Kernel {
         Kernel::SumSquaresPartials,
         Kernel::SumSquaresFinish,
         Kernel::AdamW,
+        Kernel::Dropout,
     ];
 
     /// (shader file, entry point, tensors bound).
@@ -127,10 +141,10 @@ impl Kernel {
             Kernel::LayerNormForward => (Shader::LayerNorm, "layernorm_forward", 6),
             Kernel::LayerNormBackward => (Shader::LayerNorm, "layernorm_backward", 6),
             Kernel::LayerNormParamPartials => (Shader::LayerNorm, "layernorm_param_partials", 5),
-            Kernel::AttentionForward => (Shader::Attention, "attention_forward", 3),
+            Kernel::AttentionForward => (Shader::Attention, "attention_forward", 6),
             Kernel::AttentionDelta => (Shader::Attention, "attention_delta", 3),
-            Kernel::AttentionBackwardQ => (Shader::Attention, "attention_backward_q", 5),
-            Kernel::AttentionBackwardKv => (Shader::Attention, "attention_backward_kv", 5),
+            Kernel::AttentionBackwardQ => (Shader::Attention, "attention_backward_q", 6),
+            Kernel::AttentionBackwardKv => (Shader::Attention, "attention_backward_kv", 6),
             Kernel::EmbeddingForward => (Shader::Embedding, "embedding_forward", 4),
             Kernel::EmbeddingBackwardWte => (Shader::Embedding, "embedding_backward_wte", 4),
             Kernel::EmbeddingBackwardWpe => (Shader::Embedding, "embedding_backward_wpe", 2),
@@ -139,6 +153,7 @@ impl Kernel {
             Kernel::SumSquaresPartials => (Shader::GradNorm, "sum_squares_partials", 2),
             Kernel::SumSquaresFinish => (Shader::GradNorm, "sum_squares_finish", 2),
             Kernel::AdamW => (Shader::AdamW, "adamw", 5),
+            Kernel::Dropout => (Shader::Dropout, "dropout", 4),
         }
     }
 
@@ -254,6 +269,7 @@ impl Shader {
             Shader::CrossEntropy => "cross_entropy.wgsl",
             Shader::GradNorm => "grad_norm.wgsl",
             Shader::AdamW => "adamw.wgsl",
+            Shader::Dropout => "dropout.wgsl",
         }
     }
 }

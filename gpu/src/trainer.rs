@@ -206,7 +206,8 @@ impl GpuTrainer {
         Ok((out.pop().expect("three arenas"), m, v))
     }
 
-    /// Draws a batch from `data` into batch slot `slot` (on the host, then one write).
+    /// Draws a batch from `data` into batch slot `slot` (on the host, then one write), with
+    /// the dropout key of micro-batch `slot` of the current step.
     fn write_batch(&mut self, slot: usize, data: Tokens<'_>, rng: Option<&mut Rng>) {
         let (n, vocab) = (self.plan.tokens(), self.plan.config.vocab_size);
         let b = BatchSlot::new(0, n, vocab);
@@ -217,6 +218,8 @@ impl GpuTrainer {
         let (head, starts) = hb.split_at_mut(b.starts.offset);
         let (tokens, order) = head.split_at_mut(b.order.offset);
         ops::embedding::group_rows_by_token(&tokens[b.tokens.range()], &mut order[..n], &mut starts[..vocab + 1]);
+        let key = self.plan.dropout_key(self.step * self.cfg.grad_accum as u64 + slot as u64);
+        hb[b.dropout_key.range()].copy_from_slice(&key.words());
         let offset = bytes(slot * BatchSlot::len(n, vocab));
         self.gpu.queue.write_buffer(&self.bufs.batch, offset, bytemuck::cast_slice(&self.host_batch));
     }

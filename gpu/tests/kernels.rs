@@ -3,8 +3,9 @@
 //! adapter; CI uses lavapipe (mesa-vulkan-drivers).
 
 use alpha_core::ops::attention::AttentionShape;
+use alpha_core::ops::dropout::{DropoutKey, Site};
 use alpha_core::ops::row_blocks::blocks;
-use alpha_core::ops::{attention, cross_entropy, embedding, grad_norm, layernorm, matmul};
+use alpha_core::ops::{attention, cross_entropy, dropout, embedding, grad_norm, layernorm, matmul};
 use alpha_core::{Rng, Serial};
 use alpha_gpu::kernels::{Kernels, ProgramBuilder, View};
 use alpha_gpu::{block_on, ops, read, Gpu};
@@ -218,26 +219,38 @@ fn layernorm_forward_and_backward() {
     assert_close("layernorm db", &download(&gdb, c), &db, 1e-5);
 }
 
+/// A micro-batch's dropout key, and the same on the device.
+const KEY: DropoutKey = DropoutKey { seed: 0x1234_5678_9abc_def0, draw: 0x1_0000_0003 };
+
 /// Attention for head sizes that do and do not fill the shared tiles, sequences longer than
-/// one 64-row tile and not a multiple of it.
+/// one 64-row tile and not a multiple of it, without and with dropout on the probabilities.
 #[test]
 fn attention_forward_and_backward() {
-    for shape in [AttentionShape { batch: 2, seq: 70, heads: 3, head_size: 5 }, AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 }] {
+    let shapes = [AttentionShape { batch: 2, seq: 70, heads: 3, head_size: 5 }, AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 }];
+    let gkey = buffer(&KEY.words());
+    for (shape, dropout) in shapes.into_iter().flat_map(|s| [(s, None), (s, Some(Site::new(7, 0.25)))]) {
         let AttentionShape { batch, seq, heads, head_size } = shape;
         let c = heads * head_size;
         let n = batch * seq;
         let mut rng = Rng::new(9);
         let qkv = random(&mut rng, n * 3 * c, 1.5);
         let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; batch * heads * seq], vec![0.0; shape.scratch_len()]);
-        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape }, &mut scratch);
+        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout }, &mut scratch, Some(KEY));
         let (gqkv, gout, glse) = (buffer(&qkv), fresh(n * c), fresh(lse.len()));
-        run(head_size, |p| ops::attention::forward(p, attention::Forward { out: whole(&gout, &out), lse: whole(&glse, &lse), qkv: whole(&gqkv, &qkv), shape }));
-        assert_close(&format!("{shape:?} out"), &download(&gout, n * c), &out, 1e-5);
-        assert_close(&format!("{shape:?} lse"), &download(&glse, lse.len()), &lse, 1e-5);
+        let key = View::first(&gkey, 4);
+        run(head_size, |p| {
+            let a = attention::Forward { out: whole(&gout, &out), lse: whole(&glse, &lse), qkv: whole(&gqkv, &qkv), shape, dropout };
+            ops::attention::forward(p, a, key)
+        });
+        let what = format!("{shape:?} dropout {dropout:?}");
+        assert_close(&format!("{what} out"), &download(&gout, n * c), &out, 1e-5);
+        assert_close(&format!("{what} lse"), &download(&glse, lse.len()), &lse, 1e-5);
 
         let dout = random(&mut rng, n * c, 1.0);
         let mut dqkv = vec![0.0; n * 3 * c];
-        attention::backward(&Serial, attention::Backward { dqkv: &mut dqkv, dout: &dout, qkv: &qkv, out: &out, lse: &lse, shape }, &mut scratch);
+        let a: attention::Backward<&mut [f32], &[f32]> =
+            attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &out, lse: &lse, shape, dropout };
+        attention::backward(&Serial, a, &mut scratch, Some(KEY));
         let (gdqkv, gdout, gdelta) = (fresh(n * 3 * c), buffer(&dout), fresh(lse.len()));
         run(head_size, |p| {
             let grads = attention::Backward {
@@ -247,10 +260,35 @@ fn attention_forward_and_backward() {
                 out: whole(&gout, &out),
                 lse: whole(&glse, &lse),
                 shape,
+                dropout,
             };
-            ops::attention::backward(p, grads, whole(&gdelta, &lse))
+            ops::attention::backward(p, grads, whole(&gdelta, &lse), key)
         });
-        assert_close(&format!("{shape:?} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, 1e-5);
+        assert_close(&format!("{what} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, 1e-5);
+    }
+}
+
+/// Dropout draws the CPU's masks bit for bit (the same Philox words), with and without the
+/// residual, over a length that is not a multiple of the Philox block or the workgroup.
+#[test]
+fn dropout_masks_are_the_cpus() {
+    let len = 64 * 4 * 3 + 7;
+    let mut rng = Rng::new(4);
+    let (y, res) = (random(&mut rng, len, 1.0), random(&mut rng, len, 1.0));
+    let site = Site::new(11, 0.3);
+    let (gy, gres, gkey) = (buffer(&y), buffer(&res), buffer(&KEY.words()));
+    for residual in [false, true] {
+        let mut out = vec![0.0; len];
+        dropout::forward(&Serial, dropout::Forward { out: &mut out, y: &y, residual: residual.then_some(&res[..]), site }, KEY);
+        let gout = fresh(len);
+        run(1, |p| {
+            let a = dropout::Forward { out: whole(&gout, &out), y: whole(&gy, &y), residual: residual.then(|| whole(&gres, &res)), site };
+            ops::dropout::forward(p, a, View::first(&gkey, 4))
+        });
+        let got = download(&gout, len);
+        assert!(got.iter().zip(&out).all(|(g, c)| g.to_bits() == c.to_bits()), "residual {residual}: the GPU's dropout differs from the CPU's");
+        let dropped = out.iter().zip(&res).filter(|(o, r)| if residual { o == r } else { **o == 0.0 }).count();
+        assert!((len / 5..len * 2 / 5).contains(&dropped), "{dropped} of {len} dropped at p = 0.3");
     }
 }
 

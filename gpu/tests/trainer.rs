@@ -40,18 +40,27 @@ fn fresh_trainer(gpu: Gpu, init_seed: u64) -> (GpuTrainer, Vec<f32>, Vec<u32>) {
 
 #[test]
 fn twenty_steps_match_the_cpu() {
-    twenty_steps_against_the_cpu(false);
+    twenty_steps_against_the_cpu(false, 0.0);
 }
 
 /// Activation checkpointing on the GPU: the walk's recompute recorded into the backward
 /// program, within the same tolerance of the CPU.
 #[test]
 fn twenty_steps_with_recompute_match_the_cpu() {
-    twenty_steps_against_the_cpu(true);
+    twenty_steps_against_the_cpu(true, 0.0);
 }
 
-fn twenty_steps_against_the_cpu(recompute: bool) {
+/// Dropout draws the CPU's masks on the device (each micro-batch's key in its batch slot),
+/// recomputed blocks included.
+#[test]
+fn twenty_steps_with_dropout_match_the_cpu() {
+    twenty_steps_against_the_cpu(false, 0.2);
+    twenty_steps_against_the_cpu(true, 0.2);
+}
+
+fn twenty_steps_against_the_cpu(recompute: bool, dropout: f64) {
     let (plan, cfg, data) = setup();
+    let plan = plan.with_dropout(dropout, 42).unwrap();
     let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
     init_params(&plan, &mut mem.params, &mut Rng::new(7));
     let gpu = open_gpu();

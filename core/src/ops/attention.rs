@@ -6,8 +6,11 @@
 //! of scores exists at a time (in the task's scratch, never a `T x T` matrix); forward saves
 //! the output `[B, T, C]` (heads concatenated, as PyTorch's `transpose(1, 2).view(B, T, C)`)
 //! and each row's log-sum-exp `lse [B, NH, T]`, from which backward recomputes the block's
-//! probabilities (FlashAttention style).
+//! probabilities (FlashAttention style). With dropout, the probabilities are masked after
+//! the softmax (element `((b * NH + h) * T + i) * T + j` of the site, see
+//! [`super::dropout`]) and backward draws the same mask again.
 
+use super::dropout::{DropoutKey, Mask, Site};
 use crate::float::{dot, max_of_first, sum_map, Float};
 use crate::gemm::{gemm, gemm_banded, transpose, Band, Rows, RowsMut, Shape, Strided, MAX_MR};
 use crate::parallel::{Parallel, SharedMut};
@@ -187,6 +190,8 @@ pub struct Forward<W, R> {
     pub qkv: R,
     /// Shape.
     pub shape: AttentionShape,
+    /// Dropout on the probabilities, if any.
+    pub dropout: Option<Site>,
 }
 
 /// Backward's tensors, `W` written and `R` read.
@@ -203,12 +208,31 @@ pub struct Backward<W, R> {
     pub lse: R,
     /// Shape.
     pub shape: AttentionShape,
+    /// Forward's dropout, if any.
+    pub dropout: Option<Site>,
 }
 
-/// Forward: `out = softmax(q·kᵀ / sqrt(HS) + causal mask) · v` per head; saves `lse`.
-/// `scratch` holds at least [`AttentionShape::scratch_len`] elements.
-pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch: &mut [T]) {
-    let Forward { out, lse, qkv, shape: s } = a;
+/// The mask of `site` in micro-batch `key` (which a kernel with dropout needs).
+fn mask(site: Option<Site>, key: Option<DropoutKey>) -> Option<Mask> {
+    site.map(|site| Mask { site, key: key.expect("attention with dropout needs the micro-batch's dropout key") })
+}
+
+/// Drops probabilities (or their gradients) of query rows `rows` of a block (block row `r`
+/// is query `rows.start + r`, stride `t`) of (batch, head) task `task`: keys `..= i` of row `i`.
+fn drop_rows<T: Float>(mask: Option<Mask>, p: &mut [T], t: usize, rows: Range<usize>, task: usize) {
+    if let Some(mask) = mask {
+        for (r, i) in rows.enumerate() {
+            mask.apply_in_place(&mut p[r * t..r * t + i + 1], ((task * t + i) * t) as u64);
+        }
+    }
+}
+
+/// Forward: `out = dropout(softmax(q·kᵀ / sqrt(HS) + causal mask)) · v` per head; saves
+/// `lse`. `scratch` holds at least [`AttentionShape::scratch_len`] elements; `key` is the
+/// micro-batch's dropout key (needed with dropout).
+pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch: &mut [T], key: Option<DropoutKey>) {
+    let Forward { out, lse, qkv, shape: s, dropout } = a;
+    let mask = mask(dropout, key);
     let (t, hs, c) = (s.seq, s.head_size, s.c());
     assert!(qkv.len() == s.batch * t * 3 * c && out.len() == s.batch * t * c && lse.len() == s.batch * s.heads * t);
     assert!(scratch.len() >= s.scratch_len());
@@ -233,6 +257,7 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch
                 let scores = RowsMut { ptr: p.as_mut_ptr(), ld: t };
                 gemm(Shape { m: rows.len(), n: s.scored_keys::<T>(keys), k: hs }, head.part(q0, 0), Rows { ptr: kt.as_ptr(), ld: t }, T::ZERO, scores);
                 causal_softmax(p, t, rows.clone(), scale, lse);
+                drop_rows(mask, p, t, rows.clone(), task);
                 let probs = Strided { ptr: p.as_ptr(), rs: t, cs: 1 };
                 let o = RowsMut { ptr: out_p.ptr().add((head.b * t + q0) * c + head.h * hs), ld: c };
                 // Query q0 + r sees keys ..q0 + r + 1: the rest of its row of P is zero.
@@ -244,9 +269,11 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch
 }
 
 /// Backward: writes (overwrites) `dqkv [B, T, 3C]` from `dout [B, T, C]`, using the forward's
-/// `out` and `lse`. Each (batch, head) pair is one task, so no two tasks touch one element.
-pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scratch: &mut [T]) {
-    let Backward { dqkv, dout, qkv, out, lse, shape: s } = a;
+/// `out` and `lse` (and forward's dropout `key`). Each (batch, head) pair is one task, so no
+/// two tasks touch one element.
+pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scratch: &mut [T], key: Option<DropoutKey>) {
+    let Backward { dqkv, dout, qkv, out, lse, shape: s, dropout } = a;
+    let mask = mask(dropout, key);
     let (t, hs, c) = (s.seq, s.head_size, s.c());
     assert!(dqkv.len() == qkv.len() && dout.len() == out.len() && qkv.len() == s.batch * t * 3 * c);
     assert!(scratch.len() >= s.scratch_len());
@@ -281,9 +308,13 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scrat
                 gemm(scores, head.part(q0, 0), Rows { ptr: kt.as_ptr(), ld: t }, T::ZERO, RowsMut { ptr: p.as_mut_ptr(), ld: t });
                 causal_softmax_recompute(p, t, rows.clone(), scale, &lse[task * t..(task + 1) * t]);
                 gemm(scores, d_o, Rows { ptr: vt.as_ptr(), ld: t }, T::ZERO, RowsMut { ptr: dp.as_mut_ptr(), ld: t });
+                // With dropout that is the gradient of the dropped probabilities: through the
+                // mask to the probabilities', and P itself dropped for dV (dS needs it whole).
+                drop_rows(mask, dp, t, rows.clone(), task);
                 let o0 = (head.b * t + q0) * c + head.h * hs;
                 let outputs = HeadRows { d_o: &dout[o0..o0 + (n - 1) * c + hs], o: &out[o0..o0 + (n - 1) * c + hs], stride: c, hs };
                 softmax_grad(&mut dp[..n * t], p, t, keys, outputs, scale);
+                drop_rows(mask, p, t, rows.clone(), task);
                 let p_t = Strided { ptr: p.as_ptr(), rs: 1, cs: t };
                 let ds_t = Strided { ptr: dp.as_ptr(), rs: 1, cs: t };
                 let ds = Strided { ptr: dp.as_ptr(), rs: t, cs: 1 };
@@ -309,17 +340,24 @@ mod tests {
     const SHAPE: AttentionShape = AttentionShape { batch: 2, seq: 5, heads: 3, head_size: 2 };
     /// Longer than one query block of any kernel, so later blocks see keys of earlier ones.
     const LONG: AttentionShape = AttentionShape { batch: 1, seq: MAX_QUERY_BLOCK + 7, heads: 2, head_size: 3 };
+    /// Dropout on the probabilities, and its key.
+    const DROPOUT: Option<Site> = Some(Site { id: 4, threshold: 1 << 30 });
+    const KEY: Option<DropoutKey> = Some(DropoutKey { seed: 11, draw: 3 });
 
     #[test]
     fn gradients_match_finite_differences() {
-        check_gradients(SHAPE);
-        check_gradients(LONG);
+        for dropout in [None, DROPOUT] {
+            check_gradients(SHAPE, dropout);
+            check_gradients(LONG, dropout);
+        }
     }
 
     #[test]
     fn matches_explicit_softmax_and_is_causal() {
-        check_against_explicit_softmax(SHAPE);
-        check_against_explicit_softmax(LONG);
+        for dropout in [None, DROPOUT] {
+            check_against_explicit_softmax(SHAPE, dropout);
+            check_against_explicit_softmax(LONG, dropout);
+        }
     }
 
     /// The f32 build (this CPU's GEMM kernel, whose query blocks and scored key panels
@@ -334,8 +372,8 @@ mod tests {
         let mut random32 = |len, scale| random(&mut rng, len, scale).into_iter().map(|x| x as f32).collect::<Vec<f32>>();
         let (qkv, g) = (random32(n * 3 * c, 1.5), random32(n * c, 1.0));
         let widen = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-        let (out32, dqkv32) = run_both_passes(s, &qkv, &g);
-        let (out, dqkv) = run_both_passes(s, &widen(&qkv), &widen(&g));
+        let (out32, dqkv32) = run_both_passes(s, &qkv, &g, DROPOUT);
+        let (out, dqkv) = run_both_passes(s, &widen(&qkv), &widen(&g), DROPOUT);
         for (what, got, want) in [("out", widen(&out32), out), ("dqkv", widen(&dqkv32), dqkv)] {
             let scale = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -345,34 +383,41 @@ mod tests {
     }
 
     /// Forward's output and backward's `dqkv` (from a `dqkv` holding garbage).
-    fn run_both_passes<T: Float>(s: AttentionShape, qkv: &[T], g: &[T]) -> (Vec<T>, Vec<T>) {
+    fn run_both_passes<T: Float>(s: AttentionShape, qkv: &[T], g: &[T], dropout: Option<Site>) -> (Vec<T>, Vec<T>) {
         let (n, c) = (s.batch * s.seq, s.c());
         let (mut out, mut lse, mut dqkv) = (vec![T::ZERO; n * c], vec![T::ZERO; s.batch * s.heads * s.seq], vec![T::from_f64(7.0); n * 3 * c]);
-        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv, shape: s }, &mut vec![T::ZERO; s.scratch_len()]);
-        backward(&Serial, Backward { dqkv: &mut dqkv, dout: g, qkv, out: &out, lse: &lse, shape: s }, &mut vec![T::ZERO; s.scratch_len()]);
+        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv, shape: s, dropout }, &mut vec![T::ZERO; s.scratch_len()], KEY);
+        let a = Backward { dqkv: &mut dqkv[..], dout: g, qkv, out: &out, lse: &lse, shape: s, dropout };
+        backward(&Serial, a, &mut vec![T::ZERO; s.scratch_len()], KEY);
         (out, dqkv)
     }
 
-    fn check_gradients(s: AttentionShape) {
+    fn check_gradients(s: AttentionShape, dropout: Option<Site>) {
         let (n, c) = (s.batch * s.seq, s.c());
         let mut rng = Rng::new(5);
         let mut qkv = random(&mut rng, n * 3 * c, 1.5);
         let g = random(&mut rng, n * c, 1.0);
-        let (_, dqkv) = run_both_passes(s, &qkv, &g);
+        let (_, dqkv) = run_both_passes(s, &qkv, &g, dropout);
         let (mut out, mut lse) = (vec![0.0; n * c], vec![0.0; s.batch * s.heads * s.seq]);
         let numeric = numeric_grad(&mut qkv, |x| {
-            forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: x, shape: s }, &mut vec![0.0; s.scratch_len()]);
+            forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: x, shape: s, dropout }, &mut vec![0.0; s.scratch_len()], KEY);
             weighted_sum(&out, &g)
         });
         assert_close("dqkv", &dqkv, &numeric);
     }
 
-    fn check_against_explicit_softmax(s: AttentionShape) {
+    /// Against the textbook formula, each probability dropped by its own element's mask.
+    fn check_against_explicit_softmax(s: AttentionShape, dropout: Option<Site>) {
         let (t, hs, c) = (s.seq, s.head_size, s.c());
         let mut rng = Rng::new(6);
         let qkv = random(&mut rng, s.batch * t * 3 * c, 2.0);
         let (mut out, mut lse) = (vec![0.0; s.batch * t * c], vec![0.0; s.batch * s.heads * t]);
-        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s }, &mut vec![0.0; s.scratch_len()]);
+        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout }, &mut vec![0.0; s.scratch_len()], KEY);
+        let kept = |b: usize, h: usize, i: usize, j: usize| match mask(dropout, KEY) {
+            Some(m) if m.keeps((((b * s.heads + h) * t + i) * t + j) as u64) => m.site.scale(),
+            Some(_) => 0.0,
+            None => 1.0,
+        };
         for b in 0..s.batch {
             for h in 0..s.heads {
                 for i in 0..t {
@@ -381,7 +426,7 @@ mod tests {
                     let z: f64 = scores.iter().map(|s| s.exp()).sum();
                     assert!((lse[(b * s.heads + h) * t + i] - z.ln()).abs() < 1e-12);
                     for d in 0..hs {
-                        let expect: f64 = scores.iter().enumerate().map(|(j, s)| s.exp() / z * at(j, 2, d)).sum();
+                        let expect: f64 = scores.iter().enumerate().map(|(j, s)| s.exp() / z * kept(b, h, i, j) * at(j, 2, d)).sum();
                         assert!((out[(b * t + i) * c + h * hs + d] - expect).abs() < 1e-12);
                     }
                 }

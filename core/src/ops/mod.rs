@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod cross_entropy;
+pub mod dropout;
 pub mod embedding;
 pub mod grad_norm;
 pub mod layernorm;

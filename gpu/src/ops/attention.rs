@@ -4,30 +4,35 @@
 use super::u;
 use crate::kernels::{Kernel, ProgramBuilder, View};
 use alpha_core::ops::attention::{self, AttentionShape};
+use alpha_core::ops::dropout::Site;
 
-fn attention_words(s: AttentionShape) -> [u32; 4] {
+/// The kernels' words: shape, score scale, and the dropout site (threshold 0: none).
+fn attention_words(s: AttentionShape, dropout: Option<Site>) -> [u32; 7] {
     let scale = 1.0 / (s.head_size as f32).sqrt();
-    [u(s.batch), u(s.seq), u(s.heads), scale.to_bits()]
+    let (site, threshold, kept) = dropout.map_or((0, 0, 1.0), |d| (d.id, d.threshold, d.scale() as f32));
+    [u(s.batch), u(s.seq), u(s.heads), scale.to_bits(), site, threshold, kept.to_bits()]
 }
 
 fn attention_grid(s: AttentionShape) -> [u32; 3] {
     [u(s.seq.div_ceil(64)), u(s.batch * s.heads), 1]
 }
 
-/// Causal attention forward: `out [B, T, C]` and `lse [B, NH, T]` from `qkv [B, T, 3C]`.
-pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, View<'a>>) {
-    let attention::Forward { out, lse, qkv, shape } = a;
-    p.push(Kernel::AttentionForward, &attention_words(shape), &[Some(out), Some(qkv), Some(lse)], attention_grid(shape));
+/// Causal attention forward: `out [B, T, C]` and `lse [B, NH, T]` from `qkv [B, T, 3C]`;
+/// with dropout, the micro-batch's `key` (4 words).
+pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, View<'a>>, key: View<'a>) {
+    let attention::Forward { out, lse, qkv, shape, dropout } = a;
+    let key = dropout.map(|_| key);
+    p.push(Kernel::AttentionForward, &attention_words(shape, dropout), &[Some(out), Some(qkv), Some(lse), None, None, key], attention_grid(shape));
 }
 
 /// Causal attention backward: `dqkv [B, T, 3C]` (overwritten) from `dout [B, T, C]`, using
-/// `delta`, at least `[B, NH, T]`, as scratch.
-pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Backward<View<'a>, View<'a>>, delta: View<'a>) {
-    let attention::Backward { dqkv, dout, qkv, out, lse, shape } = a;
+/// `delta`, at least `[B, NH, T]`, as scratch (and forward's dropout `key`).
+pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Backward<View<'a>, View<'a>>, delta: View<'a>, key: View<'a>) {
+    let attention::Backward { dqkv, dout, qkv, out, lse, shape, dropout } = a;
     let delta = View { len: shape.batch * shape.heads * shape.seq, ..delta };
-    let (w, g) = (attention_words(shape), attention_grid(shape));
+    let (w, g) = (attention_words(shape, dropout), attention_grid(shape));
     p.push(Kernel::AttentionDelta, &w, &[Some(delta), Some(dout), Some(out)], g);
-    let views = [Some(dqkv), Some(qkv), Some(dout), Some(lse), Some(delta)];
+    let views = [Some(dqkv), Some(qkv), Some(dout), Some(lse), Some(delta), dropout.map(|_| key)];
     p.push(Kernel::AttentionBackwardQ, &w, &views, g);
     p.push(Kernel::AttentionBackwardKv, &w, &views, g);
 }
