@@ -5,6 +5,12 @@ Optional tooling (Alpha never needs PyTorch to build, run or test):
   eval   python3 scripts/nanogpt_reference.py eval CKPT TEXT
          Mean cross-entropy over every non-overlapping window, the same definition as
          `alpha-native eval --checkpoint CKPT --text TEXT`; prints one JSON line.
+  train  python3 scripts/nanogpt_reference.py train [--iters N] [--dropout P] [--layers N] ...
+         nanoGPT's train.py on the text's characters with Alpha's schedule and split (90/10,
+         warmup then cosine decay, AdamW with decay on 2-D weights, clip 1.0, dropout on the
+         embedding, attention probabilities and residual branches); prints the final train
+         and val loss (mean of --eval-iters random batches each) as one JSON line, for
+         comparing with `alpha-native train` on the same settings.
   bench  python3 scripts/nanogpt_reference.py bench [--threads N] [--iters N] [--warmup N]
                                                     [--device cpu|cuda]
          Times nanoGPT's training step (AdamW, clip 1.0; fp32 eager) on the default CPU config
@@ -26,9 +32,10 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, c, n_head):
+    def __init__(self, c, n_head, dropout=0.0):
         super().__init__()
         self.n_head = n_head
+        self.dropout = dropout
         self.ln_1 = nn.LayerNorm(c)
         self.attn = nn.Module()
         self.attn.c_attn = nn.Linear(c, 3 * c)
@@ -42,18 +49,20 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.attn.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        x = x + F.dropout(self.attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)), p)
+        return x + F.dropout(self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh")), p)
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0):
         super().__init__()
+        self.dropout = dropout
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab_size, n_embd),
             wpe=nn.Embedding(block_size, n_embd),
-            h=nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)]),
+            h=nn.ModuleList([Block(n_embd, n_head, dropout) for _ in range(n_layer)]),
             ln_f=nn.LayerNorm(n_embd),
         ))
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
@@ -71,6 +80,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets):
         T = idx.shape[1]
         x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T, device=idx.device))
+        x = F.dropout(x, self.dropout if self.training else 0.0)
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -104,6 +114,57 @@ def cmd_eval(args):
         for i in range(0, n, 64):
             total += model(x[i : i + 64], y[i : i + 64]).double().sum().item()
     print(json.dumps({"loss": total / (n * T), "windows": n, "tokens": n * T}))
+
+
+def lr_at(it, args):
+    """nanoGPT's get_lr (Alpha's LrSchedule): linear warmup, cosine decay to min_lr."""
+    if it < args.warmup:
+        return args.lr * (it + 1) / (args.warmup + 1)
+    if it > args.iters:
+        return args.min_lr
+    ratio = (it - args.warmup) / (args.iters - args.warmup)
+    return args.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (args.lr - args.min_lr)
+
+
+def cmd_train(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    text = open(args.data, encoding="utf-8").read()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+    n = len(data) * 9 // 10
+    splits = {"train": data[:n], "val": data[n:]}
+    B, T = args.batch, args.block
+    model = GPT(len(chars), T, args.layers, args.heads, args.embd, args.dropout)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.99))
+
+    def batch(split):
+        d = splits[split]
+        ix = torch.randint(len(d) - T, (B,))
+        return torch.stack([d[i : i + T] for i in ix]), torch.stack([d[i + 1 : i + 1 + T] for i in ix])
+
+    t0 = time.perf_counter()
+    for it in range(args.iters):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(it, args)
+        x, y = batch("train")
+        loss = model(x, y).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    seconds = time.perf_counter() - t0
+    model.eval()
+    losses = {}
+    with torch.no_grad():
+        for split in ("train", "val"):
+            losses[split] = statistics.mean(model(*batch(split)).mean().item() for _ in range(args.eval_iters))
+    print(json.dumps({"impl": f"pytorch {torch.__version__}", "iters": args.iters, "dropout": args.dropout, "train_loss": losses["train"],
+                      "val_loss": losses["val"], "seconds": seconds}))
 
 
 def cmd_bench(args):
@@ -149,6 +210,21 @@ def main():
     e.add_argument("checkpoint")
     e.add_argument("text")
     e.add_argument("--threads", type=int, default=2)
+    t = sub.add_parser("train")
+    t.add_argument("--data", default="data/shakespeare.txt")
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--iters", type=int, default=2000)
+    t.add_argument("--warmup", type=int, default=100)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--min-lr", type=float, default=1e-4)
+    t.add_argument("--batch", type=int, default=12)
+    t.add_argument("--block", type=int, default=64)
+    t.add_argument("--layers", type=int, default=4)
+    t.add_argument("--heads", type=int, default=4)
+    t.add_argument("--embd", type=int, default=128)
+    t.add_argument("--dropout", type=float, default=0.0)
+    t.add_argument("--eval-iters", type=int, default=200)
+    t.add_argument("--seed", type=int, default=1337)
     b = sub.add_parser("bench")
     b.add_argument("--data", default="data/shakespeare.txt")
     b.add_argument("--threads", type=int, default=2)
@@ -162,7 +238,7 @@ def main():
     b.add_argument("--vocab", type=int, help="vocabulary size (default: the text's characters; more for GPT-2's 50257)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = p.parse_args()
-    {"eval": cmd_eval, "bench": cmd_bench}[args.cmd](args)
+    {"eval": cmd_eval, "train": cmd_train, "bench": cmd_bench}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 @group(0) @binding(2) var<storage, read_write> ce_losses: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ce_targets: array<u32>;
 
-// One workgroup per row. Words: rows, V, grad (0/1), grad_scale (f32).
-// With grad, the row becomes grad_scale * (softmax(row) - onehot(target)).
+// One workgroup per row. Words: rows, V, grad (0/1), grad_scale (f32), classes (the logits in
+// use; the rest of the row is padding). With grad, the row becomes
+// grad_scale * (softmax(row[..classes]) - onehot(target)), zero on the padding.
 // Bindings: 1 logits [N, V], 2 losses [N], 3 targets [N].
 @compute @workgroup_size(64)
 fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -18,13 +19,14 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         return;
     }
     let base = row * v;
+    let classes = word(4u);
     var m = ce_logits[base];
-    for (var j = lid; j < v; j += 64u) {
+    for (var j = lid; j < classes; j += 64u) {
         m = max(m, ce_logits[base + j]);
     }
     let row_max = workgroup_max(m, lid);
     var s = 0.0;
-    for (var j = lid; j < v; j += 64u) {
+    for (var j = lid; j < classes; j += 64u) {
         s += exp(ce_logits[base + j] - row_max);
     }
     let lse = row_max + log(workgroup_sum(s, lid));
@@ -40,6 +42,9 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             var g = exp(ce_logits[base + j] - lse) * scale;
             if (j == tgt) {
                 g -= scale;
+            }
+            if (j >= classes) {
+                g = 0.0;
             }
             ce_logits[base + j] = g;
         }

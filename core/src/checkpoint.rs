@@ -17,7 +17,7 @@
 //! config before it allocates: a config that implies other tensors than the file holds is an
 //! error, so no header can make it allocate more than the file's own size.
 
-use crate::config::MAX_GRAD_ACCUM;
+use crate::config::{ConfigError, MAX_GRAD_ACCUM};
 use crate::optim::{AdamWConfig, LrSchedule};
 use crate::plan::try_vec;
 use crate::plan::{ParamInfo, ParamKind, Plan, LAYER_PARAMS};
@@ -95,8 +95,15 @@ pub struct TrainSettings {
     pub grad_clip: f64,
     /// Micro-batches per step.
     pub grad_accum: usize,
-    /// Seed of the run (initialisation and the evaluation batches).
+    /// Seed of the run (initialisation, batches, evaluation, dropout masks).
     pub seed: u64,
+    /// Dropout probability in training (0: none; older checkpoints have none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropout: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn is_false(b: &bool) -> bool {
@@ -123,7 +130,14 @@ impl TrainSettings {
             grad_clip: d.grad_clip,
             grad_accum: d.grad_accum,
             seed: d.seed,
+            dropout: d.dropout,
         }
+    }
+
+    /// The run's memory plan for `config` (whole blocks, batches of `batch`, its dropout
+    /// drawn from its seed), with activation checkpointing or not.
+    pub fn plan(&self, config: GptConfig, recompute: bool) -> Result<Plan, ConfigError> {
+        Plan::new(config, self.batch, config.block_size)?.with_recompute(recompute).with_dropout(self.dropout, self.seed)
     }
 
     /// The optimisation settings of the run (AdamW eps 1e-8, as PyTorch's default).
@@ -148,6 +162,9 @@ impl TrainSettings {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{} must be a non-negative number, got {v}", name(field)));
             }
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(format!("{} must be at least 0 and below 1, got {}", name("dropout"), self.dropout));
         }
         if self.beta1 >= 1.0 || self.beta2 >= 1.0 {
             return Err(format!("{} and {} must be below 1", name("beta1"), name("beta2")));
@@ -339,8 +356,9 @@ pub fn write<E>(
     let mut meta = Map::new();
     meta.insert("format".into(), FORMAT.into());
     meta.insert("config".into(), to_json(&config).into());
-    if tokenizer.vocab_size() != config.vocab_size {
-        return Err(SaveError::Shape(format!("the tokenizer has {} tokens, the model's vocabulary {}", tokenizer.vocab_size(), config.vocab_size)));
+    // A larger vocabulary is padding (`Plan::with_classes`).
+    if tokenizer.vocab_size() > config.vocab_size {
+        return Err(SaveError::Shape(format!("the tokenizer has {} tokens, the model's vocabulary only {}", tokenizer.vocab_size(), config.vocab_size)));
     }
     meta.insert("tokenizer".into(), tokenizer_json(tokenizer).into());
     if let Some((_, _, state)) = optimizer {
@@ -398,8 +416,8 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     let config: GptConfig = serde_json::from_str(field("config")?).map_err(|e| bad(format!("config: {e}")))?;
     config.validate().map_err(|e| bad(format!("config: {e}")))?;
     let tokenizer = tokenizer_from_json(field("tokenizer")?).map_err(|e| bad(format!("tokenizer: {e}")))?;
-    if tokenizer.vocab_size() != config.vocab_size {
-        return Err(bad(format!("the tokenizer has {} tokens but vocab_size is {}", tokenizer.vocab_size(), config.vocab_size)));
+    if tokenizer.vocab_size() > config.vocab_size {
+        return Err(bad(format!("the tokenizer has {} tokens but vocab_size is only {}", tokenizer.vocab_size(), config.vocab_size)));
     }
     let state = match meta.get("train") {
         None => None,

@@ -180,8 +180,8 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
 
     fn cross_entropy(&mut self, a: cross_entropy::Forward<&'a mut [T]>) {
         if let Some(targets) = self.batch.targets {
-            let cross_entropy::Forward { losses, logits, grad_scale } = a;
-            cross_entropy::forward(self.par, cross_entropy::Forward { losses: &mut *losses, logits, grad_scale }, targets);
+            let cross_entropy::Forward { losses, logits, grad_scale, classes } = a;
+            cross_entropy::forward(self.par, cross_entropy::Forward { losses: &mut *losses, logits, grad_scale, classes }, targets);
             self.loss = Some(cross_entropy::mean(losses));
         }
     }

@@ -186,12 +186,12 @@ pub fn generate<T: Float>(
 ) {
     let SamplingMemory { plan, tape, acts, window } = mem;
     assert!(plan.batch == 1 && window.len() == plan.seq, "generate needs a batch-1 plan and a window of plan.seq tokens");
-    let v = plan.config.vocab_size;
+    let (v, classes) = (plan.config.vocab_size, plan.classes());
     let mut window = ContextWindow::new(window, context);
     for _ in 0..cfg.tokens {
         walk::forward(&mut CpuExecutor::new(par, plan, params, acts, Batch { tokens: window.tokens(), targets: None }), tape, None);
         let row = window.last();
-        let next = sample_token(&mut acts[plan.head_acts().logits.range()][row * v..(row + 1) * v], cfg, rng);
+        let next = sample_token(&mut acts[plan.head_acts().logits.range()][row * v..row * v + classes], cfg, rng);
         if cfg.stop == Some(next) {
             return;
         }
@@ -212,9 +212,10 @@ pub struct Sampler<T> {
 
 #[cfg(feature = "alloc")]
 impl<T: Float> Sampler<T> {
-    /// Sampling memory for `config` with a context of `seq` tokens (at most the block size).
-    pub fn new(config: crate::GptConfig, seq: usize) -> Result<Self, crate::ConfigError> {
-        let plan = Plan::new(config, 1, seq)?;
+    /// Sampling memory for `config` with a context of `seq` tokens (at most the block size),
+    /// drawing from its first `classes` tokens (the tokenizer's; see [`Plan::with_classes`]).
+    pub fn new(config: crate::GptConfig, classes: usize, seq: usize) -> Result<Self, crate::ConfigError> {
+        let plan = Plan::new(config, 1, seq)?.with_classes(classes)?;
         let acts = crate::plan::try_vec("activations", plan.acts_len(), T::ZERO)?;
         Ok(Sampler { plan, tape: crate::tape::record_to_vec(&plan), acts, window: alloc::vec![0; seq] })
     }

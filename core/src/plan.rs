@@ -210,6 +210,8 @@ pub struct Plan {
     pub seq: usize,
     /// Activation checkpointing (see [`Plan::with_recompute`]).
     recompute: bool,
+    /// Logits in use (see [`Plan::with_classes`]).
+    classes: usize,
     /// Dropout's threshold (see [`crate::ops::dropout::threshold`]; 0: none) and seed (see
     /// [`Plan::with_dropout`]).
     dropout: (u32, u64),
@@ -290,6 +292,7 @@ impl Plan {
             seq,
             recompute: false,
             dropout: (0, 0),
+            classes: config.vocab_size,
             layer_params_len,
             layer_acts_len: 0,
             kept_offset: 0,
@@ -331,7 +334,8 @@ impl Plan {
     }
 
     /// This plan with dropout `p` (nanoGPT's `dropout`) in training walks, the masks drawn
-    /// from `seed` (see [`crate::ops::dropout`]): the tape gets dropout sites on the
+    /// from the run's `seed` (its [`DROPOUT`](crate::rng::stream::DROPOUT) stream; see
+    /// [`crate::ops::dropout`]): the tape gets dropout sites on the
     /// embedding, the attention probabilities and both residual branches of every block, and
     /// the scratch an `[N, C]` tensor for a dropped branch. `p = 0` is the plan without
     /// dropout, bit for bit. Evaluation and sampling walks never drop.
@@ -340,14 +344,30 @@ impl Plan {
             return Err(ConfigError::Probability("dropout"));
         }
         // Attention's mask indices (B * NH * T * T) are 32-bit (as the GPU's).
-        let attention = self.batch * self.config.n_head * self.seq * self.seq;
-        const MAX_MASKED: usize = 1 << 32;
-        if p > 0.0 && attention > MAX_MASKED {
-            return Err(ConfigError::OutOfRange { what: "attention scores per step (B * heads * T * T) with dropout", value: attention, max: MAX_MASKED });
+        let attention = [self.config.n_head, self.seq, self.seq].iter().fold(self.batch as u128, |n, &d| n * d as u128);
+        if p > 0.0 && attention > u32::MAX as u128 {
+            let value = attention.min(usize::MAX as u128) as usize;
+            return Err(ConfigError::OutOfRange { what: "attention scores per step (B * heads * T * T) with dropout", value, max: u32::MAX as usize });
         }
         let threshold = crate::ops::dropout::threshold(p);
+        let seed = crate::rng::derive_seed(seed, crate::rng::stream::DROPOUT, 0);
         self.dropout = if threshold > 0 { (threshold, seed) } else { (0, 0) };
         Ok(self.with_recompute(self.recompute))
+    }
+
+    /// This plan for a tokenizer of `classes` tokens in a vocabulary padded to
+    /// `config.vocab_size` (nanoGPT's 50304 for GPT-2's 50257, a multiple of 64 for the GEMMs):
+    /// the padding's logits get no probability and no gradient, and sampling never draws them.
+    pub fn with_classes(mut self, classes: usize) -> Result<Plan, ConfigError> {
+        check_size("the tokenizer's vocabulary", classes, self.config.vocab_size)?;
+        self.classes = classes;
+        Ok(self)
+    }
+
+    /// Logits in use: the tokenizer's vocabulary (`config.vocab_size` unless padded; see
+    /// [`Plan::with_classes`]).
+    pub fn classes(&self) -> usize {
+        self.classes
     }
 
     /// Dropout site `id` (see [`crate::ops::dropout`]), or `None` without dropout.

@@ -12,6 +12,8 @@ pub mod stream {
     pub const EVAL_VAL: u64 = 3;
     /// Samples printed during training, per step.
     pub const SAMPLES: u64 = 4;
+    /// Dropout masks (the seed of [`crate::ops::dropout`]'s keys).
+    pub const DROPOUT: u64 = 5;
 }
 
 /// Mixes a run's `seed` with a `stream` and a `step` into an independent generator seed.

@@ -47,6 +47,7 @@ pub const DEFAULT: Defaults = Defaults {
     grad_clip: 1.0,
     grad_accum: 1,
     seed: 1337,
+    dropout: 0.0,
     eval_interval: 250,
     eval_iters: 20,
     sample_interval: 500,
@@ -86,8 +87,10 @@ pub struct Defaults {
     pub grad_clip: f64,
     /// Micro-batches per optimizer step.
     pub grad_accum: usize,
-    /// Seed of initialisation, batches, evaluation and samples.
+    /// Seed of initialisation, batches, evaluation, samples and dropout masks.
     pub seed: u64,
+    /// Dropout probability in training (nanoGPT's `dropout`; 0: none).
+    pub dropout: f64,
     /// Steps between evaluations (0: none).
     pub eval_interval: u64,
     /// Batches per split and evaluation.

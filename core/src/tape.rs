@@ -96,6 +96,8 @@ pub enum Op {
         logits: Span,
         /// Per-position losses `[N]`.
         losses: Span,
+        /// Logits in use (the tokenizer's vocabulary); the rest are padding.
+        classes: usize,
     },
 }
 
@@ -200,12 +202,12 @@ impl Op {
             Op::Attention { shape, .. } => {
                 write!(f, "B {} T {} heads {} x {}", shape.batch, shape.seq, shape.heads, shape.head_size)
             }
-            Op::CrossEntropy { logits, losses } => write!(f, "[{} x {}]", losses.len, logits.len / losses.len.max(1)),
+            Op::CrossEntropy { logits, losses, .. } => write!(f, "[{} x {}]", losses.len, logits.len / losses.len.max(1)),
         }
     }
 
     /// A placeholder to fill a tape buffer with before [`record`].
-    pub const BLANK: Op = Op::CrossEntropy { logits: Span { offset: 0, len: 0 }, losses: Span { offset: 0, len: 0 } };
+    pub const BLANK: Op = Op::CrossEntropy { logits: Span { offset: 0, len: 0 }, losses: Span { offset: 0, len: 0 }, classes: 0 };
 }
 
 /// Number of ops in the tape of `plan`.
@@ -335,7 +337,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
         m: cfg.vocab_size,
         dropout: None,
     });
-    push(Op::CrossEntropy { logits: h.logits, losses: h.losses });
+    push(Op::CrossEntropy { logits: h.logits, losses: h.losses, classes: plan.classes() });
     debug_assert_eq!(i, len);
     Ok(&ops[..len])
 }
@@ -404,7 +406,7 @@ mod plan_tests {
                     v
                 }
                 Op::Attention { qkv, dqkv, out, dout, lse, .. } => [qkv, dqkv, out, dout, lse, sc.attention].to_vec(),
-                Op::CrossEntropy { logits, losses } => [logits, losses].to_vec(),
+                Op::CrossEntropy { logits, losses, .. } => [logits, losses].to_vec(),
             };
             for (i, a) in spans.iter().enumerate() {
                 assert!(a.end() <= plan.acts_len());

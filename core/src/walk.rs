@@ -190,8 +190,8 @@ unsafe fn forward_op<E: Executor>(e: &mut E, op: &Op, training: bool, grad_scale
             let a = attention::Forward { out: w(out), lse: w(lse), qkv: r(qkv), shape, dropout: dropout.filter(|_| training) };
             e.attention_forward(a)
         }
-        Op::CrossEntropy { logits, losses } => {
-            let a = cross_entropy::Forward { losses: w(losses), logits: w(logits), grad_scale };
+        Op::CrossEntropy { logits, losses, classes } => {
+            let a = cross_entropy::Forward { losses: w(losses), logits: w(logits), grad_scale, classes };
             e.cross_entropy(a)
         }
     }

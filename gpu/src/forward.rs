@@ -131,11 +131,12 @@ impl GpuForward {
         read(&self.gpu, &self.acts, self.plan.head_acts().losses.offset, self.plan.tokens()).await
     }
 
-    /// The logits `[V]` at position `position` (of all `B * T`) after running `tokens`.
+    /// The logits in use (`[plan.classes()]`, no padding) at position `position` (of all
+    /// `B * T`) after running `tokens`.
     pub async fn logits(&mut self, tokens: &[u32], position: usize) -> Result<Vec<f32>, GpuError> {
         self.run(tokens, None)?;
         let v = self.plan.config.vocab_size;
-        read(&self.gpu, &self.acts, self.plan.head_acts().logits.offset + position * v, v).await
+        read(&self.gpu, &self.acts, self.plan.head_acts().logits.offset + position * v, self.plan.classes()).await
     }
 
     /// Generates `cfg.tokens` tokens after `context` (a batch-1 model; see

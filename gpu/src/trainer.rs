@@ -337,7 +337,7 @@ impl GpuTrainer {
     /// parameters on the device (for samples during training: no copy, and it sees every
     /// update).
     pub fn forward_model(&self, batch: usize, seq: usize) -> Result<GpuForward, GpuError> {
-        let plan = Plan::new(self.plan.config, batch, seq).map_err(|e| GpuError(e.to_string()))?;
+        let plan = Plan::new(self.plan.config, batch, seq).and_then(|p| p.with_classes(self.plan.classes())).map_err(|e| GpuError(e.to_string()))?;
         GpuForward::sharing(self.gpu.clone(), self.kernels.clone(), plan, self.bufs.params.clone())
     }
 }

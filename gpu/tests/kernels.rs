@@ -331,28 +331,31 @@ fn embedding_forward_and_backward() {
 
 #[test]
 fn cross_entropy_loss_gradient_and_sum() {
-    let (n, v) = (19, 131);
-    let mut rng = Rng::new(17);
-    let logits = random(&mut rng, n * v, 4.0);
-    let targets: Vec<u32> = (0..n).map(|_| rng.below(v) as u32).collect();
-    let grad_scale = Some(1.0 / n as f64);
-    let (mut grad, mut losses) = (logits.clone(), vec![0.0; n]);
-    cross_entropy::forward(&Serial, cross_entropy::Forward { losses: &mut losses, logits: &mut grad, grad_scale }, &targets);
-    let (glogits, glosses, gtargets, gstats) = (buffer(&logits), fresh(n), buffer(&targets), buffer(&[0.5f32; 4]));
-    run(8, |p| {
-        ops::cross_entropy::forward(
-            p,
-            cross_entropy::Forward { losses: whole(&glosses, &losses), logits: whole(&glogits, &logits), grad_scale },
-            whole(&gtargets, &targets),
-        );
-        ops::cross_entropy::sum_losses(p, whole(&glosses, &losses), View::first(&gstats, 4), 1);
-    });
-    assert_close("losses", &download(&glosses, n), &losses, 1e-5);
-    assert_close("dlogits", &download(&glogits, n * v), &grad, 1e-5);
-    let stats = download(&gstats, 4);
-    let sum: f32 = losses.iter().sum();
-    assert!((stats[1] - (0.5 + sum)).abs() < 1e-4 * sum, "loss sum {} vs {}", stats[1], 0.5 + sum);
-    assert_eq!((stats[0], stats[2]), (0.5, 0.5), "other slots untouched");
+    // Without padding, and with the last 40 logits of each row padding.
+    for classes in [131, 91] {
+        let (n, v) = (19, 131);
+        let mut rng = Rng::new(17);
+        let logits = random(&mut rng, n * v, 4.0);
+        let targets: Vec<u32> = (0..n).map(|_| rng.below(classes) as u32).collect();
+        let grad_scale = Some(1.0 / n as f64);
+        let (mut grad, mut losses) = (logits.clone(), vec![0.0; n]);
+        cross_entropy::forward(&Serial, cross_entropy::Forward { losses: &mut losses, logits: &mut grad, grad_scale, classes }, &targets);
+        let (glogits, glosses, gtargets, gstats) = (buffer(&logits), fresh(n), buffer(&targets), buffer(&[0.5f32; 4]));
+        run(8, |p| {
+            ops::cross_entropy::forward(
+                p,
+                cross_entropy::Forward { losses: whole(&glosses, &losses), logits: whole(&glogits, &logits), grad_scale, classes },
+                whole(&gtargets, &targets),
+            );
+            ops::cross_entropy::sum_losses(p, whole(&glosses, &losses), View::first(&gstats, 4), 1);
+        });
+        assert_close(&format!("{classes} classes: losses"), &download(&glosses, n), &losses, 1e-5);
+        assert_close(&format!("{classes} classes: dlogits"), &download(&glogits, n * v), &grad, 1e-5);
+        let stats = download(&gstats, 4);
+        let sum: f32 = losses.iter().sum();
+        assert!((stats[1] - (0.5 + sum)).abs() < 1e-4 * sum, "loss sum {} vs {}", stats[1], 0.5 + sum);
+        assert_eq!((stats[0], stats[2]), (0.5, 0.5), "other slots untouched");
+    }
 }
 
 #[test]

@@ -78,7 +78,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
     let (tok, ids) = m.sample_tokens(&alpha_core::Serial)?;
     let config: GptConfig = m.config(tok.vocab_size());
-    let plan = m.plan(config, m.batch)?;
+    let plan = m.plan(config, tok.vocab_size(), m.batch)?;
     args.device.check()?;
     crate::memory::check(&plan, args.device.backend)?;
     if args.device.backend == Backend::Gpu && args.no_phases {

@@ -92,7 +92,7 @@ impl<'m> Engine<'m> {
     /// A CPU engine over `mem` (allocated for `plan`) continuing `start`.
     pub fn cpu(mem: &'m mut OwnedMemory<f32>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Self, String> {
         let trainer = mem.resume(plan, cfg, &start).map_err(|e| e.to_string())?;
-        let sampler = Sampler::new(plan.config, plan.config.block_size).map_err(|e| e.to_string())?;
+        let sampler = Sampler::new(plan.config, plan.classes(), plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Cpu { trainer, pool, sampler })
     }
 

@@ -87,7 +87,7 @@ pub fn evaluate(args: &EvalArgs) -> Result<EvalResult, String> {
         return Err(format!("{what} has {} tokens; a window of {t} needs at least {}", tokens.len(), t + 1));
     }
     let b = batch.min(windows);
-    let plan = Plan::new(ck.config, b, t).map_err(|e| e.to_string())?;
+    let plan = Plan::new(ck.config, b, t).and_then(|p| p.with_classes(tok.vocab_size())).map_err(|e| e.to_string())?;
     crate::memory::check(&plan, device.backend)?;
     let mut model = Forward::new(device, plan, ck.params)?;
     let (mut x, mut y) = (vec![0; plan.tokens()], vec![0; plan.tokens()]);

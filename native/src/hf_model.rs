@@ -147,7 +147,8 @@ fn values(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>, String> {
 pub fn load(dir: &Path) -> Result<Checkpoint, String> {
     let config = config(dir)?;
     let tokenizer = Tokenizer::from(crate::tokenizer::load(dir)?);
-    if tokenizer.vocab_size() != config.vocab_size {
+    // A larger vocabulary is padding (`Plan::with_classes`).
+    if tokenizer.vocab_size() > config.vocab_size {
         return Err(format!("{}: config.json's vocab_size is {} but the tokenizer has {} tokens", dir.display(), config.vocab_size, tokenizer.vocab_size()));
     }
     let files = weight_files(dir)?;
@@ -224,14 +225,19 @@ fn char_tokenizer_json(chars: &[char]) -> Value {
 /// Writes `ck` to `dir` as a Hugging Face GPT-2 directory: `config.json`, `model.safetensors`
 /// (metadata `format: pt`, as `transformers` expects; the head tied, so omitted),
 /// `tokenizer.json`, `tokenizer_config.json` and `generation_config.json`, each atomically.
+/// A padded vocabulary (`train --vocab-pad`) is cut to the tokenizer's.
 pub fn save(ck: &Checkpoint, dir: &Path) -> Result<(), String> {
-    let c = ck.config;
+    let plan = Plan::new(ck.config, 1, 1).map_err(|e| e.to_string())?;
+    let c = GptConfig { vocab_size: ck.tokenizer.vocab_size(), ..ck.config };
     let eot = ck.tokenizer.end_of_text();
-    let plan = Plan::new(c, 1, 1).map_err(|e| e.to_string())?;
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for info in plan.params() {
-        let data = &ck.params[info.span.range()];
+        let mut data = &ck.params[info.span.range()];
         let mut shape = alpha_shape(&info);
+        if info.kind == ParamKind::Wte {
+            data = &data[..c.vocab_size * c.n_embd];
+            shape[0] = c.vocab_size;
+        }
         let bytes: Vec<u8> = if is_conv1d(info.kind) {
             // [out, in] -> [in, out].
             let (rows, cols) = (shape[0], shape[1]);

@@ -55,7 +55,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let m = &args.model;
     let (tok, ids) = m.sample_tokens(&alpha_core::Serial)?;
     let config = m.config(tok.vocab_size());
-    let plan = m.plan(config, m.batch)?;
+    let plan = m.plan(config, tok.vocab_size(), m.batch)?;
     args.device.check()?;
     let pool = args.device.pool()?;
     let peak = peak(&pool, args.peak_gflops)?;

@@ -83,11 +83,11 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     match args.device.backend {
         Backend::Cpu => {
             let pool = args.device.pool()?;
-            let mut sampler = Sampler::new(ck.config, block).map_err(|e| e.to_string())?;
+            let mut sampler = Sampler::new(ck.config, tok.vocab_size(), block).map_err(|e| e.to_string())?;
             sampler.generate(&pool, &ck.params, &prompt, &cfg, &mut Rng::new(args.seed), &mut emit);
         }
         Backend::Gpu => {
-            let plan = Plan::new(ck.config, 1, block).map_err(|e| e.to_string())?;
+            let plan = Plan::new(ck.config, 1, block).and_then(|p| p.with_classes(tok.vocab_size())).map_err(|e| e.to_string())?;
             let mut model = block_on(GpuForward::new(args.device.open_gpu()?, plan, &ck.params)).map_err(|e| e.to_string())?;
             block_on(model.generate(&prompt, &cfg, &mut Rng::new(args.seed), &mut emit)).map_err(|e| e.to_string())?;
         }

@@ -215,6 +215,16 @@ pub struct ModelArgs {
     /// sixteenth per block for one more forward of each block; losses keep their bits.
     #[arg(long)]
     pub recompute: bool,
+    /// Dropout probability in training, on the embedding, the attention probabilities and
+    /// both residual branches of every block (nanoGPT's dropout; 0 or more, below 1).
+    /// Evaluation and sampling never drop.
+    #[arg(long, default_value_t = DEFAULT.dropout)]
+    pub dropout: f64,
+    /// Pad the model's vocabulary to a multiple of N (nanoGPT's 50304 for GPT-2's 50257 is
+    /// --vocab-pad 64: whole GEMM tiles). The padding's logits get no probability and no
+    /// gradient; export drops them. 1: no padding.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub vocab_pad: u32,
 }
 
 impl ModelArgs {
@@ -239,17 +249,17 @@ impl ModelArgs {
         Ok((d.tokenizer, ids))
     }
 
-    /// The configuration for a vocabulary of `vocab_size`.
-    /// `--model`'s (with GPT-2's vocabulary), else the size flags' for a vocabulary of
-    /// `vocab_size`.
+    /// `--model`'s configuration (with GPT-2's vocabulary), else the size flags' for a
+    /// tokenizer of `vocab_size` tokens; the vocabulary padded to `--vocab-pad`.
     pub fn config(&self, vocab_size: usize) -> GptConfig {
-        match self.model {
+        let config = match self.model {
             Some(m) => {
                 let (n_layer, n_head, n_embd) = m.shape();
                 GptConfig { vocab_size: GPT2_VOCAB, block_size: self.block(), n_layer, n_head, n_embd }
             }
             None => GptConfig { vocab_size, block_size: self.block(), n_layer: self.layers, n_head: self.heads, n_embd: self.embd },
-        }
+        };
+        GptConfig { vocab_size: config.vocab_size.next_multiple_of(self.vocab_pad as usize), ..config }
     }
 
     /// `--block`, or its default (64, GPT-2's 1024 with `--model`).
@@ -257,9 +267,14 @@ impl ModelArgs {
         self.block.unwrap_or(if self.model.is_some() { GPT2_CONTEXT } else { DEFAULT.block })
     }
 
-    /// The memory plan of `config` for batches of `batch` whole blocks, with `--recompute`.
-    pub fn plan(&self, config: GptConfig, batch: usize) -> Result<Plan, String> {
-        Ok(Plan::new(config, batch, config.block_size).map_err(|e| e.to_string())?.with_recompute(self.recompute))
+    /// The memory plan of `config` for a tokenizer of `classes` tokens and batches of `batch`
+    /// whole blocks, with `--recompute` and `--dropout` (for `bench` and `info`; a run's is its
+    /// settings').
+    pub fn plan(&self, config: GptConfig, classes: usize, batch: usize) -> Result<Plan, String> {
+        let plan = Plan::new(config, batch, config.block_size)
+            .and_then(|p| p.with_recompute(self.recompute).with_dropout(self.dropout, DEFAULT.seed))
+            .and_then(|p| p.with_classes(classes));
+        plan.map_err(|e| e.to_string())
     }
 }
 
@@ -348,6 +363,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         grad_clip: args.grad_clip,
         grad_accum: args.grad_accum,
         seed: args.seed,
+        dropout: args.model.dropout,
     };
     if let Some(from) = &args.init_from {
         if args.model.tokenizer.is_some() {
@@ -358,8 +374,9 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         if block > ck.config.block_size {
             return Err(format!("--block {block} is larger than {}'s context of {} tokens", from.display(), ck.config.block_size));
         }
-        ck.params = crop_context(&ck.params, ck.config, block)?;
-        ck.config.block_size = block;
+        let to = GptConfig { block_size: block, vocab_size: ck.config.vocab_size.next_multiple_of(args.model.vocab_pad as usize), ..ck.config };
+        ck.params = resize_tables(&ck.params, ck.config, to)?;
+        ck.config = to;
         return Ok(Run { config: ck.config, settings: fresh_settings, resume: None, init: Some(ck) });
     }
     let Some(path) = &args.resume else {
@@ -369,8 +386,8 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
     if args.model.tokenizer.is_some() {
         return Err("--tokenizer: a resumed run keeps its checkpoint's tokenizer".into());
     }
-    if args.model.model.is_some() {
-        return Err("--model: a resumed run keeps its checkpoint's model".into());
+    if args.model.model.is_some() || explicit("vocab_pad") {
+        return Err(format!("--{}: a resumed run keeps its checkpoint's model", if explicit("vocab_pad") { "vocab-pad" } else { "model" }));
     }
     let Some((_, _, state)) = &ck.optimizer else {
         return Err(format!("checkpoint {} has no training state (no optimizer moments) and cannot be resumed", path.display()));
@@ -394,7 +411,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
     take!(data => "data", batch => "batch", iters => "iters", lr => "lr", lr_decay_iters => "lr_decay_iters",
           min_lr => "min_lr", warmup => "warmup",
           weight_decay => "weight_decay", beta1 => "beta1", beta2 => "beta2", grad_clip => "grad_clip",
-          grad_accum => "grad_accum", seed => "seed");
+          grad_accum => "grad_accum", seed => "seed", dropout => "dropout");
     Ok(Run { config: c, settings: s, resume: Some(ck), init: None })
 }
 
@@ -449,14 +466,15 @@ fn keep_last(path: &Path, step: u64, keep: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// `params` of a model of `config` for a context of `block` tokens: the position table's
-/// first `block` rows (nanoGPT's `crop_block_size`), every other tensor as it is.
-fn crop_context(params: &[f32], config: GptConfig, block: usize) -> Result<Vec<f32>, String> {
-    let (from, to) = (Plan::new(config, 1, 1), Plan::new(GptConfig { block_size: block, ..config }, 1, 1));
-    let (from, to) = (from.map_err(|e| e.to_string())?, to.map_err(|e| e.to_string())?);
+/// `params` of a model of `from` as a model of `to`, which differs in its tables' rows: the
+/// position table cut to a shorter context (nanoGPT's `crop_block_size`), the token table
+/// padded with zero rows (`--vocab-pad`); every other tensor as it is.
+fn resize_tables(params: &[f32], from: GptConfig, to: GptConfig) -> Result<Vec<f32>, String> {
+    let (from, to) = (Plan::new(from, 1, 1).map_err(|e| e.to_string())?, Plan::new(to, 1, 1).map_err(|e| e.to_string())?);
     let mut out = vec![0f32; to.params_len()];
     for (a, b) in from.params().zip(to.params()) {
-        out[b.span.range()].copy_from_slice(&params[a.span.range()][..b.span.len]);
+        let kept = a.span.len.min(b.span.len);
+        out[b.span.offset..b.span.offset + kept].copy_from_slice(&params[a.span.offset..a.span.offset + kept]);
     }
     Ok(out)
 }
@@ -570,11 +588,11 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         if args.model.model.is_some() && tokenizer.vocab_size() != GPT2_VOCAB {
             return Err(format!("--model has GPT-2's {GPT2_VOCAB} tokens, but the tokenizer has {}: train it with GPT-2's tokenizer (--tokenizer), or give --layers, --heads and --embd", tokenizer.vocab_size()));
         }
-        run.config.vocab_size = tokenizer.vocab_size();
+        run.config.vocab_size = args.model.config(tokenizer.vocab_size()).vocab_size;
     }
     let block = run.config.block_size;
     // Checked first: it bounds the block size the message below computes with.
-    let plan = args.model.plan(run.config, s.batch)?;
+    let plan = s.plan(run.config, args.model.recompute).and_then(|p| p.with_classes(tokenizer.vocab_size())).map_err(|e| e.to_string())?;
     let (train_segments, val_segments);
     let (train_tokens, val_tokens): (Tokens<'_>, Tokens<'_>) = match &source {
         TrainData::Text(tokens) => {
@@ -899,6 +917,7 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) ->
         ("beta2", float(s.beta2)),
         ("grad_clip", float(s.grad_clip)),
         ("seed", int(s.seed)),
+        ("dropout", float(s.dropout)),
         ("eval_interval", int(args.eval_interval)),
         ("eval_iters", int(args.eval_iters as u64)),
         ("sample_interval", int(args.sample_interval)),
@@ -908,6 +927,7 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) ->
         ("keep", int(args.keep as u64)),
         ("async_checkpoint", args.async_checkpoint.to_string()),
         ("recompute", args.model.recompute.to_string()),
+        ("vocab_pad", int(args.model.vocab_pad as u64)),
         ("backend", runfile::string(if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" })),
     ]);
     entries.extend(args.device.adapter.as_deref().map(|a| ("adapter", runfile::string(a))));

@@ -83,6 +83,7 @@ fn bad_training_input_is_a_clear_error() {
     check(&["--data", "text.txt", "--grad-accum", "0"], "--grad-accum must be at least 1");
     check(&["--data", "text.txt", "--lr=-1"], "--lr must be a positive number");
     check(&["--data", "text.txt", "--beta2", "1"], "--beta1 and --beta2 must be below 1");
+    check(&["--data", "text.txt", "--dropout", "1"], "--dropout must be at least 0 and below 1");
     check(&["--data", "text.txt", "--resume", "missing.safetensors"], "cannot read checkpoint missing.safetensors");
 }
 
@@ -98,7 +99,7 @@ fn bad_checkpoints_and_texts_are_clear_errors() {
     fs::write(dir.join("shape_lie.safetensors"), edit_header(&bytes, &format!("[{v},16]"), &format!("[{v},17]"))).unwrap();
     // Header lies: the config claims a width that the tensors do not have.
     fs::write(dir.join("config_lie.safetensors"), edit_header(&bytes, r#"\"n_embd\":16"#, r#"\"n_embd\":32"#)).unwrap();
-    let (vocab, vocab_plus) = (format!(r#"\"vocab_size\":{v}"#), format!(r#"\"vocab_size\":{}"#, v + 1));
+    let (vocab, vocab_plus) = (format!(r#"\"vocab_size\":{v}"#), format!(r#"\"vocab_size\":{}"#, v - 1));
     fs::write(dir.join("vocab_lie.safetensors"), edit_header(&bytes, &vocab, &vocab_plus)).unwrap();
     fs::write(dir.join("unknown.txt"), "To be, or not to be: that is the question.\nWhither 日本?\n").unwrap();
     for (file, needle) in [
@@ -106,7 +107,7 @@ fn bad_checkpoints_and_texts_are_clear_errors() {
         ("garbage.safetensors", "not a valid Alpha checkpoint".into()),
         ("shape_lie.safetensors", "not a valid Alpha checkpoint".into()),
         ("config_lie.safetensors", format!("expected F32 [{v}, 32]")),
-        ("vocab_lie.safetensors", format!("the tokenizer has {v} tokens but vocab_size is {}", v + 1)),
+        ("vocab_lie.safetensors", format!("the tokenizer has {v} tokens but vocab_size is only {}", v - 1)),
         ("missing.safetensors", "cannot read checkpoint missing.safetensors".into()),
     ] {
         expect_error(&dir, &["sample", "--checkpoint", file], &needle);
@@ -124,11 +125,12 @@ fn bad_checkpoints_and_texts_are_clear_errors() {
 }
 
 /// N+M steps in one run equal N steps, save, resume, M steps: loss for loss, bit for bit,
-/// and the final checkpoints hold identical tensors.
+/// and the final checkpoints hold identical tensors. With dropout, which the checkpoint keeps
+/// and whose masks the resumed run draws as the whole run did.
 #[test]
 fn resume_is_exact() {
     let dir = workdir("resume");
-    let common = ["--iters", "12", "--lr-decay-iters", "12", "--warmup", "3", "--log-interval", "1", "--eval-interval", "4"];
+    let common = ["--iters", "12", "--lr-decay-iters", "12", "--warmup", "3", "--log-interval", "1", "--eval-interval", "4", "--dropout", "0.1"];
     train(&dir, &[&common[..], &["--out", "whole", "--metrics", "whole.jsonl"]].concat());
     let whole = dir.join("whole/ckpt.safetensors");
     let mut first = common.to_vec();

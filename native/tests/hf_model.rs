@@ -277,4 +277,36 @@ fn export_writes_the_hugging_face_layout() {
     let b = run(&dir, &["eval", "--checkpoint", "ft-hf", "--text", "text.txt"]);
     assert_ok(&a);
     assert_eq!(stdout(&a), stdout(&b));
+
+    // A vocabulary padded to a multiple of 128 (320 -> 384 rows): the padding gets no
+    // gradient (its zero rows stay zero through AdamW), the run is the unpadded run, and
+    // export drops the padding.
+    let padded = [&train[..], &["--vocab-pad", "128", "--out", "ft-pad"]].concat();
+    assert_ok(&run(&dir, &[&train[..], &["--out", "ft-plain", "--metrics", "plain.jsonl", "--log-interval", "1"]].concat()));
+    assert_ok(&run(&dir, &[&padded[..], &["--metrics", "pad.jsonl", "--log-interval", "1"]].concat()));
+    let losses = |f: &str| -> Vec<f64> {
+        let text = fs::read_to_string(dir.join(f)).unwrap();
+        text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|r| r["type"] == "train").map(|r| r["loss"].as_f64().unwrap()).collect()
+    };
+    let (plain, pad) = (losses("plain.jsonl"), losses("pad.jsonl"));
+    assert_eq!(plain.len(), 3);
+    for (x, y) in plain.iter().zip(&pad) {
+        assert!((x - y).abs() <= 1e-5 * x, "padded run's loss {y} vs {x}");
+    }
+    let ck = alpha_core::checkpoint::from_bytes(&fs::read(dir.join("ft-pad/ckpt.safetensors")).unwrap()).unwrap();
+    assert_eq!((ck.config.vocab_size, ck.tokenizer.vocab_size()), (384, 320));
+    assert!(ck.params[320 * ck.config.n_embd..384 * ck.config.n_embd].iter().all(|&x| x == 0.0), "the padding rows moved");
+    assert_ok(&run(&dir, &["export", "--checkpoint", "ft-pad/ckpt.safetensors", "--out", "pad-hf"]));
+    let config: Value = serde_json::from_str(&fs::read_to_string(dir.join("pad-hf/config.json")).unwrap()).unwrap();
+    assert_eq!(config["vocab_size"], 320);
+    let a = run(&dir, &["eval", "--checkpoint", "ft-pad/ckpt.safetensors", "--text", "text.txt"]);
+    let b = run(&dir, &["eval", "--checkpoint", "pad-hf", "--text", "text.txt"]);
+    assert_ok(&a);
+    assert_eq!(stdout(&a), stdout(&b));
+    assert_ok(&run(&dir, &["sample", "--checkpoint", "ft-pad/ckpt.safetensors", "--tokens", "20", "--seed", "3"]));
+    expect_error(
+        &dir,
+        &["train", "--resume", "ft-pad/ckpt.safetensors", "--data", "text.txt", "--vocab-pad", "64"],
+        "--vocab-pad: a resumed run keeps its checkpoint's model",
+    );
 }

@@ -256,7 +256,7 @@ fn the_next_run_removes_what_a_killed_run_left() {
 }
 
 /// The model flags `train`, `bench` and `info` share.
-const MODEL_FLAGS: &str = "--batch --block --layers --heads --embd";
+const MODEL_FLAGS: &str = "--batch --block --layers --heads --embd --dropout";
 
 /// Every numeric flag of every command with values past its range, past its type, negative,
 /// not a number: a one-line error and a non-zero exit, or a valid run (stopped after a few

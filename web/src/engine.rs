@@ -54,7 +54,7 @@ impl Engine {
     async fn cpu(plan: Plan, cfg: TrainConfig, start: RunState<f32>, threads: usize) -> Result<Engine, String> {
         let mut mem = OwnedMemory::<f32>::new(&plan).map_err(|e| e.to_string())?;
         mem.resume(plan, cfg, &start).map_err(|e| e.to_string())?;
-        let sampler = Sampler::new(plan.config, plan.config.block_size).map_err(|e| e.to_string())?;
+        let sampler = Sampler::new(plan.config, plan.classes(), plan.config.block_size).map_err(|e| e.to_string())?;
         let par = threads_pool(threads).await?;
         Ok(Engine::Cpu(Box::new(CpuEngine { par, plan, cfg, mem, step: start.step, rng: start.rng, sampler })))
     }

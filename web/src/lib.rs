@@ -137,10 +137,11 @@ impl Trainer {
             TokenizerChoice::Json(json) => hf::from_tokenizer_json(json).map_err(|e| js_error(format!("tokenizerJson: {e}")))?.into(),
         };
         let config = opts.config(tok.vocab_size());
-        let plan = Plan::new(config, opts.batch, opts.block).map_err(js_error)?.with_recompute(opts.recompute);
+        let settings = opts.settings();
+        let plan = settings.plan(config, opts.recompute).map_err(js_error)?;
         let tokens = tokenize(&tok, &text, opts.block)?;
         let start = RunState::fresh(&plan, opts.seed).map_err(js_error)?;
-        Trainer::build(&opts, opts.settings(), tok, tokens, plan, start).await
+        Trainer::build(&opts, settings, tok, tokens, plan, start).await
     }
 
     /// The presets (`alpha_core::run::PRESETS`, the repository's `config/*.toml`): an array of
@@ -187,7 +188,7 @@ impl Trainer {
         if opts.iters_given {
             settings.iters = opts.iters;
         }
-        let plan = Plan::new(ck.config, settings.batch, ck.config.block_size).map_err(js_error)?.with_recompute(opts.recompute);
+        let plan = settings.plan(ck.config, opts.recompute).map_err(js_error)?;
         let tokens = tokenize(&tok, &text, ck.config.block_size)?;
         let start = RunState { params: ck.params, moments, step, rng };
         Trainer::build(&opts, settings, tok, tokens, plan, start).await

@@ -46,6 +46,7 @@ pub struct Raw {
     log_interval: u64,
     backend: BackendChoice,
     recompute: bool,
+    dropout: f64,
     /// CPU threads (the threads build; others run one). Default: the browser's
     /// `navigator.hardwareConcurrency`.
     threads: Option<usize>,
@@ -83,6 +84,7 @@ impl Default for Raw {
             log_interval: d.log_interval,
             backend: BackendChoice::Auto,
             recompute: false,
+            dropout: d.dropout,
             threads: None,
             vocab_size: None,
             tokenizer_json: None,
@@ -113,8 +115,6 @@ pub struct Options {
     raw: Raw,
     /// Model and batch shape.
     pub block: usize,
-    /// Sequences per micro-batch.
-    pub batch: usize,
     /// Seed of the run.
     pub seed: u64,
     /// Steps of the run (the end of the learning-rate schedule).
@@ -177,7 +177,6 @@ impl Options {
         let iters = raw.iters.unwrap_or(DEFAULT.iters);
         let options = Options {
             block: raw.block,
-            batch: raw.batch,
             seed: raw.seed,
             iters,
             iters_given: raw.iters.is_some(),
@@ -237,6 +236,7 @@ impl Options {
             grad_clip: r.grad_clip,
             grad_accum: r.grad_accum,
             seed: r.seed,
+            dropout: r.dropout,
         }
     }
 }

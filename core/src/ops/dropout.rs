@@ -109,32 +109,34 @@ impl Mask {
         self.words(idx / 4)[(idx % 4) as usize] >= self.site.threshold
     }
 
+    /// Calls `f(i, kept)` for the consecutive elements `first .. first + len` of the site,
+    /// one Philox call per block of four.
+    #[inline(always)]
+    fn each(&self, first: u64, len: usize, mut f: impl FnMut(usize, bool)) {
+        let mut words = self.words(first / 4);
+        for i in 0..len {
+            let idx = first + i as u64;
+            if idx.is_multiple_of(4) && i > 0 {
+                words = self.words(idx / 4);
+            }
+            f(i, words[(idx % 4) as usize] >= self.site.threshold);
+        }
+    }
+
     /// `out[i] = residual[i] + mask(first + i) * scale * y[i]` (no residual: 0) for the
     /// consecutive elements `first ..` of the site.
     pub fn apply<T: Float>(&self, out: &mut [T], y: &[T], residual: Option<&[T]>, first: u64) {
         let scale = T::from_f64(self.site.scale());
-        let mut words = self.words(first / 4);
-        for (i, (o, &y)) in out.iter_mut().zip(y).enumerate() {
-            let idx = first + i as u64;
-            if idx % 4 == 0 && i > 0 {
-                words = self.words(idx / 4);
-            }
-            let kept = if words[(idx % 4) as usize] >= self.site.threshold { y * scale } else { T::ZERO };
-            *o = residual.map_or(kept, |r| r[i] + kept);
-        }
+        self.each(first, out.len(), |i, kept| {
+            let dropped = if kept { y[i] * scale } else { T::ZERO };
+            out[i] = residual.map_or(dropped, |r| r[i] + dropped);
+        });
     }
 
     /// [`Mask::apply`] in place, without a residual.
     pub fn apply_in_place<T: Float>(&self, x: &mut [T], first: u64) {
         let scale = T::from_f64(self.site.scale());
-        let mut words = self.words(first / 4);
-        for (i, x) in x.iter_mut().enumerate() {
-            let idx = first + i as u64;
-            if idx % 4 == 0 && i > 0 {
-                words = self.words(idx / 4);
-            }
-            *x = if words[(idx % 4) as usize] >= self.site.threshold { *x * scale } else { T::ZERO };
-        }
+        self.each(first, x.len(), |i, kept| x[i] = if kept { x[i] * scale } else { T::ZERO });
     }
 }
 

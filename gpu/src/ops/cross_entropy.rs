@@ -5,13 +5,14 @@ use super::u;
 use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
 use alpha_core::ops::cross_entropy;
 
-/// Fused cross-entropy against `targets [N]`: `losses [N]`, and with `grad_scale` the logits
-/// `[N, V]` replaced by `grad_scale * (softmax - onehot)`.
+/// Fused cross-entropy against `targets [N]` over the first `classes` logits of each row:
+/// `losses [N]`, and with `grad_scale` the logits `[N, V]` replaced by `grad_scale * (softmax
+/// - onehot)` (zero on the padding).
 pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: cross_entropy::Forward<View<'a>>, targets: View<'a>) {
-    let cross_entropy::Forward { losses, logits, grad_scale } = a;
+    let cross_entropy::Forward { losses, logits, grad_scale, classes } = a;
     let (n, v) = (losses.len, logits.len / losses.len);
     let scale = grad_scale.map(|s| s as f32);
-    let words = [u(n), u(v), u32::from(scale.is_some()), scale.unwrap_or(0.0).to_bits()];
+    let words = [u(n), u(v), u32::from(scale.is_some()), scale.unwrap_or(0.0).to_bits(), u(classes)];
     p.push(Kernel::CrossEntropy, &words, &[Some(logits), Some(losses), Some(targets)], rows_grid(1, n));
 }
 
