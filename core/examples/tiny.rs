@@ -50,7 +50,7 @@ fn main() {
     let mut out = String::from("to be");
     let sampling = SamplingConfig { temperature: 0.5, top_k: 0, ..SamplingConfig::new(40) };
     let params = &*trainer.mem.params;
-    let mem = SamplingMemory { plan: &sample_plan, tape: sample_tape, acts: &mut sample_acts, window: &mut window };
+    let mem = SamplingMemory { plan: &sample_plan, tape: sample_tape, acts: &mut sample_acts, window: &mut window, decoding: None };
     generate(&Serial, mem, params, &prompt, &sampling, &mut Rng::new(1), |id| out.push(tok.decode(id).expect("ids come from the vocabulary")));
     println!("sample: {out:?}");
 }

@@ -40,6 +40,12 @@ impl<T> RawArena<T> {
     }
 }
 
+/// A decoding walk's KV cache and position (see [`CpuExecutor::decoding`]).
+struct Decoding<'a, T> {
+    cache: &'a mut [T],
+    pos: usize,
+}
+
 /// Runs a walk's ops on the CPU over `params`, `acts` (and `grads` for a backward walk) with
 /// the token ids of `batch`. After a forward walk with targets, [`CpuExecutor::loss`] is the
 /// batch's mean loss.
@@ -51,6 +57,10 @@ pub struct CpuExecutor<'a, T> {
     acts: RawArena<T>,
     batch: Batch<'a>,
     dropout_key: Option<DropoutKey>,
+    decoding: Option<Decoding<'a, T>>,
+    n_layer: usize,
+    /// The block of the op running (for the KV cache).
+    layer: usize,
     observer: Option<&'a mut dyn Observer>,
     loss: Option<f64>,
     /// The arenas stay borrowed while the executor lives.
@@ -64,7 +74,22 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
         assert!(params.len() == plan.params_len() && acts.len() == plan.acts_len(), "arenas of another plan");
         assert!(batch.tokens.len() == n && batch.targets.is_none_or(|y| y.len() == n), "a batch of {n} tokens");
         let acts = RawArena::new(acts);
-        CpuExecutor { par, scratch: plan.scratch(), params, grads: None, acts, batch, dropout_key: None, observer: None, loss: None, _arenas: PhantomData }
+        let n_layer = plan.config.n_layer;
+        CpuExecutor {
+            par,
+            scratch: plan.scratch(),
+            params,
+            grads: None,
+            acts,
+            batch,
+            dropout_key: None,
+            decoding: None,
+            n_layer,
+            layer: 0,
+            observer: None,
+            loss: None,
+            _arenas: PhantomData,
+        }
     }
 
     /// With the gradients arena, for backward walks.
@@ -78,6 +103,14 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
     /// micro-batch's (see [`crate::Plan::dropout_key`]).
     pub fn with_dropout_key(mut self, key: DropoutKey) -> Self {
         self.dropout_key = Some(key);
+        self
+    }
+
+    /// Decoding one token at position `pos` (a plan of batch 1 and sequence 1) against
+    /// `cache`, every layer's keys and values `[n_layer, 2, T, C]` for the positions before it
+    /// (see [`attention::decode`]); the token's own are written there.
+    pub fn decoding(mut self, cache: &'a mut [T], pos: usize) -> Self {
+        self.decoding = Some(Decoding { cache, pos });
         self
     }
 
@@ -127,6 +160,7 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
     }
 
     fn begin(&mut self, pass: Pass, index: usize, op: &Op) {
+        self.layer = crate::tape::block_of(index, self.n_layer).unwrap_or(self.layer);
         if let Some(o) = self.observer.as_mut() {
             o.begin(pass, index, op);
         }
@@ -139,7 +173,14 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
     }
 
     fn embedding_forward(&mut self, a: embedding::Forward<&'a mut [T], &'a [T]>) {
-        embedding::forward(self.par, a, self.batch.tokens)
+        match &self.decoding {
+            // The token's position row of the table.
+            Some(d) => {
+                let c = a.out.len();
+                embedding::forward(self.par, embedding::Forward { wpe: &a.wpe[d.pos * c..], ..a }, self.batch.tokens)
+            }
+            None => embedding::forward(self.par, a, self.batch.tokens),
+        }
     }
 
     fn embedding_backward(&mut self, a: embedding::Backward<&'a mut [T], &'a [T]>) {
@@ -163,7 +204,15 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
     }
 
     fn attention_forward(&mut self, a: attention::Forward<&'a mut [T], &'a [T]>) {
-        attention::forward(self.par, a, self.scratch(self.scratch.attention), self.dropout_key)
+        let layer = self.layer;
+        match &mut self.decoding {
+            Some(d) => {
+                let per_layer = d.cache.len() / self.n_layer;
+                let cache = attention::KvCache { rows: &mut d.cache[layer * per_layer..(layer + 1) * per_layer], len: per_layer / (2 * a.out.len()) };
+                attention::decode(self.par, a, cache, d.pos)
+            }
+            None => attention::forward(self.par, a, self.scratch(self.scratch.attention), self.dropout_key),
+        }
     }
 
     fn attention_backward(&mut self, a: attention::Backward<&'a mut [T], &'a [T]>) {

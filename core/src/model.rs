@@ -161,7 +161,7 @@ impl<'w> ContextWindow<'w> {
 }
 
 /// The memory [`generate`] runs in, borrowed: a batch-1 plan, its tape and activations, and
-/// scratch for the context window (`plan.seq` tokens).
+/// scratch for the context window (`plan.seq` tokens); with `decoding`, a KV cache.
 pub struct SamplingMemory<'a, T> {
     /// The plan (batch 1).
     pub plan: &'a Plan,
@@ -171,10 +171,48 @@ pub struct SamplingMemory<'a, T> {
     pub acts: &'a mut [T],
     /// Window scratch, `plan.seq` tokens.
     pub window: &'a mut [u32],
+    /// With it, each token within the context costs one token's forward instead of the whole
+    /// window's (a KV cache, as Hugging Face's `use_cache`).
+    pub decoding: Option<DecodingMemory<'a, T>>,
+}
+
+/// What [`generate`] decodes single tokens with: a plan of batch 1 and sequence 1 of the same
+/// model, its tape and activations, and the KV cache of the window (see [`kv_cache_len`]).
+pub struct DecodingMemory<'a, T> {
+    /// The one-token plan.
+    pub plan: &'a Plan,
+    /// Its tape.
+    pub tape: &'a [Op],
+    /// Its activations.
+    pub acts: &'a mut [T],
+    /// Keys and values of the window's positions, `[n_layer, 2, window, C]`.
+    pub cache: &'a mut [T],
+}
+
+/// Elements of the KV cache of a model of `plan` for a window of `plan.seq` tokens.
+pub fn kv_cache_len(plan: &Plan) -> usize {
+    plan.config.n_layer * 2 * plan.seq * plan.config.n_embd
+}
+
+/// Copies the keys and values of positions `..filled` of every layer from the activations of
+/// a forward of `plan` (batch 1) into `cache` (`[n_layer, 2, plan.seq, C]`).
+fn fill_cache<T: Float>(plan: &Plan, acts: &[T], cache: &mut [T], filled: usize) {
+    let (c, t) = (plan.config.n_embd, plan.seq);
+    for (l, layer) in cache.chunks_exact_mut(2 * t * c).enumerate() {
+        let qkv = &acts[plan.layer_acts(l).qkv.range()];
+        let (keys, values) = layer.split_at_mut(t * c);
+        for i in 0..filled {
+            keys[i * c..(i + 1) * c].copy_from_slice(&qkv[i * 3 * c + c..i * 3 * c + 2 * c]);
+            values[i * c..(i + 1) * c].copy_from_slice(&qkv[i * 3 * c + 2 * c..(i + 1) * 3 * c]);
+        }
+    }
 }
 
 /// Generates `cfg.tokens` tokens after `context` with `params`, calling `emit` with each. The
-/// model sees the last `plan.seq` tokens (see [`ContextWindow`]).
+/// model sees the last `plan.seq` tokens (see [`ContextWindow`]). With `mem.decoding`, the
+/// window's first forward fills the KV cache and every later token within the window is one
+/// token's forward against it; once the window slides, each token is a whole window's
+/// forward again (the positions move).
 pub fn generate<T: Float>(
     par: &dyn Parallel,
     mem: SamplingMemory<'_, T>,
@@ -184,19 +222,42 @@ pub fn generate<T: Float>(
     rng: &mut Rng,
     mut emit: impl FnMut(u32),
 ) {
-    let SamplingMemory { plan, tape, acts, window } = mem;
+    let SamplingMemory { plan, tape, acts, window, mut decoding } = mem;
     assert!(plan.batch == 1 && window.len() == plan.seq, "generate needs a batch-1 plan and a window of plan.seq tokens");
+    assert!(!plan.recompute(), "the KV cache reads every layer's activations");
     let (v, classes) = (plan.config.vocab_size, plan.classes());
     let mut window = ContextWindow::new(window, context);
+    // The window positions whose keys and values the cache holds.
+    let mut cached = 0;
     for _ in 0..cfg.tokens {
-        walk::forward(&mut CpuExecutor::new(par, plan, params, acts, Batch { tokens: window.tokens(), targets: None }), tape, None);
-        let row = window.last();
-        let next = sample_token(&mut acts[plan.head_acts().logits.range()][row * v..row * v + classes], cfg, rng);
+        let last = window.last();
+        let logits = match decoding.as_mut() {
+            Some(d) if last > 0 && cached == last => {
+                let token = [window.tokens()[last]];
+                let mut cpu = CpuExecutor::new(par, d.plan, params, d.acts, Batch { tokens: &token, targets: None }).decoding(d.cache, last);
+                walk::forward(&mut cpu, d.tape, None);
+                cached += 1;
+                &mut d.acts[d.plan.head_acts().logits.range()][..classes]
+            }
+            _ => {
+                walk::forward(&mut CpuExecutor::new(par, plan, params, acts, Batch { tokens: window.tokens(), targets: None }), tape, None);
+                if let Some(d) = decoding.as_mut() {
+                    fill_cache(plan, acts, d.cache, last + 1);
+                    cached = last + 1;
+                }
+                &mut acts[plan.head_acts().logits.range()][last * v..last * v + classes]
+            }
+        };
+        let next = sample_token(logits, cfg, rng);
         if cfg.stop == Some(next) {
             return;
         }
         emit(next);
         window.push(next);
+        if window.last() == last {
+            // The window slid: every position moved.
+            cached = 0;
+        }
     }
 }
 
@@ -208,22 +269,38 @@ pub struct Sampler<T> {
     tape: alloc::vec::Vec<Op>,
     acts: alloc::vec::Vec<T>,
     window: alloc::vec::Vec<u32>,
+    /// The one-token plan, its tape and activations, and the KV cache.
+    token_plan: Plan,
+    token_tape: alloc::vec::Vec<Op>,
+    token_acts: alloc::vec::Vec<T>,
+    cache: alloc::vec::Vec<T>,
 }
 
 #[cfg(feature = "alloc")]
 impl<T: Float> Sampler<T> {
     /// Sampling memory for `config` with a context of `seq` tokens (at most the block size),
-    /// drawing from its first `classes` tokens (the tokenizer's; see [`Plan::with_classes`]).
+    /// drawing from its first `classes` tokens (the tokenizer's; see [`Plan::with_classes`]),
+    /// with a KV cache.
     pub fn new(config: crate::GptConfig, classes: usize, seq: usize) -> Result<Self, crate::ConfigError> {
         let plan = Plan::new(config, 1, seq)?.with_classes(classes)?;
-        let acts = crate::plan::try_vec("activations", plan.acts_len(), T::ZERO)?;
-        Ok(Sampler { plan, tape: crate::tape::record_to_vec(&plan), acts, window: alloc::vec![0; seq] })
+        let token_plan = Plan::new(config, 1, 1)?.with_classes(classes)?;
+        Ok(Sampler {
+            tape: crate::tape::record_to_vec(&plan),
+            acts: crate::plan::try_vec("activations", plan.acts_len(), T::ZERO)?,
+            window: alloc::vec![0; seq],
+            token_tape: crate::tape::record_to_vec(&token_plan),
+            token_acts: crate::plan::try_vec("activations", token_plan.acts_len(), T::ZERO)?,
+            cache: crate::plan::try_vec("KV cache", kv_cache_len(&plan), T::ZERO)?,
+            plan,
+            token_plan,
+        })
     }
 
     /// Generates `cfg.tokens` tokens after `prompt` with `params`, calling `emit` with each
     /// (see [`generate`]).
     pub fn generate(&mut self, par: &dyn Parallel, params: &[T], prompt: &[u32], cfg: &SamplingConfig, rng: &mut Rng, emit: impl FnMut(u32)) {
-        let mem = SamplingMemory { plan: &self.plan, tape: &self.tape, acts: &mut self.acts, window: &mut self.window };
+        let decoding = DecodingMemory { plan: &self.token_plan, tape: &self.token_tape, acts: &mut self.token_acts, cache: &mut self.cache };
+        let mem = SamplingMemory { plan: &self.plan, tape: &self.tape, acts: &mut self.acts, window: &mut self.window, decoding: Some(decoding) };
         generate(par, mem, params, prompt, cfg, rng, emit);
     }
 }
@@ -246,6 +323,30 @@ mod tests {
         let mut w = ContextWindow::new(&mut scratch, &[8]);
         w.push(6);
         assert_eq!((w.tokens(), w.last()), (&[8, 6, 0][..], 1));
+    }
+
+    /// With the KV cache, generation draws the tokens the whole-window forwards draw: greedy
+    /// and sampled, through the window sliding (8 positions, 3 of prompt, 20 generated).
+    #[test]
+    fn the_kv_cache_generates_what_whole_windows_do() {
+        let config = crate::GptConfig { vocab_size: 11, block_size: 8, n_layer: 2, n_head: 2, n_embd: 8 };
+        let plan = Plan::new(config, 1, 8).unwrap();
+        let mut params = alloc::vec![0f32; plan.params_len()];
+        init_params(&plan, &mut params, &mut Rng::new(5));
+        // Larger weights than GPT-2's initialisation, so that the logits differ enough to
+        // make every draw count.
+        params.iter_mut().for_each(|x| *x *= 20.0);
+        let mut sampler = Sampler::<f32>::new(config, 11, 8).unwrap();
+        let tape = crate::tape::record_to_vec(&plan);
+        for cfg in [SamplingConfig { temperature: 0.0, ..SamplingConfig::new(20) }, SamplingConfig { temperature: 1.0, top_k: 0, ..SamplingConfig::new(20) }] {
+            let (mut cached, mut whole) = (alloc::vec::Vec::new(), alloc::vec::Vec::new());
+            sampler.generate(&crate::Serial, &params, &[1, 2, 3], &cfg, &mut Rng::new(9), |t| cached.push(t));
+            let (mut acts, mut window) = (alloc::vec![0f32; plan.acts_len()], alloc::vec![0u32; 8]);
+            let mem = SamplingMemory { plan: &plan, tape: &tape, acts: &mut acts, window: &mut window, decoding: None };
+            generate(&crate::Serial, mem, &params, &[1, 2, 3], &cfg, &mut Rng::new(9), |t| whole.push(t));
+            assert_eq!(cached, whole, "temperature {}", cfg.temperature);
+            assert!(cached.iter().any(|&t| t != cached[0]), "a degenerate model: {cached:?}");
+        }
     }
 
     #[test]

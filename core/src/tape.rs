@@ -228,6 +228,12 @@ pub fn block_ops(layer: usize) -> Range<usize> {
     start..start + OPS_PER_BLOCK
 }
 
+/// The block tape op `index` belongs to (`None` for the embedding and the head).
+pub fn block_of(index: usize, n_layer: usize) -> Option<usize> {
+    let block = index.checked_sub(OPS_BEFORE_BLOCKS)? / OPS_PER_BLOCK;
+    (block < n_layer).then_some(block)
+}
+
 /// The `(K, M)` of every matmul of `tape` (for sizing a backend's matmul scratch).
 pub fn matmul_shapes(tape: &[Op]) -> impl Iterator<Item = (usize, usize)> + '_ {
     tape.iter().filter_map(|op| match *op {

@@ -68,7 +68,7 @@ fn training_evaluation_and_sampling_do_not_allocate() {
     let mut emitted = 0;
     let scfg = SamplingConfig { top_k: 5, ..SamplingConfig::new(20) };
     let params = &*trainer.mem.params;
-    let mem = SamplingMemory { plan: &sample_plan, tape: &sample_mem.tape, acts: &mut sample_mem.acts, window: &mut window };
+    let mem = SamplingMemory { plan: &sample_plan, tape: &sample_mem.tape, acts: &mut sample_mem.acts, window: &mut window, decoding: None };
     generate(&pool, mem, params, &[1, 2], &scfg, &mut eval_rng, |_| emitted += 1);
     let after = ALLOCATIONS.load(Ordering::SeqCst);
 

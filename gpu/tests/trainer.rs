@@ -159,7 +159,7 @@ fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
     let mut smem = OwnedMemory::<f32>::new(&sampling).unwrap();
     let greedy = SamplingConfig { temperature: 0.0, top_k: 0, ..SamplingConfig::new(12) };
     let (mut want, mut window) = (Vec::new(), vec![0; 9]);
-    let cpu_mem = SamplingMemory { plan: &sampling, tape: &smem.tape, acts: &mut smem.acts, window: &mut window };
+    let cpu_mem = SamplingMemory { plan: &sampling, tape: &smem.tape, acts: &mut smem.acts, window: &mut window, decoding: None };
     generate(&Serial, cpu_mem, &mem.params, &[3, 1, 4], &greedy, &mut Rng::new(1), |t| want.push(t));
     let mut sampler = block_on(GpuForward::new(gpu, sampling, &mem.params)).unwrap();
     let mut got = Vec::new();
@@ -172,7 +172,7 @@ fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
     block_on(sampler.generate(&[3, 1, 4], &stop, &mut Rng::new(1), |t| got.push(t))).unwrap();
     assert_eq!(got, want[..until]);
     let (mut cpu_got, mut window) = (Vec::new(), vec![0; 9]);
-    let cpu_mem = SamplingMemory { plan: &sampling, tape: &smem.tape, acts: &mut smem.acts, window: &mut window };
+    let cpu_mem = SamplingMemory { plan: &sampling, tape: &smem.tape, acts: &mut smem.acts, window: &mut window, decoding: None };
     generate(&Serial, cpu_mem, &mem.params, &[3, 1, 4], &stop, &mut Rng::new(1), |t| cpu_got.push(t));
     assert_eq!(cpu_got, want[..until]);
 }

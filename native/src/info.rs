@@ -60,6 +60,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let pool = args.device.pool()?;
     let peak = peak(&pool, args.peak_gflops)?;
     let fma = fma_limit(&pool);
+    let bandwidth = crate::peak::memory_bandwidth(&pool);
     let adapters = block_on(alpha_gpu::context::adapters());
     let mib = |bytes: u128| bytes as f64 / (1024.0 * 1024.0);
     let (p, activations, batch) = crate::memory::arena_bytes(&plan);
@@ -119,6 +120,9 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "peak_gflops": peak.gflops,
         "peak_source": peak.source,
         "fma_limit_gflops": fma,
+        "memory_bandwidth_gbs": bandwidth,
+        // Sampling one token with the KV cache reads every weight once: this is its floor.
+        "weights_read_ms": (plan.num_params() * 4) as f64 / bandwidth / 1e6,
         "config": config,
         "batch": m.batch,
         "params": plan.num_params(),
@@ -143,6 +147,10 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     if let Some(fma) = fma {
         println!("FMA limit  {fma:.1} GFLOP/s (independent vector FMAs on registers: no GEMM passes it at the same clock)");
     }
+    println!(
+        "memory     {bandwidth:.1} GB/s read, all threads: {:.2} ms to read the weights once (a sampled token's floor with the KV cache)",
+        f(&report["weights_read_ms"])
+    );
     println!(
         "model      {} layers, {} heads, {} embd, block {}, vocab {}: {} parameters ({:.2}M), {:.2}M FLOPs/token",
         config.n_layer,

@@ -105,6 +105,30 @@ fn measure(pool: &ThreadPool) -> f64 {
     })
 }
 
+/// Memory read bandwidth in GB/s, all threads of `pool` at once, each summing its own 32 MiB
+/// (far past the caches), best of three rounds: what streaming a model's weights once per
+/// token (sampling a token with the KV cache) can reach at best.
+pub fn memory_bandwidth(pool: &ThreadPool) -> f64 {
+    const LEN: usize = 8 << 20;
+    let buffers: Vec<Vec<f32>> = (0..pool.threads()).map(|i| vec![i as f32 + 1.0; LEN]).collect();
+    let sink = Mutex::new(0f32);
+    best_rate(pool, 1, (LEN * 4) as f64, &|i, reps| {
+        let mut total = 0f32;
+        for _ in 0..reps {
+            // Sixteen lanes, so that the sum vectorises.
+            let mut lanes = [0f32; 16];
+            for chunk in buffers[i].chunks_exact(16) {
+                for (l, &x) in lanes.iter_mut().zip(chunk) {
+                    *l += x;
+                }
+            }
+            total += lanes.iter().sum::<f32>();
+        }
+        // Used, so that the reads are not optimised away.
+        *sink.lock().unwrap_or_else(|e| e.into_inner()) += total;
+    })
+}
+
 /// GFLOP/s of every thread of `pool` running `work(thread, reps)` at once, `flops_per_rep` each
 /// rep: the reps (a multiple of `unit`, at most 100,000 units) calibrated to about 0.1 s on one
 /// round of `unit`, then the best of three rounds.

@@ -330,6 +330,61 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scrat
     });
 }
 
+/// One layer's key/value cache for decoding: keys then values, `[2, T, C]` (heads side by
+/// side in each row, as in qkv).
+pub struct KvCache<'a, T> {
+    /// The cache.
+    pub rows: &'a mut [T],
+    /// Positions it holds (`T`).
+    pub len: usize,
+}
+
+/// Forward of one new token at position `pos` (batch 1, sequence 1) against the cache:
+/// its key and value are written at `pos`, then each head's output is the softmax over
+/// keys `..= pos` of its scores times the values (one pass, the running maximum rescaling the
+/// sums). `lse [NH]` gets each head's log-sum-exp. The decoding twin of [`forward`]: the
+/// same function of the same keys and values, summed in another order.
+pub fn decode<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, cache: KvCache<'_, T>, pos: usize) {
+    let Forward { out, lse, qkv, shape: s, .. } = a;
+    let (hs, c) = (s.head_size, s.c());
+    assert!(s.batch == 1 && s.seq == 1 && qkv.len() == 3 * c && cache.rows.len() == 2 * cache.len * c && pos < cache.len);
+    let (keys, values) = cache.rows.split_at_mut(cache.len * c);
+    keys[pos * c..(pos + 1) * c].copy_from_slice(&qkv[c..2 * c]);
+    values[pos * c..(pos + 1) * c].copy_from_slice(&qkv[2 * c..]);
+    let (keys, values): (&[T], &[T]) = (keys, values);
+    let scale = T::from_f64(1.0 / (hs as f64).sqrt());
+    let (out_p, lse_p) = (SharedMut(out.as_mut_ptr()), SharedMut(lse.as_mut_ptr()));
+    par.run(s.heads, &|h| {
+        let q = &qkv[h * hs..(h + 1) * hs];
+        // SAFETY: head h owns its columns of the output and its log-sum-exp.
+        let (o, lse) = unsafe { (out_p.slice(h * hs, hs), lse_p.slice(h, 1)) };
+        o.fill(T::ZERO);
+        let (mut max, mut sum) = (T::from_f64(f64::NEG_INFINITY), T::ZERO);
+        for j in 0..=pos {
+            let at = j * c + h * hs;
+            let score = dot(q, &keys[at..at + hs]) * scale;
+            if score > max {
+                let rescale = (max - score).exp();
+                sum *= rescale;
+                for x in o.iter_mut() {
+                    *x *= rescale;
+                }
+                max = score;
+            }
+            let p = (score - max).exp();
+            sum += p;
+            for (x, &v) in o.iter_mut().zip(&values[at..at + hs]) {
+                *x += p * v;
+            }
+        }
+        let inv = T::ONE / sum;
+        for x in o.iter_mut() {
+            *x *= inv;
+        }
+        lse[0] = max + sum.ln();
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,6 +459,30 @@ mod tests {
             weighted_sum(&out, &g)
         });
         assert_close("dqkv", &dqkv, &numeric);
+    }
+
+    /// Decoding position by position against a cache gives what the whole sequence's forward
+    /// gives at each position.
+    #[test]
+    fn decoding_with_a_cache_matches_the_forward() {
+        let s = AttentionShape { batch: 1, seq: MAX_QUERY_BLOCK + 5, heads: 3, head_size: 4 };
+        let (t, c) = (s.seq, s.c());
+        let qkv = random(&mut Rng::new(12), t * 3 * c, 2.0);
+        let (mut out, mut lse) = (vec![0.0; t * c], vec![0.0; s.heads * t]);
+        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout: None }, &mut vec![0.0; s.scratch_len()], None);
+        let mut cache = vec![f64::NAN; 2 * t * c];
+        let one = AttentionShape { seq: 1, ..s };
+        for pos in 0..t {
+            let (mut o, mut l) = (vec![0.0; c], vec![0.0; s.heads]);
+            let a = Forward { out: &mut o[..], lse: &mut l[..], qkv: &qkv[pos * 3 * c..(pos + 1) * 3 * c], shape: one, dropout: None };
+            decode(&Serial, a, KvCache { rows: &mut cache, len: t }, pos);
+            for (j, (x, y)) in o.iter().zip(&out[pos * c..(pos + 1) * c]).enumerate() {
+                assert!((x - y).abs() < 1e-12, "position {pos}, column {j}: {x} vs {y}");
+            }
+            for h in 0..s.heads {
+                assert!((l[h] - lse[h * t + pos]).abs() < 1e-12);
+            }
+        }
     }
 
     /// Against the textbook formula, each probability dropped by its own element's mask.

@@ -193,6 +193,9 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mu
     let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && out.len() == n * m, "matmul forward: shape mismatch");
+    if n == 1 {
+        return forward_row(par, Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m });
+    }
     pack_panels(par, w, BLayout::Transposed, k, m, wt);
     let wt: &[T] = wt;
     let out_p = SharedMut(out.as_mut_ptr());
@@ -236,6 +239,46 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mu
         }
     });
 }
+
+/// Outputs per task of [`forward_row`]: enough weight rows to stream per task.
+const ROW_OUTPUTS: usize = 64;
+
+/// [`forward`] of one row (decoding a token): each output a dot product over a row of `w`,
+/// which streams the weight once, where the GEMM would first pack it (as much traffic again).
+fn forward_row<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>) {
+    let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
+    let (pre_p, residual) = match epilogue {
+        Epilogue::None => (None, None),
+        Epilogue::Gelu { pre } => (Some(SharedMut(pre.as_mut_ptr())), None),
+        Epilogue::Residual { input } => (None, Some(input)),
+    };
+    let out_p = SharedMut(out.as_mut_ptr());
+    par.run(m.div_ceil(ROW_OUTPUTS), &|task| {
+        let cols = task * ROW_OUTPUTS..((task + 1) * ROW_OUTPUTS).min(m);
+        // SAFETY: tasks own disjoint columns of `out` and `pre`.
+        let target = unsafe { pre_p.unwrap_or(out_p).slice(cols.start, cols.len()) };
+        dot_rows(target, x, &w[cols.start * k..cols.end * k]);
+        for (j, t) in cols.clone().zip(target.iter_mut()) {
+            *t += bias.map_or(T::ZERO, |b| b[j]) + residual.map_or(T::ZERO, |r| r[j]);
+        }
+        if pre_p.is_some() {
+            // SAFETY: as above, the same columns of `out`.
+            gelu_forward(unsafe { out_p.slice(cols.start, cols.len()) }, target, slope);
+        }
+    });
+}
+
+#[inline(always)]
+fn dot_rows_body<T: Float>(out: &mut [T], x: &[T], rows: &[T]) {
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
+        *o = crate::float::dot(x, row);
+    }
+}
+
+wide_dispatch!(
+    /// `out[j] = x · rows[j]` for the consecutive rows of `rows` (each `x.len()` long).
+    fn dot_rows<T>(out: &mut [T], x: &[T], rows: &[T]) => dot_rows_body
+);
 
 /// Backward. From `dout [N, M]` computes `dx = dout·w` (overwriting, if requested) and
 /// accumulates `dw += doutᵀ·x`, `db += Σ_rows dout`. With `gelu_slope` (what a training
@@ -478,6 +521,35 @@ mod tests {
     /// The GELU loop has the scalar functions' bits whatever its build (the widest this CPU
     /// runs, or the baseline) and its chunks (AVX2's or AVX-512's, a remainder after them),
     /// with and without the slope (whose values the finite-difference test checks).
+    /// One row (a decoded token) takes the dot-product path: it computes what the GEMM does
+    /// for that row, with each epilogue, GELU's slope included.
+    #[test]
+    fn one_row_matches_the_gemm() {
+        let (k, m) = (37, 150); // three tasks of outputs, the last partial
+        let mut rng = Rng::new(8);
+        let (x, w, b) = (random(&mut rng, 2 * k, 1.0), random(&mut rng, m * k, 1.0), random(&mut rng, m, 1.0));
+        let r = random(&mut rng, 2 * m, 1.0);
+        for kind in ["none", "gelu", "residual"] {
+            let run = |rows: usize| {
+                let (mut out, mut pre) = (vec![0.0; rows * m], vec![0.0; rows * m]);
+                let epilogue = match kind {
+                    "gelu" => Epilogue::Gelu { pre: &mut pre[..] },
+                    "residual" => Epilogue::Residual { input: &r[..rows * m] },
+                    _ => Epilogue::None,
+                };
+                let a = Forward { out: &mut out[..], x: &x[..rows * k], weight: &w, bias: Some(&b), epilogue, save_slope: true, k, m };
+                forward(&ReversedThreads(3), a, &mut vec![0.0; scratch_len(k, m)]);
+                (out, pre)
+            };
+            let ((one, one_pre), (two, two_pre)) = (run(1), run(2));
+            for (what, got, want) in [("out", &one, &two[..m]), ("slope", &one_pre, &two_pre[..m])] {
+                for (j, (a, b)) in got.iter().zip(want).enumerate() {
+                    assert!((a - b).abs() < 1e-12, "{kind} {what}[{j}]: {a} vs {b}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn gelu_loops_match_scalar() {
         let mut rng = Rng::new(12);
