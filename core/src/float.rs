@@ -143,7 +143,7 @@ pub fn sum_map3<T: Float>(a: &[T], b: &[T], c: &[T], term: impl Fn(T, T, T) -> T
 /// length: updating `acc` in place by a loop over halving widths compiled to partial stores
 /// and wider loads of the same bytes, which stalled store forwarding (~16 ns a call here).
 #[inline(never)]
-fn sum_lanes<T: Float>(acc: [T; 16]) -> T {
+pub(crate) fn sum_lanes<T: Float>(acc: [T; 16]) -> T {
     let mut half = [T::ZERO; 8];
     for l in 0..8 {
         half[l] = acc[l] + acc[l + 8];

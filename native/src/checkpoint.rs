@@ -41,6 +41,16 @@ pub fn save(
 /// in the local Hugging Face cache (`gpt2`, `openai-community/gpt2-medium`; see
 /// [`hf_model`](crate::hf_model)).
 pub fn load(path: &Path) -> Result<Checkpoint, String> {
+    load_parts(path, true)
+}
+
+/// [`load`] without the training state (see
+/// [`alpha_core::checkpoint::weights_from_bytes`]): for eval, sample, export and fine-tuning.
+pub fn load_weights(path: &Path) -> Result<Checkpoint, String> {
+    load_parts(path, false)
+}
+
+fn load_parts(path: &Path, with_state: bool) -> Result<Checkpoint, String> {
     if crate::hf_model::is_model_dir(path) {
         return crate::hf_model::load(path);
     }
@@ -55,5 +65,6 @@ pub fn load(path: &Path) -> Result<Checkpoint, String> {
     // SAFETY: read-only; a file changed while it loads can only change the values read, which
     // the checksums then refuse.
     let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
-    alpha_core::checkpoint::from_bytes(&bytes).map_err(|e| format!("checkpoint {} is {e}", path.display()))
+    let read = if with_state { alpha_core::checkpoint::from_bytes } else { alpha_core::checkpoint::weights_from_bytes };
+    read(&bytes).map_err(|e| format!("checkpoint {} is {e}", path.display()))
 }

@@ -61,7 +61,7 @@ pub fn evaluate(args: &EvalArgs) -> Result<EvalResult, String> {
     if batch == 0 {
         return Err("--batch must be at least 1".into());
     }
-    let ck = checkpoint::load(checkpoint)?;
+    let ck = checkpoint::load_weights(checkpoint)?;
     let t = context_len(*block, ck.config.block_size)?;
     let tok = &ck.tokenizer;
     let pool = device.pool()?;

@@ -34,7 +34,7 @@ pub fn run(args: &ExportArgs) -> Result<(), String> {
     if !args.force && std::fs::read_dir(&args.out).is_ok_and(|mut d| d.next().is_some()) {
         return Err(format!("--out {} is not empty; pass --force to write into it", args.out.display()));
     }
-    let ck = checkpoint::load(&args.checkpoint)?;
+    let ck = checkpoint::load_weights(&args.checkpoint)?;
     match args.format {
         Format::Hf => crate::hf_model::save(&ck, &args.out)?,
     }

@@ -11,6 +11,7 @@ use alpha_gpu::{block_on, GpuForward};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Instant;
 
 /// Flags of `alpha-native sample` (nanoGPT's `sample.py` defaults).
 #[derive(Args, Debug, Clone)]
@@ -46,6 +47,10 @@ pub struct SampleArgs {
     /// Where to run.
     #[command(flatten)]
     pub device: DeviceArgs,
+    /// After the sample, print its speed to stderr: the time to the first token (the prompt's
+    /// forward) and the time per token after it.
+    #[arg(long)]
+    pub stats: bool,
 }
 
 /// Runs `sample`, writing the prompt and the generated text to stdout.
@@ -63,7 +68,7 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     if prompt_text.is_empty() {
         return Err("--prompt is empty; give at least one character".into());
     }
-    let ck = checkpoint::load(&args.checkpoint)?;
+    let ck = checkpoint::load_weights(&args.checkpoint)?;
     let block = context_len(args.block, ck.config.block_size)?;
     let tok = &ck.tokenizer;
     let prompt = tok.encode(&prompt_text).map_err(|e| format!("--prompt: {e}"))?;
@@ -74,7 +79,12 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     let mut result = write!(out, "{prompt_text}");
     // Whole characters only: BPE may split one across tokens.
     let mut text = TextStream::default();
+    let start = Instant::now();
+    // When the first token came, when the last did, and how many.
+    let mut timing = (None, start, 0usize);
     let mut emit = |id| {
+        let now = Instant::now();
+        timing = (timing.0.or(Some(now)), now, timing.2 + 1);
         if result.is_ok() {
             let chars = text.push(&tok.token_bytes(id));
             result = write!(out, "{chars}").and_then(|_| if chars.contains('\n') { out.flush() } else { Ok(()) });
@@ -93,7 +103,13 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
         }
     }
     let rest = text.finish();
-    result.and_then(|_| writeln!(out, "{rest}")).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
+    result.and_then(|_| writeln!(out, "{rest}")).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))?;
+    if let (true, (Some(first), last, tokens)) = (args.stats, timing) {
+        let after = tokens.saturating_sub(1);
+        let per_token = if after > 0 { (last - first).as_secs_f64() * 1e3 / after as f64 } else { f64::NAN };
+        eprintln!("{tokens} tokens: the first after {:.3} s, then {per_token:.2} ms/token ({:.1} tokens/s)", (first - start).as_secs_f64(), 1e3 / per_token);
+    }
+    Ok(())
 }
 
 /// The context length to use: `requested` (at most the checkpoint's) or the checkpoint's.

@@ -369,7 +369,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         if args.model.tokenizer.is_some() {
             return Err(format!("--tokenizer: --init-from {} brings its own tokenizer", from.display()));
         }
-        let mut ck = checkpoint::load(from)?;
+        let mut ck = checkpoint::load_weights(from)?;
         let block = args.model.block.unwrap_or(ck.config.block_size);
         if block > ck.config.block_size {
             return Err(format!("--block {block} is larger than {}'s context of {} tokens", from.display(), ck.config.block_size));

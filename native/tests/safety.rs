@@ -57,9 +57,23 @@ fn a_flipped_byte_in_a_checkpoint_is_an_error_naming_file_and_tensor() {
     bytes[n - 10] ^= 0x01; // in the last tensor: optimizer.exp_avg_sq.transformer.ln_f.bias
     fs::write(dir.join("flip.safetensors"), &bytes).unwrap();
     let needle = "checkpoint flip.safetensors is corrupt: tensor optimizer.exp_avg_sq.transformer.ln_f.bias does not match its checksum";
-    assert_one_line_error(&run(&dir, &["sample", "--checkpoint", "flip.safetensors"]), needle);
-    assert_one_line_error(&run(&dir, &["eval", "--checkpoint", "flip.safetensors", "--text", "text.txt"]), needle);
     assert_one_line_error(&run(&dir, &train_args(&["--resume", "flip.safetensors", "--out", "o2"])), needle);
+    // Sampling and evaluation read the weights only, whose checksums still hold.
+    assert!(run(&dir, &["sample", "--checkpoint", "flip.safetensors", "--tokens", "5"]).status.success());
+    // A flipped byte in the first tensor's data (right after the header) is caught by all.
+    let mut bytes = fs::read(&ckpt).unwrap();
+    let data = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    bytes[data + 3] ^= 0x01;
+    fs::write(dir.join("flip.safetensors"), &bytes).unwrap();
+    for args in [
+        &["sample", "--checkpoint", "flip.safetensors"][..],
+        &["eval", "--checkpoint", "flip.safetensors", "--text", "text.txt"],
+        &["export", "--checkpoint", "flip.safetensors", "--out", "hf"],
+    ] {
+        let o = run(&dir, args);
+        assert_one_line_error(&o, "checkpoint flip.safetensors is corrupt: tensor transformer.");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("does not match its checksum"), "{o:?}");
+    }
 }
 
 /// A header whose config claims a billion layers (or a million, within the size limit) is an

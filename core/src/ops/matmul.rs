@@ -268,9 +268,34 @@ fn forward_row<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>) {
     });
 }
 
+/// Rows of `w` [`dot_rows`] reads together: independent sums in flight, each chunk of `x`
+/// loaded once for all of them. Decoding a token of GPT-2 124M's shape (2-core AVX-512 VM): one
+/// row at a time 29.9 ms, four 24.0 ms, eight 22.2-23.2 ms (the weights' read alone 18.4).
+const DOT_ROWS: usize = 8;
+
 #[inline(always)]
 fn dot_rows_body<T: Float>(out: &mut [T], x: &[T], rows: &[T]) {
-    for (o, row) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
+    let k = x.len();
+    let mut groups = out.chunks_exact_mut(DOT_ROWS).zip(rows.chunks_exact(DOT_ROWS * k));
+    for (o, w) in &mut groups {
+        // Each row's 16 lanes as `dot` keeps them, so the sums are `dot`'s.
+        let mut acc = [[T::ZERO; 16]; DOT_ROWS];
+        let whole = k / 16 * 16;
+        for at in (0..whole).step_by(16) {
+            for (r, lanes) in acc.iter_mut().enumerate() {
+                let (xs, ws) = (&x[at..at + 16], &w[r * k + at..r * k + at + 16]);
+                for l in 0..16 {
+                    lanes[l] += xs[l] * ws[l];
+                }
+            }
+        }
+        for (r, o) in o.iter_mut().enumerate() {
+            let tail = (whole..k).fold(T::ZERO, |t, i| t + x[i] * w[r * k + i]);
+            *o = crate::float::sum_lanes(acc[r]) + tail;
+        }
+    }
+    let done = out.len() / DOT_ROWS * DOT_ROWS;
+    for (o, row) in out[done..].iter_mut().zip(rows[done * k..].chunks_exact(k)) {
         *o = crate::float::dot(x, row);
     }
 }
