@@ -15,8 +15,9 @@
 @group(0) @binding(3) var<storage, read_write> at_3: array<f32>;
 @group(0) @binding(4) var<storage, read_write> at_4: array<f32>;
 @group(0) @binding(5) var<storage, read_write> at_5: array<f32>;
-// The micro-batch's dropout key (see common.wgsl), bound where the model has dropout.
-@group(0) @binding(6) var<storage, read_write> at_key: array<u32>;
+// The micro-batch's words: the dropout key (0..4, see common.wgsl), bound where the model has
+// dropout; decoding, the token's position (4).
+@group(0) @binding(6) var<storage, read_write> at_words: array<u32>;
 
 // Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS): private arrays a quarter as long,
 // each step a vector operation. They are `var`s and functions take them by pointer: indexing
@@ -35,7 +36,7 @@ fn dropped(bh: u32, i: u32, j: u32) -> f32 {
     if (word(5u) == 0u) {
         return 1.0;
     }
-    let key = vec4<u32>(at_key[0], at_key[1], at_key[2], at_key[3]);
+    let key = vec4<u32>(at_words[0], at_words[1], at_words[2], at_words[3]);
     let seq = word(1u);
     return select(0.0, wordf(6u), dropout_keeps(key, word(4u), word(5u), (bh * seq + i) * seq + j));
 }
@@ -279,5 +280,53 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
     if (row.valid) {
         store_head(&dk, qkv_at(row.b, j, 1u, row.h), scale);
         store_head(&dv, qkv_at(row.b, j, 2u, row.h), 1.0);
+    }
+}
+
+// One new token (batch 1, sequence 1) at position p = words[4] against the KV cache: its key
+// and value written at row p, then each head's softmax over keys ..= p times the values, each
+// thread keeping a running maximum over its share of the keys, combined at the end.
+// Bindings: 1 out [C], 2 qkv [3C], 3 lse [NH], 4 keys [T, C], 5 values [T, C], 6 words.
+// Words: 2 NH, 3 scale (f32). Grid: (NH, 1, 1).
+@compute @workgroup_size(64)
+fn attention_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let c = word(2u) * HS;
+    let pos = at_words[4];
+    for (var d = lid; d < HS; d += 64u) {
+        at_4[pos * c + h * HS + d] = at_2[c + h * HS + d];
+        at_5[pos * c + h * HS + d] = at_2[2u * c + h * HS + d];
+    }
+    storageBarrier();
+    var o: array<f32, HS>;
+    var m = MASKED;
+    var l = 0.0;
+    for (var j = lid; j <= pos; j += 64u) {
+        var s = 0.0;
+        for (var d = 0u; d < HS; d++) {
+            s = fma(at_2[h * HS + d], at_4[j * c + h * HS + d], s);
+        }
+        s *= wordf(3u);
+        let m_new = max(m, s);
+        let corr = exp(m - m_new);
+        let p = exp(s - m_new);
+        l = l * corr + p;
+        for (var d = 0u; d < HS; d++) {
+            o[d] = o[d] * corr + p * at_5[j * c + h * HS + d];
+        }
+        m = m_new;
+    }
+    // Threads that saw no key hold m = MASKED: their share scales to zero.
+    let mx = workgroup_max(m, lid);
+    let corr = exp(m - mx);
+    let total = workgroup_sum(l * corr, lid);
+    for (var d = 0u; d < HS; d++) {
+        let od = workgroup_sum(o[d] * corr, lid);
+        if (lid == 0u) {
+            at_1[h * HS + d] = od / total;
+        }
+    }
+    if (lid == 0u) {
+        at_3[h] = mx + log(total);
     }
 }

@@ -6,8 +6,11 @@
 @group(0) @binding(2) var<storage, read_write> em_tokens: array<u32>;
 @group(0) @binding(3) var<storage, read_write> em_wte: array<f32>;
 @group(0) @binding(4) var<storage, read_write> em_wpe: array<f32>;
+// The batch slot's words: decoding, the token's position (4).
+@group(0) @binding(5) var<storage, read_write> em_words: array<u32>;
 
-// out[i, :] = wte[tokens[i], :] + wpe[i % T, :]. Words: rows, C, T.
+// out[i, :] = wte[tokens[i], :] + wpe[i % T + offset, :]. Words: rows, C, T, 1 where the
+// position offset is words[4] (decoding one token), else 0.
 // Grid: (C / 64, rows over y and z).
 @compute @workgroup_size(64)
 fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -18,7 +21,11 @@ fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     if (i >= word(0u) || j >= c) {
         return;
     }
-    em_out[i * c + j] = em_wte[em_tokens[i] * c + j] + em_wpe[(i % word(2u)) * c + j];
+    var offset = 0u;
+    if (word(3u) == 1u) {
+        offset = em_words[4];
+    }
+    em_out[i * c + j] = em_wte[em_tokens[i] * c + j] + em_wpe[(i % word(2u) + offset) * c + j];
 }
 
 @group(0) @binding(1) var<storage, read_write> eb_dwte: array<f32>;

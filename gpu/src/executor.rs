@@ -17,15 +17,16 @@ pub(crate) fn aligned(n: usize) -> usize {
 }
 
 /// Where one micro-batch's data live in a batch buffer (u32 elements): input and target
-/// token ids, for the embedding's backward the rows grouped by token, and the dropout key
-/// (4 words: see [`alpha_core::ops::dropout::DropoutKey::words`]).
+/// token ids, for the embedding's backward the rows grouped by token, and its words: the
+/// dropout key (0..4: see [`alpha_core::ops::dropout::DropoutKey::words`]) and, decoding, the
+/// token's position (4).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BatchSlot {
     pub tokens: Span,
     pub targets: Span,
     pub order: Span,
     pub starts: Span,
-    pub dropout_key: Span,
+    pub words: Span,
 }
 
 impl BatchSlot {
@@ -33,8 +34,8 @@ impl BatchSlot {
     pub fn new(index: usize, n: usize, vocab: usize) -> BatchSlot {
         let base = index * BatchSlot::len(n, vocab);
         let s = |i: usize, len| Span { offset: base + i * aligned(n), len };
-        let dropout_key = Span { offset: base + 3 * aligned(n) + aligned(vocab + 1), len: 4 };
-        BatchSlot { tokens: s(0, n), targets: s(1, n), order: s(2, n), starts: s(3, vocab + 1), dropout_key }
+        let words = Span { offset: base + 3 * aligned(n) + aligned(vocab + 1), len: 8 };
+        BatchSlot { tokens: s(0, n), targets: s(1, n), order: s(2, n), starts: s(3, vocab + 1), words }
     }
 
     /// Elements of one slot.
@@ -61,6 +62,31 @@ pub(crate) struct DeviceArenas<'a> {
     pub split: Option<&'a wgpu::Buffer>,
 }
 
+/// A KV cache on the device: per layer, keys then values, `[T, C]` each, each half starting
+/// aligned (see [`KvCache::half`]).
+#[derive(Clone, Copy)]
+pub(crate) struct KvCache<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    /// Positions it holds (`T`).
+    pub len: usize,
+    /// Width `C`.
+    pub width: usize,
+}
+
+impl<'a> KvCache<'a> {
+    /// Elements from one half (a layer's keys or values) to the next.
+    pub fn half(len: usize, width: usize) -> usize {
+        aligned(len * width)
+    }
+
+    /// Layer `l`'s keys and values.
+    fn layer(&self, l: usize) -> (View<'a>, View<'a>) {
+        let half = KvCache::half(self.len, self.width);
+        let at = |i: usize| View { buffer: self.buffer, offset: (2 * l + i) * half, len: self.len * self.width };
+        (at(0), at(1))
+    }
+}
+
 /// Records a walk's dispatches over [`DeviceArenas`], reading the token ids of one batch
 /// slot and summing the losses into one statistics slot.
 pub(crate) struct Recorder<'a> {
@@ -70,13 +96,27 @@ pub(crate) struct Recorder<'a> {
     scratch: Scratch,
     slot: BatchSlot,
     loss_slot: usize,
+    /// Decoding one token against this cache (see [`Recorder::decoding`]).
+    cache: Option<KvCache<'a>>,
+    n_layer: usize,
+    /// The block of the op being recorded.
+    layer: usize,
 }
 
 impl<'a> Recorder<'a> {
     /// A recorder for `plan`'s tape over `bufs`, reading batch `slot` and summing losses into
     /// `stats[loss_slot]`.
     pub fn new(plan: &Plan, layout: &'a DeviceLayout, bufs: DeviceArenas<'a>, slot: BatchSlot, loss_slot: usize) -> Self {
-        Recorder { program: ProgramBuilder::default(), bufs, layout, scratch: plan.scratch(), slot, loss_slot }
+        let n_layer = plan.config.n_layer;
+        Recorder { program: ProgramBuilder::default(), bufs, layout, scratch: plan.scratch(), slot, loss_slot, cache: None, n_layer, layer: 0 }
+    }
+
+    /// Recording a one-token forward (a plan of batch 1 and sequence 1) at the position in
+    /// the slot's `words[4]` against `cache`: the embedding takes that position's row, and
+    /// attention writes the token's key and value into the cache and attends over it.
+    pub fn decoding(mut self, cache: KvCache<'a>) -> Self {
+        self.cache = Some(cache);
+        self
     }
 
     /// The recorded dispatches as a program, pipelines bound.
@@ -110,13 +150,15 @@ impl<'a> Executor for Recorder<'a> {
         unsafe { self.write(arena, span) }
     }
 
-    fn begin(&mut self, _pass: Pass, _index: usize, op: &Op) {
+    fn begin(&mut self, _pass: Pass, index: usize, op: &Op) {
+        self.layer = alpha_core::tape::block_of(index, self.n_layer).unwrap_or(self.layer);
         self.program.label(op.name());
     }
 
     fn embedding_forward(&mut self, a: embedding::Forward<View<'a>, View<'a>>) {
         let tokens = self.ids(self.slot.tokens);
-        ops::embedding::forward(&mut self.program, a, tokens)
+        let position = self.cache.map(|_| self.ids(self.slot.words));
+        ops::embedding::forward(&mut self.program, a, tokens, position)
     }
 
     fn embedding_backward(&mut self, a: embedding::Backward<View<'a>, View<'a>>) {
@@ -145,22 +187,28 @@ impl<'a> Executor for Recorder<'a> {
     }
 
     fn attention_forward(&mut self, a: attention::Forward<View<'a>, View<'a>>) {
-        let key = self.ids(self.slot.dropout_key);
-        ops::attention::forward(&mut self.program, a, key)
+        let words = self.ids(self.slot.words);
+        match self.cache {
+            Some(cache) => {
+                let (keys, values) = cache.layer(self.layer);
+                ops::attention::decode(&mut self.program, a, keys, values, words)
+            }
+            None => ops::attention::forward(&mut self.program, a, words),
+        }
     }
 
     fn attention_backward(&mut self, a: attention::Backward<View<'a>, View<'a>>) {
-        let (delta, key) = (self.acts(self.scratch.attention), self.ids(self.slot.dropout_key));
+        let (delta, key) = (self.acts(self.scratch.attention), self.ids(self.slot.words));
         ops::attention::backward(&mut self.program, a, delta, key)
     }
 
     fn dropout_forward(&mut self, a: dropout::Forward<View<'a>, View<'a>>) {
-        let key = self.ids(self.slot.dropout_key);
+        let key = self.ids(self.slot.words);
         ops::dropout::forward(&mut self.program, a, key)
     }
 
     fn dropout_backward(&mut self, a: dropout::Backward<View<'a>, View<'a>>) {
-        let key = self.ids(self.slot.dropout_key);
+        let key = self.ids(self.slot.words);
         ops::dropout::backward(&mut self.program, a, key)
     }
 

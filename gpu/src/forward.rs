@@ -2,7 +2,7 @@
 //! and the device memory every GPU model shares: batch slots, checked storage buffers.
 
 use crate::context::{Gpu, GpuError};
-use crate::executor::{BatchSlot, DeviceArenas, Recorder};
+use crate::executor::{BatchSlot, DeviceArenas, KvCache, Recorder};
 use crate::kernels::{bytes, Kernels, Program};
 use crate::layout::DeviceLayout;
 use crate::readback::read;
@@ -56,6 +56,55 @@ pub struct GpuForward {
     batch: wgpu::Buffer,
     program: Program,
     host_batch: Vec<u32>,
+    /// With batch 1, one-token forwards against a KV cache for [`GpuForward::generate`].
+    decoder: Option<Decoder>,
+}
+
+/// One-token forwards against a KV cache of the window's positions: the one-token plan's
+/// activations and batch slot (the token, and its position in `words[4]`), the cache
+/// (`[n_layer, 2, window, C]`, see [`KvCache`]) and the recorded program.
+struct Decoder {
+    plan: Plan,
+    acts: wgpu::Buffer,
+    batch: wgpu::Buffer,
+    program: Program,
+    host_batch: Vec<u32>,
+    /// Kept alive: the program's bind groups hold it.
+    _cache: wgpu::Buffer,
+}
+
+impl Decoder {
+    /// The decoder of a batch-1 `window` plan over the device `params`.
+    fn new(gpu: &Gpu, kernels: &Kernels, window: &Plan, layout: &DeviceLayout, params: &wgpu::Buffer) -> Result<Decoder, GpuError> {
+        let c = window.config;
+        let plan = Plan::new(c, 1, 1).and_then(|p| p.with_classes(window.classes())).map_err(|e| GpuError(e.to_string()))?;
+        let slot_len = BatchSlot::len(1, c.vocab_size);
+        let acts = storage(gpu, "activations", plan.acts_len())?;
+        let batch = storage(gpu, "batch", slot_len)?;
+        let stats = storage(gpu, "statistics", ACT_ALIGN)?;
+        let cache = storage(gpu, "KV cache", 2 * c.n_layer * KvCache::half(window.seq, c.n_embd))?;
+        let bufs = DeviceArenas { params, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
+        let kv = KvCache { buffer: &cache, len: window.seq, width: c.n_embd };
+        let mut recorder = Recorder::new(&plan, layout, bufs, BatchSlot::new(0, 1, c.vocab_size), 0).decoding(kv);
+        walk::forward(&mut recorder, &tape::record_to_vec(&plan), None);
+        let program = recorder.finish(gpu, kernels)?;
+        Ok(Decoder { plan, acts, batch, program, host_batch: vec![0; slot_len], _cache: cache })
+    }
+
+    /// Runs `token` at `position`, leaving its key and value in the cache and its logits in
+    /// the activations.
+    fn run(&mut self, gpu: &Gpu, kernels: &Kernels, token: u32, position: usize) {
+        let slot = BatchSlot::new(0, 1, self.plan.config.vocab_size);
+        self.host_batch[slot.tokens.offset] = token;
+        self.host_batch[slot.words.offset + 4] = position as u32;
+        gpu.queue.write_buffer(&self.batch, 0, bytemuck::cast_slice(&self.host_batch));
+        self.program.submit(gpu, kernels);
+    }
+
+    /// The logits in use of the last token run.
+    async fn logits(&self, gpu: &Gpu) -> Result<Vec<f32>, GpuError> {
+        read(gpu, &self.acts, self.plan.head_acts().logits.offset, self.plan.classes()).await
+    }
 }
 
 impl GpuForward {
@@ -90,7 +139,8 @@ impl GpuForward {
         let mut recorder = Recorder::new(&plan, &layout, bufs, BatchSlot::new(0, n, vocab), 0);
         walk::forward(&mut recorder, &tape::record_to_vec(&plan), None);
         let program = recorder.finish(&gpu, &kernels)?;
-        Ok(GpuForward { gpu, kernels, plan, layout, params, acts, batch, program, host_batch: vec![0; slot_len] })
+        let decoder = if plan.batch == 1 { Some(Decoder::new(&gpu, &kernels, &plan, &layout, &params)?) } else { None };
+        Ok(GpuForward { gpu, kernels, plan, layout, params, acts, batch, program, host_batch: vec![0; slot_len], decoder })
     }
 
     /// The plan (batch, sequence length, model).
@@ -141,20 +191,37 @@ impl GpuForward {
 
     /// Generates `cfg.tokens` tokens after `context` (a batch-1 model; see
     /// [`alpha_core::model::generate`], whose draws this repeats), calling `emit` with each.
+    /// Within the window every token is one token's forward against the KV cache (the
+    /// prompt's tokens too, one by one); once the window slides, a whole window's forward.
     pub async fn generate(&mut self, context: &[u32], cfg: &SamplingConfig, rng: &mut Rng, mut emit: impl FnMut(u32)) -> Result<(), GpuError> {
         if self.plan.batch != 1 {
             return Err(GpuError("sampling needs a batch-1 model".into()));
         }
         let mut scratch = vec![0; self.plan.seq];
         let mut window = ContextWindow::new(&mut scratch, context);
+        // The window positions in the cache; `None` once the window slid (positions moved).
+        let mut cached = Some(0);
         for _ in 0..cfg.tokens {
-            let mut logits = self.logits(window.tokens(), window.last()).await?;
+            let last = window.last();
+            let mut logits = match (self.decoder.as_mut(), cached) {
+                (Some(d), Some(done)) => {
+                    for position in done..=last {
+                        d.run(&self.gpu, &self.kernels, window.tokens()[position], position);
+                    }
+                    cached = Some(last + 1);
+                    d.logits(&self.gpu).await?
+                }
+                _ => self.logits(window.tokens(), last).await?,
+            };
             let next = sample_token(&mut logits, cfg, rng);
             if cfg.stop == Some(next) {
                 break;
             }
             emit(next);
             window.push(next);
+            if window.last() == last {
+                cached = None;
+            }
         }
         Ok(())
     }

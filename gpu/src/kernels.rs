@@ -44,6 +44,8 @@ pub enum Kernel {
     AttentionBackwardQ,
     /// Attention dK, dV (attention.wgsl).
     AttentionBackwardKv,
+    /// One token's attention against the KV cache (attention.wgsl).
+    AttentionDecode,
     /// Token + position embedding (embedding.wgsl).
     EmbeddingForward,
     /// Token embedding gradient (embedding.wgsl).
@@ -110,7 +112,7 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 impl Kernel {
     /// Every kernel, in declaration order (pipelines are indexed by `kernel as usize`).
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 20] = [
         Kernel::Matmul,
         Kernel::BiasGrad,
         Kernel::AddPartials,
@@ -121,6 +123,7 @@ impl Kernel {
         Kernel::AttentionDelta,
         Kernel::AttentionBackwardQ,
         Kernel::AttentionBackwardKv,
+        Kernel::AttentionDecode,
         Kernel::EmbeddingForward,
         Kernel::EmbeddingBackwardWte,
         Kernel::EmbeddingBackwardWpe,
@@ -145,7 +148,8 @@ impl Kernel {
             Kernel::AttentionDelta => (Shader::Attention, "attention_delta", 3),
             Kernel::AttentionBackwardQ => (Shader::Attention, "attention_backward_q", 6),
             Kernel::AttentionBackwardKv => (Shader::Attention, "attention_backward_kv", 6),
-            Kernel::EmbeddingForward => (Shader::Embedding, "embedding_forward", 4),
+            Kernel::AttentionDecode => (Shader::Attention, "attention_decode", 6),
+            Kernel::EmbeddingForward => (Shader::Embedding, "embedding_forward", 5),
             Kernel::EmbeddingBackwardWte => (Shader::Embedding, "embedding_backward_wte", 4),
             Kernel::EmbeddingBackwardWpe => (Shader::Embedding, "embedding_backward_wpe", 2),
             Kernel::CrossEntropy => (Shader::CrossEntropy, "cross_entropy", 3),

@@ -219,7 +219,7 @@ impl GpuTrainer {
         let (tokens, order) = head.split_at_mut(b.order.offset);
         ops::embedding::group_rows_by_token(&tokens[b.tokens.range()], &mut order[..n], &mut starts[..vocab + 1]);
         let key = self.plan.dropout_key(self.step * self.cfg.grad_accum as u64 + slot as u64);
-        hb[b.dropout_key.range()].copy_from_slice(&key.words());
+        hb[b.words.offset..b.words.offset + 4].copy_from_slice(&key.words());
         let offset = bytes(slot * BatchSlot::len(n, vocab));
         self.gpu.queue.write_buffer(&self.bufs.batch, offset, bytemuck::cast_slice(&self.host_batch));
     }

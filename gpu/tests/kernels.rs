@@ -268,6 +268,40 @@ fn attention_forward_and_backward() {
     }
 }
 
+/// Decoding: a token against the KV cache gives the CPU's decode (its key and value written
+/// into the cache, the softmax over the keys so far), at positions below, at and past one
+/// workgroup's 64 threads, for heads that do and do not fill a vec4.
+#[test]
+fn attention_decode_matches_the_cpu() {
+    for (heads, head_size) in [(3, 5), (2, 16)] {
+        let shape = AttentionShape { batch: 1, seq: 1, heads, head_size };
+        let (t, c) = (70, heads * head_size);
+        let qkv = random(&mut Rng::new(21), t * 3 * c, 1.5);
+        let mut cpu_cache = vec![0f32; 2 * t * c];
+        for pos in 0..t {
+            // The device's cache starts as the CPU's before this token.
+            let (gkeys, gvalues) = (buffer(&cpu_cache[..t * c]), buffer(&cpu_cache[t * c..]));
+            let row = &qkv[pos * 3 * c..(pos + 1) * 3 * c];
+            let (mut out, mut lse) = (vec![0f32; c], vec![0f32; heads]);
+            let a = attention::Forward { out: &mut out[..], lse: &mut lse[..], qkv: row, shape, dropout: None };
+            attention::decode(&Serial, a, attention::KvCache { rows: &mut cpu_cache, len: t }, pos);
+            if ![0, 1, 5, 63, 64, 69].contains(&pos) {
+                continue;
+            }
+            let (grow, gout, glse, gwords) = (buffer(row), fresh(c), fresh(heads), buffer(&[0u32, 0, 0, 0, pos as u32, 0, 0, 0]));
+            run(head_size, |p| {
+                let a = attention::Forward { out: View::first(&gout, c), lse: View::first(&glse, heads), qkv: View::first(&grow, 3 * c), shape, dropout: None };
+                ops::attention::decode(p, a, View::first(&gkeys, t * c), View::first(&gvalues, t * c), View::first(&gwords, 8))
+            });
+            let what = format!("heads {heads}x{head_size}, position {pos}");
+            assert_close(&format!("{what}: out"), &download(&gout, c), &out, 1e-5);
+            assert_close(&format!("{what}: lse"), &download(&glse, heads), &lse, 1e-5);
+            assert_eq!(download(&gkeys, t * c), cpu_cache[..t * c], "{what}: the cache's keys");
+            assert_eq!(download(&gvalues, t * c), cpu_cache[t * c..], "{what}: the cache's values");
+        }
+    }
+}
+
 /// Dropout draws the CPU's masks bit for bit (the same Philox words), with and without the
 /// residual, over a length that is not a multiple of the Philox block or the workgroup.
 #[test]
@@ -307,9 +341,19 @@ fn embedding_forward_and_backward() {
             p,
             embedding::Forward { out: whole(&gout, &out), wte: whole(&gwte, &wte), wpe: whole(&gwpe, &wpe), seq: t },
             whole(&gtok, &tokens),
+            None,
         )
     });
     assert_eq!(download(&gout, n * c), out, "embedding forward is exact");
+    // Decoding one token at position 5 (words[4]): the position table's row 5.
+    let gwords = buffer(&[0u32, 0, 0, 0, 5, 0, 0, 0]);
+    let gone = fresh(c);
+    run(8, |p| {
+        let a = embedding::Forward { out: View::first(&gone, c), wte: whole(&gwte, &wte), wpe: whole(&gwpe, &wpe), seq: 1 };
+        ops::embedding::forward(p, a, View::first(&gtok, 1), Some(View::first(&gwords, 8)))
+    });
+    let want: Vec<f32> = (0..c).map(|j| wte[tokens[0] as usize * c + j] + wpe[5 * c + j]).collect();
+    assert_eq!(download(&gone, c), want, "the decoded token's position row");
 
     let dout = random(&mut rng, n * c, 1.0);
     let (mut dwte, mut dwpe) = (wte.clone(), wpe.clone());

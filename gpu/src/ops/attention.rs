@@ -25,6 +25,15 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, V
     p.push(Kernel::AttentionForward, &attention_words(shape, dropout), &[Some(out), Some(qkv), Some(lse), None, None, key], attention_grid(shape));
 }
 
+/// One token's attention (batch 1, sequence 1) at the position `words[4]` against one layer's
+/// KV cache (`keys` and `values`, `[T, C]` each): its key and value written there, then the
+/// softmax over the keys up to it (see [`alpha_core::ops::attention::decode`]).
+pub fn decode<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, View<'a>>, keys: View<'a>, values: View<'a>, words: View<'a>) {
+    let attention::Forward { out, lse, qkv, shape, .. } = a;
+    let w = attention_words(shape, None);
+    p.push(Kernel::AttentionDecode, &w, &[Some(out), Some(qkv), Some(lse), Some(keys), Some(values), Some(words)], [u(shape.heads), 1, 1]);
+}
+
 /// Causal attention backward: `dqkv [B, T, 3C]` (overwritten) from `dout [B, T, C]`, using
 /// `delta`, at least `[B, NH, T]`, as scratch (and forward's dropout `key`).
 pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Backward<View<'a>, View<'a>>, delta: View<'a>, key: View<'a>) {

@@ -4,12 +4,14 @@ use super::u;
 use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
 use alpha_core::ops::embedding;
 
-/// Embedding forward: `out [N, C] = wte[tokens] + wpe[position]`.
-pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, View<'a>>, tokens: View<'a>) {
+/// Embedding forward: `out [N, C] = wte[tokens] + wpe[position]`; decoding, the positions
+/// start at the batch slot's `words[4]`.
+pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, View<'a>>, tokens: View<'a>, decoding: Option<View<'a>>) {
     let embedding::Forward { out, wte, wpe, seq } = a;
     let n = tokens.len;
     let c = out.len / n;
-    p.push(Kernel::EmbeddingForward, &[u(n), u(c), u(seq)], &[Some(out), Some(tokens), Some(wte), Some(wpe)], rows_grid(c.div_ceil(64), n));
+    let words = [u(n), u(c), u(seq), u(decoding.is_some() as usize)];
+    p.push(Kernel::EmbeddingForward, &words, &[Some(out), Some(tokens), Some(wte), Some(wpe), decoding], rows_grid(c.div_ceil(64), n));
 }
 
 /// Embedding backward: `dwte`, `dwpe` accumulated from `dout [N, C]`. `order [N]` lists the
