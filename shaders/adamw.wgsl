@@ -12,8 +12,9 @@
 // Words: 0 len, 1 decay_end (elements before it are weight-decayed), 2 step_size (lr / bc1),
 // 3 decay (1 - lr wd), 4 1 - beta1, 5 beta2, 6 1 - beta2, 7 sqrt(bc2), 8 eps, 9 max_norm (0:
 // no clipping), 10 stats slot of the loss sum, 11 stats slot of Σ grad², 12 stats slot of
-// the count of skipped steps (element 0's thread adds one). One thread per
-// element; grid (x, y) of 64-thread workgroups, element = (y * groups.x + x) * 64 + lid.
+// the count of skipped steps (element 0's thread adds one where word 13 is 1: the first of an
+// arena's pieces). One thread per element of the piece bound; grid (x, y) of 64-thread
+// workgroups, element = (y * groups.x + x) * 64 + lid.
 @compute @workgroup_size(64)
 fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
@@ -24,7 +25,7 @@ fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
     let loss = ad_stats[word(10u)];
     let norm = sqrt(ad_stats[word(11u)]);
     if (non_finite(loss) || non_finite(norm)) {
-        if (i == 0u) {
+        if (i == 0u && word(13u) == 1u) {
             ad_stats[word(12u)] += 1.0;
         }
         return;

@@ -17,6 +17,7 @@ use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape;
 use alpha_core::train::{RunState, StepStats, TrainConfig};
 use alpha_core::{walk, Rng};
+use std::ops::Range;
 
 /// Statistics buffer slots: the step's loss sum and squared gradient norm, the evaluation's
 /// loss sum, and the count of steps whose update was skipped (not reset by a step).
@@ -63,7 +64,8 @@ pub struct GpuTrainer {
     micro: Vec<MicroStep>,
     eval: Program,
     update: Program,
-    adamw_index: usize,
+    /// AdamW's dispatches in `update` and the arena pieces they bind.
+    adamw: Vec<(usize, Range<usize>)>,
     host_batch: Vec<u32>,
     dres: Span,
     profiler: Option<Profiler>,
@@ -107,6 +109,7 @@ impl GpuTrainer {
         let slot_len = BatchSlot::len(n, vocab);
         let tape = tape::record_to_vec(&plan);
         let split_len = tape::matmul_shapes(&tape).map(|(k, m)| ops::matmul::weight_grad_scratch_len(n, k, m)).max().unwrap_or(0);
+        let pieces = ops::binding_pieces(layout.len(), gpu.limits.max_storage_buffer_binding_size);
         let bufs = allocating(&gpu, || {
             Ok(Buffers {
                 params: storage(&gpu, "parameters", layout.len())?,
@@ -117,7 +120,7 @@ impl GpuTrainer {
                 // One slot per micro-batch and one for evaluation.
                 batch: storage(&gpu, "batch", slot_len.checked_mul(cfg.grad_accum + 1).ok_or_else(|| GpuError("the batch buffer's size overflows".into()))?)?,
                 stats: storage(&gpu, "statistics", ACT_ALIGN)?,
-                norm_partials: storage(&gpu, "norm partials", ops::grad_norm::NORM_CHUNKS)?,
+                norm_partials: storage(&gpu, "norm partials", pieces.len() * ops::grad_norm::NORM_CHUNKS)?,
                 split: storage(&gpu, "weight gradient chunks", split_len)?,
             })
         })
@@ -142,39 +145,31 @@ impl GpuTrainer {
         p.label("update");
         let whole = |buf| View::first(buf, layout.len());
         let stats = View::first(&bufs.stats, ACT_ALIGN);
-        ops::grad_norm::sum_squares(&mut p, whole(&bufs.grads), View::first(&bufs.norm_partials, ops::grad_norm::NORM_CHUNKS), stats, NORM_SLOT);
-        let adamw_index = ops::adamw::dispatch(&mut p, whole(&bufs.params), whole(&bufs.grads), whole(&bufs.adam_m), whole(&bufs.adam_v), stats);
+        let partials = View::first(&bufs.norm_partials, pieces.len() * ops::grad_norm::NORM_CHUNKS);
+        ops::grad_norm::sum_squares(&mut p, whole(&bufs.grads), &pieces, partials, stats, NORM_SLOT);
+        let arenas = [whole(&bufs.params), whole(&bufs.grads), whole(&bufs.adam_m), whole(&bufs.adam_v)];
+        let adamw = ops::adamw::dispatch(&mut p, arenas, &pieces, stats).into_iter().zip(pieces).collect();
         let update = p.build(&gpu, &kernels)?;
         let dres = plan.scratch().dres;
-        let t = GpuTrainer {
-            gpu,
-            kernels,
-            plan,
-            layout,
-            cfg,
-            step: 0,
-            rng,
-            bufs,
-            micro,
-            eval,
-            update,
-            adamw_index,
-            host_batch: vec![0; slot_len],
-            dres,
-            profiler: None,
-        };
+        let t =
+            GpuTrainer { gpu, kernels, plan, layout, cfg, step: 0, rng, bufs, micro, eval, update, adamw, host_batch: vec![0; slot_len], dres, profiler: None };
         t.upload(params, moments)?;
         Ok(t)
     }
 
-    /// An error unless a trainer of `plan` is within `gpu`'s limits: buffer and binding
-    /// sizes, the kernels' 32-bit indices (the device's free memory shows only when the
-    /// buffers are made).
+    /// An error unless a trainer of `plan` is within `gpu`'s limits: buffer sizes and the
+    /// kernels' 32-bit indices (each tensor's binding is checked as the programs are built;
+    /// whole arenas are bound in pieces; the device's free memory shows only when the buffers
+    /// are made).
     pub fn check_fits(gpu: &Gpu, plan: &Plan) -> Result<(), GpuError> {
         check_indexable(plan)?;
-        // AdamW and the gradient norm bind whole arenas.
-        gpu.check_size("the parameter arena (bound whole by AdamW)", bytes(DeviceLayout::new(plan).len()), true)?;
-        gpu.check_size("activations", bytes(plan.acts_len().max(ACT_ALIGN)), false)
+        gpu.check_size("the parameter arena", bytes(DeviceLayout::new(plan).len()), false)?;
+        gpu.check_size("activations", bytes(plan.acts_len().max(ACT_ALIGN)), false)?;
+        // The largest tensors bound on their own: the token embedding, and the logits or the
+        // MLP's hidden activations.
+        let (n, c, v) = (plan.tokens(), plan.config.n_embd, plan.config.vocab_size);
+        gpu.check_size("the token embedding", bytes(v * c), true)?;
+        gpu.check_size("the largest activation (logits or MLP hidden)", bytes(n * v.max(4 * c)), true)
     }
 
     /// Replaces the parameters and, when given, the AdamW moments `(m, v)` (host layout).
@@ -234,16 +229,11 @@ impl GpuTrainer {
             self.write_batch(slot, data, None);
         }
         self.step += 1;
-        let words = ops::adamw::words(
-            self.layout.len(),
-            self.layout.decay_end(),
-            &self.cfg.adamw,
-            lr,
-            self.step,
-            self.cfg.grad_clip,
-            [LOSS_SLOT, NORM_SLOT, SKIPPED_SLOT],
-        );
-        self.update.set_words(&self.gpu.queue, self.adamw_index, &words);
+        for (index, piece) in &self.adamw {
+            let c = &self.cfg;
+            let words = ops::adamw::words(piece, self.layout.decay_end(), &c.adamw, lr, self.step, c.grad_clip, [LOSS_SLOT, NORM_SLOT, SKIPPED_SLOT]);
+            self.update.set_words(&self.gpu.queue, *index, &words);
+        }
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         enc.clear_buffer(&self.bufs.grads, 0, None);
         enc.clear_buffer(&self.bufs.stats, 0, Some(bytes(2)));

@@ -411,15 +411,23 @@ fn squared_norm_and_adamw_with_clip() {
     let params = random(&mut rng, len, 1.0);
     let (m0, v0) = (random(&mut rng, len, 0.1), random(&mut rng, len, 0.1).iter().map(|x| x * x).collect::<Vec<_>>());
     let sumsq = grad_norm::sum_squares(&Serial, &grads);
-    let (gg, gp, gm, gv, gpart, gstats) = (buffer(&grads), buffer(&params), buffer(&m0), buffer(&v0), fresh(256), buffer(&[2.5f32, 0.0, 0.0, 0.0]));
+    // Bound in pieces of 256 elements (a 1 KiB binding limit), the decayed range ending inside
+    // the third.
+    let pieces = ops::binding_pieces(len, 1024);
+    assert_eq!(pieces.len(), 4);
+    let partials = pieces.len() * ops::grad_norm::NORM_CHUNKS;
+    let (gg, gp, gm, gv, gpart, gstats) = (buffer(&grads), buffer(&params), buffer(&m0), buffer(&v0), fresh(partials), buffer(&[2.5f32, 0.0, 0.0, 0.0]));
     let cfg = AdamWConfig::default();
     let (lr, step, clip, decay_end) = (3e-3, 4u64, 1.0, 640);
     let kernels = block_on(Kernels::new(gpu(), 8)).unwrap();
     let mut p = ProgramBuilder::default();
-    ops::grad_norm::sum_squares(&mut p, whole(&gg, &grads), View::first(&gpart, 256), View::first(&gstats, 4), 1);
-    let i = ops::adamw::dispatch(&mut p, whole(&gp, &params), whole(&gg, &grads), whole(&gm, &m0), whole(&gv, &v0), View::first(&gstats, 4));
+    ops::grad_norm::sum_squares(&mut p, whole(&gg, &grads), &pieces, View::first(&gpart, partials), View::first(&gstats, 4), 1);
+    let arenas = [whole(&gp, &params), whole(&gg, &grads), whole(&gm, &m0), whole(&gv, &v0)];
+    let indices = ops::adamw::dispatch(&mut p, arenas, &pieces, View::first(&gstats, 4));
     let program = p.build(gpu(), &kernels).unwrap();
-    program.set_words(&gpu().queue, i, &ops::adamw::words(len, decay_end, &cfg, lr, step, clip, [0, 1, 2]));
+    for (i, piece) in indices.into_iter().zip(&pieces) {
+        program.set_words(&gpu().queue, i, &ops::adamw::words(piece, decay_end, &cfg, lr, step, clip, [0, 1, 2]));
+    }
     program.submit(gpu(), &kernels);
     let stats = download(&gstats, 3);
     assert!((stats[1] as f64 - sumsq).abs() < 1e-5 * sumsq, "Σ g² {} vs {sumsq}", stats[1]);
@@ -446,5 +454,5 @@ fn squared_norm_and_adamw_with_clip() {
     program.submit(gpu(), &kernels);
     program.submit(gpu(), &kernels);
     assert_eq!(download(&gp, len), p_gpu, "update skipped after a NaN loss");
-    assert_eq!(download(&gstats, 3)[2], 2.0, "two skipped steps counted");
+    assert_eq!(download(&gstats, 3)[2], 2.0, "two skipped steps counted, once each over the four pieces");
 }

@@ -3,14 +3,22 @@
 
 use super::u;
 use crate::kernels::{Kernel, ProgramBuilder, View};
+use std::ops::Range;
 
-/// Chunks of the squared-norm reduction (the size of its `partials`).
+/// Chunks of the squared-norm reduction of one binding piece (see
+/// [`super::binding_pieces`]).
 pub const NORM_CHUNKS: usize = 256;
 
-/// `stats[slot] = Σ x²`, through `partials [NORM_CHUNKS]`.
-pub fn sum_squares<'a>(p: &mut ProgramBuilder<'a>, x: View<'a>, partials: View<'a>, stats: View<'a>, slot: usize) {
-    let chunk = x.len.div_ceil(NORM_CHUNKS).max(1);
-    let count = x.len.div_ceil(chunk);
-    p.push(Kernel::SumSquaresPartials, &[u(x.len), u(chunk)], &[Some(x), Some(partials)], [u(count), 1, 1]);
-    p.push(Kernel::SumSquaresFinish, &[u(count), u(slot)], &[Some(partials), Some(stats)], [1, 1, 1]);
+/// `stats[slot] = Σ x²` over `x` bound in `pieces`, through `partials [pieces * NORM_CHUNKS]`:
+/// each piece's chunks, then all of them in order.
+pub fn sum_squares<'a>(p: &mut ProgramBuilder<'a>, x: View<'a>, pieces: &[Range<usize>], partials: View<'a>, stats: View<'a>, slot: usize) {
+    for (i, piece) in pieces.iter().enumerate() {
+        let chunk = piece.len().div_ceil(NORM_CHUNKS).max(1);
+        let x = View { offset: x.offset + piece.start, len: piece.len(), ..x };
+        let partials = View { offset: partials.offset + i * NORM_CHUNKS, len: NORM_CHUNKS, ..partials };
+        // Every chunk writes its partial, an empty one zero.
+        p.push(Kernel::SumSquaresPartials, &[u(piece.len()), u(chunk)], &[Some(x), Some(partials)], [u(NORM_CHUNKS), 1, 1]);
+    }
+    let count = pieces.len() * NORM_CHUNKS;
+    p.push(Kernel::SumSquaresFinish, &[u(count), u(slot)], &[Some(View { len: count, ..partials }), Some(stats)], [1, 1, 1]);
 }

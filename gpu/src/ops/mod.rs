@@ -13,9 +13,19 @@ pub mod layernorm;
 pub mod matmul;
 
 use crate::kernels::{Kernel, ProgramBuilder, View};
+use alpha_core::plan::ACT_ALIGN;
+use std::ops::Range;
 
 fn u(x: usize) -> u32 {
     u32::try_from(x).expect("GPU shapes fit in 32 bits (checked when the trainer is built)")
+}
+
+/// `0..len` cut into consecutive pieces that each fit one storage binding of at most
+/// `max_binding` bytes (starting aligned): how element-wise passes over a whole arena (AdamW,
+/// the gradient norm) bind an arena larger than the adapter binds at once.
+pub fn binding_pieces(len: usize, max_binding: u64) -> Vec<Range<usize>> {
+    let piece = ((max_binding / 4) as usize / ACT_ALIGN * ACT_ALIGN).max(ACT_ALIGN);
+    (0..len.max(1)).step_by(piece).map(|start| start..(start + piece).min(len)).collect()
 }
 
 /// `out [W] += Σ_b partials[b * stride + offset ..][..W]` over `count` row blocks.
