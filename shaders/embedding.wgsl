@@ -9,8 +9,9 @@
 // The batch slot's words: decoding, the token's position (4).
 @group(0) @binding(5) var<storage, read_write> em_words: array<u32>;
 
-// out[i, :] = wte[tokens[i], :] + wpe[i % T + offset, :]. Words: rows, C, T, 1 where the
-// position offset is words[4] (decoding one token), else 0.
+// out[i, :] = wte[tokens[i], :] + wpe[i % T + offset, :] for the rows whose token is in the
+// piece of the table bound, tokens v0 .. v1 (wte's row 0 is token v0). Words: rows, C, T, 1
+// where the position offset is words[4] (decoding one token) else 0, v0, v1.
 // Grid: (C / 64, rows over y and z).
 @compute @workgroup_size(64)
 fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -21,11 +22,15 @@ fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     if (i >= word(0u) || j >= c) {
         return;
     }
+    let token = em_tokens[i];
+    if (token < word(4u) || token >= word(5u)) {
+        return;
+    }
     var offset = 0u;
     if (word(3u) == 1u) {
         offset = em_words[4];
     }
-    em_out[i * c + j] = em_wte[em_tokens[i] * c + j] + em_wpe[(i % word(2u) + offset) * c + j];
+    em_out[i * c + j] = em_wte[(token - word(4u)) * c + j] + em_wpe[(i % word(2u) + offset) * c + j];
 }
 
 @group(0) @binding(1) var<storage, read_write> eb_dwte: array<f32>;
@@ -33,9 +38,10 @@ fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
 @group(0) @binding(3) var<storage, read_write> eb_starts: array<u32>;
 @group(0) @binding(4) var<storage, read_write> eb_dout: array<f32>;
 
-// dwte[v, j] += dout[i, j] over the rows i holding token v, in increasing i: order lists the
-// rows grouped by token (rows of token v are order[starts[v]..starts[v + 1]]).
-// Words: vocab, C. Grid: (C / 64, vocab over y and z).
+// dwte[v, j] += dout[i, j] over the rows i holding token v0 + v, in increasing i, for the
+// piece of the table bound (its row 0 is token v0): order lists the rows grouped by token
+// (rows of token t are order[starts[t]..starts[t + 1]]).
+// Words: rows of the piece, C, v0. Grid: (C / 64, rows over y and z).
 @compute @workgroup_size(64)
 fn embedding_backward_wte(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
@@ -46,7 +52,8 @@ fn embedding_backward_wte(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
         return;
     }
     var acc = eb_dwte[v * c + j];
-    for (var k = eb_starts[v]; k < eb_starts[v + 1u]; k++) {
+    let t = v + word(2u);
+    for (var k = eb_starts[t]; k < eb_starts[t + 1u]; k++) {
         acc += eb_dout[eb_order[k] * c + j];
     }
     eb_dwte[v * c + j] = acc;

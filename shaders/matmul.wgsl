@@ -22,9 +22,10 @@ const EPI_GELU_SLOPE: u32 = 16u;
 var<workgroup> a_tile: array<f32, 1040>; // [BK][PITCH]
 var<workgroup> b_tile: array<f32, 1040>; // [BK][PITCH]
 
-// c[rows, cols] = epilogue(a·b): a[i, k] at i*a_rs + k*a_cs, b[k, j] at k*b_rs + j*b_cs.
-// Words: rows, cols, depth, flags (EPI_*), a_rs, a_cs, b_rs, b_cs, chunk. Workgroup z sums
-// depth chunk z (k in z*chunk .. (z+1)*chunk) into slice z of c (rows*cols each); split
+// c[rows, cols] = epilogue(a·b): a[i, k] at i*a_rs + k*a_cs, b[k, j] at k*b_rs + j*b_cs,
+// c[i, j] (and aux[i, j]) at i*c_rs + j.
+// Words: rows, cols, depth, flags (EPI_*), a_rs, a_cs, b_rs, b_cs, chunk, c_rs. Workgroup z
+// sums depth chunk z (k in z*chunk .. (z+1)*chunk) into slice z of c (rows*c_rs each); split
 // products (more than one chunk) have no epilogue and are summed by add_partials.
 // Epilogue order: (+ c if ACCUMULATE) (+ bias[j]) (GELU: aux = pre-activation, or with
 // GELU_SLOPE gelu'(pre-activation), for backward) (+ aux[i, j] if RESIDUAL).
@@ -89,7 +90,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
         workgroupBarrier();
     }
     let c0 = col0 + l.x;
-    let slice = wid.z * rows * cols;
+    let slice = wid.z * rows * word(9u);
     store_row(row0 + l.y, c0, slice, acc0);
     store_row(row0 + l.y + 16u, c0, slice, acc1);
     store_row(row0 + l.y + 32u, c0, slice, acc2);
@@ -108,7 +109,7 @@ fn store_row(r: u32, c0: u32, slice: u32, acc: vec4<f32>) {
     for (var j = 0u; j < 4u; j++) {
         let c = c0 + 16u * j;
         if (c < cols) {
-            let idx = slice + r * cols + c;
+            let idx = slice + r * word(9u) + c;
             var v = acc[j];
             if ((flags & EPI_ACCUMULATE) != 0u) {
                 v = mm_c[idx] + v;

@@ -106,9 +106,10 @@ pub(crate) struct Recorder<'a> {
 impl<'a> Recorder<'a> {
     /// A recorder for `plan`'s tape over `bufs`, reading batch `slot` and summing losses into
     /// `stats[loss_slot]`.
-    pub fn new(plan: &Plan, layout: &'a DeviceLayout, bufs: DeviceArenas<'a>, slot: BatchSlot, loss_slot: usize) -> Self {
+    pub fn new(gpu: &Gpu, plan: &Plan, layout: &'a DeviceLayout, bufs: DeviceArenas<'a>, slot: BatchSlot, loss_slot: usize) -> Self {
         let n_layer = plan.config.n_layer;
-        Recorder { program: ProgramBuilder::default(), bufs, layout, scratch: plan.scratch(), slot, loss_slot, cache: None, n_layer, layer: 0 }
+        let program = ProgramBuilder::for_gpu(gpu);
+        Recorder { program, bufs, layout, scratch: plan.scratch(), slot, loss_slot, cache: None, n_layer, layer: 0 }
     }
 
     /// Recording a one-token forward (a plan of batch 1 and sequence 1) at the position in

@@ -85,7 +85,7 @@ impl Decoder {
         let cache = storage(gpu, "KV cache", 2 * c.n_layer * KvCache::half(window.seq, c.n_embd))?;
         let bufs = DeviceArenas { params, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
         let kv = KvCache { buffer: &cache, len: window.seq, width: c.n_embd };
-        let mut recorder = Recorder::new(&plan, layout, bufs, BatchSlot::new(0, 1, c.vocab_size), 0).decoding(kv);
+        let mut recorder = Recorder::new(gpu, &plan, layout, bufs, BatchSlot::new(0, 1, c.vocab_size), 0).decoding(kv);
         walk::forward(&mut recorder, &tape::record_to_vec(&plan), None);
         let program = recorder.finish(gpu, kernels)?;
         Ok(Decoder { plan, acts, batch, program, host_batch: vec![0; slot_len], _cache: cache })
@@ -136,7 +136,7 @@ impl GpuForward {
         let batch = storage(&gpu, "batch", slot_len)?;
         let stats = storage(&gpu, "statistics", ACT_ALIGN)?;
         let bufs = DeviceArenas { params: &params, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
-        let mut recorder = Recorder::new(&plan, &layout, bufs, BatchSlot::new(0, n, vocab), 0);
+        let mut recorder = Recorder::new(&gpu, &plan, &layout, bufs, BatchSlot::new(0, n, vocab), 0);
         walk::forward(&mut recorder, &tape::record_to_vec(&plan), None);
         let program = recorder.finish(&gpu, &kernels)?;
         let decoder = if plan.batch == 1 { Some(Decoder::new(&gpu, &kernels, &plan, &layout, &params)?) } else { None };

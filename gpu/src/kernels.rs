@@ -311,13 +311,38 @@ struct Pending<'a> {
 }
 
 /// Collects dispatches, then builds their bind groups and uniform words at once.
-#[derive(Default)]
 pub struct ProgramBuilder<'a> {
     pending: Vec<Pending<'a>>,
     label: &'static str,
+    max_binding: u64,
+}
+
+impl Default for ProgramBuilder<'_> {
+    /// A builder for a device without a binding limit (tests; see [`ProgramBuilder::for_gpu`]).
+    fn default() -> Self {
+        ProgramBuilder { pending: Vec::new(), label: "", max_binding: u64::MAX }
+    }
 }
 
 impl<'a> ProgramBuilder<'a> {
+    /// A builder whose dispatches bind at most `gpu`'s `max_storage_buffer_binding_size`
+    /// bytes each: the ops split larger tensors (see [`ProgramBuilder::max_binding`]).
+    pub fn for_gpu(gpu: &Gpu) -> Self {
+        ProgramBuilder { max_binding: gpu.limits.max_storage_buffer_binding_size, ..ProgramBuilder::default() }
+    }
+
+    /// With a binding limit of `bytes` (as if the device had it).
+    pub fn with_max_binding(mut self, bytes: u64) -> Self {
+        self.max_binding = bytes;
+        self
+    }
+
+    /// The most elements one binding may hold: ops whose tensors are larger dispatch over
+    /// pieces of them.
+    pub fn max_binding(&self) -> usize {
+        usize::try_from(self.max_binding / 4).unwrap_or(usize::MAX)
+    }
+
     /// Names the dispatches pushed from now on (the tape op they belong to, for traces).
     pub fn label(&mut self, label: &'static str) {
         self.label = label;

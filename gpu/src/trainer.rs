@@ -131,14 +131,14 @@ impl GpuTrainer {
         let mut micro = Vec::with_capacity(cfg.grad_accum);
         for slot in 0..cfg.grad_accum {
             let b = BatchSlot::new(slot, n, vocab);
-            let mut forward = Recorder::new(&plan, &layout, arenas, b, LOSS_SLOT);
+            let mut forward = Recorder::new(&gpu, &plan, &layout, arenas, b, LOSS_SLOT);
             walk::forward(&mut forward, &tape, Some(scale));
             // The residual gradient is cleared before it runs (see `step`).
-            let mut backward = Recorder::new(&plan, &layout, arenas, b, LOSS_SLOT);
+            let mut backward = Recorder::new(&gpu, &plan, &layout, arenas, b, LOSS_SLOT);
             walk::backward(&mut backward, &plan, &tape);
             micro.push(MicroStep { forward: forward.finish(&gpu, &kernels)?, backward: backward.finish(&gpu, &kernels)? });
         }
-        let mut eval = Recorder::new(&plan, &layout, arenas, BatchSlot::new(cfg.grad_accum, n, vocab), EVAL_SLOT);
+        let mut eval = Recorder::new(&gpu, &plan, &layout, arenas, BatchSlot::new(cfg.grad_accum, n, vocab), EVAL_SLOT);
         walk::forward(&mut eval, &tape, None);
         let eval = eval.finish(&gpu, &kernels)?;
         let mut p = ProgramBuilder::default();
@@ -165,11 +165,11 @@ impl GpuTrainer {
         check_indexable(plan)?;
         gpu.check_size("the parameter arena", bytes(DeviceLayout::new(plan).len()), false)?;
         gpu.check_size("activations", bytes(plan.acts_len().max(ACT_ALIGN)), false)?;
-        // The largest tensors bound on their own: the token embedding, and the logits or the
-        // MLP's hidden activations.
+        // The token embedding and the logits are bound in pieces of 64 rows or more; the
+        // largest tensor bound whole is the MLP's hidden activation.
         let (n, c, v) = (plan.tokens(), plan.config.n_embd, plan.config.vocab_size);
-        gpu.check_size("the token embedding", bytes(v * c), true)?;
-        gpu.check_size("the largest activation (logits or MLP hidden)", bytes(n * v.max(4 * c)), true)
+        gpu.check_size("64 rows of the logits", bytes(64 * v), true)?;
+        gpu.check_size("the MLP's hidden activations", bytes(n * 4 * c), true)
     }
 
     /// Replaces the parameters and, when given, the AdamW moments `(m, v)` (host layout).

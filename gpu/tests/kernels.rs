@@ -47,8 +47,13 @@ fn download(buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
 
 /// Builds the dispatches `f` pushes for a head size, runs them, waits.
 fn run<'a>(head_size: usize, f: impl FnOnce(&mut ProgramBuilder<'a>)) {
+    run_limited(head_size, u64::MAX, f)
+}
+
+/// [`run`] with the ops splitting tensors over `max_binding` bytes.
+fn run_limited<'a>(head_size: usize, max_binding: u64, f: impl FnOnce(&mut ProgramBuilder<'a>)) {
     let kernels = block_on(Kernels::new(gpu(), head_size)).unwrap();
-    let mut p = ProgramBuilder::default();
+    let mut p = ProgramBuilder::default().with_max_binding(max_binding);
     f(&mut p);
     p.build(gpu(), &kernels).unwrap().submit(gpu(), &kernels);
 }
@@ -70,8 +75,9 @@ fn matmul_forward_with_each_epilogue_and_backward() {
     let w = random(&mut rng, m * k, 0.5);
     let bias = random(&mut rng, m, 0.5);
     let residual = random(&mut rng, n * m, 1.0);
-    // Epilogues: none, GELU keeping the pre-activation, GELU leaving its slope, residual.
-    for epi in 0..4 {
+    // Epilogues: none, GELU keeping the pre-activation, GELU leaving its slope, residual; each
+    // also with 4 KiB bindings (every operand in pieces of rows, columns and depth).
+    for (epi, limit) in (0..4).flat_map(|e| [(e, u64::MAX), (e, 4096)]) {
         let mut out = vec![0.0; n * m];
         let mut pre = vec![0.0; n * m];
         let mut wt = vec![0.0; matmul::scratch_len(k, m)];
@@ -88,7 +94,7 @@ fn matmul_forward_with_each_epilogue_and_backward() {
             &mut wt,
         );
         let (gx, gw, gb, gr, gout, gpre) = (buffer(&x), buffer(&w), buffer(&bias), buffer(&residual), fresh(n * m), fresh(n * m));
-        run(8, |p| {
+        run_limited(8, limit, |p| {
             let epilogue = epilogue.map(|()| whole(&gpre, &pre), |()| whole(&gr, &residual));
             ops::matmul::forward(
                 p,
@@ -104,20 +110,24 @@ fn matmul_forward_with_each_epilogue_and_backward() {
                 },
             );
         });
-        assert_close(&format!("matmul forward, epilogue {epi}"), &download(&gout, n * m), &out, 1e-5);
+        assert_close(&format!("matmul forward, epilogue {epi}, bindings of {limit} bytes"), &download(&gout, n * m), &out, 1e-5);
         if epi == 1 || epi == 2 {
             assert_close(&format!("GELU pre-activation or slope, epilogue {epi}"), &download(&gpre, n * m), &pre, 1e-5);
         }
     }
-    matmul_backward_matches_cpu(n, k, m, &mut rng);
+    matmul_backward_matches_cpu(n, k, m, &mut rng, u64::MAX);
+    matmul_backward_matches_cpu(n, k, m, &mut rng, 4096);
     // Enough rows that the weight gradient is split by depth (chunks of 150 rows).
     assert_eq!(ops::matmul::weight_grad_splits(300, k, m), 2);
-    matmul_backward_matches_cpu(300, k, m, &mut rng);
+    matmul_backward_matches_cpu(300, k, m, &mut rng, u64::MAX);
+    // An LM head's shape: the weight gradient not split by depth, its products in pieces.
+    matmul_backward_matches_cpu(70, 45, 400, &mut rng, 8192);
 }
 
 /// Backward with GELU (given its slope) and bias over `n` rows; gradients accumulate onto
-/// existing values.
-fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng) {
+/// existing values. The products bind at most `limit` bytes each (the bias gradient's
+/// passes bind `dout` whole).
+fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng, limit: u64) {
     let x = random(rng, n * k, 1.0);
     let w = random(rng, m * k, 0.5);
     let slope = random(rng, n * m, 2.0);
@@ -141,7 +151,7 @@ fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng) {
         (buffer(&dout0), buffer(&dw0), buffer(&db0), fresh(n * k), fresh(partials.len()), buffer(&slope), buffer(&x), buffer(&w));
     let split_len = ops::matmul::weight_grad_scratch_len(n, k, m).max(1);
     let gsplit = fresh(split_len);
-    run(8, |p| {
+    run_limited(8, limit, |p| {
         let grads = matmul::Backward {
             dx: Some(whole(&gdx, &dx)),
             dweight: whole(&gdw, &dw),
@@ -157,7 +167,7 @@ fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng) {
     });
     assert_close(&format!("dout after GELU backward ({n} rows)"), &download(&gdout, n * m), &dout, 1e-5);
     assert_close(&format!("dx ({n} rows)"), &download(&gdx, n * k), &dx, 1e-5);
-    assert_close(&format!("dw ({n} rows)"), &download(&gdw, m * k), &dw, 1e-5);
+    assert_close(&format!("dw ({n} rows, bindings of {limit} bytes)"), &download(&gdw, m * k), &dw, 1e-5);
     assert_close(&format!("dbias ({n} rows)"), &download(&gdb, m), &db, 1e-5);
 }
 

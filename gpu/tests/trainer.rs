@@ -237,6 +237,25 @@ fn arenas_over_the_binding_limit_are_bound_in_pieces() {
     let scale = ct.mem.params.iter().fold(0f32, |m, y| m.max(y.abs()));
     let worst = params.iter().zip(ct.mem.params.iter()).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale;
     assert!(worst < 1e-4, "every piece was updated as the CPU updated it ({worst:e})");
+    // A vocabulary whose token table and logits are over the limit too: the embedding, the
+    // LM head's products and the cross-entropy bind them in pieces.
+    let wide = Plan::new(GptConfig { vocab_size: 700, block_size: 32, n_layer: 1, n_head: 2, n_embd: 128 }, 4, 32).unwrap();
+    let limit = 256 * 1024;
+    assert!(4 * 700 * 128 > limit && 4 * wide.tokens() * 700 > limit);
+    let mut wide_gpu = open_gpu();
+    wide_gpu.limits.max_storage_buffer_binding_size = limit as u64;
+    let mut wide_mem = OwnedMemory::<f32>::new(&wide).unwrap();
+    init_params(&wide, &mut wide_mem.params, &mut Rng::new(3));
+    let text: Vec<u32> = (0..3000u32).map(|i| (i * 37 + i / 7) % 700).collect();
+    let mut gt = block_on(GpuTrainer::new(wide_gpu, wide, cfg, Rng::new(5), &wide_mem.params)).unwrap();
+    let mut ct = wide_mem.trainer(wide, cfg, Rng::new(5)).unwrap();
+    for step in 0..4 {
+        let cpu = ct.train_step(&Serial, &text).unwrap();
+        let lr = gt.step(&text);
+        let g = block_on(gt.stats(lr)).unwrap().last;
+        assert!((g.loss - cpu.loss).abs() <= 1e-4 * cpu.loss, "wide vocabulary, step {step}: loss GPU {} vs CPU {}", g.loss, cpu.loss);
+        assert!((g.grad_norm - cpu.grad_norm).abs() <= 1e-4 * cpu.grad_norm, "wide vocabulary, step {step}: norm GPU {} vs CPU {}", g.grad_norm, cpu.grad_norm);
+    }
     // A tensor over the limit is refused with the numbers.
     gpu.limits.max_storage_buffer_binding_size = 4 * 1024;
     let err = block_on(GpuTrainer::new(gpu.clone(), plan, cfg, Rng::new(1), &mem.params)).err().expect("refused");

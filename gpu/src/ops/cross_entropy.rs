@@ -1,7 +1,7 @@
 //! The fused cross-entropy's dispatches ([`alpha_core::ops::cross_entropy`];
 //! `shaders/cross_entropy.wgsl`) and the loss sum the step reads back.
 
-use super::u;
+use super::{rows_per_piece, u};
 use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
 use alpha_core::ops::cross_entropy;
 
@@ -12,8 +12,15 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: cross_entropy::Forward<View<'a
     let cross_entropy::Forward { losses, logits, grad_scale, classes } = a;
     let (n, v) = (losses.len, logits.len / losses.len);
     let scale = grad_scale.map(|s| s as f32);
-    let words = [u(n), u(v), u32::from(scale.is_some()), scale.unwrap_or(0.0).to_bits(), u(classes)];
-    p.push(Kernel::CrossEntropy, &words, &[Some(logits), Some(losses), Some(targets)], rows_grid(1, n));
+    // Logits larger than one binding go in pieces of whole rows.
+    let piece = rows_per_piece(v, p.max_binding());
+    for r0 in (0..n).step_by(piece) {
+        let rows = piece.min(n - r0);
+        let at = |t: View<'a>, start: usize, len: usize| Some(View { offset: t.offset + start, len, ..t });
+        let words = [u(rows), u(v), u32::from(scale.is_some()), scale.unwrap_or(0.0).to_bits(), u(classes)];
+        let views = [at(logits, r0 * v, rows * v), at(losses, r0, rows), at(targets, r0, rows)];
+        p.push(Kernel::CrossEntropy, &words, &views, rows_grid(1, rows));
+    }
 }
 
 /// `stats[slot] += Σ losses`.

@@ -1,6 +1,6 @@
 //! The embedding's dispatches ([`alpha_core::ops::embedding`]; `shaders/embedding.wgsl`).
 
-use super::u;
+use super::{rows_per_piece, u};
 use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
 use alpha_core::ops::embedding;
 
@@ -10,8 +10,15 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, V
     let embedding::Forward { out, wte, wpe, seq } = a;
     let n = tokens.len;
     let c = out.len / n;
-    let words = [u(n), u(c), u(seq), u(decoding.is_some() as usize)];
-    p.push(Kernel::EmbeddingForward, &words, &[Some(out), Some(tokens), Some(wte), Some(wpe), decoding], rows_grid(c.div_ceil(64), n));
+    // A token table larger than one binding goes in pieces of whole rows, each dispatch
+    // writing the rows whose token is in its piece.
+    let (vocab, piece) = (wte.len / c, rows_per_piece(c, p.max_binding()));
+    for v0 in (0..vocab).step_by(piece) {
+        let v1 = (v0 + piece).min(vocab);
+        let table = View { offset: wte.offset + v0 * c, len: (v1 - v0) * c, ..wte };
+        let words = [u(n), u(c), u(seq), u(decoding.is_some() as usize), u(v0), u(v1)];
+        p.push(Kernel::EmbeddingForward, &words, &[Some(out), Some(tokens), Some(table), Some(wpe), decoding], rows_grid(c.div_ceil(64), n));
+    }
 }
 
 /// Embedding backward: `dwte`, `dwpe` accumulated from `dout [N, C]`. `order [N]` lists the
@@ -21,7 +28,12 @@ pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Backward<View<'a>,
     let embedding::Backward { dwte, dwpe, dout, seq } = a;
     let vocab = starts.len - 1;
     let c = dout.len / order.len;
-    p.push(Kernel::EmbeddingBackwardWte, &[u(vocab), u(c)], &[Some(dwte), Some(order), Some(starts), Some(dout)], rows_grid(c.div_ceil(64), vocab));
+    let piece = rows_per_piece(c, p.max_binding());
+    for v0 in (0..vocab).step_by(piece) {
+        let rows = piece.min(vocab - v0);
+        let table = View { offset: dwte.offset + v0 * c, len: rows * c, ..dwte };
+        p.push(Kernel::EmbeddingBackwardWte, &[u(rows), u(c), u(v0)], &[Some(table), Some(order), Some(starts), Some(dout)], rows_grid(c.div_ceil(64), rows));
+    }
     let batch = order.len / seq;
     p.push(Kernel::EmbeddingBackwardWpe, &[u(seq), u(c), u(batch)], &[Some(dwpe), Some(dout)], rows_grid(c.div_ceil(64), seq));
 }

@@ -57,13 +57,70 @@ impl<'a> Gemm<'a> {
         Gemm { c, a, b, bias: None, aux: None, flags: 0, shape, strides, splits: 1 }
     }
 
+    /// Pushes the product: one dispatch, or, where an operand is larger than one binding
+    /// may be ([`ProgramBuilder::max_binding`]), one per block of rows, columns and depth
+    /// (multiples of 64, so that every piece starts aligned), the depth's blocks accumulated
+    /// and the epilogue applied with the last.
     fn push(self, p: &mut ProgramBuilder<'a>) {
         let ([rows, cols, depth], [a_rs, a_cs, b_rs, b_cs]) = (self.shape, self.strides);
-        let chunk = depth.div_ceil(self.splits);
-        let words = [u(rows), u(cols), u(depth), self.flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(chunk)];
-        let views = [Some(self.a), Some(self.b), Some(self.c), self.bias, self.aux];
-        p.push(Kernel::Matmul, &words, &views, [u(cols.div_ceil(64)), u(rows.div_ceil(64)), u(depth.div_ceil(chunk))]);
+        if self.splits > 1 {
+            let chunk = depth.div_ceil(self.splits);
+            let words = [u(rows), u(cols), u(depth), self.flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(chunk), u(cols)];
+            let views = [Some(self.a), Some(self.b), Some(self.c), self.bias, self.aux];
+            p.push(Kernel::Matmul, &words, &views, [u(cols.div_ceil(64)), u(rows.div_ceil(64)), u(depth.div_ceil(chunk))]);
+            return;
+        }
+        let [rc, cc, dc] = self.blocks(p.max_binding());
+        let last_depth = (depth - 1) / dc * dc;
+        for r0 in (0..rows).step_by(rc) {
+            for c0 in (0..cols).step_by(cc) {
+                for d0 in (0..depth).step_by(dc) {
+                    let [r, c, d] = [rc.min(rows - r0), cc.min(cols - c0), dc.min(depth - d0)];
+                    // Accumulate into earlier depth blocks; the epilogue once, with the last.
+                    let accumulate = if d0 == 0 { self.flags & EPI_ACCUMULATE } else { EPI_ACCUMULATE };
+                    let flags = accumulate | if d0 == last_depth { self.flags & !EPI_ACCUMULATE } else { 0 };
+                    let piece = |v: View<'a>, at: usize, len: usize| View { offset: v.offset + at, len, ..v };
+                    let a = piece(self.a, r0 * a_rs + d0 * a_cs, extent(r, a_rs, d, a_cs));
+                    let b = piece(self.b, d0 * b_rs + c0 * b_cs, extent(d, b_rs, c, b_cs));
+                    let out = |v| piece(v, r0 * cols + c0, extent(r, cols, c, 1));
+                    let words = [u(r), u(c), u(d), flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(d), u(cols)];
+                    let views = [Some(a), Some(b), Some(out(self.c)), self.bias.map(|v| piece(v, c0, c)), self.aux.map(out)];
+                    p.push(Kernel::Matmul, &words, &views, [u(c.div_ceil(64)), u(r.div_ceil(64)), 1]);
+                }
+            }
+        }
     }
+
+    /// Rows, columns and depth per dispatch: the whole product, halved (in multiples of 64)
+    /// along the dimension that weighs most in the largest operand until every operand fits
+    /// `max_binding` elements (or no block can shrink: the builder then reports the size).
+    fn blocks(&self, max_binding: usize) -> [usize; 3] {
+        let ([rows, cols, depth], [a_rs, a_cs, b_rs, b_cs]) = (self.shape, self.strides);
+        let mut blocks = [rows, cols, depth];
+        loop {
+            let [r, c, d] = blocks;
+            // (extent, and the two dimensions it spans with their strides)
+            let operands = [
+                (extent(r, a_rs, d, a_cs), [(0, a_rs), (2, a_cs)]),
+                (extent(d, b_rs, c, b_cs), [(2, b_rs), (1, b_cs)]),
+                (extent(r, cols, c, 1), [(0, cols), (1, 1)]),
+            ];
+            let (largest, dims) = operands.into_iter().max_by_key(|o| o.0).expect("three operands");
+            if largest <= max_binding {
+                return blocks;
+            }
+            let shrinkable = dims.into_iter().filter(|&(dim, _)| blocks[dim] > 64).max_by_key(|&(dim, stride)| blocks[dim] * stride);
+            match shrinkable {
+                Some((dim, _)) => blocks[dim] = (blocks[dim] / 2).next_multiple_of(64),
+                None => return blocks,
+            }
+        }
+    }
+}
+
+/// Elements a strided operand of `n` by `m` spans: from its first to its last.
+fn extent(n: usize, n_stride: usize, m: usize, m_stride: usize) -> usize {
+    (n - 1) * n_stride + (m - 1) * m_stride + 1
 }
 
 /// Forward: `out [N, M] = epilogue(x [N, K] · w [M, K]ᵀ + bias [M])`.

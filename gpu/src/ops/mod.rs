@@ -28,6 +28,12 @@ pub fn binding_pieces(len: usize, max_binding: u64) -> Vec<Range<usize>> {
     (0..len.max(1)).step_by(piece).map(|start| start..(start + piece).min(len)).collect()
 }
 
+/// Rows of `width` elements per piece of a tensor bound in pieces of at most `max_binding`
+/// elements: a multiple of 64 (so that every piece starts aligned), at least 64.
+pub fn rows_per_piece(width: usize, max_binding: usize) -> usize {
+    (max_binding / width.max(1) / 64 * 64).max(64)
+}
+
 /// `out [W] += Σ_b partials[b * stride + offset ..][..W]` over `count` row blocks.
 pub fn add_partials<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, partials: View<'a>, count: usize, stride: usize, offset: usize) {
     let words = [u(count), u(out.len), u(stride), u(offset)];
