@@ -203,6 +203,18 @@ def cmd_bench(args):
                       "tokens_per_sec": B * T / ms * 1e3, "iters": args.iters, "step_ms": [t * 1e3 for t in times]}))
 
 
+def run_parser(sub, name, iters, warmup):
+    """A subcommand with the model, data and length flags `train` and `bench` share."""
+    r = sub.add_parser(name)
+    r.add_argument("--data", default="data/shakespeare.txt")
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--iters", type=int, default=iters)
+    r.add_argument("--warmup", type=int, default=warmup)
+    for flag, default in (("--batch", 12), ("--block", 64), ("--layers", 4), ("--heads", 4), ("--embd", 128)):
+        r.add_argument(flag, type=int, default=default)
+    return r
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -210,31 +222,13 @@ def main():
     e.add_argument("checkpoint")
     e.add_argument("text")
     e.add_argument("--threads", type=int, default=2)
-    t = sub.add_parser("train")
-    t.add_argument("--data", default="data/shakespeare.txt")
-    t.add_argument("--threads", type=int, default=2)
-    t.add_argument("--iters", type=int, default=2000)
-    t.add_argument("--warmup", type=int, default=100)
+    t = run_parser(sub, "train", iters=2000, warmup=100)
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--min-lr", type=float, default=1e-4)
-    t.add_argument("--batch", type=int, default=12)
-    t.add_argument("--block", type=int, default=64)
-    t.add_argument("--layers", type=int, default=4)
-    t.add_argument("--heads", type=int, default=4)
-    t.add_argument("--embd", type=int, default=128)
     t.add_argument("--dropout", type=float, default=0.0)
     t.add_argument("--eval-iters", type=int, default=200)
     t.add_argument("--seed", type=int, default=1337)
-    b = sub.add_parser("bench")
-    b.add_argument("--data", default="data/shakespeare.txt")
-    b.add_argument("--threads", type=int, default=2)
-    b.add_argument("--iters", type=int, default=100)
-    b.add_argument("--warmup", type=int, default=10)
-    b.add_argument("--batch", type=int, default=12)
-    b.add_argument("--block", type=int, default=64)
-    b.add_argument("--layers", type=int, default=4)
-    b.add_argument("--heads", type=int, default=4)
-    b.add_argument("--embd", type=int, default=128)
+    b = run_parser(sub, "bench", iters=100, warmup=10)
     b.add_argument("--vocab", type=int, help="vocabulary size (default: the text's characters; more for GPT-2's 50257)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = p.parse_args()

@@ -6,7 +6,7 @@ use alpha_core::model::init_params;
 use alpha_core::model::{generate, SamplingConfig, SamplingMemory};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::Serial;
-use alpha_core::train::{OwnedMemory, TrainConfig};
+use alpha_core::train::{OwnedMemory, TrainConfig, Trainer};
 use alpha_core::walk;
 use alpha_core::{GptConfig, Plan, Rng};
 use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
@@ -58,6 +58,21 @@ fn twenty_steps_with_dropout_match_the_cpu() {
     twenty_steps_against_the_cpu(true, 0.2);
 }
 
+/// `steps` steps of `gt` and `ct` on `data`: the same learning rates, and losses and gradient
+/// norms within 1e-4 relative; no step skipped.
+fn steps_match(gt: &mut GpuTrainer, ct: &mut Trainer<'_, f32>, data: &[u32], steps: usize, what: &str) {
+    for step in 0..steps {
+        let cpu = ct.train_step(&Serial, data).unwrap();
+        let lr = gt.step(data);
+        let s = block_on(gt.stats(lr)).unwrap();
+        assert_eq!(s.skipped, 0);
+        let g = s.last;
+        assert_eq!(g.lr, cpu.lr);
+        assert!((g.loss - cpu.loss).abs() <= 1e-4 * cpu.loss, "{what}, step {step}: loss GPU {} vs CPU {}", g.loss, cpu.loss);
+        assert!((g.grad_norm - cpu.grad_norm).abs() <= 1e-4 * cpu.grad_norm, "{what}, step {step}: norm GPU {} vs CPU {}", g.grad_norm, cpu.grad_norm);
+    }
+}
+
 fn twenty_steps_against_the_cpu(recompute: bool, dropout: f64) {
     let (plan, cfg, data) = setup();
     let plan = plan.with_dropout(dropout, 42).unwrap();
@@ -68,16 +83,7 @@ fn twenty_steps_against_the_cpu(recompute: bool, dropout: f64) {
     let mut gt = block_on(GpuTrainer::new(gpu, gpu_plan, cfg, Rng::new(11), &mem.params)).unwrap();
     assert_eq!(gt.device_bytes() < block_on(GpuTrainer::new(open_gpu(), plan, cfg, Rng::new(11), &mem.params)).unwrap().device_bytes(), recompute);
     let mut ct = mem.trainer(plan, cfg, Rng::new(11)).unwrap();
-    for step in 0..20 {
-        let cpu = ct.train_step(&Serial, &data).unwrap();
-        let lr = gt.step(&data);
-        let s = block_on(gt.stats(lr)).unwrap();
-        assert_eq!(s.skipped, 0);
-        let g = s.last;
-        assert_eq!(g.lr, cpu.lr);
-        assert!((g.loss - cpu.loss).abs() <= 1e-4 * cpu.loss, "step {step}: loss GPU {} vs CPU {}", g.loss, cpu.loss);
-        assert!((g.grad_norm - cpu.grad_norm).abs() <= 1e-4 * cpu.grad_norm, "step {step}: norm GPU {} vs CPU {}", g.grad_norm, cpu.grad_norm);
-    }
+    steps_match(&mut gt, &mut ct, &data, 20, &format!("recompute {recompute}, dropout {dropout}"));
     assert_eq!(gt.step, ct.step);
     assert_eq!(gt.rng.state(), ct.rng.state(), "the same batches were drawn");
     let cpu_eval = ct.evaluate(&Serial, &data, 3, &mut Rng::new(5));
@@ -225,14 +231,7 @@ fn arenas_over_the_binding_limit_are_bound_in_pieces() {
     assert!(4 * plan.params_len() > 2 * 24 * 1024);
     let mut gt = block_on(GpuTrainer::new(gpu.clone(), plan, cfg, Rng::new(11), &mem.params)).unwrap();
     let mut ct = mem.trainer(plan, cfg, Rng::new(11)).unwrap();
-    for step in 0..6 {
-        let cpu = ct.train_step(&Serial, &data).unwrap();
-        let lr = gt.step(&data);
-        let g = block_on(gt.stats(lr)).unwrap();
-        assert_eq!(g.skipped, 0);
-        assert!((g.last.loss - cpu.loss).abs() <= 1e-4 * cpu.loss, "step {step}: loss GPU {} vs CPU {}", g.last.loss, cpu.loss);
-        assert!((g.last.grad_norm - cpu.grad_norm).abs() <= 1e-4 * cpu.grad_norm, "step {step}: norm GPU {} vs CPU {}", g.last.grad_norm, cpu.grad_norm);
-    }
+    steps_match(&mut gt, &mut ct, &data, 6, "arenas in pieces");
     let (params, _, _) = block_on(gt.download()).unwrap();
     let scale = ct.mem.params.iter().fold(0f32, |m, y| m.max(y.abs()));
     let worst = params.iter().zip(ct.mem.params.iter()).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale;
@@ -249,13 +248,7 @@ fn arenas_over_the_binding_limit_are_bound_in_pieces() {
     let text: Vec<u32> = (0..3000u32).map(|i| (i * 37 + i / 7) % 700).collect();
     let mut gt = block_on(GpuTrainer::new(wide_gpu, wide, cfg, Rng::new(5), &wide_mem.params)).unwrap();
     let mut ct = wide_mem.trainer(wide, cfg, Rng::new(5)).unwrap();
-    for step in 0..4 {
-        let cpu = ct.train_step(&Serial, &text).unwrap();
-        let lr = gt.step(&text);
-        let g = block_on(gt.stats(lr)).unwrap().last;
-        assert!((g.loss - cpu.loss).abs() <= 1e-4 * cpu.loss, "wide vocabulary, step {step}: loss GPU {} vs CPU {}", g.loss, cpu.loss);
-        assert!((g.grad_norm - cpu.grad_norm).abs() <= 1e-4 * cpu.grad_norm, "wide vocabulary, step {step}: norm GPU {} vs CPU {}", g.grad_norm, cpu.grad_norm);
-    }
+    steps_match(&mut gt, &mut ct, &text, 4, "wide vocabulary");
     // A tensor over the limit is refused with the numbers.
     gpu.limits.max_storage_buffer_binding_size = 4 * 1024;
     let err = block_on(GpuTrainer::new(gpu.clone(), plan, cfg, Rng::new(1), &mem.params)).err().expect("refused");
