@@ -210,9 +210,9 @@ fn fill_cache<T: Float>(plan: &Plan, acts: &[T], cache: &mut [T], filled: usize)
 
 /// Generates `cfg.tokens` tokens after `context` with `params`, calling `emit` with each. The
 /// model sees the last `plan.seq` tokens (see [`ContextWindow`]). With `mem.decoding`, the
-/// window's first forward fills the KV cache and every later token within the window is one
-/// token's forward against it; once the window slides, each token is a whole window's
-/// forward again (the positions move).
+/// prompt fills the KV cache (token by token when it is short, else in one window's forward)
+/// and every later token within the window is one token's forward against it; once the
+/// window slides, each token is a whole window's forward again (the positions move).
 pub fn generate<T: Float>(
     par: &dyn Parallel,
     mem: SamplingMemory<'_, T>,
@@ -232,11 +232,17 @@ pub fn generate<T: Float>(
     for _ in 0..cfg.tokens {
         let last = window.last();
         let logits = match decoding.as_mut() {
-            Some(d) if last > 0 && cached == last => {
-                let token = [window.tokens()[last]];
-                let mut cpu = CpuExecutor::new(par, d.plan, params, d.acts, Batch { tokens: &token, targets: None }).decoding(d.cache, last);
-                walk::forward(&mut cpu, d.tape, None);
-                cached += 1;
+            // The cache holds every position before the last, or there are few enough tokens
+            // that one-token forwards of them all cost less than a whole window's (a one-row
+            // product streams the weights once per token, a GEMM reuses them: about four
+            // times the cost a token).
+            Some(d) if cached == last || (cached == 0 && 4 * (last + 1) <= plan.seq) => {
+                for position in cached..=last {
+                    let token = [window.tokens()[position]];
+                    let mut cpu = CpuExecutor::new(par, d.plan, params, d.acts, Batch { tokens: &token, targets: None }).decoding(d.cache, position);
+                    walk::forward(&mut cpu, d.tape, None);
+                }
+                cached = last + 1;
                 &mut d.acts[d.plan.head_acts().logits.range()][..classes]
             }
             _ => {
@@ -326,26 +332,30 @@ mod tests {
     }
 
     /// With the KV cache, generation draws the tokens the whole-window forwards draw: greedy
-    /// and sampled, through the window sliding (8 positions, 3 of prompt, 20 generated).
+    /// and sampled, the prompt (3 tokens) in one forward or token by token, through the
+    /// window sliding (20 generated).
     #[test]
     fn the_kv_cache_generates_what_whole_windows_do() {
-        let config = crate::GptConfig { vocab_size: 11, block_size: 8, n_layer: 2, n_head: 2, n_embd: 8 };
-        let plan = Plan::new(config, 1, 8).unwrap();
-        let mut params = alloc::vec![0f32; plan.params_len()];
-        init_params(&plan, &mut params, &mut Rng::new(5));
+        let config = crate::GptConfig { vocab_size: 11, block_size: 16, n_layer: 2, n_head: 2, n_embd: 8 };
+        let mut params = alloc::vec![0f32; Plan::new(config, 1, 1).unwrap().params_len()];
+        init_params(&Plan::new(config, 1, 1).unwrap(), &mut params, &mut Rng::new(5));
         // Larger weights than GPT-2's initialisation, so that the logits differ enough to
         // make every draw count.
         params.iter_mut().for_each(|x| *x *= 20.0);
-        let mut sampler = Sampler::<f32>::new(config, 11, 8).unwrap();
-        let tape = crate::tape::record_to_vec(&plan);
-        for cfg in [SamplingConfig { temperature: 0.0, ..SamplingConfig::new(20) }, SamplingConfig { temperature: 1.0, top_k: 0, ..SamplingConfig::new(20) }] {
-            let (mut cached, mut whole) = (alloc::vec::Vec::new(), alloc::vec::Vec::new());
-            sampler.generate(&crate::Serial, &params, &[1, 2, 3], &cfg, &mut Rng::new(9), |t| cached.push(t));
-            let (mut acts, mut window) = (alloc::vec![0f32; plan.acts_len()], alloc::vec![0u32; 8]);
-            let mem = SamplingMemory { plan: &plan, tape: &tape, acts: &mut acts, window: &mut window, decoding: None };
-            generate(&crate::Serial, mem, &params, &[1, 2, 3], &cfg, &mut Rng::new(9), |t| whole.push(t));
-            assert_eq!(cached, whole, "temperature {}", cfg.temperature);
-            assert!(cached.iter().any(|&t| t != cached[0]), "a degenerate model: {cached:?}");
+        // A window of 8 takes the prompt in one forward, one of 16 token by token.
+        for seq in [8, 16] {
+            let plan = Plan::new(config, 1, seq).unwrap();
+            let mut sampler = Sampler::<f32>::new(config, 11, seq).unwrap();
+            let tape = crate::tape::record_to_vec(&plan);
+            for cfg in [SamplingConfig { temperature: 0.0, ..SamplingConfig::new(20) }, SamplingConfig { temperature: 1.0, top_k: 0, ..SamplingConfig::new(20) }] {
+                let (mut cached, mut whole) = (alloc::vec::Vec::new(), alloc::vec::Vec::new());
+                sampler.generate(&crate::Serial, &params, &[1, 2, 3], &cfg, &mut Rng::new(9), |t| cached.push(t));
+                let (mut acts, mut window) = (alloc::vec![0f32; plan.acts_len()], alloc::vec![0u32; seq]);
+                let mem = SamplingMemory { plan: &plan, tape: &tape, acts: &mut acts, window: &mut window, decoding: None };
+                generate(&crate::Serial, mem, &params, &[1, 2, 3], &cfg, &mut Rng::new(9), |t| whole.push(t));
+                assert_eq!(cached, whole, "window {seq}, temperature {}", cfg.temperature);
+                assert!(cached.iter().any(|&t| t != cached[0]), "a degenerate model: {cached:?}");
+            }
         }
     }
 
