@@ -347,7 +347,9 @@ mod tests {
             let plan = Plan::new(config, 1, seq).unwrap();
             let mut sampler = Sampler::<f32>::new(config, 11, seq).unwrap();
             let tape = crate::tape::record_to_vec(&plan);
-            for cfg in [SamplingConfig { temperature: 0.0, ..SamplingConfig::new(20) }, SamplingConfig { temperature: 1.0, top_k: 0, ..SamplingConfig::new(20) }] {
+            for cfg in
+                [SamplingConfig { temperature: 0.0, ..SamplingConfig::new(20) }, SamplingConfig { temperature: 1.0, top_k: 0, ..SamplingConfig::new(20) }]
+            {
                 let (mut cached, mut whole) = (alloc::vec::Vec::new(), alloc::vec::Vec::new());
                 sampler.generate(&crate::Serial, &params, &[1, 2, 3], &cfg, &mut Rng::new(9), |t| cached.push(t));
                 let (mut acts, mut window) = (alloc::vec![0f32; plan.acts_len()], alloc::vec![0u32; seq]);
