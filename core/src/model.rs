@@ -147,16 +147,19 @@ impl<'w> ContextWindow<'w> {
         self.filled - 1
     }
 
-    /// Appends `next`, dropping the oldest token when the window is full.
-    pub fn push(&mut self, next: u32) {
+    /// Appends `next`, dropping the oldest token when the window is full; true when it did
+    /// (every token moved to another position: a KV cache of the window no longer holds).
+    pub fn push(&mut self, next: u32) -> bool {
         let t = self.window.len();
-        if self.filled == t {
+        let slides = self.filled == t;
+        if slides {
             self.window.copy_within(1.., 0);
             self.window[t - 1] = next;
         } else {
             self.window[self.filled] = next;
             self.filled += 1;
         }
+        slides
     }
 }
 
@@ -259,9 +262,7 @@ pub fn generate<T: Float>(
             return;
         }
         emit(next);
-        window.push(next);
-        if window.last() == last {
-            // The window slid: every position moved.
+        if window.push(next) {
             cached = 0;
         }
     }
@@ -320,14 +321,14 @@ mod tests {
         let mut scratch = [9u32; 3];
         let mut w = ContextWindow::new(&mut scratch, &[]);
         assert_eq!((w.tokens(), w.last()), (&[0, 0, 0][..], 0));
-        w.push(5);
+        assert!(!w.push(5), "a window with room does not slide");
         assert_eq!((w.tokens(), w.last()), (&[0, 5, 0][..], 1));
         let mut w = ContextWindow::new(&mut scratch, &[1, 2, 3, 4]);
         assert_eq!((w.tokens(), w.last()), (&[2, 3, 4][..], 2));
-        w.push(7);
+        assert!(w.push(7), "a full window slides");
         assert_eq!((w.tokens(), w.last()), (&[3, 4, 7][..], 2));
         let mut w = ContextWindow::new(&mut scratch, &[8]);
-        w.push(6);
+        assert!(!w.push(6));
         assert_eq!((w.tokens(), w.last()), (&[8, 6, 0][..], 1));
     }
 

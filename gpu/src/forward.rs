@@ -218,8 +218,7 @@ impl GpuForward {
                 break;
             }
             emit(next);
-            window.push(next);
-            if window.last() == last {
+            if window.push(next) {
                 cached = None;
             }
         }
