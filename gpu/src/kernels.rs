@@ -21,6 +21,11 @@ pub fn bytes(elements: usize) -> u64 {
     (elements as u64).saturating_mul(ELEMENT_BYTES as u64)
 }
 
+/// Whole arena elements in `bytes` bytes (the inverse of [`bytes`]).
+pub fn elements(bytes: u64) -> usize {
+    usize::try_from(bytes / ELEMENT_BYTES as u64).unwrap_or(usize::MAX)
+}
+
 /// A WGSL entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -299,6 +304,11 @@ impl<'a> View<'a> {
     pub fn first(buffer: &'a wgpu::Buffer, len: usize) -> View<'a> {
         View { buffer, offset: 0, len }
     }
+
+    /// `len` elements of this tensor from its element `at` (a piece bound on its own).
+    pub fn part(self, at: usize, len: usize) -> View<'a> {
+        View { offset: self.offset + at, len, ..self }
+    }
 }
 
 /// One dispatch before it is built.
@@ -340,7 +350,7 @@ impl<'a> ProgramBuilder<'a> {
     /// The most elements one binding may hold: ops whose tensors are larger dispatch over
     /// pieces of them.
     pub fn max_binding(&self) -> usize {
-        usize::try_from(self.max_binding / 4).unwrap_or(usize::MAX)
+        elements(self.max_binding)
     }
 
     /// Names the dispatches pushed from now on (the tape op they belong to, for traces).

@@ -7,7 +7,7 @@
 use crate::context::{Gpu, GpuError};
 use crate::executor::{aligned, BatchSlot, DeviceArenas, Recorder};
 use crate::forward::{allocating, check_indexable, storage, GpuForward};
-use crate::kernels::{bytes, Kernels, Program, ProgramBuilder, View};
+use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
 use crate::profile::{KernelTime, Profiler};
@@ -109,7 +109,7 @@ impl GpuTrainer {
         let slot_len = BatchSlot::len(n, vocab);
         let tape = tape::record_to_vec(&plan);
         let split_len = tape::matmul_shapes(&tape).map(|(k, m)| ops::matmul::weight_grad_scratch_len(n, k, m)).max().unwrap_or(0);
-        let pieces = ops::binding_pieces(layout.len(), gpu.limits.max_storage_buffer_binding_size);
+        let pieces = ops::binding_pieces(layout.len(), elements(gpu.limits.max_storage_buffer_binding_size));
         let bufs = allocating(&gpu, || {
             Ok(Buffers {
                 params: storage(&gpu, "parameters", layout.len())?,

@@ -421,9 +421,8 @@ fn squared_norm_and_adamw_with_clip() {
     let params = random(&mut rng, len, 1.0);
     let (m0, v0) = (random(&mut rng, len, 0.1), random(&mut rng, len, 0.1).iter().map(|x| x * x).collect::<Vec<_>>());
     let sumsq = grad_norm::sum_squares(&Serial, &grads);
-    // Bound in pieces of 256 elements (a 1 KiB binding limit), the decayed range ending inside
-    // the third.
-    let pieces = ops::binding_pieces(len, 1024);
+    // Bound in pieces of 256 elements, the decayed range ending inside the third.
+    let pieces = ops::binding_pieces(len, 256);
     assert_eq!(pieces.len(), 4);
     let partials = pieces.len() * ops::grad_norm::NORM_CHUNKS;
     let (gg, gp, gm, gv, gpart, gstats) = (buffer(&grads), buffer(&params), buffer(&m0), buffer(&v0), fresh(partials), buffer(&[2.5f32, 0.0, 0.0, 0.0]));

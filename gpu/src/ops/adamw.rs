@@ -10,13 +10,12 @@ use std::ops::Range;
 /// [`super::binding_pieces`]); their words change every step ([`words`]). Returns each
 /// dispatch's index in the program.
 pub fn dispatch<'a>(p: &mut ProgramBuilder<'a>, arenas: [View<'a>; 4], pieces: &[Range<usize>], stats: View<'a>) -> Vec<usize> {
-    let piece_of = |v: View<'a>, r: &Range<usize>| Some(View { offset: v.offset + r.start, len: r.len(), ..v });
     pieces
         .iter()
         .map(|r| {
             let groups = r.len().div_ceil(64);
             let x = groups.min(65535);
-            let [params, grads, m, v] = arenas.map(|a| piece_of(a, r));
+            let [params, grads, m, v] = arenas.map(|a| Some(a.part(r.start, r.len())));
             p.push(Kernel::AdamW, &[], &[params, grads, m, v, Some(stats)], [u(x), u(groups.div_ceil(x)), 1])
         })
         .collect()

@@ -16,9 +16,8 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: cross_entropy::Forward<View<'a
     let piece = rows_per_piece(v, p.max_binding());
     for r0 in (0..n).step_by(piece) {
         let rows = piece.min(n - r0);
-        let at = |t: View<'a>, start: usize, len: usize| Some(View { offset: t.offset + start, len, ..t });
         let words = [u(rows), u(v), u32::from(scale.is_some()), scale.unwrap_or(0.0).to_bits(), u(classes)];
-        let views = [at(logits, r0 * v, rows * v), at(losses, r0, rows), at(targets, r0, rows)];
+        let views = [Some(logits.part(r0 * v, rows * v)), Some(losses.part(r0, rows)), Some(targets.part(r0, rows))];
         p.push(Kernel::CrossEntropy, &words, &views, rows_grid(1, rows));
     }
 }

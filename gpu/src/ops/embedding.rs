@@ -15,7 +15,7 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, V
     let (vocab, piece) = (wte.len / c, rows_per_piece(c, p.max_binding()));
     for v0 in (0..vocab).step_by(piece) {
         let v1 = (v0 + piece).min(vocab);
-        let table = View { offset: wte.offset + v0 * c, len: (v1 - v0) * c, ..wte };
+        let table = wte.part(v0 * c, (v1 - v0) * c);
         let words = [u(n), u(c), u(seq), u(decoding.is_some() as usize), u(v0), u(v1)];
         p.push(Kernel::EmbeddingForward, &words, &[Some(out), Some(tokens), Some(table), Some(wpe), decoding], rows_grid(c.div_ceil(64), n));
     }
@@ -31,7 +31,7 @@ pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Backward<View<'a>,
     let piece = rows_per_piece(c, p.max_binding());
     for v0 in (0..vocab).step_by(piece) {
         let rows = piece.min(vocab - v0);
-        let table = View { offset: dwte.offset + v0 * c, len: rows * c, ..dwte };
+        let table = dwte.part(v0 * c, rows * c);
         p.push(Kernel::EmbeddingBackwardWte, &[u(rows), u(c), u(v0)], &[Some(table), Some(order), Some(starts), Some(dout)], rows_grid(c.div_ceil(64), rows));
     }
     let batch = order.len / seq;

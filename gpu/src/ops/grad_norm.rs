@@ -14,11 +14,10 @@ pub const NORM_CHUNKS: usize = 256;
 pub fn sum_squares<'a>(p: &mut ProgramBuilder<'a>, x: View<'a>, pieces: &[Range<usize>], partials: View<'a>, stats: View<'a>, slot: usize) {
     for (i, piece) in pieces.iter().enumerate() {
         let chunk = piece.len().div_ceil(NORM_CHUNKS).max(1);
-        let x = View { offset: x.offset + piece.start, len: piece.len(), ..x };
-        let partials = View { offset: partials.offset + i * NORM_CHUNKS, len: NORM_CHUNKS, ..partials };
+        let views = [Some(x.part(piece.start, piece.len())), Some(partials.part(i * NORM_CHUNKS, NORM_CHUNKS))];
         // Every chunk writes its partial, an empty one zero.
-        p.push(Kernel::SumSquaresPartials, &[u(piece.len()), u(chunk)], &[Some(x), Some(partials)], [u(NORM_CHUNKS), 1, 1]);
+        p.push(Kernel::SumSquaresPartials, &[u(piece.len()), u(chunk)], &views, [u(NORM_CHUNKS), 1, 1]);
     }
     let count = pieces.len() * NORM_CHUNKS;
-    p.push(Kernel::SumSquaresFinish, &[u(count), u(slot)], &[Some(View { len: count, ..partials }), Some(stats)], [1, 1, 1]);
+    p.push(Kernel::SumSquaresFinish, &[u(count), u(slot)], &[Some(partials.part(0, count)), Some(stats)], [1, 1, 1]);
 }

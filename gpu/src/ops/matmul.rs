@@ -79,12 +79,11 @@ impl<'a> Gemm<'a> {
                     // Accumulate into earlier depth blocks; the epilogue once, with the last.
                     let accumulate = if d0 == 0 { self.flags & EPI_ACCUMULATE } else { EPI_ACCUMULATE };
                     let flags = accumulate | if d0 == last_depth { self.flags & !EPI_ACCUMULATE } else { 0 };
-                    let piece = |v: View<'a>, at: usize, len: usize| View { offset: v.offset + at, len, ..v };
-                    let a = piece(self.a, r0 * a_rs + d0 * a_cs, extent(r, a_rs, d, a_cs));
-                    let b = piece(self.b, d0 * b_rs + c0 * b_cs, extent(d, b_rs, c, b_cs));
-                    let out = |v| piece(v, r0 * cols + c0, extent(r, cols, c, 1));
+                    let a = self.a.part(r0 * a_rs + d0 * a_cs, extent(r, a_rs, d, a_cs));
+                    let b = self.b.part(d0 * b_rs + c0 * b_cs, extent(d, b_rs, c, b_cs));
+                    let out = |v: View<'a>| v.part(r0 * cols + c0, extent(r, cols, c, 1));
                     let words = [u(r), u(c), u(d), flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(d), u(cols)];
-                    let views = [Some(a), Some(b), Some(out(self.c)), self.bias.map(|v| piece(v, c0, c)), self.aux.map(out)];
+                    let views = [Some(a), Some(b), Some(out(self.c)), self.bias.map(|v| v.part(c0, c)), self.aux.map(out)];
                     p.push(Kernel::Matmul, &words, &views, [u(c.div_ceil(64)), u(r.div_ceil(64)), 1]);
                 }
             }

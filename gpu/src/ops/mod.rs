@@ -21,17 +21,17 @@ fn u(x: usize) -> u32 {
 }
 
 /// `0..len` cut into consecutive pieces that each fit one storage binding of at most
-/// `max_binding` bytes (starting aligned): how element-wise passes over a whole arena (AdamW,
-/// the gradient norm) bind an arena larger than the adapter binds at once.
-pub fn binding_pieces(len: usize, max_binding: u64) -> Vec<Range<usize>> {
-    let piece = ((max_binding / 4) as usize / ACT_ALIGN * ACT_ALIGN).max(ACT_ALIGN);
+/// `max_binding` elements (starting aligned): how element-wise passes over a whole arena
+/// (AdamW, the gradient norm) bind an arena larger than the adapter binds at once.
+pub fn binding_pieces(len: usize, max_binding: usize) -> Vec<Range<usize>> {
+    let piece = rows_per_piece(1, max_binding);
     (0..len.max(1)).step_by(piece).map(|start| start..(start + piece).min(len)).collect()
 }
 
 /// Rows of `width` elements per piece of a tensor bound in pieces of at most `max_binding`
-/// elements: a multiple of 64 (so that every piece starts aligned), at least 64.
+/// elements: a multiple of [`ACT_ALIGN`] (so that every piece starts aligned), at least one.
 pub fn rows_per_piece(width: usize, max_binding: usize) -> usize {
-    (max_binding / width.max(1) / 64 * 64).max(64)
+    (max_binding / width.max(1) / ACT_ALIGN * ACT_ALIGN).max(ACT_ALIGN)
 }
 
 /// `out [W] += Σ_b partials[b * stride + offset ..][..W]` over `count` row blocks.
