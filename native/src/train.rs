@@ -259,7 +259,12 @@ impl ModelArgs {
             }
             None => GptConfig { vocab_size, block_size: self.block(), n_layer: self.layers, n_head: self.heads, n_embd: self.embd },
         };
-        GptConfig { vocab_size: config.vocab_size.next_multiple_of(self.vocab_pad as usize), ..config }
+        GptConfig { vocab_size: self.padded_vocab(config.vocab_size), ..config }
+    }
+
+    /// A vocabulary of `vocab_size` tokens padded to `--vocab-pad`.
+    pub fn padded_vocab(&self, vocab_size: usize) -> usize {
+        vocab_size.next_multiple_of(self.vocab_pad as usize)
     }
 
     /// `--block`, or its default (64, GPT-2's 1024 with `--model`).
@@ -374,7 +379,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         if block > ck.config.block_size {
             return Err(format!("--block {block} is larger than {}'s context of {} tokens", from.display(), ck.config.block_size));
         }
-        let to = GptConfig { block_size: block, vocab_size: ck.config.vocab_size.next_multiple_of(args.model.vocab_pad as usize), ..ck.config };
+        let to = GptConfig { block_size: block, vocab_size: args.model.padded_vocab(ck.config.vocab_size), ..ck.config };
         ck.params = resize_tables(&ck.params, ck.config, to)?;
         ck.config = to;
         return Ok(Run { config: ck.config, settings: fresh_settings, resume: None, init: Some(ck) });
