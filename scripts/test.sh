@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite (the README's test command), set-up included:
 #   first, what a fresh Debian 12 machine with only Rust lacks is installed once (apt packages:
-#   lavapipe's Vulkan for the GPU tests, g++ for the fuzz target's libFuzzer, Debian's
+#   lavapipe's Vulkan for the GPU tests, g++ for the fuzz target's libFuzzer, Open MPI (and
+#   libclang for its bindings) for the data-parallel tests, Debian's
 #   rustc-web for the no_std builds, Chromium for the browser tests; then the offline wasm
 #   toolchain, scripts/setup-wasm-toolchain.sh; and pip's `tokenizers` in a virtual environment
 #   under target/ for the tokenizer parity test). Each step is skipped when already done, so a
@@ -9,7 +10,7 @@
 #   Then: formatting (cargo fmt --check), unit tests and finite-difference gradient checks,
 #   the zero-allocation test, end-to-end CLI tests (bad input, hostile files and flags, seeded
 #   mutations of every file Alpha reads, out of memory under ulimit, a 10,000-step soak),
-#   cross-crate tests, every GPU kernel and the whole model against the CPU (on any Vulkan
+#   cross-crate tests, data parallelism over MPI (mpirun, 2 ranks), every GPU kernel and the whole model against the CPU (on any Vulkan
 #   adapter; without a GPU, lavapipe), byte-level BPE against Hugging Face `tokenizers` both
 #   ways (scripts/tokenizer_parity.py), the embedding example, the API docs (rustdoc warnings
 #   are errors), the cargo-fuzz target's build, alpha-core's no_std builds, the GEMM tests
@@ -27,7 +28,7 @@ cd "$(dirname "$0")/.."
 # Set-up. Debian's packages, where missing (dpkg knows; nothing is downloaded when all are
 # there). Elsewhere than Debian, install the equivalents and this step finds nothing to do
 # only if dpkg is absent.
-packages="mesa-vulkan-drivers libvulkan1 g++"
+packages="mesa-vulkan-drivers libvulkan1 g++ openmpi-bin libopenmpi-dev libclang-dev"
 if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then packages="$packages rustc-web cargo-web rust-web-src"; fi
 if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then packages="$packages chromium"; fi
 as_root() {
@@ -77,6 +78,9 @@ else
 fi
 
 cargo test --workspace --profile test-opt
+# Data parallelism: the build with MPI, its ranks launched by Open MPI's mpirun (as root in
+# CI containers: the two variables allow it).
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 cargo test --profile test-opt -p alpha-native --features mpi --test mpi
 cargo build -q --profile test-opt -p alpha-native
 "$parity_venv/bin/python" scripts/tokenizer_parity.py target/test-opt/alpha-native
 cargo run --profile test-opt -p alpha-core --example tiny --features alloc

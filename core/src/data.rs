@@ -141,6 +141,17 @@ pub fn sample_batch(rng: &mut Rng, data: Tokens<'_>, seq: usize, inputs: &mut [u
     }
 }
 
+/// Advances `rng` past a batch of `rows` windows of `data` as [`sample_batch`] would draw
+/// them, without reading the tokens: a data-parallel rank skips the micro-batches other ranks
+/// train on, so that every rank's generator stays where one process's would be.
+pub fn skip_batch(rng: &mut Rng, data: Tokens<'_>, seq: usize, rows: usize) {
+    let len = data.len();
+    assert!(len > seq, "a split needs more than {seq} tokens");
+    for _ in 0..rows {
+        rng.below(len - seq);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +170,16 @@ mod tests {
                 assert_eq!(yr[t], xr[t] + 1);
             }
         }
+    }
+
+    #[test]
+    fn skipping_a_batch_draws_as_sampling_it() {
+        let data: Vec<u32> = (0..1000).collect();
+        let (mut sampled, mut skipped) = (Rng::new(3), Rng::new(3));
+        let (mut x, mut y) = ([0u32; 24], [0u32; 24]);
+        sample_batch(&mut sampled, (&data[..]).into(), 8, &mut x, &mut y);
+        skip_batch(&mut skipped, (&data[..]).into(), 8, 3);
+        assert_eq!(sampled.next_u64(), skipped.next_u64());
     }
 
     /// Segments of every kind read as one stream: the same windows as the ids in memory.

@@ -144,6 +144,9 @@ pub enum Phase {
     Forward,
     /// A backward pass.
     Backward,
+    /// Summing the gradients and the loss over data-parallel ranks
+    /// ([`crate::train::Ranks`]; a process on its own skips it).
+    Allreduce,
     /// The global gradient norm.
     GradNorm,
     /// AdamW (with the clip factor folded in).
@@ -157,6 +160,7 @@ impl Phase {
             Phase::Data => "data",
             Phase::Forward => "forward",
             Phase::Backward => "backward",
+            Phase::Allreduce => "allreduce",
             Phase::GradNorm => "grad_norm",
             Phase::Optimizer => "optimizer",
         }

@@ -3,7 +3,7 @@
 
 use crate::config::ConfigError;
 use crate::cpu::{Batch, CpuExecutor};
-use crate::data::{sample_batch, Tokens};
+use crate::data::{sample_batch, skip_batch, Tokens};
 use crate::float::Float;
 use crate::ops::grad_norm;
 use crate::optim::{adamw_step, AdamWConfig, AdamWTensors, LrSchedule};
@@ -82,6 +82,37 @@ pub struct StepStats {
     pub lr: f64,
 }
 
+/// The data-parallel group a trainer belongs to: processes that each run some of a step's
+/// micro-batches and sum their gradients before one identical optimizer step on every rank
+/// (alpha-native's MPI ranks). [`OneRank`] is a process on its own.
+pub trait Ranks<T> {
+    /// This process's place in the group, `0..ranks()`.
+    fn rank(&self) -> usize;
+    /// Processes in the group.
+    fn ranks(&self) -> usize;
+    /// Sums `values` element by element over the group, in place, with the same result on
+    /// every rank.
+    fn sum(&self, values: &mut [T]);
+    /// Sums one number over the group.
+    fn sum_f64(&self, value: f64) -> f64;
+}
+
+/// A process training on its own: the whole step is its.
+pub struct OneRank;
+
+impl<T> Ranks<T> for OneRank {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn ranks(&self) -> usize {
+        1
+    }
+    fn sum(&self, _: &mut [T]) {}
+    fn sum_f64(&self, value: f64) -> f64 {
+        value
+    }
+}
+
 /// Trains a model held in caller memory. `step` and `rng` are the whole training state
 /// beside the arenas: saving them with params and moments makes resuming exact.
 pub struct Trainer<'a, T> {
@@ -133,6 +164,11 @@ impl<'a, T: Float> Trainer<'a, T> {
     pub fn load_batch<'d>(&mut self, data: impl Into<Tokens<'d>>) {
         let (x, y) = self.mem.batch.split_at_mut(self.plan.tokens());
         sample_batch(&mut self.rng, data.into(), self.plan.seq, x, y);
+    }
+
+    /// Draws the next training batch of `data` without loading it (another rank's).
+    fn skip_batch(&mut self, data: Tokens<'_>) {
+        skip_batch(&mut self.rng, data, self.plan.seq, self.plan.batch);
     }
 
     /// Training forward on the loaded batch as micro-batch `micro` of the current step
@@ -202,6 +238,14 @@ impl<'a, T: Float> Trainer<'a, T> {
 
     /// [`Trainer::train_step`], reporting each phase and each op to `obs`.
     pub fn train_step_observed(&mut self, par: &dyn Parallel, data: Tokens<'_>, obs: &mut dyn Observer) -> Result<StepStats, NonFinite> {
+        self.train_step_ranked(par, data, obs, &OneRank)
+    }
+
+    /// [`Trainer::train_step_observed`] as one of `ranks`: the step's `grad_accum`
+    /// micro-batches are drawn in order from the one stream every rank holds, and rank r runs
+    /// those numbered r, r + ranks, ...; gradients and losses are summed over the group, so
+    /// `ranks` processes take the step one process would, up to the order of the sums.
+    pub fn train_step_ranked(&mut self, par: &dyn Parallel, data: Tokens<'_>, obs: &mut dyn Observer, ranks: &dyn Ranks<T>) -> Result<StepStats, NonFinite> {
         fn phase<R>(obs: &mut dyn Observer, p: Phase, f: impl FnOnce(&mut dyn Observer) -> R) -> R {
             obs.phase_begin(p);
             let r = f(&mut *obs);
@@ -211,9 +255,19 @@ impl<'a, T: Float> Trainer<'a, T> {
         self.zero_grads(par);
         let mut loss = 0.0;
         for micro in 0..self.cfg.grad_accum {
+            if micro % ranks.ranks() != ranks.rank() {
+                phase(obs, Phase::Data, |_| self.skip_batch(data));
+                continue;
+            }
             phase(obs, Phase::Data, |_| self.load_batch(data));
             loss += phase(obs, Phase::Forward, |o| self.forward_observed(par, micro, o));
             phase(obs, Phase::Backward, |o| self.backward_observed(par, micro, o));
+        }
+        if ranks.ranks() > 1 {
+            loss = phase(obs, Phase::Allreduce, |_| {
+                ranks.sum(self.mem.grads);
+                ranks.sum_f64(loss)
+            });
         }
         loss /= self.cfg.grad_accum as f64;
         let grad_norm = phase(obs, Phase::GradNorm, |_| self.grad_norm(par));
@@ -235,10 +289,19 @@ impl<'a, T: Float> Trainer<'a, T> {
     /// Mean loss over `iters` random batches of `data` drawn with `rng` (nanoGPT's
     /// `estimate_loss`). Leaves the training state untouched, gradients included.
     pub fn evaluate<'d>(&mut self, par: &dyn Parallel, data: impl Into<Tokens<'d>>, iters: usize, rng: &mut Rng) -> f64 {
-        let data = data.into();
+        self.evaluate_ranked(par, data.into(), iters, rng, &OneRank)
+    }
+
+    /// [`Trainer::evaluate`] as one of `ranks`: rank r evaluates batches r, r + ranks, ... of
+    /// the same draws, and the mean is over all of them.
+    pub fn evaluate_ranked(&mut self, par: &dyn Parallel, data: Tokens<'_>, iters: usize, rng: &mut Rng, ranks: &dyn Ranks<T>) -> f64 {
         let n = self.plan.tokens();
         let mut total = 0.0;
-        for _ in 0..iters {
+        for i in 0..iters {
+            if i % ranks.ranks() != ranks.rank() {
+                skip_batch(rng, data, self.plan.seq, self.plan.batch);
+                continue;
+            }
             let (x, y) = self.mem.batch.split_at_mut(n);
             sample_batch(rng, data, self.plan.seq, x, y);
             let (tokens, targets) = self.mem.batch.split_at(n);
@@ -246,7 +309,7 @@ impl<'a, T: Float> Trainer<'a, T> {
             walk::forward(&mut cpu, self.tape, None);
             total += cpu.loss().unwrap_or(f64::NAN);
         }
-        total / iters.max(1) as f64
+        ranks.sum_f64(total) / iters.max(1) as f64
     }
 }
 

@@ -16,7 +16,7 @@ use alpha_core::model::Sampler;
 use alpha_core::parallel::{Parallel, ThreadPool};
 use alpha_core::run::SAMPLES;
 use alpha_core::tokenizer::{TextStream, Tokenizer};
-use alpha_core::train::{OwnedMemory, RunState, StepStats, TrainConfig, Trainer};
+use alpha_core::train::{OneRank, OwnedMemory, Ranks, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
 use serde_json::{json, Value};
@@ -67,6 +67,8 @@ pub enum Engine<'m> {
         pool: &'m ThreadPool,
         /// Batch-1 memory for samples.
         sampler: Sampler<f32>,
+        /// The data-parallel group it trains in.
+        ranks: &'m dyn Ranks<f32>,
     },
     /// On a GPU.
     Gpu(GpuEngine),
@@ -93,7 +95,7 @@ impl<'m> Engine<'m> {
     pub fn cpu(mem: &'m mut OwnedMemory<f32>, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Self, String> {
         let trainer = mem.resume(plan, cfg, &start).map_err(|e| e.to_string())?;
         let sampler = Sampler::new(plan.config, plan.classes(), plan.config.block_size).map_err(|e| e.to_string())?;
-        Ok(Engine::Cpu { trainer, pool, sampler })
+        Ok(Engine::Cpu { trainer, pool, sampler, ranks: &OneRank })
     }
 
     /// A GPU engine on `gpu` continuing `start`.
@@ -101,6 +103,22 @@ impl<'m> Engine<'m> {
         let trainer = block_on(GpuTrainer::resume(gpu, plan, cfg, &start)).map_err(|e| e.to_string())?;
         let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Gpu(GpuEngine { trainer, sampler, lr: 0.0, unread: 0, profiling: false }))
+    }
+
+    /// This engine as one of `ranks` (data parallelism: see [`Trainer::train_step_ranked`]);
+    /// a GPU engine trains alone.
+    pub fn in_group(mut self, group: &'m dyn Ranks<f32>) -> Result<Self, String> {
+        match &mut self {
+            Engine::Cpu { ranks, .. } => *ranks = group,
+            Engine::Gpu(_) if group.ranks() > 1 => {
+                return Err(format!(
+                    "--backend gpu trains in one process; this run has {} MPI ranks: train on the CPU (--backend cpu) or launch one process",
+                    group.ranks()
+                ))
+            }
+            Engine::Gpu(_) => {}
+        }
+        Ok(self)
     }
 
     /// Optimizer steps taken.
@@ -123,8 +141,8 @@ impl<'m> Engine<'m> {
     /// `report` the step's loss is returned (on the GPU that waits for the step).
     pub fn step(&mut self, data: Tokens<'_>, trace: Option<&mut Trace>, report: bool) -> Result<StepReport, StepError> {
         match self {
-            Engine::Cpu { trainer, pool, .. } => {
-                let s = timed_step(trainer, pool, data, trace).map_err(|e| StepError::Diverged(e.to_string()))?;
+            Engine::Cpu { trainer, pool, ranks, .. } => {
+                let s = timed_step(trainer, pool, data, trace, *ranks).map_err(|e| StepError::Diverged(e.to_string()))?;
                 Ok(StepReport { stats: Some(StepStats { loss: s.loss, grad_norm: s.grad_norm, lr: s.lr }), phases: s.phases })
             }
             Engine::Gpu(g) => g.step(data, trace.filter(|t| t.active()), report),
@@ -144,7 +162,7 @@ impl<'m> Engine<'m> {
     /// nanoGPT's `estimate_loss` for one split: the mean loss of `iters` batches drawn with `rng`.
     pub fn evaluate(&mut self, data: Tokens<'_>, iters: usize, rng: &mut Rng) -> Result<f64, String> {
         match self {
-            Engine::Cpu { trainer, pool, .. } => Ok(trainer.evaluate(*pool, data, iters, rng)),
+            Engine::Cpu { trainer, pool, ranks, .. } => Ok(trainer.evaluate_ranked(*pool, data, iters, rng, *ranks)),
             Engine::Gpu(g) => block_on(g.trainer.evaluate(data, iters, rng)).map_err(|e| e.to_string()),
         }
     }
@@ -152,7 +170,7 @@ impl<'m> Engine<'m> {
     /// A sample of the current model (see [`SAMPLES`]).
     pub fn sample(&mut self, tok: &Tokenizer, seed: u64) -> Result<String, String> {
         match self {
-            Engine::Cpu { trainer, pool, sampler } => Ok(training_sample(sampler, pool, trainer.mem.params, tok, seed)),
+            Engine::Cpu { trainer, pool, sampler, .. } => Ok(training_sample(sampler, pool, trainer.mem.params, tok, seed)),
             Engine::Gpu(g) => {
                 let (mut text, mut out) = (TextStream::default(), String::new());
                 let emit = |id| out.push_str(&text.push(&tok.token_bytes(id)));

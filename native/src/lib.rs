@@ -17,6 +17,7 @@ pub mod hugepages;
 pub mod info;
 pub mod memory;
 pub mod peak;
+pub mod ranks;
 pub mod runfile;
 pub mod sample;
 pub mod step;

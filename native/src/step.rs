@@ -6,7 +6,7 @@ use alpha_core::data::Tokens;
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
 use alpha_core::tape::{Observer, Op, Pass, Phase};
-use alpha_core::train::{NonFinite, RunState, TrainConfig, Trainer};
+use alpha_core::train::{NonFinite, Ranks, RunState, TrainConfig, Trainer};
 use alpha_core::{data, Plan, Rng};
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -21,6 +21,8 @@ pub struct Phases {
     pub forward: f64,
     /// Backward passes.
     pub backward: f64,
+    /// Summing gradients and losses over data-parallel ranks.
+    pub allreduce: f64,
     /// The global gradient norm (the clip factor is folded into the optimizer).
     pub grad_norm: f64,
     /// AdamW, clip factor included.
@@ -42,11 +44,12 @@ pub struct Phases {
 }
 
 impl Phases {
-    fn named(&self) -> [(&'static str, f64); 10] {
+    fn named(&self) -> [(&'static str, f64); 11] {
         [
             ("data", self.data),
             ("forward", self.forward),
             ("backward", self.backward),
+            ("allreduce", self.allreduce),
             ("grad_norm", self.grad_norm),
             ("optimizer", self.optimizer),
             ("eval", self.eval),
@@ -68,6 +71,7 @@ impl Phases {
         self.data += o.data;
         self.forward += o.forward;
         self.backward += o.backward;
+        self.allreduce += o.allreduce;
         self.grad_norm += o.grad_norm;
         self.optimizer += o.optimizer;
         self.eval += o.eval;
@@ -133,6 +137,7 @@ impl Observer for StepTimer<'_> {
             Phase::Data => &mut ph.data,
             Phase::Forward => &mut ph.forward,
             Phase::Backward => &mut ph.backward,
+            Phase::Allreduce => &mut ph.allreduce,
             Phase::GradNorm => &mut ph.grad_norm,
             Phase::Optimizer => &mut ph.optimizer,
         };
@@ -143,14 +148,20 @@ impl Observer for StepTimer<'_> {
     }
 }
 
-/// One optimizer step ([`Trainer::train_step_observed`]) with each phase timed, and traced
+/// One optimizer step ([`Trainer::train_step_ranked`], as one of `ranks`) with each phase timed, and traced
 /// (step, phases, ops) while `trace` is active (counting the step). A non-finite loss or norm
 /// is an error and the update is not applied.
-pub fn timed_step(trainer: &mut Trainer<'_, f32>, pool: &ThreadPool, data: Tokens<'_>, trace: Option<&mut Trace>) -> Result<TimedStep, NonFinite> {
+pub fn timed_step(
+    trainer: &mut Trainer<'_, f32>,
+    pool: &ThreadPool,
+    data: Tokens<'_>,
+    trace: Option<&mut Trace>,
+    ranks: &dyn Ranks<f32>,
+) -> Result<TimedStep, NonFinite> {
     let start = Instant::now();
     let step = trainer.step;
     let mut timer = StepTimer { phases: Phases::default(), phase_start: start, trace: trace.filter(|t| t.active()) };
-    let stats = trainer.train_step_observed(pool, data, &mut timer)?;
+    let stats = trainer.train_step_ranked(pool, data, &mut timer, ranks)?;
     timer.phases.close(start.elapsed().as_secs_f64());
     if let Some(t) = timer.trace {
         t.span("step", start, Instant::now(), json!({"step": step, "loss": stats.loss}));

@@ -7,6 +7,7 @@ use crate::dataset::{self, Dataset};
 use crate::device::DeviceArgs;
 use crate::engine::{Engine, StepError};
 use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, write_atomic, RunLock};
+use crate::ranks::{fingerprint, fingerprint_text, fingerprint_tokens, Group};
 use crate::runfile::{self, RUN_FILE};
 use crate::step::Phases;
 use crate::trace::Trace;
@@ -15,7 +16,7 @@ use alpha_core::parallel::Parallel;
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::run::{Action, Cadence, RunLoop, DEFAULT};
 use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
-use alpha_core::train::RunState;
+use alpha_core::train::{Ranks, RunState};
 use alpha_core::{data, GptConfig, Plan, Rng};
 use clap::Args;
 use indicatif::{HumanDuration, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -312,26 +313,33 @@ pub const CHECKPOINT_FILE: &str = "ckpt.safetensors";
 /// with other lines printed above it; plain lines on stdout otherwise (CI, `| tee`).
 struct Console {
     bar: ProgressBar,
+    /// Whether it prints at all (only rank 0 of a data-parallel run does).
+    shown: bool,
 }
 
 impl Console {
-    fn new(iters: u64, position: u64) -> Console {
-        let on_terminal = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+    fn new(iters: u64, position: u64, shown: bool) -> Console {
+        let on_terminal = shown && std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
         let target = if on_terminal { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
         let bar = ProgressBar::with_draw_target(Some(iters), target);
         // Only the message is as wide as the terminal leaves room for, cut to fit, so the line
         // never wraps: the step, ETA, loss and speed go into it.
         bar.set_style(ProgressStyle::with_template("{bar:20.cyan/blue} {wide_msg}").expect("static template").progress_chars("##-"));
         bar.set_position(position);
-        Console { bar }
+        Console { bar, shown }
     }
 
     fn line(&self, msg: &str) {
-        if self.bar.is_hidden() {
+        if self.plain() {
             println!("{msg}");
-        } else {
+        } else if self.shown {
             self.bar.println(msg);
         }
+    }
+
+    /// Whether it prints plain lines (no bar).
+    fn plain(&self) -> bool {
+        self.shown && self.bar.is_hidden()
     }
 
     /// Moves the bar to step `done` of `iters` with the latest loss and speed.
@@ -507,6 +515,15 @@ fn validate(args: &TrainArgs, s: &TrainSettings) -> Result<(), String> {
     Ok(())
 }
 
+/// What rank 0 writes to while the run lasts (the other ranks have none of it).
+#[derive(Default)]
+struct Outputs {
+    trace: Option<Trace>,
+    /// The output directory's lock, held until the run ends.
+    lock: Option<RunLock>,
+    metrics: Option<File>,
+}
+
 /// The run's files: what it reads and what it writes.
 struct Files<'a> {
     data: Option<&'a Path>,
@@ -545,6 +562,32 @@ impl Files<'_> {
         check_outputs_distinct(taken, &[("--metrics", args.metrics.as_deref()), ("--trace", args.trace.as_deref())])
     }
 
+    /// Checks the outputs ([`Files::check`]), opens the trace, creates the output directory
+    /// and locks it, clears stale temporary files, refuses to replace a checkpoint or a run
+    /// file that is not this run's, and opens the metrics: rank 0's set-up of the outputs.
+    fn prepare(&self, args: &TrainArgs) -> Result<Outputs, String> {
+        self.check(args)?;
+        let trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
+        std::fs::create_dir_all(&self.out).map_err(|e| format!("cannot create {}: {e}", self.out.display()))?;
+        // Held until the run ends; a second run into this directory stops here.
+        let lock = RunLock::acquire(&self.out)?;
+        for output in [&self.checkpoint, &self.run_file] {
+            remove_stale_temps(output).map_err(|e| format!("cannot clean up {}: {e}", self.out.display()))?;
+        }
+        let resuming_in_place = args.resume.as_ref().is_some_and(|r| same_file(r, &self.checkpoint));
+        if self.checkpoint.exists() && !resuming_in_place && !args.overwrite {
+            let ckpt = self.checkpoint.display();
+            return Err(format!("{ckpt} already exists; resume it with --resume {ckpt}, choose another --out, or pass --overwrite"));
+        }
+        // The run file beside the checkpoint is replaced when it is one this program wrote.
+        let ours = std::fs::read_to_string(&self.run_file).is_ok_and(|t| t.starts_with(RUN_FILE_HEADER));
+        if self.run_file.exists() && !ours && !args.overwrite {
+            return Err(format!("{} exists and is not a run file alpha-native wrote; choose another --out, or pass --overwrite", self.run_file.display()));
+        }
+        let metrics = args.metrics.as_deref().map(|p| self.open_metrics(p, args.resume.is_some(), args.overwrite)).transpose()?;
+        Ok(Outputs { trace, lock: Some(lock), metrics })
+    }
+
     /// The metrics file: a fresh run starts it (an existing one only with --overwrite), a
     /// resumed run appends to it.
     fn open_metrics(&self, path: &Path, resumed: bool, overwrite: bool) -> Result<File, String> {
@@ -572,6 +615,19 @@ impl Files<'_> {
 /// Runs `train`. `explicit(flag)` tells whether a flag (clap id, e.g. `"min_lr"`) was given on
 /// the command line, which decides what a resumed run takes from its checkpoint.
 pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), String> {
+    let group = Group::launched()?;
+    if group.ranks() == 1 {
+        return run_in(args, explicit, &group);
+    }
+    // One rank's error stops them all (the others would wait for it forever).
+    run_in(args, explicit, &group).unwrap_or_else(|e| group.fail(&e));
+    Ok(())
+}
+
+/// [`run`] as one rank of `group`: rank 0 writes everything (console, metrics, samples,
+/// checkpoints, the run file, the trace); every rank trains its share of each step.
+fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> Result<(), String> {
+    let root = group.is_root();
     let mut run = resolve(args, explicit)?;
     validate(args, &run.settings)?;
     let s = run.settings.clone();
@@ -634,29 +690,9 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     let config_file = args.config.as_deref().filter(|c| c.exists());
     let (checkpoint, run_file) = (out.join(CHECKPOINT_FILE), out.join(RUN_FILE));
     let files = Files { data: data_path, resume: args.resume.as_deref(), config: config_file, checkpoint, run_file, out };
-    files.check(args)?;
-    let mut trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
-    std::fs::create_dir_all(&files.out).map_err(|e| format!("cannot create {}: {e}", files.out.display()))?;
-    // Held until the run ends; a second run into this directory stops here.
-    let _lock = RunLock::acquire(&files.out)?;
-    for output in [&files.checkpoint, &files.run_file] {
-        remove_stale_temps(output).map_err(|e| format!("cannot clean up {}: {e}", files.out.display()))?;
-    }
     let ckpt_path = &files.checkpoint;
-    let resuming_in_place = args.resume.as_ref().is_some_and(|r| same_file(r, ckpt_path));
-    if ckpt_path.exists() && !resuming_in_place && !args.overwrite {
-        return Err(format!(
-            "{} already exists; resume it with --resume {}, choose another --out, or pass --overwrite",
-            ckpt_path.display(),
-            ckpt_path.display()
-        ));
-    }
-    // The run file beside the checkpoint is replaced when it is one this program wrote.
-    let ours = std::fs::read_to_string(&files.run_file).is_ok_and(|t| t.starts_with(RUN_FILE_HEADER));
-    if files.run_file.exists() && !ours && !args.overwrite {
-        return Err(format!("{} exists and is not a run file alpha-native wrote; choose another --out, or pass --overwrite", files.run_file.display()));
-    }
-    let mut metrics = args.metrics.as_deref().map(|p| files.open_metrics(p, args.resume.is_some(), args.overwrite)).transpose()?;
+    // Only rank 0 writes: the others neither check nor touch the outputs.
+    let Outputs { mut trace, lock: _lock, mut metrics } = if root { files.prepare(args)? } else { Outputs::default() };
 
     let resumed_best = run.resume.as_ref().and_then(|ck| ck.optimizer.as_ref()).and_then(|(_, _, state)| state.best_val_loss);
     let start = match run.resume.take() {
@@ -672,11 +708,21 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         },
     };
     let start_step = start.step;
-    let cfg = s.train_config();
+    // N ranks of --grad-accum G take the step one process of --grad-accum N*G takes.
+    let mut cfg = s.train_config();
+    cfg.grad_accum *= group.ranks();
+    cfg.validate().map_err(|e| format!("--grad-accum {} on {} ranks: {e}", s.grad_accum, group.ranks()))?;
     let mut cpu_memory = None;
-    let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;
+    let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?.in_group(group)?;
     let resolved = resolved_run_file(args, &run.config, &s);
-    write_atomic(&files.run_file, resolved.as_bytes()).map_err(|e| format!("cannot write {}: {e}", files.run_file.display()))?;
+    if group.ranks() > 1 {
+        let (train_ids, val_ids) = (fingerprint_tokens(train_tokens), fingerprint_tokens(val_tokens));
+        let params = fingerprint(&engine.state()?.0, f32::to_bits);
+        group.agree(&[("settings", fingerprint_text(&resolved)), ("training data", train_ids), ("validation data", val_ids), ("starting weights", params)])?;
+    }
+    if root {
+        write_atomic(&files.run_file, resolved.as_bytes()).map_err(|e| format!("cannot write {}: {e}", files.run_file.display()))?;
+    }
 
     let interrupted = Arc::new(AtomicBool::new(false));
     {
@@ -689,7 +735,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         });
     }
 
-    let console = Console::new(s.iters, start_step);
+    let console = Console::new(s.iters, start_step, root);
     let params_count = plan.num_params();
     let what = match (&args.init_from, start_step) {
         (_, 1..) => format!("resuming at step {start_step}"),
@@ -705,14 +751,17 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
         run.config.n_embd,
         s.batch,
         s.grad_accum,
-        engine.describe(),
+        match group.ranks() {
+            1 => engine.describe(),
+            n => format!("{n} MPI ranks of {} each", engine.describe()),
+        },
         s.data
     ));
     let device = engine.device_json();
     write_metrics(
         &mut metrics,
         json!({"type": "start", "step": start_step, "params": params_count,
-        "config": run.config, "settings": s, "device": device}),
+        "config": run.config, "settings": s, "device": device, "ranks": group.ranks()}),
     )?;
 
     // What is on disk when the run stops early: the last checkpoint it saved, or the one it
@@ -730,7 +779,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     // thread is writing from it, joined (handing the snapshot back) before the next save and
     // at the end of the run, where its error (if any) stops the run.
     let buffer = || alpha_core::plan::try_vec("the checkpoint snapshot", plan.params_len(), f32::NAN).map_err(|e| format!("--async-checkpoint: {e}"));
-    let snapshot: RefCell<Option<Snapshot>> = RefCell::new(if args.async_checkpoint { Some([buffer()?, buffer()?, buffer()?]) } else { None });
+    let snapshot: RefCell<Option<Snapshot>> = RefCell::new(if args.async_checkpoint && root { Some([buffer()?, buffer()?, buffer()?]) } else { None });
     let pending: RefCell<Option<std::thread::JoinHandle<Result<Snapshot, String>>>> = RefCell::new(None);
     let finish_pending = || -> Result<(), String> {
         if let Some(writer) = pending.borrow_mut().take() {
@@ -742,6 +791,9 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     // state and saves in the background); a model that is not finite is never saved.
     let save = |engine: &mut Engine<'_>, last_saved: Option<u64>, best_val_loss: Option<f64>| -> Result<(), String> {
         engine.check().map_err(|e| diverged(e, last_saved))?;
+        if !root {
+            return Ok(());
+        }
         let step = engine.step_count();
         let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone(), best_val_loss };
         let (params, m, v) = engine.state()?;
@@ -763,7 +815,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     };
     let best_mode = args.save == SaveMode::Best;
     let mut best_val_loss = resumed_best.filter(|_| best_mode);
-    let tokens_per_step = (plan.tokens() * s.grad_accum) as f64;
+    let tokens_per_step = (plan.tokens() * cfg.grad_accum) as f64;
     let mut window = Phases::default();
     let mut window_steps = 0u64;
     let mut window_start = Instant::now();
@@ -799,6 +851,8 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
                     write_metrics(&mut metrics, json!({"type": "save", "step": step}))?;
                 }
             }
+            // Rank 0 samples; sampling leaves the training state as it was.
+            Action::Sample if !root => {}
             Action::Sample => {
                 let t = Instant::now();
                 let text = engine.sample(&tokenizer, derive_seed(s.seed, stream::SAMPLES, step))?;
@@ -807,7 +861,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
                 write_metrics(&mut metrics, json!({"type": "sample", "step": step, "text": text}))?;
             }
             Action::Finish => break Ok(false),
-            Action::Train { .. } if interrupted.load(Ordering::SeqCst) => break Ok(true),
+            Action::Train { .. } if group.any(interrupted.load(Ordering::SeqCst)) => break Ok(true),
             Action::Train { log } => {
                 let done = step + 1;
                 let report = match engine.step(train_tokens, trace.as_mut(), log) {
@@ -824,7 +878,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
                     window.close(window_start.elapsed().as_secs_f64());
                     let ms_per_step = window.total * 1e3 / n;
                     let tok_s = tokens_per_step * n / window.total;
-                    if console.bar.is_hidden() {
+                    if console.plain() {
                         println!(
                             "step {step}: loss {:.4}, lr {:.3e}, grad norm {:.3}, {ms_per_step:.1} ms/step, {tok_s:.0} tok/s",
                             st.loss, st.lr, st.grad_norm
@@ -867,6 +921,9 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
     }
     traced?;
     let steps = engine.step_count();
+    if !root {
+        return Ok(());
+    }
     if best_mode {
         let ended = if interrupted { format!("interrupted at step {steps}") } else { format!("done: {steps} steps") };
         match (last_saved, best_val_loss) {

@@ -127,6 +127,20 @@ fn bad_checkpoints_and_texts_are_clear_errors() {
 /// N+M steps in one run equal N steps, save, resume, M steps: loss for loss, bit for bit,
 /// and the final checkpoints hold identical tensors. With dropout, which the checkpoint keeps
 /// and whose masks the resumed run draws as the whole run did.
+/// A build without MPI launched as several MPI processes (mpirun sets the world size in the
+/// environment) says how to build one with it instead of training N copies into one place.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn ranks_need_a_build_with_mpi() {
+    let dir = workdir("no-mpi");
+    text_file(&dir);
+    let o = Command::new(BIN).args(["train", "--data", "text.txt", "--iters", "1"]).env("OMPI_COMM_WORLD_SIZE", "2").current_dir(&dir).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end(), "error: launched as one of 2 MPI processes, but this alpha-native was built without MPI: build it with `cargo build --release -p alpha-native --features mpi`");
+    assert!(!dir.join("out").exists());
+}
+
 #[test]
 fn resume_is_exact() {
     let dir = workdir("resume");

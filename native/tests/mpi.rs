@@ -1,0 +1,177 @@
+//! Data parallelism over MPI (a build with `--features mpi`, Open MPI's `mpirun` on PATH):
+//! N ranks take the step one process of N times the gradient accumulation takes, rank 0
+//! alone writes, ranks that disagree are named, and a dead rank stops the run.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// `mpirun -np ranks alpha-native ARGS` in `dir` (as root too: CI containers run as root),
+/// with extra mpirun options before the program.
+fn mpirun(dir: &Path, ranks: usize, mpi_options: &[&str], args: &[&str]) -> Command {
+    let mut c = Command::new("mpirun");
+    c.current_dir(dir)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "-np", &ranks.to_string()])
+        .args(mpi_options)
+        .arg(BIN)
+        .args(args);
+    c
+}
+
+/// The tiny model's training flags with `extra`.
+fn train_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["train", "--data", "text.txt", "--threads", "1", "--log-interval", "1"];
+    args.extend(TINY);
+    args.extend(extra);
+    args
+}
+
+/// The train and eval losses of a metrics file, in order.
+fn losses(metrics: &Path) -> Vec<f64> {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .flat_map(|r| ["loss", "train_loss", "val_loss"].map(|k| r[k].as_f64()))
+        .flatten()
+        .collect()
+}
+
+fn assert_close(ranked: &[f64], alone: &[f64], what: &str) {
+    assert_eq!(ranked.len(), alone.len(), "{what}: the runs logged different records");
+    for (i, (a, b)) in ranked.iter().zip(alone).enumerate() {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "{what}: record {i}: {a} on ranks, {b} alone");
+    }
+}
+
+/// Two ranks of batch B take the steps one process of `--grad-accum 2` takes (dropout and
+/// evaluation included), up to the order of the sums; with `--grad-accum 2` on each rank, those
+/// of `--grad-accum 4`. Only rank 0 writes: one metrics file of one run, one checkpoint.
+#[test]
+fn ranks_take_the_step_of_one_process() {
+    let dir = workdir("mpi-equivalence");
+    text_file(&dir);
+    let common = ["--iters", "8", "--eval-interval", "4", "--eval-iters", "3", "--sample-interval", "4", "--dropout", "0.1"];
+    for accum in [1usize, 2] {
+        let (ranked, alone) = (format!("ranked{accum}"), format!("alone{accum}"));
+        let (per_rank, whole) = (accum.to_string(), (2 * accum).to_string());
+        let o =
+            mpirun(&dir, 2, &[], &train_args(&[&common[..], &["--grad-accum", &per_rank, "--out", &ranked, "--metrics", &format!("{ranked}.jsonl")]].concat()))
+                .output()
+                .unwrap();
+        assert_ok(&o);
+        let out = stdout(&o);
+        assert_eq!(out.matches("training from scratch").count(), 1, "one rank prints: {out}");
+        assert!(out.contains("on 2 MPI ranks of 1 threads each"), "{out}");
+        assert_eq!(out.matches("--- sample at step 4 ---").count(), 1, "{out}");
+        let o = run(&dir, &train_args(&[&common[..], &["--grad-accum", &whole, "--out", &alone, "--metrics", &format!("{alone}.jsonl")]].concat()));
+        assert_ok(&o);
+        let (a, b) = (losses(&dir.join(format!("{ranked}.jsonl"))), losses(&dir.join(format!("{alone}.jsonl"))));
+        assert_eq!(b.len(), 8 + 3 * 2, "8 steps and 3 evaluations of two splits");
+        assert_close(&a, &b, &format!("--grad-accum {accum} on 2 ranks"));
+        let metrics = std::fs::read_to_string(dir.join(format!("{ranked}.jsonl"))).unwrap();
+        assert_eq!(metrics.matches(r#""type":"start""#).count(), 1);
+        assert!(metrics.contains(r#""ranks":2"#));
+        let (x, y) = (
+            alpha_native::checkpoint::load(&dir.join(ranked).join("ckpt.safetensors")).unwrap(),
+            alpha_native::checkpoint::load(&dir.join(alone).join("ckpt.safetensors")).unwrap(),
+        );
+        let worst = x.params.iter().zip(&y.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "parameters after 8 steps differ by {worst}");
+    }
+}
+
+/// A multi-node launch: the ranks placed by a hostfile (this machine's name, two slots).
+#[test]
+fn a_hostfile_places_the_ranks() {
+    let dir = workdir("mpi-hostfile");
+    text_file(&dir);
+    std::fs::write(dir.join("hosts"), "localhost slots=2\n").unwrap();
+    let args = train_args(&["--iters", "3", "--out", "out", "--metrics", "m.jsonl", "--eval-interval", "3", "--eval-iters", "2", "--sample-interval", "0"]);
+    assert_ok(&mpirun(&dir, 2, &["--hostfile", "hosts"], &args).output().unwrap());
+    let alone = train_args(&[
+        "--iters",
+        "3",
+        "--out",
+        "alone",
+        "--metrics",
+        "alone.jsonl",
+        "--eval-interval",
+        "3",
+        "--eval-iters",
+        "2",
+        "--sample-interval",
+        "0",
+        "--grad-accum",
+        "2",
+    ]);
+    assert_ok(&run(&dir, &alone));
+    assert_close(&losses(&dir.join("m.jsonl")), &losses(&dir.join("alone.jsonl")), "hostfile");
+}
+
+/// Ranks launched with different flags stop at the start, naming what differs; nothing is
+/// trained.
+#[test]
+fn ranks_that_disagree_are_named() {
+    let dir = workdir("mpi-mismatch");
+    text_file(&dir);
+    let base = train_args(&["--iters", "3", "--out", "out", "--eval-interval", "0", "--sample-interval", "0"]);
+    let mut c = mpirun(&dir, 1, &[], &base);
+    c.arg(":").args(["-np", "1", BIN]).args(&base).args(["--lr", "0.002"]);
+    let o: Output = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.lines().any(|l| l == "error: the ranks do not train the same run: rank 1's settings differ from rank 0's; give every rank the same flags, files and build"), "{err}");
+    assert!(!dir.join("out/ckpt.safetensors").exists());
+}
+
+/// A rank killed mid-run stops the others within 60 s with a non-zero status, and the last
+/// checkpoint rank 0 wrote is whole (it evaluates).
+#[test]
+fn a_dead_rank_stops_the_run() {
+    let dir = workdir("mpi-fault");
+    text_file(&dir);
+    let args = train_args(&["--iters", "1000000", "--out", "out", "--checkpoint-interval", "5", "--eval-interval", "0", "--sample-interval", "0"]);
+    let mut job = mpirun(&dir, 2, &[], &args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let ckpt = dir.join("out/ckpt.safetensors");
+    let started = Instant::now();
+    while !ckpt.exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "no checkpoint within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let victim = rank_pid(&dir, 1);
+    assert!(Command::new("kill").args(["-9", &victim.to_string()]).status().unwrap().success());
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = job.try_wait().unwrap() {
+            break s;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(60), "the run went on 60 s after a rank died");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let o = run(&dir, &["eval", "--checkpoint", "out/ckpt.safetensors", "--text", "text.txt"]);
+    assert!(json_of(&o)["loss"].as_f64().unwrap().is_finite());
+}
+
+/// The process id of the alpha-native process running in `dir` as rank `rank` (its
+/// environment says which).
+fn rank_pid(dir: &Path, rank: usize) -> u32 {
+    let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let exe = std::fs::read_link(entry.path().join("exe")).unwrap_or_default();
+        let cwd = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if exe == Path::new(BIN).canonicalize().unwrap() && cwd == dir.canonicalize().unwrap() && env.split(|&b| b == 0).any(|v| v == wanted.as_bytes()) {
+            return pid;
+        }
+    }
+    panic!("no alpha-native process is rank {rank}")
+}
