@@ -91,19 +91,22 @@ pub struct AdamWTensors<'a, T> {
     pub params: &'a mut [T],
     /// Their gradients (read).
     pub grads: &'a [T],
-    /// First moments (updated).
+    /// First moments (updated) of the parameters from `shard_start` on.
     pub m: &'a mut [T],
-    /// Second moments (updated).
+    /// Second moments (updated), as many as `m`.
     pub v: &'a mut [T],
+    /// The first parameter the moments belong to: 0 (all of them), or where a ZeRO-1 rank's
+    /// shard starts. Only the parameters the moments cover are updated.
+    pub shard_start: usize,
 }
 
-/// One AdamW update of every parameter. `step` is 1-based (bias correction); `grad_scale`
-/// multiplies every gradient first (the clip factor). Moments and parameters are updated in
-/// one pass; gradients are left as they were.
+/// One AdamW update of every parameter the moments cover (all, or a ZeRO-1 shard). `step` is
+/// 1-based (bias correction); `grad_scale` multiplies every gradient first (the clip factor).
+/// Moments and parameters are updated in one pass; gradients are left as they were.
 pub fn adamw_step<T: Float>(par: &dyn Parallel, plan: &Plan, t: AdamWTensors<'_, T>, cfg: &AdamWConfig, lr: f64, step: u64, grad_scale: f64) {
-    let AdamWTensors { params, grads, m, v } = t;
-    let len = plan.params_len();
-    assert!(params.len() == len && grads.len() == len && m.len() == len && v.len() == len);
+    let AdamWTensors { params, grads, m, v, shard_start } = t;
+    let len = m.len();
+    assert!(params.len() == plan.params_len() && grads.len() == params.len() && v.len() == len && shard_start + len <= params.len());
     let bc1 = 1.0 - libm::pow(cfg.beta1, step as f64);
     let bc2_sqrt = libm::sqrt(1.0 - libm::pow(cfg.beta2, step as f64));
     let b2 = T::from_f64(cfg.beta2);
@@ -115,6 +118,7 @@ pub fn adamw_step<T: Float>(par: &dyn Parallel, plan: &Plan, t: AdamWTensors<'_,
     let (p_ptr, m_ptr, v_ptr) = (SharedMut(params.as_mut_ptr()), SharedMut(m.as_mut_ptr()), SharedMut(v.as_mut_ptr()));
     par.run(tasks, &|task| {
         let mine = split_range(len, tasks, task);
+        let mine = shard_start + mine.start..shard_start + mine.end;
         for info in plan.params() {
             let lo = info.span.offset.max(mine.start);
             let hi = info.span.end().min(mine.end);
@@ -122,7 +126,7 @@ pub fn adamw_step<T: Float>(par: &dyn Parallel, plan: &Plan, t: AdamWTensors<'_,
                 continue;
             }
             // SAFETY: tasks own disjoint element ranges.
-            let (p, mm, vv) = unsafe { (p_ptr.slice(lo, hi - lo), m_ptr.slice(lo, hi - lo), v_ptr.slice(lo, hi - lo)) };
+            let (p, mm, vv) = unsafe { (p_ptr.slice(lo, hi - lo), m_ptr.slice(lo - shard_start, hi - lo), v_ptr.slice(lo - shard_start, hi - lo)) };
             let decay = if info.kind.is_matrix() { decay } else { T::ONE };
             let k = AdamConsts { scale, decay, one_m_b1, b2, one_m_b2, bc2_sqrt, eps, step_size };
             adamw_update(p, mm, vv, &grads[lo..hi], k);
@@ -178,7 +182,7 @@ mod adamw_tests {
         let (lr, clip) = (0.01, 0.5);
         for step in 1..=2u64 {
             let g: Vec<f64> = (0..n).map(|i| ((i + step as usize) as f64 * 0.91).cos()).collect();
-            adamw_step(&Serial, &plan, AdamWTensors { params: &mut p, grads: &g, m: &mut m, v: &mut v }, &cfg, lr, step, clip);
+            adamw_step(&Serial, &plan, AdamWTensors { params: &mut p, grads: &g, m: &mut m, v: &mut v, shard_start: 0 }, &cfg, lr, step, clip);
             for info in plan.params() {
                 for i in info.span.range() {
                     let gi = g[i] * clip;
@@ -196,5 +200,29 @@ mod adamw_tests {
         for i in 0..n {
             assert!((p[i] - rp[i]).abs() < 1e-12, "param {i}: {} vs {}", p[i], rp[i]);
         }
+    }
+
+    /// ZeRO-1: updating the shards one by one, each with its part of the moments, is the
+    /// whole update bit for bit (and a shard leaves the other parameters alone).
+    #[test]
+    fn shards_update_as_the_whole() {
+        let plan = Plan::new(GptConfig { vocab_size: 5, block_size: 3, n_layer: 2, n_head: 1, n_embd: 4 }, 1, 1).unwrap();
+        let n = plan.params_len();
+        let cfg = AdamWConfig { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 };
+        let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.91).cos()).collect();
+        let start: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let (mut whole, mut m, mut v) = (start.clone(), vec![0.1f32; n], vec![0.2f32; n]);
+        adamw_step(&Serial, &plan, AdamWTensors { params: &mut whole, grads: &g, m: &mut m, v: &mut v, shard_start: 0 }, &cfg, 0.01, 3, 0.5);
+        let mut sharded = start.clone();
+        for rank in 0..3 {
+            let s = crate::train::shard(n, 3, rank);
+            let (mut sm, mut sv) = (vec![0.1f32; s.len()], vec![0.2f32; s.len()]);
+            let before = sharded.clone();
+            let t = AdamWTensors { params: &mut sharded, grads: &g, m: &mut sm, v: &mut sv, shard_start: s.start };
+            adamw_step(&Serial, &plan, t, &cfg, 0.01, 3, 0.5);
+            assert_eq!((&sm[..], &sv[..]), (&m[s.clone()], &v[s.clone()]));
+            assert!((0..n).filter(|i| !s.contains(i)).all(|i| sharded[i] == before[i]));
+        }
+        assert_eq!(sharded, whole);
     }
 }

@@ -44,9 +44,10 @@ pub struct Memory<'a, T> {
     pub params: &'a mut [T],
     /// Gradients (`plan.params_len()`).
     pub grads: &'a mut [T],
-    /// AdamW first moments (`plan.params_len()`).
+    /// AdamW first moments (`plan.params_len()`, or a ZeRO-1 shard's length: see
+    /// [`Trainer::with_shard`]).
     pub adam_m: &'a mut [T],
-    /// AdamW second moments (`plan.params_len()`).
+    /// AdamW second moments (as many as `adam_m`).
     pub adam_v: &'a mut [T],
     /// Activations and scratch (`plan.acts_len()`).
     pub acts: &'a mut [T],
@@ -95,12 +96,26 @@ pub trait Ranks<T> {
     fn sum(&self, values: &mut [T]);
     /// Sums one number over the group.
     fn sum_f64(&self, value: f64) -> f64;
+    /// ZeRO-1's reduce-scatter: sums `values` over the group in this rank's [`shard`] of
+    /// them; the rest is left undefined.
+    fn sum_shard(&self, values: &mut [T]);
+    /// ZeRO-1's all-gather: every rank's [`shard`] of `values`, from that rank, on every rank.
+    fn gather_shards(&self, values: &mut [T]);
+    /// Every rank's `mine` (its [`shard`] of `all.len()` values) into `all` on rank 0 (for a
+    /// checkpoint); other ranks pass an empty `all`.
+    fn collect_shards(&self, mine: &[T], all: &mut [T]);
+}
+
+/// Rank `rank`'s part of `len` values split over `ranks` (ZeRO-1's shards of the parameters,
+/// gradients and AdamW moments): contiguous, in rank order, sizes differing by at most one.
+pub fn shard(len: usize, ranks: usize, rank: usize) -> core::ops::Range<usize> {
+    split_range(len, ranks, rank)
 }
 
 /// A process training on its own: the whole step is its.
 pub struct OneRank;
 
-impl<T> Ranks<T> for OneRank {
+impl<T: Copy> Ranks<T> for OneRank {
     fn rank(&self) -> usize {
         0
     }
@@ -110,6 +125,11 @@ impl<T> Ranks<T> for OneRank {
     fn sum(&self, _: &mut [T]) {}
     fn sum_f64(&self, value: f64) -> f64 {
         value
+    }
+    fn sum_shard(&self, _: &mut [T]) {}
+    fn gather_shards(&self, _: &mut [T]) {}
+    fn collect_shards(&self, mine: &[T], all: &mut [T]) {
+        all.copy_from_slice(mine);
     }
 }
 
@@ -127,17 +147,31 @@ pub struct Trainer<'a, T> {
     pub step: u64,
     /// Draws the training batches.
     pub rng: Rng,
+    /// The parameters whose AdamW moments this trainer holds and updates: all of them, or
+    /// its ZeRO-1 shard.
+    shard: core::ops::Range<usize>,
 }
 
 impl<'a, T: Float> Trainer<'a, T> {
     /// A trainer over `mem`, which must match `plan`; `tape` must be `record(plan)`.
     pub fn new(plan: Plan, tape: &'a [Op], mem: Memory<'a, T>, cfg: TrainConfig, rng: Rng) -> Result<Self, ConfigError> {
+        Self::with_shard(plan, tape, mem, cfg, rng, 0..plan.params_len())
+    }
+
+    /// A trainer whose AdamW moments (in `mem`) are those of `shard` of the parameters only
+    /// (ZeRO-1: `shard` is this rank's [`shard`] of them, and each step it updates those
+    /// parameters and gathers the others from the other ranks; see
+    /// [`Trainer::train_step_ranked`]).
+    pub fn with_shard(plan: Plan, tape: &'a [Op], mem: Memory<'a, T>, cfg: TrainConfig, rng: Rng, shard: core::ops::Range<usize>) -> Result<Self, ConfigError> {
         let p = plan.params_len();
+        if shard.end > p {
+            return Err(ConfigError::BufferTooSmall { what: "params (for the moments' shard)", needed: shard.end, given: p });
+        }
         for (what, len, needed) in [
             ("params", mem.params.len(), p),
             ("grads", mem.grads.len(), p),
-            ("adam_m", mem.adam_m.len(), p),
-            ("adam_v", mem.adam_v.len(), p),
+            ("adam_m", mem.adam_m.len(), shard.len()),
+            ("adam_v", mem.adam_v.len(), shard.len()),
             ("acts", mem.acts.len(), plan.acts_len()),
             ("batch", mem.batch.len(), 2 * plan.tokens()),
         ] {
@@ -146,7 +180,7 @@ impl<'a, T: Float> Trainer<'a, T> {
             }
         }
         cfg.validate()?;
-        Ok(Trainer { plan, tape, mem, cfg, step: 0, rng })
+        Ok(Trainer { plan, tape, mem, cfg, step: 0, rng, shard })
     }
 
     /// Zeroes the gradients (start of an optimizer step), split across `par`'s threads.
@@ -226,7 +260,7 @@ impl<'a, T: Float> Trainer<'a, T> {
         let lr = self.lr();
         self.step += 1;
         let m = &mut self.mem;
-        let tensors = AdamWTensors { params: m.params, grads: m.grads, m: m.adam_m, v: m.adam_v };
+        let tensors = AdamWTensors { params: m.params, grads: m.grads, m: m.adam_m, v: m.adam_v, shard_start: self.shard.start };
         adamw_step(par, &self.plan, tensors, &self.cfg.adamw, lr, self.step, clip);
     }
 
@@ -263,18 +297,45 @@ impl<'a, T: Float> Trainer<'a, T> {
             loss += phase(obs, Phase::Forward, |o| self.forward_observed(par, micro, o));
             phase(obs, Phase::Backward, |o| self.backward_observed(par, micro, o));
         }
+        let sharded = self.sharded();
+        if sharded {
+            assert_eq!(self.shard, shard(self.plan.params_len(), ranks.ranks(), ranks.rank()), "the moments are not this rank's shard");
+        }
         if ranks.ranks() > 1 {
             loss = phase(obs, Phase::Allreduce, |_| {
-                ranks.sum(self.mem.grads);
+                if sharded {
+                    ranks.sum_shard(self.mem.grads);
+                } else {
+                    ranks.sum(self.mem.grads);
+                }
                 ranks.sum_f64(loss)
             });
         }
         loss /= self.cfg.grad_accum as f64;
-        let grad_norm = phase(obs, Phase::GradNorm, |_| self.grad_norm(par));
+        let grad_norm = phase(obs, Phase::GradNorm, |_| {
+            if sharded {
+                libm::sqrt(ranks.sum_f64(grad_norm::sum_squares(par, &self.mem.grads[self.shard.clone()])))
+            } else {
+                self.grad_norm(par)
+            }
+        });
         self.check_finite(loss, grad_norm)?;
         let lr = self.lr();
         phase(obs, Phase::Optimizer, |_| self.apply(par, grad_norm));
+        if sharded {
+            phase(obs, Phase::Allreduce, |_| ranks.gather_shards(self.mem.params));
+        }
         Ok(StepStats { loss, grad_norm, lr })
+    }
+
+    /// Whether this trainer holds the moments of a ZeRO-1 shard only.
+    pub fn sharded(&self) -> bool {
+        self.shard.len() < self.plan.params_len()
+    }
+
+    /// The parameters whose moments this trainer holds (all, or its ZeRO-1 shard).
+    pub fn shard(&self) -> core::ops::Range<usize> {
+        self.shard.clone()
     }
 
     /// An error if the loss or gradient norm is NaN or infinite.
@@ -349,10 +410,12 @@ pub struct OwnedMemory<T> {
     pub params: alloc::vec::Vec<T>,
     /// Gradients.
     pub grads: alloc::vec::Vec<T>,
-    /// AdamW first moments.
+    /// AdamW first moments (of `shard`).
     pub adam_m: alloc::vec::Vec<T>,
-    /// AdamW second moments.
+    /// AdamW second moments (of `shard`).
     pub adam_v: alloc::vec::Vec<T>,
+    /// The parameters whose moments it holds: all, or a ZeRO-1 rank's shard.
+    pub shard: core::ops::Range<usize>,
     /// Activations and scratch.
     pub acts: alloc::vec::Vec<T>,
     /// Batch token ids.
@@ -364,20 +427,27 @@ impl<T: Float> OwnedMemory<T> {
     /// Zeroed memory and the recorded tape for `plan`; an error, not an abort, when the
     /// machine cannot give it.
     pub fn new(plan: &Plan) -> Result<Self, ConfigError> {
+        Self::with_shard(plan, 0..plan.params_len())
+    }
+
+    /// [`OwnedMemory::new`] with the AdamW moments of `shard` of the parameters only
+    /// (ZeRO-1; see [`Trainer::with_shard`]).
+    pub fn with_shard(plan: &Plan, shard: core::ops::Range<usize>) -> Result<Self, ConfigError> {
         let p = plan.params_len();
         Ok(OwnedMemory {
             tape: crate::tape::record_to_vec(plan),
             params: try_vec("parameters", p, T::ZERO)?,
             grads: try_vec("gradients", p, T::ZERO)?,
-            adam_m: try_vec("AdamW first moments", p, T::ZERO)?,
-            adam_v: try_vec("AdamW second moments", p, T::ZERO)?,
+            adam_m: try_vec("AdamW first moments", shard.len(), T::ZERO)?,
+            adam_v: try_vec("AdamW second moments", shard.len(), T::ZERO)?,
+            shard,
             acts: try_vec("activations", plan.acts_len(), T::ZERO)?,
             batch: try_vec("batch", 2 * plan.tokens(), 0)?,
         })
     }
 
-    /// A trainer borrowing this memory that continues `state` (its parameters and moments
-    /// are copied into the arenas).
+    /// A trainer borrowing this memory that continues `state` (its parameters and moments,
+    /// those of the memory's shard, are copied into the arenas).
     pub fn resume(&mut self, plan: Plan, cfg: TrainConfig, state: &RunState<T>) -> Result<Trainer<'_, T>, ConfigError> {
         let p = plan.params_len();
         let given = [Some(state.params.len()), state.moments.as_ref().map(|m| m.0.len()), state.moments.as_ref().map(|m| m.1.len())];
@@ -387,8 +457,8 @@ impl<T: Float> OwnedMemory<T> {
         self.params.copy_from_slice(&state.params);
         match &state.moments {
             Some((m, v)) => {
-                self.adam_m.copy_from_slice(m);
-                self.adam_v.copy_from_slice(v);
+                self.adam_m.copy_from_slice(&m[self.shard.clone()]);
+                self.adam_v.copy_from_slice(&v[self.shard.clone()]);
             }
             None => {
                 self.adam_m.fill(T::ZERO);
@@ -410,7 +480,7 @@ impl<T: Float> OwnedMemory<T> {
             acts: &mut self.acts,
             batch: &mut self.batch,
         };
-        Trainer::new(plan, &self.tape, mem, cfg, rng)
+        Trainer::with_shard(plan, &self.tape, mem, cfg, rng, self.shard.clone())
     }
 }
 

@@ -16,7 +16,7 @@ use alpha_core::model::Sampler;
 use alpha_core::parallel::{Parallel, ThreadPool};
 use alpha_core::run::SAMPLES;
 use alpha_core::tokenizer::{TextStream, Tokenizer};
-use alpha_core::train::{OneRank, OwnedMemory, Ranks, RunState, StepStats, TrainConfig, Trainer};
+use alpha_core::train::{shard, OneRank, OwnedMemory, Ranks, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
 use serde_json::{json, Value};
@@ -85,8 +85,37 @@ impl<'m> Engine<'m> {
         cfg: TrainConfig,
         start: RunState<f32>,
     ) -> Result<Self, String> {
+        Engine::in_group(device, memory, pool, plan, cfg, start, &OneRank, false)
+    }
+
+    /// [`Engine::new`] as one of `group`'s data-parallel ranks (see
+    /// [`Trainer::train_step_ranked`]), holding only its shard of the AdamW moments with
+    /// `zero` (ZeRO-1). A GPU engine trains alone.
+    #[allow(clippy::too_many_arguments)]
+    pub fn in_group(
+        device: &DeviceArgs,
+        memory: &'m mut Option<OwnedMemory<f32>>,
+        pool: &'m ThreadPool,
+        plan: Plan,
+        cfg: TrainConfig,
+        start: RunState<f32>,
+        group: &'m dyn Ranks<f32>,
+        zero: bool,
+    ) -> Result<Self, String> {
         match device.backend {
-            Backend::Cpu => Engine::cpu(memory.insert(OwnedMemory::new(&plan).map_err(|e| e.to_string())?), pool, plan, cfg, start),
+            Backend::Cpu => {
+                let moments = if zero { shard(plan.params_len(), group.ranks(), group.rank()) } else { 0..plan.params_len() };
+                let mem = memory.insert(OwnedMemory::with_shard(&plan, moments).map_err(|e| e.to_string())?);
+                let mut engine = Engine::cpu(mem, pool, plan, cfg, start)?;
+                if let Engine::Cpu { ranks, .. } = &mut engine {
+                    *ranks = group;
+                }
+                Ok(engine)
+            }
+            Backend::Gpu if group.ranks() > 1 => Err(format!(
+                "--backend gpu trains in one process; this run has {} MPI ranks: train on the CPU (--backend cpu) or launch one process",
+                group.ranks()
+            )),
             Backend::Gpu => Engine::gpu(device.open_gpu()?, plan, cfg, start),
         }
     }
@@ -103,22 +132,6 @@ impl<'m> Engine<'m> {
         let trainer = block_on(GpuTrainer::resume(gpu, plan, cfg, &start)).map_err(|e| e.to_string())?;
         let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Gpu(GpuEngine { trainer, sampler, lr: 0.0, unread: 0, profiling: false }))
-    }
-
-    /// This engine as one of `ranks` (data parallelism: see [`Trainer::train_step_ranked`]);
-    /// a GPU engine trains alone.
-    pub fn in_group(mut self, group: &'m dyn Ranks<f32>) -> Result<Self, String> {
-        match &mut self {
-            Engine::Cpu { ranks, .. } => *ranks = group,
-            Engine::Gpu(_) if group.ranks() > 1 => {
-                return Err(format!(
-                    "--backend gpu trains in one process; this run has {} MPI ranks: train on the CPU (--backend cpu) or launch one process",
-                    group.ranks()
-                ))
-            }
-            Engine::Gpu(_) => {}
-        }
-        Ok(self)
     }
 
     /// Optimizer steps taken.
@@ -181,9 +194,20 @@ impl<'m> Engine<'m> {
     }
 
     /// Parameters and AdamW moments `(params, m, v)` in host layout, for a checkpoint (the
-    /// GPU reads them back).
+    /// GPU reads them back). With ZeRO-1 every rank must call it (rank 0 collects the
+    /// moments' shards; the others get empty moments).
     pub fn state(&self) -> Result<HostState<'_>, String> {
         match self {
+            Engine::Cpu { trainer, ranks, .. } if trainer.sharded() => {
+                let m = &trainer.mem;
+                let whole = |mine: &[f32]| -> Result<Vec<f32>, String> {
+                    let len = if ranks.rank() == 0 { trainer.plan.params_len() } else { 0 };
+                    let mut all = alpha_core::plan::try_vec("the AdamW moments of a checkpoint", len, 0.0).map_err(|e| e.to_string())?;
+                    ranks.collect_shards(mine, &mut all);
+                    Ok(all)
+                };
+                Ok((Cow::Borrowed(&*m.params), Cow::Owned(whole(m.adam_m)?), Cow::Owned(whole(m.adam_v)?)))
+            }
             Engine::Cpu { trainer, .. } => {
                 let m = &trainer.mem;
                 Ok((Cow::Borrowed(&*m.params), Cow::Borrowed(&*m.adam_m), Cow::Borrowed(&*m.adam_v)))

@@ -39,6 +39,15 @@ pub struct InfoArgs {
     /// The machine's peak GFLOP/s (positive). Default: measured once and cached.
     #[arg(long)]
     pub peak_gflops: Option<f64>,
+    /// Plan a data-parallel run of this many MPI ranks (`mpirun -np N train`): the gradient
+    /// traffic per step, its time at --link-gbps, how much of it the backward can hide, and
+    /// the memory per rank with and without --zero 1 (1 to 65536).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub ranks: u32,
+    /// The link between ranks in Gbit/s for --ranks (100: a common cluster network; shared
+    /// memory within a machine is faster).
+    #[arg(long, default_value_t = 100.0)]
+    pub link_gbps: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -51,6 +60,9 @@ const MAX_MEASURE_STEPS: usize = 1000;
 pub fn run(args: &InfoArgs) -> Result<(), String> {
     if args.measure_steps > MAX_MEASURE_STEPS {
         return Err(format!("--measure-steps {} is more than {MAX_MEASURE_STEPS}", args.measure_steps));
+    }
+    if !(args.link_gbps.is_finite() && args.link_gbps > 0.0) {
+        return Err(format!("--link-gbps must be a positive number of Gbit/s, not {}", args.link_gbps));
     }
     let m = &args.model;
     let (tok, ids) = m.sample_tokens(&alpha_core::Serial)?;
@@ -95,10 +107,13 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         };
         engine.step(train.into(), None, true).map_err(failed)?;
         let t = Instant::now();
+        let mut backward = 0.0;
         for _ in 0..n {
-            engine.step(train.into(), None, true).map_err(failed)?;
+            backward += engine.step(train.into(), None, true).map_err(failed)?.phases.backward;
         }
         let ms_step = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+        // The GPU's steps are one submission: their backward is not timed apart.
+        let ms_backward = (args.device.backend == Backend::Cpu).then_some(backward * 1e3 / n as f64);
         let t = Instant::now();
         engine.evaluate(train.into(), n, &mut Rng::new(2))?;
         let ms_eval_batch = t.elapsed().as_secs_f64() * 1e3 / n as f64;
@@ -106,12 +121,15 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         let evals = args.iters.checked_div(args.eval_interval).map_or(0.0, |e| e as f64 + 1.0);
         let eval_ms = evals * 2.0 * args.eval_iters as f64 * ms_eval_batch;
         estimate = json!({
-            "measured_steps": n, "ms_per_iter": ms_step, "ms_per_eval_batch": ms_eval_batch,
+            "measured_steps": n, "ms_per_iter": ms_step, "ms_backward": ms_backward, "ms_per_eval_batch": ms_eval_batch,
             "training_s": ms_step * args.iters as f64 / 1e3, "evaluation_s": eval_ms / 1e3,
             "run_s": (ms_step * args.iters as f64 + eval_ms) / 1e3,
         });
     }
+    let data_parallel =
+        (args.ranks > 1).then(|| data_parallel_plan(&plan, args.ranks as usize, args.link_gbps, estimate["ms_backward"].as_f64(), 4 * p + activations + batch));
     let report = json!({
+        "data_parallel": data_parallel,
         "cpu": cpu_model(),
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "threads": pool.threads(),
@@ -204,6 +222,22 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             f(&estimate["run_s"]) / 60.0
         );
     }
+    if let Some(dp) = &data_parallel {
+        let hidden = match dp["exposed_ms"].as_f64() {
+            Some(exposed) => format!("{exposed:.1} ms of it left after the backward hides what it can"),
+            None => "how much the backward hides needs a measured step (--measure-steps)".into(),
+        };
+        println!(
+            "{} ranks   ring all-reduce of {:.1} MiB of gradients: {:.1} MiB sent per rank per step, {:.1} ms at {} Gbit/s ({hidden}); memory per rank {:.1} MiB, {:.1} MiB with --zero 1",
+            dp["ranks"],
+            f(&dp["gradient_mib"]),
+            f(&dp["sent_mib_per_rank"]),
+            f(&dp["allreduce_ms"]),
+            args.link_gbps,
+            f(&dp["memory_mib_per_rank"]),
+            f(&dp["memory_mib_per_rank_zero1"])
+        );
+    }
     if adapters.is_empty() {
         println!("GPUs       none found (on Linux, a Vulkan driver is needed: mesa-vulkan-drivers gives lavapipe)");
     }
@@ -221,6 +255,38 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// The communication and memory of a data-parallel run of `plan` on `ranks` ranks joined by
+/// a `link_gbps` link, as JSON. A ring all-reduce sends (and receives) 2(N-1)/N of the
+/// gradient bytes per rank. The blocks' gradients are summed while the rest of the backward
+/// runs: block l's are final once its backward is done, so all but the last-finished block's
+/// can hide behind the backward of the blocks below it (about (L-1)/L of `backward_ms`, the
+/// measured backward of a step); the token and position tables (final only at the end of the
+/// backward, the tied LM head's gradient included) and the first block are always exposed.
+/// `total_bytes`: one process's memory; ZeRO-1 keeps 1/N of the AdamW moments per rank.
+fn data_parallel_plan(plan: &Plan, ranks: usize, link_gbps: f64, backward_ms: Option<f64>, total_bytes: u128) -> serde_json::Value {
+    let mib = |bytes: f64| bytes / (1024.0 * 1024.0);
+    let n = ranks as f64;
+    let ring = 2.0 * (n - 1.0) / n;
+    let ms = |elements: usize| ring * elements as f64 * 4.0 * 8.0 / (link_gbps * 1e9) * 1e3;
+    let c = &plan.config;
+    let tables = (c.vocab_size + c.block_size) * c.n_embd;
+    let block = (plan.params_len() - tables) / c.n_layer.max(1);
+    let hideable = plan.params_len() - tables - block;
+    let exposed = backward_ms.map(|b| ms(tables + block) + (ms(hideable) - b * (c.n_layer as f64 - 1.0) / c.n_layer as f64).max(0.0));
+    let moments = 2 * plan.params_len() as u128 * 4;
+    json!({
+        "ranks": ranks,
+        "link_gbps": link_gbps,
+        "gradient_mib": mib(plan.params_len() as f64 * 4.0),
+        "sent_mib_per_rank": mib(ring * plan.params_len() as f64 * 4.0),
+        "allreduce_ms": ms(plan.params_len()),
+        "backward_ms": backward_ms,
+        "exposed_ms": exposed,
+        "memory_mib_per_rank": mib(total_bytes as f64),
+        "memory_mib_per_rank_zero1": mib((total_bytes - moments + moments.div_ceil(ranks as u128)) as f64),
+    })
 }
 
 fn adapter_json(a: &AdapterSummary) -> serde_json::Value {

@@ -14,30 +14,33 @@
 //! [`Trainer::train_step_ranked`]: alpha_core::train::Trainer::train_step_ranked
 
 use alpha_core::data::Tokens;
-use alpha_core::train::Ranks;
+use alpha_core::train::{OneRank, Ranks};
 use std::hash::{DefaultHasher, Hasher};
 
 /// Environment variables an MPI launcher sets to the number of processes it started
 /// (Open MPI's, then the PMI ones MPICH and Slurm set).
 const LAUNCHER_SIZE: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"];
 
+/// What a group of several processes needs from its transport (MPI's collectives).
+trait Collectives: Ranks<f32> {
+    /// Every rank's `mine`, in rank order.
+    fn gather_all(&self, mine: &[u64]) -> Vec<u64>;
+    /// Waits for every rank.
+    fn barrier(&self);
+    /// Ends every rank's process with `code`.
+    fn abort(&self, code: i32) -> !;
+}
+
 /// The processes that train one model together.
 pub struct Group {
-    rank: usize,
-    ranks: usize,
-    #[cfg(feature = "mpi")]
-    mpi: Option<mpi_world::World>,
+    /// The transport; none for a process on its own.
+    world: Option<Box<dyn Collectives>>,
 }
 
 impl Group {
     /// A process training on its own.
     pub fn alone() -> Group {
-        Group {
-            rank: 0,
-            ranks: 1,
-            #[cfg(feature = "mpi")]
-            mpi: None,
-        }
+        Group { world: None }
     }
 
     /// The group this process was launched in: its MPI world under `mpirun` (or another MPI
@@ -48,7 +51,7 @@ impl Group {
         match launched {
             None | Some(0..=1) => Ok(Group::alone()),
             #[cfg(feature = "mpi")]
-            Some(_) => mpi_world::World::init().map(|w| Group { rank: w.rank, ranks: w.ranks, mpi: Some(w) }),
+            Some(_) => Ok(Group { world: Some(Box::new(mpi_world::World::init()?)) }),
             #[cfg(not(feature = "mpi"))]
             Some(n) => Err(format!(
                 "launched as one of {n} MPI processes, but this alpha-native was built without MPI: build it with `cargo build --release -p alpha-native --features mpi`"
@@ -56,91 +59,76 @@ impl Group {
         }
     }
 
+    /// The group as [`Ranks`] (a process alone is [`OneRank`]).
+    fn ranked(&self) -> &dyn Ranks<f32> {
+        match &self.world {
+            Some(w) => &**w,
+            None => &OneRank,
+        }
+    }
+
     /// Whether this is rank 0, the one that writes.
     pub fn is_root(&self) -> bool {
-        self.rank == 0
+        self.rank() == 0
     }
 
     /// Whether `flag` is set on any rank (a Ctrl-C seen by one stops all at the same step).
     pub fn any(&self, flag: bool) -> bool {
-        match self.ranks {
-            1 => flag,
-            _ => self.sum_f64(f64::from(u8::from(flag))) > 0.0,
-        }
+        self.sum_f64(f64::from(u8::from(flag))) > 0.0
     }
 
     /// Checks that every rank has the same `facts` (name, fingerprint) as rank 0: on a
     /// mismatch rank 0 returns an error naming the ranks and what differs, and the others
     /// wait to be stopped.
     pub fn agree(&self, facts: &[(&str, u64)]) -> Result<(), String> {
+        let Some(world) = &self.world else { return Ok(()) };
         let mine: Vec<u64> = facts.iter().map(|f| f.1).collect();
-        let differ = disagreements(facts, &self.gather_all(&mine));
+        let differ = disagreements(facts, &world.gather_all(&mine));
         if differ.is_empty() {
             return Ok(());
         }
         if !self.is_root() {
-            self.wait_for_abort();
+            // Rank 0 reports and stops every rank ([`Group::fail`]).
+            world.barrier();
         }
         Err(format!("the ranks do not train the same run: {} differ from rank 0's; give every rank the same flags, files and build", differ.join(", ")))
-    }
-
-    /// Every rank's `mine`, in rank order.
-    fn gather_all(&self, mine: &[u64]) -> Vec<u64> {
-        #[cfg(feature = "mpi")]
-        if let Some(w) = &self.mpi {
-            return w.gather_all(mine);
-        }
-        mine.to_vec()
-    }
-
-    /// Blocks until rank 0 stops the run ([`Group::fail`]).
-    fn wait_for_abort(&self) -> ! {
-        #[cfg(feature = "mpi")]
-        if let Some(w) = &self.mpi {
-            w.barrier();
-        }
-        unreachable!("only ranks other than 0 wait, and rank 0 aborts them")
     }
 
     /// Stops every rank after this one's error, which it prints (prefixed with its rank
     /// when it is not rank 0). A process on its own just exits.
     pub fn fail(&self, msg: &str) -> ! {
-        match self.rank {
+        match self.rank() {
             0 => eprintln!("error: {msg}"),
             r => eprintln!("error: rank {r}: {msg}"),
         }
-        #[cfg(feature = "mpi")]
-        if let Some(w) = &self.mpi {
-            w.abort(1);
+        match &self.world {
+            Some(w) => w.abort(1),
+            None => std::process::exit(1),
         }
-        std::process::exit(1)
     }
 }
 
 impl Ranks<f32> for Group {
     fn rank(&self) -> usize {
-        self.rank
+        self.ranked().rank()
     }
-
     fn ranks(&self) -> usize {
-        self.ranks
+        self.ranked().ranks()
     }
-
     fn sum(&self, values: &mut [f32]) {
-        #[cfg(feature = "mpi")]
-        if let Some(w) = &self.mpi {
-            w.sum(values);
-        }
-        #[cfg(not(feature = "mpi"))]
-        let _ = values;
+        self.ranked().sum(values)
     }
-
     fn sum_f64(&self, value: f64) -> f64 {
-        #[cfg(feature = "mpi")]
-        if let Some(w) = &self.mpi {
-            return w.sum_f64(value);
-        }
-        value
+        self.ranked().sum_f64(value)
+    }
+    fn sum_shard(&self, values: &mut [f32]) {
+        self.ranked().sum_shard(values)
+    }
+    fn gather_shards(&self, values: &mut [f32]) {
+        self.ranked().gather_shards(values)
+    }
+    fn collect_shards(&self, mine: &[f32], all: &mut [f32]) {
+        self.ranked().collect_shards(mine, all)
     }
 }
 
@@ -199,24 +187,28 @@ pub fn fingerprint_text(text: &str) -> u64 {
 
 #[cfg(feature = "mpi")]
 mod mpi_world {
+    use super::Collectives;
+    use alpha_core::train::{shard, Ranks};
     use mpi::collective::SystemOperation;
+    use mpi::datatype::PartitionMut;
     use mpi::environment::Universe;
     use mpi::topology::{Communicator, SimpleCommunicator};
     use mpi::traits::*;
     use std::cell::RefCell;
 
-    /// Gradients are summed in pieces of this many values through one send buffer (MPI's
-    /// in-place reduction is not in rsmpi's safe API): 4 MiB, large enough for full link
-    /// speed, small enough not to matter beside the model.
+    /// Values per collective call: gradients and parameters go through one send buffer of
+    /// this many (4 MiB; MPI's in-place forms are not in rsmpi's safe API), large enough for
+    /// full link speed, small beside the model.
     const BUCKET: usize = 1 << 20;
 
     /// The MPI world (initialised once, finalised when dropped).
     pub struct World {
         _universe: Universe,
         world: SimpleCommunicator,
-        send: RefCell<Vec<f32>>,
-        pub rank: usize,
-        pub ranks: usize,
+        rank: usize,
+        ranks: usize,
+        /// The send buffer and the receive buffer of the shard collectives.
+        buffers: RefCell<(Vec<f32>, Vec<f32>)>,
     }
 
     impl World {
@@ -225,12 +217,35 @@ mod mpi_world {
             let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled).ok_or("MPI was initialised twice")?;
             let world = universe.world();
             let (rank, ranks) = (world.rank() as usize, world.size() as usize);
-            Ok(World { _universe: universe, world, send: RefCell::new(Vec::new()), rank, ranks })
+            Ok(World { _universe: universe, world, rank, ranks, buffers: RefCell::new((Vec::new(), Vec::new())) })
         }
 
-        /// Sums `values` over the ranks, in place, a bucket at a time.
-        pub fn sum(&self, values: &mut [f32]) {
-            let mut send = self.send.borrow_mut();
+        /// The rounds of a shard collective over `len` values: in round k each rank's part
+        /// is values `k*c..(k+1)*c` of its shard (cut at its end), `c` values per rank.
+        fn rounds(&self, len: usize) -> (usize, usize) {
+            let per_rank = (BUCKET / self.ranks).max(1);
+            (shard(len, self.ranks, 0).len().div_ceil(per_rank), per_rank)
+        }
+
+        /// Rank `r`'s part of round `k` of a shard collective over `len` values.
+        fn part(&self, len: usize, r: usize, k: usize, per_rank: usize) -> std::ops::Range<usize> {
+            let s = shard(len, self.ranks, r);
+            let start = (s.start + k * per_rank).min(s.end);
+            start..(start + per_rank).min(s.end)
+        }
+    }
+
+    impl Ranks<f32> for World {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+
+        fn ranks(&self) -> usize {
+            self.ranks
+        }
+
+        fn sum(&self, values: &mut [f32]) {
+            let (send, _) = &mut *self.buffers.borrow_mut();
             for piece in values.chunks_mut(BUCKET) {
                 send.clear();
                 send.extend_from_slice(piece);
@@ -238,24 +253,70 @@ mod mpi_world {
             }
         }
 
-        pub fn sum_f64(&self, value: f64) -> f64 {
+        fn sum_f64(&self, value: f64) -> f64 {
             let mut total = 0.0;
             self.world.all_reduce_into(&value, &mut total, SystemOperation::sum());
             total
         }
 
-        /// Every rank's `mine`, in rank order.
-        pub fn gather_all(&self, mine: &[u64]) -> Vec<u64> {
+        fn sum_shard(&self, values: &mut [f32]) {
+            let (send, recv) = &mut *self.buffers.borrow_mut();
+            let (rounds, c) = self.rounds(values.len());
+            for k in 0..rounds {
+                send.clear();
+                for r in 0..self.ranks {
+                    let part = &values[self.part(values.len(), r, k, c)];
+                    send.extend_from_slice(part);
+                    send.resize((r + 1) * c, 0.0);
+                }
+                recv.resize(c, 0.0);
+                self.world.reduce_scatter_block_into(&send[..], &mut recv[..], SystemOperation::sum());
+                let mine = self.part(values.len(), self.rank, k, c);
+                values[mine.clone()].copy_from_slice(&recv[..mine.len()]);
+            }
+        }
+
+        fn gather_shards(&self, values: &mut [f32]) {
+            let (send, recv) = &mut *self.buffers.borrow_mut();
+            let (rounds, c) = self.rounds(values.len());
+            for k in 0..rounds {
+                send.clear();
+                send.extend_from_slice(&values[self.part(values.len(), self.rank, k, c)]);
+                send.resize(c, 0.0);
+                recv.resize(c * self.ranks, 0.0);
+                self.world.all_gather_into(&send[..], &mut recv[..]);
+                for r in 0..self.ranks {
+                    let part = self.part(values.len(), r, k, c);
+                    values[part.clone()].copy_from_slice(&recv[r * c..r * c + part.len()]);
+                }
+            }
+        }
+
+        fn collect_shards(&self, mine: &[f32], all: &mut [f32]) {
+            let root = self.world.process_at_rank(0);
+            if self.rank != 0 {
+                root.gather_varcount_into(mine);
+                return;
+            }
+            let counts: Vec<i32> = (0..self.ranks).map(|r| shard(all.len(), self.ranks, r).len() as i32).collect();
+            let displs: Vec<i32> = (0..self.ranks).map(|r| shard(all.len(), self.ranks, r).start as i32).collect();
+            let mut partition = PartitionMut::new(all, counts, displs);
+            root.gather_varcount_into_root(mine, &mut partition);
+        }
+    }
+
+    impl Collectives for World {
+        fn gather_all(&self, mine: &[u64]) -> Vec<u64> {
             let mut all = vec![0u64; mine.len() * self.ranks];
             self.world.all_gather_into(mine, &mut all[..]);
             all
         }
 
-        pub fn barrier(&self) {
+        fn barrier(&self) {
             self.world.barrier();
         }
 
-        pub fn abort(&self, code: i32) -> ! {
+        fn abort(&self, code: i32) -> ! {
             self.world.abort(code)
         }
     }

@@ -122,6 +122,12 @@ pub struct TrainArgs {
     /// snapshot of the parameters and AdamW moments in memory while it is written).
     #[arg(long)]
     pub async_checkpoint: bool,
+    /// ZeRO stage for data-parallel runs (`mpirun -np N`, a build with `--features mpi`):
+    /// 1 shards the AdamW moments over the ranks (each holds and updates 1/N of them, the
+    /// gradients are reduce-scattered and the parameters all-gathered); 0 keeps them whole on
+    /// every rank. Checkpoints are the same either way: a run resumes with any rank count
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub zero: u8,
     /// Write a Chrome trace (open in Perfetto) of the first --trace-steps steps to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -713,7 +719,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     cfg.grad_accum *= group.ranks();
     cfg.validate().map_err(|e| format!("--grad-accum {} on {} ranks: {e}", s.grad_accum, group.ranks()))?;
     let mut cpu_memory = None;
-    let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?.in_group(group)?;
+    let mut engine = Engine::in_group(&args.device, &mut cpu_memory, &pool, plan, cfg, start, group, args.zero == 1)?;
     let resolved = resolved_run_file(args, &run.config, &s);
     if group.ranks() > 1 {
         let (train_ids, val_ids) = (fingerprint_tokens(train_tokens), fingerprint_tokens(val_tokens));
@@ -791,12 +797,13 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     // state and saves in the background); a model that is not finite is never saved.
     let save = |engine: &mut Engine<'_>, last_saved: Option<u64>, best_val_loss: Option<f64>| -> Result<(), String> {
         engine.check().map_err(|e| diverged(e, last_saved))?;
+        // Every rank takes part (ZeRO-1's moments are collected on rank 0); rank 0 writes.
+        let (params, m, v) = engine.state()?;
         if !root {
             return Ok(());
         }
         let step = engine.step_count();
         let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone(), best_val_loss };
-        let (params, m, v) = engine.state()?;
         finish_pending()?;
         let target = SaveTarget { path: ckpt_path.to_path_buf(), config: run.config, keep: args.keep, kept: kept(last_saved) };
         if !args.async_checkpoint {
@@ -988,6 +995,7 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) ->
         ("save", runfile::string(if args.save == SaveMode::Best { "best" } else { "always" })),
         ("keep", int(args.keep as u64)),
         ("async_checkpoint", args.async_checkpoint.to_string()),
+        ("zero", int(u64::from(args.zero))),
         ("recompute", args.model.recompute.to_string()),
         ("vocab_pad", int(args.model.vocab_pad as u64)),
         ("backend", runfile::string(if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" })),

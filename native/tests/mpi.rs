@@ -87,6 +87,39 @@ fn ranks_take_the_step_of_one_process() {
     }
 }
 
+/// `--zero 1` (AdamW moments sharded over the ranks) trains as the whole moments do, and its
+/// checkpoints are a single process's: a run resumes across rank counts (2 ranks, then 1
+/// process of `--grad-accum 2`, then 2 ranks again) and follows the run that never stopped.
+#[test]
+fn zero_1_shards_the_moments_and_resumes_across_rank_counts() {
+    let dir = workdir("mpi-zero");
+    text_file(&dir);
+    let common = ["--iters", "12", "--lr-decay-iters", "12", "--warmup", "2", "--eval-interval", "0", "--sample-interval", "0"];
+    assert_ok(&run(&dir, &train_args(&[&common[..], &["--grad-accum", "2", "--out", "alone", "--metrics", "alone.jsonl"]].concat())));
+    let first = train_args(&[&common[..], &["--iters", "4", "--zero", "1", "--out", "split", "--metrics", "split.jsonl"]].concat());
+    assert_ok(&mpirun(&dir, 2, &[], &first).output().unwrap());
+    fn resume<'a>(iters: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+        [&["train", "--resume", "split/ckpt.safetensors", "--iters", iters, "--threads", "1", "--log-interval", "1", "--metrics", "split.jsonl"], QUIET, extra]
+            .concat()
+    }
+    assert_ok(&run(&dir, &resume("8", &["--grad-accum", "2"])));
+    let last = resume("12", &["--grad-accum", "1", "--zero", "1"]);
+    assert_ok(&mpirun(&dir, 2, &[], &last).output().unwrap());
+    assert_close(&losses(&dir.join("split.jsonl")), &losses(&dir.join("alone.jsonl")), "2 ranks -> 1 -> 2 with --zero 1");
+    let (x, y) = (
+        alpha_native::checkpoint::load(&dir.join("split/ckpt.safetensors")).unwrap(),
+        alpha_native::checkpoint::load(&dir.join("alone/ckpt.safetensors")).unwrap(),
+    );
+    let ((xm, xv, xs), (ym, yv, ys)) = (x.optimizer.unwrap(), y.optimizer.unwrap());
+    assert_eq!(xs.step, 12);
+    assert_eq!(xs.rng_state, ys.rng_state);
+    for (what, a, b) in [("parameters", &x.params, &y.params), ("first moments", &xm, &ym), ("second moments", &xv, &yv)] {
+        let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst = a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 1e-4 * scale, "{what} differ by {worst} (largest {scale})");
+    }
+}
+
 /// A multi-node launch: the ranks placed by a hostfile (this machine's name, two slots).
 #[test]
 fn a_hostfile_places_the_ranks() {
