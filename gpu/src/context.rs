@@ -126,6 +126,17 @@ impl Gpu {
     /// Opens the adapter `selector` names (an index into [`adapters`] or part of a name,
     /// case-insensitive), or the default high-performance adapter.
     pub async fn open(selector: Option<&str>) -> Result<Gpu, GpuError> {
+        Gpu::open_nth(selector, 0).await
+    }
+
+    /// [`Gpu::open`] for local process `local` of several on one machine (data-parallel
+    /// ranks): without a selector, the default kind of adapter (discrete GPUs first) and of
+    /// those the one at `local` modulo their count, so that each rank takes its own GPU.
+    pub async fn open_local(selector: Option<&str>, local: usize) -> Result<Gpu, GpuError> {
+        Gpu::open_nth(selector, local).await
+    }
+
+    async fn open_nth(selector: Option<&str>, nth: usize) -> Result<Gpu, GpuError> {
         let (instance, list) = adapter_list().await;
         let no_adapter = |why: String| GpuError(format!("no GPU adapter found ({why}); on Linux install a Vulkan driver (mesa-vulkan-drivers gives lavapipe)"));
         let (index, adapter) = match selector {
@@ -134,7 +145,12 @@ impl Gpu {
                 let options = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
                 (0, instance.request_adapter(&options).await.map_err(|e| no_adapter(e.to_string()))?)
             }
-            None => list.into_iter().enumerate().min_by_key(|(_, a)| preference(a)).ok_or_else(|| no_adapter("none listed".into()))?,
+            None => {
+                let best = list.iter().map(preference).min().ok_or_else(|| no_adapter("none listed".into()))?;
+                let mut kind: Vec<_> = list.into_iter().enumerate().filter(|(_, a)| preference(a) == best).collect();
+                let pick = nth % kind.len();
+                kind.swap_remove(pick)
+            }
             Some(sel) => {
                 let names: Vec<String> = list.iter().enumerate().map(|(i, a)| format!("{i}: {}", a.get_info().name)).collect();
                 let found = match sel.parse::<usize>() {

@@ -12,10 +12,10 @@ use crate::layout::DeviceLayout;
 use crate::ops;
 use crate::profile::{KernelTime, Profiler};
 use crate::readback::read;
-use alpha_core::data::{sample_batch, Tokens};
+use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape;
-use alpha_core::train::{RunState, StepStats, TrainConfig};
+use alpha_core::train::{OneRank, Ranks, RunState, StepStats, TrainConfig};
 use alpha_core::{walk, Rng};
 use std::ops::Range;
 
@@ -228,31 +228,89 @@ impl GpuTrainer {
         for slot in 0..self.cfg.grad_accum {
             self.write_batch(slot, data, None);
         }
+        self.advance(lr);
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        let mut queries = self.profiler.as_ref().map(Profiler::cursor);
+        self.encode_micro_steps(&mut enc, &mut queries, |_| true);
+        self.encode(&mut enc, &mut queries, &self.update);
+        if let Some(p) = &self.profiler {
+            p.resolve(&mut enc);
+        }
+        self.gpu.queue.submit([enc.finish()]);
+        lr
+    }
+
+    /// [`GpuTrainer::step`] as one of `ranks` (data parallelism, as the CPU's
+    /// `Trainer::train_step_ranked`): this rank runs micro-batches r, r + ranks, ... of the
+    /// step in one submission, its gradients and loss are read back, summed over the ranks
+    /// on the host and written back, and a second submission takes the clip and AdamW step.
+    /// Alone, it is [`GpuTrainer::step`].
+    pub async fn step_ranked<'d>(&mut self, data: impl Into<Tokens<'d>>, ranks: &dyn Ranks<f32>) -> Result<f64, GpuError> {
+        let data = data.into();
+        if ranks.ranks() == 1 {
+            return Ok(self.step(data));
+        }
+        let lr = self.cfg.schedule.at(self.step);
+        let mine = |slot: usize| slot % ranks.ranks() == ranks.rank();
+        for slot in 0..self.cfg.grad_accum {
+            if mine(slot) {
+                self.write_batch(slot, data, None);
+            } else {
+                skip_batch(&mut self.rng, data, self.plan.seq, self.plan.batch);
+            }
+        }
+        self.advance(lr);
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("micro-batches") });
+        let mut queries = self.profiler.as_ref().map(Profiler::cursor);
+        self.encode_micro_steps(&mut enc, &mut queries, mine);
+        self.gpu.queue.submit([enc.finish()]);
+        // The device layout is the same on every rank: it is summed as it is.
+        let mut grads: Vec<f32> = read(&self.gpu, &self.bufs.grads, 0, self.layout.len()).await?;
+        let loss: Vec<f32> = read(&self.gpu, &self.bufs.stats, LOSS_SLOT, 1).await?;
+        ranks.sum(&mut grads);
+        let loss = ranks.sum_f64(loss[0] as f64) as f32;
+        let q = &self.gpu.queue;
+        q.write_buffer(&self.bufs.grads, 0, bytemuck::cast_slice(&grads));
+        q.write_buffer(&self.bufs.stats, bytes(LOSS_SLOT), bytemuck::bytes_of(&loss));
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("update") });
+        self.encode(&mut enc, &mut queries, &self.update);
+        if let Some(p) = &self.profiler {
+            p.resolve(&mut enc);
+        }
+        self.gpu.queue.submit([enc.finish()]);
+        Ok(lr)
+    }
+
+    /// Encodes the start of a step (gradients and the step's statistics cleared) and the
+    /// micro-batches `run` picks (forward with the loss, backward).
+    fn encode_micro_steps(&self, enc: &mut wgpu::CommandEncoder, queries: &mut Option<crate::profile::QueryCursor<'_>>, run: impl Fn(usize) -> bool) {
+        enc.clear_buffer(&self.bufs.grads, 0, None);
+        enc.clear_buffer(&self.bufs.stats, 0, Some(bytes(2)));
+        for (slot, m) in self.micro.iter().enumerate() {
+            if run(slot) {
+                self.encode(enc, queries, &m.forward);
+                enc.clear_buffer(&self.bufs.acts, bytes(self.dres.offset), Some(bytes(self.dres.len)));
+                self.encode(enc, queries, &m.backward);
+            }
+        }
+    }
+
+    /// Advances `step` and sets the update's AdamW words for it at learning rate `lr`.
+    fn advance(&mut self, lr: f64) {
         self.step += 1;
         for (index, piece) in &self.adamw {
             let c = &self.cfg;
             let words = ops::adamw::words(piece, self.layout.decay_end(), &c.adamw, lr, self.step, c.grad_clip, [LOSS_SLOT, NORM_SLOT, SKIPPED_SLOT]);
             self.update.set_words(&self.gpu.queue, *index, &words);
         }
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        enc.clear_buffer(&self.bufs.grads, 0, None);
-        enc.clear_buffer(&self.bufs.stats, 0, Some(bytes(2)));
-        let mut queries = self.profiler.as_ref().map(Profiler::cursor);
-        let mut encode = |enc: &mut wgpu::CommandEncoder, program: &Program| match queries.as_mut() {
+    }
+
+    /// Encodes `program`, with timestamps while profiling.
+    fn encode(&self, enc: &mut wgpu::CommandEncoder, queries: &mut Option<crate::profile::QueryCursor<'_>>, program: &Program) {
+        match queries.as_mut() {
             Some(q) => program.encode_timed(&self.kernels, enc, || q.next_pair()),
             None => program.encode(&self.kernels, &mut enc.begin_compute_pass(&Default::default())),
-        };
-        for m in &self.micro {
-            encode(&mut enc, &m.forward);
-            enc.clear_buffer(&self.bufs.acts, bytes(self.dres.offset), Some(bytes(self.dres.len)));
-            encode(&mut enc, &m.backward);
         }
-        encode(&mut enc, &self.update);
-        if let Some(p) = &self.profiler {
-            p.resolve(&mut enc);
-        }
-        self.gpu.queue.submit([enc.finish()]);
-        lr
     }
 
     /// Stamps every kernel of the following steps with timestamp queries (for traces), or
@@ -295,16 +353,25 @@ impl GpuTrainer {
     /// Mean loss over `iters` random batches of `data` drawn with `rng` (nanoGPT's
     /// `estimate_loss`); the training state is untouched. One submit per batch, one read.
     pub async fn evaluate<'d>(&mut self, data: impl Into<Tokens<'d>>, iters: usize, rng: &mut Rng) -> Result<f64, GpuError> {
-        let data = data.into();
+        self.evaluate_ranked(data.into(), iters, rng, &OneRank).await
+    }
+
+    /// [`GpuTrainer::evaluate`] as one of `ranks`: this rank evaluates batches r, r + ranks,
+    /// ... of the same draws, and the mean is over all of them.
+    pub async fn evaluate_ranked(&mut self, data: Tokens<'_>, iters: usize, rng: &mut Rng, ranks: &dyn Ranks<f32>) -> Result<f64, GpuError> {
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
         enc.clear_buffer(&self.bufs.stats, bytes(EVAL_SLOT), Some(bytes(1)));
         self.gpu.queue.submit([enc.finish()]);
-        for _ in 0..iters {
+        for i in 0..iters {
+            if i % ranks.ranks() != ranks.rank() {
+                skip_batch(rng, data, self.plan.seq, self.plan.batch);
+                continue;
+            }
             self.write_batch(self.cfg.grad_accum, data, Some(&mut *rng));
             self.eval.submit(&self.gpu, &self.kernels);
         }
         let s: Vec<f32> = read(&self.gpu, &self.bufs.stats, EVAL_SLOT, 1).await?;
-        Ok(s[0] as f64 / (iters.max(1) * self.plan.tokens()) as f64)
+        Ok(ranks.sum_f64(s[0] as f64) / (iters.max(1) * self.plan.tokens()) as f64)
     }
 
     /// Dispatches per optimizer step.

@@ -55,6 +55,12 @@ impl DeviceArgs {
         block_on(Gpu::open(self.adapter.as_deref())).map_err(|e| e.to_string())
     }
 
+    /// Opens the GPU `--adapter` names for data-parallel rank `local` of this machine's
+    /// ranks: without `--adapter`, its own of the machine's GPUs (see [`Gpu::open_local`]).
+    pub fn open_gpu_local(&self, local: usize) -> Result<Gpu, String> {
+        block_on(Gpu::open_local(self.adapter.as_deref(), local)).map_err(|e| e.to_string())
+    }
+
     /// An error if `--adapter` is given without `--backend gpu` (it would be ignored).
     pub fn check(&self) -> Result<(), String> {
         if self.backend == Backend::Cpu && self.adapter.is_some() {

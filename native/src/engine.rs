@@ -45,8 +45,18 @@ pub enum StepError {
     Device(String),
 }
 
+/// Where an engine trains in a data-parallel run.
+pub struct Placement<'m> {
+    /// The ranks that share each step.
+    pub ranks: &'m dyn Ranks<f32>,
+    /// This process's place among the ranks on its machine (which GPU it takes).
+    pub local_rank: usize,
+    /// ZeRO-1 (CPU ranks): hold and update only this rank's shard of the AdamW moments.
+    pub zero: bool,
+}
+
 /// The GPU side of [`Engine`].
-pub struct GpuEngine {
+pub struct GpuEngine<'m> {
     trainer: GpuTrainer,
     sampler: GpuForward,
     /// Learning rate of the last step.
@@ -54,6 +64,8 @@ pub struct GpuEngine {
     /// Steps taken since the statistics were last read.
     unread: u64,
     profiling: bool,
+    /// The data-parallel group it trains in.
+    ranks: &'m dyn Ranks<f32>,
 }
 
 /// A model being trained (one per run, so its size does not matter).
@@ -71,7 +83,7 @@ pub enum Engine<'m> {
         ranks: &'m dyn Ranks<f32>,
     },
     /// On a GPU.
-    Gpu(GpuEngine),
+    Gpu(GpuEngine<'m>),
 }
 
 impl<'m> Engine<'m> {
@@ -85,13 +97,11 @@ impl<'m> Engine<'m> {
         cfg: TrainConfig,
         start: RunState<f32>,
     ) -> Result<Self, String> {
-        Engine::in_group(device, memory, pool, plan, cfg, start, &OneRank, false)
+        Engine::in_group(device, memory, pool, plan, cfg, start, Placement { ranks: &OneRank, local_rank: 0, zero: false })
     }
 
-    /// [`Engine::new`] as one of `group`'s data-parallel ranks (see
-    /// [`Trainer::train_step_ranked`]), holding only its shard of the AdamW moments with
-    /// `zero` (ZeRO-1). A GPU engine trains alone.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Engine::new`] as one of a data-parallel run's ranks (see
+    /// [`Trainer::train_step_ranked`] and [`GpuTrainer::step_ranked`]).
     pub fn in_group(
         device: &DeviceArgs,
         memory: &'m mut Option<OwnedMemory<f32>>,
@@ -99,9 +109,9 @@ impl<'m> Engine<'m> {
         plan: Plan,
         cfg: TrainConfig,
         start: RunState<f32>,
-        group: &'m dyn Ranks<f32>,
-        zero: bool,
+        placement: Placement<'m>,
     ) -> Result<Self, String> {
+        let Placement { ranks: group, local_rank, zero } = placement;
         match device.backend {
             Backend::Cpu => {
                 let moments = if zero { shard(plan.params_len(), group.ranks(), group.rank()) } else { 0..plan.params_len() };
@@ -112,11 +122,14 @@ impl<'m> Engine<'m> {
                 }
                 Ok(engine)
             }
-            Backend::Gpu if group.ranks() > 1 => Err(format!(
-                "--backend gpu trains in one process; this run has {} MPI ranks: train on the CPU (--backend cpu) or launch one process",
-                group.ranks()
-            )),
-            Backend::Gpu => Engine::gpu(device.open_gpu()?, plan, cfg, start),
+            Backend::Gpu if zero && group.ranks() > 1 => Err("--zero 1 shards the AdamW moments of CPU ranks; GPU ranks keep them whole (--zero 0)".into()),
+            Backend::Gpu => {
+                let mut engine = Engine::gpu(device.open_gpu_local(local_rank)?, plan, cfg, start)?;
+                if let Engine::Gpu(g) = &mut engine {
+                    g.ranks = group;
+                }
+                Ok(engine)
+            }
         }
     }
 
@@ -131,7 +144,7 @@ impl<'m> Engine<'m> {
     pub fn gpu(gpu: Gpu, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Self, String> {
         let trainer = block_on(GpuTrainer::resume(gpu, plan, cfg, &start)).map_err(|e| e.to_string())?;
         let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
-        Ok(Engine::Gpu(GpuEngine { trainer, sampler, lr: 0.0, unread: 0, profiling: false }))
+        Ok(Engine::Gpu(GpuEngine { trainer, sampler, lr: 0.0, unread: 0, profiling: false, ranks: &OneRank }))
     }
 
     /// Optimizer steps taken.
@@ -176,7 +189,7 @@ impl<'m> Engine<'m> {
     pub fn evaluate(&mut self, data: Tokens<'_>, iters: usize, rng: &mut Rng) -> Result<f64, String> {
         match self {
             Engine::Cpu { trainer, pool, ranks, .. } => Ok(trainer.evaluate_ranked(*pool, data, iters, rng, *ranks)),
-            Engine::Gpu(g) => block_on(g.trainer.evaluate(data, iters, rng)).map_err(|e| e.to_string()),
+            Engine::Gpu(g) => block_on(g.trainer.evaluate_ranked(data, iters, rng, g.ranks)).map_err(|e| e.to_string()),
         }
     }
 
@@ -251,7 +264,7 @@ impl<'m> Engine<'m> {
     }
 }
 
-impl GpuEngine {
+impl GpuEngine<'_> {
     fn step(&mut self, data: Tokens<'_>, mut trace: Option<&mut Trace>, report: bool) -> Result<StepReport, StepError> {
         let device = |e: alpha_gpu::GpuError| StepError::Device(e.to_string());
         if trace.is_some() != self.profiling {
@@ -260,7 +273,7 @@ impl GpuEngine {
         }
         let step = self.trainer.step;
         let start = Instant::now();
-        self.lr = self.trainer.step(data);
+        self.lr = block_on(self.trainer.step_ranked(data, self.ranks)).map_err(device)?;
         self.unread += 1;
         let submitted = Instant::now();
         let stats = if report || trace.is_some() { Some(self.read_stats()?) } else { None };

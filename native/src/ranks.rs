@@ -27,6 +27,8 @@ trait Collectives: Ranks<f32> {
     fn gather_all(&self, mine: &[u64]) -> Vec<u64>;
     /// Waits for every rank.
     fn barrier(&self);
+    /// This process's place among the ranks on its machine.
+    fn local_rank(&self) -> usize;
     /// Ends every rank's process with `code`.
     fn abort(&self, code: i32) -> !;
 }
@@ -65,6 +67,11 @@ impl Group {
             Some(w) => &**w,
             None => &OneRank,
         }
+    }
+
+    /// This process's place among the group's processes on its machine (0 alone).
+    pub fn local_rank(&self) -> usize {
+        self.world.as_ref().map_or(0, |w| w.local_rank())
     }
 
     /// Whether this is rank 0, the one that writes.
@@ -207,6 +214,7 @@ mod mpi_world {
         world: SimpleCommunicator,
         rank: usize,
         ranks: usize,
+        local_rank: usize,
         /// The send buffer and the receive buffer of the shard collectives.
         buffers: RefCell<(Vec<f32>, Vec<f32>)>,
     }
@@ -217,7 +225,9 @@ mod mpi_world {
             let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled).ok_or("MPI was initialised twice")?;
             let world = universe.world();
             let (rank, ranks) = (world.rank() as usize, world.size() as usize);
-            Ok(World { _universe: universe, world, rank, ranks, buffers: RefCell::new((Vec::new(), Vec::new())) })
+            // The ranks that share this machine's memory, in rank order.
+            let local_rank = world.split_shared(world.rank()).rank() as usize;
+            Ok(World { _universe: universe, world, rank, ranks, local_rank, buffers: RefCell::new((Vec::new(), Vec::new())) })
         }
 
         /// The rounds of a shard collective over `len` values: in round k each rank's part
@@ -314,6 +324,10 @@ mod mpi_world {
 
         fn barrier(&self) {
             self.world.barrier();
+        }
+
+        fn local_rank(&self) -> usize {
+            self.local_rank
         }
 
         fn abort(&self, code: i32) -> ! {

@@ -5,7 +5,7 @@ use crate::checkpoint::{self, SaveError, TrainSettings, TrainState};
 use crate::corpus;
 use crate::dataset::{self, Dataset};
 use crate::device::DeviceArgs;
-use crate::engine::{Engine, StepError};
+use crate::engine::{Engine, Placement, StepError};
 use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, write_atomic, RunLock};
 use crate::ranks::{fingerprint, fingerprint_text, fingerprint_tokens, Group};
 use crate::runfile::{self, RUN_FILE};
@@ -685,6 +685,9 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         }
     };
     args.device.check()?;
+    if args.trace.is_some() && group.ranks() > 1 && args.device.backend == crate::device::Backend::Gpu {
+        return Err("--trace times one process's GPU kernels; GPU ranks split each step in two submissions: trace a run of one process".into());
+    }
     crate::memory::check(&plan, args.device.backend)?;
 
     // A resumed run writes back where its checkpoint lives unless --out says otherwise.
@@ -719,7 +722,15 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     cfg.grad_accum *= group.ranks();
     cfg.validate().map_err(|e| format!("--grad-accum {} on {} ranks: {e}", s.grad_accum, group.ranks()))?;
     let mut cpu_memory = None;
-    let mut engine = Engine::in_group(&args.device, &mut cpu_memory, &pool, plan, cfg, start, group, args.zero == 1)?;
+    let mut engine = Engine::in_group(
+        &args.device,
+        &mut cpu_memory,
+        &pool,
+        plan,
+        cfg,
+        start,
+        Placement { ranks: group, local_rank: group.local_rank(), zero: args.zero == 1 },
+    )?;
     let resolved = resolved_run_file(args, &run.config, &s);
     if group.ranks() > 1 {
         let (train_ids, val_ids) = (fingerprint_tokens(train_tokens), fingerprint_tokens(val_tokens));

@@ -120,6 +120,22 @@ fn zero_1_shards_the_moments_and_resumes_across_rank_counts() {
     }
 }
 
+/// GPU ranks (two sharing lavapipe here): each step's micro-batches on the device, the
+/// gradients summed on the host between two submissions; the same steps as one GPU process
+/// of `--grad-accum 2`.
+#[test]
+fn gpu_ranks_take_the_step_of_one_process() {
+    let dir = workdir("mpi-gpu");
+    text_file(&dir);
+    let common = ["--backend", "gpu", "--iters", "4", "--eval-interval", "2", "--eval-iters", "2", "--sample-interval", "0", "--dropout", "0.1"];
+    let ranked = train_args(&[&common[..], &["--out", "ranked", "--metrics", "ranked.jsonl"]].concat());
+    assert_ok(&mpirun(&dir, 2, &[], &ranked).output().unwrap());
+    assert_ok(&run(&dir, &train_args(&[&common[..], &["--grad-accum", "2", "--out", "alone", "--metrics", "alone.jsonl"]].concat())));
+    let (a, b) = (losses(&dir.join("ranked.jsonl")), losses(&dir.join("alone.jsonl")));
+    assert_eq!(b.len(), 4 + 3 * 2);
+    assert_close(&a, &b, "GPU ranks");
+}
+
 /// A multi-node launch: the ranks placed by a hostfile (this machine's name, two slots).
 #[test]
 fn a_hostfile_places_the_ranks() {
