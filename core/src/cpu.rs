@@ -40,6 +40,17 @@ impl<T> RawArena<T> {
     }
 }
 
+/// Where a backward walk hands out the gradients it has finished (see
+/// [`CpuExecutor::handing_out_finished`]).
+struct Finished<'a, T> {
+    take: &'a mut dyn FnMut(&'a mut [T]),
+    /// The token and position tables end here: the LM head writes the token table's gradient
+    /// first and the embedding last, so they are final only when the walk ends.
+    tables_end: usize,
+    /// Gradients from here on have been handed out.
+    from: usize,
+}
+
 /// A decoding walk's KV cache and position (see [`CpuExecutor::decoding`]).
 struct Decoding<'a, T> {
     cache: &'a mut [T],
@@ -62,6 +73,7 @@ pub struct CpuExecutor<'a, T> {
     /// The block of the op running (for the KV cache).
     layer: usize,
     observer: Option<&'a mut dyn Observer>,
+    finished: Option<Finished<'a, T>>,
     loss: Option<f64>,
     /// The arenas stay borrowed while the executor lives.
     _arenas: PhantomData<&'a mut [T]>,
@@ -87,6 +99,7 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
             n_layer,
             layer: 0,
             observer: None,
+            finished: None,
             loss: None,
             _arenas: PhantomData,
         }
@@ -117,6 +130,19 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
     /// The micro-batch's dropout key.
     fn key(&self) -> DropoutKey {
         self.dropout_key.expect("a training walk with dropout needs the micro-batch's dropout key (with_dropout_key)")
+    }
+
+    /// Handing `take`, after each op of a backward walk, the gradients that op finished (maybe
+    /// none): the walk writes a block's parameters' gradients only in that block's ops, and
+    /// visits the blocks from the last to the first, so gradients from the lowest parameter an
+    /// op wrote (the token and position tables aside) up are final once it has run. The
+    /// slices come in descending order and are never touched by the walk again; what is left
+    /// when the walk ends (the tables) is `grads[..len - handed out]`. Data parallelism sums
+    /// them while the backward goes on.
+    pub fn handing_out_finished(mut self, plan: &Plan, take: &'a mut dyn FnMut(&'a mut [T])) -> Self {
+        let tables_end = plan.param(crate::plan::ParamKind::Wpe, None).span.end();
+        self.finished = Some(Finished { take, tables_end, from: plan.params_len() });
+        self
     }
 
     /// Reporting the start and end of every op to `observer`.
@@ -169,6 +195,14 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
     fn end(&mut self, pass: Pass, index: usize, op: &Op) {
         if let Some(o) = self.observer.as_mut() {
             o.end(pass, index, op);
+        }
+        if let (Pass::Backward, Some(f), Some(grads)) = (pass, self.finished.as_mut(), self.grads.as_ref()) {
+            let lowest = op.params().into_iter().flatten().map(|s| s.offset).filter(|&o| o >= f.tables_end).min().unwrap_or(f.from).min(f.from);
+            // SAFETY: no op of the rest of the walk writes at or above `lowest` (see
+            // `handing_out_finished`), and this span was never handed out before.
+            let done = unsafe { grads.get(Span { offset: lowest, len: f.from - lowest }) };
+            f.from = lowest;
+            (f.take)(done);
         }
     }
 

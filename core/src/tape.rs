@@ -197,6 +197,16 @@ impl Op {
         }
     }
 
+    /// The parameter tensors the op reads (whose gradients its backward writes).
+    pub fn params(&self) -> [Option<Span>; 2] {
+        match *self {
+            Op::Embedding { wte, wpe, .. } => [Some(wte), Some(wpe)],
+            Op::LayerNorm { weight, bias, .. } => [Some(weight), Some(bias)],
+            Op::Matmul { weight, bias, .. } => [Some(weight), bias],
+            Op::Attention { .. } | Op::CrossEntropy { .. } => [None, None],
+        }
+    }
+
     /// The op's main shape, `[rows, in] -> [rows, out]` style, written to `f`.
     pub fn describe_shape(&self, f: &mut dyn core::fmt::Write) -> core::fmt::Result {
         match *self {

@@ -96,6 +96,19 @@ pub trait Ranks<T> {
     fn sum(&self, values: &mut [T]);
     /// Sums one number over the group.
     fn sum_f64(&self, value: f64) -> f64;
+    /// Starts summing `values` over the group, in place, and may return before the sum is
+    /// done (a non-blocking collective, so that it overlaps the rest of the backward); every
+    /// rank starts the same pieces in the same order. [`Ranks::finish_sums`] completes them.
+    /// By default it sums at once.
+    ///
+    /// # Safety
+    /// `values` is neither read nor written by the caller, nor freed, until
+    /// [`Ranks::finish_sums`] returns.
+    unsafe fn start_sum(&self, values: &mut [T]) {
+        self.sum(values);
+    }
+    /// Waits for every sum [`Ranks::start_sum`] started.
+    fn finish_sums(&self) {}
     /// ZeRO-1's reduce-scatter: sums `values` over the group in this rank's [`shard`] of
     /// them; the rest is left undefined.
     fn sum_shard(&self, values: &mut [T]);
@@ -238,6 +251,31 @@ impl<'a, T: Float> Trainer<'a, T> {
         walk::backward(&mut cpu, &self.plan, self.tape);
     }
 
+    /// [`Trainer::backward_observed`] for a data-parallel rank's last micro-batch of the step:
+    /// the gradients start summing over `ranks` as the walk finishes them, block by block from
+    /// the last, overlapping the rest of the backward; the token and position tables when it
+    /// ends. [`Ranks::finish_sums`] completes the sums.
+    fn backward_summing(&mut self, par: &dyn Parallel, micro: usize, obs: &mut dyn Observer, ranks: &dyn Ranks<T>) {
+        let batch = Batch { tokens: &self.mem.batch[..self.plan.tokens()], targets: None };
+        self.mem.acts[self.plan.scratch().dres.range()].fill(T::ZERO);
+        let key = self.dropout_key(micro);
+        let mut handed_out = 0;
+        let mut start = |done: &mut [T]| {
+            handed_out += done.len();
+            if !done.is_empty() {
+                // SAFETY: the walk never touches `done` again, and the trainer reads the
+                // gradients only after `finish_sums`.
+                unsafe { ranks.start_sum(done) };
+            }
+        };
+        let cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).with_grads(self.mem.grads).with_dropout_key(key);
+        let mut cpu = cpu.observed(obs).handing_out_finished(&self.plan, &mut start);
+        walk::backward(&mut cpu, &self.plan, self.tape);
+        let rest = self.mem.grads.len() - handed_out;
+        // SAFETY: as above; these are the gradients the walk had not handed out.
+        unsafe { ranks.start_sum(&mut self.mem.grads[..rest]) };
+    }
+
     /// The dropout key of micro-batch `micro` of the current step: micro-batches are numbered
     /// over the run, so a resumed run draws the masks it would have drawn.
     fn dropout_key(&self, micro: usize) -> crate::ops::dropout::DropoutKey {
@@ -286,6 +324,13 @@ impl<'a, T: Float> Trainer<'a, T> {
             obs.phase_end(p);
             r
         }
+        let sharded = self.sharded();
+        if sharded {
+            assert_eq!(self.shard, shard(self.plan.params_len(), ranks.ranks(), ranks.rank()), "the moments are not this rank's shard");
+        }
+        // Whole gradients are summed while this rank's last micro-batch's backward runs.
+        let last = (0..self.cfg.grad_accum).rev().find(|m| m % ranks.ranks() == ranks.rank());
+        let overlapped = ranks.ranks() > 1 && !sharded && last.is_some();
         self.zero_grads(par);
         let mut loss = 0.0;
         for micro in 0..self.cfg.grad_accum {
@@ -295,15 +340,19 @@ impl<'a, T: Float> Trainer<'a, T> {
             }
             phase(obs, Phase::Data, |_| self.load_batch(data));
             loss += phase(obs, Phase::Forward, |o| self.forward_observed(par, micro, o));
-            phase(obs, Phase::Backward, |o| self.backward_observed(par, micro, o));
-        }
-        let sharded = self.sharded();
-        if sharded {
-            assert_eq!(self.shard, shard(self.plan.params_len(), ranks.ranks(), ranks.rank()), "the moments are not this rank's shard");
+            phase(obs, Phase::Backward, |o| {
+                if overlapped && Some(micro) == last {
+                    self.backward_summing(par, micro, o, ranks)
+                } else {
+                    self.backward_observed(par, micro, o)
+                }
+            });
         }
         if ranks.ranks() > 1 {
             loss = phase(obs, Phase::Allreduce, |_| {
-                if sharded {
+                if overlapped {
+                    ranks.finish_sums();
+                } else if sharded {
                     ranks.sum_shard(self.mem.grads);
                 } else {
                     ranks.sum(self.mem.grads);
@@ -544,6 +593,45 @@ mod tests {
             for par in [&Serial as &dyn Parallel, &four] {
                 assert!(run(plan, par) == run(recomputing, par), "recompute changed the run (dropout {})", plan.dropout());
             }
+        }
+    }
+
+    /// A backward walk hands out every block's gradients, from the last block down, once
+    /// they are final (what it hands out equals the gradients when it ends), then leaves the
+    /// token and position tables; with and without recompute.
+    #[test]
+    fn the_backward_hands_out_final_gradients_from_the_top() {
+        let cfg = GptConfig { vocab_size: 13, block_size: 8, n_layer: 3, n_head: 2, n_embd: 8 };
+        let data: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 3) % 13).collect();
+        for plan in [Plan::new(cfg, 2, 8).unwrap(), Plan::new(cfg, 2, 8).unwrap().with_recompute(true)] {
+            let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
+            init_params(&plan, &mut mem.params, &mut Rng::new(1));
+            let tc = TrainConfig {
+                schedule: LrSchedule { max_lr: 1e-2, min_lr: 1e-3, warmup_iters: 1, decay_iters: 10 },
+                adamw: AdamWConfig::default(),
+                grad_clip: 1.0,
+                grad_accum: 1,
+            };
+            let mut t = mem.trainer(plan, tc, Rng::new(2)).unwrap();
+            t.load_batch(&data);
+            t.forward(&Serial, 0);
+            let base = t.mem.grads.as_ptr() as usize;
+            let mut handed: Vec<(usize, Vec<f32>)> = Vec::new();
+            {
+                let batch = Batch { tokens: &t.mem.batch[..plan.tokens()], targets: None };
+                let mut take = |done: &mut [f32]| handed.push(((done.as_ptr() as usize - base) / 4, done.to_vec()));
+                let mut cpu = CpuExecutor::new(&Serial, &plan, t.mem.params, t.mem.acts, batch).with_grads(t.mem.grads).handing_out_finished(&plan, &mut take);
+                walk::backward(&mut cpu, &plan, t.tape);
+            }
+            let tables_end = plan.param(crate::plan::ParamKind::Wpe, None).span.end();
+            let mut top = plan.params_len();
+            for (offset, values) in handed.iter().filter(|(_, v)| !v.is_empty()) {
+                assert_eq!(offset + values.len(), top, "not the next piece down");
+                assert_eq!(&values[..], &t.mem.grads[*offset..top], "handed out before it was final");
+                top = *offset;
+            }
+            assert_eq!(top, tables_end, "the blocks' gradients were not all handed out");
+            assert!(handed.iter().filter(|(_, v)| !v.is_empty()).count() > 3 * 3, "handed out in too few pieces to overlap anything");
         }
     }
 

@@ -128,6 +128,13 @@ impl Ranks<f32> for Group {
     fn sum_f64(&self, value: f64) -> f64 {
         self.ranked().sum_f64(value)
     }
+    unsafe fn start_sum(&self, values: &mut [f32]) {
+        // SAFETY: the caller's.
+        unsafe { self.ranked().start_sum(values) }
+    }
+    fn finish_sums(&self) {
+        self.ranked().finish_sums()
+    }
     fn sum_shard(&self, values: &mut [f32]) {
         self.ranked().sum_shard(values)
     }
@@ -199,6 +206,8 @@ mod mpi_world {
     use mpi::collective::SystemOperation;
     use mpi::datatype::PartitionMut;
     use mpi::environment::Universe;
+    use mpi::ffi;
+    use mpi::raw::AsRaw;
     use mpi::topology::{Communicator, SimpleCommunicator};
     use mpi::traits::*;
     use std::cell::RefCell;
@@ -217,6 +226,20 @@ mod mpi_world {
         local_rank: usize,
         /// The send buffer and the receive buffer of the shard collectives.
         buffers: RefCell<(Vec<f32>, Vec<f32>)>,
+        /// The sums [`Ranks::start_sum`] started.
+        sums: RefCell<Overlapped>,
+    }
+
+    /// Sums started and not finished: the values handed over and not yet sent (contiguous,
+    /// growing downwards as the backward finishes blocks), the requests in flight and their
+    /// send buffers (MPI's in-place form is not reachable through rsmpi), and spare buffers
+    /// kept for the next step.
+    #[derive(Default)]
+    struct Overlapped {
+        waiting: Option<(*mut f32, usize)>,
+        requests: Vec<ffi::MPI_Request>,
+        sending: Vec<Vec<f32>>,
+        spare: Vec<Vec<f32>>,
     }
 
     impl World {
@@ -227,7 +250,40 @@ mod mpi_world {
             let (rank, ranks) = (world.rank() as usize, world.size() as usize);
             // The ranks that share this machine's memory, in rank order.
             let local_rank = world.split_shared(world.rank()).rank() as usize;
-            Ok(World { _universe: universe, world, rank, ranks, local_rank, buffers: RefCell::new((Vec::new(), Vec::new())) })
+            let (buffers, sums) = (RefCell::new((Vec::new(), Vec::new())), RefCell::default());
+            Ok(World { _universe: universe, world, rank, ranks, local_rank, buffers, sums })
+        }
+
+        /// Starts summing the `len` values at `low` in pieces of at most [`BUCKET`], from the
+        /// top down (the order every rank follows).
+        fn launch(&self, sums: &mut Overlapped, low: *mut f32, len: usize) {
+            let mut end = len;
+            while end > 0 {
+                let start = end.saturating_sub(BUCKET);
+                let mut send = sums.spare.pop().unwrap_or_default();
+                send.clear();
+                // SAFETY: `low..low + len` was handed over by `start_sum`'s caller, untouched
+                // until `finish_sums`.
+                let values = unsafe { std::slice::from_raw_parts_mut(low.add(start), end - start) };
+                send.extend_from_slice(values);
+                let mut request = std::mem::MaybeUninit::uninit();
+                // SAFETY: both buffers outlive the request (the send buffer is kept in
+                // `sending`, the values are the caller's until `finish_sums` waits for it).
+                unsafe {
+                    ffi::MPI_Iallreduce(
+                        send.as_ptr().cast(),
+                        values.as_mut_ptr().cast(),
+                        values.len() as i32,
+                        ffi::RSMPI_FLOAT,
+                        ffi::RSMPI_SUM,
+                        self.world.as_raw(),
+                        request.as_mut_ptr(),
+                    );
+                    sums.requests.push(request.assume_init());
+                }
+                sums.sending.push(send);
+                end = start;
+            }
         }
 
         /// The rounds of a shard collective over `len` values: in round k each rank's part
@@ -267,6 +323,40 @@ mod mpi_world {
             let mut total = 0.0;
             self.world.all_reduce_into(&value, &mut total, SystemOperation::sum());
             total
+        }
+
+        unsafe fn start_sum(&self, values: &mut [f32]) {
+            let sums = &mut *self.sums.borrow_mut();
+            let (low, len) = (values.as_mut_ptr(), values.len());
+            sums.waiting = match sums.waiting {
+                // Just below what waits: one piece.
+                Some((w, n)) if low.wrapping_add(len) == w => Some((low, len + n)),
+                Some((w, n)) => {
+                    self.launch(sums, w, n);
+                    Some((low, len))
+                }
+                None => Some((low, len)),
+            };
+            if let Some((w, n)) = sums.waiting.filter(|&(_, n)| n >= BUCKET) {
+                self.launch(sums, w, n);
+                sums.waiting = None;
+            }
+            // Open MPI moves a non-blocking collective along only inside MPI calls.
+            let mut done = 0;
+            // SAFETY: the requests are live ones this rank started.
+            unsafe { ffi::MPI_Testall(sums.requests.len() as i32, sums.requests.as_mut_ptr(), &mut done, ffi::RSMPI_STATUSES_IGNORE) };
+        }
+
+        fn finish_sums(&self) {
+            let sums = &mut *self.sums.borrow_mut();
+            if let Some((w, n)) = sums.waiting.take() {
+                self.launch(sums, w, n);
+            }
+            // SAFETY: as in `start_sum`.
+            unsafe { ffi::MPI_Waitall(sums.requests.len() as i32, sums.requests.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE) };
+            sums.requests.clear();
+            let Overlapped { sending, spare, .. } = sums;
+            spare.append(sending);
         }
 
         fn sum_shard(&self, values: &mut [f32]) {

@@ -52,12 +52,30 @@ fn assert_close(ranked: &[f64], alone: &[f64], what: &str) {
 
 /// Two ranks of batch B take the steps one process of `--grad-accum 2` takes (dropout and
 /// evaluation included), up to the order of the sums; with `--grad-accum 2` on each rank, those
-/// of `--grad-accum 4`. Only rank 0 writes: one metrics file of one run, one checkpoint.
+/// of `--grad-accum 4`. The model (1.6M parameters) is summed in several pieces while the
+/// backward runs. Only rank 0 writes: one metrics file of one run, one checkpoint.
 #[test]
 fn ranks_take_the_step_of_one_process() {
     let dir = workdir("mpi-equivalence");
     text_file(&dir);
-    let common = ["--iters", "8", "--eval-interval", "4", "--eval-iters", "3", "--sample-interval", "4", "--dropout", "0.1"];
+    let common = [
+        "--iters",
+        "8",
+        "--eval-interval",
+        "4",
+        "--eval-iters",
+        "3",
+        "--sample-interval",
+        "4",
+        "--dropout",
+        "0.1",
+        "--layers",
+        "2",
+        "--embd",
+        "256",
+        "--heads",
+        "4",
+    ];
     for accum in [1usize, 2] {
         let (ranked, alone) = (format!("ranked{accum}"), format!("alone{accum}"));
         let (per_rank, whole) = (accum.to_string(), (2 * accum).to_string());
