@@ -120,10 +120,16 @@ pub trait Ranks<T> {
 }
 
 /// Rank `rank`'s part of `len` values split over `ranks` (ZeRO-1's shards of the parameters,
-/// gradients and AdamW moments): contiguous, in rank order, sizes differing by at most one.
+/// gradients and AdamW moments): contiguous, in rank order, in whole blocks of
+/// [`SHARD_ALIGN`] values (a GPU binds each shard from an aligned offset) but for the end.
 pub fn shard(len: usize, ranks: usize, rank: usize) -> core::ops::Range<usize> {
-    split_range(len, ranks, rank)
+    let blocks = split_range(len.div_ceil(SHARD_ALIGN), ranks, rank);
+    (blocks.start * SHARD_ALIGN).min(len)..(blocks.end * SHARD_ALIGN).min(len)
 }
+
+/// Shards start at multiples of this many values (256 bytes of f32: wgpu's storage binding
+/// offset alignment).
+pub const SHARD_ALIGN: usize = 64;
 
 /// A process training on its own: the whole step is its.
 pub struct OneRank;

@@ -15,7 +15,7 @@ use crate::readback::read;
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape;
-use alpha_core::train::{OneRank, Ranks, RunState, StepStats, TrainConfig};
+use alpha_core::train::{shard, OneRank, Ranks, RunState, StepStats, TrainConfig};
 use alpha_core::{walk, Rng};
 use std::ops::Range;
 
@@ -66,6 +66,9 @@ pub struct GpuTrainer {
     update: Program,
     /// AdamW's dispatches in `update` and the arena pieces they bind.
     adamw: Vec<(usize, Range<usize>)>,
+    /// The parameters (device layout) whose AdamW moments it holds and updates: all, or its
+    /// ZeRO-1 shard.
+    shard: Range<usize>,
     host_batch: Vec<u32>,
     dres: Span,
     profiler: Option<Profiler>,
@@ -85,18 +88,35 @@ impl GpuTrainer {
     /// Builds every buffer and dispatch for `plan` on `gpu` and uploads `params` (host
     /// layout, `plan.params_len()` elements); moments start at zero.
     pub async fn new(gpu: Gpu, plan: Plan, cfg: TrainConfig, rng: Rng, params: &[f32]) -> Result<GpuTrainer, GpuError> {
-        GpuTrainer::build(gpu, plan, cfg, rng, params, None).await
+        let whole = 0..DeviceLayout::new(&plan).len();
+        GpuTrainer::build(gpu, plan, cfg, rng, params, None, whole).await
     }
 
     /// A trainer that continues `state` (parameters, moments, step, batch generator).
     pub async fn resume(gpu: Gpu, plan: Plan, cfg: TrainConfig, state: &RunState<f32>) -> Result<GpuTrainer, GpuError> {
+        GpuTrainer::resume_sharded(gpu, plan, cfg, state, &OneRank).await
+    }
+
+    /// [`GpuTrainer::resume`] holding only this rank's ZeRO-1 shard of the AdamW moments
+    /// (`shard` of the device layout's elements over `ranks`): [`GpuTrainer::step_ranked`]
+    /// updates those parameters and gathers the others from the other ranks.
+    pub async fn resume_sharded(gpu: Gpu, plan: Plan, cfg: TrainConfig, state: &RunState<f32>, ranks: &dyn Ranks<f32>) -> Result<GpuTrainer, GpuError> {
         let moments = state.moments.as_ref().map(|(m, v)| (&m[..], &v[..]));
-        let mut t = GpuTrainer::build(gpu, plan, cfg, state.rng, &state.params, moments).await?;
+        let shard = shard(DeviceLayout::new(&plan).len(), ranks.ranks(), ranks.rank());
+        let mut t = GpuTrainer::build(gpu, plan, cfg, state.rng, &state.params, moments, shard).await?;
         t.step = state.step;
         Ok(t)
     }
 
-    async fn build(gpu: Gpu, plan: Plan, cfg: TrainConfig, rng: Rng, params: &[f32], moments: Option<(&[f32], &[f32])>) -> Result<GpuTrainer, GpuError> {
+    async fn build(
+        gpu: Gpu,
+        plan: Plan,
+        cfg: TrainConfig,
+        rng: Rng,
+        params: &[f32],
+        moments: Option<(&[f32], &[f32])>,
+        shard: Range<usize>,
+    ) -> Result<GpuTrainer, GpuError> {
         if params.len() != plan.params_len() {
             return Err(GpuError(format!("{} parameters given, the model has {}", params.len(), plan.params_len())));
         }
@@ -114,8 +134,8 @@ impl GpuTrainer {
             Ok(Buffers {
                 params: storage(&gpu, "parameters", layout.len())?,
                 grads: storage(&gpu, "gradients", layout.len())?,
-                adam_m: storage(&gpu, "AdamW first moments", layout.len())?,
-                adam_v: storage(&gpu, "AdamW second moments", layout.len())?,
+                adam_m: storage(&gpu, "AdamW first moments", shard.len().max(ACT_ALIGN))?,
+                adam_v: storage(&gpu, "AdamW second moments", shard.len().max(ACT_ALIGN))?,
                 acts: storage(&gpu, "activations", plan.acts_len())?,
                 // One slot per micro-batch and one for evaluation.
                 batch: storage(&gpu, "batch", slot_len.checked_mul(cfg.grad_accum + 1).ok_or_else(|| GpuError("the batch buffer's size overflows".into()))?)?,
@@ -147,12 +167,32 @@ impl GpuTrainer {
         let stats = View::first(&bufs.stats, ACT_ALIGN);
         let partials = View::first(&bufs.norm_partials, pieces.len() * ops::grad_norm::NORM_CHUNKS);
         ops::grad_norm::sum_squares(&mut p, whole(&bufs.grads), &pieces, partials, stats, NORM_SLOT);
-        let arenas = [whole(&bufs.params), whole(&bufs.grads), whole(&bufs.adam_m), whole(&bufs.adam_v)];
-        let adamw = ops::adamw::dispatch(&mut p, arenas, &pieces, stats).into_iter().zip(pieces).collect();
+        let in_shard = |buf| View::first(buf, shard.len());
+        let arenas = [whole(&bufs.params), whole(&bufs.grads), in_shard(&bufs.adam_m), in_shard(&bufs.adam_v)];
+        let mut shard_pieces = ops::binding_pieces(shard.len(), elements(gpu.limits.max_storage_buffer_binding_size));
+        shard_pieces.retain(|r| !r.is_empty());
+        let shard_pieces: Vec<Range<usize>> = shard_pieces.into_iter().map(|r| shard.start + r.start..shard.start + r.end).collect();
+        let adamw = ops::adamw::dispatch(&mut p, arenas, &shard_pieces, shard.start, stats).into_iter().zip(shard_pieces).collect();
         let update = p.build(&gpu, &kernels)?;
         let dres = plan.scratch().dres;
-        let t =
-            GpuTrainer { gpu, kernels, plan, layout, cfg, step: 0, rng, bufs, micro, eval, update, adamw, host_batch: vec![0; slot_len], dres, profiler: None };
+        let t = GpuTrainer {
+            gpu,
+            kernels,
+            plan,
+            layout,
+            cfg,
+            step: 0,
+            rng,
+            bufs,
+            micro,
+            eval,
+            update,
+            adamw,
+            shard,
+            host_batch: vec![0; slot_len],
+            dres,
+            profiler: None,
+        };
         t.upload(params, moments)?;
         Ok(t)
     }
@@ -182,23 +222,42 @@ impl GpuTrainer {
         q.write_buffer(&self.bufs.params, 0, bytemuck::cast_slice(&self.layout.to_device(params)));
         let zeros = vec![0.0; len];
         let (m, v) = moments.unwrap_or((&zeros, &zeros));
-        q.write_buffer(&self.bufs.adam_m, 0, bytemuck::cast_slice(&self.layout.to_device(m)));
-        q.write_buffer(&self.bufs.adam_v, 0, bytemuck::cast_slice(&self.layout.to_device(v)));
+        // The moments of this trainer's shard (all of them alone).
+        q.write_buffer(&self.bufs.adam_m, 0, bytemuck::cast_slice(&self.layout.to_device(m)[self.shard.clone()]));
+        q.write_buffer(&self.bufs.adam_v, 0, bytemuck::cast_slice(&self.layout.to_device(v)[self.shard.clone()]));
         Ok(())
     }
 
     /// Parameters and AdamW moments `(params, m, v)` in host layout (for checkpoints).
     pub async fn download(&self) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), GpuError> {
-        let mut out = Vec::with_capacity(3);
-        for buf in [&self.bufs.params, &self.bufs.adam_m, &self.bufs.adam_v] {
-            let dev: Vec<f32> = read(&self.gpu, buf, 0, self.layout.len()).await?;
+        self.download_ranked(&OneRank).await
+    }
+
+    /// [`GpuTrainer::download`] as one of `ranks` (every rank calls it): with ZeRO-1 rank 0
+    /// collects the moments' shards, and the other ranks get empty moments.
+    pub async fn download_ranked(&self, ranks: &dyn Ranks<f32>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), GpuError> {
+        // Whole moments are every rank's own.
+        let ranks = if self.sharded() { ranks } else { &OneRank };
+        let host = |dev: &[f32]| {
             let mut host = vec![0.0; self.plan.params_len()];
-            self.layout.to_host(&dev, &mut host);
-            out.push(host);
+            self.layout.to_host(dev, &mut host);
+            host
+        };
+        let params = host(&read(&self.gpu, &self.bufs.params, 0, self.layout.len()).await?);
+        let mut moments = Vec::with_capacity(2);
+        for buf in [&self.bufs.adam_m, &self.bufs.adam_v] {
+            let mine: Vec<f32> = read(&self.gpu, buf, 0, self.shard.len()).await?;
+            let mut all = vec![0.0; if ranks.rank() == 0 { self.layout.len() } else { 0 }];
+            ranks.collect_shards(&mine, &mut all);
+            moments.push(if ranks.rank() == 0 { host(&all) } else { Vec::new() });
         }
-        let v = out.pop().expect("three arenas");
-        let m = out.pop().expect("three arenas");
-        Ok((out.pop().expect("three arenas"), m, v))
+        let v = moments.pop().expect("two moments");
+        Ok((params, moments.pop().expect("two moments"), v))
+    }
+
+    /// Whether it holds the moments of a ZeRO-1 shard only.
+    pub fn sharded(&self) -> bool {
+        self.shard.len() < self.layout.len()
     }
 
     /// Draws a batch from `data` into batch slot `slot` (on the host, then one write), with
@@ -278,6 +337,14 @@ impl GpuTrainer {
             p.resolve(&mut enc);
         }
         self.gpu.queue.submit([enc.finish()]);
+        if self.sharded() {
+            // ZeRO-1: this rank updated its shard; the others' come from them.
+            let mut params = vec![0.0; self.layout.len()];
+            let mine: Vec<f32> = read(&self.gpu, &self.bufs.params, self.shard.start, self.shard.len()).await?;
+            params[self.shard.clone()].copy_from_slice(&mine);
+            ranks.gather_shards(&mut params);
+            self.gpu.queue.write_buffer(&self.bufs.params, 0, bytemuck::cast_slice(&params));
+        }
         Ok(lr)
     }
 

@@ -432,7 +432,7 @@ fn squared_norm_and_adamw_with_clip() {
     let mut p = ProgramBuilder::default();
     ops::grad_norm::sum_squares(&mut p, whole(&gg, &grads), &pieces, View::first(&gpart, partials), View::first(&gstats, 4), 1);
     let arenas = [whole(&gp, &params), whole(&gg, &grads), whole(&gm, &m0), whole(&gv, &v0)];
-    let indices = ops::adamw::dispatch(&mut p, arenas, &pieces, View::first(&gstats, 4));
+    let indices = ops::adamw::dispatch(&mut p, arenas, &pieces, 0, View::first(&gstats, 4));
     let program = p.build(gpu(), &kernels).unwrap();
     for (i, piece) in indices.into_iter().zip(&pieces) {
         program.set_words(&gpu().queue, i, &ops::adamw::words(piece, decay_end, &cfg, lr, step, clip, [0, 1, 2]));

@@ -18,7 +18,7 @@ use alpha_core::run::SAMPLES;
 use alpha_core::tokenizer::{TextStream, Tokenizer};
 use alpha_core::train::{shard, OneRank, OwnedMemory, Ranks, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
-use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
+use alpha_gpu::{block_on, GpuForward, GpuTrainer};
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::time::Instant;
@@ -51,7 +51,7 @@ pub struct Placement<'m> {
     pub ranks: &'m dyn Ranks<f32>,
     /// This process's place among the ranks on its machine (which GPU it takes).
     pub local_rank: usize,
-    /// ZeRO-1 (CPU ranks): hold and update only this rank's shard of the AdamW moments.
+    /// ZeRO-1: hold and update only this rank's shard of the AdamW moments.
     pub zero: bool,
 }
 
@@ -122,13 +122,11 @@ impl<'m> Engine<'m> {
                 }
                 Ok(engine)
             }
-            Backend::Gpu if zero && group.ranks() > 1 => Err("--zero 1 shards the AdamW moments of CPU ranks; GPU ranks keep them whole (--zero 0)".into()),
             Backend::Gpu => {
-                let mut engine = Engine::gpu(device.open_gpu_local(local_rank)?, plan, cfg, start)?;
-                if let Engine::Gpu(g) = &mut engine {
-                    g.ranks = group;
-                }
-                Ok(engine)
+                let gpu = device.open_gpu_local(local_rank)?;
+                let sharding = if zero { group } else { &OneRank };
+                let trainer = block_on(GpuTrainer::resume_sharded(gpu, plan, cfg, &start, sharding)).map_err(|e| e.to_string())?;
+                Engine::on_gpu(trainer, group)
             }
         }
     }
@@ -140,11 +138,10 @@ impl<'m> Engine<'m> {
         Ok(Engine::Cpu { trainer, pool, sampler, ranks: &OneRank })
     }
 
-    /// A GPU engine on `gpu` continuing `start`.
-    pub fn gpu(gpu: Gpu, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Self, String> {
-        let trainer = block_on(GpuTrainer::resume(gpu, plan, cfg, &start)).map_err(|e| e.to_string())?;
-        let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
-        Ok(Engine::Gpu(GpuEngine { trainer, sampler, lr: 0.0, unread: 0, profiling: false, ranks: &OneRank }))
+    /// A GPU engine over `trainer`, one of `ranks`.
+    fn on_gpu(trainer: GpuTrainer, ranks: &'m dyn Ranks<f32>) -> Result<Self, String> {
+        let sampler = trainer.forward_model(1, trainer.plan.config.block_size).map_err(|e| e.to_string())?;
+        Ok(Engine::Gpu(GpuEngine { trainer, sampler, lr: 0.0, unread: 0, profiling: false, ranks }))
     }
 
     /// Optimizer steps taken.
@@ -226,7 +223,7 @@ impl<'m> Engine<'m> {
                 Ok((Cow::Borrowed(&*m.params), Cow::Borrowed(&*m.adam_m), Cow::Borrowed(&*m.adam_v)))
             }
             Engine::Gpu(g) => {
-                let (p, m, v) = block_on(g.trainer.download()).map_err(|e| e.to_string())?;
+                let (p, m, v) = block_on(g.trainer.download_ranked(g.ranks)).map_err(|e| e.to_string())?;
                 Ok((Cow::Owned(p), Cow::Owned(m), Cow::Owned(v)))
             }
         }

@@ -123,9 +123,9 @@ pub struct TrainArgs {
     #[arg(long)]
     pub async_checkpoint: bool,
     /// ZeRO stage for data-parallel runs (`mpirun -np N`, a build with `--features mpi`):
-    /// 1 shards the AdamW moments over the ranks (each holds and updates 1/N of them, the
-    /// gradients are reduce-scattered and the parameters all-gathered); 0 keeps them whole on
-    /// every rank. Checkpoints are the same either way: a run resumes with any rank count
+    /// 1 shards the AdamW moments over the ranks (each holds and updates 1/N of them and the
+    /// parameters are all-gathered); 0 keeps them whole on every rank. Checkpoints are the
+    /// same either way: a run resumes with any rank count
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub zero: u8,
     /// Write a Chrome trace (open in Perfetto) of the first --trace-steps steps to FILE.

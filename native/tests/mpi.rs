@@ -140,18 +140,30 @@ fn zero_1_shards_the_moments_and_resumes_across_rank_counts() {
 
 /// GPU ranks (two sharing lavapipe here): each step's micro-batches on the device, the
 /// gradients summed on the host between two submissions; the same steps as one GPU process
-/// of `--grad-accum 2`.
+/// of `--grad-accum 2`, with whole moments and with `--zero 1` (each rank's device holds
+/// and updates its shard; its checkpoint is one process's).
 #[test]
 fn gpu_ranks_take_the_step_of_one_process() {
     let dir = workdir("mpi-gpu");
     text_file(&dir);
     let common = ["--backend", "gpu", "--iters", "4", "--eval-interval", "2", "--eval-iters", "2", "--sample-interval", "0", "--dropout", "0.1"];
-    let ranked = train_args(&[&common[..], &["--out", "ranked", "--metrics", "ranked.jsonl"]].concat());
-    assert_ok(&mpirun(&dir, 2, &[], &ranked).output().unwrap());
     assert_ok(&run(&dir, &train_args(&[&common[..], &["--grad-accum", "2", "--out", "alone", "--metrics", "alone.jsonl"]].concat())));
-    let (a, b) = (losses(&dir.join("ranked.jsonl")), losses(&dir.join("alone.jsonl")));
-    assert_eq!(b.len(), 4 + 3 * 2);
-    assert_close(&a, &b, "GPU ranks");
+    let alone = alpha_native::checkpoint::load(&dir.join("alone/ckpt.safetensors")).unwrap();
+    for zero in ["0", "1"] {
+        let (out, metrics) = (format!("ranked{zero}"), format!("ranked{zero}.jsonl"));
+        let ranked = train_args(&[&common[..], &["--zero", zero, "--out", &out, "--metrics", &metrics]].concat());
+        assert_ok(&mpirun(&dir, 2, &[], &ranked).output().unwrap());
+        let (a, b) = (losses(&dir.join(&metrics)), losses(&dir.join("alone.jsonl")));
+        assert_eq!(b.len(), 4 + 3 * 2);
+        assert_close(&a, &b, &format!("GPU ranks, --zero {zero}"));
+        let x = alpha_native::checkpoint::load(&dir.join(&out).join("ckpt.safetensors")).unwrap();
+        let ((xm, xv, _), (ym, yv, _)) = (x.optimizer.unwrap(), alone.optimizer.clone().unwrap());
+        for (what, a, b) in [("parameters", &x.params, &alone.params), ("first moments", &xm, &ym), ("second moments", &xv, &yv)] {
+            let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let worst = a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(worst <= 1e-4 * scale, "--zero {zero}: {what} differ by {worst} (largest {scale})");
+        }
+    }
 }
 
 /// A multi-node launch: the ranks placed by a hostfile (this machine's name, two slots).

@@ -6,16 +6,19 @@ use crate::kernels::{Kernel, ProgramBuilder, View};
 use alpha_core::optim::AdamWConfig;
 use std::ops::Range;
 
-/// The AdamW dispatches over whole arenas, one per binding piece (see
-/// [`super::binding_pieces`]); their words change every step ([`words`]). Returns each
-/// dispatch's index in the program.
-pub fn dispatch<'a>(p: &mut ProgramBuilder<'a>, arenas: [View<'a>; 4], pieces: &[Range<usize>], stats: View<'a>) -> Vec<usize> {
+/// The AdamW dispatches over the arenas' `pieces` (see [`super::binding_pieces`]), one per
+/// piece; their words change every step ([`words`]). The moments hold the parameters from
+/// `moments_start` on (0, or a ZeRO-1 rank's shard). Returns each dispatch's index in the
+/// program.
+pub fn dispatch<'a>(p: &mut ProgramBuilder<'a>, arenas: [View<'a>; 4], pieces: &[Range<usize>], moments_start: usize, stats: View<'a>) -> Vec<usize> {
+    let [params, grads, m, v] = arenas;
     pieces
         .iter()
         .map(|r| {
             let groups = r.len().div_ceil(64);
             let x = groups.min(65535);
-            let [params, grads, m, v] = arenas.map(|a| Some(a.part(r.start, r.len())));
+            let [params, grads] = [params, grads].map(|a| Some(a.part(r.start, r.len())));
+            let [m, v] = [m, v].map(|a| Some(a.part(r.start - moments_start, r.len())));
             p.push(Kernel::AdamW, &[], &[params, grads, m, v, Some(stats)], [u(x), u(groups.div_ceil(x)), 1])
         })
         .collect()
