@@ -8,7 +8,7 @@
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::{Engine, StepError};
 use crate::fsutil::check_outputs_distinct;
-use crate::peak::{peak, Peak};
+use crate::peak::{peak, peak_given};
 use crate::step::{bench_train_config, fresh_start, train_split, Phases};
 use crate::trace::Trace;
 use crate::train::ModelArgs;
@@ -63,6 +63,19 @@ pub fn flops_per_token(plan: &Plan) -> f64 {
     6.0 * plan.num_params() as f64 + 12.0 * (c.n_layer * plan.seq * c.n_embd) as f64
 }
 
+/// FLOPs per token that `--recompute` adds: each block's forward runs again before its
+/// backward (2 × the blocks' parameters + 4 × n_layer × T × C); 0 without it. Hardware FLOPs
+/// (HFU's) are [`flops_per_token`] plus these.
+pub fn recomputed_flops_per_token(plan: &Plan) -> f64 {
+    let c = &plan.config;
+    let tables_and_final_norm = (c.vocab_size + c.block_size + 2) * c.n_embd;
+    if plan.recompute() {
+        2.0 * (plan.params_len() - tables_and_final_norm) as f64 + 4.0 * (c.n_layer * plan.seq * c.n_embd) as f64
+    } else {
+        0.0
+    }
+}
+
 /// The most steps `--iters` and `--warmup` may ask for.
 const MAX_BENCH_STEPS: usize = 1_000_000;
 
@@ -90,7 +103,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let pool = args.device.pool()?;
     let peak = match args.device.backend {
         Backend::Cpu => Some(peak(&pool, args.peak_gflops)?),
-        Backend::Gpu => args.peak_gflops.map(|gflops| Peak { gflops, source: "given" }),
+        Backend::Gpu => peak_given(args.peak_gflops)?,
     };
     let mut cpu_memory = None;
     let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;

@@ -3,12 +3,11 @@
 use crate::bench::flops_per_token;
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::{Engine, StepError};
-use crate::peak::{cpu_model, fma_limit, peak, simd_features};
+use crate::peak::{fma_limit, machine_json, peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, train_split};
 use crate::train::ModelArgs;
 use alpha_core::config::MAX_DIM;
 use alpha_core::gemm::f32_kernel_name;
-use alpha_core::parallel::Parallel;
 use alpha_core::{GptConfig, Plan, Rng};
 use alpha_gpu::{block_on, AdapterSummary, Gpu, GpuTrainer};
 use clap::Args;
@@ -79,12 +78,9 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     // The other choice of --recompute, for comparison.
     let (_, other_activations, _) = crate::memory::arena_bytes(&plan.with_recompute(!plan.recompute()));
     let (plain, recomputed) = if plan.recompute() { (other_activations, activations) } else { (activations, other_activations) };
-    let memory = json!({
-        "params": mib(p), "grads": mib(p), "adam_m": mib(p), "adam_v": mib(p),
-        "activations": mib(activations), "batch": mib(batch),
-        "activations_plain": mib(plain), "activations_recompute": mib(recomputed),
-        "total": mib(4 * p + activations + batch),
-    });
+    let mut memory = crate::memory::plan_json(&plan);
+    memory["activations_plain"] = json!(mib(plain));
+    memory["activations_recompute"] = json!(mib(recomputed));
     // A run that cannot fit is described, not measured.
     let fits = crate::memory::check(&plan, args.device.backend);
     let gpu = match args.device.backend {
@@ -128,13 +124,8 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     }
     let data_parallel =
         (args.ranks > 1).then(|| data_parallel_plan(&plan, args.ranks as usize, args.link_gbps, estimate["ms_backward"].as_f64(), 4 * p + activations + batch));
-    let report = json!({
+    let mut report = json!({
         "data_parallel": data_parallel,
-        "cpu": cpu_model(),
-        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "threads": pool.threads(),
-        "simd": simd_features(),
-        "gemm_kernel": f32_kernel_name(),
         "peak_gflops": peak.gflops,
         "peak_source": peak.source,
         "fma_limit_gflops": fma,
@@ -154,6 +145,10 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "estimate": estimate,
         "gpu_adapters": adapters.iter().map(adapter_json).collect::<Vec<_>>(),
     });
+    // The machine's keys (cpu, cores, threads, simd, gemm_kernel) beside the rest.
+    if let (Some(r), serde_json::Value::Object(machine)) = (report.as_object_mut(), machine_json(&pool)) {
+        r.extend(machine);
+    }
     if args.json {
         println!("{report}");
         return Ok(());

@@ -26,6 +26,17 @@ pub fn arena_bytes(plan: &Plan) -> (u128, u128, u128) {
     (four_bytes(plan.params_len()), four_bytes(plan.acts_len()), four_bytes(2 * plan.tokens()))
 }
 
+/// The arenas of a run of `plan` in MiB, as JSON (params, grads, adam_m, adam_v,
+/// activations, batch, total): the memory plan reports show.
+pub fn plan_json(plan: &Plan) -> serde_json::Value {
+    let (p, activations, batch) = arena_bytes(plan);
+    let mib = |bytes: u128| bytes as f64 / (1024.0 * 1024.0);
+    serde_json::json!({
+        "params": mib(p), "grads": mib(p), "adam_m": mib(p), "adam_v": mib(p),
+        "activations": mib(activations), "batch": mib(batch), "total": mib(4 * p + activations + batch),
+    })
+}
+
 /// Bytes the system can still give this process: available memory plus free swap, from
 /// Linux's `/proc/meminfo`; `None` elsewhere (or where it cannot be read).
 fn available_bytes() -> Option<u128> {

@@ -19,6 +19,18 @@ pub struct Peak {
     pub source: &'static str,
 }
 
+/// This machine as reports describe it: the CPU, its cores, the threads used, the SIMD
+/// features and the GEMM kernel they select.
+pub fn machine_json(pool: &ThreadPool) -> serde_json::Value {
+    serde_json::json!({
+        "cpu": cpu_model(),
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "threads": pool.threads(),
+        "simd": simd_features(),
+        "gemm_kernel": alpha_core::gemm::f32_kernel_name(),
+    })
+}
+
 /// The CPU's model name (`/proc/cpuinfo`), or the architecture where that is unknown.
 pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
@@ -58,11 +70,8 @@ fn cache_file() -> Option<PathBuf> {
 
 /// The peak for `pool`: `given`, else the cached measurement, else a new one (then cached).
 pub fn peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
-    if let Some(g) = given {
-        if !(g.is_finite() && g > 0.0) {
-            return Err(format!("--peak-gflops must be a positive number, got {g}"));
-        }
-        return Ok(Peak { gflops: g, source: "given" });
+    if let Some(p) = peak_given(given)? {
+        return Ok(p);
     }
     let key = format!("{} | {} threads | {}", cpu_model(), pool.threads(), f32_kernel_name());
     let file = cache_file();
@@ -79,6 +88,16 @@ pub fn peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
             .and_then(|_| write_atomic(&f, serde_json::to_string_pretty(&cache).expect("a map of numbers").as_bytes()));
     }
     Ok(Peak { gflops, source: "measured" })
+}
+
+/// The peak `--peak-gflops` gives, if any (an error unless it is a positive number): a GPU's,
+/// which Alpha does not measure.
+pub fn peak_given(given: Option<f64>) -> Result<Option<Peak>, String> {
+    match given {
+        Some(g) if !(g.is_finite() && g > 0.0) => Err(format!("--peak-gflops must be a positive number, got {g}")),
+        Some(gflops) => Ok(Some(Peak { gflops, source: "given" })),
+        None => Ok(None),
+    }
 }
 
 /// Best of three rounds of about 0.1 s in which every thread multiplies its own 192 x 192

@@ -1,6 +1,7 @@
 //! `alpha-native train`: nanoGPT's training loop on the CPU or a GPU, with evaluation,
 //! samples, atomic checkpoints, exact resume, JSON Lines metrics and a progress bar.
 
+use crate::bench::{flops_per_token, recomputed_flops_per_token};
 use crate::checkpoint::{self, SaveError, TrainSettings, TrainState};
 use crate::corpus;
 use crate::dataset::{self, Dataset};
@@ -122,6 +123,10 @@ pub struct TrainArgs {
     /// snapshot of the parameters and AdamW moments in memory while it is written).
     #[arg(long)]
     pub async_checkpoint: bool,
+    /// The device's peak GFLOP/s for the MFU the metrics record (positive). Default on the
+    /// CPU: measured once and cached (as `bench`); on a GPU there is none unless given.
+    #[arg(long)]
+    pub peak_gflops: Option<f64>,
     /// ZeRO stage for data-parallel runs (`mpirun -np N`, a build with `--features mpi`):
     /// 1 shards the AdamW moments over the ranks (each holds and updates 1/N of them and the
     /// parameters are all-gathered); 0 keeps them whole on every rank. Checkpoints are the
@@ -775,10 +780,22 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         s.data
     ));
     let device = engine.device_json();
+    // MFU and HFU over each logged window, against the peak of every rank's device together.
+    let peak = match (root, args.device.backend) {
+        (false, _) => None,
+        (true, crate::device::Backend::Cpu) => Some(crate::peak::peak(&pool, args.peak_gflops)?),
+        (true, crate::device::Backend::Gpu) => crate::peak::peak_given(args.peak_gflops)?,
+    };
+    let (model_flops, hardware_flops) = (flops_per_token(&plan), flops_per_token(&plan) + recomputed_flops_per_token(&plan));
+    let utilisation = |tok_s: f64, flops: f64| peak.as_ref().map(|p| flops * tok_s / 1e9 / (p.gflops * group.ranks() as f64));
     write_metrics(
         &mut metrics,
         json!({"type": "start", "step": start_step, "params": params_count,
-        "config": run.config, "settings": s, "device": device, "ranks": group.ranks()}),
+        "config": run.config, "settings": s, "device": device, "ranks": group.ranks(),
+        "backend": if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" },
+        "precision": "f32", "machine": crate::peak::machine_json(&pool), "recompute": plan.recompute(),
+        "memory_mib": crate::memory::plan_json(&plan), "flops_per_token": model_flops, "hardware_flops_per_token": hardware_flops,
+        "peak_gflops": peak.as_ref().map(|p| p.gflops), "peak_source": peak.as_ref().map(|p| p.source)}),
     )?;
 
     // What is on disk when the run stops early: the last checkpoint it saved, or the one it
@@ -905,7 +922,8 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                     write_metrics(
                         &mut metrics,
                         json!({"type": "train", "step": step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
-                        "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n), "device": device}),
+                        "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n), "device": device,
+                        "mfu": utilisation(tok_s, model_flops), "hfu": utilisation(tok_s, hardware_flops)}),
                     )?;
                     window = Phases::default();
                     window_steps = 0;

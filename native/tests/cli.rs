@@ -179,6 +179,14 @@ fn recompute_keeps_the_run_and_shrinks_the_activations() {
     assert_eq!(a, b, "--recompute changed the losses");
     let (x, y) = (checkpoint::load(&dir.join("plain/ckpt.safetensors")).unwrap(), checkpoint::load(&dir.join("recomputed/ckpt.safetensors")).unwrap());
     assert_eq!((x.params, x.optimizer.unwrap().0), (y.params, y.optimizer.unwrap().0));
+    // The metrics' HFU counts the recomputed forward (each block's: 2 x its parameters + 4 x T x C
+    // per token), MFU does not.
+    let records: Vec<serde_json::Value> = fs::read_to_string(dir.join("recomputed.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (model, hardware) = (records[0]["flops_per_token"].as_f64().unwrap(), records[0]["hardware_flops_per_token"].as_f64().unwrap());
+    let (c, t, layers, tables) = (16.0, 16.0, 3.0, (64.0 + 16.0 + 2.0) * 16.0);
+    assert_eq!(hardware - model, 2.0 * (records[0]["params"].as_f64().unwrap() - tables) + 4.0 * layers * t * c);
+    let step = records.iter().find(|r| r["type"] == "train").unwrap();
+    assert!((step["hfu"].as_f64().unwrap() / step["mfu"].as_f64().unwrap() - hardware / model).abs() < 1e-9, "{step}");
     let info = |extra: &[&str]| {
         let args = [&["info", "--data", "text.txt", "--json", "--measure-steps", "0", "--layers", "6", "--peak-gflops", "1"], extra].concat();
         json_of(&run(&dir, &args))
@@ -365,17 +373,26 @@ fn metrics_hold_one_record_per_logged_step_with_timings() {
     let records: Vec<serde_json::Value> = fs::read_to_string(dir.join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let of = |t: &str| records.iter().filter(|r| r["type"] == t).collect::<Vec<_>>();
     assert_eq!(of("start").len(), 1);
+    // The start record says where and how the run trains.
+    let start = of("start")[0];
+    assert_eq!((start["backend"].as_str(), start["precision"].as_str(), start["ranks"].as_u64()), (Some("cpu"), Some("f32"), Some(1)));
+    assert_eq!(start["machine"]["threads"], 2);
+    assert!(start["machine"]["cpu"].is_string() && start["machine"]["gemm_kernel"].is_string(), "{start}");
+    assert!(start["memory_mib"]["total"].as_f64().unwrap() > start["memory_mib"]["params"].as_f64().unwrap() * 4.0, "{start}");
+    assert!(start["peak_gflops"].as_f64().unwrap() > 0.0 && start["flops_per_token"] == start["hardware_flops_per_token"], "{start}");
     let steps: Vec<u64> = of("train").iter().map(|r| r["step"].as_u64().unwrap()).collect();
     assert_eq!(steps, [0, 2, 4, 5]);
     // The evaluations at steps 0 and 3 fall into the windows logged at steps 0 and 4.
     let eval_ms: Vec<f64> = of("train").iter().map(|r| r["ms"]["eval"].as_f64().unwrap()).collect();
     assert!(eval_ms[0] > 0.0 && eval_ms[1] == 0.0 && eval_ms[2] > 0.0 && eval_ms[3] == 0.0, "{eval_ms:?}");
     for r in of("train") {
-        for key in ["loss", "lr", "grad_norm", "tokens_per_sec", "ms_per_step"] {
+        for key in ["loss", "lr", "grad_norm", "tokens_per_sec", "ms_per_step", "mfu"] {
             assert!(r[key].as_f64().unwrap() > 0.0, "{key} in {r}");
         }
+        let mfu = start["flops_per_token"].as_f64().unwrap() * r["tokens_per_sec"].as_f64().unwrap() / 1e9 / start["peak_gflops"].as_f64().unwrap();
+        assert!((r["mfu"].as_f64().unwrap() - mfu).abs() <= 1e-9 * mfu && r["hfu"] == r["mfu"], "{r}");
         let ms = &r["ms"];
-        let phases = ["data", "forward", "backward", "grad_norm", "optimizer", "eval", "sample", "checkpoint", "submit", "device_wait", "idle"];
+        let phases = ["data", "forward", "backward", "allreduce", "grad_norm", "optimizer", "eval", "sample", "checkpoint", "submit", "device_wait", "idle"];
         assert_eq!(ms.as_object().unwrap().len(), phases.len(), "{ms}");
         for k in phases {
             assert!(ms[k].as_f64().unwrap() >= 0.0, "{k} in {ms}");
