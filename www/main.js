@@ -7,6 +7,8 @@
 // autostart=1, wasm=threads|relaxed|simd128 (which build, below).
 // window.alpha exposes the page's state.
 
+import { lineChart } from "./charts.js";
+
 const params = new URLSearchParams(location.search);
 
 // alpha-web comes in three WebAssembly builds (scripts/build-web.sh): pkg/ with SIMD128, which
@@ -259,39 +261,20 @@ async function train() {
 
 function draw() {
   const canvas = $("chart");
-  const ctx = canvas.getContext("2d");
-  const { width, height } = canvas;
-  ctx.clearRect(0, 0, width, height);
-  const points = state.losses.length + state.evals.length;
   // The x axis is the run's steps from 0: the loss of step k (the k-th update's batch) at k,
   // evaluations at theirs. The plotted range, for tests.
   const lastStep = state.firstStep + state.losses.length;
   const xMax = Math.max(iters, lastStep, 1);
-  Object.assign(canvas.dataset, { points: String(points), firstStep: String(state.firstStep), lastStep: String(lastStep), xMax: String(xMax) });
-  if (points === 0) return;
-  const all = [...state.losses, ...state.evals.map((e) => e.val)];
-  const lo = Math.min(...all);
-  const hi = Math.max(...all);
-  const pad = 30;
-  const x = (step) => pad + ((width - 2 * pad) * step) / xMax;
-  const y = (loss) => height - pad - ((height - 2 * pad) * (loss - lo)) / Math.max(hi - lo, 1e-6);
-  ctx.strokeStyle = "#ccd";
-  ctx.strokeRect(pad, pad, width - 2 * pad, height - 2 * pad);
-  ctx.fillStyle = "#556";
-  ctx.font = "12px system-ui";
-  ctx.fillText(hi.toFixed(2), 2, pad + 4);
-  ctx.fillText(lo.toFixed(2), 2, height - pad);
-  ctx.fillText(`step ${xMax}`, width - pad - 50, height - 8);
-  ctx.strokeStyle = "#3366cc";
-  ctx.beginPath();
-  state.losses.forEach((loss, i) => (i === 0 ? ctx.moveTo : ctx.lineTo).call(ctx, x(state.firstStep + i), y(loss)));
-  ctx.stroke();
-  ctx.fillStyle = "#dc6b19";
-  for (const e of state.evals) {
-    ctx.beginPath();
-    ctx.arc(x(e.step), y(e.val), 4, 0, 2 * Math.PI);
-    ctx.fill();
-  }
+  lineChart(canvas, {
+    series: [
+      { name: "train", points: state.losses.map((loss, i) => [state.firstStep + i, loss]) },
+      { name: "val", points: state.evals.map((e) => [e.step, e.val]), dots: true },
+    ],
+    xMax,
+    xLabel: "step",
+    yLabel: "loss",
+  });
+  Object.assign(canvas.dataset, { firstStep: String(state.firstStep), lastStep: String(lastStep), xMax: String(xMax) });
 }
 
 async function start() {

@@ -1,6 +1,6 @@
 //! # alpha-native
 //!
-//! The Alpha command line (`alpha-native train | sample | eval | bench | info | export | prepare | tokenizer`) as a library: the commands,
+//! The Alpha command line (`alpha-native train | sample | eval | bench | info | report | export | prepare | tokenizer`) as a library: the commands,
 //! the checkpoint format and the file helpers they share.
 
 pub mod bench;
@@ -18,6 +18,7 @@ pub mod info;
 pub mod memory;
 pub mod peak;
 pub mod ranks;
+pub mod report;
 pub mod runfile;
 pub mod sample;
 pub mod step;

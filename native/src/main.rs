@@ -1,6 +1,6 @@
 //! `alpha-native`: train, sample, evaluate and benchmark GPT language models on the CPU.
 
-use alpha_native::{bench, dataset, eval, export, info, runfile, sample, tokenizer, train};
+use alpha_native::{bench, dataset, eval, export, info, report, runfile, sample, tokenizer, train};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
@@ -28,6 +28,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Show the machine (CPU, SIMD, peak) and what a configuration needs (memory, time).
     Info(info::InfoArgs),
+    /// Write a run's metrics (and trace) as one self-contained HTML report with charts.
+    Report(report::ReportArgs),
     /// Write a model as a Hugging Face GPT-2 directory (transformers' from_pretrained loads it).
     Export(export::ExportArgs),
     /// Tokenize text or JSONL into a dataset for `train --dataset` (nanoGPT's train.bin/val.bin).
@@ -69,6 +71,7 @@ fn main() {
         Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Info(args) => info::run(args),
+        Command::Report(args) => report::run(args),
         Command::Tokenizer(command) => tokenizer::run(command),
         Command::Prepare(args) => dataset::prepare(args),
         Command::Export(args) => export::run(args),

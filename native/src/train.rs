@@ -706,7 +706,8 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let files = Files { data: data_path, resume: args.resume.as_deref(), config: config_file, checkpoint, run_file, out };
     let ckpt_path = &files.checkpoint;
     // Only rank 0 writes: the others neither check nor touch the outputs.
-    let Outputs { mut trace, lock: _lock, mut metrics } = if root { files.prepare(args)? } else { Outputs::default() };
+    let Outputs { mut trace, lock: _lock, metrics } = if root { files.prepare(args)? } else { Outputs::default() };
+    let mut metrics = Metrics { file: metrics, started: Instant::now() };
 
     let resumed_best = run.resume.as_ref().and_then(|ck| ck.optimizer.as_ref()).and_then(|(_, _, state)| state.best_val_loss);
     let start = match run.resume.take() {
@@ -788,15 +789,12 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     };
     let (model_flops, hardware_flops) = (flops_per_token(&plan), flops_per_token(&plan) + recomputed_flops_per_token(&plan));
     let utilisation = |tok_s: f64, flops: f64| peak.as_ref().map(|p| flops * tok_s / 1e9 / (p.gflops * group.ranks() as f64));
-    write_metrics(
-        &mut metrics,
-        json!({"type": "start", "step": start_step, "params": params_count,
+    metrics.write(json!({"type": "start", "step": start_step, "params": params_count,
         "config": run.config, "settings": s, "device": device, "ranks": group.ranks(),
         "backend": if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" },
         "precision": "f32", "machine": crate::peak::machine_json(&pool), "recompute": plan.recompute(),
         "memory_mib": crate::memory::plan_json(&plan), "flops_per_token": model_flops, "hardware_flops_per_token": hardware_flops,
-        "peak_gflops": peak.as_ref().map(|p| p.gflops), "peak_source": peak.as_ref().map(|p| p.source)}),
-    )?;
+        "peak_gflops": peak.as_ref().map(|p| p.gflops), "peak_source": peak.as_ref().map(|p| p.source)}))?;
 
     // What is on disk when the run stops early: the last checkpoint it saved, or the one it
     // resumed from.
@@ -874,7 +872,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                 let val_loss = engine.evaluate(val_tokens, args.eval_iters, &mut eval_rng(stream::EVAL_VAL))?;
                 window.eval += t.elapsed().as_secs_f64();
                 console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
-                write_metrics(&mut metrics, json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
+                metrics.write(json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
                 if best_mode && best_val_loss.is_none_or(|b| val_loss < b) {
                     let t = Instant::now();
                     best_val_loss = Some(val_loss);
@@ -883,7 +881,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                     }
                     window.checkpoint += t.elapsed().as_secs_f64();
                     last_saved = Some(step);
-                    write_metrics(&mut metrics, json!({"type": "save", "step": step}))?;
+                    metrics.write(json!({"type": "save", "step": step}))?;
                 }
             }
             // Rank 0 samples; sampling leaves the training state as it was.
@@ -893,7 +891,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                 let text = engine.sample(&tokenizer, derive_seed(s.seed, stream::SAMPLES, step))?;
                 window.sample += t.elapsed().as_secs_f64();
                 console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
-                write_metrics(&mut metrics, json!({"type": "sample", "step": step, "text": text}))?;
+                metrics.write(json!({"type": "sample", "step": step, "text": text}))?;
             }
             Action::Finish => break Ok(false),
             Action::Train { .. } if group.any(interrupted.load(Ordering::SeqCst)) => break Ok(true),
@@ -919,12 +917,9 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                             st.loss, st.lr, st.grad_norm
                         );
                     }
-                    write_metrics(
-                        &mut metrics,
-                        json!({"type": "train", "step": step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
+                    metrics.write(json!({"type": "train", "step": step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
                         "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n), "device": device,
-                        "mfu": utilisation(tok_s, model_flops), "hfu": utilisation(tok_s, hardware_flops)}),
-                    )?;
+                        "mfu": utilisation(tok_s, model_flops), "hfu": utilisation(tok_s, hardware_flops)}))?;
                     window = Phases::default();
                     window_steps = 0;
                     window_start = Instant::now();
@@ -939,7 +934,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                 }
                 window.checkpoint += t.elapsed().as_secs_f64();
                 last_saved = Some(step);
-                write_metrics(&mut metrics, json!({"type": "save", "step": step}))?;
+                metrics.write(json!({"type": "save", "step": step}))?;
             }
         }
     };
@@ -953,7 +948,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     if last_saved != Some(engine.step_count()) && !best_mode {
         save(&mut engine, last_saved, None)?;
         finish_pending()?;
-        write_metrics(&mut metrics, json!({"type": "save", "step": engine.step_count()}))?;
+        metrics.write(json!({"type": "save", "step": engine.step_count()}))?;
     }
     traced?;
     let steps = engine.step_count();
@@ -974,14 +969,25 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     Ok(())
 }
 
-fn write_metrics(file: &mut Option<File>, record: serde_json::Value) -> Result<(), String> {
-    if let Some(f) = file {
-        let mut line = record.to_string();
-        line.push('\n');
-        // One write per record, so a reader never sees half a line from a live run.
-        f.write_all(line.as_bytes()).map_err(|e| format!("cannot write metrics: {e}"))?;
+/// The run's metrics file (`--metrics`; none on ranks other than 0 or without the flag).
+struct Metrics {
+    file: Option<File>,
+    /// When this process started the run: records carry their time since (`time_s`).
+    started: Instant,
+}
+
+impl Metrics {
+    /// Appends `record` (an object) with its `time_s`, as one line.
+    fn write(&mut self, mut record: serde_json::Value) -> Result<(), String> {
+        if let Some(f) = &mut self.file {
+            record["time_s"] = json!(self.started.elapsed().as_secs_f64());
+            let mut line = record.to_string();
+            line.push('\n');
+            // One write per record, so a reader never sees half a line from a live run.
+            f.write_all(line.as_bytes()).map_err(|e| format!("cannot write metrics: {e}"))?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The first line of every run file a run writes (the mark that it may replace it).

@@ -765,3 +765,29 @@ fn async_checkpoints_are_the_same_checkpoints() {
         assert_eq!(fs::read(dir.join("sync").join(file)).unwrap(), fs::read(dir.join("async").join(file)).unwrap(), "{file}");
     }
 }
+
+/// `report` reads what a run wrote and refuses what would lose a file: a truncated or
+/// mangled metrics file still reports (its bad lines counted), a file that is not a trace is a
+/// one-line error, and the report never replaces its inputs or an existing file unasked.
+#[test]
+fn report_survives_bad_metrics_and_refuses_to_replace_files() {
+    let dir = workdir("report");
+    train(&dir, &["--iters", "4", "--log-interval", "1", "--metrics", "m.jsonl", "--trace", "t.json", "--trace-steps", "2"]);
+    let mut mangled = fs::read_to_string(dir.join("m.jsonl")).unwrap();
+    let middle = mangled[..mangled.len() / 2].rfind('\n').unwrap() + 10;
+    mangled.insert_str(middle, "\u{0}garbage\n");
+    mangled.truncate(mangled.len() - 7);
+    fs::write(dir.join("mangled.jsonl"), &mangled).unwrap();
+    let o = run(&dir, &["report", "--metrics", "m.jsonl", "--metrics", "mangled.jsonl", "--trace", "t.json", "--out", "r.html"]);
+    assert_ok(&o);
+    assert!(stdout(&o).contains("malformed metrics lines skipped"), "{}", stdout(&o));
+    // The line cut in two by the garbage (both halves) and the truncated last one.
+    let page = fs::read_to_string(dir.join("r.html")).unwrap();
+    assert!(page.contains("\"skipped\":0") && page.contains("\"skipped\":3"), "lost count of the bad lines");
+    assert!(!page.contains("http://") && !page.contains("https://"), "the report links out");
+    expect_error(&dir, &["report", "--metrics", "m.jsonl", "--out", "r.html"], "already exists");
+    expect_error(&dir, &["report", "--metrics", "m.jsonl", "--out", "m.jsonl"], "same file");
+    expect_error(&dir, &["report", "--metrics", "m.jsonl", "--trace", "m.jsonl", "--out", "x.html"], "not a JSON trace");
+    expect_error(&dir, &["report", "--metrics", "absent.jsonl", "--out", "x.html"], "cannot read --metrics absent.jsonl");
+    assert!(!dir.join("x.html").exists());
+}

@@ -358,3 +358,44 @@ test("clear messages: a text too short, no WebGPU asked for where there is none"
   assert.match(await noGpu.locator("#message").textContent(), /this browser has no WebGPU/);
   await context.close();
 });
+
+// `alpha-native report` of a real short run (metrics and trace) opened from disk: no console
+// errors, every chart drawn with the run's number of points, at a desk's and a phone's width.
+test("alpha-native report: a run's charts from disk, at a desk's and a phone's width", async () => {
+  const metrics = join(work, "report-run.jsonl");
+  const trace = join(work, "report-run.trace.json");
+  const out = join(work, "report.html");
+  execFileSync(native, ["train", ...TINY, "--iters", "24", "--log-interval", "2", "--eval-interval", "8", "--eval-iters", "2", "--sample-interval", "12",
+    "--out", join(work, "report-run"), "--metrics", metrics, "--trace", trace, "--trace-steps", "3"]);
+  execFileSync(native, ["report", "--metrics", metrics, "--trace", trace, "--out", out]);
+  const records = readFileSync(metrics, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+  const count = (type) => records.filter((r) => r.type === type).length;
+  const [train, evals] = [count("train"), count("eval")];
+  assert.ok(train >= 12 && evals === 4, `${train} train and ${evals} eval records`);
+  const want = {
+    "chart-loss-step": train + evals, "chart-loss-time": train + evals, "chart-lr": train, "chart-grad-norm": train,
+    "chart-tokens": train, "chart-mfu": 2 * train, "chart-phases": 1,
+  };
+  for (const [name, width] of [["desk", 1000], ["phone", 390]]) {
+    const page = await browser.newPage({ viewport: { width, height: 800 } });
+    const errors = [];
+    page.on("console", (m) => m.type() === "error" && errors.push(m.text()));
+    page.on("pageerror", (e) => errors.push(String(e)));
+    // Nothing outside the file: every request but the page itself would be a network one.
+    const requests = [];
+    page.on("request", (r) => requests.push(r.url()));
+    await page.goto(`file://${out}`);
+    await page.waitForSelector("#chart-phases");
+    const drawn = Object.fromEntries(await page.$$eval("canvas", (cs) => cs.map((c) => [c.id, Number(c.dataset.points)])));
+    assert.deepEqual(drawn, want, name);
+    assert.equal(await page.locator("#top-ops tr").count() > 5, true);
+    assert.equal(await page.locator("details.sample").count(), count("sample"));
+    assert.ok(await page.evaluate(() => document.scrollingElement.scrollWidth <= window.innerWidth), `${name}: wider than the screen`);
+    await page.locator("#log-scale").check();
+    assert.equal(Number(await page.locator("#chart-loss-step").getAttribute("data-points")), train + evals);
+    assert.deepEqual(errors, []);
+    assert.deepEqual(requests, [`file://${out}`]);
+    await page.screenshot({ path: join(results, `report-${name}.png`), fullPage: true });
+    await page.close();
+  }
+});

@@ -1,0 +1,231 @@
+//! `alpha-native report`: one self-contained HTML file (inline script and style, no network
+//! references) that shows one or more runs' metrics (`train --metrics`) and optionally a
+//! trace (`--trace`): losses against step and wall time, learning rate, gradient norm,
+//! tokens/s, MFU and HFU, where a step's time goes, the top ops and kernels, the runs' config,
+//! machine and memory plan, and their samples.
+//!
+//! ```text
+//! alpha-native train --metrics run.jsonl --trace run.trace.json
+//! alpha-native report --metrics run.jsonl --trace run.trace.json --out report.html
+//! ```
+//!
+//! The charts are `www/charts.js`, the page's own, and the layout `www/report.js`; both are
+//! compiled in. Lines of a metrics file that are not whole JSON records (a run killed while
+//! writing one) are skipped and counted.
+
+use crate::fsutil::{check_outputs_distinct, check_replaceable, write_atomic};
+use clap::Args;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Flags of `alpha-native report`.
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// A run's metrics (`train --metrics`); give several to overlay their runs.
+    #[arg(long, value_name = "FILE", required = true)]
+    pub metrics: Vec<PathBuf>,
+    /// A trace of the run (`train --trace` or `bench --trace`): its top ops and kernels.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// The HTML file to write.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Replace an existing --out file.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+/// Ops and kernels the trace table lists, the largest total time first.
+const TOP_OPS: usize = 20;
+
+/// Runs `report`.
+pub fn run(args: &ReportArgs) -> Result<(), String> {
+    let mut inputs: Vec<(&str, &Path)> = args.metrics.iter().map(|m| ("--metrics", m.as_path())).collect();
+    inputs.extend(args.trace.as_deref().map(|t| ("--trace", t)));
+    check_outputs_distinct(inputs, &[("--out", Some(&args.out))])?;
+    check_replaceable(&args.out).map_err(|e| format!("--out {}: {e}", args.out.display()))?;
+    if args.out.exists() && !args.overwrite {
+        return Err(format!("--out {} already exists; choose another file, or pass --overwrite to replace it", args.out.display()));
+    }
+    let mut runs = Vec::new();
+    for path in &args.metrics {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read --metrics {}: {e}", path.display()))?;
+        runs.push(read_run(&run_name(path, &args.metrics), &text));
+    }
+    let trace = match &args.trace {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read --trace {}: {e}", path.display()))?;
+            Some(summarize_trace(&text).map_err(|e| format!("--trace {}: {e}", path.display()))?)
+        }
+        None => None,
+    };
+    let data = json!({ "runs": runs, "trace": trace });
+    write_atomic(&args.out, html(&data).as_bytes()).map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
+    let skipped: u64 = runs.iter().map(|r| r["skipped"].as_u64().unwrap_or(0)).sum();
+    let note = if skipped > 0 { format!(" ({skipped} malformed metrics lines skipped)") } else { String::new() };
+    println!("wrote {}{note}", args.out.display());
+    Ok(())
+}
+
+/// A run's name in the report: its metrics file's name without the extension, or the whole
+/// path where two files share a name.
+fn run_name(path: &Path, all: &[PathBuf]) -> String {
+    let stem = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = stem(path);
+    match all.iter().filter(|p| stem(p) == name).count() {
+        1 => name,
+        _ => path.display().to_string(),
+    }
+}
+
+/// A metrics file's records by type: `{name, skipped, start, train, eval, samples}`. Lines
+/// that are not JSON objects with a known `type` are skipped and counted; with several start
+/// records (a resumed run appends), the first one describes the run.
+pub fn read_run(name: &str, text: &str) -> Value {
+    let (mut start, mut skipped) = (Value::Null, 0u64);
+    let mut by_type: BTreeMap<&str, Vec<Value>> = ["train", "eval", "sample"].map(|t| (t, Vec::new())).into_iter().collect();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let record: Option<Map<String, Value>> = serde_json::from_str(line).ok();
+        match record.as_ref().and_then(|r| r.get("type")).and_then(Value::as_str) {
+            Some("start") if start.is_null() => start = Value::Object(record.expect("parsed")),
+            Some("start" | "save") => {}
+            Some(t) if by_type.contains_key(t) => by_type.get_mut(t).expect("known").push(Value::Object(record.expect("parsed"))),
+            _ => skipped += 1,
+        }
+    }
+    json!({
+        "name": name, "skipped": skipped, "start": if start.is_null() { json!({}) } else { start },
+        "train": by_type["train"], "eval": by_type["eval"], "samples": by_type["sample"],
+    })
+}
+
+/// The figures a trace gives the report: traced steps and their mean time, the ops (CPU
+/// track, with their pass) and kernels (GPU track) by total time with their share of the
+/// steps' time, dispatches per step, and the GPU's busy time against the steps' wall time.
+pub fn summarize_trace(text: &str) -> Result<Value, String> {
+    let doc: Value = serde_json::from_str(text).map_err(|e| format!("not a JSON trace: {e}"))?;
+    let events = doc["traceEvents"].as_array().ok_or("no traceEvents array: not a trace Alpha wrote")?;
+    let spans = events.iter().filter(|e| e["ph"] == "X");
+    let dur_ms = |e: &Value| e["dur"].as_f64().unwrap_or(0.0) / 1e3;
+    let (mut steps, mut wall_ms, mut busy_ms, mut dispatches) = (0u64, 0.0, 0.0, 0u64);
+    let mut ops: BTreeMap<(String, &str, String), (u64, f64)> = BTreeMap::new();
+    for e in spans {
+        let name = e["name"].as_str().unwrap_or("?");
+        let gpu = e["tid"] == 2;
+        if name == "step" && !gpu {
+            steps += 1;
+            wall_ms += dur_ms(e);
+            continue;
+        }
+        // Ops carry their tape index, kernels their pass; phases (forward, backward...) neither.
+        let pass = e["args"]["pass"].as_str().unwrap_or("").to_string();
+        if !gpu && e["args"]["tape_index"].is_null() {
+            continue;
+        }
+        if gpu {
+            busy_ms += dur_ms(e);
+        }
+        dispatches += 1;
+        let entry = ops.entry((name.to_string(), if gpu { "GPU" } else { "CPU" }, pass)).or_default();
+        entry.0 += 1;
+        entry.1 += dur_ms(e);
+    }
+    if steps == 0 {
+        return Err("it holds no step spans: not a trace of training steps".into());
+    }
+    let mut top: Vec<Value> = ops
+        .into_iter()
+        .map(|((name, track, pass), (count, total))| json!({"name": name, "track": track, "pass": pass, "count": count, "total_ms": total, "share": total / wall_ms}))
+        .collect();
+    top.sort_by(|a, b| b["total_ms"].as_f64().unwrap_or(0.0).total_cmp(&a["total_ms"].as_f64().unwrap_or(0.0)));
+    top.truncate(TOP_OPS);
+    Ok(json!({
+        "steps": steps, "step_ms": wall_ms / steps as f64, "ops": top,
+        "kernels_per_step": dispatches as f64 / steps as f64, "device_busy_ms": busy_ms, "wall_ms": wall_ms,
+    }))
+}
+
+/// The report page with `data` and its scripts inline.
+pub fn html(data: &Value) -> String {
+    // Inside a script element `</` could end it: JSON may spell `<` as \u003c.
+    let data = data.to_string().replace('<', "\\u003c");
+    let charts = include_str!("../../www/charts.js");
+    let report: String = include_str!("../../www/report.js").lines().filter(|l| !l.starts_with("import ")).collect::<Vec<_>>().join("\n");
+    format!(
+        r#"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Alpha run report</title>
+<style>
+body {{ font: 14px/1.45 system-ui, sans-serif; margin: 0 auto; padding: 12px; max-width: 760px; color: #223; }}
+h1 {{ font-size: 20px; }} h2 {{ font-size: 16px; margin-top: 24px; }}
+table {{ border-collapse: collapse; width: 100%; font-size: 13px; display: block; overflow-x: auto; }}
+td, th {{ border-bottom: 1px solid #dde; padding: 3px 6px; text-align: left; vertical-align: top; }}
+figure {{ margin: 12px 0; }} figcaption {{ font-size: 12px; color: #556; }}
+canvas {{ width: 100%; height: auto; border: 1px solid #eef; }}
+pre {{ white-space: pre-wrap; background: #f6f6fa; padding: 8px; }}
+</style>
+</head>
+<body>
+<main id="report"></main>
+<script type="application/json" id="report-data">{data}</script>
+<script type="module">
+{charts}
+{report}
+</script>
+</body>
+</html>
+"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_and_truncated_lines_are_skipped_and_counted() {
+        let text = concat!(
+            r#"{"type":"start","step":0,"params":10}"#,
+            "\n",
+            r#"{"type":"train","step":0,"loss":4.2}"#,
+            "\nnot json\n",
+            r#"{"type":"eval","step":0,"train_loss":4.1,"val_loss":4.3}"#,
+            "\n",
+            r#"{"type":"mystery"}"#,
+            "\n",
+            r#"{"type":"train","step":1,"lo"#,
+        );
+        let run = read_run("r", text);
+        assert_eq!(run["skipped"], 3);
+        assert_eq!(run["train"].as_array().unwrap().len(), 1);
+        assert_eq!(run["eval"][0]["val_loss"], 4.3);
+        assert_eq!(run["start"]["params"], 10);
+    }
+
+    #[test]
+    fn the_data_cannot_end_its_script_element() {
+        let page = html(&json!({"runs": [{"samples": [{"text": "</script><script>alert(1)"}]}]}));
+        assert_eq!(page.matches("</script>").count(), 2, "only the page's own two script elements end");
+    }
+
+    #[test]
+    fn a_trace_gives_its_top_ops_and_the_device_share() {
+        let trace = json!({"traceEvents": [
+            {"name": "step", "ph": "X", "tid": 1, "ts": 0.0, "dur": 1000.0},
+            {"name": "forward", "ph": "X", "tid": 1, "ts": 0.0, "dur": 400.0},
+            {"name": "matmul", "ph": "X", "tid": 1, "ts": 0.0, "dur": 300.0, "args": {"pass": "forward", "tape_index": 3}},
+            {"name": "matmul", "ph": "X", "tid": 1, "ts": 300.0, "dur": 100.0, "args": {"pass": "forward", "tape_index": 5}},
+            {"name": "attention", "ph": "X", "tid": 2, "ts": 0.0, "dur": 250.0, "args": {"pass": "backward"}},
+        ]});
+        let t = summarize_trace(&trace.to_string()).unwrap();
+        assert_eq!((t["steps"].as_u64(), t["step_ms"].as_f64()), (Some(1), Some(1.0)));
+        assert_eq!(t["ops"][0]["name"], "matmul");
+        assert_eq!((t["ops"][0]["count"].as_u64(), t["ops"][0]["total_ms"].as_f64(), t["ops"][0]["share"].as_f64()), (Some(2), Some(0.4), Some(0.4)));
+        assert_eq!((t["kernels_per_step"].as_f64(), t["device_busy_ms"].as_f64()), (Some(3.0), Some(0.25)));
+        assert!(summarize_trace("{}").is_err() && summarize_trace("nope").is_err());
+    }
+}

@@ -1,0 +1,121 @@
+// The run report (`alpha-native report`): a training run's metrics (and optionally its trace)
+// as charts and tables. `alpha-native report` inlines this file and www/charts.js into one
+// HTML file with the data, which opens from disk with no network.
+//
+// render(root, data) draws `data`: { runs: [{ name, skipped, start, train, eval, samples }],
+// trace: { steps, step_ms, ops: [{ name, track, pass, count, total_ms, share }],
+// kernels_per_step, device_busy_ms, wall_ms } | null }.
+
+import { lineChart, stackedBars } from "./charts.js";
+
+const PHASES = ["data", "forward", "backward", "allreduce", "grad_norm", "optimizer", "eval", "sample", "checkpoint", "submit", "device_wait", "idle"];
+
+const el = (tag, attrs = {}, children = []) => {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  for (const c of [].concat(children)) e.append(c);
+  return e;
+};
+const num = (v, digits = 4) => (typeof v === "number" && Number.isFinite(v) ? (Math.abs(v) >= 1e4 ? v.toFixed(0) : v.toPrecision(digits)) : "–");
+const median = (xs) => {
+  const s = xs.filter(Number.isFinite).sort((a, b) => a - b);
+  return s.length ? (s[(s.length - 1) >> 1] + s[s.length >> 1]) / 2 : NaN;
+};
+
+/** A canvas for a chart, with its caption. */
+function chartBox(root, id, caption) {
+  const canvas = el("canvas", { id, width: "720", height: "260", "aria-label": caption });
+  root.append(el("figure", {}, [canvas, el("figcaption", {}, caption)]));
+  return canvas;
+}
+
+function header(root, runs) {
+  const rows = [
+    ["model", (r) => r.start.config ? `${r.start.config.n_layer}L/${r.start.config.n_head}H/${r.start.config.n_embd}E, block ${r.start.config.block_size}, vocab ${r.start.config.vocab_size}` : "–"],
+    ["parameters", (r) => num(r.start.params, 6)],
+    ["batch", (r) => r.start.settings ? `${r.start.settings.batch} x ${r.start.settings.grad_accum} x ${r.start.ranks ?? 1} rank(s)` : "–"],
+    ["backend", (r) => [r.start.backend, r.start.device?.adapter].filter(Boolean).join(": ") || "–"],
+    ["precision", (r) => r.start.precision ?? "–"],
+    ["machine", (r) => (r.start.machine ? `${r.start.machine.cpu}, ${r.start.machine.threads} threads, ${r.start.machine.gemm_kernel}` : "–")],
+    ["memory plan (MiB)", (r) => (r.start.memory_mib ? `${num(r.start.memory_mib.total)} (activations ${num(r.start.memory_mib.activations)})` : "–")],
+    ["steps", (r) => String((r.train.at(-1)?.step ?? -1) + 1)],
+    ["last train loss", (r) => num(r.train.at(-1)?.loss)],
+    ["last val loss", (r) => num(r.eval.at(-1)?.val_loss)],
+    ["tokens/s (median)", (r) => num(median(r.train.map((t) => t.tokens_per_sec)), 5)],
+    ["MFU (median)", (r) => { const m = median(r.train.map((t) => t.mfu)); return Number.isFinite(m) ? `${(100 * m).toFixed(1)}%` : "–"; }],
+    ["skipped lines", (r) => String(r.skipped)],
+  ];
+  const table = el("table", { id: "summary" }, [el("tr", {}, [el("th", {}, "run"), ...runs.map((r) => el("th", {}, r.name))])]);
+  for (const [name, f] of rows) table.append(el("tr", {}, [el("td", {}, name), ...runs.map((r) => el("td", {}, f(r)))]));
+  root.append(el("h2", {}, "Runs"), table);
+}
+
+function series(runs, pick, x = (r) => r.step) {
+  return runs.map((run) => ({ name: run.name, points: run.train.map((r) => [x(r), pick(r)]) }));
+}
+
+/** Draws every chart of the report; `logY` puts the losses on a log scale. */
+function charts(root, runs, logY) {
+  root.replaceChildren();
+  const losses = (x) =>
+    runs.flatMap((run) => [
+      { name: `${run.name} train`, points: run.train.map((r) => [x(r), r.loss]) },
+      { name: `${run.name} val`, points: run.eval.map((r) => [x(r), r.val_loss]), dots: true },
+    ]);
+  lineChart(chartBox(root, "chart-loss-step", "train and val loss against step"), { series: losses((r) => r.step), xLabel: "step", yLabel: "loss", logY });
+  lineChart(chartBox(root, "chart-loss-time", "train and val loss against wall time (s)"), { series: losses((r) => r.time_s), xLabel: "seconds", yLabel: "loss", logY });
+  lineChart(chartBox(root, "chart-lr", "learning rate"), { series: series(runs, (r) => r.lr), xLabel: "step", yLabel: "lr" });
+  lineChart(chartBox(root, "chart-grad-norm", "gradient norm before clipping"), { series: series(runs, (r) => r.grad_norm), xLabel: "step", yLabel: "norm" });
+  lineChart(chartBox(root, "chart-tokens", "tokens per second (whole workflow: evaluation, samples and checkpoints included)"), { series: series(runs, (r) => r.tokens_per_sec), xLabel: "step", yLabel: "tok/s" });
+  lineChart(chartBox(root, "chart-mfu", "MFU and HFU (%) against the device's peak"), {
+    series: runs.flatMap((run) => [
+      { name: `${run.name} MFU`, points: run.train.map((r) => [r.step, 100 * r.mfu]) },
+      { name: `${run.name} HFU`, points: run.train.map((r) => [r.step, 100 * r.hfu]) },
+    ]),
+    xLabel: "step",
+    yLabel: "%",
+  });
+  const bars = runs.map((run) => ({
+    label: run.name,
+    parts: PHASES.map((p) => ({ name: p, value: run.train.length ? run.train.reduce((t, r) => t + (r.ms?.[p] ?? 0), 0) / run.train.length : 0 })),
+  }));
+  const phases = chartBox(root, "chart-phases", "where a step's time goes: mean ms per step by phase");
+  phases.height = 90 + 34 * runs.length;
+  stackedBars(phases, { bars, unit: "ms" });
+}
+
+function trace(root, t) {
+  root.append(el("h2", {}, "Trace"));
+  const busy = t.device_busy_ms > 0 ? `; device busy ${num(t.device_busy_ms)} ms of ${num(t.wall_ms)} ms wall (${((100 * t.device_busy_ms) / t.wall_ms).toFixed(1)}%, idle ${(100 - (100 * t.device_busy_ms) / t.wall_ms).toFixed(1)}%)` : "";
+  root.append(el("p", { id: "trace-summary" }, `${t.steps} traced steps, ${num(t.step_ms)} ms each; ${num(t.kernels_per_step, 4)} kernels or ops per step${busy}`));
+  const table = el("table", { id: "top-ops" }, [el("tr", {}, ["op or kernel", "track", "pass", "count", "total ms", "share", "mean µs"].map((h) => el("th", {}, h)))]);
+  for (const o of t.ops) {
+    table.append(el("tr", {}, [o.name, o.track, o.pass ?? "", String(o.count), num(o.total_ms), `${(100 * o.share).toFixed(1)}%`, num((1e3 * o.total_ms) / o.count)].map((c) => el("td", {}, c))));
+  }
+  root.append(table);
+}
+
+function samples(root, runs) {
+  root.append(el("h2", {}, "Samples"));
+  for (const run of runs) {
+    for (const s of run.samples) root.append(el("details", { class: "sample" }, [el("summary", {}, `${run.name}, step ${s.step}`), el("pre", {}, s.text)]));
+  }
+}
+
+/** Draws `data` into `root` (see the top of this file). */
+export function render(root, data) {
+  const runs = data.runs;
+  root.replaceChildren(el("h1", {}, `Alpha run report: ${runs.map((r) => r.name).join(", ")}`));
+  header(root, runs);
+  const log = el("input", { type: "checkbox", id: "log-scale" });
+  root.append(el("h2", {}, "Charts"), el("label", {}, [log, " losses on a log scale"]));
+  const box = el("div", { id: "charts" });
+  root.append(box);
+  charts(box, runs, false);
+  log.addEventListener("change", () => charts(box, runs, log.checked));
+  if (data.trace) trace(root, data.trace);
+  samples(root, runs);
+}
+
+const embedded = document.getElementById("report-data");
+if (embedded) render(document.getElementById("report"), JSON.parse(embedded.textContent));
