@@ -2,9 +2,10 @@
 // as charts and tables. `alpha-native report` inlines this file and www/charts.js into one
 // HTML file with the data, which opens from disk with no network.
 //
-// render(root, data) draws `data`: { runs: [{ name, skipped, start, train, eval, samples }],
-// trace: { steps, step_ms, ops: [{ name, track, pass, count, total_ms, share }],
-// kernels_per_step, device_busy_ms, wall_ms } | null }.
+// render(root, data) draws `data`: { runs: [{ name, skipped, records }], trace: { steps,
+// step_ms, ops: [{ name, track, pass, count, total_ms, share }], kernels_per_step,
+// device_busy_ms, wall_ms } | null }, where `records` are a run's metrics records. Served by
+// `train --serve`, the page polls the run's records instead and draws them as they come.
 
 import { lineChart, stackedBars } from "./charts.js";
 
@@ -102,20 +103,57 @@ function samples(root, runs) {
   }
 }
 
+/** A run's records grouped by type: { name, skipped, start, train, eval, samples }; with
+ * several start records (a resumed run appends), the first describes the run. */
+export function runFromRecords(name, records, skipped = 0) {
+  const of = (type) => records.filter((r) => r.type === type);
+  return { name, skipped, start: of("start")[0] ?? {}, train: of("train"), eval: of("eval"), samples: of("sample") };
+}
+
+/** Losses on a log scale (kept across a live page's redraws). */
+let logY = false;
+
 /** Draws `data` into `root` (see the top of this file). */
 export function render(root, data) {
-  const runs = data.runs;
+  const runs = data.runs.map((r) => runFromRecords(r.name, r.records, r.skipped));
   root.replaceChildren(el("h1", {}, `Alpha run report: ${runs.map((r) => r.name).join(", ")}`));
   header(root, runs);
   const log = el("input", { type: "checkbox", id: "log-scale" });
+  log.checked = logY;
   root.append(el("h2", {}, "Charts"), el("label", {}, [log, " losses on a log scale"]));
   const box = el("div", { id: "charts" });
   root.append(box);
-  charts(box, runs, false);
-  log.addEventListener("change", () => charts(box, runs, log.checked));
+  charts(box, runs, logY);
+  log.addEventListener("change", () => {
+    logY = log.checked;
+    charts(box, runs, logY);
+  });
   if (data.trace) trace(root, data.trace);
   samples(root, runs);
 }
 
+/** Follows a live run: polls `url` for the records after those it has, every second, and
+ * redraws when there are new ones; `root.dataset.steps` is the steps drawn (for tests). */
+async function follow(root, url) {
+  const records = [];
+  let drawn = -1;
+  for (;;) {
+    try {
+      const response = await fetch(`${url}?from=${records.length}`);
+      if (response.ok) for (const line of (await response.text()).split("\n")) if (line.trim()) records.push(JSON.parse(line));
+    } catch {
+      // The run has ended (its server with it): what came stays drawn.
+    }
+    if (records.length !== drawn) {
+      drawn = records.length;
+      render(root, { runs: [{ name: "live", skipped: 0, records }], trace: null });
+      root.dataset.steps = String(records.filter((r) => r.type === "train").at(-1)?.step ?? -1);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+const root = document.getElementById("report");
 const embedded = document.getElementById("report-data");
-if (embedded) render(document.getElementById("report"), JSON.parse(embedded.textContent));
+if (embedded) render(root, JSON.parse(embedded.textContent));
+else if (root?.dataset.live) follow(root, root.dataset.live);

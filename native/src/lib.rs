@@ -21,6 +21,7 @@ pub mod ranks;
 pub mod report;
 pub mod runfile;
 pub mod sample;
+pub mod serve;
 pub mod step;
 pub mod tokenizer;
 pub mod trace;

@@ -61,7 +61,7 @@ pub fn run(args: &ReportArgs) -> Result<(), String> {
         None => None,
     };
     let data = json!({ "runs": runs, "trace": trace });
-    write_atomic(&args.out, html(&data).as_bytes()).map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
+    write_atomic(&args.out, html(Some(&data)).as_bytes()).map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
     let skipped: u64 = runs.iter().map(|r| r["skipped"].as_u64().unwrap_or(0)).sum();
     let note = if skipped > 0 { format!(" ({skipped} malformed metrics lines skipped)") } else { String::new() };
     println!("wrote {}{note}", args.out.display());
@@ -79,25 +79,19 @@ fn run_name(path: &Path, all: &[PathBuf]) -> String {
     }
 }
 
-/// A metrics file's records by type: `{name, skipped, start, train, eval, samples}`. Lines
-/// that are not JSON objects with a known `type` are skipped and counted; with several start
-/// records (a resumed run appends), the first one describes the run.
+/// A metrics file's records: `{name, skipped, records}`. Lines that are not JSON objects
+/// with a `type` (a run killed while writing one, or anything else) are skipped and counted;
+/// the page groups the records (`runFromRecords` in www/report.js, as it does live).
 pub fn read_run(name: &str, text: &str) -> Value {
-    let (mut start, mut skipped) = (Value::Null, 0u64);
-    let mut by_type: BTreeMap<&str, Vec<Value>> = ["train", "eval", "sample"].map(|t| (t, Vec::new())).into_iter().collect();
+    let mut skipped = 0u64;
+    let mut records = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let record: Option<Map<String, Value>> = serde_json::from_str(line).ok();
-        match record.as_ref().and_then(|r| r.get("type")).and_then(Value::as_str) {
-            Some("start") if start.is_null() => start = Value::Object(record.expect("parsed")),
-            Some("start" | "save") => {}
-            Some(t) if by_type.contains_key(t) => by_type.get_mut(t).expect("known").push(Value::Object(record.expect("parsed"))),
+        match serde_json::from_str::<Map<String, Value>>(line) {
+            Ok(r) if r.get("type").is_some_and(Value::is_string) => records.push(Value::Object(r)),
             _ => skipped += 1,
         }
     }
-    json!({
-        "name": name, "skipped": skipped, "start": if start.is_null() { json!({}) } else { start },
-        "train": by_type["train"], "eval": by_type["eval"], "samples": by_type["sample"],
-    })
+    json!({ "name": name, "skipped": skipped, "records": records })
 }
 
 /// The figures a trace gives the report: traced steps and their mean time, the ops (CPU
@@ -146,10 +140,16 @@ pub fn summarize_trace(text: &str) -> Result<Value, String> {
     }))
 }
 
-/// The report page with `data` and its scripts inline.
-pub fn html(data: &Value) -> String {
+/// The report page with its scripts inline, and `data` (see www/report.js) inline too, or
+/// without, the live page of `train --serve`, which polls `/records` for them.
+pub fn html(data: Option<&Value>) -> String {
     // Inside a script element `</` could end it: JSON may spell `<` as \u003c.
-    let data = data.to_string().replace('<', "\\u003c");
+    let (main, data) = match data {
+        Some(d) => {
+            ("<main id=\"report\"></main>", format!("<script type=\"application/json\" id=\"report-data\">{}</script>", d.to_string().replace('<', "\\u003c")))
+        }
+        None => ("<main id=\"report\" data-live=\"/records\"><p>waiting for the run's first records</p></main>", String::new()),
+    };
     let charts = include_str!("../../www/charts.js");
     let report: String = include_str!("../../www/report.js").lines().filter(|l| !l.starts_with("import ")).collect::<Vec<_>>().join("\n");
     format!(
@@ -159,6 +159,7 @@ pub fn html(data: &Value) -> String {
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Alpha run report</title>
+<link rel="icon" href="data:,">
 <style>
 body {{ font: 14px/1.45 system-ui, sans-serif; margin: 0 auto; padding: 12px; max-width: 760px; color: #223; }}
 h1 {{ font-size: 20px; }} h2 {{ font-size: 16px; margin-top: 24px; }}
@@ -170,8 +171,8 @@ pre {{ white-space: pre-wrap; background: #f6f6fa; padding: 8px; }}
 </style>
 </head>
 <body>
-<main id="report"></main>
-<script type="application/json" id="report-data">{data}</script>
+{main}
+{data}
 <script type="module">
 {charts}
 {report}
@@ -200,15 +201,14 @@ mod tests {
             r#"{"type":"train","step":1,"lo"#,
         );
         let run = read_run("r", text);
-        assert_eq!(run["skipped"], 3);
-        assert_eq!(run["train"].as_array().unwrap().len(), 1);
-        assert_eq!(run["eval"][0]["val_loss"], 4.3);
-        assert_eq!(run["start"]["params"], 10);
+        assert_eq!(run["skipped"], 2);
+        let types: Vec<&str> = run["records"].as_array().unwrap().iter().map(|r| r["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["start", "train", "eval", "mystery"]);
     }
 
     #[test]
     fn the_data_cannot_end_its_script_element() {
-        let page = html(&json!({"runs": [{"samples": [{"text": "</script><script>alert(1)"}]}]}));
+        let page = html(Some(&json!({"runs": [{"records": [{"type": "sample", "text": "</script><script>alert(1)"}]}]})));
         assert_eq!(page.matches("</script>").count(), 2, "only the page's own two script elements end");
     }
 

@@ -123,6 +123,12 @@ pub struct TrainArgs {
     /// snapshot of the parameters and AdamW moments in memory while it is written).
     #[arg(long)]
     pub async_checkpoint: bool,
+    /// Serve the run's live dashboard over HTTP while it trains (the report's charts,
+    /// updated as records come; read-only): at ADDR, or 127.0.0.1:6006 without one. An
+    /// address beyond this machine (0.0.0.0, a LAN address) is warned about: anyone who can
+    /// reach it sees the run.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::serve::DEFAULT_ADDR)]
+    pub serve: Option<String>,
     /// The device's peak GFLOP/s for the MFU the metrics record (positive). Default on the
     /// CPU: measured once and cached (as `bench`); on a GPU there is none unless given.
     #[arg(long)]
@@ -707,7 +713,16 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let ckpt_path = &files.checkpoint;
     // Only rank 0 writes: the others neither check nor touch the outputs.
     let Outputs { mut trace, lock: _lock, metrics } = if root { files.prepare(args)? } else { Outputs::default() };
-    let mut metrics = Metrics { file: metrics, started: Instant::now() };
+    let live = match (&args.serve, root) {
+        (Some(addr), true) => {
+            let records = crate::serve::Records::default();
+            let at = crate::serve::start(addr, records.clone())?;
+            println!("dashboard: http://{at}/");
+            Some(records)
+        }
+        _ => None,
+    };
+    let mut metrics = Metrics { file: metrics, live, started: Instant::now() };
 
     let resumed_best = run.resume.as_ref().and_then(|ck| ck.optimizer.as_ref()).and_then(|(_, _, state)| state.best_val_loss);
     let start = match run.resume.take() {
@@ -969,9 +984,11 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     Ok(())
 }
 
-/// The run's metrics file (`--metrics`; none on ranks other than 0 or without the flag).
+/// The run's metrics: the `--metrics` file and the `--serve` dashboard's records (neither on
+/// ranks other than 0, or without the flags).
 struct Metrics {
     file: Option<File>,
+    live: Option<crate::serve::Records>,
     /// When this process started the run: records carry their time since (`time_s`).
     started: Instant,
 }
@@ -979,9 +996,15 @@ struct Metrics {
 impl Metrics {
     /// Appends `record` (an object) with its `time_s`, as one line.
     fn write(&mut self, mut record: serde_json::Value) -> Result<(), String> {
+        if self.file.is_none() && self.live.is_none() {
+            return Ok(());
+        }
+        record["time_s"] = json!(self.started.elapsed().as_secs_f64());
+        let mut line = record.to_string();
+        if let Some(live) = &self.live {
+            live.push(line.clone());
+        }
         if let Some(f) = &mut self.file {
-            record["time_s"] = json!(self.started.elapsed().as_secs_f64());
-            let mut line = record.to_string();
             line.push('\n');
             // One write per record, so a reader never sees half a line from a live run.
             f.write_all(line.as_bytes()).map_err(|e| format!("cannot write metrics: {e}"))?;

@@ -791,3 +791,49 @@ fn report_survives_bad_metrics_and_refuses_to_replace_files() {
     expect_error(&dir, &["report", "--metrics", "absent.jsonl", "--out", "x.html"], "cannot read --metrics absent.jsonl");
     assert!(!dir.join("x.html").exists());
 }
+
+/// `train --serve`: the live dashboard while the run trains: the page, the records as they
+/// come (from an index on), nothing else (`..` and absolute paths are 404), and a viewer that
+/// connects and says nothing does not hold the run.
+#[test]
+fn serve_shows_the_run_live_and_nothing_else() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let dir = workdir("serve");
+    text_file(&dir);
+    let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--threads", "1", "--iters", "100000", "--log-interval", "10", "--serve", "127.0.0.1:0"];
+    args.extend(TINY);
+    args.extend(QUIET);
+    let mut child = Command::new(BIN).args(&args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    // The run's plain lines are read away, so that a full pipe never holds it.
+    std::thread::spawn(move || lines.for_each(drop));
+    let addr = first.strip_prefix("dashboard: http://").and_then(|a| a.strip_suffix('/')).unwrap_or_else(|| panic!("{first}")).to_string();
+    let get = |target: &str| {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        write!(s, "GET {target} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    // A silent viewer: the server waits for it (up to its time limit), the run does not.
+    let _silent = TcpStream::connect(&addr).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let page = get("/");
+    assert!(page.starts_with("HTTP/1.1 200 OK") && page.contains("data-live=\"/records\""), "{page}");
+    let records = get("/records?from=0");
+    assert!(records.starts_with("HTTP/1.1 200 OK") && records.contains("\"type\":\"start\""), "{records}");
+    let steps = |answer: &str| answer.lines().filter(|l| l.contains("\"type\":\"train\"")).count();
+    let before = steps(&records);
+    assert!(before > 0, "the run logged nothing while a viewer stayed silent");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let after = steps(&get("/records"));
+    assert!(after > before, "the records did not grow: {before} then {after}");
+    assert!(!get("/records?from=1").contains("\"type\":\"start\""));
+    for bad in ["/../etc/passwd", "/records/../../etc/passwd", "/etc/passwd", "http://localhost/etc/passwd", "//etc/passwd"] {
+        assert!(get(bad).starts_with("HTTP/1.1 404"), "{bad}");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -5,7 +5,7 @@
 
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -397,5 +397,37 @@ test("alpha-native report: a run's charts from disk, at a desk's and a phone's w
     assert.deepEqual(requests, [`file://${out}`]);
     await page.screenshot({ path: join(results, `report-${name}.png`), fullPage: true });
     await page.close();
+  }
+});
+
+// `train --serve`: the live dashboard during a run: the page's step count grows as it trains,
+// with no console errors, at a phone's width too.
+test("train --serve: the live dashboard's steps grow while the run trains", async () => {
+  const run = spawn(native, ["train", ...TINY, "--threads", "1", "--iters", "1000000", "--log-interval", "20", "--eval-interval", "0", "--sample-interval", "0",
+    "--out", join(work, "live"), "--serve", "127.0.0.1:0"], { stdio: ["ignore", "pipe", "inherit"] });
+  try {
+    const url = await new Promise((resolve, reject) => {
+      run.stdout.once("data", (d) => resolve(String(d).match(/dashboard: (http:\/\/\S+)/)[1]));
+      run.once("exit", (code) => reject(new Error(`alpha-native train --serve exited with ${code}`)));
+    });
+    run.stdout.resume(); // the run's plain lines, read away
+    for (const width of [1000, 390]) {
+      const page = await browser.newPage({ viewport: { width, height: 800 } });
+      const errors = [];
+      page.on("console", (m) => m.type() === "error" && errors.push(m.text()));
+      page.on("pageerror", (e) => errors.push(String(e)));
+      await page.goto(url);
+      const steps = () => page.locator("#report").getAttribute("data-steps").then(Number);
+      await page.waitForFunction(() => Number(document.getElementById("report").dataset.steps) >= 0, null, { timeout: 30_000 });
+      const first = await steps();
+      await page.waitForFunction((n) => Number(document.getElementById("report").dataset.steps) > n, first, { timeout: 30_000 });
+      assert.ok(Number(await page.locator("#chart-loss-step").getAttribute("data-points")) > 1);
+      assert.ok(await page.evaluate(() => document.scrollingElement.scrollWidth <= window.innerWidth), `${width} px: wider than the screen`);
+      assert.deepEqual(errors, []);
+      await page.screenshot({ path: join(results, `live-${width}.png`), fullPage: true });
+      await page.close();
+    }
+  } finally {
+    run.kill();
   }
 });
