@@ -89,10 +89,13 @@ function trace(root, t) {
   root.append(el("h2", {}, "Trace"));
   const busy = t.device_busy_ms > 0 ? `; device busy ${num(t.device_busy_ms)} ms of ${num(t.wall_ms)} ms wall (${((100 * t.device_busy_ms) / t.wall_ms).toFixed(1)}%, idle ${(100 - (100 * t.device_busy_ms) / t.wall_ms).toFixed(1)}%)` : "";
   root.append(el("p", { id: "trace-summary" }, `${t.steps} traced steps, ${num(t.step_ms)} ms each; ${num(t.kernels_per_step, 4)} kernels or ops per step${busy}`));
-  const table = el("table", { id: "top-ops" }, [el("tr", {}, ["op or kernel", "track", "pass", "count", "total ms", "share", "mean µs"].map((h) => el("th", {}, h)))]);
+  const head = ["op or kernel", "track", "pass", "count", "total ms", "share", "mean µs", "GFLOP/s", "GB/s"];
+  const table = el("table", { id: "top-ops" }, [el("tr", {}, head.map((h) => el("th", {}, h)))]);
   for (const o of t.ops) {
-    table.append(el("tr", {}, [o.name, o.track, o.pass ?? "", String(o.count), num(o.total_ms), `${(100 * o.share).toFixed(1)}%`, num((1e3 * o.total_ms) / o.count)].map((c) => el("td", {}, c))));
+    const row = [o.name, o.track, o.pass ?? "", String(o.count), num(o.total_ms), `${(100 * o.share).toFixed(1)}%`, num((1e3 * o.total_ms) / o.count), num(o.gflops), num(o.gbs)];
+    table.append(el("tr", {}, row.map((c) => el("td", {}, c))));
   }
+  root.append(el("p", {}, "GFLOP/s and GB/s are the ops' estimated work (products 2 FLOPs per multiply-add; tensors read and written once) over their measured time."));
   root.append(table);
 }
 

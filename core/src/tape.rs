@@ -207,6 +207,36 @@ impl Op {
         }
     }
 
+    /// The op's work in `pass` as (FLOPs, bytes of its tensors read and written): the
+    /// products' multiply-adds counted as 2 FLOPs, causal attention's half of the scores, the
+    /// element-wise ops' tensors once each. An estimate for traces (achieved FLOP/s and GB/s),
+    /// not a measurement; a recomputed forward is a forward.
+    pub fn work(&self, pass: Pass) -> (f64, f64) {
+        let f = |n: usize| n as f64;
+        let backward = pass == Pass::Backward;
+        match *self {
+            Op::Embedding { out, .. } => (f(out.len), 4.0 * f(2 * out.len)),
+            Op::LayerNorm { x, .. } if backward => (10.0 * f(x.len), 4.0 * f(4 * x.len)),
+            Op::LayerNorm { x, .. } => (8.0 * f(x.len), 4.0 * f(2 * x.len)),
+            Op::Matmul { x, dx, k, m, .. } => {
+                let (n, w) = (f(x.len / k.max(1)), f(k * m));
+                let product = 2.0 * n * f(k) * f(m);
+                match (backward, dx) {
+                    // The weight's gradient, and the input's where it is needed.
+                    (true, Some(_)) => (2.0 * product, 4.0 * (2.0 * f(x.len) + n * f(m) + 2.0 * w)),
+                    (true, None) => (product, 4.0 * (f(x.len) + n * f(m) + 2.0 * w)),
+                    (false, _) => (product, 4.0 * (f(x.len) + n * f(m) + w)),
+                }
+            }
+            Op::Attention { shape, qkv, .. } => {
+                let scores = f(shape.batch * shape.heads) * f(shape.seq) * f(shape.seq + 1) / 2.0;
+                let per_pass = 4.0 * scores * f(shape.head_size);
+                (if backward { 2.0 * per_pass } else { per_pass }, 4.0 * f(qkv.len) * if backward { 3.0 } else { 4.0 / 3.0 })
+            }
+            Op::CrossEntropy { logits, .. } => (5.0 * f(logits.len), 4.0 * f(2 * logits.len)),
+        }
+    }
+
     /// The op's main shape, `[rows, in] -> [rows, out]` style, written to `f`.
     pub fn describe_shape(&self, f: &mut dyn core::fmt::Write) -> core::fmt::Result {
         match *self {
@@ -377,6 +407,25 @@ mod plan_tests {
 
     fn overlap(a: Span, b: Span) -> bool {
         a.offset < b.end() && b.offset < a.end()
+    }
+
+    /// The products' work a trace reports: 2 FLOPs per weight of every matmul (the tied LM
+    /// head's included) and token in a forward walk, 4 in a backward (every product's input
+    /// and weight gradients).
+    #[test]
+    fn the_products_work_is_two_flops_per_weight_and_token() {
+        let cfg = GptConfig { vocab_size: 11, block_size: 8, n_layer: 2, n_head: 2, n_embd: 6 };
+        let plan = Plan::new(cfg, 3, 7).unwrap();
+        let tape = record_to_vec(&plan);
+        let products = |pass| tape.iter().filter(|op| matches!(op, Op::Matmul { .. })).map(|op| op.work(pass).0).sum::<f64>();
+        let weights: usize = tape.iter().filter_map(|op| if let Op::Matmul { k, m, .. } = op { Some(k * m) } else { None }).sum();
+        let tokens = plan.tokens() as f64;
+        assert_eq!(weights, cfg.n_layer * 12 * cfg.n_embd * cfg.n_embd + cfg.vocab_size * cfg.n_embd);
+        assert_eq!(products(Pass::Forward), 2.0 * weights as f64 * tokens);
+        let with_dx = tape.iter().filter(|op| matches!(op, Op::Matmul { dx: Some(_), .. })).count();
+        let all = tape.iter().filter(|op| matches!(op, Op::Matmul { .. })).count();
+        assert_eq!(with_dx, all, "every product's input needs its gradient");
+        assert_eq!(products(Pass::Backward), 4.0 * weights as f64 * tokens);
     }
 
     /// Every pair of activation spans one op uses together must be disjoint, and each

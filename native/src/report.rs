@@ -94,6 +94,16 @@ pub fn read_run(name: &str, text: &str) -> Value {
     json!({ "name": name, "skipped": skipped, "records": records })
 }
 
+/// One op's or kernel's spans in a trace, summed.
+#[derive(Default)]
+struct OpTotals {
+    count: u64,
+    ms: f64,
+    /// The work the trace gives them (its ops' estimate, `Op::work`).
+    flops: f64,
+    bytes: f64,
+}
+
 /// The figures a trace gives the report: traced steps and their mean time, the ops (CPU
 /// track, with their pass) and kernels (GPU track) by total time with their share of the
 /// steps' time, dispatches per step, and the GPU's busy time against the steps' wall time.
@@ -103,7 +113,8 @@ pub fn summarize_trace(text: &str) -> Result<Value, String> {
     let spans = events.iter().filter(|e| e["ph"] == "X");
     let dur_ms = |e: &Value| e["dur"].as_f64().unwrap_or(0.0) / 1e3;
     let (mut steps, mut wall_ms, mut busy_ms, mut dispatches) = (0u64, 0.0, 0.0, 0u64);
-    let mut ops: BTreeMap<(String, &str, String), (u64, f64)> = BTreeMap::new();
+    // By (name, track, pass).
+    let mut ops: BTreeMap<(String, &str, String), OpTotals> = BTreeMap::new();
     for e in spans {
         let name = e["name"].as_str().unwrap_or("?");
         let gpu = e["tid"] == 2;
@@ -122,15 +133,22 @@ pub fn summarize_trace(text: &str) -> Result<Value, String> {
         }
         dispatches += 1;
         let entry = ops.entry((name.to_string(), if gpu { "GPU" } else { "CPU" }, pass)).or_default();
-        entry.0 += 1;
-        entry.1 += dur_ms(e);
+        entry.count += 1;
+        entry.ms += dur_ms(e);
+        entry.flops += e["args"]["flops"].as_f64().unwrap_or(0.0);
+        entry.bytes += e["args"]["bytes"].as_f64().unwrap_or(0.0);
     }
     if steps == 0 {
         return Err("it holds no step spans: not a trace of training steps".into());
     }
     let mut top: Vec<Value> = ops
         .into_iter()
-        .map(|((name, track, pass), (count, total))| json!({"name": name, "track": track, "pass": pass, "count": count, "total_ms": total, "share": total / wall_ms}))
+        .map(|((name, track, pass), t)| {
+            // Achieved rates where the trace knows the op's work (the CPU's ops; GPU kernels carry none).
+            let rate = |work: f64| (work > 0.0 && t.ms > 0.0).then(|| work / (t.ms * 1e6));
+            json!({"name": name, "track": track, "pass": pass, "count": t.count, "total_ms": t.ms, "share": t.ms / wall_ms,
+                   "gflops": rate(t.flops), "gbs": rate(t.bytes)})
+        })
         .collect();
     top.sort_by(|a, b| b["total_ms"].as_f64().unwrap_or(0.0).total_cmp(&a["total_ms"].as_f64().unwrap_or(0.0)));
     top.truncate(TOP_OPS);
@@ -217,8 +235,8 @@ mod tests {
         let trace = json!({"traceEvents": [
             {"name": "step", "ph": "X", "tid": 1, "ts": 0.0, "dur": 1000.0},
             {"name": "forward", "ph": "X", "tid": 1, "ts": 0.0, "dur": 400.0},
-            {"name": "matmul", "ph": "X", "tid": 1, "ts": 0.0, "dur": 300.0, "args": {"pass": "forward", "tape_index": 3}},
-            {"name": "matmul", "ph": "X", "tid": 1, "ts": 300.0, "dur": 100.0, "args": {"pass": "forward", "tape_index": 5}},
+            {"name": "matmul", "ph": "X", "tid": 1, "ts": 0.0, "dur": 300.0, "args": {"pass": "forward", "tape_index": 3, "flops": 3e6, "bytes": 1e6}},
+            {"name": "matmul", "ph": "X", "tid": 1, "ts": 300.0, "dur": 100.0, "args": {"pass": "forward", "tape_index": 5, "flops": 1e6, "bytes": 1e6}},
             {"name": "attention", "ph": "X", "tid": 2, "ts": 0.0, "dur": 250.0, "args": {"pass": "backward"}},
         ]});
         let t = summarize_trace(&trace.to_string()).unwrap();
@@ -226,6 +244,9 @@ mod tests {
         assert_eq!(t["ops"][0]["name"], "matmul");
         assert_eq!((t["ops"][0]["count"].as_u64(), t["ops"][0]["total_ms"].as_f64(), t["ops"][0]["share"].as_f64()), (Some(2), Some(0.4), Some(0.4)));
         assert_eq!((t["kernels_per_step"].as_f64(), t["device_busy_ms"].as_f64()), (Some(3.0), Some(0.25)));
+        // 4 MFLOP and 2 MB in 0.4 ms: 10 GFLOP/s and 5 GB/s; the kernel knows no work.
+        assert_eq!((t["ops"][0]["gflops"].as_f64(), t["ops"][0]["gbs"].as_f64()), (Some(10.0), Some(5.0)));
+        assert!(t["ops"][1]["gflops"].is_null());
         assert!(summarize_trace("{}").is_err() && summarize_trace("nope").is_err());
     }
 }

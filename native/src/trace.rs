@@ -112,6 +112,7 @@ impl Observer for Trace {
         let start = self.open_ops.pop().expect("every op end follows its begin");
         let mut shape = String::new();
         let _ = op.describe_shape(&mut shape);
-        self.span(op.name(), start, end, json!({"pass": pass.name(), "tape_index": index, "shape": shape}));
+        let (flops, bytes) = op.work(pass);
+        self.span(op.name(), start, end, json!({"pass": pass.name(), "tape_index": index, "shape": shape, "flops": flops, "bytes": bytes}));
     }
 }
