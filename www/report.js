@@ -66,7 +66,16 @@ function charts(root, runs, logY) {
   lineChart(chartBox(root, "chart-loss-step", "train and val loss against step"), { series: losses((r) => r.step), xLabel: "step", yLabel: "loss", logY });
   lineChart(chartBox(root, "chart-loss-time", "train and val loss against wall time (s)"), { series: losses((r) => r.time_s), xLabel: "seconds", yLabel: "loss", logY });
   lineChart(chartBox(root, "chart-lr", "learning rate"), { series: series(runs, (r) => r.lr), xLabel: "step", yLabel: "lr" });
-  lineChart(chartBox(root, "chart-grad-norm", "gradient norm before clipping"), { series: series(runs, (r) => r.grad_norm), xLabel: "step", yLabel: "norm" });
+  // The clip threshold as a line of its own: norms above it were scaled down to it.
+  const clips = runs.filter((run) => run.start.settings?.grad_clip > 0 && run.train.length).map((run) => ({
+    name: `${run.name} clip`,
+    points: [[run.train[0].step, run.start.settings.grad_clip], [run.train.at(-1).step, run.start.settings.grad_clip]],
+  }));
+  lineChart(chartBox(root, "chart-grad-norm", "gradient norm before clipping, and the clip threshold"), {
+    series: [...series(runs, (r) => r.grad_norm), ...clips],
+    xLabel: "step",
+    yLabel: "norm",
+  });
   lineChart(chartBox(root, "chart-tokens", "tokens per second (whole workflow: evaluation, samples and checkpoints included)"), { series: series(runs, (r) => r.tokens_per_sec), xLabel: "step", yLabel: "tok/s" });
   lineChart(chartBox(root, "chart-mfu", "MFU and HFU (%) against the device's peak"), {
     series: runs.flatMap((run) => [
