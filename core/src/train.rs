@@ -566,6 +566,23 @@ mod tests {
         (loss, mem.grads)
     }
 
+    /// Memory for `plan` with its parameters initialised from seed 1.
+    fn initialised(plan: &Plan) -> OwnedMemory<f32> {
+        let mut mem = OwnedMemory::<f32>::new(plan).unwrap();
+        init_params(plan, &mut mem.params, &mut Rng::new(1));
+        mem
+    }
+
+    /// The tests' settings: a short schedule with warm-up, clipping at 1.
+    fn settings(grad_accum: usize) -> TrainConfig {
+        TrainConfig {
+            schedule: LrSchedule { max_lr: 1e-2, min_lr: 1e-3, warmup_iters: 1, decay_iters: 10 },
+            adamw: AdamWConfig::default(),
+            grad_clip: 1.0,
+            grad_accum,
+        }
+    }
+
     /// Activation checkpointing changes memory, not arithmetic: three steps with two
     /// micro-batches and three blocks give the same bits (losses, norms, parameters, moments)
     /// with and without it, on one thread and on several, with and without dropout (whose
@@ -575,15 +592,8 @@ mod tests {
         let cfg = GptConfig { vocab_size: 13, block_size: 8, n_layer: 3, n_head: 2, n_embd: 8 };
         let data: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 3) % 13).collect();
         let run = |plan: Plan, par: &dyn Parallel| {
-            let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
-            init_params(&plan, &mut mem.params, &mut Rng::new(1));
-            let tc = TrainConfig {
-                schedule: LrSchedule { max_lr: 1e-2, min_lr: 1e-3, warmup_iters: 1, decay_iters: 10 },
-                adamw: AdamWConfig::default(),
-                grad_clip: 1.0,
-                grad_accum: 2,
-            };
-            let mut trainer = mem.trainer(plan, tc, Rng::new(2)).unwrap();
+            let mut mem = initialised(&plan);
+            let mut trainer = mem.trainer(plan, settings(2), Rng::new(2)).unwrap();
             let stats: Vec<(u64, u64)> = (0..3)
                 .map(|_| {
                     let s = trainer.train_step(par, &data).unwrap();
@@ -610,15 +620,8 @@ mod tests {
         let cfg = GptConfig { vocab_size: 13, block_size: 8, n_layer: 3, n_head: 2, n_embd: 8 };
         let data: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 3) % 13).collect();
         for plan in [Plan::new(cfg, 2, 8).unwrap(), Plan::new(cfg, 2, 8).unwrap().with_recompute(true)] {
-            let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
-            init_params(&plan, &mut mem.params, &mut Rng::new(1));
-            let tc = TrainConfig {
-                schedule: LrSchedule { max_lr: 1e-2, min_lr: 1e-3, warmup_iters: 1, decay_iters: 10 },
-                adamw: AdamWConfig::default(),
-                grad_clip: 1.0,
-                grad_accum: 1,
-            };
-            let mut t = mem.trainer(plan, tc, Rng::new(2)).unwrap();
+            let mut mem = initialised(&plan);
+            let mut t = mem.trainer(plan, settings(1), Rng::new(2)).unwrap();
             t.load_batch(&data);
             t.forward(&Serial, 0);
             let base = t.mem.grads.as_ptr() as usize;

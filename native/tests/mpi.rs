@@ -50,6 +50,21 @@ fn assert_close(ranked: &[f64], alone: &[f64], what: &str) {
     }
 }
 
+/// Checks that checkpoints `a` and `b` hold the same run state: step and batch stream exactly,
+/// parameters and both AdamW moments within 1e-4 of their largest value (only the order of
+/// the ranks' sums differs). Returns `a`'s training state.
+fn assert_same_state(a: &Path, b: &Path, what: &str) -> alpha_native::checkpoint::TrainState {
+    let (x, y) = (alpha_native::checkpoint::load(a).unwrap(), alpha_native::checkpoint::load(b).unwrap());
+    let ((xm, xv, xs), (ym, yv, ys)) = (x.optimizer.unwrap(), y.optimizer.unwrap());
+    assert_eq!((xs.step, &xs.rng_state), (ys.step, &ys.rng_state), "{what}");
+    for (tensor, a, b) in [("parameters", &x.params, &y.params), ("first moments", &xm, &ym), ("second moments", &xv, &yv)] {
+        let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst = a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 1e-4 * scale, "{what}: {tensor} differ by {worst} (largest {scale})");
+    }
+    xs
+}
+
 /// Two ranks of batch B take the steps one process of `--grad-accum 2` takes (dropout and
 /// evaluation included), up to the order of the sums; with `--grad-accum 2` on each rank, those
 /// of `--grad-accum 4`. The model (1.6M parameters) is summed in several pieces while the
@@ -124,18 +139,8 @@ fn zero_1_shards_the_moments_and_resumes_across_rank_counts() {
     let last = resume("12", &["--grad-accum", "1", "--zero", "1"]);
     assert_ok(&mpirun(&dir, 2, &[], &last).output().unwrap());
     assert_close(&losses(&dir.join("split.jsonl")), &losses(&dir.join("alone.jsonl")), "2 ranks -> 1 -> 2 with --zero 1");
-    let (x, y) = (
-        alpha_native::checkpoint::load(&dir.join("split/ckpt.safetensors")).unwrap(),
-        alpha_native::checkpoint::load(&dir.join("alone/ckpt.safetensors")).unwrap(),
-    );
-    let ((xm, xv, xs), (ym, yv, ys)) = (x.optimizer.unwrap(), y.optimizer.unwrap());
-    assert_eq!(xs.step, 12);
-    assert_eq!(xs.rng_state, ys.rng_state);
-    for (what, a, b) in [("parameters", &x.params, &y.params), ("first moments", &xm, &ym), ("second moments", &xv, &yv)] {
-        let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let worst = a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        assert!(worst <= 1e-4 * scale, "{what} differ by {worst} (largest {scale})");
-    }
+    let state = assert_same_state(&dir.join("split/ckpt.safetensors"), &dir.join("alone/ckpt.safetensors"), "2 ranks -> 1 -> 2");
+    assert_eq!(state.step, 12);
 }
 
 /// GPU ranks (two sharing lavapipe here): each step's micro-batches on the device, the
@@ -148,7 +153,6 @@ fn gpu_ranks_take_the_step_of_one_process() {
     text_file(&dir);
     let common = ["--backend", "gpu", "--iters", "4", "--eval-interval", "2", "--eval-iters", "2", "--sample-interval", "0", "--dropout", "0.1"];
     assert_ok(&run(&dir, &train_args(&[&common[..], &["--grad-accum", "2", "--out", "alone", "--metrics", "alone.jsonl"]].concat())));
-    let alone = alpha_native::checkpoint::load(&dir.join("alone/ckpt.safetensors")).unwrap();
     for zero in ["0", "1"] {
         let (out, metrics) = (format!("ranked{zero}"), format!("ranked{zero}.jsonl"));
         let ranked = train_args(&[&common[..], &["--zero", zero, "--out", &out, "--metrics", &metrics]].concat());
@@ -156,13 +160,7 @@ fn gpu_ranks_take_the_step_of_one_process() {
         let (a, b) = (losses(&dir.join(&metrics)), losses(&dir.join("alone.jsonl")));
         assert_eq!(b.len(), 4 + 3 * 2);
         assert_close(&a, &b, &format!("GPU ranks, --zero {zero}"));
-        let x = alpha_native::checkpoint::load(&dir.join(&out).join("ckpt.safetensors")).unwrap();
-        let ((xm, xv, _), (ym, yv, _)) = (x.optimizer.unwrap(), alone.optimizer.clone().unwrap());
-        for (what, a, b) in [("parameters", &x.params, &alone.params), ("first moments", &xm, &ym), ("second moments", &xv, &yv)] {
-            let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let worst = a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-            assert!(worst <= 1e-4 * scale, "--zero {zero}: {what} differ by {worst} (largest {scale})");
-        }
+        assert_same_state(&dir.join(&out).join("ckpt.safetensors"), &dir.join("alone/ckpt.safetensors"), &format!("GPU ranks, --zero {zero}"));
     }
 }
 
