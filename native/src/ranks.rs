@@ -166,7 +166,7 @@ fn disagreements(facts: &[(&str, u64)], all: &[u64]) -> Vec<String> {
 const FINGERPRINT_ENDS: usize = 1 << 20;
 
 /// A fingerprint of `values` (as 32-bit words by `bits`) for [`Group::agree`]: their count
-/// and the first and last [`FINGERPRINT_ENDS`] of them.
+/// and the first and last million of them.
 pub fn fingerprint<T: Copy>(values: &[T], bits: impl Fn(T) -> u32) -> u64 {
     let n = values.len();
     let (head, tail) = if n <= 2 * FINGERPRINT_ENDS { (values, &[][..]) } else { (&values[..FINGERPRINT_ENDS], &values[n - FINGERPRINT_ENDS..]) };
