@@ -5,6 +5,7 @@ median step time and tokens/s, Alpha's 2-rank scaling, Alpha's all-reduce time p
 share of the step) and Alpha 2 ranks against DDP.
 
   python3 scripts/compare_ddp.py [--config baby|small] [--rounds N] [--iters N] [--warmup N]
+                                 [--alpha PATH]
 
 Alpha runs `mpirun -np N alpha-native train` (a release build with MPI: cargo build --release
 -p alpha-native --features mpi; Open MPI's mpirun on PATH) with --log-interval 1 and reads each
@@ -31,11 +32,11 @@ CONFIGS = {
 }
 
 
-def alpha_run(c, ranks, iters, warmup, work):
+def alpha_run(alpha, c, ranks, iters, warmup, work):
     """Median ms/step and all-reduce ms/step of `iters` steps after `warmup`, on `ranks` ranks."""
     metrics = os.path.join(work, f"alpha{ranks}.jsonl")
     flags = [f"--{k}={c[k]}" for k in ("layers", "heads", "embd", "block")]
-    cmd = ["mpirun", "--oversubscribe", "-np", str(ranks), ALPHA, "train", *flags, f"--batch={c['batch'] // ranks}",
+    cmd = ["mpirun", "--oversubscribe", "-np", str(ranks), alpha, "train", *flags, f"--batch={c['batch'] // ranks}",
            f"--iters={warmup + iters}", "--threads=1", "--log-interval=1", "--eval-interval=0", "--sample-interval=0",
            f"--out={os.path.join(work, 'out')}", "--overwrite", f"--metrics={metrics}"]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -99,16 +100,17 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=4)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--alpha", default=ALPHA, help="the alpha-native binary (built with --features mpi)")
     args = p.parse_args()
     c = CONFIGS[args.config]
-    if not os.path.exists(ALPHA):
-        sys.exit(f"{ALPHA} is missing: cargo build --release -p alpha-native --features mpi")
+    if not os.path.exists(args.alpha):
+        sys.exit(f"{args.alpha} is missing: cargo build --release -p alpha-native --features mpi")
     one, two, ddp, reduce_ms = [], [], [], []
     version = "?"
     with tempfile.TemporaryDirectory() as work:
         for r in range(args.rounds):
-            one.append(alpha_run(c, 1, args.iters, args.warmup, work)[0])
-            ms, red = alpha_run(c, 2, args.iters, args.warmup, work)
+            one.append(alpha_run(args.alpha, c, 1, args.iters, args.warmup, work)[0])
+            ms, red = alpha_run(args.alpha, c, 2, args.iters, args.warmup, work)
             two.append(ms)
             reduce_ms.append(red)
             ms, version = ddp_run(c, args.iters, args.warmup, work)
