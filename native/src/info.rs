@@ -3,7 +3,7 @@
 use crate::bench::flops_per_token;
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::{Engine, StepError};
-use crate::peak::{fma_limit, machine_json, peak, simd_features};
+use crate::peak::{fma_limit, machine_json, measured_peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, train_split};
 use crate::train::ModelArgs;
 use alpha_core::config::MAX_DIM;
@@ -69,7 +69,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let plan = m.plan(config, tok.vocab_size(), m.batch)?;
     args.device.check()?;
     let pool = args.device.pool()?;
-    let peak = peak(&pool, args.peak_gflops)?;
+    let peak = measured_peak(&pool, args.peak_gflops)?;
     let fma = fma_limit(&pool);
     let bandwidth = crate::peak::memory_bandwidth(&pool);
     let adapters = block_on(alpha_gpu::context::adapters());

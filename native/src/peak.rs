@@ -70,6 +70,17 @@ fn cache_file() -> Option<PathBuf> {
 
 /// The peak for `pool`: `given`, else the cached measurement, else a new one (then cached).
 pub fn peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
+    cached_peak(pool, given, false)
+}
+
+/// [`peak`], measured again even when cached (`info`): the cache keeps the highest
+/// measurement, so one taken while other work shared the cores (too low, and every MFU after
+/// it too high) is replaced by the next one on a quiet machine.
+pub fn measured_peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
+    cached_peak(pool, given, true)
+}
+
+fn cached_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> Result<Peak, String> {
     if let Some(p) = peak_given(given)? {
         return Ok(p);
     }
@@ -77,10 +88,11 @@ pub fn peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
     let file = cache_file();
     let mut cache: BTreeMap<String, f64> =
         file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default();
-    if let Some(&g) = cache.get(&key) {
+    let cached = cache.get(&key).copied();
+    if let (Some(g), false) = (cached, remeasure) {
         return Ok(Peak { gflops: g, source: "cached" });
     }
-    let gflops = measure(pool);
+    let gflops = measure(pool).max(cached.unwrap_or(0.0));
     if let Some(f) = file {
         cache.insert(key, gflops);
         // A cache that cannot be written only costs a new measurement next time.
