@@ -14,7 +14,7 @@ function label(v) {
   const a = Math.abs(v);
   if (a === 0) return "0";
   if (a >= 1e5 || a < 1e-3) return v.toExponential(1);
-  return v.toFixed(a >= 100 ? 0 : a >= 10 ? 1 : a >= 1 ? 2 : 3);
+  return a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : v.toPrecision(3);
 }
 
 /**
