@@ -9,7 +9,7 @@ Configurations:
          50257, block 256, batch 4
 
   python3 scripts/compare_pytorch.py [--configs small baby] [--threads 1 2] [--rounds N]
-                                     [--backend cpu|gpu]
+                                     [--backend cpu|gpu] [--peers eager compile ...]
 
 Alpha runs `alpha-native bench --json` (steady state: training steps only); PyTorch runs the
 same model and step (AdamW, clip 1.0) from scripts/nanogpt_reference.py. Both report every
@@ -26,8 +26,11 @@ On the CPU a roofline line per row follows: the step's necessary matmul FLOPs (s
 the rate no GEMM passes at the same clock) give the fastest step possible; each side's median is shown as a
 fraction of it, and PyTorch's median over it is the largest ratio any implementation could
 reach in that run.
-`--backend gpu` runs Alpha with `--backend gpu` and PyTorch on CUDA (fp32; both wait for each
-step's end); the thread count does not apply there. Needs a release build (cargo build
+`--backend gpu` runs Alpha with `--backend gpu` and PyTorch on CUDA (both wait for each
+step's end; gpt2 at block 1024, batch 8 there); the thread count does not apply there.
+`--peers` picks the PyTorch sides, each timed in the same alternating rounds and shown in a row
+of its own: `eager` (fp32 eager, the default), `compile` (torch.compile, fp32), `eager-bf16`
+and `compile-bf16` (bf16 autocast, as nanoGPT on a GPU). Needs a release build (cargo build
 --release) and:
 pip install torch numpy safetensors
 """
@@ -47,6 +50,15 @@ CONFIGS = {
 }
 # Timed and warm-up steps on a GPU, where a step takes milliseconds.
 GPU_STEPS = dict(iters=50, warmup=5)
+# Shapes that differ on a GPU: GPT-2 124M at its full context (issue 43's row).
+GPU_SHAPES = {"gpt2": dict(block=1024, batch=8, iters=20)}
+# PyTorch sides: nanogpt_reference.py bench's flags for each.
+PEERS = {
+    "eager": [],
+    "compile": ["--compile"],
+    "eager-bf16": ["--precision", "bf16"],
+    "compile-bf16": ["--compile", "--precision", "bf16"],
+}
 
 
 def model_flags(c, side="alpha"):
@@ -66,11 +78,11 @@ def alpha_steps(c, threads, backend):
     return r["step_ms"], (r["device"] or {}).get("adapter", "cpu")
 
 
-def pytorch_steps(c, threads, backend):
+def pytorch_steps(c, threads, backend, peer):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "nanogpt_reference.py"), "bench",
                           "--data", os.path.join(ROOT, "data", "shakespeare.txt"), "--threads", str(threads),
                           "--device", "cuda" if backend == "gpu" else "cpu",
-                          "--iters", str(c["iters"]), "--warmup", str(c["warmup"])] + model_flags(c, "pytorch"),
+                          "--iters", str(c["iters"]), "--warmup", str(c["warmup"])] + PEERS[peer] + model_flags(c, "pytorch"),
                          check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
     return r["step_ms"], f"{r['impl']} on {r['device']}"
@@ -110,40 +122,46 @@ def main():
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--rounds", type=int, help="alternating rounds per row (default: 10 for small, 3 for baby)")
     p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--peers", nargs="+", choices=list(PEERS), default=["eager"], help="PyTorch sides (default: eager)")
     args = p.parse_args()
     threads_list = [1] if args.backend == "gpu" else args.threads
-    print("| config | threads | Alpha ms/iter | Alpha tok/s | PyTorch ms/iter | PyTorch tok/s | Alpha speed vs PyTorch |"
-          " per-round ratios | ratio of p10 |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    impl, on = "pytorch", "cpu"
+    print("| config | threads | PyTorch side | Alpha ms/iter | Alpha tok/s | PyTorch ms/iter | PyTorch tok/s |"
+          " Alpha speed vs PyTorch | per-round ratios | ratio of p10 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    impls, on = {}, "cpu"
     scaling, plans, roofline = [], [], []
     for name in args.configs:
-        c = dict(CONFIGS[name], **(GPU_STEPS if args.backend == "gpu" else {}))
+        gpu = args.backend == "gpu"
+        c = dict(CONFIGS[name], **(GPU_STEPS if gpu else {}), **(GPU_SHAPES.get(name, {}) if gpu else {}))
         rounds = args.rounds or c["rounds"]
         plans.append(f"{name} {rounds} x {c['iters']} steps")
         tokens = c["batch"] * c["block"]
         medians = {}
         for threads in threads_list:
-            alpha, torch = [], []
+            alpha, torch = [], {peer: [] for peer in args.peers}
             limit, vocab = fma_limit(c, threads) if args.backend == "cpu" else (None, None)
             for _ in range(rounds):
                 steps, on = alpha_steps(c, threads, args.backend)
                 alpha.append(steps)
-                steps, impl = pytorch_steps(c, threads, args.backend)
-                torch.append(steps)
+                for peer in args.peers:
+                    steps, impls[peer] = pytorch_steps(c, threads, args.backend, peer)
+                    torch[peer].append(steps)
             a_steps = [ms for steps in alpha for ms in steps]
-            t_steps = [ms for steps in torch for ms in steps]
-            a, t = statistics.median(a_steps), statistics.median(t_steps)
-            # The fastest tenth of each side's steps: the ratio with the machine's slow
-            # phases left out (shown beside the medians, never instead of them).
-            p10 = percentile(t_steps, 0.1) / percentile(a_steps, 0.1)
+            a = statistics.median(a_steps)
+            for peer in args.peers:
+                t_steps = [ms for steps in torch[peer] for ms in steps]
+                t = statistics.median(t_steps)
+                # The fastest tenth of each side's steps: the ratio with the machine's slow
+                # phases left out (shown beside the medians, never instead of them).
+                p10 = percentile(t_steps, 0.1) / percentile(a_steps, 0.1)
+                # Each round's PyTorch median over the Alpha median just before it: how far the
+                # machine's noise moves the ratio of one round.
+                ratios = sorted(statistics.median(tb) / statistics.median(ab) for ab, tb in zip(alpha, torch[peer]))
+                shown = "-" if gpu else threads
+                print(f"| {name} | {shown} | {peer} | {a:.1f} | {tokens / a * 1e3:.0f} | {t:.1f} | {tokens / t * 1e3:.0f} | {t / a:.2f}x |"
+                      f" {ratios[0]:.2f}x-{ratios[-1]:.2f}x | {p10:.2f}x |", flush=True)
+            t = statistics.median(ms for steps in torch[args.peers[0]] for ms in steps)
             medians[threads] = (a, t)
-            # Each round's PyTorch median over the Alpha median just before it: how far the
-            # machine's noise moves the ratio of one round.
-            ratios = sorted(statistics.median(tb) / statistics.median(ab) for ab, tb in zip(alpha, torch))
-            shown = "-" if args.backend == "gpu" else threads
-            print(f"| {name} | {shown} | {a:.1f} | {tokens / a * 1e3:.0f} | {t:.1f} | {tokens / t * 1e3:.0f} | {t / a:.2f}x |"
-                  f" {ratios[0]:.2f}x-{ratios[-1]:.2f}x | {p10:.2f}x |", flush=True)
             if limit:
                 # The clock drifts: the higher of the limits measured before and after the
                 # rounds, so that the floor is the lower one (the claim the weaker).
@@ -157,8 +175,9 @@ def main():
         if len(medians) > 1:
             lo, hi = min(medians), max(medians)
             scaling.append(f"{name} {lo} -> {hi} threads: Alpha {medians[lo][0] / medians[hi][0]:.2f}x,"
-                           f" PyTorch {medians[lo][1] / medians[hi][1]:.2f}x")
-    print(f"(Alpha on {on}; {impl}; median step time over all steps of alternating rounds: {', '.join(plans)})")
+                           f" PyTorch ({args.peers[0]}) {medians[lo][1] / medians[hi][1]:.2f}x")
+    print(f"(Alpha on {on}; {'; '.join(f'{peer}: {impl}' for peer, impl in impls.items())}; median step time over all steps of"
+          f" alternating rounds: {', '.join(plans)})")
     for line in scaling:
         print(f"Scaling, {line}")
     for line in roofline:

@@ -12,11 +12,16 @@ Optional tooling (Alpha never needs PyTorch to build, run or test):
          and val loss (mean of --eval-iters random batches each) as one JSON line, for
          comparing with `alpha-native train` on the same settings.
   bench  python3 scripts/nanogpt_reference.py bench [--threads N] [--iters N] [--warmup N]
-                                                    [--device cpu|cuda]
-         Times nanoGPT's training step (AdamW, clip 1.0; fp32 eager) on the default CPU config
-         (4 layers, 4 heads, 128 embd, block 64, batch 12) and prints ms/iter and tok/s. On
-         CUDA each timed step ends with a synchronize (TF32 off, PyTorch's default for fp32
-         matmuls), the way Alpha's GPU bench ends each step with the read of its loss.
+                                                    [--device cpu|cuda] [--compile]
+                                                    [--precision fp32|bf16]
+         Times nanoGPT's training step (AdamW, clip 1.0; fp32 eager by default) on the default
+         CPU config (4 layers, 4 heads, 128 embd, block 64, batch 12) and prints ms/iter and
+         tok/s. On CUDA each timed step ends with a synchronize (TF32 off, PyTorch's default for
+         fp32 matmuls), the way Alpha's GPU bench ends each step with the read of its loss.
+         `--precision bf16` runs the forward and loss under bf16 autocast (nanoGPT's
+         `dtype='bfloat16'`: fp32 weights and optimizer, no loss scaling); `--compile` wraps
+         the model in torch.compile (nanoGPT's `compile=True`; its compilation happens in the
+         warm-up steps, which are not timed).
 
 Needs: pip install torch numpy safetensors
 """
@@ -152,7 +157,8 @@ def cmd_train(args):
         for g in opt.param_groups:
             g["lr"] = lr_at(it, args)
         x, y = batch("train")
-        loss = model(x, y).mean()
+        with autocast:
+            loss = step_model(x, y).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -178,6 +184,8 @@ def cmd_bench(args):
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     B, T = args.batch, args.block
     model = GPT(args.vocab or len(chars), T, args.layers, args.heads, args.embd).to(device)
+    step_model = torch.compile(model) if args.compile else model
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -199,7 +207,8 @@ def cmd_bench(args):
             times.append(time.perf_counter() - t0)
     ms = statistics.median(times) * 1e3
     on = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(json.dumps({"impl": f"pytorch {torch.__version__} eager", "device": on, "threads": args.threads, "ms_per_iter": ms,
+    mode = "compile" if args.compile else "eager"
+    print(json.dumps({"impl": f"pytorch {torch.__version__} {mode} {args.precision}", "device": on, "threads": args.threads, "ms_per_iter": ms,
                       "tokens_per_sec": B * T / ms * 1e3, "iters": args.iters, "step_ms": [t * 1e3 for t in times]}))
 
 
@@ -231,6 +240,8 @@ def main():
     b = run_parser(sub, "bench", iters=100, warmup=10)
     b.add_argument("--vocab", type=int, help="vocabulary size (default: the text's characters; more for GPT-2's 50257)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    b.add_argument("--compile", action="store_true", help="torch.compile the model (compiled in the warm-up steps)")
+    b.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast the forward and loss to bfloat16")
     args = p.parse_args()
     {"eval": cmd_eval, "train": cmd_train, "bench": cmd_bench}[args.cmd](args)
 
