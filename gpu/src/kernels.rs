@@ -318,6 +318,18 @@ struct Pending<'a> {
     words: [u32; 16],
     views: Vec<Option<View<'a>>>,
     groups: [u32; 3],
+    work: Work,
+}
+
+/// What one dispatch does, for achieved rates in traces: the floating-point operations of its
+/// products (0 for kernels without any) and the bytes of the tensors it binds (each counted
+/// once: the least traffic it can have).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Work {
+    /// Floating-point operations (a multiply-add is two).
+    pub flops: f64,
+    /// Bytes of the bound tensors.
+    pub bytes: f64,
 }
 
 /// Collects dispatches, then builds their bind groups and uniform words at once.
@@ -364,8 +376,14 @@ impl<'a> ProgramBuilder<'a> {
         assert_eq!(views.len(), kernel.spec().2, "{kernel:?} binds {} tensors", kernel.spec().2);
         let mut w = [0u32; 16];
         w[..words.len()].copy_from_slice(words);
-        self.pending.push(Pending { kernel, label: self.label, words: w, views: views.to_vec(), groups });
+        let bytes = views.iter().flatten().map(|v| bytes(v.len) as f64).sum();
+        self.pending.push(Pending { kernel, label: self.label, words: w, views: views.to_vec(), groups, work: Work { flops: 0.0, bytes } });
         self.pending.len() - 1
+    }
+
+    /// Sets the floating-point operations of dispatch `index` (see [`Work`]).
+    pub fn count_flops(&mut self, index: usize, flops: f64) {
+        self.pending[index].work.flops = flops;
     }
 
     /// Bind groups and one uniform buffer for every dispatch pushed.
@@ -409,7 +427,7 @@ impl<'a> ProgramBuilder<'a> {
                 layout: &kernels.layouts[p.views.len()],
                 entries: &entries,
             });
-            dispatches.push(Dispatch { kernel: p.kernel, label: p.label, bind_group, groups: p.groups });
+            dispatches.push(Dispatch { kernel: p.kernel, label: p.label, bind_group, groups: p.groups, work: p.work });
         }
         Ok(Program { dispatches, uniforms })
     }
@@ -421,6 +439,7 @@ struct Dispatch {
     label: &'static str,
     bind_group: wgpu::BindGroup,
     groups: [u32; 3],
+    work: Work,
 }
 
 /// A fixed list of dispatches with their bind groups and uniform words.
@@ -461,9 +480,9 @@ impl Program {
         self.dispatches.is_empty()
     }
 
-    /// The tape op label and kernel of each dispatch, in order.
-    pub fn dispatches(&self) -> impl Iterator<Item = (&'static str, Kernel)> + '_ {
-        self.dispatches.iter().map(|d| (d.label, d.kernel))
+    /// The tape op label, kernel and work of each dispatch, in order.
+    pub fn dispatches(&self) -> impl Iterator<Item = (&'static str, Kernel, Work)> + '_ {
+        self.dispatches.iter().map(|d| (d.label, d.kernel, d.work))
     }
 
     /// Records each dispatch in a pass of its own with a timestamp before and after it, at

@@ -14,6 +14,7 @@
 //! - [`forward`]: a forward-only model, for evaluation and sampling ([`GpuForward`]).
 //! - [`trainer`]: the whole training step, one submission per step ([`GpuTrainer`]).
 //! - [`profile`]: timestamp queries around every kernel, for traces ([`KernelTime`]).
+//! - [`peak`]: the device's arithmetic limit in f32 and f16 ([`peak::FmaProbe`]), for MFU.
 
 pub mod context;
 mod executor;
@@ -21,6 +22,7 @@ pub mod forward;
 pub mod kernels;
 pub mod layout;
 pub mod ops;
+pub mod peak;
 pub mod profile;
 mod readback;
 pub mod trainer;

@@ -3,6 +3,7 @@
 //! buffer at the end of the step's command buffer and read back after it.
 
 use crate::context::{Gpu, GpuError};
+use crate::kernels::Work;
 use crate::readback::read;
 
 /// One kernel's time on the device, in nanoseconds from the step's first timestamp.
@@ -18,7 +19,12 @@ pub struct KernelTime {
     pub start_ns: f64,
     /// End, ns.
     pub end_ns: f64,
+    /// What the kernel did (for its achieved FLOP/s and GB/s).
+    pub work: Work,
 }
+
+/// A dispatch as traces name it: its pass, tape op, kernel and work.
+pub(crate) type DispatchName = (&'static str, &'static str, &'static str, Work);
 
 /// Hands out consecutive pairs of timestamp queries across query sets.
 pub(crate) struct QueryCursor<'q> {
@@ -39,14 +45,14 @@ impl<'q> QueryCursor<'q> {
 pub(crate) struct Profiler {
     sets: Vec<wgpu::QuerySet>,
     resolved: wgpu::Buffer,
-    /// (pass, op, kernel) of every dispatch, in encoding order.
-    names: Vec<(&'static str, &'static str, &'static str)>,
+    /// Every dispatch, in encoding order.
+    names: Vec<DispatchName>,
     period_ns: f64,
 }
 
 impl Profiler {
     /// Queries for the dispatches `names`; an error if the device has no timestamp queries.
-    pub fn new(gpu: &Gpu, names: Vec<(&'static str, &'static str, &'static str)>) -> Result<Profiler, GpuError> {
+    pub fn new(gpu: &Gpu, names: Vec<DispatchName>) -> Result<Profiler, GpuError> {
         if !gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
             return Err(GpuError(format!("{} has no timestamp queries, so GPU kernels cannot be traced", gpu.adapter.name)));
         }
@@ -95,7 +101,7 @@ impl Profiler {
             .names
             .iter()
             .zip(ticks.chunks_exact(2))
-            .map(|(&(pass, op, kernel), t)| KernelTime { pass, op, kernel, start_ns: ns(t[0]), end_ns: ns(t[1]) })
+            .map(|(&(pass, op, kernel, work), t)| KernelTime { pass, op, kernel, start_ns: ns(t[0]), end_ns: ns(t[1]), work })
             .collect())
     }
 }

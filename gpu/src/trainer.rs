@@ -385,7 +385,7 @@ impl GpuTrainer {
     pub fn set_profiling(&mut self, on: bool) -> Result<(), GpuError> {
         self.profiler = None;
         if on {
-            let named = |pass: &'static str, p: &Program| p.dispatches().map(move |(op, k)| (pass, op, k.name())).collect::<Vec<_>>();
+            let named = |pass: &'static str, p: &Program| p.dispatches().map(move |(op, k, work)| (pass, op, k.name(), work)).collect::<Vec<_>>();
             let mut names = Vec::new();
             for m in &self.micro {
                 names.extend(named("forward", &m.forward));

@@ -8,12 +8,13 @@
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::{Engine, StepError};
 use crate::fsutil::check_outputs_distinct;
-use crate::peak::{peak, peak_given};
+use crate::peak::{gpu_peak, peak};
 use crate::step::{bench_train_config, fresh_start, train_split, Phases};
 use crate::trace::Trace;
 use crate::train::ModelArgs;
 use alpha_core::parallel::Parallel;
 use alpha_core::{GptConfig, Plan};
+use alpha_gpu::peak::Real;
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
@@ -103,7 +104,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let pool = args.device.pool()?;
     let peak = match args.device.backend {
         Backend::Cpu => Some(peak(&pool, args.peak_gflops)?),
-        Backend::Gpu => peak_given(args.peak_gflops)?,
+        Backend::Gpu => Some(gpu_peak(&args.device.open_gpu()?, Real::F32, args.peak_gflops, false)?),
     };
     let mut cpu_memory = None;
     let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;
@@ -139,6 +140,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         "peak_gflops": peak.as_ref().map(|p| p.gflops),
         "peak_source": peak.as_ref().map(|p| p.source),
         "mfu": peak.as_ref().map(|p| achieved / p.gflops),
+        "trace": args.trace.as_deref().map(trace_summary).transpose()?,
     });
     if args.json {
         println!("{report}");
@@ -221,4 +223,43 @@ fn print_table(r: &serde_json::Value) {
         None => "MFU: give the device's peak with --peak-gflops".into(),
     };
     println!("  FLOPs/token   {:.2}M; achieved {:.1} GFLOP/s; {mfu}", f(&r["flops_per_token"]) / 1e6, f(&r["achieved_gflops"]));
+    if r["trace"].is_object() {
+        print_top(&r["trace"]);
+    }
+}
+
+/// The trace's summary ([`crate::report::summarize_trace`]) of the file bench just wrote.
+fn trace_summary(path: &std::path::Path) -> Result<serde_json::Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read back --trace {}: {e}", path.display()))?;
+    crate::report::summarize_trace(&text)
+}
+
+/// Ops and kernels `bench --trace` prints, the largest total time first.
+const TOP_PRINTED: usize = 10;
+
+/// The traced steps' top ops (CPU) or kernels (GPU) as a Markdown table: time per step,
+/// share, dispatches per step and achieved rates.
+fn print_top(t: &serde_json::Value) {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    let steps = f(&t["steps"]);
+    let busy = match f(&t["device_busy_ms"]) {
+        b if b > 0.0 => format!("; device busy {:.1}% of the wall time", 100.0 * b / f(&t["wall_ms"])),
+        _ => String::new(),
+    };
+    println!("\ntrace: {steps} steps of {:.2} ms, {:.0} ops or kernels per step{busy}", f(&t["step_ms"]), f(&t["kernels_per_step"]));
+    println!("| op or kernel | pass | ms/step | share | per step | GFLOP/s | GB/s |");
+    println!("|---|---|---|---|---|---|---|");
+    let rate = |v: &serde_json::Value| v.as_f64().map_or("".into(), |x| format!("{x:.1}"));
+    for o in t["ops"].as_array().into_iter().flatten().take(TOP_PRINTED) {
+        println!(
+            "| {} | {} | {:.3} | {:.1}% | {:.0} | {} | {} |",
+            o["name"].as_str().unwrap_or("?"),
+            o["pass"].as_str().unwrap_or(""),
+            f(&o["total_ms"]) / steps,
+            100.0 * f(&o["share"]),
+            f(&o["count"]) / steps,
+            rate(&o["gflops"]),
+            rate(&o["gbs"])
+        );
+    }
 }

@@ -3,12 +3,13 @@
 use crate::bench::flops_per_token;
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::{Engine, StepError};
-use crate::peak::{fma_limit, machine_json, measured_peak, simd_features};
+use crate::peak::{fma_limit, gpu_peak, machine_json, measured_peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, train_split};
 use crate::train::ModelArgs;
 use alpha_core::config::MAX_DIM;
 use alpha_core::gemm::f32_kernel_name;
 use alpha_core::{GptConfig, Plan, Rng};
+use alpha_gpu::peak::Real;
 use alpha_gpu::{block_on, AdapterSummary, Gpu, GpuTrainer};
 use clap::Args;
 use serde_json::json;
@@ -87,6 +88,15 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         Backend::Gpu => Some(args.device.open_gpu()?),
         Backend::Cpu => None,
     };
+    // The GPU's FMA limits, f32 and (where it has shader-f16) f16: the MFU denominators.
+    let gpu_peaks = match &gpu {
+        Some(g) => {
+            let f16 = g.adapter.features.contains(&"shader-f16");
+            let measure = |real, given| gpu_peak(g, real, given, true).map(|p| p.gflops);
+            json!({"f32": measure(Real::F32, args.peak_gflops)?, "f16": if f16 { Some(measure(Real::F16, None)?) } else { None }})
+        }
+        None => serde_json::Value::Null,
+    };
     let largest = |recompute| largest_batch(config, recompute, args.device.backend, gpu.as_ref());
     let largest_batch = json!({"without_recompute": largest(false), "with_recompute": largest(true)});
     let mut estimate = serde_json::Value::Null;
@@ -144,6 +154,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "device": device,
         "estimate": estimate,
         "gpu_adapters": adapters.iter().map(adapter_json).collect::<Vec<_>>(),
+        "gpu_peak_gflops": gpu_peaks,
     });
     // The machine's keys (cpu, cores, threads, simd, gemm_kernel) beside the rest.
     if let (Some(r), serde_json::Value::Object(machine)) = (report.as_object_mut(), machine_json(&pool)) {
@@ -195,6 +206,13 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     );
     if let Err(e) = &fits {
         println!("estimate   not measured: {e}");
+    }
+    if let Some(g) = &gpu {
+        let f16 = match gpu_peaks["f16"].as_f64() {
+            Some(h) => format!(", f16 {h:.1}"),
+            None => " (no shader-f16)".into(),
+        };
+        println!("GPU peak   {}: f32 {:.1}{f16} GFLOP/s (independent vector FMAs on registers: the MFU denominator)", g.adapter.name, f(&gpu_peaks["f32"]));
     }
     if !device.is_null() {
         println!(

@@ -5,6 +5,8 @@
 use crate::fsutil::write_atomic;
 use alpha_core::gemm::{f32_kernel_name, gemm, Rows, RowsMut, Shape, Strided};
 use alpha_core::parallel::{Parallel, ThreadPool};
+use alpha_gpu::peak::{FmaProbe, Real};
+use alpha_gpu::{block_on, Gpu};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -81,20 +83,59 @@ pub fn measured_peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak, Stri
 }
 
 fn cached_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> Result<Peak, String> {
+    let key = format!("{} | {} threads | {}", cpu_model(), pool.threads(), f32_kernel_name());
+    cached(&key, given, remeasure, || Ok(measure(pool)))
+}
+
+/// The arithmetic limit of `gpu`'s FMA units in GFLOP/s for `real` (f32: the MFU
+/// denominator of f32 runs): `given`, else the cached measurement for this adapter and driver
+/// (measured again with `remeasure`, as [`measured_peak`]), else a new one (then cached).
+pub fn gpu_peak(gpu: &Gpu, real: Real, given: Option<f64>, remeasure: bool) -> Result<Peak, String> {
+    let key = format!("gpu {} | {} | {real:?} FMA", gpu.adapter.name, gpu.adapter.driver);
+    cached(&key, given, remeasure, || measure_gpu(gpu, real))
+}
+
+/// GFLOP/s of [`FmaProbe`] on `gpu`: workgroups, then rounds, grown fourfold until one
+/// dispatch takes 50 ms (those runs also warm the device up), then the best of three.
+fn measure_gpu(gpu: &Gpu, real: Real) -> Result<f64, String> {
+    let probe = block_on(FmaProbe::new(gpu, real)).map_err(|e| e.to_string())?;
+    let timed = |workgroups: u32, reps: u32| -> Result<f64, String> {
+        let t = Instant::now();
+        let flops = probe.run(gpu, workgroups, reps).map_err(|e| e.to_string())?;
+        Ok(flops / t.elapsed().as_secs_f64().max(1e-9) / 1e9)
+    };
+    let (mut workgroups, mut reps) = (64u32, 64u32);
+    loop {
+        let t = Instant::now();
+        timed(workgroups, reps)?;
+        if t.elapsed().as_secs_f64() >= 0.05 || reps >= 1 << 20 {
+            break;
+        }
+        if workgroups < 16384 {
+            workgroups *= 4;
+        } else {
+            reps *= 4;
+        }
+    }
+    (0..3).map(|_| timed(workgroups, reps)).try_fold(0.0, |best: f64, r| r.map(|r| best.max(r)))
+}
+
+/// `given`, else the peak cached under `key`, else (or with `remeasure`) `measure()`'s, which
+/// the cache keeps when it is the highest so far.
+fn cached(key: &str, given: Option<f64>, remeasure: bool, measure: impl FnOnce() -> Result<f64, String>) -> Result<Peak, String> {
     if let Some(p) = peak_given(given)? {
         return Ok(p);
     }
-    let key = format!("{} | {} threads | {}", cpu_model(), pool.threads(), f32_kernel_name());
     let file = cache_file();
     let mut cache: BTreeMap<String, f64> =
         file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default();
-    let cached = cache.get(&key).copied();
+    let cached = cache.get(key).copied();
     if let (Some(g), false) = (cached, remeasure) {
         return Ok(Peak { gflops: g, source: "cached" });
     }
-    let gflops = measure(pool).max(cached.unwrap_or(0.0));
+    let gflops = measure()?.max(cached.unwrap_or(0.0));
     if let Some(f) = file {
-        cache.insert(key, gflops);
+        cache.insert(key.to_string(), gflops);
         // A cache that cannot be written only costs a new measurement next time.
         let _ = std::fs::create_dir_all(f.parent().expect("cache file in a directory"))
             .and_then(|_| write_atomic(&f, serde_json::to_string_pretty(&cache).expect("a map of numbers").as_bytes()));
@@ -102,8 +143,7 @@ fn cached_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> Result
     Ok(Peak { gflops, source: "measured" })
 }
 
-/// The peak `--peak-gflops` gives, if any (an error unless it is a positive number): a GPU's,
-/// which Alpha does not measure.
+/// The peak `--peak-gflops` gives, if any (an error unless it is a positive number).
 pub fn peak_given(given: Option<f64>) -> Result<Option<Peak>, String> {
     match given {
         Some(g) if !(g.is_finite() && g > 0.0) => Err(format!("--peak-gflops must be a positive number, got {g}")),

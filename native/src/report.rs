@@ -116,8 +116,15 @@ pub fn summarize_trace(text: &str) -> Result<Value, String> {
     // By (name, track, pass).
     let mut ops: BTreeMap<(String, &str, String), OpTotals> = BTreeMap::new();
     for e in spans {
-        let name = e["name"].as_str().unwrap_or("?");
         let gpu = e["tid"] == 2;
+        // GPU spans by kernel and the op it serves ("matmul (matmul+gelu)"; "attention_forward"
+        // says its op), CPU spans by op.
+        let op = e["name"].as_str().unwrap_or("?");
+        let name = match e["args"]["kernel"].as_str() {
+            Some(kernel) if gpu && kernel.starts_with(op) => kernel.to_string(),
+            Some(kernel) if gpu => format!("{kernel} ({op})"),
+            _ => op.to_string(),
+        };
         if name == "step" && !gpu {
             steps += 1;
             wall_ms += dur_ms(e);
@@ -132,7 +139,7 @@ pub fn summarize_trace(text: &str) -> Result<Value, String> {
             busy_ms += dur_ms(e);
         }
         dispatches += 1;
-        let entry = ops.entry((name.to_string(), if gpu { "GPU" } else { "CPU" }, pass)).or_default();
+        let entry = ops.entry((name, if gpu { "GPU" } else { "CPU" }, pass)).or_default();
         entry.count += 1;
         entry.ms += dur_ms(e);
         entry.flops += e["args"]["flops"].as_f64().unwrap_or(0.0);
@@ -144,7 +151,7 @@ pub fn summarize_trace(text: &str) -> Result<Value, String> {
     let mut top: Vec<Value> = ops
         .into_iter()
         .map(|((name, track, pass), t)| {
-            // Achieved rates where the trace knows the op's work (the CPU's ops; GPU kernels carry none).
+            // Achieved rates where the trace knows the work (FLOPs of products, bytes bound).
             let rate = |work: f64| (work > 0.0 && t.ms > 0.0).then(|| work / (t.ms * 1e6));
             json!({"name": name, "track": track, "pass": pass, "count": t.count, "total_ms": t.ms, "share": t.ms / wall_ms,
                    "gflops": rate(t.flops), "gbs": rate(t.bytes)})
@@ -237,16 +244,20 @@ mod tests {
             {"name": "forward", "ph": "X", "tid": 1, "ts": 0.0, "dur": 400.0},
             {"name": "matmul", "ph": "X", "tid": 1, "ts": 0.0, "dur": 300.0, "args": {"pass": "forward", "tape_index": 3, "flops": 3e6, "bytes": 1e6}},
             {"name": "matmul", "ph": "X", "tid": 1, "ts": 300.0, "dur": 100.0, "args": {"pass": "forward", "tape_index": 5, "flops": 1e6, "bytes": 1e6}},
-            {"name": "attention", "ph": "X", "tid": 2, "ts": 0.0, "dur": 250.0, "args": {"pass": "backward"}},
+            {"name": "attention", "ph": "X", "tid": 2, "ts": 0.0, "dur": 250.0, "args": {"pass": "backward", "kernel": "attention_delta", "bytes": 5e5}},
+            {"name": "attention", "ph": "X", "tid": 2, "ts": 250.0, "dur": 200.0, "args": {"pass": "backward", "kernel": "attention_backward_q", "flops": 4e6}},
         ]});
         let t = summarize_trace(&trace.to_string()).unwrap();
         assert_eq!((t["steps"].as_u64(), t["step_ms"].as_f64()), (Some(1), Some(1.0)));
         assert_eq!(t["ops"][0]["name"], "matmul");
         assert_eq!((t["ops"][0]["count"].as_u64(), t["ops"][0]["total_ms"].as_f64(), t["ops"][0]["share"].as_f64()), (Some(2), Some(0.4), Some(0.4)));
-        assert_eq!((t["kernels_per_step"].as_f64(), t["device_busy_ms"].as_f64()), (Some(3.0), Some(0.25)));
-        // 4 MFLOP and 2 MB in 0.4 ms: 10 GFLOP/s and 5 GB/s; the kernel knows no work.
+        assert_eq!((t["kernels_per_step"].as_f64(), t["device_busy_ms"].as_f64()), (Some(4.0), Some(0.45)));
+        // 4 MFLOP and 2 MB in 0.4 ms: 10 GFLOP/s and 5 GB/s.
         assert_eq!((t["ops"][0]["gflops"].as_f64(), t["ops"][0]["gbs"].as_f64()), (Some(10.0), Some(5.0)));
+        // GPU spans by kernel, each with the work it knows: 0.5 MB in 0.25 ms, 4 MFLOP in 0.2 ms.
+        assert_eq!((t["ops"][1]["name"].as_str(), t["ops"][1]["gbs"].as_f64()), (Some("attention_delta"), Some(2.0)));
         assert!(t["ops"][1]["gflops"].is_null());
+        assert_eq!((t["ops"][2]["name"].as_str(), t["ops"][2]["gflops"].as_f64()), (Some("attention_backward_q"), Some(20.0)));
         assert!(summarize_trace("{}").is_err() && summarize_trace("nope").is_err());
     }
 }

@@ -69,7 +69,7 @@ impl Trace {
         let busy_us = kernels.iter().map(|k| k.end_ns).fold(0.0, f64::max) / 1e3;
         let at = self.us(submit.end).min(self.us(read) - busy_us).max(self.us(submit.start));
         for k in kernels {
-            let args = json!({"pass": k.pass, "kernel": k.kernel});
+            let args = json!({"pass": k.pass, "kernel": k.kernel, "op": k.op, "flops": k.work.flops, "bytes": k.work.bytes});
             let (ts, dur) = (at + k.start_ns / 1e3, (k.end_ns - k.start_ns) / 1e3);
             self.events.push(json!({"name": k.op, "ph": "X", "pid": 1, "tid": GPU_TRACK, "ts": ts, "dur": dur, "args": args}));
         }

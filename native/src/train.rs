@@ -800,7 +800,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let peak = match (root, args.device.backend) {
         (false, _) => None,
         (true, crate::device::Backend::Cpu) => Some(crate::peak::peak(&pool, args.peak_gflops)?),
-        (true, crate::device::Backend::Gpu) => crate::peak::peak_given(args.peak_gflops)?,
+        (true, crate::device::Backend::Gpu) => Some(crate::peak::gpu_peak(&args.device.open_gpu()?, alpha_gpu::peak::Real::F32, args.peak_gflops, false)?),
     };
     let (model_flops, hardware_flops) = (flops_per_token(&plan), flops_per_token(&plan) + recomputed_flops_per_token(&plan));
     let utilisation = |tok_s: f64, flops: f64| peak.as_ref().map(|p| flops * tok_s / 1e9 / (p.gflops * group.ranks() as f64));

@@ -17,12 +17,21 @@ fn attention_grid(s: AttentionShape) -> [u32; 3] {
     [u(s.seq.div_ceil(64)), u(s.batch * s.heads), 1]
 }
 
+/// Floating-point operations of `products` head-size-deep products over the causal
+/// (query, key) pairs: the forward has two (scores, probabilities times values), dQ's kernel
+/// three (the scores again, dout times values, dQ), dK and dV's four (those two, dV, dK).
+fn attention_flops(s: AttentionShape, products: f64) -> f64 {
+    let pairs = (s.batch * s.heads) as f64 * s.seq as f64 * (s.seq + 1) as f64 / 2.0;
+    products * 2.0 * pairs * s.head_size as f64
+}
+
 /// Causal attention forward: `out [B, T, C]` and `lse [B, NH, T]` from `qkv [B, T, 3C]`;
 /// with dropout, the micro-batch's `key` (4 words).
 pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, View<'a>>, key: View<'a>) {
     let attention::Forward { out, lse, qkv, shape, dropout } = a;
     let key = dropout.map(|_| key);
-    p.push(Kernel::AttentionForward, &attention_words(shape, dropout), &[Some(out), Some(qkv), Some(lse), None, None, key], attention_grid(shape));
+    let i = p.push(Kernel::AttentionForward, &attention_words(shape, dropout), &[Some(out), Some(qkv), Some(lse), None, None, key], attention_grid(shape));
+    p.count_flops(i, attention_flops(shape, 2.0));
 }
 
 /// One token's attention (batch 1, sequence 1) at the position `words[4]` against one layer's
@@ -42,6 +51,8 @@ pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Backward<View<'a>,
     let (w, g) = (attention_words(shape, dropout), attention_grid(shape));
     p.push(Kernel::AttentionDelta, &w, &[Some(delta), Some(dout), Some(out)], g);
     let views = [Some(dqkv), Some(qkv), Some(dout), Some(lse), Some(delta), dropout.map(|_| key)];
-    p.push(Kernel::AttentionBackwardQ, &w, &views, g);
-    p.push(Kernel::AttentionBackwardKv, &w, &views, g);
+    let i = p.push(Kernel::AttentionBackwardQ, &w, &views, g);
+    p.count_flops(i, attention_flops(shape, 3.0));
+    let i = p.push(Kernel::AttentionBackwardKv, &w, &views, g);
+    p.count_flops(i, attention_flops(shape, 4.0));
 }

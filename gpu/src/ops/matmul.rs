@@ -67,7 +67,8 @@ impl<'a> Gemm<'a> {
             let chunk = depth.div_ceil(self.splits);
             let words = [u(rows), u(cols), u(depth), self.flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(chunk), u(cols)];
             let views = [Some(self.a), Some(self.b), Some(self.c), self.bias, self.aux];
-            p.push(Kernel::Matmul, &words, &views, [u(cols.div_ceil(64)), u(rows.div_ceil(64)), u(depth.div_ceil(chunk))]);
+            let i = p.push(Kernel::Matmul, &words, &views, [u(cols.div_ceil(64)), u(rows.div_ceil(64)), u(depth.div_ceil(chunk))]);
+            p.count_flops(i, product_flops(rows, cols, depth));
             return;
         }
         let [rc, cc, dc] = self.blocks(p.max_binding());
@@ -84,7 +85,8 @@ impl<'a> Gemm<'a> {
                     let out = |v: View<'a>| v.part(r0 * cols + c0, extent(r, cols, c, 1));
                     let words = [u(r), u(c), u(d), flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(d), u(cols)];
                     let views = [Some(a), Some(b), Some(out(self.c)), self.bias.map(|v| v.part(c0, c)), self.aux.map(out)];
-                    p.push(Kernel::Matmul, &words, &views, [u(c.div_ceil(64)), u(r.div_ceil(64)), 1]);
+                    let i = p.push(Kernel::Matmul, &words, &views, [u(c.div_ceil(64)), u(r.div_ceil(64)), 1]);
+                    p.count_flops(i, product_flops(r, c, d));
                 }
             }
         }
@@ -115,6 +117,11 @@ impl<'a> Gemm<'a> {
             }
         }
     }
+}
+
+/// Floating-point operations of a `rows x depth` by `depth x cols` product.
+fn product_flops(rows: usize, cols: usize, depth: usize) -> f64 {
+    2.0 * rows as f64 * cols as f64 * depth as f64
 }
 
 /// Elements a strided operand of `n` by `m` spans: from its first to its last.

@@ -1,0 +1,39 @@
+// The device's arithmetic limit: every thread runs eight independent chains of vec4 fused
+// multiply-adds on registers (no memory traffic), `reps` rounds each. alpha-gpu prepends
+// `alias real = f32;` or, where the device has shader-f16, `enable f16; alias real = f16;`.
+// CPU twin: native/src/peak.rs (fma_limit).
+// Bindings: 0 uniform (x: reps), 1 sink (written only if a sum comes out -1: never, but the
+// compiler cannot know, so the chains are not optimised away). Grid: (workgroups, 1, 1).
+
+@group(0) @binding(0) var<uniform> peak_reps: vec4<u32>;
+@group(0) @binding(1) var<storage, read_write> peak_sink: array<f32>;
+
+@compute @workgroup_size(256)
+fn fma_peak(@builtin(global_invocation_id) gid: vec3<u32>) {
+    // Each chain tends to 1 (x -> 0.999 x + 0.001) from its own start: finite in f16 too.
+    let m = vec4<real>(real(0.999));
+    let c = vec4<real>(real(0.001));
+    let seed = real(f32(gid.x & 255u) * 0.001);
+    var a0 = vec4<real>(seed);
+    var a1 = a0 + real(0.01);
+    var a2 = a0 + real(0.02);
+    var a3 = a0 + real(0.03);
+    var a4 = a0 + real(0.04);
+    var a5 = a0 + real(0.05);
+    var a6 = a0 + real(0.06);
+    var a7 = a0 + real(0.07);
+    for (var i = 0u; i < peak_reps.x; i++) {
+        a0 = fma(a0, m, c);
+        a1 = fma(a1, m, c);
+        a2 = fma(a2, m, c);
+        a3 = fma(a3, m, c);
+        a4 = fma(a4, m, c);
+        a5 = fma(a5, m, c);
+        a6 = fma(a6, m, c);
+        a7 = fma(a7, m, c);
+    }
+    let s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+    if (f32(s.x) == -1.0) {
+        peak_sink[gid.x] = f32(s.y);
+    }
+}
