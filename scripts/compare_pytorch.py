@@ -123,7 +123,10 @@ def main():
     p.add_argument("--rounds", type=int, help="alternating rounds per row (default: 10 for small, 3 for baby)")
     p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--peers", nargs="+", choices=list(PEERS), default=["eager"], help="PyTorch sides (default: eager)")
+    p.add_argument("--alpha", default=ALPHA, help="the alpha-native binary (default: target/release/alpha-native)")
     args = p.parse_args()
+    global ALPHA
+    ALPHA = args.alpha
     threads_list = [1] if args.backend == "gpu" else args.threads
     print("| config | threads | PyTorch side | Alpha ms/iter | Alpha tok/s | PyTorch ms/iter | PyTorch tok/s |"
           " Alpha speed vs PyTorch | per-round ratios | ratio of p10 |")

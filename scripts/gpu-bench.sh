@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Alpha's whole GPU measurement in one command, within 10 minutes on an H100: build,
+# CPU-against-GPU parity, the GPU's FMA limits, `bench --backend gpu` for the small, baby and
+# GPT-2 124M configs against PyTorch on the same card (eager and torch.compile, fp32 and bf16
+# autocast), and the top kernels of each config's traced steps with their achieved rates; it
+# ends with one Markdown section (date, card, driver, commit) for docs/performance.md.
+#
+# What a fresh GPU machine needs:
+#   - The Vulkan loader (libvulkan.so.1; Debian/Ubuntu package libvulkan1) and the GPU's Vulkan
+#     driver. NVIDIA's driver ships its ICD file (nvidia_icd.json); where `alpha-native info
+#     --backend gpu` finds no adapter, point the loader at it, e.g.
+#     export VK_DRIVER_FILES=/usr/share/vulkan/icd.d/nvidia_icd.json (or where the driver put it).
+#   - alpha-native: built here when cargo is on PATH; else the binary at $ALPHA_NATIVE (default
+#     target/release/alpha-native) built on a machine with the same or an older glibc.
+#   - python3 (the parity check); PyTorch with CUDA for the PyTorch rows (left out without it).
+#
+#   scripts/gpu-bench.sh [OUT_DIR]     (default: gpu-bench/; the summary is OUT_DIR/gpu-bench.md)
+#
+# Environment: ALPHA_NATIVE (the binary), ALPHA_COMMIT (the commit to name where there is no
+# git checkout), GPU_BENCH_CONFIGS (default "small baby gpt2"; "small" alone runs on lavapipe
+# in a few minutes, a check of this script), GPU_BENCH_ROUNDS (alternating rounds per config,
+# default 2), GPU_BENCH_COMPILE (0 leaves out the torch.compile rows, which compile for a
+# minute each).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu-bench}
+mkdir -p "$out"
+summary="$out/gpu-bench.md"
+rounds=${GPU_BENCH_ROUNDS:-2}
+read -r -a configs <<< "${GPU_BENCH_CONFIGS:-small baby gpt2}"
+# Each config's bench flags (compare_pytorch.py's shapes on a GPU).
+declare -A shape=(
+    [small]="--layers 4 --heads 4 --embd 128 --block 64 --batch 12"
+    [baby]="--layers 6 --heads 6 --embd 384 --block 256 --batch 64"
+    [gpt2]="--model gpt2 --block 1024 --batch 8"
+)
+for c in "${configs[@]}"; do
+    [ -n "${shape[$c]:-}" ] || { echo "GPU_BENCH_CONFIGS: no config $c (small, baby, gpt2)" >&2; exit 1; }
+done
+started=$SECONDS
+stage() { echo "== $1 ($((SECONDS - started)) s)" >&2; }
+
+stage "build"
+if command -v cargo >/dev/null; then
+    cargo build --release -q -p alpha-native
+    alpha=target/release/alpha-native
+else
+    alpha=${ALPHA_NATIVE:-target/release/alpha-native}
+fi
+[ -x "$alpha" ] || { echo "no alpha-native at $alpha: install Rust (cargo) or set ALPHA_NATIVE" >&2; exit 1; }
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo "${ALPHA_COMMIT:-unknown}")
+
+stage "the GPU and its FMA limits"
+"$alpha" info --backend gpu --json --measure-steps 0 > "$out/info.json"
+card=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); a=d["device"] or {}; g=d["gpu_adapters"]; p=d["gpu_peak_gflops"]
+name = g[0]["name"] if g else "?"; drv = g[0]["driver"] if g else "?"
+f16 = "f16 %.3g TFLOP/s" % (p["f16"] / 1e3) if p["f16"] else "no shader-f16"
+print("%s (Vulkan driver %s); FMA limits f32 %.3g TFLOP/s, %s" % (name, drv, p["f32"] / 1e3, f16))' "$out/info.json")
+{
+    echo "### GPU bench: $(date -u +%Y-%m-%d), commit $commit"
+    echo
+    echo "\`scripts/gpu-bench.sh\` on $card; host: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cpu"])' "$out/info.json")."
+    echo
+} > "$summary"
+
+stage "parity: 20 training steps on the CPU and on the GPU"
+for backend in cpu gpu; do
+    rm -rf "$out/parity-$backend" "$out/parity-$backend.jsonl"
+    "$alpha" train --backend "$backend" --iters 20 --log-interval 1 --eval-interval 0 --sample-interval 0 \
+        --metrics "$out/parity-$backend.jsonl" --out "$out/parity-$backend" > /dev/null
+done
+python3 - "$out/parity-cpu.jsonl" "$out/parity-gpu.jsonl" >> "$summary" <<'PY'
+import json, sys
+def losses(path):
+    return [r["loss"] for r in map(json.loads, open(path)) if r.get("type") == "train"]
+cpu, gpu = losses(sys.argv[1]), losses(sys.argv[2])
+worst = max(abs(a - b) / abs(a) for a, b in zip(cpu, gpu))
+print(f"Parity: the default model's {len(cpu)} training steps on the CPU and the GPU differ by at most {worst:.1e} relative per step"
+      f" (loss {cpu[0]:.4f} -> {cpu[-1]:.4f}).\n")
+if len(cpu) != len(gpu) or len(cpu) < 20 or worst > 1e-5:
+    sys.exit(f"parity failed: {len(cpu)} CPU and {len(gpu)} GPU steps, worst relative difference {worst:.2e} (at most 1e-5)")
+PY
+
+if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+    stage "Alpha against PyTorch eager, fp32 and bf16 ($rounds rounds per config)"
+    python3 scripts/compare_pytorch.py --alpha "$alpha" --backend gpu --configs "${configs[@]}" --rounds "$rounds" \
+        --peers eager eager-bf16 | tee -a "$summary"
+    echo >> "$summary"
+    if [ "${GPU_BENCH_COMPILE:-1}" != 0 ]; then
+        stage "Alpha against torch.compile, fp32 and bf16 (1 round)"
+        python3 scripts/compare_pytorch.py --alpha "$alpha" --backend gpu --configs "${configs[@]}" --rounds 1 \
+            --peers compile compile-bf16 | tee -a "$summary"
+        echo >> "$summary"
+    fi
+else
+    stage "no PyTorch with CUDA: Alpha alone"
+    echo "| config | Alpha ms/iter | tokens/s | MFU (f32 FMA limit) |" >> "$summary"
+    echo "|---|---|---|---|" >> "$summary"
+    for name in "${configs[@]}"; do
+        # shellcheck disable=SC2086 # the flags split on purpose
+        "$alpha" bench --backend gpu --json --iters 20 --warmup 3 ${shape[$name]} | python3 -c 'import json,sys; r=json.load(sys.stdin)
+print("| %s | %.1f | %.0f | %.1f%% |" % (sys.argv[1], r["ms_per_iter"]["median"], r["tokens_per_sec"], 100 * r["mfu"]))' "$name" >> "$summary"
+    done
+    echo >> "$summary"
+fi
+
+for name in "${configs[@]}"; do
+    stage "trace of the $name config's steps"
+    # shellcheck disable=SC2086 # the flags split on purpose
+    "$alpha" bench --backend gpu --iters 3 --warmup 2 --trace "$out/$name.trace.json" --overwrite ${shape[$name]} > "$out/$name.trace.txt"
+    {
+        echo "The $name config, \`bench --backend gpu --trace\` (3 steps):"
+        echo
+        sed -n '/^  ms\/iter/p;/^  FLOPs/p' "$out/$name.trace.txt"
+        echo
+        sed -n '/^trace:/,$p' "$out/$name.trace.txt"
+        echo
+    } >> "$summary"
+done
+
+stage "done"
+cat "$summary"
