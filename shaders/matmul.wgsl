@@ -91,15 +91,154 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     }
     let c0 = col0 + l.x;
     let slice = wid.z * rows * word(9u);
-    store_row(row0 + l.y, c0, slice, acc0);
-    store_row(row0 + l.y + 16u, c0, slice, acc1);
-    store_row(row0 + l.y + 32u, c0, slice, acc2);
-    store_row(row0 + l.y + 48u, c0, slice, acc3);
+    store_row(row0 + l.y, c0, 16u, slice, acc0);
+    store_row(row0 + l.y + 16u, c0, 16u, slice, acc1);
+    store_row(row0 + l.y + 32u, c0, 16u, slice, acc2);
+    store_row(row0 + l.y + 48u, c0, 16u, slice, acc3);
 }
 
-// One thread's four results of row `r` (columns c0 + 16j) through the epilogue into c, at
-// `slice` onwards.
-fn store_row(r: u32, c0: u32, slice: u32, acc: vec4<f32>) {
+// matmul_wide: the same product, words and epilogues as `matmul` over 128 x 128 tiles of c
+// for large products: 256 threads (16 x 16), each an 8 x 8 block (rows 4 l.y + i and
+// 64 + 4 l.y + i, columns 4 l.x + j and 64 + 4 l.x + j), in sixteen vec4 accumulators; each
+// step of the depth loop reads two vec4s of a's tile and two of b's from workgroup memory
+// for 64 FMAs (matmul's 4 x 4 blocks read eight scalars for 16). The next depth block is
+// loaded into registers while this one is multiplied. The sums run over k in order, as
+// matmul's: the two kernels give the same bits.
+// Grid: (cols / 128, rows / 128, depth / chunk).
+const WIDE: u32 = 128u;
+const WIDE_BK: u32 = 8u;
+
+// [WIDE_BK][WIDE / 4] vec4s: element (k, r) at [k * 32 + r / 4][r % 4].
+var<workgroup> wide_a: array<vec4<f32>, 256>;
+var<workgroup> wide_b: array<vec4<f32>, 256>;
+
+// The four elements thread `lid` loads of a's tile at depth k0 (zeros outside the product
+// or the chunk): with a's rows contiguous along k, row lid / 2 at depth 4 (lid % 2) ..+4;
+// else depth lid / 32 at rows 4 (lid % 32) ..+4.
+fn wide_load_a(row0: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
+    let rows = word(0u);
+    let a_rs = word(4u);
+    let a_cs = word(5u);
+    var v = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) {
+        var r = 4u * (lid % 32u) + e;
+        var k = lid / 32u;
+        if (a_cs == 1u) {
+            r = lid / 2u;
+            k = 4u * (lid % 2u) + e;
+        }
+        if (row0 + r < rows && k0 + k < k_end) {
+            v[e] = mm_a[(row0 + r) * a_rs + (k0 + k) * a_cs];
+        }
+    }
+    return v;
+}
+
+// wide_load_a's values into wide_a.
+fn wide_store_a(v: vec4<f32>, lid: u32) {
+    if (word(5u) == 1u) {
+        let r = lid / 2u;
+        for (var e = 0u; e < 4u; e++) {
+            wide_a[(4u * (lid % 2u) + e) * 32u + r / 4u][r % 4u] = v[e];
+        }
+    } else {
+        wide_a[lid] = v;
+    }
+}
+
+// The four elements thread `lid` loads of b's tile: with b's columns contiguous, depth
+// lid / 32 at columns 4 (lid % 32) ..+4; else column lid / 2 at depth 4 (lid % 2) ..+4.
+fn wide_load_b(col0: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
+    let cols = word(1u);
+    let b_rs = word(6u);
+    let b_cs = word(7u);
+    var v = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) {
+        var c = 4u * (lid % 32u) + e;
+        var k = lid / 32u;
+        if (b_cs != 1u) {
+            c = lid / 2u;
+            k = 4u * (lid % 2u) + e;
+        }
+        if (col0 + c < cols && k0 + k < k_end) {
+            v[e] = mm_b[(k0 + k) * b_rs + (col0 + c) * b_cs];
+        }
+    }
+    return v;
+}
+
+// wide_load_b's values into wide_b.
+fn wide_store_b(v: vec4<f32>, lid: u32) {
+    if (word(7u) != 1u) {
+        let c = lid / 2u;
+        for (var e = 0u; e < 4u; e++) {
+            wide_b[(4u * (lid % 2u) + e) * 32u + c / 4u][c % 4u] = v[e];
+        }
+    } else {
+        wide_b[lid] = v;
+    }
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let k_begin = wid.z * word(8u);
+    let k_end = min(word(2u), k_begin + word(8u));
+    let row0 = wid.y * WIDE;
+    let col0 = wid.x * WIDE;
+    // Row r's accumulators: rN0 its columns 4 l.x ..+4, rN1 columns 64 + 4 l.x ..+4.
+    var r00 = vec4<f32>(0.0); var r01 = vec4<f32>(0.0);
+    var r10 = vec4<f32>(0.0); var r11 = vec4<f32>(0.0);
+    var r20 = vec4<f32>(0.0); var r21 = vec4<f32>(0.0);
+    var r30 = vec4<f32>(0.0); var r31 = vec4<f32>(0.0);
+    var r40 = vec4<f32>(0.0); var r41 = vec4<f32>(0.0);
+    var r50 = vec4<f32>(0.0); var r51 = vec4<f32>(0.0);
+    var r60 = vec4<f32>(0.0); var r61 = vec4<f32>(0.0);
+    var r70 = vec4<f32>(0.0); var r71 = vec4<f32>(0.0);
+    var next_a = wide_load_a(row0, k_begin, k_end, lid);
+    var next_b = wide_load_b(col0, k_begin, k_end, lid);
+    for (var k0 = k_begin; k0 < k_end; k0 += WIDE_BK) {
+        wide_store_a(next_a, lid);
+        wide_store_b(next_b, lid);
+        workgroupBarrier();
+        if (k0 + WIDE_BK < k_end) {
+            next_a = wide_load_a(row0, k0 + WIDE_BK, k_end, lid);
+            next_b = wide_load_b(col0, k0 + WIDE_BK, k_end, lid);
+        }
+        for (var k = 0u; k < WIDE_BK; k++) {
+            let a0 = wide_a[k * 32u + l.y];
+            let a1 = wide_a[k * 32u + 16u + l.y];
+            let b0 = wide_b[k * 32u + l.x];
+            let b1 = wide_b[k * 32u + 16u + l.x];
+            r00 = fma(vec4<f32>(a0.x), b0, r00); r01 = fma(vec4<f32>(a0.x), b1, r01);
+            r10 = fma(vec4<f32>(a0.y), b0, r10); r11 = fma(vec4<f32>(a0.y), b1, r11);
+            r20 = fma(vec4<f32>(a0.z), b0, r20); r21 = fma(vec4<f32>(a0.z), b1, r21);
+            r30 = fma(vec4<f32>(a0.w), b0, r30); r31 = fma(vec4<f32>(a0.w), b1, r31);
+            r40 = fma(vec4<f32>(a1.x), b0, r40); r41 = fma(vec4<f32>(a1.x), b1, r41);
+            r50 = fma(vec4<f32>(a1.y), b0, r50); r51 = fma(vec4<f32>(a1.y), b1, r51);
+            r60 = fma(vec4<f32>(a1.z), b0, r60); r61 = fma(vec4<f32>(a1.z), b1, r61);
+            r70 = fma(vec4<f32>(a1.w), b0, r70); r71 = fma(vec4<f32>(a1.w), b1, r71);
+        }
+        workgroupBarrier();
+    }
+    let slice = wid.z * word(0u) * word(9u);
+    let top = row0 + 4u * l.y;
+    let bottom = row0 + 64u + 4u * l.y;
+    let left = col0 + 4u * l.x;
+    let right = col0 + 64u + 4u * l.x;
+    store_row(top, left, 1u, slice, r00); store_row(top, right, 1u, slice, r01);
+    store_row(top + 1u, left, 1u, slice, r10); store_row(top + 1u, right, 1u, slice, r11);
+    store_row(top + 2u, left, 1u, slice, r20); store_row(top + 2u, right, 1u, slice, r21);
+    store_row(top + 3u, left, 1u, slice, r30); store_row(top + 3u, right, 1u, slice, r31);
+    store_row(bottom, left, 1u, slice, r40); store_row(bottom, right, 1u, slice, r41);
+    store_row(bottom + 1u, left, 1u, slice, r50); store_row(bottom + 1u, right, 1u, slice, r51);
+    store_row(bottom + 2u, left, 1u, slice, r60); store_row(bottom + 2u, right, 1u, slice, r61);
+    store_row(bottom + 3u, left, 1u, slice, r70); store_row(bottom + 3u, right, 1u, slice, r71);
+}
+
+// One thread's four results of row `r` (columns c0 + step * j) through the epilogue into c,
+// at `slice` onwards.
+fn store_row(r: u32, c0: u32, step: u32, slice: u32, acc: vec4<f32>) {
     let rows = word(0u);
     let cols = word(1u);
     let flags = word(3u);
@@ -107,7 +246,7 @@ fn store_row(r: u32, c0: u32, slice: u32, acc: vec4<f32>) {
         return;
     }
     for (var j = 0u; j < 4u; j++) {
-        let c = c0 + 16u * j;
+        let c = c0 + step * j;
         if (c < cols) {
             let idx = slice + r * word(9u) + c;
             var v = acc[j];

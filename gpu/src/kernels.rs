@@ -31,6 +31,8 @@ pub fn elements(bytes: u64) -> usize {
 pub enum Kernel {
     /// Tiled GEMM with epilogues (matmul.wgsl).
     Matmul,
+    /// The same GEMM over 128 x 128 tiles, for large products (matmul.wgsl).
+    MatmulWide,
     /// GELU backward and bias column sums (matmul.wgsl).
     BiasGrad,
     /// Finishes column sums from row-block partials (row_blocks.wgsl).
@@ -117,8 +119,9 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 impl Kernel {
     /// Every kernel, in declaration order (pipelines are indexed by `kernel as usize`).
-    pub const ALL: [Kernel; 20] = [
+    pub const ALL: [Kernel; 21] = [
         Kernel::Matmul,
+        Kernel::MatmulWide,
         Kernel::BiasGrad,
         Kernel::AddPartials,
         Kernel::LayerNormForward,
@@ -144,6 +147,7 @@ impl Kernel {
     fn spec(self) -> (Shader, &'static str, usize) {
         match self {
             Kernel::Matmul => (Shader::Matmul, "matmul", 5),
+            Kernel::MatmulWide => (Shader::Matmul, "matmul_wide", 5),
             Kernel::BiasGrad => (Shader::Matmul, "bias_grad", 3),
             Kernel::AddPartials => (Shader::RowBlocks, "add_partials", 2),
             Kernel::LayerNormForward => (Shader::LayerNorm, "layernorm_forward", 6),

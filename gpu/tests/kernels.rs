@@ -7,7 +7,7 @@ use alpha_core::ops::dropout::{DropoutKey, Site};
 use alpha_core::ops::row_blocks::blocks;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, grad_norm, layernorm, matmul};
 use alpha_core::{Rng, Serial};
-use alpha_gpu::kernels::{Kernels, ProgramBuilder, View};
+use alpha_gpu::kernels::{Kernel, Kernels, ProgramBuilder, View};
 use alpha_gpu::{block_on, ops, read, Gpu};
 use std::sync::OnceLock;
 
@@ -122,6 +122,67 @@ fn matmul_forward_with_each_epilogue_and_backward() {
     matmul_backward_matches_cpu(300, k, m, &mut rng, u64::MAX);
     // An LM head's shape: the weight gradient not split by depth, its products in pieces.
     matmul_backward_matches_cpu(70, 45, 400, &mut rng, 8192);
+}
+
+/// Products large enough for the 128 x 128 tiles (`matmul_wide`), with edges in every
+/// dimension: the forward (a row-major, b transposed) with bias and residual, and the split
+/// weight gradient (a transposed, b row-major).
+#[test]
+fn matmul_wide_tiles_match_the_cpu() {
+    let (n, k, m) = (2000, 150, 1100);
+    assert_eq!(ops::matmul::kernel_for(n, m, 1).0, Kernel::MatmulWide);
+    let splits = ops::matmul::weight_grad_splits(n, k, m);
+    assert!(splits > 1 && ops::matmul::kernel_for(m, k, splits).0 == Kernel::MatmulWide);
+    let mut rng = Rng::new(5);
+    let (x, w, bias, residual) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * k, 0.5), random(&mut rng, m, 0.5), random(&mut rng, n * m, 1.0));
+    let mut out = vec![0.0; n * m];
+    let cpu = matmul::Forward {
+        out: &mut out[..],
+        x: &x[..],
+        weight: &w[..],
+        bias: Some(&bias[..]),
+        epilogue: matmul::Epilogue::Residual { input: &residual[..] },
+        save_slope: false,
+        k,
+        m,
+    };
+    matmul::forward(&Serial, cpu, &mut vec![0.0; matmul::scratch_len(k, m)]);
+    let (gx, gw, gb, gr, gout) = (buffer(&x), buffer(&w), buffer(&bias), buffer(&residual), fresh(n * m));
+    run(8, |p| {
+        let epilogue = matmul::Epilogue::Residual { input: whole(&gr, &residual) };
+        let gpu = matmul::Forward {
+            out: whole(&gout, &out),
+            x: whole(&gx, &x),
+            weight: whole(&gw, &w),
+            bias: Some(whole(&gb, &bias)),
+            epilogue,
+            save_slope: false,
+            k,
+            m,
+        };
+        ops::matmul::forward(p, gpu);
+    });
+    let wide = download(&gout, n * m);
+    assert_close("wide matmul forward", &wide, &out, 1e-5);
+    // In pieces of at most 256 KiB (columns split to 128 or fewer, the depth whole) the
+    // 64 x 64 kernel runs: the same sums in the same order, so the same bits.
+    let narrow = fresh(n * m);
+    run_limited(8, 1 << 18, |p| {
+        let epilogue = matmul::Epilogue::Residual { input: whole(&gr, &residual) };
+        let gpu = matmul::Forward {
+            out: whole(&narrow, &out),
+            x: whole(&gx, &x),
+            weight: whole(&gw, &w),
+            bias: Some(whole(&gb, &bias)),
+            epilogue,
+            save_slope: false,
+            k,
+            m,
+        };
+        ops::matmul::forward(p, gpu);
+    });
+    assert!(download(&narrow, n * m) == wide, "matmul and matmul_wide differ");
+    matmul_backward_matches_cpu(n, k, m, &mut rng, u64::MAX);
 }
 
 /// Backward with GELU (given its slope) and bias over `n` rows; gradients accumulate onto

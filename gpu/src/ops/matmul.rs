@@ -1,5 +1,6 @@
-//! The linear layer's dispatches ([`alpha_core::ops::matmul`]; `shaders/matmul.wgsl`): one
-//! GEMM kernel with the fused epilogues, and the bias and weight gradients.
+//! The linear layer's dispatches ([`alpha_core::ops::matmul`]; `shaders/matmul.wgsl`): the
+//! GEMM with the fused epilogues (64 x 64 tiles, or 128 x 128 for large products: see
+//! [`kernel_for`]), and the bias and weight gradients.
 
 use super::{add_partials, u};
 use crate::kernels::{Kernel, ProgramBuilder, View};
@@ -17,6 +18,22 @@ const EPI_GELU_SLOPE: u32 = 16;
 const SPLIT_TARGET_GROUPS: usize = 512;
 /// Smallest depth chunk of a split weight gradient.
 const SPLIT_MIN_DEPTH: usize = 128;
+
+/// Output tile of the `matmul_wide` kernel.
+const WIDE_TILE: usize = 128;
+/// Fewest workgroups a product runs `matmul_wide` with (one per SM of a large GPU): below,
+/// `matmul`'s 64 x 64 tiles give it four times as many workgroups to spread.
+const WIDE_MIN_GROUPS: usize = 128;
+
+/// The GEMM kernel for a `rows x cols` product in `splits` depth chunks, and its tile.
+pub fn kernel_for(rows: usize, cols: usize, splits: usize) -> (Kernel, usize) {
+    let groups = rows.div_ceil(WIDE_TILE) * cols.div_ceil(WIDE_TILE) * splits;
+    if rows >= WIDE_TILE && cols >= WIDE_TILE && groups >= WIDE_MIN_GROUPS {
+        (Kernel::MatmulWide, WIDE_TILE)
+    } else {
+        (Kernel::Matmul, 64)
+    }
+}
 
 /// Depth chunks of the weight gradient `dw [M, K] += doutᵀ·x` over `n` rows (1: not split).
 pub fn weight_grad_splits(n: usize, k: usize, m: usize) -> usize {
@@ -67,7 +84,8 @@ impl<'a> Gemm<'a> {
             let chunk = depth.div_ceil(self.splits);
             let words = [u(rows), u(cols), u(depth), self.flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(chunk), u(cols)];
             let views = [Some(self.a), Some(self.b), Some(self.c), self.bias, self.aux];
-            let i = p.push(Kernel::Matmul, &words, &views, [u(cols.div_ceil(64)), u(rows.div_ceil(64)), u(depth.div_ceil(chunk))]);
+            let (kernel, tile) = kernel_for(rows, cols, self.splits);
+            let i = p.push(kernel, &words, &views, [u(cols.div_ceil(tile)), u(rows.div_ceil(tile)), u(depth.div_ceil(chunk))]);
             p.count_flops(i, product_flops(rows, cols, depth));
             return;
         }
@@ -85,7 +103,8 @@ impl<'a> Gemm<'a> {
                     let out = |v: View<'a>| v.part(r0 * cols + c0, extent(r, cols, c, 1));
                     let words = [u(r), u(c), u(d), flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(d), u(cols)];
                     let views = [Some(a), Some(b), Some(out(self.c)), self.bias.map(|v| v.part(c0, c)), self.aux.map(out)];
-                    let i = p.push(Kernel::Matmul, &words, &views, [u(c.div_ceil(64)), u(r.div_ceil(64)), 1]);
+                    let (kernel, tile) = kernel_for(r, c, 1);
+                    let i = p.push(kernel, &words, &views, [u(c.div_ceil(tile)), u(r.div_ceil(tile)), 1]);
                     p.count_flops(i, product_flops(r, c, d));
                 }
             }
