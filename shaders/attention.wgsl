@@ -7,8 +7,11 @@
 // each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size)
 // and `const KT` (rows per shared tile) for the model being compiled.
 // Words: 0 unused, 1 T, 2 NH, 3 scale (f32), and for dropout on the probabilities 4 site,
-// 5 threshold (0: none), 6 the kept ones' scale (f32). Grid: (T / 64, B * NH); one thread
-// per row.
+// 5 threshold (0: none), 6 the kept ones' scale (f32). Grid: (T / 64, B * NH): 64 rows per
+// workgroup. The forward and the two backward kernels give each row PARTS threads, each
+// holding a slice of the row's head vectors (a whole row per thread, four of them in the kV
+// kernel, overflowed the registers at head size 64); the slices' partial dot products meet in
+// workgroup memory once per tile.
 
 @group(0) @binding(1) var<storage, read_write> at_1: array<f32>;
 @group(0) @binding(2) var<storage, read_write> at_2: array<f32>;
@@ -19,14 +22,22 @@
 // dropout; decoding, the token's position (4).
 @group(0) @binding(6) var<storage, read_write> at_words: array<u32>;
 
-// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS): private arrays a quarter as long,
-// each step a vector operation. They are `var`s and functions take them by pointer: indexing
-// an array value (a `let`, a by-value argument) copies it whole first, on each access.
+// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS), each thread's slice HSP4 of them:
+// private arrays, each step a vector operation. They are `var`s and functions take them by
+// pointer: indexing an array value (a `let`, a by-value argument) copies it whole first, on
+// each access.
 const HS4: u32 = (HS + 3u) / 4u;
+const PARTS: u32 = 4u;
+const HSP4: u32 = (HS4 + PARTS - 1u) / PARTS;
+const ROWS: u32 = 64u;
+const THREADS: u32 = ROWS * PARTS;
 
 var<workgroup> tile_a: array<vec4<f32>, KT * HS4>;
 var<workgroup> tile_b: array<vec4<f32>, KT * HS4>;
 var<workgroup> tile_rows: array<vec2<f32>, KT>;
+// Each slice's (x · tile_a row, y · tile_b row) for every row of the workgroup and of the
+// tile: [row][tile row][part].
+var<workgroup> partials: array<vec2<f32>, ROWS * KT * PARTS>;
 
 const MASKED: f32 = -3.0e38;
 
@@ -82,11 +93,15 @@ fn head_elem4(src: u32, b: u32, r: u32, h: u32, d4: u32) -> vec4<f32> {
     return x;
 }
 
-/// Row `r` of head `h` in source `src` (see head_elem), in registers.
-fn head_vec(src: u32, b: u32, r: u32, h: u32) -> array<vec4<f32>, HS4> {
-    var x: array<vec4<f32>, HS4>;
-    for (var d4 = 0u; d4 < HS4; d4++) {
-        x[d4] = head_elem4(src, b, r, h, d4);
+/// Slice `part` of row `r` of head `h` in source `src` (see head_elem), in registers: vec4s
+/// part * HSP4 .. (part + 1) * HSP4 of the row (zeros past it).
+fn head_slice(src: u32, b: u32, r: u32, h: u32, part: u32) -> array<vec4<f32>, HSP4> {
+    var x: array<vec4<f32>, HSP4>;
+    for (var e = 0u; e < HSP4; e++) {
+        let d4 = part * HSP4 + e;
+        if (d4 < HS4) {
+            x[e] = head_elem4(src, b, r, h, d4);
+        }
     }
     return x;
 }
@@ -96,17 +111,23 @@ fn dot4(x: vec4<f32>, y: vec4<f32>, acc: f32) -> f32 {
     return fma(x.w, y.w, fma(x.z, y.z, fma(x.y, y.y, fma(x.x, y.x, acc))));
 }
 
-/// Writes the first HS lanes of `x` (times `scale`) to `at_1[at ..]`.
-fn store_head(x: ptr<function, array<vec4<f32>, HS4>>, at: u32, scale: f32) {
-    for (var d = 0u; d < HS; d++) {
-        at_1[at + d] = (*x)[d / 4u][d % 4u] * scale;
+/// Writes slice `part` of a row (see head_slice), times `scale`, to `at_1[at ..]` (the
+/// row's first element), up to HS.
+fn store_slice(x: ptr<function, array<vec4<f32>, HSP4>>, part: u32, at: u32, scale: f32) {
+    for (var e = 0u; e < HSP4; e++) {
+        for (var t = 0u; t < 4u; t++) {
+            let d = 4u * (part * HSP4 + e) + t;
+            if (d < HS) {
+                at_1[at + d] = (*x)[e][t] * scale;
+            }
+        }
     }
 }
 
 /// Loads rows r0 .. r0 + KT of head `h` from sources `src_a` and `src_b` into tile_a and
 /// tile_b (zeros past T); all threads of the workgroup must call it.
 fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
-    for (var e = lid; e < KT * HS4; e += 64u) {
+    for (var e = lid; e < KT * HS4; e += THREADS) {
         let r = r0 + e / HS4;
         let d4 = e % HS4;
         var x = vec4<f32>(0.0);
@@ -120,32 +141,60 @@ fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
     }
 }
 
-/// (x · tile_a row `r`, y · tile_b row `r`): the score and dout·v terms both backward
-/// kernels recompute (one function, so they agree bit for bit).
-fn tile_dots(x: ptr<function, array<vec4<f32>, HS4>>, y: ptr<function, array<vec4<f32>, HS4>>, r: u32) -> vec2<f32> {
-    var s = 0.0;
-    var dp = 0.0;
-    for (var d4 = 0u; d4 < HS4; d4++) {
-        s = dot4((*x)[d4], tile_a[r * HS4 + d4], s);
-        dp = dot4((*y)[d4], tile_b[r * HS4 + d4], dp);
+/// Vec4 `e` of slice `part` of row `r` of tile `tile` (0 tile_a, 1 tile_b); zeros past HS4.
+fn tile_slice(tile: u32, r: u32, part: u32, e: u32) -> vec4<f32> {
+    let d4 = part * HSP4 + e;
+    if (d4 >= HS4) {
+        return vec4<f32>(0.0);
     }
-    return vec2<f32>(s, dp);
+    if (tile == 0u) {
+        return tile_a[r * HS4 + d4];
+    }
+    return tile_b[r * HS4 + d4];
+}
+
+/// Stores this thread's (x · tile_a row r, y · tile_b row r) over its slices for every row r
+/// of the tile (y may be x's twin, unused); then, after a barrier, `combine` gives the whole
+/// rows' dot products. All threads of the workgroup must call it.
+fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, array<vec4<f32>, HSP4>>, row: u32, part: u32) {
+    for (var r = 0u; r < KT; r++) {
+        var s = 0.0;
+        var dp = 0.0;
+        for (var e = 0u; e < HSP4; e++) {
+            s = dot4((*x)[e], tile_slice(0u, r, part, e), s);
+            dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
+        }
+        partials[(row * KT + r) * PARTS + part] = vec2<f32>(s, dp);
+    }
+}
+
+/// Workgroup row `row`'s two dot products with tile row `r`: its slices' partials summed in
+/// slice order (the same in every thread of the row, so they agree bit for bit).
+fn combine(row: u32, r: u32) -> vec2<f32> {
+    var t = vec2<f32>(0.0);
+    for (var part = 0u; part < PARTS; part++) {
+        t += partials[(row * KT + r) * PARTS + part];
+    }
+    return t;
 }
 
 // Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T], 6 dropout key.
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
     let scale = wordf(3u);
-    let row = head_row(wid, lid);
+    let part = lid % PARTS;
+    let row = head_row(wid, lid / PARTS);
     let i = row.i;
-    var q = head_vec(0u, row.b, row.safe, row.h);
-    var o: array<vec4<f32>, HS4>;
+    var q = head_slice(0u, row.b, row.safe, row.h, part);
+    var o: array<vec4<f32>, HSP4>;
     var m = MASKED;
     var l = 0.0;
     let keys = min(seq, wid.x * 64u + 64u);
     for (var j0 = 0u; j0 < keys; j0 += KT) {
         load_tiles(1u, 2u, row.b, row.h, j0, lid);
+        workgroupBarrier();
+        share_partials(&q, &q, lid / PARTS, part);
         workgroupBarrier();
         if (row.valid && j0 <= i) {
             var s: array<f32, KT>;
@@ -153,27 +202,23 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             for (var jj = 0u; jj < KT; jj++) {
                 var x = MASKED;
                 if (j0 + jj <= i) {
-                    var dot = 0.0;
-                    for (var d4 = 0u; d4 < HS4; d4++) {
-                        dot = dot4(q[d4], tile_a[jj * HS4 + d4], dot);
-                    }
-                    x = dot * scale;
+                    x = combine(lid / PARTS, jj).x * scale;
                 }
                 s[jj] = x;
                 tile_max = max(tile_max, x);
             }
             let corr = exp(m - tile_max);
             l *= corr;
-            for (var d4 = 0u; d4 < HS4; d4++) {
-                o[d4] *= corr;
+            for (var e = 0u; e < HSP4; e++) {
+                o[e] *= corr;
             }
             for (var jj = 0u; jj < KT; jj++) {
                 if (j0 + jj <= i) {
                     let p = exp(s[jj] - tile_max);
                     l += p;
                     let kept = p * dropped(wid.y, i, j0 + jj);
-                    for (var d4 = 0u; d4 < HS4; d4++) {
-                        o[d4] = fma(vec4<f32>(kept), tile_b[jj * HS4 + d4], o[d4]);
+                    for (var e = 0u; e < HSP4; e++) {
+                        o[e] = fma(vec4<f32>(kept), tile_slice(1u, jj, part, e), o[e]);
                     }
                 }
             }
@@ -182,8 +227,10 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         workgroupBarrier();
     }
     if (row.valid) {
-        store_head(&o, row_at(row.b, i, row.h), 1.0 / l);
-        at_3[wid.y * seq + i] = m + log(l);
+        store_slice(&o, part, row_at(row.b, i, row.h), 1.0 / l);
+        if (part == 0u) {
+            at_3[wid.y * seq + i] = m + log(l);
+        }
     }
 }
 
@@ -204,28 +251,31 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 
 // dQ of each query row (written to the q part of dqkv).
 // Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
     let scale = wordf(3u);
-    let row = head_row(wid, lid);
+    let part = lid % PARTS;
+    let row = head_row(wid, lid / PARTS);
     let i = row.i;
-    var q = head_vec(0u, row.b, row.safe, row.h);
-    var g = head_vec(3u, row.b, row.safe, row.h);
-    var dq: array<vec4<f32>, HS4>;
+    var q = head_slice(0u, row.b, row.safe, row.h, part);
+    var g = head_slice(3u, row.b, row.safe, row.h, part);
+    var dq: array<vec4<f32>, HSP4>;
     let lse = at_4[wid.y * seq + row.safe];
     let delta = at_5[wid.y * seq + row.safe];
     let keys = min(seq, wid.x * 64u + 64u);
     for (var j0 = 0u; j0 < keys; j0 += KT) {
         load_tiles(1u, 2u, row.b, row.h, j0, lid);
         workgroupBarrier();
+        share_partials(&q, &g, lid / PARTS, part);
+        workgroupBarrier();
         if (row.valid && j0 <= i) {
             for (var jj = 0u; jj < KT; jj++) {
                 if (j0 + jj <= i) {
-                    let t = tile_dots(&q, &g, jj);
+                    let t = combine(lid / PARTS, jj);
                     let ds = exp(t.x * scale - lse) * (t.y * dropped(wid.y, i, j0 + jj) - delta);
-                    for (var d4 = 0u; d4 < HS4; d4++) {
-                        dq[d4] = fma(vec4<f32>(ds), tile_a[jj * HS4 + d4], dq[d4]);
+                    for (var e = 0u; e < HSP4; e++) {
+                        dq[e] = fma(vec4<f32>(ds), tile_slice(0u, jj, part, e), dq[e]);
                     }
                 }
             }
@@ -233,44 +283,47 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
         workgroupBarrier();
     }
     if (row.valid) {
-        store_head(&dq, qkv_at(row.b, i, 0u, row.h), scale);
+        store_slice(&dq, part, qkv_at(row.b, i, 0u, row.h), scale);
     }
 }
 
 // dK and dV of each key row (written to the k and v parts of dqkv).
 // Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
     let scale = wordf(3u);
-    let row = head_row(wid, lid);
+    let part = lid % PARTS;
+    let row = head_row(wid, lid / PARTS);
     let j = row.i;
-    var k = head_vec(1u, row.b, row.safe, row.h);
-    var v = head_vec(2u, row.b, row.safe, row.h);
-    var dk: array<vec4<f32>, HS4>;
-    var dv: array<vec4<f32>, HS4>;
+    var k = head_slice(1u, row.b, row.safe, row.h, part);
+    var v = head_slice(2u, row.b, row.safe, row.h, part);
+    var dk: array<vec4<f32>, HSP4>;
+    var dv: array<vec4<f32>, HSP4>;
     for (var i0 = wid.x * 64u; i0 < seq; i0 += KT) {
         // Query rows i0 .. i0 + KT: q in tile_a, dout in tile_b, (lse, delta) in tile_rows.
         load_tiles(0u, 3u, row.b, row.h, i0, lid);
-        for (var r = lid; r < KT; r += 64u) {
+        if (lid < KT) {
             var stats = vec2<f32>(0.0, 0.0);
-            if (i0 + r < seq) {
-                stats = vec2<f32>(at_4[wid.y * seq + i0 + r], at_5[wid.y * seq + i0 + r]);
+            if (i0 + lid < seq) {
+                stats = vec2<f32>(at_4[wid.y * seq + i0 + lid], at_5[wid.y * seq + i0 + lid]);
             }
-            tile_rows[r] = stats;
+            tile_rows[lid] = stats;
         }
+        workgroupBarrier();
+        share_partials(&k, &v, lid / PARTS, part);
         workgroupBarrier();
         if (row.valid) {
             for (var r = 0u; r < KT; r++) {
                 let i = i0 + r;
                 if (i < seq && i >= j) {
-                    let t = tile_dots(&k, &v, r);
+                    let t = combine(lid / PARTS, r);
                     let p = exp(t.x * scale - tile_rows[r].x);
                     let drop = dropped(wid.y, i, j);
                     let ds = p * (t.y * drop - tile_rows[r].y);
-                    for (var d4 = 0u; d4 < HS4; d4++) {
-                        dv[d4] = fma(vec4<f32>(p * drop), tile_b[r * HS4 + d4], dv[d4]);
-                        dk[d4] = fma(vec4<f32>(ds), tile_a[r * HS4 + d4], dk[d4]);
+                    for (var e = 0u; e < HSP4; e++) {
+                        dv[e] = fma(vec4<f32>(p * drop), tile_slice(1u, r, part, e), dv[e]);
+                        dk[e] = fma(vec4<f32>(ds), tile_slice(0u, r, part, e), dk[e]);
                     }
                 }
             }
@@ -278,8 +331,8 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
         workgroupBarrier();
     }
     if (row.valid) {
-        store_head(&dk, qkv_at(row.b, j, 1u, row.h), scale);
-        store_head(&dv, qkv_at(row.b, j, 2u, row.h), 1.0);
+        store_slice(&dk, part, qkv_at(row.b, j, 1u, row.h), scale);
+        store_slice(&dv, part, qkv_at(row.b, j, 2u, row.h), 1.0);
     }
 }
 

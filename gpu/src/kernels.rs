@@ -226,9 +226,10 @@ impl Kernels {
                 device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries })
             })
             .collect();
-        // Attention's tiles: two of KT rows x HS (in whole vec4s) within about 10 KiB of
-        // workgroup memory.
-        let kt = (1024 / head_size).clamp(1, 64);
+        // Attention's tiles: two of KT rows x HS (in whole vec4s), and the 64 rows' partial
+        // dot products with each tile row (8 KiB at KT 4): within about 10 KiB of workgroup
+        // memory (WebGPU's default limit is 16 KiB).
+        let kt = (512 / head_size).clamp(1, 4);
         let modules: Vec<wgpu::ShaderModule> = Shader::ALL
             .iter()
             .map(|&s| {

@@ -293,11 +293,18 @@ fn layernorm_forward_and_backward() {
 /// A micro-batch's dropout key, and the same on the device.
 const KEY: DropoutKey = DropoutKey { seed: 0x1234_5678_9abc_def0, draw: 0x1_0000_0003 };
 
-/// Attention for head sizes that do and do not fill the shared tiles, sequences longer than
-/// one 64-row tile and not a multiple of it, without and with dropout on the probabilities.
+/// Attention for head sizes that do and do not fill the shared tiles and the four threads'
+/// slices of a row (5: two of them empty; 36: the last empty; 64, the GPT-2 models': four
+/// vec4s each), sequences longer than one 64-row tile and not a multiple of it, without and
+/// with dropout on the probabilities.
 #[test]
 fn attention_forward_and_backward() {
-    let shapes = [AttentionShape { batch: 2, seq: 70, heads: 3, head_size: 5 }, AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 }];
+    let shapes = [
+        AttentionShape { batch: 2, seq: 70, heads: 3, head_size: 5 },
+        AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 },
+        AttentionShape { batch: 1, seq: 67, heads: 2, head_size: 36 },
+        AttentionShape { batch: 1, seq: 75, heads: 1, head_size: 64 },
+    ];
     let gkey = buffer(&KEY.words());
     for (shape, dropout) in shapes.into_iter().flat_map(|s| [(s, None), (s, Some(Site::new(7, 0.25)))]) {
         let AttentionShape { batch, seq, heads, head_size } = shape;
