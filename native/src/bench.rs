@@ -38,7 +38,8 @@ pub struct BenchArgs {
     /// Untimed steps first (0 to 1000000).
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
-    /// The machine's peak GFLOP/s for MFU (positive). Default: measured once and cached.
+    /// The device's peak GFLOP/s for MFU (positive). Default: measured once and cached (the
+    /// CPU's GEMM peak; a GPU's f32 FMA limit).
     #[arg(long)]
     pub peak_gflops: Option<f64>,
     /// Print one JSON object instead of a table.
@@ -103,8 +104,8 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let cfg = bench_train_config(args.grad_accum);
     let pool = args.device.pool()?;
     let peak = match args.device.backend {
-        Backend::Cpu => Some(peak(&pool, args.peak_gflops)?),
-        Backend::Gpu => Some(gpu_peak(&args.device.open_gpu()?, Real::F32, args.peak_gflops, false)?),
+        Backend::Cpu => peak(&pool, args.peak_gflops)?,
+        Backend::Gpu => gpu_peak(&args.device.open_gpu()?, Real::F32, args.peak_gflops, false)?,
     };
     let mut cpu_memory = None;
     let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;
@@ -137,9 +138,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         "tokens_per_sec": tokens_per_sec,
         "phases_ms": (!args.no_phases).then(|| phases.json_ms(args.iters as f64)),
         "achieved_gflops": achieved,
-        "peak_gflops": peak.as_ref().map(|p| p.gflops),
-        "peak_source": peak.as_ref().map(|p| p.source),
-        "mfu": peak.as_ref().map(|p| achieved / p.gflops),
+        "peak_gflops": peak.gflops,
+        "peak_source": peak.source,
+        "mfu": achieved / peak.gflops,
         "trace": args.trace.as_deref().map(trace_summary).transpose()?,
     });
     if args.json {
@@ -218,11 +219,14 @@ fn print_table(r: &serde_json::Value) {
     if !phases.is_empty() {
         println!("  phases (ms)   {}", phases.join("  "));
     }
-    let mfu = match r["peak_gflops"].as_f64() {
-        Some(peak) => format!("peak {peak:.1} GFLOP/s ({}); MFU {:.1}%", r["peak_source"].as_str().unwrap_or("?"), 100.0 * f(&r["mfu"])),
-        None => "MFU: give the device's peak with --peak-gflops".into(),
-    };
-    println!("  FLOPs/token   {:.2}M; achieved {:.1} GFLOP/s; {mfu}", f(&r["flops_per_token"]) / 1e6, f(&r["achieved_gflops"]));
+    println!(
+        "  FLOPs/token   {:.2}M; achieved {:.1} GFLOP/s; peak {:.1} GFLOP/s ({}); MFU {:.1}%",
+        f(&r["flops_per_token"]) / 1e6,
+        f(&r["achieved_gflops"]),
+        f(&r["peak_gflops"]),
+        r["peak_source"].as_str().unwrap_or("?"),
+        100.0 * f(&r["mfu"])
+    );
     if r["trace"].is_object() {
         print_top(&r["trace"]);
     }

@@ -36,7 +36,8 @@ pub struct InfoArgs {
     /// Where the estimate is measured.
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// The machine's peak GFLOP/s (positive). Default: measured once and cached.
+    /// The device's peak GFLOP/s (positive): the CPU's, and with --backend gpu the GPU's f32
+    /// FMA limit too. Default: measured (the cache keeps the highest measurement).
     #[arg(long)]
     pub peak_gflops: Option<f64>,
     /// Plan a data-parallel run of this many MPI ranks (`mpirun -np N train`): the gradient

@@ -129,8 +129,8 @@ pub struct TrainArgs {
     /// reach it sees the run.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::serve::DEFAULT_ADDR)]
     pub serve: Option<String>,
-    /// The device's peak GFLOP/s for the MFU the metrics record (positive). Default on the
-    /// CPU: measured once and cached (as `bench`); on a GPU there is none unless given.
+    /// The device's peak GFLOP/s for the MFU the metrics record (positive). Default: measured
+    /// once and cached, as `bench` (the CPU's GEMM peak; a GPU's f32 FMA limit).
     #[arg(long)]
     pub peak_gflops: Option<f64>,
     /// ZeRO stage for data-parallel runs (`mpirun -np N`, a build with `--features mpi`):
