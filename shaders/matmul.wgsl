@@ -108,74 +108,47 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 const WIDE: u32 = 128u;
 const WIDE_BK: u32 = 8u;
 
-// [WIDE_BK][WIDE / 4] vec4s: element (k, r) at [k * 32 + r / 4][r % 4].
-var<workgroup> wide_a: array<vec4<f32>, 256>;
-var<workgroup> wide_b: array<vec4<f32>, 256>;
+// The tiles of a (from 0) and b (from WIDE_B), each [WIDE_BK][WIDE / 4] vec4s: element (k, i)
+// of a tile at [k * 32 + i / 4][i % 4].
+const WIDE_B: u32 = 256u;
+var<workgroup> wide_tiles: array<vec4<f32>, 512>;
 
-// The four elements thread `lid` loads of a's tile at depth k0 (zeros outside the product
-// or the chunk): with a's rows contiguous along k, row lid / 2 at depth 4 (lid % 2) ..+4;
-// else depth lid / 32 at rows 4 (lid % 32) ..+4.
-fn wide_load_a(row0: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
-    let rows = word(0u);
-    let a_rs = word(4u);
-    let a_cs = word(5u);
+// The four elements thread `lid` loads of a tile of operand `op` (0: a, its rows; 1: b, its
+// columns) at depth k0 (zeros outside the product or the chunk): lines i0 .. i0 + 128 (below
+// `limit`, `i_stride` apart) by depths k0 .. k0 + 8 (below k_end, `k_stride` apart). Memory is
+// walked contiguously: where the depth is contiguous, line lid / 2 at depths 4 (lid % 2) ..+4;
+// else depth lid / 32 at lines 4 (lid % 32) ..+4.
+fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
-        var r = 4u * (lid % 32u) + e;
+        var i = 4u * (lid % 32u) + e;
         var k = lid / 32u;
-        if (a_cs == 1u) {
-            r = lid / 2u;
+        if (k_stride == 1u) {
+            i = lid / 2u;
             k = 4u * (lid % 2u) + e;
         }
-        if (row0 + r < rows && k0 + k < k_end) {
-            v[e] = mm_a[(row0 + r) * a_rs + (k0 + k) * a_cs];
+        if (i0 + i < limit && k0 + k < k_end) {
+            let at = (i0 + i) * i_stride + (k0 + k) * k_stride;
+            if (op == 0u) {
+                v[e] = mm_a[at];
+            } else {
+                v[e] = mm_b[at];
+            }
         }
     }
     return v;
 }
 
-// wide_load_a's values into wide_a.
-fn wide_store_a(v: vec4<f32>, lid: u32) {
-    if (word(5u) == 1u) {
-        let r = lid / 2u;
+// wide_load's values into the tile from `base` of wide_tiles (the same walk: `along_k` where
+// the depth was contiguous).
+fn wide_store(base: u32, along_k: bool, v: vec4<f32>, lid: u32) {
+    if (along_k) {
+        let i = lid / 2u;
         for (var e = 0u; e < 4u; e++) {
-            wide_a[(4u * (lid % 2u) + e) * 32u + r / 4u][r % 4u] = v[e];
+            wide_tiles[base + (4u * (lid % 2u) + e) * 32u + i / 4u][i % 4u] = v[e];
         }
     } else {
-        wide_a[lid] = v;
-    }
-}
-
-// The four elements thread `lid` loads of b's tile: with b's columns contiguous, depth
-// lid / 32 at columns 4 (lid % 32) ..+4; else column lid / 2 at depth 4 (lid % 2) ..+4.
-fn wide_load_b(col0: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
-    let cols = word(1u);
-    let b_rs = word(6u);
-    let b_cs = word(7u);
-    var v = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        var c = 4u * (lid % 32u) + e;
-        var k = lid / 32u;
-        if (b_cs != 1u) {
-            c = lid / 2u;
-            k = 4u * (lid % 2u) + e;
-        }
-        if (col0 + c < cols && k0 + k < k_end) {
-            v[e] = mm_b[(k0 + k) * b_rs + (col0 + c) * b_cs];
-        }
-    }
-    return v;
-}
-
-// wide_load_b's values into wide_b.
-fn wide_store_b(v: vec4<f32>, lid: u32) {
-    if (word(7u) != 1u) {
-        let c = lid / 2u;
-        for (var e = 0u; e < 4u; e++) {
-            wide_b[(4u * (lid % 2u) + e) * 32u + c / 4u][c % 4u] = v[e];
-        }
-    } else {
-        wide_b[lid] = v;
+        wide_tiles[base + lid] = v;
     }
 }
 
@@ -195,21 +168,27 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var r50 = vec4<f32>(0.0); var r51 = vec4<f32>(0.0);
     var r60 = vec4<f32>(0.0); var r61 = vec4<f32>(0.0);
     var r70 = vec4<f32>(0.0); var r71 = vec4<f32>(0.0);
-    var next_a = wide_load_a(row0, k_begin, k_end, lid);
-    var next_b = wide_load_b(col0, k_begin, k_end, lid);
+    let rows = word(0u);
+    let cols = word(1u);
+    let a_rs = word(4u);
+    let a_cs = word(5u);
+    let b_rs = word(6u);
+    let b_cs = word(7u);
+    var next_a = wide_load(0u, row0, rows, a_rs, a_cs, k_begin, k_end, lid);
+    var next_b = wide_load(1u, col0, cols, b_cs, b_rs, k_begin, k_end, lid);
     for (var k0 = k_begin; k0 < k_end; k0 += WIDE_BK) {
-        wide_store_a(next_a, lid);
-        wide_store_b(next_b, lid);
+        wide_store(0u, a_cs == 1u, next_a, lid);
+        wide_store(WIDE_B, b_rs == 1u, next_b, lid);
         workgroupBarrier();
         if (k0 + WIDE_BK < k_end) {
-            next_a = wide_load_a(row0, k0 + WIDE_BK, k_end, lid);
-            next_b = wide_load_b(col0, k0 + WIDE_BK, k_end, lid);
+            next_a = wide_load(0u, row0, rows, a_rs, a_cs, k0 + WIDE_BK, k_end, lid);
+            next_b = wide_load(1u, col0, cols, b_cs, b_rs, k0 + WIDE_BK, k_end, lid);
         }
         for (var k = 0u; k < WIDE_BK; k++) {
-            let a0 = wide_a[k * 32u + l.y];
-            let a1 = wide_a[k * 32u + 16u + l.y];
-            let b0 = wide_b[k * 32u + l.x];
-            let b1 = wide_b[k * 32u + 16u + l.x];
+            let a0 = wide_tiles[k * 32u + l.y];
+            let a1 = wide_tiles[k * 32u + 16u + l.y];
+            let b0 = wide_tiles[WIDE_B + k * 32u + l.x];
+            let b1 = wide_tiles[WIDE_B + k * 32u + 16u + l.x];
             r00 = fma(vec4<f32>(a0.x), b0, r00); r01 = fma(vec4<f32>(a0.x), b1, r01);
             r10 = fma(vec4<f32>(a0.y), b0, r10); r11 = fma(vec4<f32>(a0.y), b1, r11);
             r20 = fma(vec4<f32>(a0.z), b0, r20); r21 = fma(vec4<f32>(a0.z), b1, r21);

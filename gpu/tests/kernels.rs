@@ -147,41 +147,31 @@ fn matmul_wide_tiles_match_the_cpu() {
         m,
     };
     matmul::forward(&Serial, cpu, &mut vec![0.0; matmul::scratch_len(k, m)]);
-    let (gx, gw, gb, gr, gout) = (buffer(&x), buffer(&w), buffer(&bias), buffer(&residual), fresh(n * m));
-    run(8, |p| {
-        let epilogue = matmul::Epilogue::Residual { input: whole(&gr, &residual) };
-        let gpu = matmul::Forward {
-            out: whole(&gout, &out),
-            x: whole(&gx, &x),
-            weight: whole(&gw, &w),
-            bias: Some(whole(&gb, &bias)),
-            epilogue,
-            save_slope: false,
-            k,
-            m,
-        };
-        ops::matmul::forward(p, gpu);
-    });
-    let wide = download(&gout, n * m);
+    let (gx, gw, gb, gr) = (buffer(&x), buffer(&w), buffer(&bias), buffer(&residual));
+    // The product on the GPU with bindings of at most `limit` bytes.
+    let gpu_forward = |limit: u64| {
+        let gout = fresh(n * m);
+        run_limited(8, limit, |p| {
+            let epilogue = matmul::Epilogue::Residual { input: whole(&gr, &residual) };
+            let gpu = matmul::Forward {
+                out: whole(&gout, &out),
+                x: whole(&gx, &x),
+                weight: whole(&gw, &w),
+                bias: Some(whole(&gb, &bias)),
+                epilogue,
+                save_slope: false,
+                k,
+                m,
+            };
+            ops::matmul::forward(p, gpu);
+        });
+        download(&gout, n * m)
+    };
+    let wide = gpu_forward(u64::MAX);
     assert_close("wide matmul forward", &wide, &out, 1e-5);
     // In pieces of at most 256 KiB (columns split to 128 or fewer, the depth whole) the
     // 64 x 64 kernel runs: the same sums in the same order, so the same bits.
-    let narrow = fresh(n * m);
-    run_limited(8, 1 << 18, |p| {
-        let epilogue = matmul::Epilogue::Residual { input: whole(&gr, &residual) };
-        let gpu = matmul::Forward {
-            out: whole(&narrow, &out),
-            x: whole(&gx, &x),
-            weight: whole(&gw, &w),
-            bias: Some(whole(&gb, &bias)),
-            epilogue,
-            save_slope: false,
-            k,
-            m,
-        };
-        ops::matmul::forward(p, gpu);
-    });
-    assert!(download(&narrow, n * m) == wide, "matmul and matmul_wide differ");
+    assert!(gpu_forward(1 << 18) == wide, "matmul and matmul_wide differ");
     matmul_backward_matches_cpu(n, k, m, &mut rng, u64::MAX);
 }
 
