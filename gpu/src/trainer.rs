@@ -11,7 +11,7 @@ use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
 use crate::profile::{KernelTime, Profiler};
-use crate::readback::read;
+use crate::readback::{read, read_into, staging_buffer};
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape;
@@ -72,6 +72,15 @@ pub struct GpuTrainer {
     host_batch: Vec<u32>,
     dres: Span,
     profiler: Option<Profiler>,
+    /// A data-parallel rank's gradients (and ZeRO-1 parameters) on their way through the
+    /// host: kept from its first step on, since they are the size of the model.
+    rank_io: Option<RankIo>,
+}
+
+/// What [`GpuTrainer::step_ranked`] reads back through, each the device layout's length.
+struct RankIo {
+    staging: wgpu::Buffer,
+    host: Vec<f32>,
 }
 
 /// What [`GpuTrainer::stats`] reads: the last step and the steps skipped before it.
@@ -192,6 +201,7 @@ impl GpuTrainer {
             host_batch: vec![0; slot_len],
             dres,
             profiler: None,
+            rank_io: None,
         };
         t.upload(params, moments)?;
         Ok(t)
@@ -324,12 +334,15 @@ impl GpuTrainer {
         self.encode_micro_steps(&mut enc, &mut queries, mine);
         self.gpu.queue.submit([enc.finish()]);
         // The device layout is the same on every rank: it is summed as it is.
-        let mut grads: Vec<f32> = read(&self.gpu, &self.bufs.grads, 0, self.layout.len()).await?;
-        let loss: Vec<f32> = read(&self.gpu, &self.bufs.stats, LOSS_SLOT, 1).await?;
-        ranks.sum(&mut grads);
+        let len = self.layout.len();
+        let RankIo { staging, host } = self.rank_io.get_or_insert_with(|| RankIo { staging: staging_buffer(&self.gpu, len), host: vec![0.0; len] });
+        read_into(&self.gpu, &self.bufs.grads, 0, staging, host).await?;
+        let mut loss = [0f32];
+        read_into(&self.gpu, &self.bufs.stats, LOSS_SLOT, staging, &mut loss).await?;
+        ranks.sum(host);
         let loss = ranks.sum_f64(loss[0] as f64) as f32;
         let q = &self.gpu.queue;
-        q.write_buffer(&self.bufs.grads, 0, bytemuck::cast_slice(&grads));
+        q.write_buffer(&self.bufs.grads, 0, bytemuck::cast_slice(host));
         q.write_buffer(&self.bufs.stats, bytes(LOSS_SLOT), bytemuck::bytes_of(&loss));
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("update") });
         self.encode(&mut enc, &mut queries, &self.update);
@@ -339,11 +352,10 @@ impl GpuTrainer {
         self.gpu.queue.submit([enc.finish()]);
         if self.sharded() {
             // ZeRO-1: this rank updated its shard; the others' come from them.
-            let mut params = vec![0.0; self.layout.len()];
-            let mine: Vec<f32> = read(&self.gpu, &self.bufs.params, self.shard.start, self.shard.len()).await?;
-            params[self.shard.clone()].copy_from_slice(&mine);
-            ranks.gather_shards(&mut params);
-            self.gpu.queue.write_buffer(&self.bufs.params, 0, bytemuck::cast_slice(&params));
+            let RankIo { staging, host } = self.rank_io.as_mut().expect("set above");
+            read_into(&self.gpu, &self.bufs.params, self.shard.start, staging, &mut host[self.shard.clone()]).await?;
+            ranks.gather_shards(host);
+            self.gpu.queue.write_buffer(&self.bufs.params, 0, bytemuck::cast_slice(host));
         }
         Ok(lr)
     }
