@@ -180,8 +180,8 @@ fn measure(pool: &ThreadPool) -> f64 {
 /// streaming a model's weights once per token (sampling a token with the KV cache) can reach
 /// at best. The buffer is twice the last-level cache (at least 256 MiB, at most 2 GiB): a
 /// smaller one is read from the cache, not from memory (on a 480 MiB-L3 Xeon, 64 MiB read at
-/// 56 GB/s, 960 MiB at 31-33). Each thread reads its share as [`READ_STREAMS`] streams at
-/// once, prefetching ahead, the pattern that read fastest (one stream per thread, 19 GB/s).
+/// 56 GB/s, 960 MiB at 31-33). Each thread reads its share as eight streams at once,
+/// prefetching ahead, the pattern that read fastest (one stream per thread, 19 GB/s).
 pub fn memory_bandwidth(pool: &ThreadPool) -> f64 {
     const MIB: usize = 1 << 20;
     let bytes = (2 * last_level_cache_bytes().unwrap_or(0)).clamp(256 * MIB, 2048 * MIB);
