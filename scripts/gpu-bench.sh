@@ -55,7 +55,8 @@ stage "the GPU and its FMA limits"
 card=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); a=d["device"] or {}; g=d["gpu_adapters"]; p=d["gpu_peak_gflops"]
 name = g[0]["name"] if g else "?"; drv = g[0]["driver"] if g else "?"
 f16 = "f16 %.3g TFLOP/s" % (p["f16"] / 1e3) if p["f16"] else "no shader-f16"
-print("%s (Vulkan driver %s); FMA limits f32 %.3g TFLOP/s, %s" % (name, drv, p["f32"] / 1e3, f16))' "$out/info.json")
+coop = ", ".join(g[0]["cooperative_matrices"]) if g else ""
+print("%s (Vulkan driver %s); FMA limits f32 %.3g TFLOP/s, %s; cooperative matrices: %s" % (name, drv, p["f32"] / 1e3, f16, coop or "none"))' "$out/info.json")
 {
     echo "### GPU bench: $(date -u +%Y-%m-%d), commit $commit"
     echo

@@ -36,6 +36,9 @@ pub struct AdapterSummary {
     pub max_storage_binding: u64,
     /// Largest buffer, bytes.
     pub max_buffer: u64,
+    /// The cooperative-matrix (tensor core) products the driver reports, as
+    /// `MxNxK a->c` (for example `16x16x16 f16->f32`): what a tensor-core GEMM can use.
+    pub cooperative_matrices: Vec<String>,
 }
 
 /// The optional features alpha-gpu asks for where the adapter has them.
@@ -53,6 +56,14 @@ fn summary(index: usize, a: &Adapter) -> AdapterSummary {
         features: WANTED.iter().filter(|(f, _)| a.features().contains(*f)).map(|(_, n)| *n).collect(),
         max_storage_binding: limits.max_storage_buffer_binding_size,
         max_buffer: limits.max_buffer_size,
+        cooperative_matrices: a
+            .cooperative_matrix_properties()
+            .iter()
+            .map(|m| {
+                let t = |s: wgpu::wgt::CooperativeScalarType| format!("{s:?}").to_lowercase();
+                format!("{}x{}x{} {}->{}", m.m_size, m.n_size, m.k_size, t(m.ab_type), t(m.cr_type))
+            })
+            .collect(),
     }
 }
 

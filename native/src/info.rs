@@ -257,7 +257,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     }
     for a in &adapters {
         println!(
-            "GPU {:<6} {} ({}, {}; {}); features: {}; max buffer {:.0} MiB, max storage binding {:.0} MiB",
+            "GPU {:<6} {} ({}, {}; {}); features: {}; max buffer {:.0} MiB, max storage binding {:.0} MiB; cooperative matrices: {}",
             a.index,
             a.name,
             a.backend,
@@ -265,7 +265,8 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             a.driver,
             if a.features.is_empty() { "none we use".to_string() } else { a.features.join(", ") },
             a.max_buffer as f64 / 1048576.0,
-            a.max_storage_binding as f64 / 1048576.0
+            a.max_storage_binding as f64 / 1048576.0,
+            if a.cooperative_matrices.is_empty() { "none".to_string() } else { a.cooperative_matrices.join(", ") }
         );
     }
     Ok(())
@@ -307,6 +308,7 @@ fn adapter_json(a: &AdapterSummary) -> serde_json::Value {
     json!({
         "index": a.index, "name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver,
         "features": a.features, "max_buffer_bytes": a.max_buffer, "max_storage_binding_bytes": a.max_storage_binding,
+        "cooperative_matrices": a.cooperative_matrices,
     })
 }
 

@@ -716,7 +716,7 @@ fn info_lists_gpu_adapters_and_estimates_on_the_gpu() {
     assert!(!adapters.is_empty(), "{r}");
     for a in adapters {
         assert!(!a["name"].as_str().unwrap().is_empty() && a["max_storage_binding_bytes"].as_u64().unwrap() > 0, "{a}");
-        assert!(a["features"].is_array(), "{a}");
+        assert!(a["features"].is_array() && a["cooperative_matrices"].is_array(), "{a}");
     }
     assert_eq!(r["backend"], "gpu");
     // The GPU's FMA limits: f32 as given, f16 measured where the adapter has shader-f16.
