@@ -2,22 +2,34 @@
 
 @group(0) @binding(1) var<storage, read_write> rb_partials: array<f32>;
 @group(0) @binding(2) var<storage, read_write> rb_out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> rb_second: array<f32>;
 
-// out[j] += sum over blocks b of partials[b * stride + offset + j], in block order.
-// Words: blocks, width, stride, offset. Grid: (width / 64).
+// Column j's sum over blocks b of partials[b * stride + j], in block order, added to out[j]
+// for j below `split`, else to second[j - split] (LayerNorm's weight and bias gradients
+// from one partials row each block: one dispatch for both).
+// Words: blocks, width, stride, split. Grid: (width / 64).
 @compute @workgroup_size(64)
 fn add_partials(@builtin(global_invocation_id) gid: vec3<u32>) {
     let blocks = word(0u);
     let width = word(1u);
     let stride = word(2u);
-    let offset = word(3u);
+    let split = word(3u);
     let j = gid.x;
     if (j >= width) {
         return;
     }
-    var s = rb_out[j];
-    for (var b = 0u; b < blocks; b++) {
-        s += rb_partials[b * stride + offset + j];
+    var s: f32;
+    if (j < split) {
+        s = rb_out[j];
+    } else {
+        s = rb_second[j - split];
     }
-    rb_out[j] = s;
+    for (var b = 0u; b < blocks; b++) {
+        s += rb_partials[b * stride + j];
+    }
+    if (j < split) {
+        rb_out[j] = s;
+    } else {
+        rb_second[j - split] = s;
+    }
 }

@@ -149,7 +149,7 @@ impl Kernel {
             Kernel::Matmul => (Shader::Matmul, "matmul", 5),
             Kernel::MatmulWide => (Shader::Matmul, "matmul_wide", 5),
             Kernel::BiasGrad => (Shader::Matmul, "bias_grad", 3),
-            Kernel::AddPartials => (Shader::RowBlocks, "add_partials", 2),
+            Kernel::AddPartials => (Shader::RowBlocks, "add_partials", 3),
             Kernel::LayerNormForward => (Shader::LayerNorm, "layernorm_forward", 6),
             Kernel::LayerNormBackward => (Shader::LayerNorm, "layernorm_backward", 6),
             Kernel::LayerNormParamPartials => (Shader::LayerNorm, "layernorm_param_partials", 5),

@@ -21,6 +21,5 @@ pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: layernorm::Backward<View<'a>,
     p.push(Kernel::LayerNormBackward, &[u(n), u(c)], &views, rows_grid(1, n));
     let views = [Some(partials), Some(dout), Some(x), Some(mean), Some(rstd)];
     p.push(Kernel::LayerNormParamPartials, &[u(n), u(c)], &views, [u(c.div_ceil(64)), u(blocks(n)), 1]);
-    add_partials(p, dweight, partials, blocks(n), 2 * c, 0);
-    add_partials(p, dbias, partials, blocks(n), 2 * c, c);
+    add_partials(p, dweight, Some(dbias), partials, blocks(n), 2 * c);
 }

@@ -173,7 +173,7 @@ pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: matmul::Backward<View<'a>, Vi
         p.push(Kernel::BiasGrad, &words, &[Some(dout), gelu_slope, Some(partials)], [u(m.div_ceil(64)), u(blocks(n)), 1]);
     }
     if let Some(db) = dbias {
-        add_partials(p, db, partials, blocks(n), m, 0);
+        add_partials(p, db, None, partials, blocks(n), m);
     }
     if let Some(dx) = dx {
         Gemm::plain(dx, dout, w, [n, k, m], [m, 1, k, 1]).push(p);
@@ -183,7 +183,7 @@ pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: matmul::Backward<View<'a>, Vi
         splits => {
             let slices = View { len: splits * m * k, ..split };
             Gemm { splits, ..Gemm::plain(slices, dout, x, [m, k, n], [1, m, k, 1]) }.push(p);
-            add_partials(p, dw, slices, splits, m * k, 0);
+            add_partials(p, dw, None, slices, splits, m * k);
         }
     }
 }

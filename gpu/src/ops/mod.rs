@@ -34,8 +34,11 @@ pub fn rows_per_piece(width: usize, max_binding: usize) -> usize {
     (max_binding / width.max(1) / ACT_ALIGN * ACT_ALIGN).max(ACT_ALIGN)
 }
 
-/// `out [W] += Σ_b partials[b * stride + offset ..][..W]` over `count` row blocks.
-pub fn add_partials<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, partials: View<'a>, count: usize, stride: usize, offset: usize) {
-    let words = [u(count), u(out.len), u(stride), u(offset)];
-    p.push(Kernel::AddPartials, &words, &[Some(partials), Some(out)], [u(out.len.div_ceil(64)), 1, 1]);
+/// `out [W] += Σ_b partials[b * stride ..][..W]` over `count` row blocks; with `second`
+/// `[W2]`, the columns after out's too (`second += Σ_b partials[b * stride + W ..][..W2]`),
+/// in the same dispatch.
+pub fn add_partials<'a>(p: &mut ProgramBuilder<'a>, out: View<'a>, second: Option<View<'a>>, partials: View<'a>, count: usize, stride: usize) {
+    let width = out.len + second.map_or(0, |s| s.len);
+    let words = [u(count), u(width), u(stride), u(out.len)];
+    p.push(Kernel::AddPartials, &words, &[Some(partials), Some(out), second], [u(width.div_ceil(64)), 1, 1]);
 }
