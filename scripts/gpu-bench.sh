@@ -32,7 +32,7 @@ read -r -a configs <<< "${GPU_BENCH_CONFIGS:-small baby gpt2}"
 declare -A shape=(
     [small]="--layers 4 --heads 4 --embd 128 --block 64 --batch 12"
     [baby]="--layers 6 --heads 6 --embd 384 --block 256 --batch 64"
-    [gpt2]="--model gpt2 --block 1024 --batch 8"
+    [gpt2]="--model gpt2 --block 1024 --batch 4"
 )
 for c in "${configs[@]}"; do
     [ -n "${shape[$c]:-}" ] || { echo "GPU_BENCH_CONFIGS: no config $c (small, baby, gpt2)" >&2; exit 1; }
@@ -99,24 +99,33 @@ else
     echo "|---|---|---|---|" >> "$summary"
     for name in "${configs[@]}"; do
         # shellcheck disable=SC2086 # the flags split on purpose
-        "$alpha" bench --backend gpu --json --iters 20 --warmup 3 ${shape[$name]} | python3 -c 'import json,sys; r=json.load(sys.stdin)
-print("| %s | %.1f | %.0f | %.1f%% |" % (sys.argv[1], r["ms_per_iter"]["median"], r["tokens_per_sec"], 100 * r["mfu"]))' "$name" >> "$summary"
+        if "$alpha" bench --backend gpu --json --iters 20 --warmup 3 ${shape[$name]} > "$out/$name.bench.json" 2> "$out/$name.bench.err"; then
+            python3 -c 'import json,sys; r=json.load(open(sys.argv[2]))
+print("| %s | %.1f | %.0f | %.1f%% |" % (sys.argv[1], r["ms_per_iter"]["median"], r["tokens_per_sec"], 100 * r["mfu"]))' "$name" "$out/$name.bench.json" >> "$summary"
+        else
+            echo "| $name | failed: $(tail -n 1 "$out/$name.bench.err") | | |" >> "$summary"
+        fi
     done
     echo >> "$summary"
 fi
 
 for name in "${configs[@]}"; do
     stage "trace of the $name config's steps"
+    # A config the device cannot hold is reported and the others still run.
     # shellcheck disable=SC2086 # the flags split on purpose
-    "$alpha" bench --backend gpu --iters 3 --warmup 2 --trace "$out/$name.trace.json" --overwrite ${shape[$name]} > "$out/$name.trace.txt"
-    {
-        echo "The $name config, \`bench --backend gpu --trace\` (3 steps):"
-        echo
-        sed -n '/^  ms\/iter/p;/^  FLOPs/p' "$out/$name.trace.txt"
-        echo
-        sed -n '/^trace:/,$p' "$out/$name.trace.txt"
-        echo
-    } >> "$summary"
+    if "$alpha" bench --backend gpu --iters 3 --warmup 2 --trace "$out/$name.trace.json" --overwrite ${shape[$name]} > "$out/$name.trace.txt" 2>&1; then
+        {
+            echo "The $name config, \`bench --backend gpu --trace\` (3 steps):"
+            echo
+            sed -n '/^  ms\/iter/p;/^  FLOPs/p' "$out/$name.trace.txt"
+            echo
+            sed -n '/^trace:/,$p' "$out/$name.trace.txt"
+            echo
+        } >> "$summary"
+    else
+        echo "The $name config's trace failed: $(tail -n 1 "$out/$name.trace.txt")" >> "$summary"
+        echo >> "$summary"
+    fi
 done
 
 stage "done"

@@ -4,8 +4,9 @@
 // CPU twin: core/src/ops/attention.rs.
 //
 // Layout: qkv [B, T, 3C] with q, k, v side by side, head h at columns h*HS..(h+1)*HS of
-// each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size)
-// and `const KT` (rows per shared tile) for the model being compiled.
+// each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size),
+// `const KT` (rows per shared tile) and `const PARTS` (threads per row) for the model being
+// compiled.
 // Words: 0 unused, 1 T, 2 NH, 3 scale (f32), and for dropout on the probabilities 4 site,
 // 5 threshold (0: none), 6 the kept ones' scale (f32). Grid: (T / 64, B * NH): 64 rows per
 // workgroup. The forward and the two backward kernels give each row PARTS threads, each
@@ -27,7 +28,6 @@
 // pointer: indexing an array value (a `let`, a by-value argument) copies it whole first, on
 // each access.
 const HS4: u32 = (HS + 3u) / 4u;
-const PARTS: u32 = 4u;
 const HSP4: u32 = (HS4 + PARTS - 1u) / PARTS;
 const ROWS: u32 = 64u;
 const THREADS: u32 = ROWS * PARTS;
@@ -179,7 +179,7 @@ fn combine(row: u32, r: u32) -> vec2<f32> {
 }
 
 // Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T], 6 dropout key.
-@compute @workgroup_size(256)
+@compute @workgroup_size(THREADS)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
     let scale = wordf(3u);
@@ -251,7 +251,7 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 
 // dQ of each query row (written to the q part of dqkv).
 // Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
-@compute @workgroup_size(256)
+@compute @workgroup_size(THREADS)
 fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
     let scale = wordf(3u);
@@ -289,7 +289,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
 
 // dK and dV of each key row (written to the k and v parts of dqkv).
 // Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
-@compute @workgroup_size(256)
+@compute @workgroup_size(THREADS)
 fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
     let scale = wordf(3u);

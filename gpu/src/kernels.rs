@@ -226,14 +226,21 @@ impl Kernels {
                 device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries })
             })
             .collect();
-        // Attention's tiles: two of KT rows x HS (in whole vec4s), and the 64 rows' partial
-        // dot products with each tile row (8 KiB at KT 4): within about 10 KiB of workgroup
-        // memory (WebGPU's default limit is 16 KiB).
+        // Attention's threads per row: enough that a thread holds at most 32 floats of each
+        // head vector (the dK/dV kernel holds four), at most 4 (256 threads, WebGPU's default
+        // limit). Its tiles: two of KT rows x HS (in whole vec4s), and the 64 rows' partial
+        // dot products with each tile row (8 KiB at KT 4 and 4 threads per row): within
+        // about 10 KiB of workgroup memory (WebGPU's default limit is 16 KiB).
+        let parts = head_size.div_ceil(32).clamp(1, 4);
         let kt = (512 / head_size).clamp(1, 4);
         let modules: Vec<wgpu::ShaderModule> = Shader::ALL
             .iter()
             .map(|&s| {
-                let consts = if s == Shader::Attention { format!("const HS: u32 = {head_size}u;\nconst KT: u32 = {kt}u;\n") } else { String::new() };
+                let consts = if s == Shader::Attention {
+                    format!("const HS: u32 = {head_size}u;\nconst KT: u32 = {kt}u;\nconst PARTS: u32 = {parts}u;\n")
+                } else {
+                    String::new()
+                };
                 let source = format!("{consts}{COMMON}\n{}", s.source());
                 device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(s.name()), source: wgpu::ShaderSource::Wgsl(source.into()) })
             })

@@ -283,10 +283,10 @@ fn layernorm_forward_and_backward() {
 /// A micro-batch's dropout key, and the same on the device.
 const KEY: DropoutKey = DropoutKey { seed: 0x1234_5678_9abc_def0, draw: 0x1_0000_0003 };
 
-/// Attention for head sizes that do and do not fill the shared tiles and the four threads'
-/// slices of a row (5: two of them empty; 36: the last empty; 64, the GPT-2 models': four
-/// vec4s each), sequences longer than one 64-row tile and not a multiple of it, without and
-/// with dropout on the probabilities.
+/// Attention for head sizes that do and do not fill the shared tiles and the threads' slices
+/// of a row (one thread per row at 5 and 16; two at 36, the second slice short, and at 64, the
+/// GPT-2 models'; four at 100, the last slice short), sequences longer than one 64-row tile
+/// and not a multiple of it, without and with dropout on the probabilities.
 #[test]
 fn attention_forward_and_backward() {
     let shapes = [
@@ -294,6 +294,7 @@ fn attention_forward_and_backward() {
         AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 },
         AttentionShape { batch: 1, seq: 67, heads: 2, head_size: 36 },
         AttentionShape { batch: 1, seq: 75, heads: 1, head_size: 64 },
+        AttentionShape { batch: 1, seq: 66, heads: 1, head_size: 100 },
     ];
     let gkey = buffer(&KEY.words());
     for (shape, dropout) in shapes.into_iter().flat_map(|s| [(s, None), (s, Some(Site::new(7, 0.25)))]) {
