@@ -8,13 +8,11 @@
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::{Engine, StepError};
 use crate::fsutil::check_outputs_distinct;
-use crate::peak::{gpu_peak, peak};
 use crate::step::{bench_train_config, fresh_start, train_split, Phases};
 use crate::trace::Trace;
 use crate::train::ModelArgs;
 use alpha_core::parallel::Parallel;
 use alpha_core::{GptConfig, Plan};
-use alpha_gpu::peak::Real;
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
@@ -103,12 +101,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let start = fresh_start(&plan)?;
     let cfg = bench_train_config(args.grad_accum);
     let pool = args.device.pool()?;
-    let peak = match args.device.backend {
-        Backend::Cpu => peak(&pool, args.peak_gflops)?,
-        Backend::Gpu => gpu_peak(&args.device.open_gpu()?, Real::F32, args.peak_gflops, false)?,
-    };
     let mut cpu_memory = None;
     let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;
+    let peak = engine.peak(&pool, args.peak_gflops)?;
     let (steps_ms, phases) = timed_steps(args, &mut engine, train, trace.as_mut())?;
     let device = engine.device_json();
     let mut ms = steps_ms.clone();

@@ -8,6 +8,7 @@
 //! between two reads is still found.
 
 use crate::device::{Backend, DeviceArgs};
+use crate::peak::{gpu_peak, Peak};
 use crate::sample::training_sample;
 use crate::step::{timed_step, Phases};
 use crate::trace::Trace;
@@ -18,6 +19,7 @@ use alpha_core::run::SAMPLES;
 use alpha_core::tokenizer::{TextStream, Tokenizer};
 use alpha_core::train::{shard, OneRank, OwnedMemory, Ranks, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
+use alpha_gpu::peak::Real;
 use alpha_gpu::{block_on, GpuForward, GpuTrainer};
 use serde_json::{json, Value};
 use std::borrow::Cow;
@@ -237,6 +239,16 @@ impl<'m> Engine<'m> {
                 let a = &g.trainer.gpu().adapter;
                 format!("GPU {} ({})", a.name, a.backend)
             }
+        }
+    }
+
+    /// The peak MFU is measured against: `given`, else the CPU's GEMM peak for `pool`'s
+    /// threads or the GPU's f32 FMA limit (measured on the engine's own device), each
+    /// measured once and cached.
+    pub fn peak(&self, pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
+        match self {
+            Engine::Cpu { .. } => crate::peak::peak(pool, given),
+            Engine::Gpu(g) => gpu_peak(g.trainer.gpu(), Real::F32, given, false),
         }
     }
 

@@ -144,7 +144,7 @@ fn cached(key: &str, given: Option<f64>, remeasure: bool, measure: impl FnOnce()
 }
 
 /// The peak `--peak-gflops` gives, if any (an error unless it is a positive number).
-pub fn peak_given(given: Option<f64>) -> Result<Option<Peak>, String> {
+fn peak_given(given: Option<f64>) -> Result<Option<Peak>, String> {
     match given {
         Some(g) if !(g.is_finite() && g > 0.0) => Err(format!("--peak-gflops must be a positive number, got {g}")),
         Some(gflops) => Ok(Some(Peak { gflops, source: "given" })),

@@ -797,11 +797,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     ));
     let device = engine.device_json();
     // MFU and HFU over each logged window, against the peak of every rank's device together.
-    let peak = match (root, args.device.backend) {
-        (false, _) => None,
-        (true, crate::device::Backend::Cpu) => Some(crate::peak::peak(&pool, args.peak_gflops)?),
-        (true, crate::device::Backend::Gpu) => Some(crate::peak::gpu_peak(&args.device.open_gpu()?, alpha_gpu::peak::Real::F32, args.peak_gflops, false)?),
-    };
+    let peak = if root { Some(engine.peak(&pool, args.peak_gflops)?) } else { None };
     let (model_flops, hardware_flops) = (flops_per_token(&plan), flops_per_token(&plan) + recomputed_flops_per_token(&plan));
     let utilisation = |tok_s: f64, flops: f64| peak.as_ref().map(|p| flops * tok_s / 1e9 / (p.gflops * group.ranks() as f64));
     metrics.write(json!({"type": "start", "step": start_step, "params": params_count,
