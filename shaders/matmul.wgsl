@@ -22,6 +22,15 @@ const EPI_GELU_SLOPE: u32 = 16u;
 var<workgroup> a_tile: array<f32, 1040>; // [BK][PITCH]
 var<workgroup> b_tile: array<f32, 1040>; // [BK][PITCH]
 
+// The product's words (see `matmul` below) and workgroup z's part of it: its depth chunk
+// k_begin .. k_end and the slice of c it writes from.
+struct Product { rows: u32, cols: u32, a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32, k_begin: u32, k_end: u32, slice: u32 }
+
+fn product(z: u32) -> Product {
+    let k_begin = z * word(8u);
+    return Product(word(0u), word(1u), word(4u), word(5u), word(6u), word(7u), k_begin, min(word(2u), k_begin + word(8u)), z * word(0u) * word(9u));
+}
+
 // c[rows, cols] = epilogue(a·b): a[i, k] at i*a_rs + k*a_cs, b[k, j] at k*b_rs + j*b_cs,
 // c[i, j] (and aux[i, j]) at i*c_rs + j.
 // Words: rows, cols, depth, flags (EPI_*), a_rs, a_cs, b_rs, b_cs, chunk, c_rs. Workgroup z
@@ -35,44 +44,36 @@ var<workgroup> b_tile: array<f32, 1040>; // [BK][PITCH]
 @compute @workgroup_size(16, 16)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-    let rows = word(0u);
-    let cols = word(1u);
-    let depth = word(2u);
-    let a_rs = word(4u);
-    let a_cs = word(5u);
-    let b_rs = word(6u);
-    let b_cs = word(7u);
-    let k_begin = wid.z * word(8u);
-    let k_end = min(depth, k_begin + word(8u));
+    let p = product(wid.z);
     let row0 = wid.y * TILE;
     let col0 = wid.x * TILE;
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
+    for (var k0 = p.k_begin; k0 < p.k_end; k0 += BK) {
         for (var e = lid; e < BK * TILE; e += 256u) {
             // Walk memory contiguously: along k when a's rows are contiguous, else along rows.
             var k = e / TILE;
             var r = e % TILE;
-            if (a_cs == 1u) {
+            if (p.a_cs == 1u) {
                 k = e % BK;
                 r = e / BK;
             }
             var x = 0.0;
-            if (row0 + r < rows && k0 + k < k_end) {
-                x = mm_a[(row0 + r) * a_rs + (k0 + k) * a_cs];
+            if (row0 + r < p.rows && k0 + k < p.k_end) {
+                x = mm_a[(row0 + r) * p.a_rs + (k0 + k) * p.a_cs];
             }
             a_tile[k * PITCH + r] = x;
             var kb = e / TILE;
             var c = e % TILE;
-            if (b_cs != 1u) {
+            if (p.b_cs != 1u) {
                 kb = e % BK;
                 c = e / BK;
             }
             var y = 0.0;
-            if (col0 + c < cols && k0 + kb < k_end) {
-                y = mm_b[(k0 + kb) * b_rs + (col0 + c) * b_cs];
+            if (col0 + c < p.cols && k0 + kb < p.k_end) {
+                y = mm_b[(k0 + kb) * p.b_rs + (col0 + c) * p.b_cs];
             }
             b_tile[kb * PITCH + c] = y;
         }
@@ -90,11 +91,10 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
         workgroupBarrier();
     }
     let c0 = col0 + l.x;
-    let slice = wid.z * rows * word(9u);
-    store_row(row0 + l.y, c0, 16u, slice, acc0);
-    store_row(row0 + l.y + 16u, c0, 16u, slice, acc1);
-    store_row(row0 + l.y + 32u, c0, 16u, slice, acc2);
-    store_row(row0 + l.y + 48u, c0, 16u, slice, acc3);
+    store_row(row0 + l.y, c0, 16u, p.slice, acc0);
+    store_row(row0 + l.y + 16u, c0, 16u, p.slice, acc1);
+    store_row(row0 + l.y + 32u, c0, 16u, p.slice, acc2);
+    store_row(row0 + l.y + 48u, c0, 16u, p.slice, acc3);
 }
 
 // matmul_wide: the same product, words and epilogues as `matmul` over 128 x 128 tiles of c
@@ -155,8 +155,7 @@ fn wide_store(base: u32, along_k: bool, v: vec4<f32>, lid: u32) {
 @compute @workgroup_size(16, 16)
 fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
-    let k_begin = wid.z * word(8u);
-    let k_end = min(word(2u), k_begin + word(8u));
+    let p = product(wid.z);
     let row0 = wid.y * WIDE;
     let col0 = wid.x * WIDE;
     // Row r's accumulators: rN0 its columns 4 l.x ..+4, rN1 columns 64 + 4 l.x ..+4.
@@ -168,21 +167,15 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var r50 = vec4<f32>(0.0); var r51 = vec4<f32>(0.0);
     var r60 = vec4<f32>(0.0); var r61 = vec4<f32>(0.0);
     var r70 = vec4<f32>(0.0); var r71 = vec4<f32>(0.0);
-    let rows = word(0u);
-    let cols = word(1u);
-    let a_rs = word(4u);
-    let a_cs = word(5u);
-    let b_rs = word(6u);
-    let b_cs = word(7u);
-    var next_a = wide_load(0u, row0, rows, a_rs, a_cs, k_begin, k_end, lid);
-    var next_b = wide_load(1u, col0, cols, b_cs, b_rs, k_begin, k_end, lid);
-    for (var k0 = k_begin; k0 < k_end; k0 += WIDE_BK) {
-        wide_store(0u, a_cs == 1u, next_a, lid);
-        wide_store(WIDE_B, b_rs == 1u, next_b, lid);
+    var next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, p.k_begin, p.k_end, lid);
+    var next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, p.k_begin, p.k_end, lid);
+    for (var k0 = p.k_begin; k0 < p.k_end; k0 += WIDE_BK) {
+        wide_store(0u, p.a_cs == 1u, next_a, lid);
+        wide_store(WIDE_B, p.b_rs == 1u, next_b, lid);
         workgroupBarrier();
-        if (k0 + WIDE_BK < k_end) {
-            next_a = wide_load(0u, row0, rows, a_rs, a_cs, k0 + WIDE_BK, k_end, lid);
-            next_b = wide_load(1u, col0, cols, b_cs, b_rs, k0 + WIDE_BK, k_end, lid);
+        if (k0 + WIDE_BK < p.k_end) {
+            next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, k0 + WIDE_BK, p.k_end, lid);
+            next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0 + WIDE_BK, p.k_end, lid);
         }
         for (var k = 0u; k < WIDE_BK; k++) {
             let a0 = wide_tiles[k * 32u + l.y];
@@ -200,19 +193,18 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         }
         workgroupBarrier();
     }
-    let slice = wid.z * word(0u) * word(9u);
     let top = row0 + 4u * l.y;
     let bottom = row0 + 64u + 4u * l.y;
     let left = col0 + 4u * l.x;
     let right = col0 + 64u + 4u * l.x;
-    store_row(top, left, 1u, slice, r00); store_row(top, right, 1u, slice, r01);
-    store_row(top + 1u, left, 1u, slice, r10); store_row(top + 1u, right, 1u, slice, r11);
-    store_row(top + 2u, left, 1u, slice, r20); store_row(top + 2u, right, 1u, slice, r21);
-    store_row(top + 3u, left, 1u, slice, r30); store_row(top + 3u, right, 1u, slice, r31);
-    store_row(bottom, left, 1u, slice, r40); store_row(bottom, right, 1u, slice, r41);
-    store_row(bottom + 1u, left, 1u, slice, r50); store_row(bottom + 1u, right, 1u, slice, r51);
-    store_row(bottom + 2u, left, 1u, slice, r60); store_row(bottom + 2u, right, 1u, slice, r61);
-    store_row(bottom + 3u, left, 1u, slice, r70); store_row(bottom + 3u, right, 1u, slice, r71);
+    store_row(top, left, 1u, p.slice, r00); store_row(top, right, 1u, p.slice, r01);
+    store_row(top + 1u, left, 1u, p.slice, r10); store_row(top + 1u, right, 1u, p.slice, r11);
+    store_row(top + 2u, left, 1u, p.slice, r20); store_row(top + 2u, right, 1u, p.slice, r21);
+    store_row(top + 3u, left, 1u, p.slice, r30); store_row(top + 3u, right, 1u, p.slice, r31);
+    store_row(bottom, left, 1u, p.slice, r40); store_row(bottom, right, 1u, p.slice, r41);
+    store_row(bottom + 1u, left, 1u, p.slice, r50); store_row(bottom + 1u, right, 1u, p.slice, r51);
+    store_row(bottom + 2u, left, 1u, p.slice, r60); store_row(bottom + 2u, right, 1u, p.slice, r61);
+    store_row(bottom + 3u, left, 1u, p.slice, r70); store_row(bottom + 3u, right, 1u, p.slice, r71);
 }
 
 // One thread's four results of row `r` (columns c0 + step * j) through the epilogue into c,
