@@ -30,7 +30,8 @@ reach in that run.
 step's end; gpt2 at block 1024, batch 4 there); the thread count does not apply there.
 `--peers` picks the PyTorch sides, each timed in the same alternating rounds and shown in a row
 of its own: `eager` (fp32 eager, the default), `compile` (torch.compile, fp32), `eager-bf16`
-and `compile-bf16` (bf16 autocast, as nanoGPT on a GPU). Needs a release build (cargo build
+and `compile-bf16` (bf16 autocast, as nanoGPT on a GPU). `--alpha-flags` passes more flags to
+Alpha's bench (for example `--alpha-flags=--tensor-cores`). Needs a release build (cargo build
 --release) and:
 pip install torch numpy safetensors
 """
@@ -72,10 +73,10 @@ def model_flags(c, side="alpha"):
     return shape + [f"--{k}={c[k]}" for k in ("block", "batch")]
 
 
-def alpha_steps(c, threads, backend):
+def alpha_steps(c, threads, backend, flags):
     device = ["--backend", "gpu"] if backend == "gpu" else ["--threads", str(threads), "--peak-gflops", "1"]
     out = subprocess.run([ALPHA, "bench", "--json", "--iters", str(c["iters"]), "--warmup", str(c["warmup"])]
-                         + device + model_flags(c), check=True, capture_output=True, text=True)
+                         + device + model_flags(c) + flags, check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
     return r["step_ms"], (r["device"] or {}).get("adapter", "cpu")
 
@@ -127,6 +128,7 @@ def main():
     p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--peers", nargs="+", choices=list(PEERS), default=["eager"], help="PyTorch sides (default: eager)")
     p.add_argument("--alpha", default=ALPHA, help="the alpha-native binary (default: target/release/alpha-native)")
+    p.add_argument("--alpha-flags", default="", help="more flags for Alpha's bench, split at spaces (e.g. --tensor-cores)")
     args = p.parse_args()
     ALPHA = args.alpha
     threads_list = [1] if args.backend == "gpu" else args.threads
@@ -148,7 +150,7 @@ def main():
             shown = "-" if gpu else threads
             try:
                 for _ in range(rounds):
-                    steps, on = alpha_steps(c, threads, args.backend)
+                    steps, on = alpha_steps(c, threads, args.backend, args.alpha_flags.split())
                     alpha.append(steps)
                     for peer in args.peers:
                         steps, impls[peer] = pytorch_steps(c, threads, args.backend, peer)
@@ -188,7 +190,7 @@ def main():
             lo, hi = min(medians), max(medians)
             scaling.append(f"{name} {lo} -> {hi} threads: Alpha {medians[lo][0] / medians[hi][0]:.2f}x,"
                            f" PyTorch ({args.peers[0]}) {medians[lo][1] / medians[hi][1]:.2f}x")
-    print(f"(Alpha on {on}; {'; '.join(f'{peer}: {impl}' for peer, impl in impls.items())}; median step time over all steps of"
+    print(f"(Alpha on {on}{' with ' + args.alpha_flags if args.alpha_flags else ''}; {'; '.join(f'{peer}: {impl}' for peer, impl in impls.items())}; median step time over all steps of"
           f" alternating rounds: {', '.join(plans)})")
     for line in scaling:
         print(f"Scaling, {line}")

@@ -2,8 +2,9 @@
 # Alpha's whole GPU measurement in one command, within 10 minutes on an H100: build,
 # CPU-against-GPU parity, the GPU's FMA limits, `bench --backend gpu` for the small, baby and
 # GPT-2 124M configs against PyTorch on the same card (eager and torch.compile, fp32 and bf16
-# autocast), and the top kernels of each config's traced steps with their achieved rates; it
-# ends with one Markdown section (date, card, driver, commit) for docs/performance.md.
+# autocast; Alpha's --tensor-cores against bf16 where the driver has the shape they need), and
+# the top kernels of each config's traced steps with their achieved rates; it ends with one
+# Markdown section (date, card, driver, commit) for docs/performance.md.
 #
 # What a fresh GPU machine needs:
 #   - The Vulkan loader (libvulkan.so.1; Debian/Ubuntu package libvulkan1) and the GPU's Vulkan
@@ -82,15 +83,17 @@ if len(cpu) != len(gpu) or len(cpu) < 20 or worst > 1e-5:
     sys.exit(f"parity failed: {len(cpu)} CPU and {len(gpu)} GPU steps, worst relative difference {worst:.2e} (at most 1e-5)")
 PY
 
-if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+torch_cuda=0
+python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null && torch_cuda=1
+if [ $torch_cuda = 1 ]; then
     stage "Alpha against PyTorch eager, fp32 and bf16 ($rounds rounds per config)"
     python3 scripts/compare_pytorch.py --alpha "$alpha" --backend gpu --configs "${configs[@]}" --rounds "$rounds" \
         --peers eager eager-bf16 | tee -a "$summary"
     echo >> "$summary"
-    if [ "${GPU_BENCH_COMPILE:-1}" != 0 ]; then
-        stage "Alpha against torch.compile, fp32 and bf16 (1 round)"
-        python3 scripts/compare_pytorch.py --alpha "$alpha" --backend gpu --configs "${configs[@]}" --rounds 1 \
-            --peers compile compile-bf16 | tee -a "$summary"
+    if grep -q '16x16x16 f16->f32' "$out/info.json"; then
+        stage "Alpha with --tensor-cores against PyTorch eager bf16 ($rounds rounds per config)"
+        python3 scripts/compare_pytorch.py --alpha "$alpha" --alpha-flags=--tensor-cores --backend gpu --configs "${configs[@]}" \
+            --rounds "$rounds" --peers eager-bf16 | tee -a "$summary"
         echo >> "$summary"
     fi
 else
@@ -127,6 +130,14 @@ for name in "${configs[@]}"; do
         echo >> "$summary"
     fi
 done
+
+# torch.compile last: its compiles are the slowest part, and a time limit then cuts only them.
+if [ $torch_cuda = 1 ] && [ "${GPU_BENCH_COMPILE:-1}" != 0 ]; then
+    stage "Alpha against torch.compile, fp32 and bf16 (1 round)"
+    python3 scripts/compare_pytorch.py --alpha "$alpha" --backend gpu --configs "${configs[@]}" --rounds 1 \
+        --peers compile compile-bf16 | tee -a "$summary"
+    echo >> "$summary"
+fi
 
 stage "done"
 cat "$summary"

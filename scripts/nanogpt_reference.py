@@ -157,8 +157,7 @@ def cmd_train(args):
         for g in opt.param_groups:
             g["lr"] = lr_at(it, args)
         x, y = batch("train")
-        with autocast:
-            loss = step_model(x, y).mean()
+        loss = model(x, y).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -197,7 +196,8 @@ def cmd_bench(args):
         x = torch.stack([data[i : i + T] for i in ix])
         y = torch.stack([data[i + 1 : i + 1 + T] for i in ix])
         x, y = x.to(device), y.to(device)
-        loss = model(x, y).mean()
+        with autocast:
+            loss = step_model(x, y).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
