@@ -91,7 +91,9 @@ fn cached_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> Result
 /// denominator of f32 runs): `given`, else the cached measurement for this adapter and driver
 /// (measured again with `remeasure`, as [`measured_peak`]), else a new one (then cached).
 pub fn gpu_peak(gpu: &Gpu, real: Real, given: Option<f64>, remeasure: bool) -> Result<Peak, String> {
-    let key = format!("gpu {} | {} | {real:?} FMA", gpu.adapter.name, gpu.adapter.driver);
+    // "squares": the probe's chains since they square (an earlier linear probe's cached
+    // figures were folded by NVIDIA's compiler and stay unread).
+    let key = format!("gpu {} | {} | {real:?} FMA squares", gpu.adapter.name, gpu.adapter.driver);
     cached(&key, given, remeasure, || measure_gpu(gpu, real))
 }
 
