@@ -210,34 +210,35 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // One thread's four results of row `r` (columns c0 + step * j) through the epilogue into c,
 // at `slice` onwards.
 fn store_row(r: u32, c0: u32, step: u32, slice: u32, acc: vec4<f32>) {
-    let rows = word(0u);
-    let cols = word(1u);
+    for (var j = 0u; j < 4u; j++) {
+        store_one(r, c0 + step * j, slice, acc[j]);
+    }
+}
+
+// Element (r, c) of the product, `v`, through the epilogue into c at `slice` onwards (nothing
+// outside the product).
+fn store_one(r: u32, c: u32, slice: u32, v_in: f32) {
     let flags = word(3u);
-    if (r >= rows) {
+    if (r >= word(0u) || c >= word(1u)) {
         return;
     }
-    for (var j = 0u; j < 4u; j++) {
-        let c = c0 + step * j;
-        if (c < cols) {
-            let idx = slice + r * word(9u) + c;
-            var v = acc[j];
-            if ((flags & EPI_ACCUMULATE) != 0u) {
-                v = mm_c[idx] + v;
-            }
-            if ((flags & EPI_BIAS) != 0u) {
-                v += mm_bias[c];
-            }
-            if ((flags & EPI_GELU) != 0u) {
-                let s = gelu_gate(v);
-                mm_aux[idx] = select(v, gelu_slope(v, s), (flags & EPI_GELU_SLOPE) != 0u);
-                v = v * s;
-            }
-            if ((flags & EPI_RESIDUAL) != 0u) {
-                v += mm_aux[idx];
-            }
-            mm_c[idx] = v;
-        }
+    let idx = slice + r * word(9u) + c;
+    var v = v_in;
+    if ((flags & EPI_ACCUMULATE) != 0u) {
+        v = mm_c[idx] + v;
     }
+    if ((flags & EPI_BIAS) != 0u) {
+        v += mm_bias[c];
+    }
+    if ((flags & EPI_GELU) != 0u) {
+        let s = gelu_gate(v);
+        mm_aux[idx] = select(v, gelu_slope(v, s), (flags & EPI_GELU_SLOPE) != 0u);
+        v = v * s;
+    }
+    if ((flags & EPI_RESIDUAL) != 0u) {
+        v += mm_aux[idx];
+    }
+    mm_c[idx] = v;
 }
 
 // Backward of the epilogue: with GELU, dout[rows, cols] *= slope (gelu'(pre), what the

@@ -44,6 +44,26 @@ pub struct AdapterSummary {
 /// The optional features alpha-gpu asks for where the adapter has them.
 const WANTED: [(Features, &str); 3] = [(Features::SHADER_F16, "shader-f16"), (Features::TIMESTAMP_QUERY, "timestamp-query"), (Features::SUBGROUP, "subgroups")];
 
+/// Why `a` cannot run the tensor-core GEMM (matmul_tensor.wgsl), if it cannot: it needs
+/// cooperative matrices with 16 x 16 x 16 f16 products summed in f32, f16 in shaders, and
+/// subgroups of exactly 32 invocations (its 256 threads are eight subgroups).
+fn tensor_core_support(a: &Adapter) -> Result<(), String> {
+    use wgpu::CooperativeScalarType::{F16, F32};
+    let needed = [(Features::EXPERIMENTAL_COOPERATIVE_MATRIX, "cooperative matrices"), (Features::SHADER_F16, "shader-f16"), (Features::SUBGROUP, "subgroups")];
+    let missing: Vec<&str> = needed.iter().filter(|(f, _)| !a.features().contains(*f)).map(|(_, name)| *name).collect();
+    if !missing.is_empty() {
+        return Err(format!("lacks {}", missing.join(", ")));
+    }
+    if !a.cooperative_matrix_properties().iter().any(|m| (m.m_size, m.n_size, m.k_size, m.ab_type, m.cr_type) == (16, 16, 16, F16, F32)) {
+        return Err("reports no 16x16x16 f16->f32 cooperative matrix".into());
+    }
+    let info = a.get_info();
+    if (info.subgroup_min_size, info.subgroup_max_size) != (32, 32) {
+        return Err(format!("has subgroups of {} to {} invocations, not 32", info.subgroup_min_size, info.subgroup_max_size));
+    }
+    Ok(())
+}
+
 fn summary(index: usize, a: &Adapter) -> AdapterSummary {
     let info = a.get_info();
     let limits = a.limits();
@@ -137,17 +157,19 @@ impl Gpu {
     /// Opens the adapter `selector` names (an index into [`adapters`] or part of a name,
     /// case-insensitive), or the default high-performance adapter.
     pub async fn open(selector: Option<&str>) -> Result<Gpu, GpuError> {
-        Gpu::open_nth(selector, 0).await
+        Gpu::open_nth(selector, 0, false).await
     }
 
     /// [`Gpu::open`] for local process `local` of several on one machine (data-parallel
     /// ranks): without a selector, the default kind of adapter (discrete GPUs first) and of
     /// those the one at `local` modulo their count, so that each rank takes its own GPU.
-    pub async fn open_local(selector: Option<&str>, local: usize) -> Result<Gpu, GpuError> {
-        Gpu::open_nth(selector, local).await
+    /// With `tensor_cores`, opened for the tensor-core GEMM (see [`Gpu::tensor_cores`]; an
+    /// error where the adapter cannot run it).
+    pub async fn open_local(selector: Option<&str>, local: usize, tensor_cores: bool) -> Result<Gpu, GpuError> {
+        Gpu::open_nth(selector, local, tensor_cores).await
     }
 
-    async fn open_nth(selector: Option<&str>, nth: usize) -> Result<Gpu, GpuError> {
+    async fn open_nth(selector: Option<&str>, nth: usize, tensor_cores: bool) -> Result<Gpu, GpuError> {
         let (instance, list) = adapter_list().await;
         let no_adapter = |why: String| GpuError(format!("no GPU adapter found ({why}); on Linux install a Vulkan driver (mesa-vulkan-drivers gives lavapipe)"));
         let (index, adapter) = match selector {
@@ -172,18 +194,50 @@ impl Gpu {
             }
         };
         let adapter_summary = summary(index, &adapter);
-        let features = WANTED.iter().map(|(f, _)| *f).fold(Features::empty(), |a, f| a | f) & adapter.features();
+        let mut features = WANTED.iter().map(|(f, _)| *f).fold(Features::empty(), |a, f| a | f) & adapter.features();
+        let mut experimental_features = wgpu::ExperimentalFeatures::disabled();
+        if tensor_cores {
+            tensor_core_support(&adapter).map_err(|why| GpuError(format!("--tensor-cores: {} {why}", adapter_summary.name)))?;
+            features |= Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+            // SAFETY: wgpu asks callers of experimental features to accept that their
+            // validation may be incomplete. Only matmul_tensor.wgsl uses this one, at the
+            // 16 x 16 x 16 f16 -> f32 shape the driver reports (checked above), and it is
+            // tested against the CPU GEMM on such a device.
+            experimental_features = unsafe { wgpu::ExperimentalFeatures::enabled() };
+        }
         let limits = adapter.limits();
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("alpha"),
                 required_features: features,
                 required_limits: limits.clone(),
+                experimental_features,
                 ..Default::default()
             })
             .await
             .map_err(|e| GpuError(format!("could not open {}: {e}", adapter_summary.name)))?;
         Ok(Gpu { device, queue, adapter: adapter_summary, limits, features })
+    }
+
+    /// Whether the device was opened for the tensor-core GEMM (`matmul_tensor.wgsl`:
+    /// cooperative matrices of 16 x 16 x 16 f16 products summed in f32), which then runs the
+    /// large products in place of `matmul_wide`.
+    pub fn tensor_cores(&self) -> bool {
+        self.features.contains(Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    }
+
+    /// Compiles one of Alpha's own WGSL kernels without the checks naga adds to untrusted
+    /// code: an index clamp on every array access, a counter on every loop and a zero test on
+    /// every integer division. In a GEMM's inner loop those cost more than the arithmetic
+    /// (and the loop counters keep the driver from unrolling); browsers keep their own checks.
+    pub fn shader_module(&self, label: &str, wgsl: &str) -> wgpu::ShaderModule {
+        let descriptor = wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(wgsl.into()) };
+        // SAFETY: only Alpha's kernels come here, and each is written to stay in bounds: its
+        // loops run to uniform counts, it divides only by nonzero sizes, it indexes its private
+        // and workgroup arrays within their lengths and guards every buffer access with the
+        // tensor's size (the GPU tests run every kernel against the CPU at ragged sizes).
+        // Buffer accesses stay bounded by the driver's robust buffer access where it has it.
+        unsafe { self.device.create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked()) }
     }
 
     /// An error naming `what` when a buffer of `bytes` would exceed the device's limits

@@ -33,6 +33,9 @@ pub enum Kernel {
     Matmul,
     /// The same GEMM over 128 x 128 tiles, for large products (matmul.wgsl).
     MatmulWide,
+    /// `MatmulWide` on the tensor cores, in its place on a device opened with them
+    /// (matmul_tensor.wgsl; see [`Gpu::tensor_cores`]).
+    MatmulTensor,
     /// GELU backward and bias column sums (matmul.wgsl).
     BiasGrad,
     /// Finishes column sums from row-block partials (row_blocks.wgsl).
@@ -77,6 +80,7 @@ pub enum Kernel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shader {
     Matmul,
+    MatmulTensor,
     RowBlocks,
     LayerNorm,
     Attention,
@@ -88,8 +92,9 @@ enum Shader {
 }
 
 impl Shader {
-    const ALL: [Shader; 9] = [
+    const ALL: [Shader; 10] = [
         Shader::Matmul,
+        Shader::MatmulTensor,
         Shader::RowBlocks,
         Shader::LayerNorm,
         Shader::Attention,
@@ -103,6 +108,7 @@ impl Shader {
     fn source(self) -> &'static str {
         match self {
             Shader::Matmul => include_str!("../../shaders/matmul.wgsl"),
+            Shader::MatmulTensor => concat!(include_str!("../../shaders/matmul.wgsl"), "\n", include_str!("../../shaders/matmul_tensor.wgsl")),
             Shader::RowBlocks => include_str!("../../shaders/row_blocks.wgsl"),
             Shader::LayerNorm => include_str!("../../shaders/layernorm.wgsl"),
             Shader::Attention => include_str!("../../shaders/attention.wgsl"),
@@ -119,9 +125,10 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 impl Kernel {
     /// Every kernel, in declaration order (pipelines are indexed by `kernel as usize`).
-    pub const ALL: [Kernel; 21] = [
+    pub const ALL: [Kernel; 22] = [
         Kernel::Matmul,
         Kernel::MatmulWide,
+        Kernel::MatmulTensor,
         Kernel::BiasGrad,
         Kernel::AddPartials,
         Kernel::LayerNormForward,
@@ -148,6 +155,7 @@ impl Kernel {
         match self {
             Kernel::Matmul => (Shader::Matmul, "matmul", 5),
             Kernel::MatmulWide => (Shader::Matmul, "matmul_wide", 5),
+            Kernel::MatmulTensor => (Shader::MatmulTensor, "matmul_tensor", 5),
             Kernel::BiasGrad => (Shader::Matmul, "bias_grad", 3),
             Kernel::AddPartials => (Shader::RowBlocks, "add_partials", 3),
             Kernel::LayerNormForward => (Shader::LayerNorm, "layernorm_forward", 6),
@@ -185,7 +193,8 @@ const WORDS_STRIDE: u64 = 256;
 /// Every pipeline, compiled once for one head size (cloning shares them).
 #[derive(Clone)]
 pub struct Kernels {
-    pipelines: Vec<wgpu::ComputePipeline>,
+    /// By kernel; `None` for the tensor-core GEMM on a device opened without tensor cores.
+    pipelines: Vec<Option<wgpu::ComputePipeline>>,
     layouts: Vec<wgpu::BindGroupLayout>,
     /// Stands in for unused bindings (a disjoint 256-byte range per binding slot).
     dummy: wgpu::Buffer,
@@ -233,32 +242,33 @@ impl Kernels {
         // about 10 KiB of workgroup memory (WebGPU's default limit is 16 KiB).
         let parts = head_size.div_ceil(32).clamp(1, 4);
         let kt = (512 / head_size).clamp(1, 4);
-        let modules: Vec<wgpu::ShaderModule> = Shader::ALL
+        let modules: Vec<Option<wgpu::ShaderModule>> = Shader::ALL
             .iter()
             .map(|&s| {
-                let consts = if s == Shader::Attention {
-                    format!("const HS: u32 = {head_size}u;\nconst KT: u32 = {kt}u;\nconst PARTS: u32 = {parts}u;\n")
-                } else {
-                    String::new()
+                let prelude = match s {
+                    Shader::Attention => format!("const HS: u32 = {head_size}u;\nconst KT: u32 = {kt}u;\nconst PARTS: u32 = {parts}u;\n"),
+                    Shader::MatmulTensor if gpu.tensor_cores() => "enable f16;\nenable wgpu_cooperative_matrix;\n".into(),
+                    Shader::MatmulTensor => return None,
+                    _ => String::new(),
                 };
-                let source = format!("{consts}{COMMON}\n{}", s.source());
-                device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(s.name()), source: wgpu::ShaderSource::Wgsl(source.into()) })
+                Some(gpu.shader_module(s.name(), &format!("{prelude}{COMMON}\n{}", s.source())))
             })
             .collect();
         let pipelines = Kernel::ALL
             .iter()
             .map(|&k| {
                 let (shader, entry, n) = k.spec();
+                let module = modules[shader as usize].as_ref()?;
                 let layout =
                     device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: None, bind_group_layouts: &[Some(&layouts[n])], immediate_size: 0 });
-                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                Some(device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(entry),
                     layout: Some(&layout),
-                    module: &modules[shader as usize],
+                    module,
                     entry_point: Some(entry),
                     compilation_options: Default::default(),
                     cache: None,
-                })
+                }))
             })
             .collect();
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
@@ -274,8 +284,18 @@ impl Kernels {
     }
 
     fn pipeline(&self, k: Kernel) -> &wgpu::ComputePipeline {
-        // Pipelines are built in `Kernel::ALL` order, which is declaration order.
-        &self.pipelines[k as usize]
+        // Pipelines are built in `Kernel::ALL` order, which is declaration order; programs
+        // name the tensor-core GEMM only where it was built (`ProgramBuilder::build`).
+        self.pipelines[k as usize].as_ref().expect("a program names only kernels built for its device")
+    }
+
+    /// The kernel that runs a dispatch of `k`: the tensor-core GEMM in place of `matmul_wide`
+    /// where it was built.
+    fn runs(&self, k: Kernel) -> Kernel {
+        match k {
+            Kernel::MatmulWide if self.pipelines[Kernel::MatmulTensor as usize].is_some() => Kernel::MatmulTensor,
+            k => k,
+        }
     }
 }
 
@@ -283,6 +303,7 @@ impl Shader {
     fn name(self) -> &'static str {
         match self {
             Shader::Matmul => "matmul.wgsl",
+            Shader::MatmulTensor => "matmul_tensor.wgsl",
             Shader::RowBlocks => "row_blocks.wgsl",
             Shader::LayerNorm => "layernorm.wgsl",
             Shader::Attention => "attention.wgsl",
@@ -439,7 +460,7 @@ impl<'a> ProgramBuilder<'a> {
                 layout: &kernels.layouts[p.views.len()],
                 entries: &entries,
             });
-            dispatches.push(Dispatch { kernel: p.kernel, label: p.label, bind_group, groups: p.groups, work: p.work });
+            dispatches.push(Dispatch { kernel: kernels.runs(p.kernel), label: p.label, bind_group, groups: p.groups, work: p.work });
         }
         Ok(Program { dispatches, uniforms })
     }

@@ -38,7 +38,7 @@ impl FmaProbe {
         let device = &gpu.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let source = format!("{prelude}{}", include_str!("../../shaders/peak.wgsl"));
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some("peak"), source: wgpu::ShaderSource::Wgsl(source.into()) });
+        let module = gpu.shader_module("peak", &source);
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some("fma_peak"),
             layout: None,

@@ -116,6 +116,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let achieved = fpt * tokens_per_sec / 1e9;
     let report = json!({
         "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
+        "precision": args.device.precision(),
         "device": device,
         "threads": pool.threads(),
         "config": config,
@@ -184,7 +185,12 @@ fn print_table(r: &serde_json::Value) {
     let c = &r["config"];
     let d = &r["device"];
     let on = match d["adapter"].as_str() {
-        Some(a) => format!("gpu: {a} ({}), {} kernels and 1 submit per step", d["backend"].as_str().unwrap_or("?"), d["kernels_per_step"]),
+        Some(a) => format!(
+            "gpu: {a} ({}), {} kernels and 1 submit per step, {}",
+            d["backend"].as_str().unwrap_or("?"),
+            d["kernels_per_step"],
+            r["precision"].as_str().unwrap_or("f32")
+        ),
         None => format!("cpu, threads: {}", r["threads"]),
     };
     println!(

@@ -42,6 +42,12 @@ pub struct DeviceArgs {
     /// Default: the high-performance adapter.
     #[arg(long)]
     pub adapter: Option<String>,
+    /// Runs the large matrix products on the GPU's tensor cores (--backend gpu; Vulkan
+    /// cooperative matrices with 16x16x16 f16 products summed in f32, as NVIDIA's drivers
+    /// report): operands rounded to f16, so results differ from f32 by about 1e-3 relative.
+    /// Experimental: an error where the adapter lacks them (`info --backend gpu` lists them).
+    #[arg(long)]
+    pub tensor_cores: bool,
 }
 
 impl DeviceArgs {
@@ -52,19 +58,32 @@ impl DeviceArgs {
 
     /// Opens the GPU `--adapter` names.
     pub fn open_gpu(&self) -> Result<Gpu, String> {
-        block_on(Gpu::open(self.adapter.as_deref())).map_err(|e| e.to_string())
+        self.open_gpu_local(0)
     }
 
     /// Opens the GPU `--adapter` names for data-parallel rank `local` of this machine's
     /// ranks: without `--adapter`, its own of the machine's GPUs (see [`Gpu::open_local`]).
     pub fn open_gpu_local(&self, local: usize) -> Result<Gpu, String> {
-        block_on(Gpu::open_local(self.adapter.as_deref(), local)).map_err(|e| e.to_string())
+        block_on(Gpu::open_local(self.adapter.as_deref(), local, self.tensor_cores)).map_err(|e| e.to_string())
+    }
+
+    /// The arithmetic precision records name: "f32", or with `--tensor-cores` the products'
+    /// f16 operands.
+    pub fn precision(&self) -> &'static str {
+        if self.tensor_cores {
+            "f32, products with f16 operands (tensor cores)"
+        } else {
+            "f32"
+        }
     }
 
     /// An error if `--adapter` is given without `--backend gpu` (it would be ignored).
     pub fn check(&self) -> Result<(), String> {
         if self.backend == Backend::Cpu && self.adapter.is_some() {
             return Err("--adapter selects a GPU; add --backend gpu".into());
+        }
+        if self.backend == Backend::Cpu && self.tensor_cores {
+            return Err("--tensor-cores runs products on a GPU; add --backend gpu".into());
         }
         Ok(())
     }

@@ -803,7 +803,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     metrics.write(json!({"type": "start", "step": start_step, "params": params_count,
         "config": run.config, "settings": s, "device": device, "ranks": group.ranks(),
         "backend": if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" },
-        "precision": "f32", "machine": crate::peak::machine_json(&pool), "recompute": plan.recompute(),
+        "precision": args.device.precision(), "machine": crate::peak::machine_json(&pool), "recompute": plan.recompute(),
         "memory_mib": crate::memory::plan_json(&plan), "flops_per_token": model_flops, "hardware_flops_per_token": hardware_flops,
         "peak_gflops": peak.as_ref().map(|p| p.gflops), "peak_source": peak.as_ref().map(|p| p.source)}))?;
 

@@ -469,6 +469,18 @@ fn bench_runs_on_the_gpu() {
     assert!((sum - mean).abs() <= 0.05 * mean, "phases add to {sum} ms, mean step {mean} ms");
     expect_error(&dir, &["bench", "--backend", "gpu", "--data", "text.txt", "--adapter", "no-such-gpu"], "no adapter matches --adapter no-such-gpu");
     expect_error(&dir, &["bench", "--data", "text.txt", "--adapter", "0"], "--adapter selects a GPU; add --backend gpu");
+    assert_eq!(r["precision"], "f32");
+    // Tensor cores: a one-line error naming what the adapter lacks (lavapipe: cooperative
+    // matrices), or where it has them a run that says its products' precision.
+    expect_error(&dir, &["bench", "--data", "text.txt", "--tensor-cores"], "--tensor-cores runs products on a GPU; add --backend gpu");
+    args.push("--tensor-cores");
+    let o = run(&dir, &args);
+    if o.status.success() {
+        assert_eq!(json_of(&o)["precision"], "f32, products with f16 operands (tensor cores)");
+    } else {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.code() == Some(1) && err.starts_with("error: --tensor-cores: ") && err.contains(" lacks ") && err.lines().count() == 1, "{err}");
+    }
 }
 
 #[test]

@@ -1,0 +1,103 @@
+// matmul_tensor: matmul_wide's product (same words, grid, 128 x 128 tiles and epilogues) on
+// the tensor cores, through cooperative matrices (wgpu's experimental feature; native Vulkan
+// only). Compiled after matmul.wgsl with `enable f16; enable wgpu_cooperative_matrix;` in
+// front, for `--tensor-cores`: the operands are rounded to f16 as they are staged in workgroup
+// memory and every 16 x 16 x 16 block product sums in f32, so results differ from the f32
+// kernels by f16 rounding of the operands (about 1e-3 relative), not of the sums.
+//
+// 256 threads in eight subgroups of 32 (the device is opened for this only where every
+// subgroup has 32 invocations): subgroup s owns rows 32 (s / 2) ..+32 and columns
+// 64 (s % 2) ..+64 of the tile, eight 16 x 16 f32 accumulators. Each step of the depth loop
+// stages 32 depths of a and b and multiplies them in two halves of 16.
+
+const TC_BK: u32 = 32u;
+// Row pitches of the staged tiles in f16: a's [128][TC_BK] and b's [TC_BK][128], each row
+// 16 bytes longer than its data so that consecutive rows start in different banks.
+const TC_A_PITCH: u32 = 40u;
+const TC_B_PITCH: u32 = 136u;
+var<workgroup> tc_a: array<f16, 5120>; // 128 * TC_A_PITCH
+var<workgroup> tc_b: array<f16, 4352>; // TC_BK * TC_B_PITCH
+// Each subgroup's 16 x 16 block on its way through the epilogue.
+var<workgroup> tc_c: array<f32, 2048>;
+
+// Stages depths k0 .. k0 + 32 of the tile's a rows and b columns as f16 (zeros outside the
+// product or the chunk); each thread 16 elements of each, walking memory contiguously:
+// along the depth where it is contiguous, else along the rows (a) or columns (b).
+fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
+    for (var e = 0u; e < 16u; e++) {
+        var i = lid / 2u;
+        var k = 16u * (lid % 2u) + e;
+        if (p.a_cs != 1u) {
+            i = 16u * (lid % 8u) + e;
+            k = lid / 8u;
+        }
+        var v = 0.0;
+        if (row0 + i < p.rows && k0 + k < p.k_end) {
+            v = mm_a[(row0 + i) * p.a_rs + (k0 + k) * p.a_cs];
+        }
+        tc_a[i * TC_A_PITCH + k] = f16(v);
+    }
+    for (var e = 0u; e < 16u; e++) {
+        var j = 16u * (lid % 8u) + e;
+        var k = lid / 8u;
+        if (p.b_cs != 1u) {
+            j = lid / 2u;
+            k = 16u * (lid % 2u) + e;
+        }
+        var v = 0.0;
+        if (col0 + j < p.cols && k0 + k < p.k_end) {
+            v = mm_b[(k0 + k) * p.b_rs + (col0 + j) * p.b_cs];
+        }
+        tc_b[k * TC_B_PITCH + j] = f16(v);
+    }
+}
+
+// Subgroup accumulator (row block r, column block j) through the epilogue: staged in the
+// subgroup's part of tc_c, each of its 32 invocations then writes 8 of the 256 elements.
+fn tc_store(acc: coop_mat16x16<f32, C>, p: Product, r0: u32, c0: u32, sg: u32, lane: u32) {
+    coopStoreT(acc, &tc_c[sg * 256u], 16u);
+    workgroupBarrier();
+    for (var e = lane; e < 256u; e += 32u) {
+        store_one(r0 + e / 16u, c0 + e % 16u, p.slice, tc_c[sg * 256u + e]);
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                 @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    let p = product(wid.z);
+    let row0 = wid.y * WIDE;
+    let col0 = wid.x * WIDE;
+    // The subgroup's rows and columns within the tile.
+    let sr = 32u * (sg / 2u);
+    let sc = 64u * (sg % 2u);
+    var c00 = coop_mat16x16<f32, C>(); var c01 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>(); var c03 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>(); var c11 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>(); var c13 = coop_mat16x16<f32, C>();
+    for (var k0 = p.k_begin; k0 < p.k_end; k0 += TC_BK) {
+        tc_stage(p, row0, col0, k0, lid);
+        workgroupBarrier();
+        for (var kk = 0u; kk < TC_BK; kk += 16u) {
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&tc_a[sr * TC_A_PITCH + kk], TC_A_PITCH);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tc_a[(sr + 16u) * TC_A_PITCH + kk], TC_A_PITCH);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&tc_b[kk * TC_B_PITCH + sc], TC_B_PITCH);
+            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&tc_b[kk * TC_B_PITCH + sc + 16u], TC_B_PITCH);
+            let b2 = coopLoadT<coop_mat16x16<f16, B>>(&tc_b[kk * TC_B_PITCH + sc + 32u], TC_B_PITCH);
+            let b3 = coopLoadT<coop_mat16x16<f16, B>>(&tc_b[kk * TC_B_PITCH + sc + 48u], TC_B_PITCH);
+            c00 = coopMultiplyAdd(a0, b0, c00); c01 = coopMultiplyAdd(a0, b1, c01);
+            c02 = coopMultiplyAdd(a0, b2, c02); c03 = coopMultiplyAdd(a0, b3, c03);
+            c10 = coopMultiplyAdd(a1, b0, c10); c11 = coopMultiplyAdd(a1, b1, c11);
+            c12 = coopMultiplyAdd(a1, b2, c12); c13 = coopMultiplyAdd(a1, b3, c13);
+        }
+        workgroupBarrier();
+    }
+    let r0 = row0 + sr;
+    let r1 = r0 + 16u;
+    let c0 = col0 + sc;
+    tc_store(c00, p, r0, c0, sg, lane); tc_store(c01, p, r0, c0 + 16u, sg, lane);
+    tc_store(c02, p, r0, c0 + 32u, sg, lane); tc_store(c03, p, r0, c0 + 48u, sg, lane);
+    tc_store(c10, p, r1, c0, sg, lane); tc_store(c11, p, r1, c0 + 16u, sg, lane);
+    tc_store(c12, p, r1, c0 + 32u, sg, lane); tc_store(c13, p, r1, c0 + 48u, sg, lane);
+}
