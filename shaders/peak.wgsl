@@ -1,7 +1,7 @@
 // The device's arithmetic limit: every thread runs eight independent chains of vec4 fused
 // multiply-adds on registers (no memory traffic), `reps` rounds each. Each step squares its
-// value (x -> x * x + c): a linear step (x -> m x + c) let NVIDIA's compiler fold two rounds
-// into one FMA (an H200 measured 102 f32 TFLOP/s, past its 67). alpha-gpu prepends
+// value (x -> x * x + c), which no compiler can fold across rounds, and every lane of every
+// chain feeds the result. alpha-gpu prepends
 // `alias real = f32;` or, where the device has shader-f16, `enable f16; alias real = f16;`.
 // CPU twin: native/src/peak.rs (fma_limit).
 // Bindings: 0 uniform (x: reps), 1 sink (written only if a sum comes out -1: never, but the
@@ -34,8 +34,11 @@ fn fma_peak(@builtin(global_invocation_id) gid: vec3<u32>) {
         a6 = fma(a6, a6, c);
         a7 = fma(a7, a7, c);
     }
+    // Every lane of every chain feeds the test: a lane no result reads is dropped (an H200
+    // read 106 f32 TFLOP/s, past its datasheet's 67, when only x and y were read).
     let s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
-    if (f32(s.x) == -1.0) {
-        peak_sink[gid.x] = f32(s.y);
+    let total = f32(s.x + s.y + s.z + s.w);
+    if (total == -1.0) {
+        peak_sink[gid.x] = total;
     }
 }

@@ -91,9 +91,9 @@ fn cached_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> Result
 /// denominator of f32 runs): `given`, else the cached measurement for this adapter and driver
 /// (measured again with `remeasure`, as [`measured_peak`]), else a new one (then cached).
 pub fn gpu_peak(gpu: &Gpu, real: Real, given: Option<f64>, remeasure: bool) -> Result<Peak, String> {
-    // "squares": the probe's chains since they square (an earlier linear probe's cached
-    // figures were folded by NVIDIA's compiler and stay unread).
-    let key = format!("gpu {} | {} | {real:?} FMA squares", gpu.adapter.name, gpu.adapter.driver);
+    // "all lanes": the probe since every lane of its chains is read (earlier probes' cached
+    // figures counted lanes the compiler had dropped, and stay unread).
+    let key = format!("gpu {} | {} | {real:?} FMA all lanes", gpu.adapter.name, gpu.adapter.driver);
     cached(&key, given, remeasure, || measure_gpu(gpu, real))
 }
 
