@@ -22,7 +22,7 @@ use crate::optim::{AdamWConfig, LrSchedule};
 use crate::plan::try_vec;
 use crate::plan::{ParamInfo, ParamKind, Plan, LAYER_PARAMS};
 use crate::tokenizer::{hf, CharTokenizer, Tokenizer};
-use crate::train::TrainConfig;
+use crate::train::{LossScaleState, TrainConfig};
 use crate::GptConfig;
 use alloc::collections::BTreeMap;
 use alloc::format;
@@ -194,6 +194,10 @@ pub struct TrainState {
     /// (`train --save best`): a resumed run saves again only below it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_val_loss: Option<f64>,
+    /// Dynamic loss scaling's state, where the run trains with f16 products on a GPU: a
+    /// resumed run continues with the same scale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<LossScaleState>,
 }
 
 impl TrainState {
@@ -584,7 +588,7 @@ mod tests {
         params[7] = 0.5;
         let mut v = params.clone();
         v[0] = f32::INFINITY;
-        let state = TrainState { step: 3, rng_state: "1".into(), settings: settings(), best_val_loss: None };
+        let state = TrainState { step: 3, rng_state: "1".into(), settings: settings(), best_val_loss: None, loss_scale: None };
         let err = write(config, &abc(), &params, Some((&params, &v, &state)), &mut count).unwrap_err();
         assert_eq!(err.to_string(), "the model is not finite (optimizer.exp_avg_sq.transformer.wte.weight[0] is inf)");
         assert_eq!(written, 0, "nothing is written before every value is checked");

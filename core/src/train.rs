@@ -429,6 +429,17 @@ impl<'a, T: Float> Trainer<'a, T> {
     }
 }
 
+/// Dynamic loss scaling's state between two steps (GPU runs with f16 products; a checkpoint
+/// keeps it so that a resumed run continues with the same scale).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct LossScaleState {
+    /// The scale the next step multiplies the loss's gradient by.
+    pub scale: f32,
+    /// Steps without an overflow since the scale last changed (it doubles after enough).
+    pub good_steps: u32,
+}
+
 /// Where a run starts or resumes: parameters, AdamW moments (`None`: zeros), the optimizer
 /// steps taken and the batch generator; what a checkpoint restores (`alloc` feature).
 #[cfg(feature = "alloc")]

@@ -4,6 +4,7 @@
 
 use alpha_core::model::init_params;
 use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
+use alpha_core::train::LossScaleState;
 use alpha_core::{GptConfig, Plan, Rng};
 use alpha_native::checkpoint::{self, TrainSettings, TrainState};
 use safetensors::SafeTensors;
@@ -58,7 +59,9 @@ fn tensors_are_nanogpt_state_dict_and_round_trip_exactly() {
     init_params(&plan, &mut params, &mut Rng::new(3));
     let m: Vec<f32> = (0..params.len()).map(|i| i as f32 * 0.25).collect();
     let v: Vec<f32> = (0..params.len()).map(|i| (i as f32).sqrt()).collect();
-    let state = TrainState { step: 42, rng_state: u64::MAX.to_string(), settings: settings(), best_val_loss: None };
+    // A GPU run's loss scaling state (f16 products) round-trips too.
+    let loss_scale = Some(LossScaleState { scale: 32768.0, good_steps: 17 });
+    let state = TrainState { step: 42, rng_state: u64::MAX.to_string(), settings: settings(), best_val_loss: None, loss_scale };
     let tokenizer = Tokenizer::from(CharTokenizer::new(vec!['\n', ' ', 'a', 'b', 'é']).unwrap());
     let path = tmp("roundtrip.safetensors");
     checkpoint::save(&path, CFG, &tokenizer, &params, Some((&m, &v, &state))).unwrap();
