@@ -1,6 +1,6 @@
 // AdamW (PyTorch's operation order, decoupled weight decay) with the gradient clip factor
-// folded in; the update is skipped (and counted) when the step's loss or gradient norm is
-// not finite.
+// and the loss scale's inverse folded in; the update is skipped (and counted) when the step's
+// loss or gradient norm is not finite. Then, under `--precision f16`, the loss scale's update.
 // CPU twin: core/src/optim.rs.
 
 @group(0) @binding(1) var<storage, read_write> ad_params: array<f32>;
@@ -13,7 +13,8 @@
 // 3 decay (1 - lr wd), 4 1 - beta1, 5 beta2, 6 1 - beta2, 7 sqrt(bc2), 8 eps, 9 max_norm (0:
 // no clipping), 10 stats slot of the loss sum, 11 stats slot of Σ grad², 12 stats slot of
 // the count of skipped steps (element 0's thread adds one where word 13 is 1: the first of an
-// arena's pieces). One thread per element of the piece bound; grid (x, y) of 64-thread
+// arena's pieces), 14 stats slot of the loss scale S (the gradients are S times the loss's:
+// the norm and the update divide it out). One thread per element of the piece bound; grid (x, y) of 64-thread
 // workgroups, element = (y * groups.x + x) * 64 + lid.
 @compute @workgroup_size(64)
 fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -23,7 +24,8 @@ fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
         return;
     }
     let loss = ad_stats[word(10u)];
-    let norm = sqrt(ad_stats[word(11u)]);
+    let scale = ad_stats[word(14u)];
+    let norm = sqrt(ad_stats[word(11u)]) / scale;
     if (non_finite(loss) || non_finite(norm)) {
         if (i == 0u && word(13u) == 1u) {
             ad_stats[word(12u)] += 1.0;
@@ -35,7 +37,7 @@ fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
     if (max_norm > 0.0) {
         clip = min(1.0, max_norm / (norm + 1e-6));
     }
-    let g = ad_grads[i] * clip;
+    let g = ad_grads[i] * (clip / scale);
     var p = ad_params[i];
     if (i < word(1u)) {
         p *= wordf(3u);
@@ -47,4 +49,33 @@ fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
     ad_params[i] = p - wordf(2u) * m / denom;
     ad_m[i] = m;
     ad_v[i] = v;
+}
+
+@group(0) @binding(1) var<storage, read_write> ls_stats: array<f32>;
+
+// Dynamic loss scaling (PyTorch's GradScaler), one thread after the step's AdamW: the scale S
+// the step used goes to stats[used]; a step whose gradient norm was not finite (its update
+// was skipped: an f16 operand overflowed) halves S and restarts the count of good steps,
+// whose count reaching `growth_interval` doubles S; a non-finite loss is counted apart (it is
+// a divergence, not an overflow). Words: 0 slot of S, 1 used, 2 Σ grad², 3 good steps,
+// 4 growth_interval, 5 loss sum, 6 count of non-finite losses.
+@compute @workgroup_size(1)
+fn loss_scale_update() {
+    let scale = ls_stats[word(0u)];
+    ls_stats[word(1u)] = scale;
+    if (non_finite(ls_stats[word(5u)])) {
+        ls_stats[word(6u)] += 1.0;
+    }
+    if (non_finite(ls_stats[word(2u)])) {
+        ls_stats[word(0u)] = scale * 0.5;
+        ls_stats[word(3u)] = 0.0;
+        return;
+    }
+    let good = ls_stats[word(3u)] + 1.0;
+    if (good >= f32(word(4u))) {
+        ls_stats[word(0u)] = scale * 2.0;
+        ls_stats[word(3u)] = 0.0;
+    } else {
+        ls_stats[word(3u)] = good;
+    }
 }

@@ -20,6 +20,21 @@ fn grid_row(wid: vec3<u32>, groups: vec3<u32>) -> u32 { return wid.y + wid.z * g
 /// True for infinities and NaNs (WGSL may assume floats are finite, so test the bits).
 fn non_finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u; }
 
+/// x rounded to f16 (to nearest, as the hardware converts), as an f32: a product's operand
+/// under `--precision f16`. Past f16's range (|x| >= 65520 rounds up to 2^16) it is ±inf,
+/// which the loss scaling sees in the gradient norm; NaN stays NaN. Needs no shader-f16.
+fn round_f16(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    let magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) {
+        return x;
+    }
+    if (magnitude >= 0x477ff000u) {
+        return bitcast<f32>((bits & 0x80000000u) | 0x7f800000u);
+    }
+    return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
+}
+
 /// sigmoid(2u) with u = sqrt(2/pi) (x + 0.044715 x^3): GELU(x) = x * gelu_gate(x).
 fn gelu_gate(x: f32) -> f32 {
     let u = 0.7978845608028654 * (x + 0.044715 * x * x * x);

@@ -5,11 +5,13 @@
 @group(0) @binding(1) var<storage, read_write> ce_logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ce_losses: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ce_targets: array<u32>;
+@group(0) @binding(4) var<storage, read_write> ce_stats: array<f32>;
 
 // One workgroup per row. Words: rows, V, grad (0/1), grad_scale (f32), classes (the logits in
-// use; the rest of the row is padding). With grad, the row becomes
-// grad_scale * (softmax(row[..classes]) - onehot(target)), zero on the padding.
-// Bindings: 1 logits [N, V], 2 losses [N], 3 targets [N].
+// use; the rest of the row is padding), loss_scale_slot. With grad, the row becomes
+// grad_scale * S * (softmax(row[..classes]) - onehot(target)), zero on the padding, where S is
+// the loss scale in stats[loss_scale_slot] (1 unless the products run in f16).
+// Bindings: 1 logits [N, V], 2 losses [N], 3 targets [N], 4 the step's statistics.
 @compute @workgroup_size(64)
 fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
@@ -37,7 +39,7 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (word(2u) != 0u) {
         // Every thread has read what it needs (the sums above ended in barriers).
         workgroupBarrier();
-        let scale = wordf(3u);
+        let scale = wordf(3u) * ce_stats[word(5u)];
         for (var j = lid; j < v; j += 64u) {
             var g = exp(ce_logits[base + j] - lse) * scale;
             if (j == tgt) {

@@ -18,6 +18,8 @@ const EPI_BIAS: u32 = 2u;
 const EPI_GELU: u32 = 4u;
 const EPI_RESIDUAL: u32 = 8u;
 const EPI_GELU_SLOPE: u32 = 16u;
+// Not an epilogue: the operands are rounded to f16 as they are loaded (`--precision f16`).
+const F16_OPERANDS: u32 = 32u;
 
 var<workgroup> a_tile: array<f32, 1040>; // [BK][PITCH]
 var<workgroup> b_tile: array<f32, 1040>; // [BK][PITCH]
@@ -25,6 +27,14 @@ var<workgroup> b_tile: array<f32, 1040>; // [BK][PITCH]
 // The product's words (see `matmul` below) and workgroup z's part of it: its depth chunk
 // k_begin .. k_end and the slice of c it writes from.
 struct Product { rows: u32, cols: u32, a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32, k_begin: u32, k_end: u32, slice: u32 }
+
+// An operand as the product uses it: rounded to f16 under F16_OPERANDS.
+fn operand(x: f32) -> f32 {
+    if ((word(3u) & F16_OPERANDS) != 0u) {
+        return round_f16(x);
+    }
+    return x;
+}
 
 fn product(z: u32) -> Product {
     let k_begin = z * word(8u);
@@ -36,7 +46,8 @@ fn product(z: u32) -> Product {
 // Words: rows, cols, depth, flags (EPI_*), a_rs, a_cs, b_rs, b_cs, chunk, c_rs. Workgroup z
 // sums depth chunk z (k in z*chunk .. (z+1)*chunk) into slice z of c (rows*c_rs each); split
 // products (more than one chunk) have no epilogue and are summed by add_partials.
-// Epilogue order: (+ c if ACCUMULATE) (+ bias[j]) (GELU: aux = pre-activation, or with
+// With F16_OPERANDS in the flags, every operand is rounded to f16 as it is loaded (the sums
+// stay f32). Epilogue order: (+ c if ACCUMULATE) (+ bias[j]) (GELU: aux = pre-activation, or with
 // GELU_SLOPE gelu'(pre-activation), for backward) (+ aux[i, j] if RESIDUAL).
 // Grid: (cols / 64, rows / 64, depth / chunk), workgroup 16x16, each thread a 4x4 block:
 // rows l.y + 16i, columns l.x + 16j, accumulated in four vec4s (no indexed arrays: they stay
@@ -62,7 +73,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
             }
             var x = 0.0;
             if (row0 + r < p.rows && k0 + k < p.k_end) {
-                x = mm_a[(row0 + r) * p.a_rs + (k0 + k) * p.a_cs];
+                x = operand(mm_a[(row0 + r) * p.a_rs + (k0 + k) * p.a_cs]);
             }
             a_tile[k * PITCH + r] = x;
             var kb = e / TILE;
@@ -73,7 +84,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
             }
             var y = 0.0;
             if (col0 + c < p.cols && k0 + kb < p.k_end) {
-                y = mm_b[(k0 + kb) * p.b_rs + (col0 + c) * p.b_cs];
+                y = operand(mm_b[(k0 + kb) * p.b_rs + (col0 + c) * p.b_cs]);
             }
             b_tile[kb * PITCH + c] = y;
         }
@@ -130,9 +141,9 @@ fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32
         if (i0 + i < limit && k0 + k < k_end) {
             let at = (i0 + i) * i_stride + (k0 + k) * k_stride;
             if (op == 0u) {
-                v[e] = mm_a[at];
+                v[e] = operand(mm_a[at]);
             } else {
-                v[e] = mm_b[at];
+                v[e] = operand(mm_b[at]);
             }
         }
     }

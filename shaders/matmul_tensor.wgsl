@@ -35,7 +35,7 @@ fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
         if (row0 + i < p.rows && k0 + k < p.k_end) {
             v = mm_a[(row0 + i) * p.a_rs + (k0 + k) * p.a_cs];
         }
-        tc_a[i * TC_A_PITCH + k] = f16(v);
+        tc_a[i * TC_A_PITCH + k] = f16(round_f16(v));
     }
     for (var e = 0u; e < 16u; e++) {
         var j = 16u * (lid % 8u) + e;
@@ -48,7 +48,7 @@ fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
         if (col0 + j < p.cols && k0 + k < p.k_end) {
             v = mm_b[(k0 + k) * p.b_rs + (col0 + j) * p.b_cs];
         }
-        tc_b[k * TC_B_PITCH + j] = f16(v);
+        tc_b[k * TC_B_PITCH + j] = f16(round_f16(v));
     }
 }
 

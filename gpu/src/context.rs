@@ -41,6 +41,17 @@ pub struct AdapterSummary {
     pub cooperative_matrices: Vec<String>,
 }
 
+/// How the device runs the model's matrix products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 operands and sums: the CPU's results to rounding.
+    F32,
+    /// Mixed precision (`--precision f16`): every product's operands rounded to f16, sums in
+    /// f32, everything else f32, with dynamic loss scaling so that small gradients survive
+    /// the rounding (see the trainer). Needs shader-f16.
+    F16,
+}
+
 /// The optional features alpha-gpu asks for where the adapter has them.
 const WANTED: [(Features, &str); 3] = [(Features::SHADER_F16, "shader-f16"), (Features::TIMESTAMP_QUERY, "timestamp-query"), (Features::SUBGROUP, "subgroups")];
 
@@ -151,25 +162,28 @@ pub struct Gpu {
     pub limits: Limits,
     /// The optional features enabled.
     pub features: Features,
+    /// How the model's products run on it.
+    pub precision: Precision,
 }
 
 impl Gpu {
     /// Opens the adapter `selector` names (an index into [`adapters`] or part of a name,
     /// case-insensitive), or the default high-performance adapter.
     pub async fn open(selector: Option<&str>) -> Result<Gpu, GpuError> {
-        Gpu::open_nth(selector, 0, false).await
+        Gpu::open_nth(selector, 0, Some(Precision::F32), false).await
     }
 
     /// [`Gpu::open`] for local process `local` of several on one machine (data-parallel
     /// ranks): without a selector, the default kind of adapter (discrete GPUs first) and of
     /// those the one at `local` modulo their count, so that each rank takes its own GPU.
-    /// With `tensor_cores`, opened for the tensor-core GEMM (see [`Gpu::tensor_cores`]; an
-    /// error where the adapter cannot run it).
-    pub async fn open_local(selector: Option<&str>, local: usize, tensor_cores: bool) -> Result<Gpu, GpuError> {
-        Gpu::open_nth(selector, local, tensor_cores).await
+    /// Its products run in `precision` (`None`: f16 where the adapter has shader-f16, else
+    /// f32), with `tensor_cores` (f16 only) on the tensor-core GEMM (see
+    /// [`Gpu::tensor_cores`]); an error where the adapter cannot do what is asked.
+    pub async fn open_local(selector: Option<&str>, local: usize, precision: Option<Precision>, tensor_cores: bool) -> Result<Gpu, GpuError> {
+        Gpu::open_nth(selector, local, precision, tensor_cores).await
     }
 
-    async fn open_nth(selector: Option<&str>, nth: usize, tensor_cores: bool) -> Result<Gpu, GpuError> {
+    async fn open_nth(selector: Option<&str>, nth: usize, precision: Option<Precision>, tensor_cores: bool) -> Result<Gpu, GpuError> {
         let (instance, list) = adapter_list().await;
         let no_adapter = |why: String| GpuError(format!("no GPU adapter found ({why}); on Linux install a Vulkan driver (mesa-vulkan-drivers gives lavapipe)"));
         let (index, adapter) = match selector {
@@ -196,6 +210,13 @@ impl Gpu {
         let adapter_summary = summary(index, &adapter);
         let mut features = WANTED.iter().map(|(f, _)| *f).fold(Features::empty(), |a, f| a | f) & adapter.features();
         let mut experimental_features = wgpu::ExperimentalFeatures::disabled();
+        let precision = precision.unwrap_or(if features.contains(Features::SHADER_F16) { Precision::F16 } else { Precision::F32 });
+        if precision == Precision::F16 && !features.contains(Features::SHADER_F16) {
+            return Err(GpuError(format!("--precision f16: {} lacks shader-f16", adapter_summary.name)));
+        }
+        if tensor_cores && precision != Precision::F16 {
+            return Err(GpuError("--tensor-cores runs the products in f16: add --precision f16".into()));
+        }
         if tensor_cores {
             tensor_core_support(&adapter).map_err(|why| GpuError(format!("--tensor-cores: {} {why}", adapter_summary.name)))?;
             features |= Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
@@ -216,7 +237,7 @@ impl Gpu {
             })
             .await
             .map_err(|e| GpuError(format!("could not open {}: {e}", adapter_summary.name)))?;
-        Ok(Gpu { device, queue, adapter: adapter_summary, limits, features })
+        Ok(Gpu { device, queue, adapter: adapter_summary, limits, features, precision })
     }
 
     /// Whether the device was opened for the tensor-core GEMM (`matmul_tensor.wgsl`:

@@ -6,6 +6,7 @@ use crate::context::{Gpu, GpuError};
 use crate::kernels::{Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
+use crate::trainer::LOSS_SCALE_SLOT;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
 use alpha_core::plan::{Plan, Scratch, Span, ACT_ALIGN};
 use alpha_core::tape::{Op, Pass};
@@ -215,7 +216,8 @@ impl<'a> Executor for Recorder<'a> {
 
     fn cross_entropy(&mut self, a: cross_entropy::Forward<View<'a>>) {
         let (losses, targets) = (a.losses, self.ids(self.slot.targets));
-        ops::cross_entropy::forward(&mut self.program, a, targets);
-        ops::cross_entropy::sum_losses(&mut self.program, losses, View::first(self.bufs.stats, ACT_ALIGN), self.loss_slot);
+        let stats = View::first(self.bufs.stats, ACT_ALIGN);
+        ops::cross_entropy::forward(&mut self.program, a, targets, stats, LOSS_SCALE_SLOT);
+        ops::cross_entropy::sum_losses(&mut self.program, losses, stats, self.loss_slot);
     }
 }

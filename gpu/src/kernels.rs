@@ -6,7 +6,7 @@
 //! the bindings of one dispatch never overlap. Pipelines, layouts and bind groups are made
 //! once; a program is encoded into a compute pass as it is.
 
-use crate::context::{Gpu, GpuError};
+use crate::context::{Gpu, GpuError, Precision};
 use alpha_core::plan::Span;
 use std::num::NonZeroU64;
 
@@ -72,6 +72,8 @@ pub enum Kernel {
     SumSquaresFinish,
     /// AdamW with clip (adamw.wgsl).
     AdamW,
+    /// The dynamic loss scale's update after AdamW, under f16 products (adamw.wgsl).
+    LossScaleUpdate,
     /// Dropout before a residual add, and its backward (dropout.wgsl).
     Dropout,
 }
@@ -125,7 +127,7 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 impl Kernel {
     /// Every kernel, in declaration order (pipelines are indexed by `kernel as usize`).
-    pub const ALL: [Kernel; 22] = [
+    pub const ALL: [Kernel; 23] = [
         Kernel::Matmul,
         Kernel::MatmulWide,
         Kernel::MatmulTensor,
@@ -147,6 +149,7 @@ impl Kernel {
         Kernel::SumSquaresPartials,
         Kernel::SumSquaresFinish,
         Kernel::AdamW,
+        Kernel::LossScaleUpdate,
         Kernel::Dropout,
     ];
 
@@ -169,11 +172,12 @@ impl Kernel {
             Kernel::EmbeddingForward => (Shader::Embedding, "embedding_forward", 5),
             Kernel::EmbeddingBackwardWte => (Shader::Embedding, "embedding_backward_wte", 4),
             Kernel::EmbeddingBackwardWpe => (Shader::Embedding, "embedding_backward_wpe", 2),
-            Kernel::CrossEntropy => (Shader::CrossEntropy, "cross_entropy", 3),
+            Kernel::CrossEntropy => (Shader::CrossEntropy, "cross_entropy", 4),
             Kernel::SumLosses => (Shader::CrossEntropy, "sum_losses", 2),
             Kernel::SumSquaresPartials => (Shader::GradNorm, "sum_squares_partials", 2),
             Kernel::SumSquaresFinish => (Shader::GradNorm, "sum_squares_finish", 2),
             Kernel::AdamW => (Shader::AdamW, "adamw", 5),
+            Kernel::LossScaleUpdate => (Shader::AdamW, "loss_scale_update", 1),
             Kernel::Dropout => (Shader::Dropout, "dropout", 4),
         }
     }
@@ -370,20 +374,34 @@ pub struct ProgramBuilder<'a> {
     pending: Vec<Pending<'a>>,
     label: &'static str,
     max_binding: u64,
+    f16_products: bool,
 }
 
 impl Default for ProgramBuilder<'_> {
     /// A builder for a device without a binding limit (tests; see [`ProgramBuilder::for_gpu`]).
     fn default() -> Self {
-        ProgramBuilder { pending: Vec::new(), label: "", max_binding: u64::MAX }
+        ProgramBuilder { pending: Vec::new(), label: "", max_binding: u64::MAX, f16_products: false }
     }
 }
 
 impl<'a> ProgramBuilder<'a> {
     /// A builder whose dispatches bind at most `gpu`'s `max_storage_buffer_binding_size`
     /// bytes each: the ops split larger tensors (see [`ProgramBuilder::max_binding`]).
+    /// Its products round their operands to f16 where `gpu` runs them so ([`Precision::F16`]).
     pub fn for_gpu(gpu: &Gpu) -> Self {
-        ProgramBuilder { max_binding: gpu.limits.max_storage_buffer_binding_size, ..ProgramBuilder::default() }
+        let f16_products = gpu.precision == Precision::F16;
+        ProgramBuilder { max_binding: gpu.limits.max_storage_buffer_binding_size, f16_products, ..ProgramBuilder::default() }
+    }
+
+    /// With the products' operands rounded to f16 (`on`) or not.
+    pub fn with_f16_products(mut self, on: bool) -> Self {
+        self.f16_products = on;
+        self
+    }
+
+    /// Whether the products round their operands to f16.
+    pub fn f16_products(&self) -> bool {
+        self.f16_products
     }
 
     /// With a binding limit of `bytes` (as if the device had it).

@@ -27,7 +27,7 @@ pub mod profile;
 mod readback;
 pub mod trainer;
 
-pub use context::{AdapterSummary, Gpu, GpuError};
+pub use context::{AdapterSummary, Gpu, GpuError, Precision};
 pub use forward::GpuForward;
 pub use profile::KernelTime;
 pub use readback::{block_on, read};

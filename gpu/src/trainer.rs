@@ -4,7 +4,7 @@
 //! clip factor). Nothing is read back inside a step: the loss and gradient norm stay in a
 //! small statistics buffer until [`GpuTrainer::stats`] reads them.
 
-use crate::context::{Gpu, GpuError};
+use crate::context::{Gpu, GpuError, Precision};
 use crate::executor::{aligned, BatchSlot, DeviceArenas, Recorder};
 use crate::forward::{allocating, check_indexable, storage, GpuForward};
 use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
@@ -15,16 +15,35 @@ use crate::readback::{read, read_into, staging_buffer};
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape;
+use alpha_core::train::LossScaleState;
 use alpha_core::train::{shard, OneRank, Ranks, RunState, StepStats, TrainConfig};
 use alpha_core::{walk, Rng};
 use std::ops::Range;
 
 /// Statistics buffer slots: the step's loss sum and squared gradient norm, the evaluation's
-/// loss sum, and the count of steps whose update was skipped (not reset by a step).
+/// loss sum, the count of steps whose update was skipped (not reset by a step), and the
+/// dynamic loss scaling's state (see [`LOSS_SCALE_SLOT`]).
 const LOSS_SLOT: usize = 0;
 const NORM_SLOT: usize = 1;
 const EVAL_SLOT: usize = 2;
 const SKIPPED_SLOT: usize = 3;
+/// The loss scale S that the cross-entropy's gradient is multiplied by and the update divides
+/// out: 1 with f32 products; with f16 products (`Precision::F16`) dynamic, as PyTorch's
+/// GradScaler: from 2^16, halved on a step whose f16 operands overflowed (its update
+/// skipped), doubled after [`GROWTH_INTERVAL`] good steps in a row.
+pub(crate) const LOSS_SCALE_SLOT: usize = 4;
+/// The scale the last step used (what its gradient norm is divided by).
+const USED_SCALE_SLOT: usize = 5;
+/// Good steps since the scale last changed.
+const GOOD_STEPS_SLOT: usize = 6;
+/// Steps with a non-finite loss since the last read (a divergence, not an overflow).
+const BAD_LOSS_SLOT: usize = 7;
+/// The loss scale update's slots (see `ops::adamw::loss_scale_words`).
+const LOSS_SCALE_SLOTS: [usize; 6] = [LOSS_SCALE_SLOT, USED_SCALE_SLOT, NORM_SLOT, GOOD_STEPS_SLOT, LOSS_SLOT, BAD_LOSS_SLOT];
+/// The first loss scale under f16 products (GradScaler's).
+pub const INITIAL_LOSS_SCALE: f32 = 65536.0;
+/// Good steps in a row that double the loss scale (GradScaler's `growth_interval`).
+pub const GROWTH_INTERVAL: u32 = 2000;
 
 /// The device buffers of one model.
 struct Buffers {
@@ -75,6 +94,8 @@ pub struct GpuTrainer {
     /// A data-parallel rank's gradients (and ZeRO-1 parameters) on their way through the
     /// host: kept from its first step on, since they are the size of the model.
     rank_io: Option<RankIo>,
+    /// The loss scale update's index in the update program, with f16 products.
+    loss_scaling: Option<usize>,
 }
 
 /// What [`GpuTrainer::step_ranked`] reads back through, each the device layout's length.
@@ -91,6 +112,11 @@ pub struct GpuStats {
     /// Steps since the previous read whose loss or gradient norm was not finite (their
     /// updates were skipped on the device).
     pub skipped: u64,
+    /// Of those, the steps whose loss was not finite (with f32 products every skipped step
+    /// is one; with f16 products the others overflowed an f16 operand and lowered the scale).
+    pub non_finite_losses: u64,
+    /// The loss scale the last step used, with f16 products.
+    pub loss_scale: Option<f64>,
 }
 
 impl GpuTrainer {
@@ -182,9 +208,10 @@ impl GpuTrainer {
         shard_pieces.retain(|r| !r.is_empty());
         let shard_pieces: Vec<Range<usize>> = shard_pieces.into_iter().map(|r| shard.start + r.start..shard.start + r.end).collect();
         let adamw = ops::adamw::dispatch(&mut p, arenas, &shard_pieces, shard.start, stats).into_iter().zip(shard_pieces).collect();
+        let loss_scaling = (gpu.precision == Precision::F16).then(|| ops::adamw::loss_scale_update(&mut p, stats, LOSS_SCALE_SLOTS, GROWTH_INTERVAL));
         let update = p.build(&gpu, &kernels)?;
         let dres = plan.scratch().dres;
-        let t = GpuTrainer {
+        let mut t = GpuTrainer {
             gpu,
             kernels,
             plan,
@@ -202,8 +229,10 @@ impl GpuTrainer {
             dres,
             profiler: None,
             rank_io: None,
+            loss_scaling,
         };
         t.upload(params, moments)?;
+        t.set_loss_scale(LossScaleState { scale: INITIAL_LOSS_SCALE, good_steps: 0 });
         Ok(t)
     }
 
@@ -379,7 +408,8 @@ impl GpuTrainer {
         self.step += 1;
         for (index, piece) in &self.adamw {
             let c = &self.cfg;
-            let words = ops::adamw::words(piece, self.layout.decay_end(), &c.adamw, lr, self.step, c.grad_clip, [LOSS_SLOT, NORM_SLOT, SKIPPED_SLOT]);
+            let words =
+                ops::adamw::words(piece, self.layout.decay_end(), &c.adamw, lr, self.step, c.grad_clip, [LOSS_SLOT, NORM_SLOT, SKIPPED_SLOT, LOSS_SCALE_SLOT]);
             self.update.set_words(&self.gpu.queue, *index, &words);
         }
     }
@@ -422,11 +452,43 @@ impl GpuTrainer {
     /// previous call had a non-finite loss or norm (their updates were skipped). Reads the
     /// statistics back: call it every log interval, not every step.
     pub async fn stats(&self, lr: f64) -> Result<GpuStats, GpuError> {
-        let s: Vec<f32> = read(&self.gpu, &self.bufs.stats, 0, SKIPPED_SLOT + 1).await?;
-        self.gpu.queue.write_buffer(&self.bufs.stats, bytes(SKIPPED_SLOT), bytemuck::bytes_of(&0f32));
+        let s: Vec<f32> = read(&self.gpu, &self.bufs.stats, 0, BAD_LOSS_SLOT + 1).await?;
+        for slot in [SKIPPED_SLOT, BAD_LOSS_SLOT] {
+            self.gpu.queue.write_buffer(&self.bufs.stats, bytes(slot), bytemuck::bytes_of(&0f32));
+        }
         let loss = s[LOSS_SLOT] as f64 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
-        let grad_norm = (s[NORM_SLOT] as f64).sqrt();
-        Ok(GpuStats { last: StepStats { loss, grad_norm, lr }, skipped: s[SKIPPED_SLOT] as u64 })
+        let (skipped, scale) = (s[SKIPPED_SLOT] as u64, s[USED_SCALE_SLOT] as f64);
+        let grad_norm = (s[NORM_SLOT] as f64).sqrt() / scale;
+        let loss_scaling = self.loss_scaling.is_some();
+        let non_finite_losses = if loss_scaling { s[BAD_LOSS_SLOT] as u64 } else { skipped };
+        let loss_scale = loss_scaling.then_some(scale);
+        Ok(GpuStats { last: StepStats { loss, grad_norm, lr }, skipped, non_finite_losses, loss_scale })
+    }
+
+    /// Dynamic loss scaling's state for the next step (what a checkpoint keeps), with f16
+    /// products.
+    pub async fn loss_scale(&self) -> Result<Option<LossScaleState>, GpuError> {
+        if self.loss_scaling.is_none() {
+            return Ok(None);
+        }
+        let s: Vec<f32> = read(&self.gpu, &self.bufs.stats, LOSS_SCALE_SLOT, GOOD_STEPS_SLOT - LOSS_SCALE_SLOT + 1).await?;
+        Ok(Some(LossScaleState { scale: s[0], good_steps: s[GOOD_STEPS_SLOT - LOSS_SCALE_SLOT] as u32 }))
+    }
+
+    /// Continues loss scaling from `state` (a resumed run's; tests force an overflow with a
+    /// large scale). With f32 products the scale stays 1.
+    pub fn set_loss_scale(&mut self, state: LossScaleState) {
+        let LossScaleState { scale, good_steps } = if self.loss_scaling.is_some() { state } else { LossScaleState { scale: 1.0, good_steps: 0 } };
+        let slots = [scale, scale, good_steps as f32, 0.0];
+        self.gpu.queue.write_buffer(&self.bufs.stats, bytes(LOSS_SCALE_SLOT), bytemuck::cast_slice(&slots));
+    }
+
+    /// Sets the good steps in a row that double the loss scale ([`GROWTH_INTERVAL`] unless
+    /// set; tests shorten it).
+    pub fn set_growth_interval(&mut self, steps: u32) {
+        if let Some(index) = self.loss_scaling {
+            self.update.set_words(&self.gpu.queue, index, &ops::adamw::loss_scale_words(LOSS_SCALE_SLOTS, steps));
+        }
     }
 
     /// Mean loss over `iters` random batches of `data` drawn with `rng` (nanoGPT's

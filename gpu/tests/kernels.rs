@@ -10,12 +10,15 @@ use alpha_core::ops::row_blocks::blocks;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, grad_norm, layernorm, matmul};
 use alpha_core::{Rng, Serial};
 use alpha_gpu::kernels::{Kernel, Kernels, ProgramBuilder, View};
-use alpha_gpu::{block_on, ops, read, Gpu};
+use alpha_gpu::{block_on, ops, read, Gpu, Precision};
 use std::sync::OnceLock;
 
 fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| block_on(Gpu::open_local(None, 0, tensor_cores())).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}")))
+    GPU.get_or_init(|| {
+        block_on(Gpu::open_local(None, 0, Some(if tensor_cores() { Precision::F16 } else { Precision::F32 }), tensor_cores()))
+            .unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"))
+    })
 }
 
 /// Whether the tests run with tensor cores (`ALPHA_GPU_TENSOR_CORES=1`).
@@ -478,21 +481,25 @@ fn cross_entropy_loss_gradient_and_sum() {
         let grad_scale = Some(1.0 / n as f64);
         let (mut grad, mut losses) = (logits.clone(), vec![0.0; n]);
         cross_entropy::forward(&Serial, cross_entropy::Forward { losses: &mut losses, logits: &mut grad, grad_scale, classes }, &targets);
-        let (glogits, glosses, gtargets, gstats) = (buffer(&logits), fresh(n), buffer(&targets), buffer(&[0.5f32; 4]));
+        // Slot 3 holds a loss scale of 8 (a power of two: the scaled gradient is exact).
+        let (glogits, glosses, gtargets, gstats) = (buffer(&logits), fresh(n), buffer(&targets), buffer(&[0.5f32, 0.5, 0.5, 8.0]));
         run(8, |p| {
             ops::cross_entropy::forward(
                 p,
                 cross_entropy::Forward { losses: whole(&glosses, &losses), logits: whole(&glogits, &logits), grad_scale, classes },
                 whole(&gtargets, &targets),
+                View::first(&gstats, 4),
+                3,
             );
             ops::cross_entropy::sum_losses(p, whole(&glosses, &losses), View::first(&gstats, 4), 1);
         });
         assert_close(&format!("{classes} classes: losses"), &download(&glosses, n), &losses, 1e-5);
-        assert_close(&format!("{classes} classes: dlogits"), &download(&glogits, n * v), &grad, 1e-5);
+        let scaled: Vec<f32> = grad.iter().map(|g| g * 8.0).collect();
+        assert_close(&format!("{classes} classes: dlogits, loss scale 8"), &download(&glogits, n * v), &scaled, 1e-5);
         let stats = download(&gstats, 4);
         let sum: f32 = losses.iter().sum();
         assert!((stats[1] - (0.5 + sum)).abs() < 1e-4 * sum, "loss sum {} vs {}", stats[1], 0.5 + sum);
-        assert_eq!((stats[0], stats[2]), (0.5, 0.5), "other slots untouched");
+        assert_eq!((stats[0], stats[2], stats[3]), (0.5, 0.5, 8.0), "other slots untouched");
     }
 }
 
@@ -509,7 +516,10 @@ fn squared_norm_and_adamw_with_clip() {
     let pieces = ops::binding_pieces(len, 256);
     assert_eq!(pieces.len(), 4);
     let partials = pieces.len() * ops::grad_norm::NORM_CHUNKS;
-    let (gg, gp, gm, gv, gpart, gstats) = (buffer(&grads), buffer(&params), buffer(&m0), buffer(&v0), fresh(partials), buffer(&[2.5f32, 0.0, 0.0, 0.0]));
+    // The gradients as a loss scale of 1024 leaves them (slot 3): the norm and the update
+    // divide it out.
+    let scaled: Vec<f32> = grads.iter().map(|g| g * 1024.0).collect();
+    let (gg, gp, gm, gv, gpart, gstats) = (buffer(&scaled), buffer(&params), buffer(&m0), buffer(&v0), fresh(partials), buffer(&[2.5f32, 0.0, 0.0, 1024.0]));
     let cfg = AdamWConfig::default();
     let (lr, step, clip, decay_end) = (3e-3, 4u64, 1.0, 640);
     let kernels = block_on(Kernels::new(gpu(), 8)).unwrap();
@@ -519,11 +529,12 @@ fn squared_norm_and_adamw_with_clip() {
     let indices = ops::adamw::dispatch(&mut p, arenas, &pieces, 0, View::first(&gstats, 4));
     let program = p.build(gpu(), &kernels).unwrap();
     for (i, piece) in indices.into_iter().zip(&pieces) {
-        program.set_words(&gpu().queue, i, &ops::adamw::words(piece, decay_end, &cfg, lr, step, clip, [0, 1, 2]));
+        program.set_words(&gpu().queue, i, &ops::adamw::words(piece, decay_end, &cfg, lr, step, clip, [0, 1, 2, 3]));
     }
     program.submit(gpu(), &kernels);
     let stats = download(&gstats, 3);
-    assert!((stats[1] as f64 - sumsq).abs() < 1e-5 * sumsq, "Σ g² {} vs {sumsq}", stats[1]);
+    let scaled_sumsq = sumsq * 1024.0 * 1024.0;
+    assert!((stats[1] as f64 - scaled_sumsq).abs() < 1e-5 * scaled_sumsq, "Σ g² {} vs {scaled_sumsq}", stats[1]);
     assert_eq!(stats[2], 0.0, "a finite step is not counted as skipped");
     // The reference: PyTorch's AdamW formula in f64, decaying the first `decay_end` elements.
     let clip_factor = grad_norm::clip_factor(sumsq.sqrt(), clip);
@@ -548,4 +559,88 @@ fn squared_norm_and_adamw_with_clip() {
     program.submit(gpu(), &kernels);
     assert_eq!(download(&gp, len), p_gpu, "update skipped after a NaN loss");
     assert_eq!(download(&gstats, 3)[2], 2.0, "two skipped steps counted, once each over the four pieces");
+}
+
+/// The loss scale's update: an overflowed step (non-finite Σ g²) halves the scale and restarts
+/// the good steps' count; `growth_interval` good steps double it; a non-finite loss is
+/// counted apart.
+#[test]
+fn loss_scale_halves_on_overflow_and_doubles_after_good_steps() {
+    // Slots: 0 scale, 1 used, 2 Σ g², 3 good steps, 4 loss sum, 5 non-finite losses.
+    let gstats = buffer(&[1024f32, 0.0, f32::INFINITY, 5.0, 3.0, 0.0]);
+    let kernels = block_on(Kernels::new(gpu(), 8)).unwrap();
+    let mut p = ProgramBuilder::default();
+    ops::adamw::loss_scale_update(&mut p, View::first(&gstats, 6), [0, 1, 2, 3, 4, 5], 3);
+    let program = p.build(gpu(), &kernels).unwrap();
+    program.submit(gpu(), &kernels);
+    assert_eq!(download(&gstats, 6), [512.0, 1024.0, f32::INFINITY, 0.0, 3.0, 0.0], "overflow: halved, count restarted");
+    gpu().queue.write_buffer(&gstats, 8, bytemuck::cast_slice(&[2.0f32]));
+    program.submit(gpu(), &kernels);
+    program.submit(gpu(), &kernels);
+    assert_eq!(download(&gstats, 6)[..4], [512.0, 512.0, 2.0, 2.0], "two good steps counted");
+    program.submit(gpu(), &kernels);
+    assert_eq!(download(&gstats, 6)[..4], [1024.0, 512.0, 2.0, 0.0], "the third doubles the scale");
+    gpu().queue.write_buffer(&gstats, 16, bytemuck::cast_slice(&[f32::NAN]));
+    program.submit(gpu(), &kernels);
+    assert_eq!(download(&gstats, 6)[5], 1.0, "a non-finite loss is counted");
+}
+
+/// Products with their operands rounded to f16 (`--precision f16`), against the CPU GEMM on
+/// operands rounded the same way (half's round to nearest even): the 64 x 64 and the 128 x 128
+/// kernels. Operands past f16's range become infinite (what the loss scaling detects).
+#[test]
+fn f16_operand_products_match_rounded_cpu_operands() {
+    let round = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect::<Vec<_>>();
+    let mut rng = Rng::new(31);
+    assert_eq!(ops::matmul::kernel_for(2000, 1100, 1).0, Kernel::MatmulWide);
+    for (n, k, m) in [(70, 45, 33), (300, 150, 260), (2000, 40, 1100)] {
+        // Magnitudes from 1e-6 (f16 subnormals) to 300.
+        let x: Vec<f32> = random(&mut rng, n * k, 1.0).iter().enumerate().map(|(i, v)| v * [1e-6, 1e-3, 1.0, 300.0][i % 4]).collect();
+        let w = random(&mut rng, m * k, 0.5);
+        let mut out = vec![0.0; n * m];
+        let cpu = matmul::Forward {
+            out: &mut out[..],
+            x: &round(&x)[..],
+            weight: &round(&w)[..],
+            bias: None,
+            epilogue: matmul::Epilogue::None,
+            save_slope: false,
+            k,
+            m,
+        };
+        matmul::forward(&Serial, cpu, &mut vec![0.0; matmul::scratch_len(k, m)]);
+        let (gx, gw, gout) = (buffer(&x), buffer(&w), fresh(n * m));
+        let kernels = block_on(Kernels::new(gpu(), 8)).unwrap();
+        let mut p = ProgramBuilder::default().with_f16_products(true);
+        let gpu_args = matmul::Forward {
+            out: whole(&gout, &out),
+            x: whole(&gx, &x),
+            weight: whole(&gw, &w),
+            bias: None,
+            epilogue: matmul::Epilogue::None,
+            save_slope: false,
+            k,
+            m,
+        };
+        ops::matmul::forward(&mut p, gpu_args);
+        p.build(gpu(), &kernels).unwrap().submit(gpu(), &kernels);
+        assert_close(&format!("{n}x{k}x{m} with f16 operands"), &download(&gout, n * m), &out, wide_tol());
+    }
+    // 1e5 is past f16's range: the product is infinite.
+    let (gx, gw, gout) = (buffer(&[1e5f32, 1.0]), buffer(&[1.0f32, 1.0]), fresh(1));
+    let kernels = block_on(Kernels::new(gpu(), 8)).unwrap();
+    let mut p = ProgramBuilder::default().with_f16_products(true);
+    let args = matmul::Forward {
+        out: View::first(&gout, 1),
+        x: View::first(&gx, 2),
+        weight: View::first(&gw, 2),
+        bias: None,
+        epilogue: matmul::Epilogue::None,
+        save_slope: false,
+        k: 2,
+        m: 1,
+    };
+    ops::matmul::forward(&mut p, args);
+    p.build(gpu(), &kernels).unwrap().submit(gpu(), &kernels);
+    assert_eq!(download(&gout, 1)[0], f32::INFINITY, "an operand past f16's range overflows");
 }

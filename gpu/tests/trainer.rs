@@ -6,10 +6,12 @@ use alpha_core::model::init_params;
 use alpha_core::model::{generate, SamplingConfig, SamplingMemory};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::Serial;
+use alpha_core::train::LossScaleState;
 use alpha_core::train::{OwnedMemory, TrainConfig, Trainer};
 use alpha_core::walk;
 use alpha_core::{GptConfig, Plan, Rng};
-use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer};
+use alpha_gpu::trainer::INITIAL_LOSS_SCALE;
+use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer, Precision};
 
 fn setup() -> (Plan, TrainConfig, Vec<u32>) {
     // Head size 12 and T = 21: neither fills the kernels' tiles.
@@ -27,6 +29,11 @@ fn setup() -> (Plan, TrainConfig, Vec<u32>) {
 
 fn open_gpu() -> Gpu {
     block_on(Gpu::open(None)).unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"))
+}
+
+/// The device with f16 products (lavapipe has shader-f16; CI runs these there).
+fn open_f16_gpu() -> Gpu {
+    block_on(Gpu::open_local(None, 0, Some(Precision::F16), false)).unwrap_or_else(|e| panic!("the f16 tests need an adapter with shader-f16: {e}"))
 }
 
 /// A fresh GPU trainer for [`setup`]'s model, its parameters initialised with `init_seed`
@@ -256,4 +263,52 @@ fn arenas_over_the_binding_limit_are_bound_in_pieces() {
     gpu.limits.max_buffer_size = 8 * 1024;
     let err = block_on(GpuForward::new(gpu, plan, &mem.params)).err().expect("refused");
     assert!(err.0.contains("max_buffer_size") && err.0.contains("allows at most 8.0 KiB"), "{err}");
+}
+
+/// Mixed precision (`--precision f16`): 20 steps with every product's operands in f16 and
+/// dynamic loss scaling follow the f32 run within 2e-2 relative per step (loss and gradient
+/// norm), skip no step at the initial scale, and report the scale.
+#[test]
+fn twenty_f16_steps_follow_the_f32_run() {
+    let (mut f32_run, _, data) = fresh_trainer(open_gpu(), 5);
+    let (mut f16_run, _, _) = fresh_trainer(open_f16_gpu(), 5);
+    for step in 0..20 {
+        let (a, b) = (f32_run.step(&data), f16_run.step(&data));
+        let (a, b) = (block_on(f32_run.stats(a)).unwrap(), block_on(f16_run.stats(b)).unwrap());
+        assert_eq!((a.skipped, b.skipped, a.loss_scale, b.loss_scale), (0, 0, None, Some(INITIAL_LOSS_SCALE as f64)), "step {step}");
+        let (a, b) = (a.last, b.last);
+        assert!((a.loss - b.loss).abs() <= 2e-2 * a.loss, "step {step}: loss f16 {} vs f32 {}", b.loss, a.loss);
+        assert!((a.grad_norm - b.grad_norm).abs() <= 2e-2 * a.grad_norm, "step {step}: norm f16 {} vs f32 {}", b.grad_norm, a.grad_norm);
+        assert!(a.loss != b.loss, "step {step}: the f16 run rounds its products' operands");
+    }
+}
+
+/// A forced overflow: at a loss scale of 2^40 the scaled gradients leave f16's range, so the
+/// step is skipped (parameters untouched), counted as an overflow and not a divergence, and
+/// the scale halves; at 2^10 the next step applies. Good steps double the scale.
+#[test]
+fn loss_scaling_skips_overflowed_steps_and_halves_the_scale() {
+    let (mut gt, params, data) = fresh_trainer(open_f16_gpu(), 3);
+    gt.set_loss_scale(LossScaleState { scale: 2f32.powi(40), good_steps: 0 });
+    let lr = gt.step(&data);
+    let s = block_on(gt.stats(lr)).unwrap();
+    assert_eq!((s.skipped, s.non_finite_losses, s.loss_scale), (1, 0, Some(2f64.powi(40))), "{s:?}");
+    assert!(s.last.loss.is_finite() && !s.last.grad_norm.is_finite(), "{s:?}");
+    let (after, _, _) = block_on(gt.download()).unwrap();
+    assert!(after.iter().zip(&params).all(|(a, b)| a.to_bits() == b.to_bits()), "the overflowed step was not applied");
+    let lr = gt.step(&data);
+    assert_eq!(block_on(gt.stats(lr)).unwrap().loss_scale, Some(2f64.powi(39)), "halved after the overflow");
+    // Good steps: with a growth interval of 3 and one good step counted, the second step
+    // from here doubles the scale, which the third uses; a checkpoint's state round-trips.
+    gt.set_growth_interval(3);
+    gt.set_loss_scale(LossScaleState { scale: 1024.0, good_steps: 1 });
+    assert_eq!(block_on(gt.loss_scale()).unwrap(), Some(LossScaleState { scale: 1024.0, good_steps: 1 }));
+    for expected in [1024.0, 1024.0, 2048.0] {
+        let lr = gt.step(&data);
+        let s = block_on(gt.stats(lr)).unwrap();
+        assert_eq!((s.skipped, s.loss_scale), (0, Some(expected)), "{s:?}");
+    }
+    assert_eq!(block_on(gt.loss_scale()).unwrap(), Some(LossScaleState { scale: 2048.0, good_steps: 1 }));
+    let (after, _, _) = block_on(gt.download()).unwrap();
+    assert!(after.iter().zip(&params).any(|(a, b)| a != b), "good steps were applied");
 }

@@ -25,14 +25,15 @@ pub fn dispatch<'a>(p: &mut ProgramBuilder<'a>, arenas: [View<'a>; 4], pieces: &
 }
 
 /// The step's AdamW words for the arenas' `piece` (see adamw.wgsl): the constants computed in
-/// f64 as the CPU does; the first piece counts a skipped step.
-pub fn words(piece: &Range<usize>, decay_end: usize, cfg: &AdamWConfig, lr: f64, step: u64, max_norm: f64, stats_slots: [usize; 3]) -> [u32; 16] {
+/// f64 as the CPU does; the first piece counts a skipped step. `stats_slots`: the loss sum,
+/// Σ grad², the skipped steps' count and the loss scale.
+pub fn words(piece: &Range<usize>, decay_end: usize, cfg: &AdamWConfig, lr: f64, step: u64, max_norm: f64, stats_slots: [usize; 4]) -> [u32; 16] {
     let bc1 = 1.0 - cfg.beta1.powf(step as f64);
     let bc2_sqrt = (1.0 - cfg.beta2.powf(step as f64)).sqrt();
     let f = |x: f64| (x as f32).to_bits();
     let mut w = [0u32; 16];
-    let [loss_slot, norm_slot, skipped_slot] = stats_slots;
-    w[..14].copy_from_slice(&[
+    let [loss_slot, norm_slot, skipped_slot, scale_slot] = stats_slots;
+    w[..15].copy_from_slice(&[
         u(piece.len()),
         u(decay_end.clamp(piece.start, piece.end) - piece.start),
         f(lr / bc1),
@@ -47,6 +48,23 @@ pub fn words(piece: &Range<usize>, decay_end: usize, cfg: &AdamWConfig, lr: f64,
         u(norm_slot),
         u(skipped_slot),
         u((piece.start == 0) as usize),
+        u(scale_slot),
     ]);
+    w
+}
+
+/// The loss scale's update after the step's AdamW (see adamw.wgsl's `loss_scale_update`);
+/// its words are [`loss_scale_words`]. Returns its index in the program.
+pub fn loss_scale_update<'a>(p: &mut ProgramBuilder<'a>, stats: View<'a>, slots: [usize; 6], growth_interval: u32) -> usize {
+    p.push(Kernel::LossScaleUpdate, &loss_scale_words(slots, growth_interval), &[Some(stats)], [1, 1, 1])
+}
+
+/// The loss scale update's words: `slots` are the statistics slots of the scale, the scale
+/// the step used, Σ grad², the good steps' count, the loss sum and the non-finite losses'
+/// count; `growth_interval` good steps in a row double the scale.
+pub fn loss_scale_words(slots: [usize; 6], growth_interval: u32) -> [u32; 16] {
+    let [scale, used, norm, good, loss, bad_loss] = slots.map(u);
+    let mut w = [0u32; 16];
+    w[..7].copy_from_slice(&[scale, used, norm, good, growth_interval, loss, bad_loss]);
     w
 }

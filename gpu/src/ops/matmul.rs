@@ -12,6 +12,8 @@ const EPI_BIAS: u32 = 2;
 const EPI_GELU: u32 = 4;
 const EPI_RESIDUAL: u32 = 8;
 const EPI_GELU_SLOPE: u32 = 16;
+/// Not an epilogue: the operands rounded to f16 as they are loaded (`--precision f16`).
+const F16_OPERANDS: u32 = 32;
 
 /// Workgroups (64 x 64 output tiles) a weight gradient aims for: one with fewer tiles splits
 /// its depth (the tokens) into chunks, each a slice of its own, summed afterwards in order.
@@ -80,9 +82,10 @@ impl<'a> Gemm<'a> {
     /// and the epilogue applied with the last.
     fn push(self, p: &mut ProgramBuilder<'a>) {
         let ([rows, cols, depth], [a_rs, a_cs, b_rs, b_cs]) = (self.shape, self.strides);
+        let operands = if p.f16_products() { F16_OPERANDS } else { 0 };
         if self.splits > 1 {
             let chunk = depth.div_ceil(self.splits);
-            let words = [u(rows), u(cols), u(depth), self.flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(chunk), u(cols)];
+            let words = [u(rows), u(cols), u(depth), self.flags | operands, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(chunk), u(cols)];
             let views = [Some(self.a), Some(self.b), Some(self.c), self.bias, self.aux];
             let (kernel, tile) = kernel_for(rows, cols, self.splits);
             let i = p.push(kernel, &words, &views, [u(cols.div_ceil(tile)), u(rows.div_ceil(tile)), u(depth.div_ceil(chunk))]);
@@ -101,7 +104,7 @@ impl<'a> Gemm<'a> {
                     let a = self.a.part(r0 * a_rs + d0 * a_cs, extent(r, a_rs, d, a_cs));
                     let b = self.b.part(d0 * b_rs + c0 * b_cs, extent(d, b_rs, c, b_cs));
                     let out = |v: View<'a>| v.part(r0 * cols + c0, extent(r, cols, c, 1));
-                    let words = [u(r), u(c), u(d), flags, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(d), u(cols)];
+                    let words = [u(r), u(c), u(d), flags | operands, u(a_rs), u(a_cs), u(b_rs), u(b_cs), u(d), u(cols)];
                     let views = [Some(a), Some(b), Some(out(self.c)), self.bias.map(|v| v.part(c0, c)), self.aux.map(out)];
                     let (kernel, tile) = kernel_for(r, c, 1);
                     let i = p.push(kernel, &words, &views, [u(c.div_ceil(tile)), u(r.div_ceil(tile)), 1]);
