@@ -116,7 +116,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let achieved = fpt * tokens_per_sec / 1e9;
     let report = json!({
         "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
-        "precision": args.device.precision(),
+        "precision": engine.precision(),
         "device": device,
         "threads": pool.threads(),
         "config": config,

@@ -2,7 +2,7 @@
 //! pool and the GPU they choose.
 
 use alpha_core::parallel::ThreadPool;
-use alpha_gpu::{block_on, Gpu};
+use alpha_gpu::{block_on, Gpu, Precision};
 use clap::{Args, ValueEnum};
 
 /// The most threads `--threads` may ask for.
@@ -42,12 +42,28 @@ pub struct DeviceArgs {
     /// Default: the high-performance adapter.
     #[arg(long)]
     pub adapter: Option<String>,
-    /// Runs the large matrix products on the GPU's tensor cores (--backend gpu; Vulkan
-    /// cooperative matrices with 16x16x16 f16 products summed in f32, as NVIDIA's drivers
-    /// report): operands rounded to f16, so results differ from f32 by about 1e-3 relative.
-    /// Experimental: an error where the adapter lacks them (`info --backend gpu` lists them).
+    /// The GPU's arithmetic (--backend gpu): f32; f16 mixed precision (every matrix
+    /// product's operands rounded to f16, sums and everything else f32, dynamic loss scaling:
+    /// needs shader-f16); auto: f16 where the adapter has shader-f16, else f32.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    pub precision: PrecisionArg,
+    /// Runs the large matrix products on the GPU's tensor cores (with --precision f16;
+    /// Vulkan cooperative matrices of 16x16x16 f16 products summed in f32, as NVIDIA's
+    /// drivers report). Experimental: an error where the adapter lacks them (`info --backend
+    /// gpu` lists them).
     #[arg(long)]
     pub tensor_cores: bool,
+}
+
+/// `--precision`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrecisionArg {
+    /// f32 throughout.
+    F32,
+    /// f16 products with loss scaling.
+    F16,
+    /// f16 where the adapter has shader-f16, else f32.
+    Auto,
 }
 
 impl DeviceArgs {
@@ -64,16 +80,30 @@ impl DeviceArgs {
     /// Opens the GPU `--adapter` names for data-parallel rank `local` of this machine's
     /// ranks: without `--adapter`, its own of the machine's GPUs (see [`Gpu::open_local`]).
     pub fn open_gpu_local(&self, local: usize) -> Result<Gpu, String> {
-        block_on(Gpu::open_local(self.adapter.as_deref(), local, self.tensor_cores)).map_err(|e| e.to_string())
+        let precision = match self.precision {
+            PrecisionArg::F32 => Some(Precision::F32),
+            PrecisionArg::F16 => Some(Precision::F16),
+            PrecisionArg::Auto => None,
+        };
+        block_on(Gpu::open_local(self.adapter.as_deref(), local, precision, self.tensor_cores)).map_err(|e| e.to_string())
     }
 
-    /// The arithmetic precision records name: "f32", or with `--tensor-cores` the products'
-    /// f16 operands.
-    pub fn precision(&self) -> &'static str {
-        if self.tensor_cores {
-            "f32, products with f16 operands (tensor cores)"
+    /// Which precision `gpu` (opened from these flags) runs, and with `--precision auto` why,
+    /// for the run's first lines.
+    pub fn precision_line(&self, gpu: &Gpu) -> String {
+        let name = &gpu.adapter.name;
+        let f16 = gpu.precision == Precision::F16;
+        let chosen = if gpu.tensor_cores() {
+            "f16 (tensor cores)"
+        } else if f16 {
+            "f16"
         } else {
             "f32"
+        };
+        match self.precision {
+            PrecisionArg::Auto if f16 => format!("precision: {chosen} (auto: {name} has shader-f16)"),
+            PrecisionArg::Auto => format!("precision: {chosen} (auto: {name} lacks shader-f16)"),
+            _ => format!("precision: {chosen}"),
         }
     }
 
@@ -84,6 +114,12 @@ impl DeviceArgs {
         }
         if self.backend == Backend::Cpu && self.tensor_cores {
             return Err("--tensor-cores runs products on a GPU; add --backend gpu".into());
+        }
+        if self.backend == Backend::Cpu && self.precision == PrecisionArg::F16 {
+            return Err("--precision f16 runs on a GPU; add --backend gpu (the CPU computes in f32)".into());
+        }
+        if self.tensor_cores && self.precision == PrecisionArg::F32 {
+            return Err("--tensor-cores runs the products in f16: add --precision f16".into());
         }
         Ok(())
     }

@@ -17,10 +17,10 @@ use alpha_core::model::Sampler;
 use alpha_core::parallel::{Parallel, ThreadPool};
 use alpha_core::run::SAMPLES;
 use alpha_core::tokenizer::{TextStream, Tokenizer};
-use alpha_core::train::{shard, OneRank, OwnedMemory, Ranks, RunState, StepStats, TrainConfig, Trainer};
+use alpha_core::train::{shard, LossScaleState, OneRank, OwnedMemory, Ranks, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
 use alpha_gpu::peak::Real;
-use alpha_gpu::{block_on, GpuForward, GpuTrainer};
+use alpha_gpu::{block_on, GpuForward, GpuTrainer, Precision};
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::time::Instant;
@@ -34,8 +34,19 @@ pub type HostState<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>, Cow<'a, [f32]>);
 pub struct StepReport {
     /// Loss, norm and learning rate (on the GPU only when asked for).
     pub stats: Option<StepStats>,
+    /// With f16 products, read with the statistics: the loss scale and the overflowed steps.
+    pub loss_scaling: Option<LossScaling>,
     /// Where the time went.
     pub phases: Phases,
+}
+
+/// Dynamic loss scaling's state, as a GPU with f16 products reports it.
+#[derive(Clone, Copy, Debug)]
+pub struct LossScaling {
+    /// The scale the last step used.
+    pub scale: f64,
+    /// Steps since the last read that an f16 overflow skipped (the scale halved each time).
+    pub skipped: u64,
 }
 
 /// Why a step failed.
@@ -168,7 +179,7 @@ impl<'m> Engine<'m> {
         match self {
             Engine::Cpu { trainer, pool, ranks, .. } => {
                 let s = timed_step(trainer, pool, data, trace, *ranks).map_err(|e| StepError::Diverged(e.to_string()))?;
-                Ok(StepReport { stats: Some(StepStats { loss: s.loss, grad_norm: s.grad_norm, lr: s.lr }), phases: s.phases })
+                Ok(StepReport { stats: Some(StepStats { loss: s.loss, grad_norm: s.grad_norm, lr: s.lr }), loss_scaling: None, phases: s.phases })
             }
             Engine::Gpu(g) => g.step(data, trace.filter(|t| t.active()), report),
         }
@@ -252,6 +263,40 @@ impl<'m> Engine<'m> {
         }
     }
 
+    /// Dynamic loss scaling's state, for a checkpoint (GPU runs with f16 products).
+    pub fn loss_scale(&self) -> Result<Option<LossScaleState>, String> {
+        match self {
+            Engine::Cpu { .. } => Ok(None),
+            Engine::Gpu(g) => block_on(g.trainer.loss_scale()).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Continues loss scaling from a checkpoint's `state` (where the run has loss scaling).
+    pub fn set_loss_scale(&mut self, state: LossScaleState) {
+        if let Engine::Gpu(g) = self {
+            g.trainer.set_loss_scale(state);
+        }
+    }
+
+    /// The GPU it trains on, if it does.
+    pub fn gpu(&self) -> Option<&alpha_gpu::Gpu> {
+        match self {
+            Engine::Cpu { .. } => None,
+            Engine::Gpu(g) => Some(g.trainer.gpu()),
+        }
+    }
+
+    /// The precision of the model's arithmetic, for records: "f32", or "f16" (products with f16
+    /// operands, f32 sums and everything else f32), "(tensor cores)" where they run the
+    /// products.
+    pub fn precision(&self) -> &'static str {
+        match self {
+            Engine::Gpu(g) if g.trainer.gpu().tensor_cores() => "f16 (tensor cores)",
+            Engine::Gpu(g) if g.trainer.gpu().precision == Precision::F16 => "f16",
+            _ => "f32",
+        }
+    }
+
     /// The device for reports: null on the CPU; adapter, kernels and submits per step and
     /// device memory on the GPU.
     pub fn device_json(&self) -> Value {
@@ -285,7 +330,7 @@ impl GpuEngine<'_> {
         self.lr = block_on(self.trainer.step_ranked(data, self.ranks)).map_err(device)?;
         self.unread += 1;
         let submitted = Instant::now();
-        let stats = if report || trace.is_some() { Some(self.read_stats()?) } else { None };
+        let (stats, loss_scaling) = if report || trace.is_some() { self.read_stats().map(|(s, l)| (Some(s), l))? } else { (None, None) };
         let done = Instant::now();
         let mut phases = Phases { submit: (submitted - start).as_secs_f64(), device_wait: (done - submitted).as_secs_f64(), ..Phases::default() };
         phases.close((done - start).as_secs_f64());
@@ -297,20 +342,22 @@ impl GpuEngine<'_> {
             t.span("step", start, done, json!({"step": step, "loss": stats.map(|s| s.loss)}));
             t.step_done();
         }
-        Ok(StepReport { stats, phases })
+        Ok(StepReport { stats, loss_scaling, phases })
     }
 
-    /// The last step's statistics; an error if any step since the last read was skipped.
-    fn read_stats(&mut self) -> Result<StepStats, StepError> {
+    /// The last step's statistics (and with f16 products the loss scaling's); an error if a
+    /// step since the last read had a non-finite loss, or with f32 products any skipped step.
+    fn read_stats(&mut self) -> Result<(StepStats, Option<LossScaling>), StepError> {
         let s = block_on(self.trainer.stats(self.lr)).map_err(|e| StepError::Device(e.to_string()))?;
         let (unread, step) = (std::mem::take(&mut self.unread), self.trainer.step);
-        if s.skipped > 0 {
-            let which = if unread == 1 { format!("step {}", step - 1) } else { format!("{} of steps {}..={}", s.skipped, step - unread, step - 1) };
+        if s.non_finite_losses > 0 {
+            let n = s.non_finite_losses;
+            let which = if unread == 1 { format!("step {}", step - 1) } else { format!("{n} of steps {}..={}", step - unread, step - 1) };
             return Err(StepError::Diverged(format!(
                 "{which}: the loss or gradient norm was not finite (last step: loss {}, gradient norm {}); those updates were not applied",
                 s.last.loss, s.last.grad_norm
             )));
         }
-        Ok(s.last)
+        Ok((s.last, s.loss_scale.map(|scale| LossScaling { scale, skipped: s.skipped })))
     }
 }

@@ -725,6 +725,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let mut metrics = Metrics { file: metrics, live, started: Instant::now() };
 
     let resumed_best = run.resume.as_ref().and_then(|ck| ck.optimizer.as_ref()).and_then(|(_, _, state)| state.best_val_loss);
+    let resumed_loss_scale = run.resume.as_ref().and_then(|ck| ck.optimizer.as_ref()).and_then(|(_, _, state)| state.loss_scale);
     let start = match run.resume.take() {
         Some(ck) => {
             let (m, v, state) = ck.optimizer.expect("resolve() checked the training state");
@@ -752,6 +753,9 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         start,
         Placement { ranks: group, local_rank: group.local_rank(), zero: args.zero == 1 },
     )?;
+    if let Some(state) = resumed_loss_scale {
+        engine.set_loss_scale(state);
+    }
     let resolved = resolved_run_file(args, &run.config, &s);
     if group.ranks() > 1 {
         let (train_ids, val_ids) = (fingerprint_tokens(train_tokens), fingerprint_tokens(val_tokens));
@@ -795,6 +799,9 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         },
         s.data
     ));
+    if let Some(gpu) = engine.gpu() {
+        console.line(&args.device.precision_line(gpu));
+    }
     let device = engine.device_json();
     // MFU and HFU over each logged window, against the peak of every rank's device together.
     let peak = if root { Some(engine.peak(&pool, args.peak_gflops)?) } else { None };
@@ -803,7 +810,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     metrics.write(json!({"type": "start", "step": start_step, "params": params_count,
         "config": run.config, "settings": s, "device": device, "ranks": group.ranks(),
         "backend": if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" },
-        "precision": args.device.precision(), "machine": crate::peak::machine_json(&pool), "recompute": plan.recompute(),
+        "precision": engine.precision(), "machine": crate::peak::machine_json(&pool), "recompute": plan.recompute(),
         "memory_mib": crate::memory::plan_json(&plan), "flops_per_token": model_flops, "hardware_flops_per_token": hardware_flops,
         "peak_gflops": peak.as_ref().map(|p| p.gflops), "peak_source": peak.as_ref().map(|p| p.source)}))?;
 
@@ -840,7 +847,8 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
             return Ok(());
         }
         let step = engine.step_count();
-        let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone(), best_val_loss };
+        let loss_scale = engine.loss_scale()?;
+        let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone(), best_val_loss, loss_scale };
         finish_pending()?;
         let target = SaveTarget { path: ckpt_path.to_path_buf(), config: run.config, keep: args.keep, kept: kept(last_saved) };
         if !args.async_checkpoint {
@@ -922,15 +930,24 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                     window.close(window_start.elapsed().as_secs_f64());
                     let ms_per_step = window.total * 1e3 / n;
                     let tok_s = tokens_per_step * n / window.total;
+                    let scaling = report.loss_scaling;
                     if console.plain() {
+                        let scale = scaling.map(|l| match l.skipped {
+                            0 => format!(", loss scale {}", l.scale),
+                            n => format!(", loss scale {} ({n} steps skipped: f16 overflow)", l.scale),
+                        });
                         println!(
-                            "step {step}: loss {:.4}, lr {:.3e}, grad norm {:.3}, {ms_per_step:.1} ms/step, {tok_s:.0} tok/s",
-                            st.loss, st.lr, st.grad_norm
+                            "step {step}: loss {:.4}, lr {:.3e}, grad norm {:.3}, {ms_per_step:.1} ms/step, {tok_s:.0} tok/s{}",
+                            st.loss,
+                            st.lr,
+                            st.grad_norm,
+                            scale.unwrap_or_default()
                         );
                     }
                     metrics.write(json!({"type": "train", "step": step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
                         "tokens_per_sec": tok_s, "ms_per_step": ms_per_step, "ms": window.json_ms(n), "device": device,
-                        "mfu": utilisation(tok_s, model_flops), "hfu": utilisation(tok_s, hardware_flops)}))?;
+                        "mfu": utilisation(tok_s, model_flops), "hfu": utilisation(tok_s, hardware_flops),
+                        "loss_scale": scaling.map(|l| l.scale), "skipped_steps": scaling.map(|l| l.skipped)}))?;
                     window = Phases::default();
                     window_steps = 0;
                     window_start = Instant::now();

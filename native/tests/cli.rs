@@ -470,13 +470,18 @@ fn bench_runs_on_the_gpu() {
     expect_error(&dir, &["bench", "--backend", "gpu", "--data", "text.txt", "--adapter", "no-such-gpu"], "no adapter matches --adapter no-such-gpu");
     expect_error(&dir, &["bench", "--data", "text.txt", "--adapter", "0"], "--adapter selects a GPU; add --backend gpu");
     assert_eq!(r["precision"], "f32");
+    expect_error(&dir, &["bench", "--data", "text.txt", "--precision", "f16"], "--precision f16 runs on a GPU; add --backend gpu");
+    expect_error(&dir, &["bench", "--backend", "gpu", "--data", "text.txt", "--tensor-cores"], "--tensor-cores runs the products in f16: add --precision f16");
+    // f16 products (lavapipe has shader-f16).
+    args.extend(["--precision", "f16"]);
+    assert_eq!(json_of(&run(&dir, &args))["precision"], "f16");
     // Tensor cores: a one-line error naming what the adapter lacks (lavapipe: cooperative
-    // matrices), or where it has them a run that says its products' precision.
+    // matrices), or where it has them a run that says so.
     expect_error(&dir, &["bench", "--data", "text.txt", "--tensor-cores"], "--tensor-cores runs products on a GPU; add --backend gpu");
     args.push("--tensor-cores");
     let o = run(&dir, &args);
     if o.status.success() {
-        assert_eq!(json_of(&o)["precision"], "f32, products with f16 operands (tensor cores)");
+        assert_eq!(json_of(&o)["precision"], "f16 (tensor cores)");
     } else {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.code() == Some(1) && err.starts_with("error: --tensor-cores: ") && err.contains(" lacks ") && err.lines().count() == 1, "{err}");
@@ -640,6 +645,20 @@ fn gpu_training_follows_the_cpu_and_checkpoints_cross_backends() {
         assert_eq!(r["device"]["kernels_per_step"], 15 + 32, "{r}");
         assert!(r["device"]["device_memory_mib"].as_f64().unwrap() > 0.0, "{r}");
     }
+    assert!(records.iter().filter(|r| r["type"] == "train").all(|r| r["loss_scale"].is_null()), "f32 runs have no loss scale");
+    // f16 products (`--precision auto` on lavapipe, which has shader-f16): the same curve
+    // within 2e-2, the precision and the loss scale in the records.
+    train(&dir, &[&common[..], &["--out", "f16", "--metrics", "f16.jsonl", "--backend", "gpu", "--precision", "auto"]].concat());
+    let f16 = loss_curve(&dir.join("f16.jsonl"));
+    assert_eq!(f16.len(), cpu.len());
+    for ((fs, f), (cs, c)) in f16.iter().zip(&cpu) {
+        assert!(fs == cs && (f - c).abs() <= 2e-2 * c, "step {fs}: f16 loss {f}, CPU loss {c}");
+    }
+    let records: Vec<serde_json::Value> = fs::read_to_string(dir.join("f16.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records[0]["precision"], "f16", "{}", records[0]);
+    for r in records.iter().filter(|r| r["type"] == "train") {
+        assert_eq!((r["loss_scale"].as_f64(), r["skipped_steps"].as_u64()), (Some(65536.0), Some(0)), "{r}");
+    }
     // Halfway checkpoints of each backend, resumed on the other.
     let mut half = common.to_vec();
     half[1] = "4";
@@ -656,6 +675,16 @@ fn gpu_training_follows_the_cpu_and_checkpoints_cross_backends() {
     let (c, g) = (checkpoint::load(&dir.join("cpu/ckpt.safetensors")).unwrap(), checkpoint::load(&dir.join("gpu-half/ckpt.safetensors")).unwrap());
     let worst = c.params.iter().zip(&g.params).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-4, "parameters differ by {worst}");
+    // An f16 run stopped halfway and resumed (its checkpoint keeps the loss scale) ends with
+    // the uninterrupted f16 run's parameters, to the bit.
+    train(&dir, &[&half[..], &["--out", "f16-half", "--backend", "gpu", "--precision", "f16"]].concat());
+    let args = ["train", "--resume", "f16-half/ckpt.safetensors", "--out", "f16-half", "--iters", "8", "--backend", "gpu", "--precision", "f16"];
+    assert_ok(&run(&dir, &[&args[..], QUIET].concat()));
+    let (whole, resumed) = (checkpoint::load(&dir.join("f16/ckpt.safetensors")).unwrap(), checkpoint::load(&dir.join("f16-half/ckpt.safetensors")).unwrap());
+    assert!(whole.params.iter().zip(&resumed.params).all(|(a, b)| a.to_bits() == b.to_bits()), "the resumed f16 run differs");
+    let state = |c: &checkpoint::Checkpoint| c.optimizer.as_ref().unwrap().2.loss_scale;
+    assert_eq!(state(&whole), state(&resumed));
+    assert_eq!(state(&whole).map(|s| (s.scale, s.good_steps)), Some((65536.0, 8)));
 }
 
 /// `eval` and `sample` on the GPU give the CPU's loss and the CPU's greedy text.
