@@ -160,11 +160,12 @@ function showStats() {
   const s = (state.stats = trainer.stats());
   $("backend-name").textContent =
     s.backend === "webgpu"
-      ? `WebGPU (${s.adapter || adapterLabel || "default adapter"})`
+      ? `WebGPU (${s.adapter || adapterLabel || "default adapter"}), ${s.precision}${s.precisionFallback ? " (no shader-f16)" : ""}`
       : `CPU (WebAssembly, ${s.kernel === "wasm-relaxed-simd" ? "relaxed SIMD" : "SIMD128"}, ${s.threads} thread${s.threads === 1 ? "" : "s"})`;
   $("step").textContent = String(s.step);
   if (state.trainMs > 0) $("tok-s").textContent = Math.round(tokensPerSec()).toLocaleString("en");
   if (s.fallback) say(`WebGPU could not be used (${s.fallback}): training on the CPU (WebAssembly).`);
+  else if (s.precisionFallback) say(`Training in f32: ${s.precisionFallback}, which f16 mixed precision needs.`);
 }
 
 /** The tokenizer options of Trainer.create: a BPE tokenizer learned here (vocabSize), one

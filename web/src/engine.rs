@@ -7,9 +7,9 @@ use crate::options::BackendChoice;
 use alpha_core::data::Tokens;
 use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::parallel::Parallel;
-use alpha_core::train::{OwnedMemory, RunState, TrainConfig};
+use alpha_core::train::{LossScaleState, OwnedMemory, RunState, TrainConfig};
 use alpha_core::{Plan, Rng, Serial};
-use alpha_gpu::{Gpu, GpuForward, GpuTrainer};
+use alpha_gpu::{Gpu, GpuForward, GpuTrainer, Precision};
 
 /// The CPU engine: the arenas, and the training state between calls (a core `Trainer`
 /// borrows the arenas for the length of one call).
@@ -60,7 +60,8 @@ impl Engine {
     }
 
     async fn gpu(plan: Plan, cfg: TrainConfig, start: &RunState<f32>) -> Result<Engine, String> {
-        let gpu = Gpu::open(None).await.map_err(|e| format!("WebGPU is not available: {e}"))?;
+        // Mixed precision where the adapter has shader-f16 (f16 products, loss scaling).
+        let gpu = Gpu::open_local(None, 0, None, false).await.map_err(|e| format!("WebGPU is not available: {e}"))?;
         let trainer = GpuTrainer::resume(gpu, plan, cfg, start).await.map_err(|e| e.to_string())?;
         let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Gpu(Box::new(GpuEngine { trainer, sampler })))
@@ -74,7 +75,8 @@ impl Engine {
             Engine::Gpu(g) => {
                 let lr = g.trainer.step(data);
                 let s = g.trainer.stats(lr).await.map_err(|e| e.to_string())?;
-                if s.skipped > 0 {
+                // An f16 overflow only skips the step (and halves the loss scale).
+                if s.non_finite_losses > 0 {
                     return Err(format!(
                         "training diverged at step {}: loss is {}, gradient norm is {}; the update was not applied",
                         g.trainer.step - 1,
@@ -142,6 +144,31 @@ impl Engine {
         match self {
             Engine::Cpu(_) => "cpu",
             Engine::Gpu(_) => "webgpu",
+        }
+    }
+
+    /// The arithmetic of the model's products, "f32" or "f16" (WebGPU with shader-f16), and
+    /// on WebGPU without shader-f16 why not f16.
+    pub fn precision(&self) -> (&'static str, Option<String>) {
+        match self {
+            Engine::Gpu(g) if g.trainer.gpu().precision == Precision::F16 => ("f16", None),
+            Engine::Gpu(g) => ("f32", Some(format!("{} lacks shader-f16", g.trainer.gpu().adapter.name))),
+            Engine::Cpu(_) => ("f32", None),
+        }
+    }
+
+    /// Dynamic loss scaling's state, for a checkpoint (WebGPU with f16 products).
+    pub async fn loss_scale(&self) -> Result<Option<LossScaleState>, String> {
+        match self {
+            Engine::Cpu(_) => Ok(None),
+            Engine::Gpu(g) => g.trainer.loss_scale().await.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Continues loss scaling from a checkpoint's `state` (where the run has loss scaling).
+    pub fn set_loss_scale(&mut self, state: LossScaleState) {
+        if let Engine::Gpu(g) = self {
+            g.trainer.set_loss_scale(state);
         }
     }
 

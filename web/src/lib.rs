@@ -54,6 +54,10 @@ struct Stats {
     kernel: Option<&'static str>,
     /// Why the page runs on the CPU although WebGPU was allowed, if it does.
     fallback: Option<String>,
+    /// The products' arithmetic: "f16" (mixed precision, on WebGPU with shader-f16) or "f32".
+    precision: &'static str,
+    /// On WebGPU in f32, why not f16.
+    precision_fallback: Option<String>,
     /// The CPU engine's threads (1 on WebGPU and in builds without WebAssembly threads).
     threads: usize,
     step: u64,
@@ -180,10 +184,10 @@ impl Trainer {
         let opts = Options::from_js(options)?;
         let ck = checkpoint::from_bytes(&bytes).map_err(js_error)?;
         let tok = ck.tokenizer;
-        let (moments, step, rng, mut settings) = match ck.optimizer {
-            Some((m, v, state)) => (Some((m, v)), state.step, state.rng().map_err(js_error)?, state.settings),
+        let (moments, step, rng, mut settings, loss_scale) = match ck.optimizer {
+            Some((m, v, state)) => (Some((m, v)), state.step, state.rng().map_err(js_error)?, state.settings, state.loss_scale),
             // Weights only: a fresh optimizer with this page's settings.
-            None => (None, 0, Rng::new(derive_seed(opts.seed, stream::BATCHES, 0)), opts.settings()),
+            None => (None, 0, Rng::new(derive_seed(opts.seed, stream::BATCHES, 0)), opts.settings(), None),
         };
         if opts.iters_given {
             settings.iters = opts.iters;
@@ -191,7 +195,11 @@ impl Trainer {
         let plan = settings.plan(ck.config, opts.recompute).map_err(js_error)?;
         let tokens = tokenize(&tok, &text, ck.config.block_size)?;
         let start = RunState { params: ck.params, moments, step, rng };
-        Trainer::build(&opts, settings, tok, tokens, plan, start).await
+        let mut trainer = Trainer::build(&opts, settings, tok, tokens, plan, start).await?;
+        if let Some(state) = loss_scale {
+            trainer.engine.set_loss_scale(state);
+        }
+        Ok(trainer)
     }
 
     async fn build(opts: &Options, settings: TrainSettings, tok: Tokenizer, tokens: Vec<u32>, plan: Plan, start: RunState<f32>) -> Result<Trainer, JsError> {
@@ -299,7 +307,8 @@ impl Trainer {
     }
 
     /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, kernel, threads,
-    /// fallback, step, iters, params, vocab, tokenizer, tokensPerStep, tokensPerSec, config }`
+    /// fallback, precision: "f16" | "f32", precisionFallback, step, iters, params, vocab,
+    /// tokenizer, tokensPerStep, tokensPerSec, config }`
     /// (`tokenizer`: `"char"` or `"bpe"`; `kernel`:
     /// the CPU's GEMM kernel; `threads`: the CPU engine's; `iters`: the run's length;
     /// `tokensPerSec` of the last step).
@@ -310,6 +319,8 @@ impl Trainer {
             adapter: self.engine.adapter(),
             kernel: self.engine.cpu_kernel(),
             fallback: self.fallback.clone(),
+            precision: self.engine.precision().0,
+            precision_fallback: self.engine.precision().1,
             threads: self.engine.threads(),
             step: self.engine.step_count(),
             iters: self.settings.iters,
@@ -341,7 +352,8 @@ impl Trainer {
     pub async fn save(&self) -> Result<Vec<u8>, JsError> {
         let (params, m, v) = self.engine.state().await.map_err(js_error)?;
         let step = self.engine.step_count();
-        let state = TrainState { step, rng_state: self.engine.rng().state().to_string(), settings: self.settings.clone(), best_val_loss: None };
+        let loss_scale = self.engine.loss_scale().await.map_err(js_error)?;
+        let state = TrainState { step, rng_state: self.engine.rng().state().to_string(), settings: self.settings.clone(), best_val_loss: None, loss_scale };
         checkpoint::to_bytes(self.config, &self.tok, &params, Some((&m, &v, &state))).map_err(|e| js_error(format!("not saving step {step}: {e}")))
     }
 }
