@@ -2,9 +2,10 @@
 # Alpha's whole GPU measurement in one command, within 10 minutes on an H100: build,
 # CPU-against-GPU parity, the GPU's FMA limits, `bench --backend gpu` for the small, baby and
 # GPT-2 124M configs against PyTorch on the same card (eager and torch.compile, fp32 and bf16
-# autocast; Alpha's --tensor-cores against bf16 where the driver has the shape they need), and
-# the top kernels of each config's traced steps with their achieved rates; it ends with one
-# Markdown section (date, card, driver, commit) for docs/performance.md.
+# autocast; Alpha's --precision f16, and with --tensor-cores where the driver has the shape
+# they need, against bf16), and the top kernels of each config's traced steps with their
+# achieved rates; it ends with one Markdown section (date, card, driver, commit) for
+# docs/performance.md.
 #
 # What a fresh GPU machine needs:
 #   - The Vulkan loader (libvulkan.so.1; Debian/Ubuntu package libvulkan1) and the GPU's Vulkan
@@ -90,12 +91,17 @@ if [ $torch_cuda = 1 ]; then
     python3 scripts/compare_pytorch.py --alpha "$alpha" --backend gpu --configs "${configs[@]}" --rounds "$rounds" \
         --peers eager eager-bf16 | tee -a "$summary"
     echo >> "$summary"
-    if grep -q '16x16x16 f16->f32' "$out/info.json"; then
-        stage "Alpha with --tensor-cores against PyTorch eager bf16 ($rounds rounds per config)"
-        python3 scripts/compare_pytorch.py --alpha "$alpha" --alpha-flags=--tensor-cores --backend gpu --configs "${configs[@]}" \
+    # f16 mixed precision against bf16 autocast: the SIMT products, and on the tensor cores
+    # where the driver has the shape they need.
+    f16_runs=()
+    grep -q '"shader-f16"' "$out/info.json" && f16_runs+=("--precision f16")
+    grep -q '16x16x16 f16->f32' "$out/info.json" && f16_runs+=("--precision f16 --tensor-cores")
+    for flags in "${f16_runs[@]}"; do
+        stage "Alpha $flags against PyTorch eager bf16 ($rounds rounds per config)"
+        python3 scripts/compare_pytorch.py --alpha "$alpha" --alpha-flags="$flags" --backend gpu --configs "${configs[@]}" \
             --rounds "$rounds" --peers eager-bf16 | tee -a "$summary"
         echo >> "$summary"
-    fi
+    done
 else
     stage "no PyTorch with CUDA: Alpha alone"
     echo "| config | Alpha ms/iter | tokens/s | MFU (f32 FMA limit) |" >> "$summary"
