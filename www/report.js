@@ -7,7 +7,7 @@
 // device_busy_ms, wall_ms } | null }, where `records` are a run's metrics records. Served by
 // `train --serve`, the page polls the run's records instead and draws them as they come.
 
-import { lineChart, stackedBars } from "./charts.js";
+import { PALETTE, lineChart, stackedBars } from "./charts.js";
 
 const PHASES = ["data", "forward", "backward", "allreduce", "grad_norm", "optimizer", "eval", "sample", "checkpoint", "submit", "device_wait", "idle"];
 
@@ -44,6 +44,8 @@ function header(root, runs) {
     ["last val loss", (r) => num(r.eval.at(-1)?.val_loss)],
     ["tokens/s (median)", (r) => num(median(r.train.map((t) => t.tokens_per_sec)), 5)],
     ["MFU (median)", (r) => { const m = median(r.train.map((t) => t.mfu)); return Number.isFinite(m) ? `${(100 * m).toFixed(1)}%` : "–"; }],
+    ["loss scale (last)", (r) => num(r.train.at(-1)?.loss_scale)],
+    ["steps skipped (f16 overflow)", (r) => (r.train.some((t) => t.skipped_steps != null) ? String(r.train.reduce((n, t) => n + (t.skipped_steps ?? 0), 0)) : "–")],
     ["skipped lines", (r) => String(r.skipped)],
   ];
   const table = el("table", { id: "summary" }, [el("tr", {}, [el("th", {}, "run"), ...runs.map((r) => el("th", {}, r.name))])]);
@@ -85,6 +87,22 @@ function charts(root, runs, logY) {
     xLabel: "step",
     yLabel: "%",
   });
+  // f16 mixed precision: the loss scale and the steps an overflow skipped (a running count).
+  // Each run keeps its colour from the other charts.
+  const scaled = runs.map((run, i) => ({ run, color: PALETTE[i % PALETTE.length] })).filter(({ run }) => run.train.some((r) => r.loss_scale != null));
+  if (scaled.length) {
+    lineChart(chartBox(root, "chart-loss-scale", "loss scale (f16 mixed precision; halved at each overflow)"), {
+      series: scaled.map(({ run, color }) => ({ name: run.name, color, points: run.train.map((r) => [r.step, r.loss_scale]) })),
+      xLabel: "step",
+      yLabel: "scale",
+      logY: true,
+    });
+    const skipped = scaled.map(({ run, color }) => {
+      let total = 0;
+      return { name: run.name, color, points: run.train.map((r) => [r.step, (total += r.skipped_steps ?? 0)]) };
+    });
+    lineChart(chartBox(root, "chart-skipped", "steps skipped by an f16 overflow, in total"), { series: skipped, xLabel: "step", yLabel: "steps" });
+  }
   const bars = runs.map((run) => ({
     label: run.name,
     parts: PHASES.map((p) => ({ name: p, value: run.train.length ? run.train.reduce((t, r) => t + (r.ms?.[p] ?? 0), 0) / run.train.length : 0 })),

@@ -15,8 +15,7 @@ use crate::readback::{read, read_into, staging_buffer};
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape;
-use alpha_core::train::LossScaleState;
-use alpha_core::train::{shard, OneRank, Ranks, RunState, StepStats, TrainConfig};
+use alpha_core::train::{shard, LossScaleState, OneRank, Ranks, RunState, StepStats, TrainConfig};
 use alpha_core::{walk, Rng};
 use std::ops::Range;
 

@@ -372,22 +372,25 @@ test("clear messages: a text too short, no WebGPU asked for where there is none"
   await context.close();
 });
 
-// `alpha-native report` of a real short run (metrics and trace) opened from disk: no console
-// errors, every chart drawn with the run's number of points, at a desk's and a phone's width.
-test("alpha-native report: a run's charts from disk, at a desk's and a phone's width", async () => {
+// `alpha-native report` of two real short runs, the CPU in f32 (metrics and trace) against the
+// GPU in f16 (with the loss scale), opened from disk: no console errors, every chart drawn with
+// the runs' number of points, at a desk's and a phone's width.
+test("alpha-native report: two runs' charts from disk, at a desk's and a phone's width", async () => {
   const metrics = join(work, "report-run.jsonl");
+  const f16Metrics = join(work, "report-f16.jsonl");
   const trace = join(work, "report-run.trace.json");
   const out = join(work, "report.html");
-  execFileSync(native, ["train", ...TINY, "--iters", "24", "--log-interval", "2", "--eval-interval", "8", "--eval-iters", "2", "--sample-interval", "12",
-    "--out", join(work, "report-run"), "--metrics", metrics, "--trace", trace, "--trace-steps", "3"]);
-  execFileSync(native, ["report", "--metrics", metrics, "--trace", trace, "--out", out]);
-  const records = readFileSync(metrics, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+  const flags = [...TINY, "--iters", "24", "--log-interval", "2", "--eval-interval", "8", "--eval-iters", "2", "--sample-interval", "12"];
+  execFileSync(native, ["train", ...flags, "--out", join(work, "report-run"), "--metrics", metrics, "--trace", trace, "--trace-steps", "3"]);
+  execFileSync(native, ["train", ...flags, "--out", join(work, "report-f16"), "--metrics", f16Metrics, "--backend", "gpu", "--precision", "f16"]);
+  execFileSync(native, ["report", "--metrics", metrics, "--metrics", f16Metrics, "--trace", trace, "--out", out]);
+  const records = [metrics, f16Metrics].flatMap((m) => readFileSync(m, "utf8").trim().split("\n").map((l) => JSON.parse(l)));
   const count = (type) => records.filter((r) => r.type === type).length;
-  const [train, evals] = [count("train"), count("eval")];
-  assert.ok(train >= 12 && evals === 4, `${train} train and ${evals} eval records`);
+  const [train, evals] = [count("train") / 2, count("eval") / 2];
+  assert.ok(train >= 12 && evals === 4, `${train} train and ${evals} eval records per run`);
   const want = {
-    "chart-loss-step": train + evals, "chart-loss-time": train + evals, "chart-lr": train, "chart-grad-norm": train + 2,
-    "chart-tokens": train, "chart-mfu": 2 * train, "chart-phases": 1,
+    "chart-loss-step": 2 * (train + evals), "chart-loss-time": 2 * (train + evals), "chart-lr": 2 * train, "chart-grad-norm": 2 * (train + 2),
+    "chart-tokens": 2 * train, "chart-mfu": 4 * train, "chart-loss-scale": train, "chart-skipped": train, "chart-phases": 2,
   };
   for (const [name, width] of [["desk", 1000], ["phone", 390]]) {
     const page = await browser.newPage({ viewport: { width, height: 800 } });
@@ -405,7 +408,7 @@ test("alpha-native report: a run's charts from disk, at a desk's and a phone's w
     assert.equal(await page.locator("details.sample").count(), count("sample"));
     assert.ok(await page.evaluate(() => document.scrollingElement.scrollWidth <= window.innerWidth), `${name}: wider than the screen`);
     await page.locator("#log-scale").check();
-    assert.equal(Number(await page.locator("#chart-loss-step").getAttribute("data-points")), train + evals);
+    assert.equal(Number(await page.locator("#chart-loss-step").getAttribute("data-points")), 2 * (train + evals));
     assert.deepEqual(errors, []);
     assert.deepEqual(requests, [`file://${out}`]);
     await page.screenshot({ path: join(results, `report-${name}.png`), fullPage: true });
