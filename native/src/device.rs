@@ -55,6 +55,16 @@ pub struct DeviceArgs {
     pub tensor_cores: bool,
 }
 
+/// What records call the arithmetic of `gpu`'s products: "f32", "f16" (f16 operands, f32 sums
+/// and everything else f32), or "f16 (tensor cores)".
+pub fn precision_name(gpu: &Gpu) -> &'static str {
+    match gpu.precision {
+        Precision::F16 if gpu.tensor_cores() => "f16 (tensor cores)",
+        Precision::F16 => "f16",
+        Precision::F32 => "f32",
+    }
+}
+
 /// `--precision`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrecisionArg {
@@ -91,15 +101,8 @@ impl DeviceArgs {
     /// Which precision `gpu` (opened from these flags) runs, and with `--precision auto` why,
     /// for the run's first lines.
     pub fn precision_line(&self, gpu: &Gpu) -> String {
-        let name = &gpu.adapter.name;
+        let (name, chosen) = (&gpu.adapter.name, precision_name(gpu));
         let f16 = gpu.precision == Precision::F16;
-        let chosen = if gpu.tensor_cores() {
-            "f16 (tensor cores)"
-        } else if f16 {
-            "f16"
-        } else {
-            "f32"
-        };
         match self.precision {
             PrecisionArg::Auto if f16 => format!("precision: {chosen} (auto: {name} has shader-f16)"),
             PrecisionArg::Auto => format!("precision: {chosen} (auto: {name} lacks shader-f16)"),

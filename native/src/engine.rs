@@ -20,7 +20,7 @@ use alpha_core::tokenizer::{TextStream, Tokenizer};
 use alpha_core::train::{shard, LossScaleState, OneRank, OwnedMemory, Ranks, RunState, StepStats, TrainConfig, Trainer};
 use alpha_core::{Plan, Rng};
 use alpha_gpu::peak::Real;
-use alpha_gpu::{block_on, GpuForward, GpuTrainer, Precision};
+use alpha_gpu::{block_on, GpuForward, GpuTrainer};
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::time::Instant;
@@ -286,15 +286,10 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// The precision of the model's arithmetic, for records: "f32", or "f16" (products with f16
-    /// operands, f32 sums and everything else f32), "(tensor cores)" where they run the
-    /// products.
+    /// The precision of the model's arithmetic, for records (see
+    /// [`crate::device::precision_name`]; the CPU's is f32).
     pub fn precision(&self) -> &'static str {
-        match self {
-            Engine::Gpu(g) if g.trainer.gpu().tensor_cores() => "f16 (tensor cores)",
-            Engine::Gpu(g) if g.trainer.gpu().precision == Precision::F16 => "f16",
-            _ => "f32",
-        }
+        self.gpu().map_or("f32", crate::device::precision_name)
     }
 
     /// The device for reports: null on the CPU; adapter, kernels and submits per step and
