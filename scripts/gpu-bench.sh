@@ -34,7 +34,7 @@ read -r -a configs <<< "${GPU_BENCH_CONFIGS:-small baby gpt2}"
 declare -A shape=(
     [small]="--layers 4 --heads 4 --embd 128 --block 64 --batch 12"
     [baby]="--layers 6 --heads 6 --embd 384 --block 256 --batch 64"
-    [gpt2]="--model gpt2 --block 1024 --batch 4"
+    [gpt2]="--model gpt2 --block 1024 --batch 8"
 )
 for c in "${configs[@]}"; do
     [ -n "${shape[$c]:-}" ] || { echo "GPU_BENCH_CONFIGS: no config $c (small, baby, gpt2)" >&2; exit 1; }

@@ -34,16 +34,6 @@ pub(crate) async fn allocating<T>(gpu: &Gpu, make: impl FnOnce() -> Result<T, Gp
     }
 }
 
-/// An error unless `plan`'s arenas can be indexed by the kernels: they compute element
-/// indices in u32, so each arena stays under 2^30 elements (headroom for index arithmetic).
-pub(crate) fn check_indexable(plan: &Plan) -> Result<(), GpuError> {
-    let largest = plan.acts_len().max(plan.params_len());
-    if largest >= 1 << 30 {
-        return Err(GpuError(format!("the model needs an arena of {largest} elements; the GPU kernels index at most 2^30")));
-    }
-    Ok(())
-}
-
 /// A model that only runs forward, batch by batch: the losses of given windows (`eval`) or
 /// the logits at one position (`sample`). Its parameters are its own or a trainer's.
 pub struct GpuForward {
@@ -114,7 +104,6 @@ impl GpuForward {
         if params.len() != plan.params_len() {
             return Err(GpuError(format!("{} parameters given, the model has {}", params.len(), plan.params_len())));
         }
-        check_indexable(&plan)?;
         let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
         let layout = DeviceLayout::new(&plan);
         allocating(&gpu.clone(), || {
@@ -128,7 +117,6 @@ impl GpuForward {
     /// A forward-only model over an existing device parameter buffer (a trainer's: it sees
     /// each update as it happens). `kernels` must be compiled for `plan`'s head size.
     pub(crate) fn sharing(gpu: Gpu, kernels: Kernels, plan: Plan, params: wgpu::Buffer) -> Result<GpuForward, GpuError> {
-        check_indexable(&plan)?;
         let layout = DeviceLayout::new(&plan);
         let (n, vocab) = (plan.tokens(), plan.config.vocab_size);
         let slot_len = BatchSlot::len(n, vocab);

@@ -6,7 +6,7 @@
 
 use crate::context::{Gpu, GpuError, Precision};
 use crate::executor::{aligned, BatchSlot, DeviceArenas, Recorder};
-use crate::forward::{allocating, check_indexable, storage, GpuForward};
+use crate::forward::{allocating, storage, GpuForward};
 use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
@@ -235,12 +235,11 @@ impl GpuTrainer {
         Ok(t)
     }
 
-    /// An error unless a trainer of `plan` is within `gpu`'s limits: buffer sizes and the
-    /// kernels' 32-bit indices (each tensor's binding is checked as the programs are built;
-    /// whole arenas are bound in pieces; the device's free memory shows only when the buffers
-    /// are made).
+    /// An error unless a trainer of `plan` is within `gpu`'s limits: buffer sizes (each
+    /// tensor's binding is checked as the programs are built, and the kernels index only
+    /// within their bindings, so an arena may pass 2^32 elements; whole arenas are bound in
+    /// pieces; the device's free memory shows only when the buffers are made).
     pub fn check_fits(gpu: &Gpu, plan: &Plan) -> Result<(), GpuError> {
-        check_indexable(plan)?;
         gpu.check_size("the parameter arena", bytes(DeviceLayout::new(plan).len()), false)?;
         gpu.check_size("activations", bytes(plan.acts_len().max(ACT_ALIGN)), false)?;
         // The token embedding and the logits are bound in pieces of 64 rows or more; the
