@@ -724,8 +724,8 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     };
     let mut metrics = Metrics { file: metrics, live, started: Instant::now() };
 
-    let resumed_best = run.resume.as_ref().and_then(|ck| ck.optimizer.as_ref()).and_then(|(_, _, state)| state.best_val_loss);
-    let resumed_loss_scale = run.resume.as_ref().and_then(|ck| ck.optimizer.as_ref()).and_then(|(_, _, state)| state.loss_scale);
+    let (resumed_best, resumed_loss_scale) =
+        run.resume.as_ref().and_then(|ck| ck.optimizer.as_ref()).map_or((None, None), |(_, _, state)| (state.best_val_loss, state.loss_scale));
     let start = match run.resume.take() {
         Some(ck) => {
             let (m, v, state) = ck.optimizer.expect("resolve() checked the training state");

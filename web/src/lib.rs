@@ -314,13 +314,14 @@ impl Trainer {
     /// `tokensPerSec` of the last step).
     pub fn stats(&self) -> Result<JsValue, JsError> {
         let plan = self.engine.plan();
+        let (precision, precision_fallback) = self.engine.precision();
         let stats = Stats {
             backend: self.engine.backend_name(),
             adapter: self.engine.adapter(),
             kernel: self.engine.cpu_kernel(),
             fallback: self.fallback.clone(),
-            precision: self.engine.precision().0,
-            precision_fallback: self.engine.precision().1,
+            precision,
+            precision_fallback,
             threads: self.engine.threads(),
             step: self.engine.step_count(),
             iters: self.settings.iters,
