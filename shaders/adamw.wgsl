@@ -1,7 +1,7 @@
 // AdamW (PyTorch's operation order, decoupled weight decay) with the gradient clip factor
 // and the loss scale's inverse folded in; the update is skipped (and counted) when the step's
-// loss or gradient norm is not finite. Then, under `--precision f16`, the loss scale's update.
-// CPU twin: core/src/optim.rs.
+// loss or gradient norm is not finite. Then, under `--precision f16`, the loss scale's update
+// and the f16 copy of the weights. CPU twin: core/src/optim.rs.
 
 @group(0) @binding(1) var<storage, read_write> ad_params: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ad_grads: array<f32>;
@@ -77,5 +77,19 @@ fn loss_scale_update() {
         ls_stats[word(3u)] = 0.0;
     } else {
         ls_stats[word(3u)] = good;
+    }
+}
+
+@group(0) @binding(2) var<storage, read_write> hw_copy: array<Elem2>;
+
+// Under f16 precision, the f16 copy of the weights that the products read: copy[i] =
+// params[i] rounded to f16, after each AdamW and each upload. Words: 0 len. Bindings: 1
+// params, 2 copy (f16). Grid as adamw's.
+@compute @workgroup_size(64)
+fn half_weights(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.y * groups.x + wid.x) * 64u + lid;
+    if (i < word(0u)) {
+        hw_copy[i] = to_elem2(ad_params[i]);
     }
 }

@@ -14,9 +14,11 @@
 // kernel, overflowed the registers at head size 64); the slices' partial dot products meet in
 // workgroup memory once per tile.
 
-@group(0) @binding(1) var<storage, read_write> at_1: array<f32>;
+// The output (written by the forward at 1, read by the delta pass at 3) is f16 where the
+// dispatch stores it so (see kernels.rs: `ElemN`).
+@group(0) @binding(1) var<storage, read_write> at_1: array<Elem1>;
 @group(0) @binding(2) var<storage, read_write> at_2: array<f32>;
-@group(0) @binding(3) var<storage, read_write> at_3: array<f32>;
+@group(0) @binding(3) var<storage, read_write> at_3: array<Elem3>;
 @group(0) @binding(4) var<storage, read_write> at_4: array<f32>;
 @group(0) @binding(5) var<storage, read_write> at_5: array<f32>;
 // The micro-batch's words: the dropout key (0..4, see common.wgsl), bound where the model has
@@ -77,7 +79,7 @@ fn head_row(wid: vec3<u32>, lid: u32) -> HeadRow {
 /// 3 dout (binding 3, backward only).
 fn head_elem(src: u32, b: u32, r: u32, h: u32, d: u32) -> f32 {
     if (src == 3u) {
-        return at_3[row_at(b, r, h) + d];
+        return f32(at_3[row_at(b, r, h) + d]);
     }
     return at_2[qkv_at(b, r, src, h) + d];
 }
@@ -118,7 +120,7 @@ fn store_slice(x: ptr<function, array<vec4<f32>, HSP4>>, part: u32, at: u32, sca
         for (var t = 0u; t < 4u; t++) {
             let d = 4u * (part * HSP4 + e) + t;
             if (d < HS) {
-                at_1[at + d] = (*x)[e][t] * scale;
+                at_1[at + d] = to_elem1((*x)[e][t] * scale);
             }
         }
     }
@@ -229,7 +231,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     if (row.valid) {
         store_slice(&o, part, row_at(row.b, i, row.h), 1.0 / l);
         if (part == 0u) {
-            at_3[wid.y * seq + i] = m + log(l);
+            at_3[wid.y * seq + i] = to_elem3(m + log(l));
         }
     }
 }
@@ -244,9 +246,9 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let at = row_at(row.b, row.i, row.h);
     var s = 0.0;
     for (var d = 0u; d < HS; d++) {
-        s = fma(at_2[at + d], at_3[at + d], s);
+        s = fma(at_2[at + d], f32(at_3[at + d]), s);
     }
-    at_1[wid.y * word(1u) + row.i] = s;
+    at_1[wid.y * word(1u) + row.i] = to_elem1(s);
 }
 
 // dQ of each query row (written to the q part of dqkv).
@@ -376,10 +378,10 @@ fn attention_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     for (var d = 0u; d < HS; d++) {
         let od = workgroup_sum(o[d] * corr, lid);
         if (lid == 0u) {
-            at_1[h * HS + d] = od / total;
+            at_1[h * HS + d] = to_elem1(od / total);
         }
     }
     if (lid == 0u) {
-        at_3[h] = mx + log(total);
+        at_3[h] = to_elem3(mx + log(total));
     }
 }

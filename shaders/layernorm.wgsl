@@ -2,7 +2,8 @@
 // per-row-block weight/bias gradient partials (finished by add_partials).
 // CPU twin: core/src/ops/layernorm.rs.
 
-@group(0) @binding(1) var<storage, read_write> ln_1: array<f32>;
+// The forward's output is f16 where the dispatch stores it so (see kernels.rs: `ElemN`).
+@group(0) @binding(1) var<storage, read_write> ln_1: array<Elem1>;
 @group(0) @binding(2) var<storage, read_write> ln_2: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ln_3: array<f32>;
 @group(0) @binding(4) var<storage, read_write> ln_4: array<f32>;
@@ -39,7 +40,7 @@ fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     }
     let rstd = 1.0 / sqrt(workgroup_sum(q, lid) / f32(r.c) + 1e-5);
     for (var j = lid; j < r.c; j += 64u) {
-        ln_1[r.base + j] = (ln_4[r.base + j] - mean) * rstd * ln_5[j] + ln_6[j];
+        ln_1[r.base + j] = to_elem1((ln_4[r.base + j] - mean) * rstd * ln_5[j] + ln_6[j]);
     }
     if (lid == 0u) {
         ln_2[r.row] = mean;
@@ -69,7 +70,7 @@ fn layernorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     let dnorm_xhat_mean = workgroup_sum(b, lid) / f32(r.c);
     for (var j = lid; j < r.c; j += 64u) {
         let xhat = (ln_3[r.base + j] - mean) * rstd;
-        ln_1[r.base + j] += (ln_2[r.base + j] * ln_6[j] - dnorm_mean - xhat * dnorm_xhat_mean) * rstd;
+        ln_1[r.base + j] = to_elem1(f32(ln_1[r.base + j]) + (ln_2[r.base + j] * ln_6[j] - dnorm_mean - xhat * dnorm_xhat_mean) * rstd);
     }
 }
 
@@ -92,6 +93,6 @@ fn layernorm_param_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(loca
         dw += g * (ln_3[r * c + j] - ln_4[r]) * ln_5[r];
         db += g;
     }
-    ln_1[block * 2u * c + j] = dw;
-    ln_1[block * 2u * c + c + j] = db;
+    ln_1[block * 2u * c + j] = to_elem1(dw);
+    ln_1[block * 2u * c + c + j] = to_elem1(db);
 }

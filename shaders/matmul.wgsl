@@ -2,9 +2,10 @@
 // operands both backward products), and the bias gradient with GELU backward folded in.
 // CPU twin: core/src/ops/matmul.rs.
 
-@group(0) @binding(1) var<storage, read_write> mm_a: array<f32>;
-@group(0) @binding(2) var<storage, read_write> mm_b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> mm_c: array<f32>;
+// a, b and c are f16 where the dispatch stores them so (see kernels.rs: `ElemN`).
+@group(0) @binding(1) var<storage, read_write> mm_a: array<Elem1>;
+@group(0) @binding(2) var<storage, read_write> mm_b: array<Elem2>;
+@group(0) @binding(3) var<storage, read_write> mm_c: array<Elem3>;
 @group(0) @binding(4) var<storage, read_write> mm_bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> mm_aux: array<f32>;
 
@@ -73,7 +74,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
             }
             var x = 0.0;
             if (row0 + r < p.rows && k0 + k < p.k_end) {
-                x = operand(mm_a[(row0 + r) * p.a_rs + (k0 + k) * p.a_cs]);
+                x = operand(f32(mm_a[(row0 + r) * p.a_rs + (k0 + k) * p.a_cs]));
             }
             a_tile[k * PITCH + r] = x;
             var kb = e / TILE;
@@ -84,7 +85,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
             }
             var y = 0.0;
             if (col0 + c < p.cols && k0 + kb < p.k_end) {
-                y = operand(mm_b[(k0 + kb) * p.b_rs + (col0 + c) * p.b_cs]);
+                y = operand(f32(mm_b[(k0 + kb) * p.b_rs + (col0 + c) * p.b_cs]));
             }
             b_tile[kb * PITCH + c] = y;
         }
@@ -141,9 +142,9 @@ fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32
         if (i0 + i < limit && k0 + k < k_end) {
             let at = (i0 + i) * i_stride + (k0 + k) * k_stride;
             if (op == 0u) {
-                v[e] = operand(mm_a[at]);
+                v[e] = operand(f32(mm_a[at]));
             } else {
-                v[e] = operand(mm_b[at]);
+                v[e] = operand(f32(mm_b[at]));
             }
         }
     }
@@ -236,7 +237,7 @@ fn store_one(r: u32, c: u32, slice: u32, v_in: f32) {
     let idx = slice + r * word(9u) + c;
     var v = v_in;
     if ((flags & EPI_ACCUMULATE) != 0u) {
-        v = mm_c[idx] + v;
+        v = f32(mm_c[idx]) + v;
     }
     if ((flags & EPI_BIAS) != 0u) {
         v += mm_bias[c];
@@ -249,7 +250,7 @@ fn store_one(r: u32, c: u32, slice: u32, v_in: f32) {
     if ((flags & EPI_RESIDUAL) != 0u) {
         v += mm_aux[idx];
     }
-    mm_c[idx] = v;
+    mm_c[idx] = to_elem3(v);
 }
 
 // Backward of the epilogue: with GELU, dout[rows, cols] *= slope (gelu'(pre), what the
@@ -271,12 +272,12 @@ fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     var sum = 0.0;
     for (var r = block * 64u; r < end; r++) {
         let idx = r * cols + j;
-        var g = mm_a[idx];
+        var g = f32(mm_a[idx]);
         if (gelu != 0u) {
-            g = g * mm_b[idx];
-            mm_a[idx] = g;
+            g = g * f32(mm_b[idx]);
+            mm_a[idx] = to_elem1(g);
         }
         sum += g;
     }
-    mm_c[block * cols + j] = sum;
+    mm_c[block * cols + j] = to_elem3(sum);
 }

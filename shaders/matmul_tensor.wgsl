@@ -33,7 +33,7 @@ fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
         }
         var v = 0.0;
         if (row0 + i < p.rows && k0 + k < p.k_end) {
-            v = mm_a[(row0 + i) * p.a_rs + (k0 + k) * p.a_cs];
+            v = f32(mm_a[(row0 + i) * p.a_rs + (k0 + k) * p.a_cs]);
         }
         tc_a[i * TC_A_PITCH + k] = f16(round_f16(v));
     }
@@ -46,7 +46,7 @@ fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
         }
         var v = 0.0;
         if (col0 + j < p.cols && k0 + k < p.k_end) {
-            v = mm_b[(k0 + k) * p.b_rs + (col0 + j) * p.b_cs];
+            v = f32(mm_b[(k0 + k) * p.b_rs + (col0 + j) * p.b_cs]);
         }
         tc_b[k * TC_B_PITCH + j] = f16(round_f16(v));
     }

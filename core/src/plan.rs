@@ -4,7 +4,9 @@
 //! - `params`, `grads`, `adam_m`, `adam_v`: [`Plan::params_len`] elements each, one layout
 //!   (a parameter's gradient and moments sit at the parameter's offset);
 //! - `acts`: [`Plan::acts_len`] elements: saved activations, then backward scratch. Every
-//!   activation span starts at a multiple of [`ACT_ALIGN`] elements.
+//!   activation span starts at a multiple of [`ACT_ALIGN`] elements. Under the GPU's f16
+//!   precision the activations that only feed linear layers are stored as f16, two to an
+//!   element (see [`Plan::with_half_activations`]).
 //!
 //! Parameters are laid out in nanoGPT's `state_dict` order with `nn.Linear` layout
 //! (`[out_features, in_features]`), so a checkpoint is the params arena cut at the offsets.
@@ -210,6 +212,8 @@ pub struct Plan {
     pub seq: usize,
     /// Activation checkpointing (see [`Plan::with_recompute`]).
     recompute: bool,
+    /// f16 storage of the linear layers' inputs (see [`Plan::with_half_activations`]).
+    half_activations: bool,
     /// Logits in use (see [`Plan::with_classes`]).
     classes: usize,
     /// Dropout's threshold (see [`crate::ops::dropout::threshold`]; 0: none) and seed (see
@@ -264,8 +268,13 @@ fn arena_elements_bound(config: &GptConfig, batch: usize, seq: usize) -> u128 {
 struct Bump(usize);
 impl Bump {
     fn take(&mut self, len: usize) -> Span {
+        self.take_stored(len, false)
+    }
+
+    /// A span of `len` elements, stored as f16 (in `len / 2` arena elements) where `half`.
+    fn take_stored(&mut self, len: usize, half: bool) -> Span {
         let s = Span { offset: self.0, len };
-        self.0 += aligned(len);
+        self.0 += aligned(if half { len.div_ceil(2) } else { len });
         s
     }
 }
@@ -291,6 +300,7 @@ impl Plan {
             batch,
             seq,
             recompute: false,
+            half_activations: false,
             dropout: (0, 0),
             classes: config.vocab_size,
             layer_params_len,
@@ -319,7 +329,8 @@ impl Plan {
         let layers = self.config.n_layer;
         let head_len = self.head_acts_at(0).losses.end().next_multiple_of(ACT_ALIGN);
         if recompute {
-            self.layer_acts_len = aligned(self.layer_acts(0).fc_gelu.end() - start);
+            let last = self.layer_acts(0).fc_gelu;
+            self.layer_acts_len = aligned(last.offset + self.stored_len(last) - start);
             let shared = self.layer_acts_len.max(head_len);
             self.kept_offset = start + shared;
             self.head_offset = start;
@@ -331,6 +342,33 @@ impl Plan {
         }
         self.acts_len = aligned(self.scratch().dropped.end());
         self
+    }
+
+    /// This plan with the activations that only feed linear layers (both LayerNorm outputs
+    /// and the attention and GELU outputs of every block, the final LayerNorm's output)
+    /// stored as f16, in half the room: the GPU's f16 precision, whose products round their
+    /// operands to f16 anyway. A block's activations shrink from about 16 values per token
+    /// and channel to 12.5. Spans keep their length in elements; [`Plan::is_half`] tells
+    /// them apart and [`Plan::stored_len`] gives their room. Only the GPU runs such a plan.
+    pub fn with_half_activations(mut self, half: bool) -> Plan {
+        self.half_activations = half;
+        self.with_recompute(self.recompute)
+    }
+
+    /// Whether activation `span` is stored as f16 (see [`Plan::with_half_activations`]).
+    pub fn is_half(&self, span: Span) -> bool {
+        let layers = if self.recompute { 1 } else { self.config.n_layer };
+        self.half_activations
+            && (span == self.head_acts().lnf || (0..layers).map(|l| self.layer_acts(l)).any(|a| [a.ln1, a.atty, a.ln2, a.fc_gelu].contains(&span)))
+    }
+
+    /// Arena elements activation `span` occupies: its length, half of it stored as f16.
+    pub fn stored_len(&self, span: Span) -> usize {
+        if self.is_half(span) {
+            span.len.div_ceil(2)
+        } else {
+            span.len
+        }
     }
 
     /// This plan with dropout `p` (nanoGPT's `dropout`) in training walks, the masks drawn
@@ -468,19 +506,20 @@ impl Plan {
     pub fn layer_acts(&self, l: usize) -> LayerActs {
         let (n, c) = (self.tokens(), self.config.n_embd);
         let mut b = Bump(self.blocks_start() + if self.recompute { 0 } else { l * self.layer_acts_len });
+        let half = self.half_activations;
         LayerActs {
-            ln1: b.take(n * c),
+            ln1: b.take_stored(n * c, half),
             ln1_mean: b.take(n),
             ln1_rstd: b.take(n),
             qkv: b.take(3 * n * c),
-            atty: b.take(n * c),
+            atty: b.take_stored(n * c, half),
             lse: b.take(self.batch * self.config.n_head * self.seq),
             res_mid: b.take(n * c),
-            ln2: b.take(n * c),
+            ln2: b.take_stored(n * c, half),
             ln2_mean: b.take(n),
             ln2_rstd: b.take(n),
             fc_pre: b.take(4 * n * c),
-            fc_gelu: b.take(4 * n * c),
+            fc_gelu: b.take_stored(4 * n * c, half),
             res_out: if self.recompute { Span { offset: self.kept_offset + l * aligned(n * c), len: n * c } } else { b.take(n * c) },
         }
     }
@@ -502,7 +541,7 @@ impl Plan {
     fn head_acts_at(&self, offset: usize) -> HeadActs {
         let (n, c, v) = (self.tokens(), self.config.n_embd, self.config.vocab_size);
         let mut b = Bump(offset);
-        HeadActs { lnf: b.take(n * c), lnf_mean: b.take(n), lnf_rstd: b.take(n), logits: b.take(n * v), losses: b.take(n) }
+        HeadActs { lnf: b.take_stored(n * c, self.half_activations), lnf_mean: b.take(n), lnf_rstd: b.take(n), logits: b.take(n * v), losses: b.take(n) }
     }
 
     /// The largest scratch of any matmul (see [`crate::ops::matmul::scratch_len`]).
@@ -607,6 +646,50 @@ mod tests {
             let real = 4 * plan.params_len() + plan.acts_len() + 2 * plan.tokens();
             assert!(real as u128 <= arena_elements_bound(&cfg, batch, seq), "{cfg:?} batch {batch} seq {seq}");
             assert_eq!(plan.params().last().unwrap().span.end(), plan.params_len());
+        }
+    }
+
+    /// With f16 activations the linear layers' inputs (odd lengths here) take half their
+    /// elements' room, the others keep theirs, and no two activations share an element.
+    #[test]
+    fn half_activations_take_half_the_room_and_stay_apart() {
+        for recompute in [false, true] {
+            let plan = Plan::new(config(65, 16, 3, 3, 9), 3, 11).unwrap().with_recompute(recompute);
+            let half = plan.with_half_activations(true);
+            assert!(!plan.is_half(plan.layer_acts(0).ln1));
+            assert!(half.acts_len() < plan.acts_len(), "recompute {recompute}");
+            let h = half.head_acts();
+            let head = [(h.lnf, true), (h.lnf_mean, false), (h.lnf_rstd, false), (h.logits, false), (h.losses, false)];
+            let mut blocks = Vec::new();
+            for l in 0..3 {
+                let a = half.layer_acts(l);
+                let kept = [a.ln1_mean, a.ln1_rstd, a.qkv, a.lse, a.res_mid, a.ln2_mean, a.ln2_rstd, a.fc_pre, a.res_out];
+                blocks.extend([a.ln1, a.atty, a.ln2, a.fc_gelu].map(|s| (s, true)).into_iter().chain(kept.map(|s| (s, false))));
+            }
+            let sc = half.scratch();
+            let scratch = [sc.dres, sc.dbig, sc.dsmall, sc.wt, sc.attention, sc.partials].map(|s| (s, false));
+            let mut groups = vec![blocks.iter().chain(&scratch).chain(&head).copied().collect::<Vec<_>>()];
+            if recompute {
+                // The head runs after the blocks and shares their room; the blocks' inputs stay.
+                let kept = (0..3).map(|l| (half.layer_acts(l).res_out, false));
+                groups = vec![blocks.iter().chain(&scratch).copied().collect(), head.iter().chain(&scratch).copied().chain(kept).collect()];
+            }
+            for group in groups {
+                let mut ranges: Vec<(usize, usize)> = Vec::new();
+                for (s, is_half) in group {
+                    assert_eq!(half.is_half(s), is_half, "{s:?}");
+                    assert_eq!(half.stored_len(s), if is_half { s.len.div_ceil(2) } else { s.len });
+                    assert_eq!(s.offset % ACT_ALIGN, 0);
+                    ranges.push((s.offset, s.offset + half.stored_len(s)));
+                }
+                // With recompute the blocks share one set of activations.
+                ranges.sort();
+                ranges.dedup();
+                for w in ranges.windows(2) {
+                    assert!(w[0].1 <= w[1].0, "{:?} and {:?} overlap (recompute {recompute})", w[0], w[1]);
+                }
+                assert!(ranges.last().unwrap().1 <= half.acts_len());
+            }
         }
     }
 

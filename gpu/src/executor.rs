@@ -50,6 +50,8 @@ impl BatchSlot {
 pub(crate) struct DeviceArenas<'a> {
     /// Parameters, in the device layout.
     pub params: &'a wgpu::Buffer,
+    /// Under f16 precision, their f16 copy (same layout), which the products read.
+    pub half_weights: Option<&'a wgpu::Buffer>,
     /// Their gradients (backward walks only).
     pub grads: Option<&'a wgpu::Buffer>,
     /// Activations and backward scratch, in the plan's layout.
@@ -83,7 +85,7 @@ impl<'a> KvCache<'a> {
     /// Layer `l`'s keys and values.
     fn layer(&self, l: usize) -> (View<'a>, View<'a>) {
         let half = KvCache::half(self.len, self.width);
-        let at = |i: usize| View { buffer: self.buffer, offset: (2 * l + i) * half, len: self.len * self.width };
+        let at = |i: usize| View { buffer: self.buffer, offset: (2 * l + i) * half, len: self.len * self.width, half: false };
         (at(0), at(1))
     }
 }
@@ -94,6 +96,8 @@ pub(crate) struct Recorder<'a> {
     program: ProgramBuilder<'a>,
     bufs: DeviceArenas<'a>,
     layout: &'a DeviceLayout,
+    /// Tells the activations stored as f16 apart.
+    plan: Plan,
     scratch: Scratch,
     slot: BatchSlot,
     loss_slot: usize,
@@ -110,7 +114,7 @@ impl<'a> Recorder<'a> {
     pub fn new(gpu: &Gpu, plan: &Plan, layout: &'a DeviceLayout, bufs: DeviceArenas<'a>, slot: BatchSlot, loss_slot: usize) -> Self {
         let n_layer = plan.config.n_layer;
         let program = ProgramBuilder::for_gpu(gpu);
-        Recorder { program, bufs, layout, scratch: plan.scratch(), slot, loss_slot, cache: None, n_layer, layer: 0 }
+        Recorder { program, bufs, layout, plan: *plan, scratch: plan.scratch(), slot, loss_slot, cache: None, n_layer, layer: 0 }
     }
 
     /// Recording a one-token forward (a plan of batch 1 and sequence 1) at the position in
@@ -127,7 +131,19 @@ impl<'a> Recorder<'a> {
     }
 
     fn acts(&self, span: Span) -> View<'a> {
-        View::span(self.bufs.acts, span)
+        if self.plan.is_half(span) {
+            View::half_span(self.bufs.acts, span)
+        } else {
+            View::span(self.bufs.acts, span)
+        }
+    }
+
+    /// The products' view of weight `w`: its f16 copy under f16 precision.
+    fn product_weight(&self, w: View<'a>) -> View<'a> {
+        match self.bufs.half_weights {
+            Some(copy) => w.in_half_copy(copy),
+            None => w,
+        }
     }
 
     fn ids(&self, span: Span) -> View<'a> {
@@ -178,14 +194,16 @@ impl<'a> Executor for Recorder<'a> {
     }
 
     fn matmul_forward(&mut self, a: matmul::Forward<View<'a>, View<'a>>) {
-        ops::matmul::forward(&mut self.program, a)
+        let weight = self.product_weight(a.weight);
+        ops::matmul::forward(&mut self.program, matmul::Forward { weight, ..a })
     }
 
     fn matmul_backward(&mut self, a: matmul::Backward<View<'a>, View<'a>>) {
         let split = self.bufs.split.expect("a backward walk needs the split-gradient scratch");
         let split = View::first(split, (split.size() / 4) as usize);
         let partials = self.acts(self.scratch.partials);
-        ops::matmul::backward(&mut self.program, a, partials, split)
+        let weight = self.product_weight(a.weight);
+        ops::matmul::backward(&mut self.program, matmul::Backward { weight, ..a }, partials, split)
     }
 
     fn attention_forward(&mut self, a: attention::Forward<View<'a>, View<'a>>) {

@@ -1,14 +1,17 @@
 //! [`GpuForward`], a model that only runs forward (evaluation over whole texts, sampling),
-//! and the device memory every GPU model shares: batch slots, checked storage buffers.
+//! and the device memory every GPU model shares: batch slots, checked storage buffers, the
+//! weights' f16 copy.
 
-use crate::context::{Gpu, GpuError};
+use crate::context::{Gpu, GpuError, Precision};
 use crate::executor::{BatchSlot, DeviceArenas, KvCache, Recorder};
-use crate::kernels::{bytes, Kernels, Program};
-use crate::layout::DeviceLayout;
+use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
+use crate::layout::{DeviceLayout, PARAM_ALIGN};
+use crate::ops;
 use crate::readback::read;
 use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
 use alpha_core::plan::{Plan, ACT_ALIGN};
 use alpha_core::{tape, walk, Rng};
+use std::ops::Range;
 
 /// A storage buffer of `elements` 32-bit words (at least one aligned block), checked against
 /// the device's limits.
@@ -21,6 +24,57 @@ pub(crate) fn storage(gpu: &Gpu, label: &str, elements: usize) -> Result<wgpu::B
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     }))
+}
+
+/// `plan` as `gpu` runs it: with the linear layers' inputs stored as f16 under f16 precision
+/// (see [`Plan::with_half_activations`]).
+pub(crate) fn device_plan(gpu: &Gpu, plan: Plan) -> Plan {
+    plan.with_half_activations(gpu.precision == Precision::F16)
+}
+
+/// Under f16 precision, the f16 copy of a parameter arena (device layout) that the products
+/// read, and the program that makes it from the arena: run after every change to the
+/// parameters (an upload; a trainer's update ends with the same dispatches).
+pub(crate) struct HalfWeights {
+    pub buffer: wgpu::Buffer,
+    refresh: Program,
+}
+
+impl HalfWeights {
+    /// The copy of `params` (`len` elements) on a device with f16 precision, made now;
+    /// `None` on others.
+    pub fn new(gpu: &Gpu, kernels: &Kernels, params: &wgpu::Buffer, len: usize) -> Result<Option<HalfWeights>, GpuError> {
+        if gpu.precision != Precision::F16 {
+            return Ok(None);
+        }
+        // f16: half as many arena elements (`len` is a multiple of PARAM_ALIGN).
+        let buffer = storage(gpu, "parameters' f16 copy", len / 2)?;
+        let mut p = ProgramBuilder::for_gpu(gpu);
+        p.label("f16 weights");
+        HalfWeights::push(gpu, &mut p, params, &buffer, len);
+        let refresh = p.build(gpu, kernels)?;
+        let copy = HalfWeights { buffer, refresh };
+        copy.refresh(gpu, kernels);
+        Ok(Some(copy))
+    }
+
+    /// Pushes the dispatches that make `copy` from `params` (`len` elements).
+    pub fn push<'a>(gpu: &Gpu, p: &mut ProgramBuilder<'a>, params: &'a wgpu::Buffer, copy: &'a wgpu::Buffer, len: usize) {
+        let whole = View::first(params, len);
+        ops::adamw::half_weights(p, whole, whole.in_half_copy(copy), &HalfWeights::pieces(gpu, len));
+    }
+
+    /// Binding pieces of `len` elements, each a multiple of [`PARAM_ALIGN`] long (its f16
+    /// part starts aligned).
+    fn pieces(gpu: &Gpu, len: usize) -> Vec<Range<usize>> {
+        let max = elements(gpu.limits.max_storage_buffer_binding_size) / PARAM_ALIGN * PARAM_ALIGN;
+        ops::binding_pieces(len, max)
+    }
+
+    /// Makes the copy again from the parameters (after an upload).
+    pub fn refresh(&self, gpu: &Gpu, kernels: &Kernels) {
+        self.refresh.submit(gpu, kernels);
+    }
 }
 
 /// Runs `make`, which creates device buffers, inside an out-of-memory error scope: a device
@@ -42,6 +96,9 @@ pub struct GpuForward {
     plan: Plan,
     layout: DeviceLayout,
     params: wgpu::Buffer,
+    /// The f16 copy of its own parameters under f16 precision (a trainer's model shares
+    /// the trainer's, which the trainer keeps current).
+    own_copy: Option<HalfWeights>,
     acts: wgpu::Buffer,
     batch: wgpu::Buffer,
     program: Program,
@@ -64,16 +121,24 @@ struct Decoder {
 }
 
 impl Decoder {
-    /// The decoder of a batch-1 `window` plan over the device `params`.
-    fn new(gpu: &Gpu, kernels: &Kernels, window: &Plan, layout: &DeviceLayout, params: &wgpu::Buffer) -> Result<Decoder, GpuError> {
+    /// The decoder of a batch-1 `window` plan over the device `params` (and their f16 copy).
+    fn new(
+        gpu: &Gpu,
+        kernels: &Kernels,
+        window: &Plan,
+        layout: &DeviceLayout,
+        params: &wgpu::Buffer,
+        half_weights: Option<&wgpu::Buffer>,
+    ) -> Result<Decoder, GpuError> {
         let c = window.config;
         let plan = Plan::new(c, 1, 1).and_then(|p| p.with_classes(window.classes())).map_err(|e| GpuError(e.to_string()))?;
+        let plan = device_plan(gpu, plan);
         let slot_len = BatchSlot::len(1, c.vocab_size);
         let acts = storage(gpu, "activations", plan.acts_len())?;
         let batch = storage(gpu, "batch", slot_len)?;
         let stats = storage(gpu, "statistics", ACT_ALIGN)?;
         let cache = storage(gpu, "KV cache", 2 * c.n_layer * KvCache::half(window.seq, c.n_embd))?;
-        let bufs = DeviceArenas { params, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
+        let bufs = DeviceArenas { params, half_weights, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
         let kv = KvCache { buffer: &cache, len: window.seq, width: c.n_embd };
         let mut recorder = Recorder::new(gpu, &plan, layout, bufs, BatchSlot::new(0, 1, c.vocab_size), 0).decoding(kv);
         walk::forward(&mut recorder, &tape::record_to_vec(&plan), None);
@@ -109,26 +174,32 @@ impl GpuForward {
         allocating(&gpu.clone(), || {
             let buffer = storage(&gpu, "parameters", layout.len())?;
             gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&layout.to_device(params)));
-            GpuForward::sharing(gpu, kernels, plan, buffer)
+            let copy = HalfWeights::new(&gpu, &kernels, &buffer, layout.len())?;
+            let mut model = GpuForward::sharing(gpu, kernels, plan, buffer, copy.as_ref().map(|c| c.buffer.clone()))?;
+            model.own_copy = copy;
+            Ok(model)
         })
         .await
     }
 
-    /// A forward-only model over an existing device parameter buffer (a trainer's: it sees
-    /// each update as it happens). `kernels` must be compiled for `plan`'s head size.
-    pub(crate) fn sharing(gpu: Gpu, kernels: Kernels, plan: Plan, params: wgpu::Buffer) -> Result<GpuForward, GpuError> {
+    /// A forward-only model over an existing device parameter buffer and, under f16
+    /// precision, its f16 copy (a trainer's: it sees each update as it happens). `kernels`
+    /// must be compiled for `plan`'s head size.
+    pub(crate) fn sharing(gpu: Gpu, kernels: Kernels, plan: Plan, params: wgpu::Buffer, half_weights: Option<wgpu::Buffer>) -> Result<GpuForward, GpuError> {
+        let plan = device_plan(&gpu, plan);
         let layout = DeviceLayout::new(&plan);
         let (n, vocab) = (plan.tokens(), plan.config.vocab_size);
         let slot_len = BatchSlot::len(n, vocab);
         let acts = storage(&gpu, "activations", plan.acts_len())?;
         let batch = storage(&gpu, "batch", slot_len)?;
         let stats = storage(&gpu, "statistics", ACT_ALIGN)?;
-        let bufs = DeviceArenas { params: &params, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
+        let half = half_weights.as_ref();
+        let bufs = DeviceArenas { params: &params, half_weights: half, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
         let mut recorder = Recorder::new(&gpu, &plan, &layout, bufs, BatchSlot::new(0, n, vocab), 0);
         walk::forward(&mut recorder, &tape::record_to_vec(&plan), None);
         let program = recorder.finish(&gpu, &kernels)?;
-        let decoder = if plan.batch == 1 { Some(Decoder::new(&gpu, &kernels, &plan, &layout, &params)?) } else { None };
-        Ok(GpuForward { gpu, kernels, plan, layout, params, acts, batch, program, host_batch: vec![0; slot_len], decoder })
+        let decoder = if plan.batch == 1 { Some(Decoder::new(&gpu, &kernels, &plan, &layout, &params, half)?) } else { None };
+        Ok(GpuForward { gpu, kernels, plan, layout, params, own_copy: None, acts, batch, program, host_batch: vec![0; slot_len], decoder })
     }
 
     /// The plan (batch, sequence length, model).
@@ -142,6 +213,9 @@ impl GpuForward {
             return Err(GpuError(format!("parameter arenas must have {} elements", self.plan.params_len())));
         }
         self.gpu.queue.write_buffer(&self.params, 0, bytemuck::cast_slice(&self.layout.to_device(params)));
+        if let Some(copy) = &self.own_copy {
+            copy.refresh(&self.gpu, &self.kernels);
+        }
         Ok(())
     }
 

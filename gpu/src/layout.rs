@@ -1,10 +1,15 @@
 //! Where each parameter lives on the device: the same tensors as the plan's params arena,
 //! reordered so every 2-D weight comes first (AdamW decays one leading range) and each
-//! starting at a multiple of 64 elements (every tensor can be bound on its own). Gradients
+//! starting at a multiple of [`PARAM_ALIGN`] elements (every tensor can be bound on its own,
+//! its f16 copy's too). Gradients
 //! and AdamW moments use the same layout. Uploads and downloads convert from and to the
 //! host arena, so checkpoints are the same on every backend.
 
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
+
+/// Every tensor of the layout starts at a multiple of this many elements: 256 bytes of its
+/// f16 copy (WebGPU's storage-buffer offset alignment), 512 of f32.
+pub const PARAM_ALIGN: usize = 2 * ACT_ALIGN;
 
 /// The device layout of one plan's parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,16 +29,16 @@ impl DeviceLayout {
         for matrices in [true, false] {
             for info in plan.params().filter(|i| i.kind.is_matrix() == matrices) {
                 tensors.push((info.span, Span { offset: next, len: info.span.len }));
-                next = (next + info.span.len).div_ceil(ACT_ALIGN) * ACT_ALIGN;
+                next = (next + info.span.len).next_multiple_of(PARAM_ALIGN);
             }
             if matrices {
                 decay_end = next;
             }
         }
-        DeviceLayout { tensors, len: next.max(ACT_ALIGN), decay_end }
+        DeviceLayout { tensors, len: next.max(PARAM_ALIGN), decay_end }
     }
 
-    /// Elements of each device arena (params, grads, moments).
+    /// Elements of each device arena (params, grads, moments), a multiple of [`PARAM_ALIGN`].
     pub fn len(&self) -> usize {
         self.len
     }
@@ -91,7 +96,7 @@ mod tests {
         }
         for info in plan.params() {
             let d = l.device(info.span);
-            assert_eq!(d.offset % ACT_ALIGN, 0);
+            assert_eq!(d.offset % PARAM_ALIGN, 0);
             assert_eq!(d.end() <= l.decay_end(), info.kind.is_matrix(), "{info}");
         }
     }

@@ -6,7 +6,7 @@
 
 use crate::context::{Gpu, GpuError, Precision};
 use crate::executor::{aligned, BatchSlot, DeviceArenas, Recorder};
-use crate::forward::{allocating, storage, GpuForward};
+use crate::forward::{allocating, device_plan, storage, GpuForward, HalfWeights};
 use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::ops;
@@ -56,6 +56,8 @@ struct Buffers {
     norm_partials: wgpu::Buffer,
     /// The depth chunks of split weight gradients (see `ops::matmul::weight_grad_splits`).
     split: wgpu::Buffer,
+    /// Under f16 precision, the parameters' f16 copy that the products read.
+    half_weights: Option<HalfWeights>,
 }
 
 /// Per micro-batch slot: forward (with the loss) and backward.
@@ -156,6 +158,7 @@ impl GpuTrainer {
         }
         cfg.validate().map_err(|e| GpuError(e.to_string()))?;
         GpuTrainer::check_fits(&gpu, &plan)?;
+        let plan = device_plan(&gpu, plan);
         let layout = DeviceLayout::new(&plan);
         let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
         let n = plan.tokens();
@@ -165,8 +168,10 @@ impl GpuTrainer {
         let split_len = tape::matmul_shapes(&tape).map(|(k, m)| ops::matmul::weight_grad_scratch_len(n, k, m)).max().unwrap_or(0);
         let pieces = ops::binding_pieces(layout.len(), elements(gpu.limits.max_storage_buffer_binding_size));
         let bufs = allocating(&gpu, || {
+            let params = storage(&gpu, "parameters", layout.len())?;
             Ok(Buffers {
-                params: storage(&gpu, "parameters", layout.len())?,
+                half_weights: HalfWeights::new(&gpu, &kernels, &params, layout.len())?,
+                params,
                 grads: storage(&gpu, "gradients", layout.len())?,
                 adam_m: storage(&gpu, "AdamW first moments", shard.len().max(ACT_ALIGN))?,
                 adam_v: storage(&gpu, "AdamW second moments", shard.len().max(ACT_ALIGN))?,
@@ -180,8 +185,15 @@ impl GpuTrainer {
         })
         .await?;
         let scale = 1.0 / (n * cfg.grad_accum) as f64;
-        let arenas =
-            DeviceArenas { params: &bufs.params, grads: Some(&bufs.grads), acts: &bufs.acts, batch: &bufs.batch, stats: &bufs.stats, split: Some(&bufs.split) };
+        let arenas = DeviceArenas {
+            params: &bufs.params,
+            half_weights: bufs.half_weights.as_ref().map(|h| &h.buffer),
+            grads: Some(&bufs.grads),
+            acts: &bufs.acts,
+            batch: &bufs.batch,
+            stats: &bufs.stats,
+            split: Some(&bufs.split),
+        };
         let mut micro = Vec::with_capacity(cfg.grad_accum);
         for slot in 0..cfg.grad_accum {
             let b = BatchSlot::new(slot, n, vocab);
@@ -208,6 +220,9 @@ impl GpuTrainer {
         let shard_pieces: Vec<Range<usize>> = shard_pieces.into_iter().map(|r| shard.start + r.start..shard.start + r.end).collect();
         let adamw = ops::adamw::dispatch(&mut p, arenas, &shard_pieces, shard.start, stats).into_iter().zip(shard_pieces).collect();
         let loss_scaling = (gpu.precision == Precision::F16).then(|| ops::adamw::loss_scale_update(&mut p, stats, LOSS_SCALE_SLOTS, GROWTH_INTERVAL));
+        if let Some(copy) = &bufs.half_weights {
+            HalfWeights::push(&gpu, &mut p, &bufs.params, &copy.buffer, layout.len());
+        }
         let update = p.build(&gpu, &kernels)?;
         let dres = plan.scratch().dres;
         let mut t = GpuTrainer {
@@ -240,6 +255,7 @@ impl GpuTrainer {
     /// within their bindings, so an arena may pass 2^32 elements; whole arenas are bound in
     /// pieces; the device's free memory shows only when the buffers are made).
     pub fn check_fits(gpu: &Gpu, plan: &Plan) -> Result<(), GpuError> {
+        let plan = &device_plan(gpu, *plan);
         gpu.check_size("the parameter arena", bytes(DeviceLayout::new(plan).len()), false)?;
         gpu.check_size("activations", bytes(plan.acts_len().max(ACT_ALIGN)), false)?;
         // The token embedding and the logits are bound in pieces of 64 rows or more; the
@@ -262,7 +278,15 @@ impl GpuTrainer {
         // The moments of this trainer's shard (all of them alone).
         q.write_buffer(&self.bufs.adam_m, 0, bytemuck::cast_slice(&self.layout.to_device(m)[self.shard.clone()]));
         q.write_buffer(&self.bufs.adam_v, 0, bytemuck::cast_slice(&self.layout.to_device(v)[self.shard.clone()]));
+        self.refresh_half_weights();
         Ok(())
+    }
+
+    /// Makes the parameters' f16 copy again after they were written from the host.
+    fn refresh_half_weights(&self) {
+        if let Some(copy) = &self.bufs.half_weights {
+            copy.refresh(&self.gpu, &self.kernels);
+        }
     }
 
     /// Parameters and AdamW moments `(params, m, v)` in host layout (for checkpoints).
@@ -383,6 +407,7 @@ impl GpuTrainer {
             read_into(&self.gpu, &self.bufs.params, self.shard.start, staging, &mut host[self.shard.clone()]).await?;
             ranks.gather_shards(host);
             self.gpu.queue.write_buffer(&self.bufs.params, 0, bytemuck::cast_slice(host));
+            self.refresh_half_weights();
         }
         Ok(lr)
     }
@@ -521,7 +546,12 @@ impl GpuTrainer {
     /// Bytes of device memory this trainer allocated.
     pub fn device_bytes(&self) -> u64 {
         let b = &self.bufs;
-        [&b.params, &b.grads, &b.adam_m, &b.adam_v, &b.acts, &b.batch, &b.stats, &b.norm_partials, &b.split].iter().map(|x| x.size()).sum()
+        let half_weights = b.half_weights.as_ref().map(|h| &h.buffer);
+        [&b.params, &b.grads, &b.adam_m, &b.adam_v, &b.acts, &b.batch, &b.stats, &b.norm_partials, &b.split]
+            .into_iter()
+            .chain(half_weights)
+            .map(|x| x.size())
+            .sum()
     }
 
     /// The device this trainer runs on.
@@ -534,6 +564,7 @@ impl GpuTrainer {
     /// update).
     pub fn forward_model(&self, batch: usize, seq: usize) -> Result<GpuForward, GpuError> {
         let plan = Plan::new(self.plan.config, batch, seq).and_then(|p| p.with_classes(self.plan.classes())).map_err(|e| GpuError(e.to_string()))?;
-        GpuForward::sharing(self.gpu.clone(), self.kernels.clone(), plan, self.bufs.params.clone())
+        let half_weights = self.bufs.half_weights.as_ref().map(|h| h.buffer.clone());
+        GpuForward::sharing(self.gpu.clone(), self.kernels.clone(), plan, self.bufs.params.clone(), half_weights)
     }
 }

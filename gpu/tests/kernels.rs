@@ -644,3 +644,224 @@ fn f16_operand_products_match_rounded_cpu_operands() {
     p.build(gpu(), &kernels).unwrap().submit(gpu(), &kernels);
     assert_eq!(download(&gout, 1)[0], f32::INFINITY, "an operand past f16's range overflows");
 }
+
+/// The device with f16 precision, whose kernels are also built for f16 tensors (lavapipe
+/// has shader-f16).
+fn gpu16() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| {
+        block_on(Gpu::open_local(None, 0, Some(Precision::F16), tensor_cores()))
+            .unwrap_or_else(|e| panic!("the f16 tests need an adapter with shader-f16: {e}"))
+    })
+}
+
+/// A buffer of `data` on the f16 device.
+fn buffer16<T: bytemuck::Pod>(data: &[T]) -> wgpu::Buffer {
+    let g = gpu16();
+    let size = std::mem::size_of_val(data).next_multiple_of(4).max(256);
+    let buf = g.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: size as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let mut bytes = bytemuck::cast_slice::<T, u8>(data).to_vec();
+    bytes.resize(bytes.len().next_multiple_of(4), 0);
+    g.queue.write_buffer(&buf, 0, &bytes);
+    buf
+}
+
+/// `data` stored as f16 on the f16 device, and its view.
+fn half_buffer(data: &[f32]) -> wgpu::Buffer {
+    buffer16(&data.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>())
+}
+
+fn half_view<'a>(buf: &'a wgpu::Buffer, len: usize) -> View<'a> {
+    View { half: true, ..View::first(buf, len) }
+}
+
+/// `len` f32 elements of a buffer on the f16 device.
+fn download16(buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
+    block_on(read(gpu16(), buf, 0, len)).unwrap()
+}
+
+/// `len` f16 elements of a buffer on the f16 device, as f32.
+fn download_half(buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
+    let words: Vec<u32> = block_on(read(gpu16(), buf, 0, len.div_ceil(2))).unwrap();
+    bytemuck::cast_slice::<u32, u16>(&words)[..len].iter().map(|&b| half::f16::from_bits(b).to_f32()).collect()
+}
+
+/// Runs what `f` pushes on the f16 device, the products' operands rounded to f16.
+fn run16<'a>(head_size: usize, f: impl FnOnce(&mut ProgramBuilder<'a>)) {
+    let kernels = block_on(Kernels::new(gpu16(), head_size)).unwrap();
+    let mut p = ProgramBuilder::default().with_f16_products(true);
+    f(&mut p);
+    p.build(gpu16(), &kernels).unwrap().submit(gpu16(), &kernels);
+}
+
+fn round16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+}
+
+/// Each f16 output within one f16 step (at its magnitude) of the CPU's f32 value: the GPU's
+/// f32 result, within 1e-5 of the CPU's, rounded to f16.
+fn assert_within_a_half_step(what: &str, gpu: &[f32], cpu: &[f32]) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        let step = (c.abs().max(f32::from(half::f16::MIN_POSITIVE))).log2().floor().exp2() / 1024.0;
+        assert!((g - c).abs() <= step, "{what}[{i}]: GPU {g} vs CPU {c}");
+    }
+}
+
+/// Under `--precision f16` the linear layers' inputs are stored as f16: LayerNorm and
+/// attention write their outputs as f16, the GEMM reads f16 activations and weight copies
+/// (and writes the GELU output as f16), attention's backward reads its f16 output, and the
+/// weights' copy rounds as `half` does (to nearest even, ±inf past 65504's half step).
+/// Each against the CPU op on the same rounded values.
+#[test]
+fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
+    let mut rng = Rng::new(41);
+    // The weights' copy, element for element, odd length, in two pieces.
+    let mut w = random(&mut rng, 301, 2.0);
+    w[..6].copy_from_slice(&[1e-6, -3e-8, 65519.0, 65520.0, -7e4, 0.1]);
+    let (gw, gcopy) = (buffer16(&w), buffer16(&vec![0u16; 302]));
+    run16(8, |p| ops::adamw::half_weights(p, View::first(&gw, 301), half_view(&gcopy, 301), &[0..128, 128..301]));
+    let want: Vec<f32> = round16(&w);
+    assert_eq!(download_half(&gcopy, 301), want, "the weights' f16 copy");
+    assert_eq!(&want[2..5], &[65504.0, f32::INFINITY, f32::NEG_INFINITY]);
+
+    // LayerNorm forward writing f16 (an odd count).
+    let (n, c) = (71, 83);
+    let x: Vec<f32> = random(&mut rng, n * c, 2.0).iter().map(|v| v + 0.7).collect();
+    let (lw, lb) = (random(&mut rng, c, 1.0), random(&mut rng, c, 1.0));
+    let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
+    layernorm::forward(&Serial, layernorm::Forward { out: &mut out, mean: &mut mean, rstd: &mut rstd, x: &x, weight: &lw, bias: &lb });
+    let (gx, glw, glb, gout, gmean, grstd) = (buffer16(&x), buffer16(&lw), buffer16(&lb), buffer16(&vec![0u16; n * c]), buffer16(&mean), buffer16(&rstd));
+    run16(8, |p| {
+        let views = |b, v: &[f32]| View::first(b, v.len());
+        let a = layernorm::Forward {
+            out: half_view(&gout, n * c),
+            mean: views(&gmean, &mean),
+            rstd: views(&grstd, &rstd),
+            x: views(&gx, &x),
+            weight: views(&glw, &lw),
+            bias: views(&glb, &lb),
+        };
+        ops::layernorm::forward(p, a)
+    });
+    assert_within_a_half_step("layernorm's f16 out", &download_half(&gout, n * c), &out);
+
+    // Products: forward from f16 activations and weights (with bias and residual, and with
+    // GELU writing f16), and both backward products from f32 gradients and f16 operands,
+    // on the 64 and the 128 tiles, the weight gradient split by depth at 300 rows.
+    for (n, k, m) in [(37, 45, 70), (300, 150, 260)] {
+        let (x, w, bias, residual) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * k, 0.5), random(&mut rng, m, 0.5), random(&mut rng, n * m, 1.0));
+        let (rx, rw) = (round16(&x), round16(&w));
+        let (gx, gw, gbias, gres) = (half_buffer(&x), half_buffer(&w), buffer16(&bias), buffer16(&residual));
+        let mut scratch = vec![0.0; matmul::scratch_len(k, m)];
+        for gelu in [false, true] {
+            let (mut out, mut pre) = (vec![0.0; n * m], vec![0.0; n * m]);
+            let epilogue = if gelu { matmul::Epilogue::Gelu { pre: &mut pre[..] } } else { matmul::Epilogue::Residual { input: &residual[..] } };
+            let cpu = matmul::Forward { out: &mut out[..], x: &rx[..], weight: &rw[..], bias: Some(&bias[..]), epilogue, save_slope: false, k, m };
+            matmul::forward(&Serial, cpu, &mut scratch);
+            let (gout, gpre) = (if gelu { buffer16(&vec![0u16; n * m]) } else { buffer16(&vec![0f32; n * m]) }, buffer16(&vec![0f32; n * m]));
+            run16(8, |p| {
+                let epilogue = if gelu {
+                    matmul::Epilogue::Gelu { pre: View::first(&gpre, n * m) }
+                } else {
+                    matmul::Epilogue::Residual { input: View::first(&gres, n * m) }
+                };
+                let out = if gelu { half_view(&gout, n * m) } else { View::first(&gout, n * m) };
+                let a = matmul::Forward {
+                    out,
+                    x: half_view(&gx, n * k),
+                    weight: half_view(&gw, m * k),
+                    bias: Some(View::first(&gbias, m)),
+                    epilogue,
+                    save_slope: false,
+                    k,
+                    m,
+                };
+                ops::matmul::forward(p, a)
+            });
+            let what = format!("{n}x{k}x{m} from f16 operands");
+            if gelu {
+                assert_close(&format!("{what}: GELU pre-activation"), &download16(&gpre, n * m), &pre, wide_tol());
+                assert_within_a_half_step(&format!("{what}: f16 GELU output"), &download_half(&gout, n * m), &out);
+            } else {
+                assert_close(&format!("{what}: out"), &download16(&gout, n * m), &out, wide_tol());
+            }
+        }
+        let dout = random(&mut rng, n * m, 1.0);
+        let dw0 = random(&mut rng, m * k, 1.0);
+        let (mut dx, mut dw) = (vec![0.0; n * k], dw0.clone());
+        let mut partials = vec![0.0; blocks(n) * m];
+        let mut rdout = round16(&dout);
+        let cpu = matmul::Backward {
+            dx: Some(&mut dx[..]),
+            dweight: &mut dw[..],
+            dbias: None,
+            dout: &mut rdout[..],
+            x: &rx[..],
+            weight: &rw[..],
+            gelu_slope: None,
+            k,
+            m,
+        };
+        matmul::backward(&Serial, cpu, &mut partials, &mut scratch);
+        let (gdout, gdx, gdw, gpart) = (buffer16(&dout), buffer16(&vec![0f32; n * k]), buffer16(&dw0), buffer16(&vec![0f32; partials.len()]));
+        let split_len = ops::matmul::weight_grad_scratch_len(n, k, m).max(1);
+        let gsplit = buffer16(&vec![0f32; split_len]);
+        run16(8, |p| {
+            let grads = matmul::Backward {
+                dx: Some(View::first(&gdx, n * k)),
+                dweight: View::first(&gdw, m * k),
+                dbias: None,
+                dout: View::first(&gdout, n * m),
+                x: half_view(&gx, n * k),
+                weight: half_view(&gw, m * k),
+                gelu_slope: None,
+                k,
+                m,
+            };
+            ops::matmul::backward(p, grads, View::first(&gpart, partials.len()), View::first(&gsplit, split_len))
+        });
+        assert_close(&format!("{n}x{k}x{m}: dx from an f16 weight copy"), &download16(&gdx, n * k), &dx, wide_tol());
+        assert_close(&format!("{n}x{k}x{m}: dw from f16 activations"), &download16(&gdw, m * k), &dw, wide_tol());
+    }
+
+    // Attention writing its output as f16; its backward reading it.
+    let shape = AttentionShape { batch: 1, seq: 75, heads: 2, head_size: 36 };
+    let (n, c) = (75, 72);
+    let qkv = random(&mut rng, n * 3 * c, 1.5);
+    let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; 2 * 75], vec![0.0; shape.scratch_len()]);
+    attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout: None }, &mut scratch, None);
+    let (gqkv, gout, glse, gkey) = (buffer16(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
+    run16(36, |p| {
+        let a =
+            attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: View::first(&gqkv, qkv.len()), shape, dropout: None };
+        ops::attention::forward(p, a, View::first(&gkey, 4))
+    });
+    let gpu_out = download_half(&gout, n * c);
+    assert_within_a_half_step("attention's f16 out", &gpu_out, &out);
+    assert_close("attention lse", &download16(&glse, lse.len()), &lse, 1e-5);
+    let dout = random(&mut rng, n * c, 1.0);
+    let mut dqkv = vec![0.0; n * 3 * c];
+    let a: attention::Backward<&mut [f32], &[f32]> =
+        attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &gpu_out, lse: &lse, shape, dropout: None };
+    attention::backward(&Serial, a, &mut scratch, None);
+    let (gdqkv, gdout, gdelta) = (buffer16(&vec![0f32; n * 3 * c]), buffer16(&dout), buffer16(&lse));
+    run16(36, |p| {
+        let grads = attention::Backward {
+            dqkv: View::first(&gdqkv, n * 3 * c),
+            dout: View::first(&gdout, n * c),
+            qkv: View::first(&gqkv, qkv.len()),
+            out: half_view(&gout, n * c),
+            lse: View::first(&glse, lse.len()),
+            shape,
+            dropout: None,
+        };
+        ops::attention::backward(p, grads, View::first(&gdelta, lse.len()), View::first(&gkey, 4))
+    });
+    assert_close("attention dqkv from its f16 output", &download16(&gdqkv, n * 3 * c), &dqkv, 1e-5);
+}

@@ -68,3 +68,15 @@ pub fn loss_scale_words(slots: [usize; 6], growth_interval: u32) -> [u32; 16] {
     w[..7].copy_from_slice(&[scale, used, norm, good, growth_interval, loss, bad_loss]);
     w
 }
+
+/// `copy = params` rounded to f16 over the arenas' `pieces` (see [`super::binding_pieces`];
+/// each a multiple of 128 elements long, so that its f16 part starts aligned): the weights'
+/// copy that the products read under f16 precision.
+pub fn half_weights<'a>(p: &mut ProgramBuilder<'a>, params: View<'a>, copy: View<'a>, pieces: &[Range<usize>]) {
+    for r in pieces {
+        let groups = r.len().div_ceil(64);
+        let x = groups.min(65535);
+        let views = [Some(params.part(r.start, r.len())), Some(copy.part(r.start, r.len()))];
+        p.push(Kernel::HalfWeights, &[u(r.len())], &views, [u(x), u(groups.div_ceil(x)), 1]);
+    }
+}
