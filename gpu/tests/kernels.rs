@@ -691,12 +691,16 @@ fn download_half(buf: &wgpu::Buffer, len: usize) -> Vec<f32> {
     bytemuck::cast_slice::<u32, u16>(&words)[..len].iter().map(|&b| half::f16::from_bits(b).to_f32()).collect()
 }
 
-/// Runs what `f` pushes on the f16 device, the products' operands rounded to f16.
-fn run16<'a>(head_size: usize, f: impl FnOnce(&mut ProgramBuilder<'a>)) {
+/// Runs what `f` pushes on the f16 device, the products' operands rounded to f16 and
+/// tensors over `max_binding` bytes bound in pieces, each checked to start on 256 bytes (WebGPU's
+/// offset alignment; lavapipe's is smaller).
+fn run16<'a>(head_size: usize, max_binding: u64, f: impl FnOnce(&mut ProgramBuilder<'a>)) {
     let kernels = block_on(Kernels::new(gpu16(), head_size)).unwrap();
-    let mut p = ProgramBuilder::default().with_f16_products(true);
+    let mut p = ProgramBuilder::default().with_f16_products(true).with_max_binding(max_binding);
     f(&mut p);
-    p.build(gpu16(), &kernels).unwrap().submit(gpu16(), &kernels);
+    let mut webgpu_aligned = gpu16().clone();
+    webgpu_aligned.limits.min_storage_buffer_offset_alignment = 256;
+    p.build(&webgpu_aligned, &kernels).unwrap().submit(gpu16(), &kernels);
 }
 
 fn round16(v: &[f32]) -> Vec<f32> {
@@ -725,7 +729,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     let mut w = random(&mut rng, 301, 2.0);
     w[..6].copy_from_slice(&[1e-6, -3e-8, 65519.0, 65520.0, -7e4, 0.1]);
     let (gw, gcopy) = (buffer16(&w), buffer16(&vec![0u16; 302]));
-    run16(8, |p| ops::adamw::half_weights(p, View::first(&gw, 301), half_view(&gcopy, 301), &[0..128, 128..301]));
+    run16(8, u64::MAX, |p| ops::adamw::half_weights(p, View::first(&gw, 301), half_view(&gcopy, 301), &[0..128, 128..301]));
     let want: Vec<f32> = round16(&w);
     assert_eq!(download_half(&gcopy, 301), want, "the weights' f16 copy");
     assert_eq!(&want[2..5], &[65504.0, f32::INFINITY, f32::NEG_INFINITY]);
@@ -737,7 +741,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
     layernorm::forward(&Serial, layernorm::Forward { out: &mut out, mean: &mut mean, rstd: &mut rstd, x: &x, weight: &lw, bias: &lb });
     let (gx, glw, glb, gout, gmean, grstd) = (buffer16(&x), buffer16(&lw), buffer16(&lb), buffer16(&vec![0u16; n * c]), buffer16(&mean), buffer16(&rstd));
-    run16(8, |p| {
+    run16(8, u64::MAX, |p| {
         let views = |b, v: &[f32]| View::first(b, v.len());
         let a = layernorm::Forward {
             out: half_view(&gout, n * c),
@@ -753,8 +757,9 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
 
     // Products: forward from f16 activations and weights (with bias and residual, and with
     // GELU writing f16), and both backward products from f32 gradients and f16 operands,
-    // on the 64 and the 128 tiles, the weight gradient split by depth at 300 rows.
-    for (n, k, m) in [(37, 45, 70), (300, 150, 260)] {
+    // on the 64 and the 128 tiles, the weight gradient split by depth at 300 rows, and with
+    // every tensor bound in pieces (an odd depth: pieces of 128 rows start f16 rows aligned).
+    for (n, k, m, limit) in [(37, 45, 70, u64::MAX), (300, 150, 260, u64::MAX), (300, 45, 130, 4096)] {
         let (x, w, bias, residual) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * k, 0.5), random(&mut rng, m, 0.5), random(&mut rng, n * m, 1.0));
         let (rx, rw) = (round16(&x), round16(&w));
         let (gx, gw, gbias, gres) = (half_buffer(&x), half_buffer(&w), buffer16(&bias), buffer16(&residual));
@@ -765,7 +770,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
             let cpu = matmul::Forward { out: &mut out[..], x: &rx[..], weight: &rw[..], bias: Some(&bias[..]), epilogue, save_slope: false, k, m };
             matmul::forward(&Serial, cpu, &mut scratch);
             let (gout, gpre) = (if gelu { buffer16(&vec![0u16; n * m]) } else { buffer16(&vec![0f32; n * m]) }, buffer16(&vec![0f32; n * m]));
-            run16(8, |p| {
+            run16(8, limit, |p| {
                 let epilogue = if gelu {
                     matmul::Epilogue::Gelu { pre: View::first(&gpre, n * m) }
                 } else {
@@ -812,7 +817,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
         let (gdout, gdx, gdw, gpart) = (buffer16(&dout), buffer16(&vec![0f32; n * k]), buffer16(&dw0), buffer16(&vec![0f32; partials.len()]));
         let split_len = ops::matmul::weight_grad_scratch_len(n, k, m).max(1);
         let gsplit = buffer16(&vec![0f32; split_len]);
-        run16(8, |p| {
+        run16(8, limit, |p| {
             let grads = matmul::Backward {
                 dx: Some(View::first(&gdx, n * k)),
                 dweight: View::first(&gdw, m * k),
@@ -837,7 +842,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; 2 * 75], vec![0.0; shape.scratch_len()]);
     attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout: None }, &mut scratch, None);
     let (gqkv, gout, glse, gkey) = (buffer16(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
-    run16(36, |p| {
+    run16(36, u64::MAX, |p| {
         let a =
             attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: View::first(&gqkv, qkv.len()), shape, dropout: None };
         ops::attention::forward(p, a, View::first(&gkey, 4))
@@ -851,7 +856,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
         attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &gpu_out, lse: &lse, shape, dropout: None };
     attention::backward(&Serial, a, &mut scratch, None);
     let (gdqkv, gdout, gdelta) = (buffer16(&vec![0f32; n * 3 * c]), buffer16(&dout), buffer16(&lse));
-    run16(36, |p| {
+    run16(36, u64::MAX, |p| {
         let grads = attention::Backward {
             dqkv: View::first(&gdqkv, n * 3 * c),
             dout: View::first(&gdout, n * c),

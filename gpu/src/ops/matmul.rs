@@ -78,7 +78,7 @@ impl<'a> Gemm<'a> {
 
     /// Pushes the product: one dispatch, or, where an operand is larger than one binding
     /// may be ([`ProgramBuilder::max_binding`]), one per block of rows, columns and depth
-    /// (multiples of 64, so that every piece starts aligned), the depth's blocks accumulated
+    /// (see [`Gemm::blocks`], so that every piece starts aligned), the depth's blocks accumulated
     /// and the epilogue applied with the last.
     fn push(self, p: &mut ProgramBuilder<'a>) {
         let ([rows, cols, depth], [a_rs, a_cs, b_rs, b_cs]) = (self.shape, self.strides);
@@ -114,11 +114,13 @@ impl<'a> Gemm<'a> {
         }
     }
 
-    /// Rows, columns and depth per dispatch: the whole product, halved (in multiples of 64)
-    /// along the dimension that weighs most in the largest operand until every operand fits
+    /// Rows, columns and depth per dispatch: the whole product, halved (in multiples of 64,
+    /// or 128 where a tensor is f16, so that every piece starts on 256 bytes) along the
+    /// dimension that weighs most in the largest operand until every operand fits
     /// `max_binding` elements (or no block can shrink: the builder then reports the size).
     fn blocks(&self, max_binding: usize) -> [usize; 3] {
         let ([rows, cols, depth], [a_rs, a_cs, b_rs, b_cs]) = (self.shape, self.strides);
+        let grain = if [self.a, self.b, self.c].iter().any(|v| v.half) { 128 } else { 64 };
         let mut blocks = [rows, cols, depth];
         loop {
             let [r, c, d] = blocks;
@@ -132,9 +134,9 @@ impl<'a> Gemm<'a> {
             if largest <= max_binding {
                 return blocks;
             }
-            let shrinkable = dims.into_iter().filter(|&(dim, _)| blocks[dim] > 64).max_by_key(|&(dim, stride)| blocks[dim] * stride);
+            let shrinkable = dims.into_iter().filter(|&(dim, _)| blocks[dim] > grain).max_by_key(|&(dim, stride)| blocks[dim] * stride);
             match shrinkable {
-                Some((dim, _)) => blocks[dim] = (blocks[dim] / 2).next_multiple_of(64),
+                Some((dim, _)) => blocks[dim] = (blocks[dim] / 2).next_multiple_of(grain),
                 None => return blocks,
             }
         }
