@@ -146,21 +146,28 @@ fn zero_1_shards_the_moments_and_resumes_across_rank_counts() {
 /// GPU ranks (two sharing lavapipe here): each step's micro-batches on the device, the
 /// gradients summed on the host between two submissions; the same steps as one GPU process
 /// of `--grad-accum 2`, with whole moments and with `--zero 1` (each rank's device holds
-/// and updates its shard; its checkpoint is one process's).
+/// and updates its shard; its checkpoint is one process's), and in f16 with `--zero 1` (the
+/// gathered parameters' f16 copy made again before the next step).
 #[test]
 fn gpu_ranks_take_the_step_of_one_process() {
     let dir = workdir("mpi-gpu");
     text_file(&dir);
     let common = ["--backend", "gpu", "--iters", "4", "--eval-interval", "2", "--eval-iters", "2", "--sample-interval", "0", "--dropout", "0.1"];
-    assert_ok(&run(&dir, &train_args(&[&common[..], &["--grad-accum", "2", "--out", "alone", "--metrics", "alone.jsonl"]].concat())));
-    for zero in ["0", "1"] {
-        let (out, metrics) = (format!("ranked{zero}"), format!("ranked{zero}.jsonl"));
-        let ranked = train_args(&[&common[..], &["--zero", zero, "--out", &out, "--metrics", &metrics]].concat());
-        assert_ok(&mpirun(&dir, 2, &[], &ranked).output().unwrap());
-        let (a, b) = (losses(&dir.join(&metrics)), losses(&dir.join("alone.jsonl")));
-        assert_eq!(b.len(), 4 + 3 * 2);
-        assert_close(&a, &b, &format!("GPU ranks, --zero {zero}"));
-        assert_same_state(&dir.join(&out).join("ckpt.safetensors"), &dir.join("alone/ckpt.safetensors"), &format!("GPU ranks, --zero {zero}"));
+    for (precision, zeros) in [("f32", &["0", "1"][..]), ("f16", &["1"][..])] {
+        let alone = format!("alone-{precision}");
+        let base = [&common[..], &["--precision", precision]].concat();
+        let alone_metrics = format!("{alone}.jsonl");
+        assert_ok(&run(&dir, &train_args(&[&base[..], &["--grad-accum", "2", "--out", &alone, "--metrics", &alone_metrics]].concat())));
+        for zero in zeros {
+            let (out, metrics) = (format!("ranked{zero}-{precision}"), format!("ranked{zero}-{precision}.jsonl"));
+            let ranked = train_args(&[&base[..], &["--zero", zero, "--out", &out, "--metrics", &metrics]].concat());
+            assert_ok(&mpirun(&dir, 2, &[], &ranked).output().unwrap());
+            let (a, b) = (losses(&dir.join(&metrics)), losses(&dir.join(&alone_metrics)));
+            assert_eq!(b.len(), 4 + 3 * 2);
+            let what = format!("GPU ranks in {precision}, --zero {zero}");
+            assert_close(&a, &b, &what);
+            assert_same_state(&dir.join(&out).join("ckpt.safetensors"), &dir.join(&alone).join("ckpt.safetensors"), &what);
+        }
     }
 }
 
