@@ -41,21 +41,26 @@ pub(crate) struct HalfWeights {
 }
 
 impl HalfWeights {
-    /// The copy of `params` (`len` elements) on a device with f16 precision, made now;
+    /// A copy of `params` (`len` elements) on a device with f16 precision, made now;
     /// `None` on others.
     pub fn new(gpu: &Gpu, kernels: &Kernels, params: &wgpu::Buffer, len: usize) -> Result<Option<HalfWeights>, GpuError> {
         if gpu.precision != Precision::F16 {
             return Ok(None);
         }
         // f16: half as many arena elements (`len` is a multiple of PARAM_ALIGN).
-        let buffer = storage(gpu, "parameters' f16 copy", len / 2)?;
+        let copy = HalfWeights::over(gpu, kernels, params, storage(gpu, "parameters' f16 copy", len / 2)?, len)?;
+        copy.refresh(gpu, kernels);
+        Ok(Some(copy))
+    }
+
+    /// `buffer` as the copy of `params` (`len` elements), with the program that makes it (a
+    /// model sharing a trainer's copy builds its own).
+    pub fn over(gpu: &Gpu, kernels: &Kernels, params: &wgpu::Buffer, buffer: wgpu::Buffer, len: usize) -> Result<HalfWeights, GpuError> {
         let mut p = ProgramBuilder::for_gpu(gpu);
         p.label("f16 weights");
         HalfWeights::push(gpu, &mut p, params, &buffer, len);
         let refresh = p.build(gpu, kernels)?;
-        let copy = HalfWeights { buffer, refresh };
-        copy.refresh(gpu, kernels);
-        Ok(Some(copy))
+        Ok(HalfWeights { buffer, refresh })
     }
 
     /// Pushes the dispatches that make `copy` from `params` (`len` elements).
@@ -96,9 +101,9 @@ pub struct GpuForward {
     plan: Plan,
     layout: DeviceLayout,
     params: wgpu::Buffer,
-    /// The f16 copy of its own parameters under f16 precision (a trainer's model shares
-    /// the trainer's, which the trainer keeps current).
-    own_copy: Option<HalfWeights>,
+    /// The parameters' f16 copy under f16 precision (a trainer's model shares the trainer's,
+    /// which the trainer keeps current).
+    half_weights: Option<HalfWeights>,
     acts: wgpu::Buffer,
     batch: wgpu::Buffer,
     program: Program,
@@ -175,9 +180,7 @@ impl GpuForward {
             let buffer = storage(&gpu, "parameters", layout.len())?;
             gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&layout.to_device(params)));
             let copy = HalfWeights::new(&gpu, &kernels, &buffer, layout.len())?;
-            let mut model = GpuForward::sharing(gpu, kernels, plan, buffer, copy.as_ref().map(|c| c.buffer.clone()))?;
-            model.own_copy = copy;
-            Ok(model)
+            GpuForward::sharing(gpu, kernels, plan, buffer, copy.map(|c| c.buffer))
         })
         .await
     }
@@ -193,13 +196,14 @@ impl GpuForward {
         let acts = storage(&gpu, "activations", plan.acts_len())?;
         let batch = storage(&gpu, "batch", slot_len)?;
         let stats = storage(&gpu, "statistics", ACT_ALIGN)?;
-        let half = half_weights.as_ref();
+        let half_weights = half_weights.map(|b| HalfWeights::over(&gpu, &kernels, &params, b, layout.len())).transpose()?;
+        let half = half_weights.as_ref().map(|h| &h.buffer);
         let bufs = DeviceArenas { params: &params, half_weights: half, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
         let mut recorder = Recorder::new(&gpu, &plan, &layout, bufs, BatchSlot::new(0, n, vocab), 0);
         walk::forward(&mut recorder, &tape::record_to_vec(&plan), None);
         let program = recorder.finish(&gpu, &kernels)?;
         let decoder = if plan.batch == 1 { Some(Decoder::new(&gpu, &kernels, &plan, &layout, &params, half)?) } else { None };
-        Ok(GpuForward { gpu, kernels, plan, layout, params, own_copy: None, acts, batch, program, host_batch: vec![0; slot_len], decoder })
+        Ok(GpuForward { gpu, kernels, plan, layout, params, half_weights, acts, batch, program, host_batch: vec![0; slot_len], decoder })
     }
 
     /// The plan (batch, sequence length, model).
@@ -213,7 +217,7 @@ impl GpuForward {
             return Err(GpuError(format!("parameter arenas must have {} elements", self.plan.params_len())));
         }
         self.gpu.queue.write_buffer(&self.params, 0, bytemuck::cast_slice(&self.layout.to_device(params)));
-        if let Some(copy) = &self.own_copy {
+        if let Some(copy) = &self.half_weights {
             copy.refresh(&self.gpu, &self.kernels);
         }
         Ok(())
