@@ -643,4 +643,28 @@ mod tests {
         assert!(Kernel::ALL.iter().enumerate().all(|(i, &k)| k as usize == i));
         assert_eq!(Kernel::ALL.len(), Kernel::HalfWeights as usize + 1);
     }
+
+    /// Every module a device may compile, the f16 variants and the tensor-core GEMM included
+    /// (lavapipe has no cooperative matrices, so no device here compiles that one), passes
+    /// naga's WGSL front end and validator, for head sizes that fill and do not fill a vec4.
+    #[test]
+    fn every_variant_is_valid_wgsl() {
+        use wgpu::naga::valid::{Capabilities, ValidationFlags, Validator};
+        let variants = Kernel::ALL.iter().map(|&k| (k, 0)).chain(HALF_VARIANTS);
+        let modules: std::collections::HashSet<(Shader, HalfSlots)> = variants.map(|(k, slots)| (k.spec().0, slots)).collect();
+        for head_size in [5, 64, 100] {
+            for &(shader, slots) in &modules {
+                let source = format!("{}{COMMON}\n{}", prelude(shader, slots, head_size), shader.source());
+                let what = format!("{} with f16 bindings {slots:#b}, head size {head_size}", shader.name());
+                let module = wgpu::naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));
+                let entries: Vec<&str> = module.entry_points.iter().map(|e| e.name.as_str()).collect();
+                for kernel in Kernel::ALL.iter().filter(|k| k.spec().0 == shader) {
+                    assert!(entries.contains(&kernel.name()), "{what}: no entry point {}", kernel.name());
+                }
+                Validator::new(ValidationFlags::all(), Capabilities::all())
+                    .validate(&module)
+                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));
+            }
+        }
+    }
 }
