@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Alpha's whole GPU measurement in one command, within 10 minutes on an H100: build,
-# CPU-against-GPU parity, the GPU's FMA limits, `bench --backend gpu` for the small, baby and
-# GPT-2 124M configs against PyTorch on the same card (eager and torch.compile, fp32 and bf16
-# autocast; Alpha's --precision f16, and with --tensor-cores where the driver has the shape
-# they need, against bf16), and the top kernels of each config's traced steps with their
-# achieved rates; it ends with one Markdown section (date, card, driver, commit) for
-# docs/performance.md.
+# CPU-against-GPU parity, the GPU's FMA limits (and the tensor cores'), `bench --backend gpu`
+# for the small, baby and GPT-2 124M configs against PyTorch on the same card (eager and
+# torch.compile, fp32 and bf16 autocast; Alpha's --precision f16, and with --tensor-cores where
+# the driver has the shape they need, against bf16), and the top kernels of each config's
+# traced steps with their achieved rates; it ends with one Markdown section (date, card,
+# driver, commit) for docs/performance.md.
 #
 # What a fresh GPU machine needs:
 #   - The Vulkan loader (libvulkan.so.1; Debian/Ubuntu package libvulkan1) and the GPU's Vulkan
@@ -59,6 +59,12 @@ name = g[0]["name"] if g else "?"; drv = g[0]["driver"] if g else "?"
 f16 = "f16 %.3g TFLOP/s" % (p["f16"] / 1e3) if p["f16"] else "no shader-f16"
 coop = ", ".join(g[0]["cooperative_matrices"]) if g else ""
 print("%s (Vulkan driver %s); FMA limits f32 %.3g TFLOP/s, %s; cooperative matrices: %s" % (name, drv, p["f32"] / 1e3, f16, coop or "none"))' "$out/info.json")
+# The tensor cores' limit (the MFU denominator of --tensor-cores runs) where the driver has the
+# shape matmul_tensor needs.
+if grep -q '16x16x16 f16->f32' "$out/info.json"; then
+    "$alpha" info --backend gpu --precision f16 --tensor-cores --json --measure-steps 0 > "$out/info-tensor.json"
+    card="$card; tensor cores (16x16x16 f16->f32) $(python3 -c 'import json,sys; print("%.3g TFLOP/s" % (json.load(open(sys.argv[1]))["gpu_peak_gflops"]["tensor"] / 1e3))' "$out/info-tensor.json")"
+fi
 {
     echo "### GPU bench: $(date -u +%Y-%m-%d), commit $commit"
     echo

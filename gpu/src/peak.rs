@@ -1,5 +1,6 @@
 //! The device's arithmetic limit, measured: [`FmaProbe`] runs `shaders/peak.wgsl` (independent
-//! chains of vector fused multiply-adds on registers, in f32 or f16) over many workgroups; the
+//! chains of vector fused multiply-adds on registers, in f32 or f16) or `shaders/peak_tensor.wgsl`
+//! (chains of cooperative-matrix products on the tensor cores) over many workgroups; the
 //! caller times it. MFU on a GPU is measured against this, never a table of cards.
 
 use crate::context::{Gpu, GpuError};
@@ -7,8 +8,12 @@ use std::num::NonZeroU64;
 
 /// Threads per workgroup of `fma_peak`.
 const WORKGROUP: u64 = 256;
-/// FLOPs one thread does per rep: eight chains of four-lane FMAs, two operations each.
-const FLOPS_PER_REP: u64 = 8 * 4 * 2;
+/// FLOPs one thread does per rep of `fma_peak`: eight chains of four-lane FMAs, two
+/// operations each.
+const FMA_FLOPS_PER_REP: u64 = 8 * 4 * 2;
+/// FLOPs one thread does per rep of `tensor_peak`: its subgroup's eight 16 x 16 x 16 products
+/// (two operations per multiply-add) over the subgroup's 32 threads.
+const TENSOR_FLOPS_PER_REP: u64 = 8 * 2 * 16 * 16 * 16 / 32;
 
 /// The element type the probe's chains run in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,6 +22,9 @@ pub enum Real {
     F32,
     /// 16-bit floats (needs the device's `shader-f16`).
     F16,
+    /// f16 products summed in f32 on the tensor cores, 16 x 16 x 16 cooperative matrices
+    /// (what `--tensor-cores` runs; needs a device opened with them).
+    Tensor,
 }
 
 /// The compiled FMA probe for one element type.
@@ -24,26 +32,40 @@ pub struct FmaProbe {
     pipeline: wgpu::ComputePipeline,
     bind_group: wgpu::BindGroup,
     reps: wgpu::Buffer,
+    flops_per_rep: u64,
+}
+
+/// The probe's (source, entry point, FLOPs per thread and rep) in `real`.
+fn probe_source(real: Real) -> (String, &'static str, u64) {
+    match real {
+        Real::F32 => (format!("alias real = f32;\n{}", include_str!("../../shaders/peak.wgsl")), "fma_peak", FMA_FLOPS_PER_REP),
+        Real::F16 => (format!("enable f16;\nalias real = f16;\n{}", include_str!("../../shaders/peak.wgsl")), "fma_peak", FMA_FLOPS_PER_REP),
+        Real::Tensor => {
+            let source = format!("enable f16;\nenable wgpu_cooperative_matrix;\n{}", include_str!("../../shaders/peak_tensor.wgsl"));
+            (source, "tensor_peak", TENSOR_FLOPS_PER_REP)
+        }
+    }
 }
 
 impl FmaProbe {
-    /// The probe in `real`; an error where the device lacks `shader-f16` for [`Real::F16`] or
-    /// cannot compile it.
+    /// The probe in `real`; an error where the device lacks `shader-f16` for [`Real::F16`],
+    /// was opened without tensor cores for [`Real::Tensor`], or cannot compile it.
     pub async fn new(gpu: &Gpu, real: Real) -> Result<FmaProbe, GpuError> {
-        let prelude = match real {
-            Real::F32 => "alias real = f32;\n",
-            Real::F16 if gpu.features.contains(wgpu::Features::SHADER_F16) => "enable f16;\nalias real = f16;\n",
-            Real::F16 => return Err(GpuError(format!("{} has no shader-f16", gpu.adapter.name))),
-        };
+        if real == Real::F16 && !gpu.features.contains(wgpu::Features::SHADER_F16) {
+            return Err(GpuError(format!("{} has no shader-f16", gpu.adapter.name)));
+        }
+        if real == Real::Tensor && !gpu.tensor_cores() {
+            return Err(GpuError(format!("the tensor-core probe needs {} opened with tensor cores (--tensor-cores)", gpu.adapter.name)));
+        }
+        let (source, entry, flops_per_rep) = probe_source(real);
         let device = &gpu.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let source = format!("{prelude}{}", include_str!("../../shaders/peak.wgsl"));
         let module = gpu.shader_module("peak", &source);
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("fma_peak"),
+            label: Some(entry),
             layout: None,
             module: &module,
-            entry_point: Some("fma_peak"),
+            entry_point: Some(entry),
             compilation_options: Default::default(),
             cache: None,
         });
@@ -65,7 +87,7 @@ impl FmaProbe {
         if let Some(e) = scope.pop().await {
             return Err(GpuError(format!("{} cannot run the FMA probe: {e}", gpu.adapter.name)));
         }
-        Ok(FmaProbe { pipeline, bind_group, reps })
+        Ok(FmaProbe { pipeline, bind_group, reps, flops_per_rep })
     }
 
     /// Submits `workgroups` (at most 65535) workgroups of `reps` rounds and waits for them
@@ -82,6 +104,24 @@ impl FmaProbe {
         }
         gpu.queue.submit([enc.finish()]);
         gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError(format!("the FMA probe failed: {e}")))?;
-        Ok((u64::from(workgroups) * WORKGROUP * u64::from(reps) * FLOPS_PER_REP) as f64)
+        Ok((u64::from(workgroups) * WORKGROUP * u64::from(reps) * self.flops_per_rep) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every probe passes naga's WGSL front end and validator (no device here has the tensor
+    /// cores to compile that one).
+    #[test]
+    fn every_probe_is_valid_wgsl() {
+        use wgpu::naga::valid::{Capabilities, ValidationFlags, Validator};
+        for real in [Real::F32, Real::F16, Real::Tensor] {
+            let (source, entry, _) = probe_source(real);
+            let module = wgpu::naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{real:?}: {}", e.emit_to_string(&source)));
+            assert!(module.entry_points.iter().any(|e| e.name == entry), "{real:?}: no entry point {entry}");
+            Validator::new(ValidationFlags::all(), Capabilities::all()).validate(&module).unwrap_or_else(|e| panic!("{real:?}: {}", e.emit_to_string(&source)));
+        }
     }
 }

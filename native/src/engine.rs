@@ -254,12 +254,17 @@ impl<'m> Engine<'m> {
     }
 
     /// The peak MFU is measured against: `given`, else the CPU's GEMM peak for `pool`'s
-    /// threads or the GPU's f32 FMA limit (measured on the engine's own device), each
-    /// measured once and cached.
+    /// threads or the GPU's limit for the arithmetic its products run (measured on the
+    /// engine's own device): the tensor cores' with `--tensor-cores`, else the f32 FMA limit
+    /// (f16 products on the SIMT kernels round their operands but multiply and sum in f32).
+    /// Each is measured once and cached.
     pub fn peak(&self, pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
         match self {
             Engine::Cpu { .. } => crate::peak::peak(pool, given),
-            Engine::Gpu(g) => gpu_peak(g.trainer.gpu(), Real::F32, given, false),
+            Engine::Gpu(g) => {
+                let gpu = g.trainer.gpu();
+                gpu_peak(gpu, if gpu.tensor_cores() { Real::Tensor } else { Real::F32 }, given, false)
+            }
         }
     }
 

@@ -89,12 +89,14 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         Backend::Gpu => Some(args.device.open_gpu()?),
         Backend::Cpu => None,
     };
-    // The GPU's FMA limits, f32 and (where it has shader-f16) f16: the MFU denominators.
+    // The GPU's FMA limits, f32 and (where it has shader-f16) f16, and with --tensor-cores
+    // the tensor cores': the MFU denominators.
     let gpu_peaks = match &gpu {
         Some(g) => {
             let f16 = g.adapter.features.contains(&"shader-f16");
             let measure = |real, given| gpu_peak(g, real, given, true).map(|p| p.gflops);
-            json!({"f32": measure(Real::F32, args.peak_gflops)?, "f16": if f16 { Some(measure(Real::F16, None)?) } else { None }})
+            let tensor = if g.tensor_cores() { Some(measure(Real::Tensor, None)?) } else { None };
+            json!({"f32": measure(Real::F32, args.peak_gflops)?, "f16": if f16 { Some(measure(Real::F16, None)?) } else { None }, "tensor": tensor})
         }
         None => serde_json::Value::Null,
     };
@@ -213,7 +215,8 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             Some(h) => format!(", f16 {h:.1}"),
             None => " (no shader-f16)".into(),
         };
-        println!("GPU peak   {}: f32 {:.1}{f16} GFLOP/s (independent vector FMAs on registers: the MFU denominator)", g.adapter.name, f(&gpu_peaks["f32"]));
+        let tensor = gpu_peaks["tensor"].as_f64().map_or(String::new(), |t| format!(", tensor cores (f16 products, f32 sums) {t:.1}"));
+        println!("GPU peak   {}: f32 {:.1}{f16}{tensor} GFLOP/s (independent FMAs on registers: the MFU denominators)", g.adapter.name, f(&gpu_peaks["f32"]));
     }
     if !device.is_null() {
         println!(
