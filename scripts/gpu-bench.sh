@@ -125,21 +125,32 @@ print("| %s | %.1f | %.0f | %.1f%% |" % (sys.argv[1], r["ms_per_iter"]["median"]
     echo >> "$summary"
 fi
 
-for name in "${configs[@]}"; do
-    stage "trace of the $name config's steps"
+# Each config's traced steps in f32, and baby's on the f16 path too (on the tensor cores where
+# the driver has their shape).
+traces=()
+for name in "${configs[@]}"; do traces+=("$name|"); done
+f16_trace=""
+grep -q '"shader-f16"' "$out/info.json" && f16_trace="--precision f16"
+grep -q '16x16x16 f16->f32' "$out/info.json" && f16_trace="--precision f16 --tensor-cores"
+if [ -n "$f16_trace" ] && [[ " ${configs[*]} " == *" baby "* ]]; then traces+=("baby|$f16_trace"); fi
+for t in "${traces[@]}"; do
+    name=${t%%|*}
+    flags=${t#*|}
+    file="$out/$name${flags:+-f16}"
+    stage "trace of the $name config's steps${flags:+ ($flags)}"
     # A config the device cannot hold is reported and the others still run.
     # shellcheck disable=SC2086 # the flags split on purpose
-    if "$alpha" bench --backend gpu --iters 3 --warmup 2 --trace "$out/$name.trace.json" --overwrite ${shape[$name]} > "$out/$name.trace.txt" 2>&1; then
+    if "$alpha" bench --backend gpu --iters 3 --warmup 2 --trace "$file.trace.json" --overwrite ${shape[$name]} $flags > "$file.trace.txt" 2>&1; then
         {
-            echo "The $name config, \`bench --backend gpu --trace\` (3 steps):"
+            echo "The $name config, \`bench --backend gpu${flags:+ $flags} --trace\` (3 steps):"
             echo
-            sed -n '/^  ms\/iter/p;/^  FLOPs/p' "$out/$name.trace.txt"
+            sed -n '/^  ms\/iter/p;/^  FLOPs/p' "$file.trace.txt"
             echo
-            sed -n '/^trace:/,$p' "$out/$name.trace.txt"
+            sed -n '/^trace:/,$p' "$file.trace.txt"
             echo
         } >> "$summary"
     else
-        echo "The $name config's trace failed: $(tail -n 1 "$out/$name.trace.txt")" >> "$summary"
+        echo "The $name config's trace${flags:+ ($flags)} failed: $(tail -n 1 "$file.trace.txt")" >> "$summary"
         echo >> "$summary"
     fi
 done

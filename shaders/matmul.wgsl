@@ -29,9 +29,10 @@ var<workgroup> b_tile: array<f32, 1040>; // [BK][PITCH]
 // k_begin .. k_end and the slice of c it writes from.
 struct Product { rows: u32, cols: u32, a_rs: u32, a_cs: u32, b_rs: u32, b_cs: u32, k_begin: u32, k_end: u32, slice: u32 }
 
-// An operand as the product uses it: rounded to f16 under F16_OPERANDS.
-fn operand(x: f32) -> f32 {
-    if ((word(3u) & F16_OPERANDS) != 0u) {
+// An operand as the product uses it: rounded to f16 under F16_OPERANDS, unless it is stored
+// as f16 (`half`: its binding's HALFn) and so is one already.
+fn operand(x: f32, half: bool) -> f32 {
+    if (!half && (word(3u) & F16_OPERANDS) != 0u) {
         return round_f16(x);
     }
     return x;
@@ -74,7 +75,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
             }
             var x = 0.0;
             if (row0 + r < p.rows && k0 + k < p.k_end) {
-                x = operand(f32(mm_a[(row0 + r) * p.a_rs + (k0 + k) * p.a_cs]));
+                x = operand(f32(mm_a[(row0 + r) * p.a_rs + (k0 + k) * p.a_cs]), HALF1);
             }
             a_tile[k * PITCH + r] = x;
             var kb = e / TILE;
@@ -85,7 +86,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
             }
             var y = 0.0;
             if (col0 + c < p.cols && k0 + kb < p.k_end) {
-                y = operand(f32(mm_b[(k0 + kb) * p.b_rs + (col0 + c) * p.b_cs]));
+                y = operand(f32(mm_b[(k0 + kb) * p.b_rs + (col0 + c) * p.b_cs]), HALF2);
             }
             b_tile[kb * PITCH + c] = y;
         }
@@ -142,9 +143,9 @@ fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32
         if (i0 + i < limit && k0 + k < k_end) {
             let at = (i0 + i) * i_stride + (k0 + k) * k_stride;
             if (op == 0u) {
-                v[e] = operand(f32(mm_a[at]));
+                v[e] = operand(f32(mm_a[at]), HALF1);
             } else {
-                v[e] = operand(f32(mm_b[at]));
+                v[e] = operand(f32(mm_b[at]), HALF2);
             }
         }
     }

@@ -20,6 +20,15 @@ var<workgroup> tc_b: array<f16, 4352>; // TC_BK * TC_B_PITCH
 // Each subgroup's 16 x 16 block on its way through the epilogue.
 var<workgroup> tc_c: array<f32, 2048>;
 
+// An operand as staged: rounded to f16, unless it is stored as f16 (`half`: its binding's
+// HALFn) and converts exactly.
+fn staged(x: f32, half: bool) -> f16 {
+    if (half) {
+        return f16(x);
+    }
+    return f16(round_f16(x));
+}
+
 // Stages depths k0 .. k0 + 32 of the tile's a rows and b columns as f16 (zeros outside the
 // product or the chunk); each thread 16 elements of each, walking memory contiguously:
 // along the depth where it is contiguous, else along the rows (a) or columns (b).
@@ -35,7 +44,7 @@ fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
         if (row0 + i < p.rows && k0 + k < p.k_end) {
             v = f32(mm_a[(row0 + i) * p.a_rs + (k0 + k) * p.a_cs]);
         }
-        tc_a[i * TC_A_PITCH + k] = f16(round_f16(v));
+        tc_a[i * TC_A_PITCH + k] = staged(v, HALF1);
     }
     for (var e = 0u; e < 16u; e++) {
         var j = 16u * (lid % 8u) + e;
@@ -48,7 +57,7 @@ fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
         if (col0 + j < p.cols && k0 + k < p.k_end) {
             v = f32(mm_b[(k0 + k) * p.b_rs + (col0 + j) * p.b_cs]);
         }
-        tc_b[k * TC_B_PITCH + j] = f16(round_f16(v));
+        tc_b[k * TC_B_PITCH + j] = staged(v, HALF2);
     }
 }
 

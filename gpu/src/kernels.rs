@@ -9,7 +9,7 @@
 //! A tensor is f32, or under `--precision f16` an f16 activation or weight copy ([`View::half`]).
 //! A kernel is compiled once per pattern of f16 tensors it binds ([`HALF_VARIANTS`]): the WGSL
 //! declares such bindings `array<ElemN>` (N the binding) and alpha-gpu prepends each `ElemN`
-//! as f32 or f16, with `to_elemN` to store into it.
+//! as f32 or f16, with `HALFN` to tell which and `to_elemN` to store into it.
 
 use crate::context::{Gpu, GpuError, Precision};
 use alpha_core::plan::Span;
@@ -310,8 +310,9 @@ impl Kernels {
 }
 
 /// What alpha-gpu puts before `common.wgsl` when it compiles `shader` for the f16 pattern
-/// `slots`: the extensions, each binding's element type `ElemN` with its conversion
-/// `to_elemN` (to f16 by `round_f16`: ±inf past its range), and attention's sizes.
+/// `slots`: the extensions, each binding's element type `ElemN` with `HALFN` (whether it is
+/// f16) and its conversion `to_elemN` (to f16 by `round_f16`: ±inf past its range), and
+/// attention's sizes.
 fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
     let mut text = String::new();
     if slots != 0 || shader == Shader::MatmulTensor {
@@ -322,9 +323,9 @@ fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
     }
     for n in 1..=MAX_TENSORS {
         if slots & (1 << (n - 1)) != 0 {
-            text.push_str(&format!("alias Elem{n} = f16;\nfn to_elem{n}(x: f32) -> f16 {{ return f16(round_f16(x)); }}\n"));
+            text.push_str(&format!("alias Elem{n} = f16;\nconst HALF{n}: bool = true;\nfn to_elem{n}(x: f32) -> f16 {{ return f16(round_f16(x)); }}\n"));
         } else {
-            text.push_str(&format!("alias Elem{n} = f32;\nfn to_elem{n}(x: f32) -> f32 {{ return x; }}\n"));
+            text.push_str(&format!("alias Elem{n} = f32;\nconst HALF{n}: bool = false;\nfn to_elem{n}(x: f32) -> f32 {{ return x; }}\n"));
         }
     }
     if shader == Shader::Attention {
