@@ -72,23 +72,45 @@ fi
     echo
 } > "$summary"
 
-stage "parity: 20 training steps on the CPU and on the GPU"
-for backend in cpu gpu; do
-    rm -rf "$out/parity-$backend" "$out/parity-$backend.jsonl"
-    "$alpha" train --backend "$backend" --iters 20 --log-interval 1 --eval-interval 0 --sample-interval 0 \
-        --metrics "$out/parity-$backend.jsonl" --out "$out/parity-$backend" > /dev/null
-done
-python3 - "$out/parity-cpu.jsonl" "$out/parity-gpu.jsonl" >> "$summary" <<'PY'
+# 20 training steps of one model on the CPU and of the same model on the GPU with GPU_FLAGS,
+# their losses within TOLERANCE relative per step (a line for the summary, or the script
+# stops). Usage: parity NAME LABEL TOLERANCE MODEL_FLAGS -- GPU_FLAGS (NAME names its files).
+parity() {
+    local name=$1 label=$2 tolerance=$3
+    shift 3
+    local model=() gpu=()
+    while [ "$1" != "--" ]; do model+=("$1"); shift; done
+    shift
+    gpu=("$@")
+    for run in cpu gpu; do
+        local flags=(--backend cpu)
+        [ $run = gpu ] && flags=(--backend gpu "${gpu[@]}")
+        rm -rf "$out/parity-$name-$run" "$out/parity-$name-$run.jsonl"
+        "$alpha" train "${model[@]}" "${flags[@]}" --iters 20 --log-interval 1 --eval-interval 0 --sample-interval 0 \
+            --metrics "$out/parity-$name-$run.jsonl" --out "$out/parity-$name-$run" > /dev/null
+    done
+    python3 - "$out/parity-$name-cpu.jsonl" "$out/parity-$name-gpu.jsonl" "$label" "$tolerance" <<'PY'
 import json, sys
 def losses(path):
     return [r["loss"] for r in map(json.loads, open(path)) if r.get("type") == "train"]
 cpu, gpu = losses(sys.argv[1]), losses(sys.argv[2])
+label, tolerance = sys.argv[3], float(sys.argv[4])
 worst = max(abs(a - b) / abs(a) for a, b in zip(cpu, gpu))
-print(f"Parity: the default model's {len(cpu)} training steps on the CPU and the GPU differ by at most {worst:.1e} relative per step"
-      f" (loss {cpu[0]:.4f} -> {cpu[-1]:.4f}).\n")
-if len(cpu) != len(gpu) or len(cpu) < 20 or worst > 1e-5:
-    sys.exit(f"parity failed: {len(cpu)} CPU and {len(gpu)} GPU steps, worst relative difference {worst:.2e} (at most 1e-5)")
+print(f"Parity, {label}: 20 training steps on the CPU and the GPU differ by at most {worst:.1e} relative per step"
+      f" (at most {tolerance:g}; loss {cpu[0]:.4f} -> {cpu[-1]:.4f}).\n")
+if len(cpu) != len(gpu) or len(cpu) < 20 or worst > tolerance:
+    sys.exit(f"parity failed ({label}): {len(cpu)} CPU and {len(gpu)} GPU steps, worst relative difference {worst:.2e} (at most {tolerance:g})")
 PY
+}
+
+stage "parity: 20 training steps on the CPU and on the GPU"
+parity f32 "the default model in f32" 1e-5 -- >> "$summary"
+# A model most of whose products take the 128 x 128 tiles (the tensor cores' with
+# --tensor-cores), in f16 against the CPU's f32 at the f16 tolerance.
+wide=(--layers 2 --heads 4 --embd 256 --block 128 --batch 32)
+grep -q '"shader-f16"' "$out/info.json" && parity f16 "2L/256E, block 128, batch 32 in f16" 2e-2 "${wide[@]}" -- --precision f16 >> "$summary"
+grep -q '16x16x16 f16->f32' "$out/info.json" &&
+    parity tensor "2L/256E, block 128, batch 32 in f16 on the tensor cores" 2e-2 "${wide[@]}" -- --precision f16 --tensor-cores >> "$summary"
 
 torch_cuda=0
 python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null && torch_cuda=1
