@@ -121,25 +121,34 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 const WIDE: u32 = 128u;
 const WIDE_BK: u32 = 8u;
 
-// The tiles of a (from 0) and b (from WIDE_B), each [WIDE_BK][WIDE / 4] vec4s: element (k, i)
-// of a tile at [k * 32 + i / 4][i % 4].
-const WIDE_B: u32 = 256u;
-var<workgroup> wide_tiles: array<vec4<f32>, 512>;
+// The tiles of a (from 0) and b (from WIDE_B), each [WIDE_BK][WIDE_PITCH] vec4s: element
+// (k, i) of a tile at [k * WIDE_PITCH + i / 4][i % 4]. The vec4 of padding per depth puts the
+// eight depths of one line, which staging stores at once, in different banks.
+const WIDE_PITCH: u32 = 33u;
+const WIDE_B: u32 = 264u; // WIDE_BK * WIDE_PITCH
+var<workgroup> wide_tiles: array<vec4<f32>, 528>;
+
+// Element `idx` of a staged tile of `depths` depths by WIDE lines (a's rows or b's columns)
+// as (line, depth), such that the 32 consecutive elements a subgroup loads at once lie
+// together in memory (a few whole sectors): runs along the depth where it is contiguous
+// (`along_k`), else along the lines. Shared by matmul_wide and matmul_tensor.
+fn staged_at(idx: u32, depths: u32, along_k: bool) -> vec2<u32> {
+    if (along_k) {
+        return vec2<u32>(idx / depths, idx % depths);
+    }
+    return vec2<u32>(idx % WIDE, idx / WIDE);
+}
 
 // The four elements thread `lid` loads of a tile of operand `op` (0: a, its rows; 1: b, its
 // columns) at depth k0 (zeros outside the product or the chunk): lines i0 .. i0 + 128 (below
-// `limit`, `i_stride` apart) by depths k0 .. k0 + 8 (below k_end, `k_stride` apart). Memory is
-// walked contiguously: where the depth is contiguous, line lid / 2 at depths 4 (lid % 2) ..+4;
-// else depth lid / 32 at lines 4 (lid % 32) ..+4.
+// `limit`, `i_stride` apart) by depths k0 .. k0 + 8 (below k_end, `k_stride` apart), elements
+// lid, lid + 256, ... of the tile in `staged_at`'s order.
 fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
-        var i = 4u * (lid % 32u) + e;
-        var k = lid / 32u;
-        if (k_stride == 1u) {
-            i = lid / 2u;
-            k = 4u * (lid % 2u) + e;
-        }
+        let t = staged_at(e * 256u + lid, WIDE_BK, k_stride == 1u);
+        let i = t.x;
+        let k = t.y;
         if (i0 + i < limit && k0 + k < k_end) {
             let at = (i0 + i) * i_stride + (k0 + k) * k_stride;
             if (op == 0u) {
@@ -152,16 +161,12 @@ fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32
     return v;
 }
 
-// wide_load's values into the tile from `base` of wide_tiles (the same walk: `along_k` where
+// wide_load's values into the tile from `base` of wide_tiles (the same order: `along_k` where
 // the depth was contiguous).
 fn wide_store(base: u32, along_k: bool, v: vec4<f32>, lid: u32) {
-    if (along_k) {
-        let i = lid / 2u;
-        for (var e = 0u; e < 4u; e++) {
-            wide_tiles[base + (4u * (lid % 2u) + e) * 32u + i / 4u][i % 4u] = v[e];
-        }
-    } else {
-        wide_tiles[base + lid] = v;
+    for (var e = 0u; e < 4u; e++) {
+        let t = staged_at(e * 256u + lid, WIDE_BK, along_k);
+        wide_tiles[base + t.y * WIDE_PITCH + t.x / 4u][t.x % 4u] = v[e];
     }
 }
 
@@ -191,10 +196,10 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0 + WIDE_BK, p.k_end, lid);
         }
         for (var k = 0u; k < WIDE_BK; k++) {
-            let a0 = wide_tiles[k * 32u + l.y];
-            let a1 = wide_tiles[k * 32u + 16u + l.y];
-            let b0 = wide_tiles[WIDE_B + k * 32u + l.x];
-            let b1 = wide_tiles[WIDE_B + k * 32u + 16u + l.x];
+            let a0 = wide_tiles[k * WIDE_PITCH + l.y];
+            let a1 = wide_tiles[k * WIDE_PITCH + 16u + l.y];
+            let b0 = wide_tiles[WIDE_B + k * WIDE_PITCH + l.x];
+            let b1 = wide_tiles[WIDE_B + k * WIDE_PITCH + 16u + l.x];
             r00 = fma(vec4<f32>(a0.x), b0, r00); r01 = fma(vec4<f32>(a0.x), b1, r01);
             r10 = fma(vec4<f32>(a0.y), b0, r10); r11 = fma(vec4<f32>(a0.y), b1, r11);
             r20 = fma(vec4<f32>(a0.z), b0, r20); r21 = fma(vec4<f32>(a0.z), b1, r21);

@@ -30,16 +30,13 @@ fn staged(x: f32, half: bool) -> f16 {
 }
 
 // Stages depths k0 .. k0 + 32 of the tile's a rows and b columns as f16 (zeros outside the
-// product or the chunk); each thread 16 elements of each, walking memory contiguously:
-// along the depth where it is contiguous, else along the rows (a) or columns (b).
+// product or the chunk); each thread 16 elements of each: elements lid, lid + 256, ... of the
+// tile in `staged_at`'s order (matmul.wgsl), so that a subgroup's loads read whole runs.
 fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
     for (var e = 0u; e < 16u; e++) {
-        var i = lid / 2u;
-        var k = 16u * (lid % 2u) + e;
-        if (p.a_cs != 1u) {
-            i = 16u * (lid % 8u) + e;
-            k = lid / 8u;
-        }
+        let t = staged_at(e * 256u + lid, TC_BK, p.a_cs == 1u);
+        let i = t.x;
+        let k = t.y;
         var v = 0.0;
         if (row0 + i < p.rows && k0 + k < p.k_end) {
             v = f32(mm_a[(row0 + i) * p.a_rs + (k0 + k) * p.a_cs]);
@@ -47,12 +44,9 @@ fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
         tc_a[i * TC_A_PITCH + k] = staged(v, HALF1);
     }
     for (var e = 0u; e < 16u; e++) {
-        var j = 16u * (lid % 8u) + e;
-        var k = lid / 8u;
-        if (p.b_cs != 1u) {
-            j = lid / 2u;
-            k = 16u * (lid % 2u) + e;
-        }
+        let t = staged_at(e * 256u + lid, TC_BK, p.b_rs == 1u);
+        let j = t.x;
+        let k = t.y;
         var v = 0.0;
         if (col0 + j < p.cols && k0 + k < p.k_end) {
             v = f32(mm_b[(k0 + k) * p.b_rs + (col0 + j) * p.b_cs]);
