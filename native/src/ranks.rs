@@ -104,10 +104,14 @@ impl Group {
     /// Stops every rank after this one's error, which it prints (prefixed with its rank
     /// when it is not rank 0). A process on its own just exits.
     pub fn fail(&self, msg: &str) -> ! {
-        match self.rank() {
-            0 => eprintln!("error: {msg}"),
-            r => eprintln!("error: rank {r}: {msg}"),
-        }
+        let line = match self.rank() {
+            0 => format!("error: {msg}\n"),
+            r => format!("error: rank {r}: {msg}\n"),
+        };
+        // In one write: mpirun forwards a rank's output as it reads it and prints its abort
+        // notice between two reads, which cut a line `eprintln!` wrote in pieces (a CI run
+        // read "error: ", the notice, then the message).
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         match &self.world {
             Some(w) => w.abort(1),
             None => std::process::exit(1),
