@@ -14,10 +14,10 @@
 // kernel, overflowed the registers at head size 64); the slices' partial dot products meet in
 // workgroup memory once per tile.
 
-// The output (written by the forward at 1, read by the delta pass at 3) is f16 where the
-// dispatch stores it so (see kernels.rs: `ElemN`).
+// The output (written by the forward at 1, read by the delta pass at 3) and qkv (at 2) are
+// f16 where the dispatch stores them so (see kernels.rs: `ElemN`).
 @group(0) @binding(1) var<storage, read_write> at_1: array<Elem1>;
-@group(0) @binding(2) var<storage, read_write> at_2: array<f32>;
+@group(0) @binding(2) var<storage, read_write> at_2: array<Elem2>;
 @group(0) @binding(3) var<storage, read_write> at_3: array<Elem3>;
 @group(0) @binding(4) var<storage, read_write> at_4: array<f32>;
 @group(0) @binding(5) var<storage, read_write> at_5: array<f32>;
@@ -81,7 +81,7 @@ fn head_elem(src: u32, b: u32, r: u32, h: u32, d: u32) -> f32 {
     if (src == 3u) {
         return f32(at_3[row_at(b, r, h) + d]);
     }
-    return at_2[qkv_at(b, r, src, h) + d];
+    return f32(at_2[qkv_at(b, r, src, h) + d]);
 }
 
 /// Elements 4 * d4 .. 4 * d4 + 4 of row `r` of head `h` in `src` (see head_elem), zeros past HS.
@@ -246,7 +246,7 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let at = row_at(row.b, row.i, row.h);
     var s = 0.0;
     for (var d = 0u; d < HS; d++) {
-        s = fma(at_2[at + d], f32(at_3[at + d]), s);
+        s = fma(f32(at_2[at + d]), f32(at_3[at + d]), s);
     }
     at_1[wid.y * word(1u) + row.i] = to_elem1(s);
 }
@@ -349,8 +349,8 @@ fn attention_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     let c = word(2u) * HS;
     let pos = at_words[4];
     for (var d = lid; d < HS; d += 64u) {
-        at_4[pos * c + h * HS + d] = at_2[c + h * HS + d];
-        at_5[pos * c + h * HS + d] = at_2[2u * c + h * HS + d];
+        at_4[pos * c + h * HS + d] = f32(at_2[c + h * HS + d]);
+        at_5[pos * c + h * HS + d] = f32(at_2[2u * c + h * HS + d]);
     }
     storageBarrier();
     var o: array<f32, HS>;
@@ -359,7 +359,7 @@ fn attention_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     for (var j = lid; j <= pos; j += 64u) {
         var s = 0.0;
         for (var d = 0u; d < HS; d++) {
-            s = fma(at_2[h * HS + d], at_4[j * c + h * HS + d], s);
+            s = fma(f32(at_2[h * HS + d]), at_4[j * c + h * HS + d], s);
         }
         s *= wordf(3u);
         let m_new = max(m, s);

@@ -344,11 +344,11 @@ impl Plan {
         self
     }
 
-    /// This plan with the activations that only feed linear layers (both LayerNorm outputs
-    /// and the attention and GELU outputs of every block, the final LayerNorm's output)
-    /// stored as f16, in half the room: the GPU's f16 precision, whose products round their
-    /// operands to f16 anyway. A block's activations shrink from about 16 values per token
-    /// and channel to 12.5. Spans keep their length in elements; [`Plan::is_half`] tells
+    /// This plan with the linear layers' inputs and qkv (both LayerNorm outputs, qkv and the
+    /// attention and GELU outputs of every block, the final LayerNorm's output) stored as
+    /// f16, in half the room: the GPU's f16 precision, whose products round their operands to
+    /// f16 anyway (and whose attention reads qkv as autocast's does, in f16). A block's
+    /// activations shrink from about 16 values per token and channel to 11. Spans keep their length in elements; [`Plan::is_half`] tells
     /// them apart and [`Plan::stored_len`] gives their room. Only the GPU runs such a plan.
     pub fn with_half_activations(mut self, half: bool) -> Plan {
         self.half_activations = half;
@@ -359,7 +359,7 @@ impl Plan {
     pub fn is_half(&self, span: Span) -> bool {
         let layers = if self.recompute { 1 } else { self.config.n_layer };
         self.half_activations
-            && (span == self.head_acts().lnf || (0..layers).map(|l| self.layer_acts(l)).any(|a| [a.ln1, a.atty, a.ln2, a.fc_gelu].contains(&span)))
+            && (span == self.head_acts().lnf || (0..layers).map(|l| self.layer_acts(l)).any(|a| [a.ln1, a.qkv, a.atty, a.ln2, a.fc_gelu].contains(&span)))
     }
 
     /// Arena elements activation `span` occupies: its length, half of it stored as f16.
@@ -511,7 +511,7 @@ impl Plan {
             ln1: b.take_stored(n * c, half),
             ln1_mean: b.take(n),
             ln1_rstd: b.take(n),
-            qkv: b.take(3 * n * c),
+            qkv: b.take_stored(3 * n * c, half),
             atty: b.take_stored(n * c, half),
             lse: b.take(self.batch * self.config.n_head * self.seq),
             res_mid: b.take(n * c),
@@ -649,7 +649,7 @@ mod tests {
         }
     }
 
-    /// With f16 activations the linear layers' inputs (odd lengths here) take half their
+    /// With f16 activations the linear layers' inputs and qkv (odd lengths here) take half their
     /// elements' room, the others keep theirs, and no two activations share an element.
     #[test]
     fn half_activations_take_half_the_room_and_stay_apart() {
@@ -663,8 +663,8 @@ mod tests {
             let mut blocks = Vec::new();
             for l in 0..3 {
                 let a = half.layer_acts(l);
-                let kept = [a.ln1_mean, a.ln1_rstd, a.qkv, a.lse, a.res_mid, a.ln2_mean, a.ln2_rstd, a.fc_pre, a.res_out];
-                blocks.extend([a.ln1, a.atty, a.ln2, a.fc_gelu].map(|s| (s, true)).into_iter().chain(kept.map(|s| (s, false))));
+                let kept = [a.ln1_mean, a.ln1_rstd, a.lse, a.res_mid, a.ln2_mean, a.ln2_rstd, a.fc_pre, a.res_out];
+                blocks.extend([a.ln1, a.qkv, a.atty, a.ln2, a.fc_gelu].map(|s| (s, true)).into_iter().chain(kept.map(|s| (s, false))));
             }
             let sc = half.scratch();
             let scratch = [sc.dres, sc.dbig, sc.dsmall, sc.wt, sc.attention, sc.partials].map(|s| (s, false));

@@ -90,10 +90,10 @@ pub type HalfSlots = u8;
 
 /// The f16 patterns each kernel is compiled for beside all-f32, on a device with f16
 /// precision: the products read f16 activations (binding 1, forward) and weight copies or
-/// activations (binding 2) and write the GELU output as f16 (binding 3); LayerNorm and
-/// attention write their outputs as f16 (binding 1) and attention's backward reads its output
-/// (binding 3).
-pub const HALF_VARIANTS: [(Kernel, HalfSlots); 14] = [
+/// activations (binding 2) and write qkv and the GELU output as f16 (binding 3); LayerNorm
+/// and attention write their outputs as f16 (binding 1), attention reads qkv as f16 (binding
+/// 2) and its delta pass reads its output (binding 3).
+pub const HALF_VARIANTS: [(Kernel, HalfSlots); 16] = [
     (Kernel::Matmul, 0b011),
     (Kernel::Matmul, 0b111),
     (Kernel::Matmul, 0b010),
@@ -104,9 +104,11 @@ pub const HALF_VARIANTS: [(Kernel, HalfSlots); 14] = [
     (Kernel::MatmulTensor, 0b111),
     (Kernel::MatmulTensor, 0b010),
     (Kernel::LayerNormForward, 0b001),
-    (Kernel::AttentionForward, 0b001),
-    (Kernel::AttentionDecode, 0b001),
+    (Kernel::AttentionForward, 0b011),
+    (Kernel::AttentionDecode, 0b011),
     (Kernel::AttentionDelta, 0b100),
+    (Kernel::AttentionBackwardQ, 0b010),
+    (Kernel::AttentionBackwardKv, 0b010),
     (Kernel::HalfWeights, 0b010),
 ];
 

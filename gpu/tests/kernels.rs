@@ -717,9 +717,10 @@ fn assert_within_a_half_step(what: &str, gpu: &[f32], cpu: &[f32]) {
     }
 }
 
-/// Under `--precision f16` the linear layers' inputs are stored as f16: LayerNorm and
+/// Under `--precision f16` the linear layers' inputs and qkv are stored as f16: LayerNorm and
 /// attention write their outputs as f16, the GEMM reads f16 activations and weight copies
-/// (and writes the GELU output as f16), attention's backward reads its f16 output, and the
+/// (and writes qkv and the GELU output as f16), attention reads qkv and its backward its
+/// output as f16, and the
 /// weights' copy rounds as `half` does (to nearest even, ±inf past 65504's half step).
 /// Each against the CPU op on the same rounded values.
 #[test]
@@ -835,16 +836,15 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
         assert_close(&format!("{n}x{k}x{m}: dw from f16 activations"), &download16(&gdw, m * k), &dw, wide_tol());
     }
 
-    // Attention writing its output as f16; its backward reading it.
+    // Attention reading qkv as f16 and writing its output as f16; its backward reading both.
     let shape = AttentionShape { batch: 1, seq: 75, heads: 2, head_size: 36 };
     let (n, c) = (75, 72);
-    let qkv = random(&mut rng, n * 3 * c, 1.5);
+    let qkv = round16(&random(&mut rng, n * 3 * c, 1.5));
     let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; 2 * 75], vec![0.0; shape.scratch_len()]);
     attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout: None }, &mut scratch, None);
-    let (gqkv, gout, glse, gkey) = (buffer16(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
+    let (gqkv, gout, glse, gkey) = (half_buffer(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
     run16(36, u64::MAX, |p| {
-        let a =
-            attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: View::first(&gqkv, qkv.len()), shape, dropout: None };
+        let a = attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: half_view(&gqkv, qkv.len()), shape, dropout: None };
         ops::attention::forward(p, a, View::first(&gkey, 4))
     });
     let gpu_out = download_half(&gout, n * c);
@@ -860,7 +860,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
         let grads = attention::Backward {
             dqkv: View::first(&gdqkv, n * 3 * c),
             dout: View::first(&gdout, n * c),
-            qkv: View::first(&gqkv, qkv.len()),
+            qkv: half_view(&gqkv, qkv.len()),
             out: half_view(&gout, n * c),
             lse: View::first(&glse, lse.len()),
             shape,
@@ -868,5 +868,5 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
         };
         ops::attention::backward(p, grads, View::first(&gdelta, lse.len()), View::first(&gkey, 4))
     });
-    assert_close("attention dqkv from its f16 output", &download16(&gdqkv, n * 3 * c), &dqkv, 1e-5);
+    assert_close("attention dqkv from f16 qkv and output", &download16(&gdqkv, n * 3 * c), &dqkv, 1e-5);
 }
