@@ -41,16 +41,14 @@ pub(crate) struct HalfWeights {
 }
 
 impl HalfWeights {
-    /// A copy of `params` (`len` elements) on a device with f16 precision, made now;
-    /// `None` on others.
+    /// A copy of `params` (`len` elements) on a device with f16 precision, `None` on others;
+    /// made by the first [`HalfWeights::refresh`], once the parameters are written.
     pub fn new(gpu: &Gpu, kernels: &Kernels, params: &wgpu::Buffer, len: usize) -> Result<Option<HalfWeights>, GpuError> {
         if gpu.precision != Precision::F16 {
             return Ok(None);
         }
         // f16: half as many arena elements (`len` is a multiple of PARAM_ALIGN).
-        let copy = HalfWeights::over(gpu, kernels, params, storage(gpu, "parameters' f16 copy", len / 2)?, len)?;
-        copy.refresh(gpu, kernels);
-        Ok(Some(copy))
+        HalfWeights::over(gpu, kernels, params, storage(gpu, "parameters' f16 copy", len / 2)?, len).map(Some)
     }
 
     /// `buffer` as the copy of `params` (`len` elements), with the program that makes it (a
@@ -176,19 +174,20 @@ impl GpuForward {
         }
         let kernels = Kernels::new(&gpu, plan.config.head_size()).await?;
         let layout = DeviceLayout::new(&plan);
-        allocating(&gpu.clone(), || {
+        let model = allocating(&gpu.clone(), || {
             let buffer = storage(&gpu, "parameters", layout.len())?;
-            gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&layout.to_device(params)));
             let copy = HalfWeights::new(&gpu, &kernels, &buffer, layout.len())?;
-            GpuForward::sharing(gpu, kernels, plan, buffer, copy.map(|c| c.buffer))
+            GpuForward::sharing(gpu, kernels, plan, buffer, copy)
         })
-        .await
+        .await?;
+        model.upload(params)?;
+        Ok(model)
     }
 
     /// A forward-only model over an existing device parameter buffer and, under f16
     /// precision, its f16 copy (a trainer's: it sees each update as it happens). `kernels`
     /// must be compiled for `plan`'s head size.
-    pub(crate) fn sharing(gpu: Gpu, kernels: Kernels, plan: Plan, params: wgpu::Buffer, half_weights: Option<wgpu::Buffer>) -> Result<GpuForward, GpuError> {
+    pub(crate) fn sharing(gpu: Gpu, kernels: Kernels, plan: Plan, params: wgpu::Buffer, half_weights: Option<HalfWeights>) -> Result<GpuForward, GpuError> {
         let plan = device_plan(&gpu, plan);
         let layout = DeviceLayout::new(&plan);
         let (n, vocab) = (plan.tokens(), plan.config.vocab_size);
@@ -196,7 +195,6 @@ impl GpuForward {
         let acts = storage(&gpu, "activations", plan.acts_len())?;
         let batch = storage(&gpu, "batch", slot_len)?;
         let stats = storage(&gpu, "statistics", ACT_ALIGN)?;
-        let half_weights = half_weights.map(|b| HalfWeights::over(&gpu, &kernels, &params, b, layout.len())).transpose()?;
         let half = half_weights.as_ref().map(|h| &h.buffer);
         let bufs = DeviceArenas { params: &params, half_weights: half, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
         let mut recorder = Recorder::new(&gpu, &plan, &layout, bufs, BatchSlot::new(0, n, vocab), 0);

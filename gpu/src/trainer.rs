@@ -564,7 +564,8 @@ impl GpuTrainer {
     /// update).
     pub fn forward_model(&self, batch: usize, seq: usize) -> Result<GpuForward, GpuError> {
         let plan = Plan::new(self.plan.config, batch, seq).and_then(|p| p.with_classes(self.plan.classes())).map_err(|e| GpuError(e.to_string()))?;
-        let half_weights = self.bufs.half_weights.as_ref().map(|h| h.buffer.clone());
-        GpuForward::sharing(self.gpu.clone(), self.kernels.clone(), plan, self.bufs.params.clone(), half_weights)
+        let (gpu, kernels, params) = (&self.gpu, &self.kernels, &self.bufs.params);
+        let half_weights = self.bufs.half_weights.as_ref().map(|h| HalfWeights::over(gpu, kernels, params, h.buffer.clone(), self.layout.len())).transpose()?;
+        GpuForward::sharing(gpu.clone(), kernels.clone(), plan, params.clone(), half_weights)
     }
 }
