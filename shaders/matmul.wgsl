@@ -139,24 +139,29 @@ fn staged_at(idx: u32, depths: u32, along_k: bool) -> vec2<u32> {
     return vec2<u32>(idx % WIDE, idx / WIDE);
 }
 
-// The four elements thread `lid` loads of a tile of operand `op` (0: a, its rows; 1: b, its
-// columns) at depth k0 (zeros outside the product or the chunk): lines i0 .. i0 + 128 (below
-// `limit`, `i_stride` apart) by depths k0 .. k0 + 8 (below k_end, `k_stride` apart), elements
-// lid, lid + 256, ... of the tile in `staged_at`'s order.
+// Element t = (line, depth) of a tile of operand `op` (0: a, its rows; 1: b, its columns)
+// from line i0 and depth k0, as stored: zero outside the product (lines from `limit`) or the
+// chunk (depths from k_end); lines `i_stride` apart, depths `k_stride` apart. Shared by
+// matmul_wide and matmul_tensor.
+fn tile_elem(op: u32, t: vec2<u32>, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32) -> f32 {
+    if (i0 + t.x >= limit || k0 + t.y >= k_end) {
+        return 0.0;
+    }
+    let at = (i0 + t.x) * i_stride + (k0 + t.y) * k_stride;
+    if (op == 0u) {
+        return f32(mm_a[at]);
+    }
+    return f32(mm_b[at]);
+}
+
+// The four elements thread `lid` loads of a tile of operand `op` (see tile_elem) at depth k0,
+// lines i0 .. i0 + 128 by depths k0 .. k0 + 8, as the product uses them: elements lid,
+// lid + 256, ... of the tile in `staged_at`'s order.
 fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
         let t = staged_at(e * 256u + lid, WIDE_BK, k_stride == 1u);
-        let i = t.x;
-        let k = t.y;
-        if (i0 + i < limit && k0 + k < k_end) {
-            let at = (i0 + i) * i_stride + (k0 + k) * k_stride;
-            if (op == 0u) {
-                v[e] = operand(f32(mm_a[at]), HALF1);
-            } else {
-                v[e] = operand(f32(mm_b[at]), HALF2);
-            }
-        }
+        v[e] = operand(tile_elem(op, t, i0, limit, i_stride, k_stride, k0, k_end), select(HALF2, HALF1, op == 0u));
     }
     return v;
 }

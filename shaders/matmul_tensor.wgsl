@@ -35,23 +35,11 @@ fn staged(x: f32, half: bool) -> f16 {
 fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
     for (var e = 0u; e < 16u; e++) {
         let t = staged_at(e * 256u + lid, TC_BK, p.a_cs == 1u);
-        let i = t.x;
-        let k = t.y;
-        var v = 0.0;
-        if (row0 + i < p.rows && k0 + k < p.k_end) {
-            v = f32(mm_a[(row0 + i) * p.a_rs + (k0 + k) * p.a_cs]);
-        }
-        tc_a[i * TC_A_PITCH + k] = staged(v, HALF1);
+        tc_a[t.x * TC_A_PITCH + t.y] = staged(tile_elem(0u, t, row0, p.rows, p.a_rs, p.a_cs, k0, p.k_end), HALF1);
     }
     for (var e = 0u; e < 16u; e++) {
         let t = staged_at(e * 256u + lid, TC_BK, p.b_rs == 1u);
-        let j = t.x;
-        let k = t.y;
-        var v = 0.0;
-        if (col0 + j < p.cols && k0 + k < p.k_end) {
-            v = f32(mm_b[(k0 + k) * p.b_rs + (col0 + j) * p.b_cs]);
-        }
-        tc_b[k * TC_B_PITCH + j] = staged(v, HALF2);
+        tc_b[t.y * TC_B_PITCH + t.x] = staged(tile_elem(1u, t, col0, p.cols, p.b_cs, p.b_rs, k0, p.k_end), HALF2);
     }
 }
 
