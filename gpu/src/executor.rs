@@ -85,7 +85,7 @@ impl<'a> KvCache<'a> {
     /// Layer `l`'s keys and values.
     fn layer(&self, l: usize) -> (View<'a>, View<'a>) {
         let half = KvCache::half(self.len, self.width);
-        let at = |i: usize| View { buffer: self.buffer, offset: (2 * l + i) * half, len: self.len * self.width, half: false };
+        let at = |i: usize| View::first(self.buffer, 0).part((2 * l + i) * half, self.len * self.width);
         (at(0), at(1))
     }
 }
@@ -96,14 +96,13 @@ pub(crate) struct Recorder<'a> {
     program: ProgramBuilder<'a>,
     bufs: DeviceArenas<'a>,
     layout: &'a DeviceLayout,
-    /// Tells the activations stored as f16 apart.
+    /// Its blocks, and the activations it stores as f16.
     plan: Plan,
     scratch: Scratch,
     slot: BatchSlot,
     loss_slot: usize,
     /// Decoding one token against this cache (see [`Recorder::decoding`]).
     cache: Option<KvCache<'a>>,
-    n_layer: usize,
     /// The block of the op being recorded.
     layer: usize,
 }
@@ -112,9 +111,8 @@ impl<'a> Recorder<'a> {
     /// A recorder for `plan`'s tape over `bufs`, reading batch `slot` and summing losses into
     /// `stats[loss_slot]`.
     pub fn new(gpu: &Gpu, plan: &Plan, layout: &'a DeviceLayout, bufs: DeviceArenas<'a>, slot: BatchSlot, loss_slot: usize) -> Self {
-        let n_layer = plan.config.n_layer;
         let program = ProgramBuilder::for_gpu(gpu);
-        Recorder { program, bufs, layout, plan: *plan, scratch: plan.scratch(), slot, loss_slot, cache: None, n_layer, layer: 0 }
+        Recorder { program, bufs, layout, plan: *plan, scratch: plan.scratch(), slot, loss_slot, cache: None, layer: 0 }
     }
 
     /// Recording a one-token forward (a plan of batch 1 and sequence 1) at the position in
@@ -169,7 +167,7 @@ impl<'a> Executor for Recorder<'a> {
     }
 
     fn begin(&mut self, _pass: Pass, index: usize, op: &Op) {
-        self.layer = alpha_core::tape::block_of(index, self.n_layer).unwrap_or(self.layer);
+        self.layer = alpha_core::tape::block_of(index, self.plan.config.n_layer).unwrap_or(self.layer);
         self.program.label(op.name());
     }
 

@@ -15,11 +15,9 @@ pub fn dispatch<'a>(p: &mut ProgramBuilder<'a>, arenas: [View<'a>; 4], pieces: &
     pieces
         .iter()
         .map(|r| {
-            let groups = r.len().div_ceil(64);
-            let x = groups.min(65535);
             let [params, grads] = [params, grads].map(|a| Some(a.part(r.start, r.len())));
             let [m, v] = [m, v].map(|a| Some(a.part(r.start - moments_start, r.len())));
-            p.push(Kernel::AdamW, &[], &[params, grads, m, v, Some(stats)], [u(x), u(groups.div_ceil(x)), 1])
+            p.push(Kernel::AdamW, &[], &[params, grads, m, v, Some(stats)], element_grid(r.len()))
         })
         .collect()
 }
@@ -74,9 +72,15 @@ pub fn loss_scale_words(slots: [usize; 6], growth_interval: u32) -> [u32; 16] {
 /// copy that the products read under f16 precision.
 pub fn half_weights<'a>(p: &mut ProgramBuilder<'a>, params: View<'a>, copy: View<'a>, pieces: &[Range<usize>]) {
     for r in pieces {
-        let groups = r.len().div_ceil(64);
-        let x = groups.min(65535);
         let views = [Some(params.part(r.start, r.len())), Some(copy.part(r.start, r.len()))];
-        p.push(Kernel::HalfWeights, &[u(r.len())], &views, [u(x), u(groups.div_ceil(x)), 1]);
+        p.push(Kernel::HalfWeights, &[u(r.len())], &views, element_grid(r.len()));
     }
+}
+
+/// The grid of adamw.wgsl's element-wise kernels over `len` elements: 64-thread workgroups,
+/// at most 65535 along x, the rest along y (element = (y * groups.x + x) * 64 + lid).
+fn element_grid(len: usize) -> [u32; 3] {
+    let groups = len.div_ceil(64);
+    let x = groups.min(65535);
+    [u(x), u(groups.div_ceil(x)), 1]
 }
