@@ -348,8 +348,9 @@ impl Plan {
     /// attention and GELU outputs of every block, the final LayerNorm's output) stored as
     /// f16, in half the room: the GPU's f16 precision, whose products round their operands to
     /// f16 anyway (and whose attention reads qkv as autocast's does, in f16). A block's
-    /// activations shrink from about 16 values per token and channel to 11. Spans keep their length in elements; [`Plan::is_half`] tells
-    /// them apart and [`Plan::stored_len`] gives their room. Only the GPU runs such a plan.
+    /// activations shrink from about 16 values per token and channel to 11. Spans keep their
+    /// length in elements; [`Plan::is_half`] tells them apart and [`Plan::stored_len`] gives
+    /// their room. Only the GPU runs such a plan.
     pub fn with_half_activations(mut self, half: bool) -> Plan {
         self.half_activations = half;
         self.with_recompute(self.recompute)

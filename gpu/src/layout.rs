@@ -1,9 +1,9 @@
 //! Where each parameter lives on the device: the same tensors as the plan's params arena,
 //! reordered so every 2-D weight comes first (AdamW decays one leading range) and each
 //! starting at a multiple of [`PARAM_ALIGN`] elements (every tensor can be bound on its own,
-//! its f16 copy's too). Gradients
-//! and AdamW moments use the same layout. Uploads and downloads convert from and to the
-//! host arena, so checkpoints are the same on every backend.
+//! its f16 copy's too). Gradients and AdamW moments use the same layout. Uploads and
+//! downloads convert from and to the host arena, so checkpoints are the same on every
+//! backend.
 
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 
