@@ -156,15 +156,18 @@ fn tile_slice(tile: u32, r: u32, part: u32, e: u32) -> vec4<f32> {
 }
 
 /// Stores this thread's (x · tile_a row r, y · tile_b row r) over its slices for every row r
-/// of the tile (y may be x's twin, unused); then, after a barrier, `combine` gives the whole
-/// rows' dot products. All threads of the workgroup must call it.
-fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, array<vec4<f32>, HSP4>>, row: u32, part: u32) {
+/// of the tile, or with `pair` false only the first (y unused, the second 0: the forward
+/// needs only the scores); then, after a barrier, `combine` gives the whole rows' dot
+/// products. All threads of the workgroup must call it.
+fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, array<vec4<f32>, HSP4>>, row: u32, part: u32, pair: bool) {
     for (var r = 0u; r < KT; r++) {
         var s = 0.0;
         var dp = 0.0;
         for (var e = 0u; e < HSP4; e++) {
             s = dot4((*x)[e], tile_slice(0u, r, part, e), s);
-            dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
+            if (pair) {
+                dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
+            }
         }
         partials[(row * KT + r) * PARTS + part] = vec2<f32>(s, dp);
     }
@@ -196,7 +199,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     for (var j0 = 0u; j0 < keys; j0 += KT) {
         load_tiles(1u, 2u, row.b, row.h, j0, lid);
         workgroupBarrier();
-        share_partials(&q, &q, lid / PARTS, part);
+        share_partials(&q, &q, lid / PARTS, part, false);
         workgroupBarrier();
         if (row.valid && j0 <= i) {
             var s: array<f32, KT>;
@@ -269,7 +272,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
     for (var j0 = 0u; j0 < keys; j0 += KT) {
         load_tiles(1u, 2u, row.b, row.h, j0, lid);
         workgroupBarrier();
-        share_partials(&q, &g, lid / PARTS, part);
+        share_partials(&q, &g, lid / PARTS, part, true);
         workgroupBarrier();
         if (row.valid && j0 <= i) {
             for (var jj = 0u; jj < KT; jj++) {
@@ -313,7 +316,7 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
             tile_rows[lid] = stats;
         }
         workgroupBarrier();
-        share_partials(&k, &v, lid / PARTS, part);
+        share_partials(&k, &v, lid / PARTS, part, true);
         workgroupBarrier();
         if (row.valid) {
             for (var r = 0u; r < KT; r++) {
