@@ -8,6 +8,12 @@
 @group(0) @binding(3) var<storage, read_write> mm_c: array<Elem3>;
 @group(0) @binding(4) var<storage, read_write> mm_bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> mm_aux: array<f32>;
+// a and b as vec4s, for the 128 x 128-tile kernels' staging (matmul_wide, matmul_tensor): four
+// consecutive elements in one load. A binding of vec4s reaches its last elements because
+// alpha-gpu binds whole 16-byte vec4s (`View::binding_len`); an entry point reads a and b
+// either as these or as mm_a and mm_b, never both.
+@group(0) @binding(1) var<storage, read_write> mm_a4: array<vec4<Elem1>>;
+@group(0) @binding(2) var<storage, read_write> mm_b4: array<vec4<Elem2>>;
 
 const TILE: u32 = 64u;
 const BK: u32 = 16u;
@@ -122,16 +128,19 @@ const WIDE: u32 = 128u;
 const WIDE_BK: u32 = 8u;
 
 // The tiles of a (from 0) and b (from WIDE_B), each [WIDE_BK][WIDE_PITCH] vec4s: element
-// (k, i) of a tile at [k * WIDE_PITCH + i / 4][i % 4]. The vec4 of padding per depth puts the
-// eight depths of one line, which staging stores at once, in different banks.
+// (k, i) of a tile at [k * WIDE_PITCH + i / 4][i % 4]. The vec4 of padding per depth puts
+// depths k and k + 4 of 16 lines, which a subgroup's staging stores at once where the depth
+// is contiguous, in different banks.
 const WIDE_PITCH: u32 = 33u;
 const WIDE_B: u32 = 264u; // WIDE_BK * WIDE_PITCH
 var<workgroup> wide_tiles: array<vec4<f32>, 528>;
 
 // Element `idx` of a staged tile of `depths` depths by WIDE lines (a's rows or b's columns)
-// as (line, depth), such that the 32 consecutive elements a subgroup loads at once lie
-// together in memory (a few whole sectors): runs along the depth where it is contiguous
-// (`along_k`), else along the lines. Shared by matmul_wide and matmul_tensor.
+// as (line, depth), in an order that runs along the depth where it is contiguous in memory
+// (`along_k`), else along the lines. Staging takes the elements four at a time (4n .. 4n + 3:
+// four consecutive elements of memory, since 4 divides `depths` and WIDE), so that each
+// thread loads a vec4 and a subgroup's 32 loads read whole sectors. Shared by matmul_wide
+// and matmul_tensor.
 fn staged_at(idx: u32, depths: u32, along_k: bool) -> vec2<u32> {
     if (along_k) {
         return vec2<u32>(idx / depths, idx % depths);
@@ -139,39 +148,62 @@ fn staged_at(idx: u32, depths: u32, along_k: bool) -> vec2<u32> {
     return vec2<u32>(idx % WIDE, idx / WIDE);
 }
 
-// Element t = (line, depth) of a tile of operand `op` (0: a, its rows; 1: b, its columns)
-// from line i0 and depth k0, as stored: zero outside the product (lines from `limit`) or the
-// chunk (depths from k_end); lines `i_stride` apart, depths `k_stride` apart. Shared by
-// matmul_wide and matmul_tensor.
-fn tile_elem(op: u32, t: vec2<u32>, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32) -> f32 {
-    if (i0 + t.x >= limit || k0 + t.y >= k_end) {
-        return 0.0;
-    }
-    let at = (i0 + t.x) * i_stride + (k0 + t.y) * k_stride;
+// Element `at` of operand `op` (0: a, 1: b).
+fn operand_elem(op: u32, at: u32) -> f32 {
     if (op == 0u) {
-        return f32(mm_a[at]);
+        return f32(mm_a4[at / 4u][at % 4u]);
     }
-    return f32(mm_b[at]);
+    return f32(mm_b4[at / 4u][at % 4u]);
 }
 
-// The four elements thread `lid` loads of a tile of operand `op` (see tile_elem) at depth k0,
-// lines i0 .. i0 + 128 by depths k0 .. k0 + 8, as the product uses them: elements lid,
-// lid + 256, ... of the tile in `staged_at`'s order.
-fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
+// Elements t, t + s, t + 2s, t + 3s (t = (line, depth), s one depth if `along_k`, else one
+// line) of a tile of operand `op` (0: a, its rows; 1: b, its columns) from line i0 and depth
+// k0, as stored: zero outside the product (lines from `limit`) or the chunk (depths from
+// k_end); lines `i_stride` apart, depths `k_stride` apart. Where the four are consecutive
+// and whole in memory (the usual case), one vec4 load. Shared by matmul_wide and
+// matmul_tensor.
+fn tile_vec4(op: u32, t: vec2<u32>, along_k: bool, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32) -> vec4<f32> {
+    let line = i0 + t.x;
+    let depth = k0 + t.y;
+    let at = line * i_stride + depth * k_stride;
+    let step = select(i_stride, k_stride, along_k);
+    let last = select(vec2<u32>(line + 3u, depth), vec2<u32>(line, depth + 3u), along_k);
+    if (step == 1u && at % 4u == 0u && last.x < limit && last.y < k_end) {
+        if (op == 0u) {
+            return vec4<f32>(mm_a4[at / 4u]);
+        }
+        return vec4<f32>(mm_b4[at / 4u]);
+    }
     var v = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        let t = staged_at(e * 256u + lid, WIDE_BK, k_stride == 1u);
-        v[e] = operand(tile_elem(op, t, i0, limit, i_stride, k_stride, k0, k_end), select(HALF2, HALF1, op == 0u));
+    for (var u = 0u; u < 4u; u++) {
+        let e = select(vec2<u32>(line + u, depth), vec2<u32>(line, depth + u), along_k);
+        if (e.x < limit && e.y < k_end) {
+            v[u] = operand_elem(op, at + u * step);
+        }
     }
     return v;
 }
 
+// The four elements thread `lid` loads of a tile of operand `op` (see tile_vec4) at depth
+// k0, lines i0 .. i0 + 128 by depths k0 .. k0 + 8, as the product uses them: elements
+// 4 lid .. 4 lid + 3 of the tile in `staged_at`'s order.
+fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
+    let along_k = k_stride == 1u;
+    let v = tile_vec4(op, staged_at(4u * lid, WIDE_BK, along_k), along_k, i0, limit, i_stride, k_stride, k0, k_end);
+    let half = select(HALF2, HALF1, op == 0u);
+    return vec4<f32>(operand(v.x, half), operand(v.y, half), operand(v.z, half), operand(v.w, half));
+}
+
 // wide_load's values into the tile from `base` of wide_tiles (the same order: `along_k` where
-// the depth was contiguous).
+// the depth was contiguous): one vec4 along the lines, else four depths of one line.
 fn wide_store(base: u32, along_k: bool, v: vec4<f32>, lid: u32) {
-    for (var e = 0u; e < 4u; e++) {
-        let t = staged_at(e * 256u + lid, WIDE_BK, along_k);
-        wide_tiles[base + t.y * WIDE_PITCH + t.x / 4u][t.x % 4u] = v[e];
+    let t = staged_at(4u * lid, WIDE_BK, along_k);
+    if (!along_k) {
+        wide_tiles[base + t.y * WIDE_PITCH + t.x / 4u] = v;
+        return;
+    }
+    for (var u = 0u; u < 4u; u++) {
+        wide_tiles[base + (t.y + u) * WIDE_PITCH + t.x / 4u][t.x % 4u] = v[u];
     }
 }
 

@@ -8,7 +8,8 @@
 // 256 threads in eight subgroups of 32 (the device is opened for this only where every
 // subgroup has 32 invocations): subgroup s owns rows 32 (s / 2) ..+32 and columns
 // 64 (s % 2) ..+64 of the tile, eight 16 x 16 f32 accumulators. Each step of the depth loop
-// stages 32 depths of a and b and multiplies them in two halves of 16.
+// stages 32 depths of a and b, loaded in the step before, and multiplies them in two halves
+// of 16.
 
 const TC_BK: u32 = 32u;
 // Row pitches of the staged tiles in f16: a's [128][TC_BK] and b's [TC_BK][128], each row
@@ -29,17 +30,36 @@ fn staged(x: f32, half: bool) -> f16 {
     return f16(round_f16(x));
 }
 
-// Stages depths k0 .. k0 + 32 of the tile's a rows and b columns as f16 (zeros outside the
-// product or the chunk); each thread 16 elements of each: elements lid, lid + 256, ... of the
-// tile in `staged_at`'s order (matmul.wgsl), so that a subgroup's loads read whole runs.
-fn tc_stage(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) {
-    for (var e = 0u; e < 16u; e++) {
-        let t = staged_at(e * 256u + lid, TC_BK, p.a_cs == 1u);
-        tc_a[t.x * TC_A_PITCH + t.y] = staged(tile_elem(0u, t, row0, p.rows, p.a_rs, p.a_cs, k0, p.k_end), HALF1);
+// A staged operand as thread `lid` holds it between its load and its store: elements
+// 4 (256 e + lid) .. + 3 for e in 0..4 of the tile in `staged_at`'s order (matmul.wgsl),
+// each run of four consecutive in memory, so that a subgroup's loads read whole runs.
+struct Staged { v: array<vec4<f32>, 4> }
+
+// Loads depths k0 .. k0 + 32 of operand `op`'s tile (0: a's 128 rows from i0, 1: b's 128
+// columns; see tile_vec4 in matmul.wgsl), zeros outside the product or the chunk.
+fn tc_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32, lid: u32) -> Staged {
+    let along_k = k_stride == 1u;
+    var s: Staged;
+    for (var e = 0u; e < 4u; e++) {
+        s.v[e] = tile_vec4(op, staged_at(4u * (e * 256u + lid), TC_BK, along_k), along_k, i0, limit, i_stride, k_stride, k0, k_end);
     }
-    for (var e = 0u; e < 16u; e++) {
-        let t = staged_at(e * 256u + lid, TC_BK, p.b_rs == 1u);
-        tc_b[t.y * TC_B_PITCH + t.x] = staged(tile_elem(1u, t, col0, p.cols, p.b_cs, p.b_rs, k0, p.k_end), HALF2);
+    return s;
+}
+
+// tc_load's values as f16 into tc_a (a's rows, op 0) or tc_b (b's columns, op 1), in the
+// same order.
+fn tc_store_staged(op: u32, s: ptr<function, Staged>, along_k: bool, lid: u32) {
+    for (var e = 0u; e < 4u; e++) {
+        let t = staged_at(4u * (e * 256u + lid), TC_BK, along_k);
+        for (var u = 0u; u < 4u; u++) {
+            let line = select(t.x + u, t.x, along_k);
+            let depth = select(t.y, t.y + u, along_k);
+            if (op == 0u) {
+                tc_a[line * TC_A_PITCH + depth] = staged((*s).v[e][u], HALF1);
+            } else {
+                tc_b[depth * TC_B_PITCH + line] = staged((*s).v[e][u], HALF2);
+            }
+        }
     }
 }
 
@@ -67,9 +87,17 @@ fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     var c02 = coop_mat16x16<f32, C>(); var c03 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>(); var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>(); var c13 = coop_mat16x16<f32, C>();
+    // The next depth block is loaded into registers while this one is multiplied.
+    var next_a = tc_load(0u, row0, p.rows, p.a_rs, p.a_cs, p.k_begin, p.k_end, lid);
+    var next_b = tc_load(1u, col0, p.cols, p.b_cs, p.b_rs, p.k_begin, p.k_end, lid);
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += TC_BK) {
-        tc_stage(p, row0, col0, k0, lid);
+        tc_store_staged(0u, &next_a, p.a_cs == 1u, lid);
+        tc_store_staged(1u, &next_b, p.b_rs == 1u, lid);
         workgroupBarrier();
+        if (k0 + TC_BK < p.k_end) {
+            next_a = tc_load(0u, row0, p.rows, p.a_rs, p.a_cs, k0 + TC_BK, p.k_end, lid);
+            next_b = tc_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0 + TC_BK, p.k_end, lid);
+        }
         for (var kk = 0u; kk < TC_BK; kk += 16u) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&tc_a[sr * TC_A_PITCH + kk], TC_A_PITCH);
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tc_a[(sr + 16u) * TC_A_PITCH + kk], TC_A_PITCH);

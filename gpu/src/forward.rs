@@ -13,10 +13,10 @@ use alpha_core::plan::{Plan, ACT_ALIGN};
 use alpha_core::{tape, walk, Rng};
 use std::ops::Range;
 
-/// A storage buffer of `elements` 32-bit words (at least one aligned block), checked against
-/// the device's limits.
+/// A storage buffer of `elements` 32-bit words (at least one aligned block, in whole 16-byte
+/// vec4s: see `View::binding_len`), checked against the device's limits.
 pub(crate) fn storage(gpu: &Gpu, label: &str, elements: usize) -> Result<wgpu::Buffer, GpuError> {
-    let size = bytes(elements.max(ACT_ALIGN));
+    let size = bytes(elements.max(ACT_ALIGN)).checked_next_multiple_of(16).unwrap_or(u64::MAX);
     gpu.check_size(label, size, false)?;
     Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),

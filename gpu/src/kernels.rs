@@ -414,9 +414,23 @@ impl<'a> View<'a> {
         self.offset as u64 * self.element_bytes()
     }
 
-    /// Bytes it binds: its elements', rounded up to whole 4-byte words.
+    /// Bytes of its elements, rounded up to whole 4-byte words.
     pub fn byte_len(&self) -> u64 {
         (self.len as u64 * self.element_bytes()).next_multiple_of(4)
+    }
+
+    /// Bytes it binds: its elements' rounded up to whole 16-byte vec4s, so that a kernel that
+    /// reads it as an array of vec4s (the wide and tensor-core GEMMs' operands) reaches its
+    /// last elements. Storage buffers are whole vec4s ([`crate::forward::storage`]) and
+    /// bindings start on 256 bytes, so this stays inside the buffer (other buffers keep
+    /// their length).
+    fn binding_len(&self) -> u64 {
+        let rounded = self.byte_len().next_multiple_of(16);
+        if self.byte_offset() + rounded <= self.buffer.size() {
+            rounded
+        } else {
+            self.byte_len()
+        }
     }
 }
 
@@ -543,8 +557,8 @@ impl<'a> ProgramBuilder<'a> {
                 let binding = match v {
                     Some(v) if v.len > 0 => {
                         assert_eq!(v.byte_offset() % align as u64, 0, "{}: binding {} is not aligned", p.kernel.name(), slot + 1);
-                        gpu.check_size(&format!("a tensor of {}", p.kernel.name()), v.byte_len(), true)?;
-                        wgpu::BufferBinding { buffer: v.buffer, offset: v.byte_offset(), size: NonZeroU64::new(v.byte_len()) }
+                        gpu.check_size(&format!("a tensor of {}", p.kernel.name()), v.binding_len(), true)?;
+                        wgpu::BufferBinding { buffer: v.buffer, offset: v.byte_offset(), size: NonZeroU64::new(v.binding_len()) }
                     }
                     _ => wgpu::BufferBinding { buffer: &kernels.dummy, offset: WORDS_STRIDE * (slot as u64 + 1), size: NonZeroU64::new(WORDS_STRIDE) },
                 };
