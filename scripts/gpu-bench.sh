@@ -22,7 +22,10 @@
 # git checkout), GPU_BENCH_CONFIGS (default "small baby gpt2"; "small" alone runs on lavapipe
 # in a few minutes, a check of this script), GPU_BENCH_ROUNDS (alternating rounds per config,
 # default 2), GPU_BENCH_COMPILE (0 leaves out the torch.compile rows, which compile for a
-# minute each).
+# minute each), GPU_BENCH_BASELINES (other builds of alpha-native to time this one against on
+# the same card, as LABEL=PATH separated by spaces, e.g. "e12daff=/tmp/alpha-e12daff": the
+# baby config's steps, or the first config's, in f32 and, where the driver has the shape, in
+# f16 on the tensor cores, in alternating rounds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bench}
@@ -111,6 +114,45 @@ wide=(--layers 2 --heads 4 --embd 256 --block 128 --batch 32)
 grep -q '"shader-f16"' "$out/info.json" && parity f16 "2L/256E, block 128, batch 32 in f16" 2e-2 "${wide[@]}" -- --precision f16 >> "$summary"
 grep -q '16x16x16 f16->f32' "$out/info.json" &&
     parity tensor "2L/256E, block 128, batch 32 in f16 on the tensor cores" 2e-2 "${wide[@]}" -- --precision f16 --tensor-cores >> "$summary"
+
+if [ -n "${GPU_BENCH_BASELINES:-}" ]; then
+    ab_config=${configs[0]}
+    [[ " ${configs[*]} " == *" baby "* ]] && ab_config=baby
+    stage "this build against $GPU_BENCH_BASELINES: the $ab_config config ($rounds rounds)"
+    read -r -a builds <<< "$commit=$alpha $GPU_BENCH_BASELINES"
+    ab_flags=("")
+    grep -q '16x16x16 f16->f32' "$out/info.json" && ab_flags+=("--precision f16 --tensor-cores")
+    rm -f "$out"/ab-*.ms
+    for round in $(seq "$rounds"); do
+        for i in "${!ab_flags[@]}"; do
+            for build in "${builds[@]}"; do
+                # shellcheck disable=SC2086 # the flags split on purpose
+                if "${build#*=}" bench --backend gpu --json --iters 20 --warmup 3 ${shape[$ab_config]} ${ab_flags[$i]} > "$out/ab.json" 2> "$out/ab.err"; then
+                    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ms_per_iter"]["median"])' "$out/ab.json" >> "$out/ab-${build%%=*}-$i.ms"
+                else
+                    echo "$round: $(tail -n 1 "$out/ab.err")" >&2
+                fi
+            done
+        done
+    done
+    python3 - "$out" "$ab_config" "${#ab_flags[@]}" "${builds[@]}" >> "$summary" <<'PY'
+import os, statistics, sys
+out, config, flag_sets, builds = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+names = ["f32", "f16 --tensor-cores"][:flag_sets]
+print(f"This build against others, the {config} config, `bench --backend gpu --iters 20 --warmup 3` in alternating rounds (median ms per step of each round's median):\n")
+print("| build | " + " | ".join(names) + " |")
+print("|---|" + "---|" * flag_sets)
+for build in builds:
+    label = build.split("=", 1)[0]
+    cells = []
+    for i in range(flag_sets):
+        path = f"{out}/ab-{label}-{i}.ms"
+        times = [float(t) for t in open(path)] if os.path.exists(path) else []
+        cells.append(f"{statistics.median(times):.2f} ({len(times)} rounds)" if times else "failed")
+    print(f"| {label} | " + " | ".join(cells) + " |")
+print()
+PY
+fi
 
 torch_cuda=0
 python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null && torch_cuda=1
