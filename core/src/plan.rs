@@ -545,6 +545,29 @@ impl Plan {
         HeadActs { lnf: b.take_stored(n * c, self.half_activations), lnf_mean: b.take(n), lnf_rstd: b.take(n), logits: b.take(n * v), losses: b.take(n) }
     }
 
+    /// The activation arena as consecutive parts, in order, that no activation or scratch
+    /// span crosses, each with what it holds: a device whose buffers cannot hold the whole
+    /// arena holds it in several buffers of whole parts. The parts: the embedding output;
+    /// each block's activations (with recompute, the blocks' shared ones, then each block's
+    /// kept input); the head's; each backward scratch tensor.
+    pub fn arena_parts(&self) -> impl Iterator<Item = (Span, &'static str)> {
+        let start = self.blocks_start();
+        let between = |from: usize, to: usize| Span { offset: from, len: to - from };
+        let (blocks_from, block_len, shared, head) = if self.recompute {
+            let shared = (between(start, self.kept_offset), "the blocks' and the head's shared activations");
+            (self.kept_offset, aligned(self.tokens() * self.config.n_embd), Some(shared), None)
+        } else {
+            let head = (between(self.head_offset, self.scratch_offset), "the head's activations (the logits)");
+            (start, self.layer_acts_len, None, Some(head))
+        };
+        let what = if self.recompute { "one block's input" } else { "one block's activations" };
+        let blocks = (0..self.config.n_layer).map(move |l| (Span { offset: blocks_from + l * block_len, len: block_len }, what));
+        let sc = self.scratch();
+        let scratch = [sc.dres, sc.dbig, sc.dsmall, sc.wt, sc.attention, sc.partials, sc.dropped]
+            .map(|s| (Span { offset: s.offset, len: aligned(s.len) }, "a backward scratch tensor"));
+        core::iter::once((between(0, start), "the embedding output")).chain(shared).chain(blocks).chain(head).chain(scratch).filter(|(span, _)| span.len > 0)
+    }
+
     /// The largest scratch of any matmul (see [`crate::ops::matmul::scratch_len`]).
     fn matmul_scratch_len(&self) -> usize {
         let c = self.config.n_embd;
@@ -650,6 +673,46 @@ mod tests {
         }
     }
 
+    /// Every span of `plan`'s activation arena, each with whether it is f16, in groups whose
+    /// spans live at once (with recompute the head shares the blocks' room; the blocks'
+    /// inputs stay).
+    fn span_groups(plan: &Plan) -> Vec<Vec<(Span, bool)>> {
+        let h = plan.head_acts();
+        let head = [(plan.encoded(), false), (h.lnf, true), (h.lnf_mean, false), (h.lnf_rstd, false), (h.logits, false), (h.losses, false)];
+        let mut blocks = vec![(plan.encoded(), false)];
+        for l in 0..plan.config.n_layer {
+            let a = plan.layer_acts(l);
+            let kept = [a.ln1_mean, a.ln1_rstd, a.lse, a.res_mid, a.ln2_mean, a.ln2_rstd, a.fc_pre, a.res_out];
+            blocks.extend([a.ln1, a.qkv, a.atty, a.ln2, a.fc_gelu].map(|s| (s, true)).into_iter().chain(kept.map(|s| (s, false))));
+        }
+        let sc = plan.scratch();
+        let scratch = [sc.dres, sc.dbig, sc.dsmall, sc.wt, sc.attention, sc.partials, sc.dropped].map(|s| (s, false));
+        if plan.recompute() {
+            let kept = (0..plan.config.n_layer).map(|l| (plan.layer_acts(l).res_out, false));
+            vec![blocks.iter().chain(&scratch).copied().collect(), head.iter().chain(&scratch).copied().chain(kept).collect()]
+        } else {
+            vec![blocks.iter().chain(&scratch).chain(&head[1..]).copied().collect()]
+        }
+    }
+
+    /// The arena's parts tile it in order, and every span (odd sizes, f16 or not, recompute,
+    /// dropout) lies within one part.
+    #[test]
+    fn arena_parts_tile_the_arena_and_hold_whole_spans() {
+        for (recompute, half, dropout) in [(false, false, 0.0), (true, false, 0.1), (false, true, 0.1), (true, true, 0.0)] {
+            let plan = Plan::new(config(65, 16, 3, 3, 9), 3, 11).unwrap().with_dropout(dropout, 1).unwrap();
+            let plan = plan.with_recompute(recompute).with_half_activations(half);
+            let parts: Vec<Span> = plan.arena_parts().map(|(span, _)| span).collect();
+            assert_eq!(parts[0].offset, 0);
+            assert!(parts.windows(2).all(|w| w[0].end() == w[1].offset), "{parts:?}");
+            assert_eq!(parts.last().unwrap().end(), plan.acts_len());
+            for (s, _) in span_groups(&plan).into_iter().flatten().filter(|(s, _)| s.len > 0) {
+                let end = s.offset + plan.stored_len(s);
+                assert!(parts.iter().any(|p| p.offset <= s.offset && end <= p.end()), "{s:?} crosses a part (recompute {recompute}, f16 {half})");
+            }
+        }
+    }
+
     /// With f16 activations the linear layers' inputs and qkv (odd lengths here) take half their
     /// elements' room, the others keep theirs, and no two activations share an element.
     #[test]
@@ -659,23 +722,7 @@ mod tests {
             let half = plan.with_half_activations(true);
             assert!(!plan.is_half(plan.layer_acts(0).ln1));
             assert!(half.acts_len() < plan.acts_len(), "recompute {recompute}");
-            let h = half.head_acts();
-            let head = [(h.lnf, true), (h.lnf_mean, false), (h.lnf_rstd, false), (h.logits, false), (h.losses, false)];
-            let mut blocks = Vec::new();
-            for l in 0..3 {
-                let a = half.layer_acts(l);
-                let kept = [a.ln1_mean, a.ln1_rstd, a.lse, a.res_mid, a.ln2_mean, a.ln2_rstd, a.fc_pre, a.res_out];
-                blocks.extend([a.ln1, a.qkv, a.atty, a.ln2, a.fc_gelu].map(|s| (s, true)).into_iter().chain(kept.map(|s| (s, false))));
-            }
-            let sc = half.scratch();
-            let scratch = [sc.dres, sc.dbig, sc.dsmall, sc.wt, sc.attention, sc.partials].map(|s| (s, false));
-            let mut groups = vec![blocks.iter().chain(&scratch).chain(&head).copied().collect::<Vec<_>>()];
-            if recompute {
-                // The head runs after the blocks and shares their room; the blocks' inputs stay.
-                let kept = (0..3).map(|l| (half.layer_acts(l).res_out, false));
-                groups = vec![blocks.iter().chain(&scratch).copied().collect(), head.iter().chain(&scratch).copied().chain(kept).collect()];
-            }
-            for group in groups {
+            for group in span_groups(&half) {
                 let mut ranges: Vec<(usize, usize)> = Vec::new();
                 for (s, is_half) in group {
                     assert_eq!(half.is_half(s), is_half, "{s:?}");

@@ -3,11 +3,10 @@
 //! weights' f16 copy.
 
 use crate::context::{Gpu, GpuError, Precision};
-use crate::executor::{BatchSlot, DeviceArenas, KvCache, Recorder};
+use crate::executor::{Activations, BatchSlot, DeviceArenas, KvCache, Recorder};
 use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
 use crate::layout::{DeviceLayout, PARAM_ALIGN};
 use crate::ops;
-use crate::readback::read;
 use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
 use alpha_core::plan::{Plan, ACT_ALIGN};
 use alpha_core::{tape, walk, Rng};
@@ -102,7 +101,7 @@ pub struct GpuForward {
     /// The parameters' f16 copy under f16 precision (a trainer's model shares the trainer's,
     /// which the trainer keeps current).
     half_weights: Option<HalfWeights>,
-    acts: wgpu::Buffer,
+    acts: Activations,
     batch: wgpu::Buffer,
     program: Program,
     host_batch: Vec<u32>,
@@ -115,7 +114,7 @@ pub struct GpuForward {
 /// (`[n_layer, 2, window, C]`, see [`KvCache`]) and the recorded program.
 struct Decoder {
     plan: Plan,
-    acts: wgpu::Buffer,
+    acts: Activations,
     batch: wgpu::Buffer,
     program: Program,
     host_batch: Vec<u32>,
@@ -137,7 +136,7 @@ impl Decoder {
         let plan = Plan::new(c, 1, 1).and_then(|p| p.with_classes(window.classes())).map_err(|e| GpuError(e.to_string()))?;
         let plan = device_plan(gpu, plan);
         let slot_len = BatchSlot::len(1, c.vocab_size);
-        let acts = storage(gpu, "activations", plan.acts_len())?;
+        let acts = Activations::new(gpu, &plan)?;
         let batch = storage(gpu, "batch", slot_len)?;
         let stats = storage(gpu, "statistics", ACT_ALIGN)?;
         let cache = storage(gpu, "KV cache", 2 * c.n_layer * KvCache::half(window.seq, c.n_embd))?;
@@ -161,7 +160,7 @@ impl Decoder {
 
     /// The logits in use of the last token run.
     async fn logits(&self, gpu: &Gpu) -> Result<Vec<f32>, GpuError> {
-        read(gpu, &self.acts, self.plan.head_acts().logits.offset, self.plan.classes()).await
+        self.acts.read(gpu, self.plan.head_acts().logits.offset, self.plan.classes()).await
     }
 }
 
@@ -192,7 +191,7 @@ impl GpuForward {
         let layout = DeviceLayout::new(&plan);
         let (n, vocab) = (plan.tokens(), plan.config.vocab_size);
         let slot_len = BatchSlot::len(n, vocab);
-        let acts = storage(&gpu, "activations", plan.acts_len())?;
+        let acts = Activations::new(&gpu, &plan)?;
         let batch = storage(&gpu, "batch", slot_len)?;
         let stats = storage(&gpu, "statistics", ACT_ALIGN)?;
         let half = half_weights.as_ref().map(|h| &h.buffer);
@@ -242,7 +241,7 @@ impl GpuForward {
     /// The loss at every position `[B * T]` of `tokens` predicting `targets`.
     pub async fn losses(&mut self, tokens: &[u32], targets: &[u32]) -> Result<Vec<f32>, GpuError> {
         self.run(tokens, Some(targets))?;
-        read(&self.gpu, &self.acts, self.plan.head_acts().losses.offset, self.plan.tokens()).await
+        self.acts.read(&self.gpu, self.plan.head_acts().losses.offset, self.plan.tokens()).await
     }
 
     /// The logits in use (`[plan.classes()]`, no padding) at position `position` (of all
@@ -250,7 +249,7 @@ impl GpuForward {
     pub async fn logits(&mut self, tokens: &[u32], position: usize) -> Result<Vec<f32>, GpuError> {
         self.run(tokens, None)?;
         let v = self.plan.config.vocab_size;
-        read(&self.gpu, &self.acts, self.plan.head_acts().logits.offset + position * v, self.plan.classes()).await
+        self.acts.read(&self.gpu, self.plan.head_acts().logits.offset + position * v, self.plan.classes()).await
     }
 
     /// Generates `cfg.tokens` tokens after `context` (a batch-1 model; see

@@ -5,7 +5,7 @@
 //! small statistics buffer until [`GpuTrainer::stats`] reads them.
 
 use crate::context::{Gpu, GpuError, Precision};
-use crate::executor::{aligned, BatchSlot, DeviceArenas, Recorder};
+use crate::executor::{aligned, Activations, BatchSlot, DeviceArenas, Recorder};
 use crate::forward::{allocating, device_plan, storage, GpuForward, HalfWeights};
 use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
@@ -50,7 +50,7 @@ struct Buffers {
     grads: wgpu::Buffer,
     adam_m: wgpu::Buffer,
     adam_v: wgpu::Buffer,
-    acts: wgpu::Buffer,
+    acts: Activations,
     batch: wgpu::Buffer,
     stats: wgpu::Buffer,
     norm_partials: wgpu::Buffer,
@@ -175,7 +175,7 @@ impl GpuTrainer {
                 grads: storage(&gpu, "gradients", layout.len())?,
                 adam_m: storage(&gpu, "AdamW first moments", shard.len().max(ACT_ALIGN))?,
                 adam_v: storage(&gpu, "AdamW second moments", shard.len().max(ACT_ALIGN))?,
-                acts: storage(&gpu, "activations", plan.acts_len())?,
+                acts: Activations::new(&gpu, &plan)?,
                 // One slot per micro-batch and one for evaluation.
                 batch: storage(&gpu, "batch", slot_len.checked_mul(cfg.grad_accum + 1).ok_or_else(|| GpuError("the batch buffer's size overflows".into()))?)?,
                 stats: storage(&gpu, "statistics", ACT_ALIGN)?,
@@ -257,7 +257,7 @@ impl GpuTrainer {
     pub fn check_fits(gpu: &Gpu, plan: &Plan) -> Result<(), GpuError> {
         let plan = &device_plan(gpu, *plan);
         gpu.check_size("the parameter arena", bytes(DeviceLayout::new(plan).len()), false)?;
-        gpu.check_size("activations", bytes(plan.acts_len().max(ACT_ALIGN)), false)?;
+        Activations::starts(gpu, plan)?;
         // The token embedding and the logits are bound in pieces of 64 rows or more; the
         // largest tensor bound whole is the MLP's hidden activation.
         let (n, c, v) = (plan.tokens(), plan.config.n_embd, plan.config.vocab_size);
@@ -420,7 +420,8 @@ impl GpuTrainer {
         for (slot, m) in self.micro.iter().enumerate() {
             if run(slot) {
                 self.encode(enc, queries, &m.forward);
-                enc.clear_buffer(&self.bufs.acts, bytes(self.dres.offset), Some(bytes(self.dres.len)));
+                let (acts, dres) = self.bufs.acts.at(self.dres.offset);
+                enc.clear_buffer(acts, bytes(dres), Some(bytes(self.dres.len)));
                 self.encode(enc, queries, &m.backward);
             }
         }
@@ -547,11 +548,15 @@ impl GpuTrainer {
     pub fn device_bytes(&self) -> u64 {
         let b = &self.bufs;
         let half_weights = b.half_weights.as_ref().map(|h| &h.buffer);
-        [&b.params, &b.grads, &b.adam_m, &b.adam_v, &b.acts, &b.batch, &b.stats, &b.norm_partials, &b.split]
-            .into_iter()
-            .chain(half_weights)
-            .map(|x| x.size())
-            .sum()
+        let buffers: u64 =
+            [&b.params, &b.grads, &b.adam_m, &b.adam_v, &b.batch, &b.stats, &b.norm_partials, &b.split].into_iter().chain(half_weights).map(|x| x.size()).sum();
+        buffers + b.acts.device_bytes()
+    }
+
+    /// Device buffers that hold the activations: more than one where the arena is larger
+    /// than the device's largest buffer (see [`Plan::arena_parts`]).
+    pub fn activation_buffers(&self) -> usize {
+        self.bufs.acts.buffers()
     }
 
     /// The device this trainer runs on.

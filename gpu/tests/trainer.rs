@@ -289,6 +289,68 @@ fn arenas_over_the_binding_limit_are_bound_in_pieces() {
     assert!(err.0.contains("max_buffer_size") && err.0.contains("allows at most 8.0 KiB"), "{err}");
 }
 
+/// An activation arena larger than the device's largest buffer lives in several buffers of
+/// whole parts (the limit is lowered here to the largest part): the steps keep every bit, in
+/// f32 and f16, with and without recompute, and a forward model reads its losses, logits and
+/// samples from them as from one buffer. A part larger than a buffer is refused.
+#[test]
+fn activations_over_the_buffer_limit_live_in_several_buffers() {
+    let (plan, cfg, data) = setup();
+    let mut params = vec![0.0; plan.params_len()];
+    init_params(&plan, &mut params, &mut Rng::new(4));
+    let opens: [(fn() -> Gpu, &str); 2] = [(open_gpu, "f32"), (open_f16_gpu, "f16")];
+    for (open, precision) in opens {
+        for recompute in [false, true] {
+            let what = format!("{precision}, recompute {recompute}");
+            let plan = plan.with_recompute(recompute);
+            let mut whole = block_on(GpuTrainer::new(open(), plan, cfg, Rng::new(3), &params)).unwrap();
+            let largest = whole.plan.arena_parts().map(|(part, _)| part.len).max().unwrap();
+            let mut gpu = open();
+            gpu.limits.max_buffer_size = 4 * largest as u64;
+            let mut split = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(3), &params)).unwrap();
+            assert_eq!(whole.activation_buffers(), 1, "{what}");
+            assert!(split.activation_buffers() >= 3, "{what}: {} buffers", split.activation_buffers());
+            for step in 0..4 {
+                let (a, b) = (whole.step(&data), split.step(&data));
+                let (a, b) = (block_on(whole.stats(a)).unwrap().last, block_on(split.stats(b)).unwrap().last);
+                assert_eq!((a.loss.to_bits(), a.grad_norm.to_bits()), (b.loss.to_bits(), b.grad_norm.to_bits()), "{what}, step {step}");
+            }
+            let (a, b) = (block_on(whole.download()).unwrap(), block_on(split.download()).unwrap());
+            assert!(a.0.iter().zip(&b.0).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: the parameters keep their bits");
+        }
+        // Forward models over the same limit: the training plan's losses and logits, and a
+        // batch-1 model's greedy samples (its KV-cache decoder, then its sliding window).
+        let limit = 4 * plan.arena_parts().map(|(part, _)| part.len).max().unwrap() as u64;
+        let forward = |plan: Plan, lowered: bool| {
+            let mut gpu = open();
+            if lowered {
+                gpu.limits.max_buffer_size = limit;
+            }
+            block_on(GpuForward::new(gpu, plan, &params)).unwrap()
+        };
+        let mut models = [forward(plan, false), forward(plan, true)];
+        let (tokens, targets) = (&data[..plan.tokens()], &data[1..plan.tokens() + 1]);
+        let [a, b] = models.each_mut().map(|m| block_on(m.losses(tokens, targets)).unwrap());
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{precision}: losses");
+        let [a, b] = models.each_mut().map(|m| block_on(m.logits(tokens, plan.tokens() - 1)).unwrap());
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{precision}: logits");
+        let one = Plan::new(plan.config, 1, 21).unwrap();
+        let greedy = SamplingConfig { temperature: 0.0, top_k: 0, ..SamplingConfig::new(30) };
+        let [a, b] = [forward(one, false), forward(one, true)].map(|mut m| {
+            let mut out = Vec::new();
+            block_on(m.generate(&[3, 1, 4], &greedy, &mut Rng::new(1), |t| out.push(t))).unwrap();
+            out
+        });
+        assert_eq!(a, b, "{precision}: greedy samples");
+    }
+    // A part larger than the largest buffer is refused, named, before anything is allocated.
+    let (part, what) = plan.arena_parts().max_by_key(|(part, _)| part.len).unwrap();
+    let mut gpu = open_gpu();
+    gpu.limits.max_buffer_size = 4 * part.len as u64 - 4;
+    let err = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(3), &params)).err().expect("refused");
+    assert!(err.0.starts_with(what) && err.0.contains("(max_buffer_size)"), "{err}");
+}
+
 /// Mixed precision (`--precision f16`): 20 steps with every product's operands in f16 and
 /// dynamic loss scaling follow the f32 run within 2e-2 relative per step (loss and gradient
 /// norm), skip no step at the initial scale, and report the scale.

@@ -297,8 +297,8 @@ impl<'m> Engine<'m> {
         self.gpu().map_or("f32", crate::device::precision_name)
     }
 
-    /// The device for reports: null on the CPU; adapter, kernels and submits per step and
-    /// device memory on the GPU.
+    /// The device for reports: null on the CPU; adapter, kernels and submits per step, device
+    /// memory and the buffers the activations take on the GPU.
     pub fn device_json(&self) -> Value {
         match self {
             Engine::Cpu { .. } => Value::Null,
@@ -312,6 +312,7 @@ impl<'m> Engine<'m> {
                     "kernels_per_step": t.kernels_per_step(),
                     "submits_per_step": 1,
                     "device_memory_mib": t.device_bytes() as f64 / 1048576.0,
+                    "activation_buffers": t.activation_buffers(),
                 })
             }
         }

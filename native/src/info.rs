@@ -219,8 +219,10 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         println!("GPU peak   {}: f32 {:.1}{f16}{tensor} GFLOP/s (independent FMAs on registers: the MFU denominators)", g.adapter.name, f(&gpu_peaks["f32"]));
     }
     if !device.is_null() {
+        let buffers = device["activation_buffers"].as_u64().unwrap_or(1);
+        let split = if buffers > 1 { format!(" (the activations in {buffers} buffers: the arena is past the device's largest)") } else { String::new() };
         println!(
-            "GPU run    {} ({}): {:.2} MiB of device memory, {} kernels and 1 submit per step",
+            "GPU run    {} ({}): {:.2} MiB of device memory{split}, {} kernels and 1 submit per step",
             device["adapter"].as_str().unwrap_or("?"),
             device["backend"].as_str().unwrap_or("?"),
             f(&device["device_memory_mib"]),
