@@ -3,8 +3,8 @@
 //! Every entry point takes one uniform block of 16 words (binding 0) and its tensors as
 //! storage bindings 1..=n, each bound to its own range of a buffer, rounded up to whole
 //! 16-byte vec4s (offsets are multiples of 256 bytes: the plan aligns activations,
-//! [`crate::layout`] parameters), so the bindings of one dispatch never overlap. Pipelines, layouts and bind groups are made
-//! once; a program is encoded into a compute pass as it is.
+//! [`crate::layout`] parameters), so the bindings of one dispatch never overlap. Pipelines,
+//! layouts and bind groups are made once; a program is encoded into a compute pass as it is.
 //!
 //! A tensor is f32, or under `--precision f16` an f16 activation or weight copy ([`View::half`]).
 //! A kernel is compiled once per pattern of f16 tensors it binds ([`HALF_VARIANTS`]): the WGSL

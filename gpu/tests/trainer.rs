@@ -298,8 +298,9 @@ fn activations_over_the_buffer_limit_live_in_several_buffers() {
     let (plan, cfg, data) = setup();
     let mut params = vec![0.0; plan.params_len()];
     init_params(&plan, &mut params, &mut Rng::new(4));
-    let opens: [(fn() -> Gpu, &str); 2] = [(open_gpu, "f32"), (open_f16_gpu, "f16")];
-    for (open, precision) in opens {
+    for f16 in [false, true] {
+        let open = || if f16 { open_f16_gpu() } else { open_gpu() };
+        let precision = if f16 { "f16" } else { "f32" };
         for recompute in [false, true] {
             let what = format!("{precision}, recompute {recompute}");
             let plan = plan.with_recompute(recompute);
