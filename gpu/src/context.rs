@@ -262,21 +262,22 @@ impl Gpu {
     }
 
     /// An error naming `what` when a buffer of `bytes` would exceed the device's limits
-    /// (`bound`: the whole buffer is bound to one shader binding).
-    pub fn check_size(&self, what: &str, bytes: u64, bound: bool) -> Result<(), GpuError> {
+    /// (`bound`: the whole buffer is bound to one shader binding), and what to make smaller
+    /// (`smaller`: "the model" for the parameters, "the batch, block or model" for most).
+    pub fn check_size(&self, what: &str, bytes: u64, bound: bool, smaller: &str) -> Result<(), GpuError> {
         let max_buffer = self.limits.max_buffer_size;
         let max_binding = self.limits.max_storage_buffer_binding_size;
         let name = &self.adapter.name;
         if bytes > max_buffer {
             return Err(GpuError(format!(
-                "{what}: {} in one buffer; {name} allows at most {} (max_buffer_size): use a smaller batch, block or model",
+                "{what}: {} in one buffer; {name} allows at most {} (max_buffer_size): make {smaller} smaller",
                 human_size(bytes),
                 human_size(max_buffer)
             )));
         }
         if bound && bytes > max_binding {
             return Err(GpuError(format!(
-                "{what}: {} in one shader binding; {name} binds at most {} (max_storage_buffer_binding_size): use a smaller batch, block or model",
+                "{what}: {} in one shader binding; {name} binds at most {} (max_storage_buffer_binding_size): make {smaller} smaller",
                 human_size(bytes),
                 human_size(max_binding)
             )));

@@ -63,7 +63,7 @@ impl Activations {
         let largest = elements(gpu.limits.max_buffer_size);
         let mut starts = vec![0];
         for (part, what) in plan.arena_parts() {
-            gpu.check_size(what, bytes(part.len), false)?;
+            gpu.check_size(what, bytes(part.len), false, "the batch, block or model")?;
             if starts.last().is_some_and(|&start| part.end() - start > largest) {
                 starts.push(part.offset);
             }

@@ -16,7 +16,7 @@ use std::ops::Range;
 /// vec4s: see `View::binding_len`), checked against the device's limits.
 pub(crate) fn storage(gpu: &Gpu, label: &str, elements: usize) -> Result<wgpu::Buffer, GpuError> {
     let size = bytes(elements.max(ACT_ALIGN)).checked_next_multiple_of(16).unwrap_or(u64::MAX);
-    gpu.check_size(label, size, false)?;
+    gpu.check_size(label, size, false, "the batch, block or model")?;
     Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size,

@@ -557,7 +557,7 @@ impl<'a> ProgramBuilder<'a> {
                 let binding = match v {
                     Some(v) if v.len > 0 => {
                         assert_eq!(v.byte_offset() % align as u64, 0, "{}: binding {} is not aligned", p.kernel.name(), slot + 1);
-                        gpu.check_size(&format!("a tensor of {}", p.kernel.name()), v.binding_len(), true)?;
+                        gpu.check_size(&format!("a tensor of {}", p.kernel.name()), v.binding_len(), true, "the batch, block or model")?;
                         wgpu::BufferBinding { buffer: v.buffer, offset: v.byte_offset(), size: NonZeroU64::new(v.binding_len()) }
                     }
                     _ => wgpu::BufferBinding { buffer: &kernels.dummy, offset: WORDS_STRIDE * (slot as u64 + 1), size: NonZeroU64::new(WORDS_STRIDE) },

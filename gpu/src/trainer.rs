@@ -256,13 +256,13 @@ impl GpuTrainer {
     /// pieces; the device's free memory shows only when the buffers are made).
     pub fn check_fits(gpu: &Gpu, plan: &Plan) -> Result<(), GpuError> {
         let plan = &device_plan(gpu, *plan);
-        gpu.check_size("the parameter arena", bytes(DeviceLayout::new(plan).len()), false)?;
+        gpu.check_size("the parameter arena", bytes(DeviceLayout::new(plan).len()), false, "the model")?;
         Activations::starts(gpu, plan)?;
         // The token embedding and the logits are bound in pieces of 64 rows or more; the
         // largest tensor bound whole is the MLP's hidden activation.
         let (n, c, v) = (plan.tokens(), plan.config.n_embd, plan.config.vocab_size);
-        gpu.check_size("64 rows of the logits", bytes(64 * v), true)?;
-        gpu.check_size("the MLP's hidden activations", bytes(n * 4 * c), true)
+        gpu.check_size("64 rows of the logits", bytes(64 * v), true, "the vocabulary")?;
+        gpu.check_size("the MLP's hidden activations", bytes(n * 4 * c), true, "the batch, block or model")
     }
 
     /// Replaces the parameters and, when given, the AdamW moments `(m, v)` (host layout).
