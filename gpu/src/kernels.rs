@@ -263,6 +263,11 @@ impl Kernels {
                 device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries })
             })
             .collect();
+        // One pipeline layout per tensor count, shared by every pipeline that binds as many.
+        let pipeline_layouts: Vec<wgpu::PipelineLayout> = layouts
+            .iter()
+            .map(|l| device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: None, bind_group_layouts: &[Some(l)], immediate_size: 0 }))
+            .collect();
         let half = gpu.precision == Precision::F16;
         let variants = Kernel::ALL.iter().map(|&k| (k, 0)).chain(HALF_VARIANTS.into_iter().filter(|_| half));
         let mut modules = HashMap::new();
@@ -272,11 +277,9 @@ impl Kernels {
             let module = modules
                 .entry((shader, slots))
                 .or_insert_with(|| gpu.shader_module(shader.name(), &format!("{}{COMMON}\n{}", prelude(shader, slots, head_size), shader.source())));
-            let layout =
-                device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: None, bind_group_layouts: &[Some(&layouts[n])], immediate_size: 0 });
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(entry),
-                layout: Some(&layout),
+                layout: Some(&pipeline_layouts[n]),
                 module,
                 entry_point: Some(entry),
                 compilation_options: Default::default(),
