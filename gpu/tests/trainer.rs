@@ -80,6 +80,18 @@ fn steps_match(gt: &mut GpuTrainer, ct: &mut Trainer<'_, f32>, data: &[u32], ste
     }
 }
 
+/// `steps` steps of two trainers that must agree to the bit: each step's loss and gradient
+/// norm, then the parameters.
+fn steps_keep_their_bits(a: &mut GpuTrainer, b: &mut GpuTrainer, data: &[u32], steps: usize, what: &str) {
+    for step in 0..steps {
+        let (x, y) = (a.step(data), b.step(data));
+        let (x, y) = (block_on(a.stats(x)).unwrap().last, block_on(b.stats(y)).unwrap().last);
+        assert_eq!((x.loss.to_bits(), x.grad_norm.to_bits()), (y.loss.to_bits(), y.grad_norm.to_bits()), "{what}, step {step}");
+    }
+    let (x, y) = (block_on(a.download()).unwrap(), block_on(b.download()).unwrap());
+    assert!(x.0.iter().zip(&y.0).all(|(p, q)| p.to_bits() == q.to_bits()), "{what}: the parameters keep their bits");
+}
+
 fn twenty_steps_against_the_cpu(recompute: bool, dropout: f64) {
     let (plan, cfg, data) = setup();
     let plan = plan.with_dropout(dropout, 42).unwrap();
@@ -311,13 +323,7 @@ fn activations_over_the_buffer_limit_live_in_several_buffers() {
             let mut split = block_on(GpuTrainer::new(gpu, plan, cfg, Rng::new(3), &params)).unwrap();
             assert_eq!(whole.activation_buffers(), 1, "{what}");
             assert!(split.activation_buffers() >= 3, "{what}: {} buffers", split.activation_buffers());
-            for step in 0..4 {
-                let (a, b) = (whole.step(&data), split.step(&data));
-                let (a, b) = (block_on(whole.stats(a)).unwrap().last, block_on(split.stats(b)).unwrap().last);
-                assert_eq!((a.loss.to_bits(), a.grad_norm.to_bits()), (b.loss.to_bits(), b.grad_norm.to_bits()), "{what}, step {step}");
-            }
-            let (a, b) = (block_on(whole.download()).unwrap(), block_on(split.download()).unwrap());
-            assert!(a.0.iter().zip(&b.0).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: the parameters keep their bits");
+            steps_keep_their_bits(&mut whole, &mut split, &data, 4, &what);
         }
         // Forward models over the same limit: the training plan's losses and logits, and a
         // batch-1 model's greedy samples (its KV-cache decoder, then its sliding window).
@@ -387,13 +393,7 @@ fn f16_steps_keep_their_bits_with_recompute() {
     let trainer = |recompute| block_on(GpuTrainer::new(open_f16_gpu(), plan.with_recompute(recompute), cfg, Rng::new(3), &params)).unwrap();
     let (mut whole, mut recomputed) = (trainer(false), trainer(true));
     assert!(recomputed.plan.is_half(recomputed.plan.layer_acts(1).ln2));
-    for step in 0..5 {
-        let (a, b) = (whole.step(&data), recomputed.step(&data));
-        let (a, b) = (block_on(whole.stats(a)).unwrap().last, block_on(recomputed.stats(b)).unwrap().last);
-        assert_eq!((a.loss.to_bits(), a.grad_norm.to_bits()), (b.loss.to_bits(), b.grad_norm.to_bits()), "step {step}");
-    }
-    let (a, b) = (block_on(whole.download()).unwrap(), block_on(recomputed.download()).unwrap());
-    assert!(a.0.iter().zip(&b.0).all(|(x, y)| x.to_bits() == y.to_bits()), "the parameters keep their bits");
+    steps_keep_their_bits(&mut whole, &mut recomputed, &data, 5, "f16 with recompute");
 }
 
 /// A forced overflow: at a loss scale of 2^40 the scaled gradients leave f16's range, so the
