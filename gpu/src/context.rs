@@ -261,6 +261,22 @@ impl Gpu {
         unsafe { self.device.create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked()) }
     }
 
+    /// The pipeline of entry point `entry` of one of Alpha's kernels (`module`, from
+    /// [`Gpu::shader_module`]), with `layout` or, where `None`, the one the shader implies.
+    /// Its workgroup memory is not zeroed at each workgroup's start: every kernel writes
+    /// what it reads there first, and zeroing is a store of every shared array per workgroup
+    /// (without the driver's native zeroing, naga's stand-in has one invocation store it all).
+    pub fn compute_pipeline(&self, module: &wgpu::ShaderModule, entry: &str, layout: Option<&wgpu::PipelineLayout>) -> wgpu::ComputePipeline {
+        self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout,
+            module,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions { zero_initialize_workgroup_memory: false, ..Default::default() },
+            cache: None,
+        })
+    }
+
     /// An error naming `what` when a buffer of `bytes` would exceed the device's limits
     /// (`bound`: the whole buffer is bound to one shader binding), and what to make smaller
     /// (`smaller`: "the model" for the parameters, "the batch, block or model" for most).

@@ -277,15 +277,7 @@ impl Kernels {
             let module = modules
                 .entry((shader, slots))
                 .or_insert_with(|| gpu.shader_module(shader.name(), &format!("{}{COMMON}\n{}", prelude(shader, slots, head_size), shader.source())));
-            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
-                layout: Some(&pipeline_layouts[n]),
-                module,
-                entry_point: Some(entry),
-                compilation_options: Default::default(),
-                cache: None,
-            });
-            pipelines.insert((kernel, slots), pipeline);
+            pipelines.insert((kernel, slots), gpu.compute_pipeline(module, entry, Some(&pipeline_layouts[n])));
         }
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused binding"),

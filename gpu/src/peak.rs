@@ -61,14 +61,7 @@ impl FmaProbe {
         let device = &gpu.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = gpu.shader_module("peak", &source);
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: None,
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let pipeline = gpu.compute_pipeline(&module, entry, None);
         let buffer = |label, size, usage| device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false });
         let reps = buffer("peak reps", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST);
         // One word per thread of the largest dispatch a caller may ask for.
