@@ -5,14 +5,15 @@
 //
 // Layout: qkv [B, T, 3C] with q, k, v side by side, head h at columns h*HS..(h+1)*HS of
 // each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size),
-// `const KT` (rows per shared tile) and `const PARTS` (threads per row) for the model being
+// `const FORWARD_KT` and `const KT` (rows per shared tile in the forward and in the backward
+// kernels) and `const PARTS` (the backward kernels' threads per row) for the model being
 // compiled.
 // Words: 0 unused, 1 T, 2 NH, 3 scale (f32), and for dropout on the probabilities 4 site,
 // 5 threshold (0: none), 6 the kept ones' scale (f32). Grid: (T / 64, B * NH): 64 rows per
-// workgroup. The forward and the two backward kernels give each row PARTS threads, each
-// holding a slice of the row's head vectors (a whole row per thread, four of them in the kV
-// kernel, overflowed the registers at head size 64); the slices' partial dot products meet in
-// workgroup memory once per tile.
+// workgroup. The forward gives each row one thread. The two backward kernels give each row
+// PARTS threads, each holding a slice of the row's head vectors (a whole row per thread, four
+// of them in the kV kernel, overflowed the registers at head size 64); the slices' partial
+// dot products meet in workgroup memory once per tile.
 
 // The output (written by the forward at 1, read by the delta pass at 3) and qkv (at 2) are
 // f16 where the dispatch stores them so (see kernels.rs: `ElemN`).
@@ -25,8 +26,9 @@
 // dropout; decoding, the token's position (4).
 @group(0) @binding(6) var<storage, read_write> at_words: array<u32>;
 
-// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS), each thread's slice HSP4 of them:
-// private arrays, each step a vector operation. They are `var`s and functions take them by
+// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS), whole in the forward, in the
+// backward kernels each thread's slice HSP4 of them: private arrays, each step a vector
+// operation. They are `var`s and functions take them by
 // pointer: indexing an array value (a `let`, a by-value argument) copies it whole first, on
 // each access.
 const HS4: u32 = (HS + 3u) / 4u;
@@ -34,12 +36,17 @@ const HSP4: u32 = (HS4 + PARTS - 1u) / PARTS;
 const ROWS: u32 = 64u;
 const THREADS: u32 = ROWS * PARTS;
 
+// The backward kernels' tiles: KT rows of two sources.
 var<workgroup> tile_a: array<vec4<f32>, KT * HS4>;
 var<workgroup> tile_b: array<vec4<f32>, KT * HS4>;
 var<workgroup> tile_rows: array<vec2<f32>, KT>;
 // Each slice's (x · tile_a row, y · tile_b row) for every row of the workgroup and of the
 // tile: [row][tile row][part].
 var<workgroup> partials: array<vec2<f32>, ROWS * KT * PARTS>;
+
+// The forward's tiles: FORWARD_KT rows of the keys and of the values.
+var<workgroup> forward_k: array<vec4<f32>, FORWARD_KT * HS4>;
+var<workgroup> forward_v: array<vec4<f32>, FORWARD_KT * HS4>;
 
 const MASKED: f32 = -3.0e38;
 
@@ -126,20 +133,22 @@ fn store_slice(x: ptr<function, array<vec4<f32>, HSP4>>, part: u32, at: u32, sca
     }
 }
 
+/// Vec4 `e % HS4` of row r0 + e / HS4 of head `h` in `src` (see head_elem): element `e` of a
+/// tile of rows from r0; zeros past T.
+fn tile_elem4(src: u32, b: u32, h: u32, r0: u32, e: u32) -> vec4<f32> {
+    let r = r0 + e / HS4;
+    if (r >= word(1u)) {
+        return vec4<f32>(0.0);
+    }
+    return head_elem4(src, b, r, h, e % HS4);
+}
+
 /// Loads rows r0 .. r0 + KT of head `h` from sources `src_a` and `src_b` into tile_a and
 /// tile_b (zeros past T); all threads of the workgroup must call it.
 fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
     for (var e = lid; e < KT * HS4; e += THREADS) {
-        let r = r0 + e / HS4;
-        let d4 = e % HS4;
-        var x = vec4<f32>(0.0);
-        var y = vec4<f32>(0.0);
-        if (r < word(1u)) {
-            x = head_elem4(src_a, b, r, h, d4);
-            y = head_elem4(src_b, b, r, h, d4);
-        }
-        tile_a[e] = x;
-        tile_b[e] = y;
+        tile_a[e] = tile_elem4(src_a, b, h, r0, e);
+        tile_b[e] = tile_elem4(src_b, b, h, r0, e);
     }
 }
 
@@ -156,18 +165,15 @@ fn tile_slice(tile: u32, r: u32, part: u32, e: u32) -> vec4<f32> {
 }
 
 /// Stores this thread's (x · tile_a row r, y · tile_b row r) over its slices for every row r
-/// of the tile, or with `pair` false only the first (y unused, the second 0: the forward
-/// needs only the scores); then, after a barrier, `combine` gives the whole rows' dot
-/// products. All threads of the workgroup must call it.
-fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, array<vec4<f32>, HSP4>>, row: u32, part: u32, pair: bool) {
+/// of the tile; then, after a barrier, `combine` gives the whole rows' dot products. All
+/// threads of the workgroup must call it.
+fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, array<vec4<f32>, HSP4>>, row: u32, part: u32) {
     for (var r = 0u; r < KT; r++) {
         var s = 0.0;
         var dp = 0.0;
         for (var e = 0u; e < HSP4; e++) {
             s = dot4((*x)[e], tile_slice(0u, r, part, e), s);
-            if (pair) {
-                dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
-            }
+            dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
         }
         partials[(row * KT + r) * PARTS + part] = vec2<f32>(s, dp);
     }
@@ -183,47 +189,56 @@ fn combine(row: u32, r: u32) -> vec2<f32> {
     return t;
 }
 
+// One thread per query row (64 per workgroup), holding the row's whole q and output in
+// registers (it needs two head vectors, where the backward kernels need three and four, so
+// it is not split into slices); keys and values pass through workgroup memory FORWARD_KT rows
+// at a time, every thread forming its own scores with all of them: two barriers per tile and
+// no partial sums to share.
 // Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T], 6 dropout key.
-@compute @workgroup_size(THREADS)
+@compute @workgroup_size(64)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
     let scale = wordf(3u);
-    let part = lid % PARTS;
-    let row = head_row(wid, lid / PARTS);
+    let row = head_row(wid, lid);
     let i = row.i;
-    var q = head_slice(0u, row.b, row.safe, row.h, part);
-    var o: array<vec4<f32>, HSP4>;
+    var q: array<vec4<f32>, HS4>;
+    for (var d4 = 0u; d4 < HS4; d4++) {
+        q[d4] = head_elem4(0u, row.b, row.safe, row.h, d4);
+    }
+    var o: array<vec4<f32>, HS4>;
     var m = MASKED;
     var l = 0.0;
     let keys = min(seq, wid.x * 64u + 64u);
-    for (var j0 = 0u; j0 < keys; j0 += KT) {
-        load_tiles(1u, 2u, row.b, row.h, j0, lid);
-        workgroupBarrier();
-        share_partials(&q, &q, lid / PARTS, part, false);
+    for (var j0 = 0u; j0 < keys; j0 += FORWARD_KT) {
+        for (var e = lid; e < FORWARD_KT * HS4; e += 64u) {
+            forward_k[e] = tile_elem4(1u, row.b, row.h, j0, e);
+            forward_v[e] = tile_elem4(2u, row.b, row.h, j0, e);
+        }
         workgroupBarrier();
         if (row.valid && j0 <= i) {
-            var s: array<f32, KT>;
+            var s: array<f32, FORWARD_KT>;
             var tile_max = m;
-            for (var jj = 0u; jj < KT; jj++) {
-                var x = MASKED;
-                if (j0 + jj <= i) {
-                    x = combine(lid / PARTS, jj).x * scale;
+            for (var jj = 0u; jj < FORWARD_KT; jj++) {
+                var dot = 0.0;
+                for (var d4 = 0u; d4 < HS4; d4++) {
+                    dot = dot4(q[d4], forward_k[jj * HS4 + d4], dot);
                 }
+                let x = select(MASKED, dot * scale, j0 + jj <= i);
                 s[jj] = x;
                 tile_max = max(tile_max, x);
             }
             let corr = exp(m - tile_max);
             l *= corr;
-            for (var e = 0u; e < HSP4; e++) {
-                o[e] *= corr;
+            for (var d4 = 0u; d4 < HS4; d4++) {
+                o[d4] *= corr;
             }
-            for (var jj = 0u; jj < KT; jj++) {
+            for (var jj = 0u; jj < FORWARD_KT; jj++) {
                 if (j0 + jj <= i) {
                     let p = exp(s[jj] - tile_max);
                     l += p;
                     let kept = p * dropped(wid.y, i, j0 + jj);
-                    for (var e = 0u; e < HSP4; e++) {
-                        o[e] = fma(vec4<f32>(kept), tile_slice(1u, jj, part, e), o[e]);
+                    for (var d4 = 0u; d4 < HS4; d4++) {
+                        o[d4] = fma(vec4<f32>(kept), forward_v[jj * HS4 + d4], o[d4]);
                     }
                 }
             }
@@ -232,10 +247,12 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         workgroupBarrier();
     }
     if (row.valid) {
-        store_slice(&o, part, row_at(row.b, i, row.h), 1.0 / l);
-        if (part == 0u) {
-            at_3[wid.y * seq + i] = to_elem3(m + log(l));
+        let at = row_at(row.b, i, row.h);
+        let inv = 1.0 / l;
+        for (var d = 0u; d < HS; d++) {
+            at_1[at + d] = to_elem1(o[d / 4u][d % 4u] * inv);
         }
+        at_3[wid.y * seq + i] = to_elem3(m + log(l));
     }
 }
 
@@ -272,7 +289,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
     for (var j0 = 0u; j0 < keys; j0 += KT) {
         load_tiles(1u, 2u, row.b, row.h, j0, lid);
         workgroupBarrier();
-        share_partials(&q, &g, lid / PARTS, part, true);
+        share_partials(&q, &g, lid / PARTS, part);
         workgroupBarrier();
         if (row.valid && j0 <= i) {
             for (var jj = 0u; jj < KT; jj++) {
@@ -316,7 +333,7 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
             tile_rows[lid] = stats;
         }
         workgroupBarrier();
-        share_partials(&k, &v, lid / PARTS, part, true);
+        share_partials(&k, &v, lid / PARTS, part);
         workgroupBarrier();
         if (row.valid) {
             for (var r = 0u; r < KT; r++) {

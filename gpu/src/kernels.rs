@@ -326,14 +326,18 @@ fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
         }
     }
     if shader == Shader::Attention {
-        // Threads per row: enough that a thread holds at most 32 floats of each head vector
-        // (the dK/dV kernel holds four), at most 4 (256 threads, WebGPU's default limit). Its
-        // tiles: two of KT rows x HS (in whole vec4s), and the 64 rows' partial dot products
-        // with each tile row (8 KiB at KT 4 and 4 threads per row): within about 10 KiB of
-        // workgroup memory (WebGPU's default limit is 16 KiB).
+        // The backward kernels' threads per row: enough that a thread holds at most 32
+        // floats of each head vector (the dK/dV kernel holds four), at most 4 (256 threads,
+        // WebGPU's default limit). Their tiles: two of KT rows x HS (in whole vec4s), and the
+        // 64 rows' partial dot products with each tile row (8 KiB at KT 4 and 4 threads per
+        // row): within about 10 KiB of workgroup memory (WebGPU's default limit is 16 KiB).
+        // The forward's two tiles of FORWARD_KT rows: at most 8 KiB (16 rows at head size 64).
         let parts = head_size.div_ceil(32).clamp(1, 4);
         let kt = (512 / head_size).clamp(1, 4);
-        text.push_str(&format!("const HS: u32 = {head_size}u;\nconst KT: u32 = {kt}u;\nconst PARTS: u32 = {parts}u;\n"));
+        let forward_kt = (256 / head_size.div_ceil(4)).clamp(1, 16);
+        text.push_str(&format!(
+            "const HS: u32 = {head_size}u;\nconst FORWARD_KT: u32 = {forward_kt}u;\nconst KT: u32 = {kt}u;\nconst PARTS: u32 = {parts}u;\n"
+        ));
     }
     text
 }
