@@ -121,19 +121,25 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 // 64 + 4 l.y + i, columns 4 l.x + j and 64 + 4 l.x + j), in sixteen vec4 accumulators; each
 // step of the depth loop reads two vec4s of a's tile and two of b's from workgroup memory
 // for 64 FMAs (matmul's 4 x 4 blocks read eight scalars for 16). The next depth block is
-// loaded into registers while this one is multiplied. The sums run over k in order, as
-// matmul's: the two kernels give the same bits.
+// loaded into registers while this one is multiplied, and stored into the other of two
+// stages of tiles: one barrier per block. The sums run over k in order, as matmul's: the two
+// kernels give the same bits.
 // Grid: (cols / 128, rows / 128, depth / chunk).
 const WIDE: u32 = 128u;
 const WIDE_BK: u32 = 8u;
 
-// The tiles of a (from 0) and b (from WIDE_B), each [WIDE_BK][WIDE_PITCH] vec4s: element
-// (k, i) of a tile at [k * WIDE_PITCH + i / 4][i % 4]. The vec4 of padding per depth puts
-// depths k and k + 4 of 16 lines, which a subgroup's staging stores at once where the depth
-// is contiguous, in different banks.
-const WIDE_PITCH: u32 = 33u;
-const WIDE_B: u32 = 264u; // WIDE_BK * WIDE_PITCH
-var<workgroup> wide_tiles: array<vec4<f32>, 528>;
+// Two stages of the tiles of a and b, each [WIDE_BK][32] vec4s: 16 KiB, WebGPU's default
+// limit. See wide_at.
+var<workgroup> wide_tiles: array<vec4<f32>, 1024>;
+
+// Where vec4 `v` (lines 4 v .. 4 v + 3) of depth `k` of operand `op`'s tile (0: a, 1: b) in
+// `stage` lies in wide_tiles. Depths 4 .. 7 swap each half of their 8-vec4 groups: the
+// staging stores, where the depth is contiguous, 16 lines of depths k and k + 4 at once, and
+// these then fall in different banks (reads and stores of whole vec4s stay free of conflicts
+// under any swap within groups of 8).
+fn wide_at(stage: u32, op: u32, k: u32, v: u32) -> u32 {
+    return ((stage * 2u + op) * WIDE_BK + k) * 32u + (v ^ (k & 4u));
+}
 
 // Element `idx` of a staged tile of `depths` depths by WIDE lines (a's rows or b's columns)
 // as (line, depth), in an order that runs along the depth where it is contiguous in memory
@@ -194,16 +200,16 @@ fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32
     return vec4<f32>(operand(v.x, half), operand(v.y, half), operand(v.z, half), operand(v.w, half));
 }
 
-// wide_load's values into the tile from `base` of wide_tiles (the same order: `along_k` where
-// the depth was contiguous): one vec4 along the lines, else four depths of one line.
-fn wide_store(base: u32, along_k: bool, v: vec4<f32>, lid: u32) {
+// wide_load's values into operand `op`'s tile in `stage` (the same order: `along_k` where the
+// depth was contiguous): one vec4 along the lines, else four depths of one line.
+fn wide_store(stage: u32, op: u32, along_k: bool, v: vec4<f32>, lid: u32) {
     let t = staged_at(4u * lid, WIDE_BK, along_k);
     if (!along_k) {
-        wide_tiles[base + t.y * WIDE_PITCH + t.x / 4u] = v;
+        wide_tiles[wide_at(stage, op, t.y, t.x / 4u)] = v;
         return;
     }
     for (var u = 0u; u < 4u; u++) {
-        wide_tiles[base + (t.y + u) * WIDE_PITCH + t.x / 4u][t.x % 4u] = v[u];
+        wide_tiles[wide_at(stage, op, t.y + u, t.x / 4u)][t.x % 4u] = v[u];
     }
 }
 
@@ -224,19 +230,22 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var r70 = vec4<f32>(0.0); var r71 = vec4<f32>(0.0);
     var next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, p.k_begin, p.k_end, lid);
     var next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, p.k_begin, p.k_end, lid);
+    // A thread stores into a stage only after the barrier that follows every thread's
+    // products from it two blocks before.
+    var stage = 0u;
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += WIDE_BK) {
-        wide_store(0u, p.a_cs == 1u, next_a, lid);
-        wide_store(WIDE_B, p.b_rs == 1u, next_b, lid);
+        wide_store(stage, 0u, p.a_cs == 1u, next_a, lid);
+        wide_store(stage, 1u, p.b_rs == 1u, next_b, lid);
         workgroupBarrier();
         if (k0 + WIDE_BK < p.k_end) {
             next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, k0 + WIDE_BK, p.k_end, lid);
             next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0 + WIDE_BK, p.k_end, lid);
         }
         for (var k = 0u; k < WIDE_BK; k++) {
-            let a0 = wide_tiles[k * WIDE_PITCH + l.y];
-            let a1 = wide_tiles[k * WIDE_PITCH + 16u + l.y];
-            let b0 = wide_tiles[WIDE_B + k * WIDE_PITCH + l.x];
-            let b1 = wide_tiles[WIDE_B + k * WIDE_PITCH + 16u + l.x];
+            let a0 = wide_tiles[wide_at(stage, 0u, k, l.y)];
+            let a1 = wide_tiles[wide_at(stage, 0u, k, 16u + l.y)];
+            let b0 = wide_tiles[wide_at(stage, 1u, k, l.x)];
+            let b1 = wide_tiles[wide_at(stage, 1u, k, 16u + l.x)];
             r00 = fma(vec4<f32>(a0.x), b0, r00); r01 = fma(vec4<f32>(a0.x), b1, r01);
             r10 = fma(vec4<f32>(a0.y), b0, r10); r11 = fma(vec4<f32>(a0.y), b1, r11);
             r20 = fma(vec4<f32>(a0.z), b0, r20); r21 = fma(vec4<f32>(a0.z), b1, r21);
@@ -246,7 +255,7 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             r60 = fma(vec4<f32>(a1.z), b0, r60); r61 = fma(vec4<f32>(a1.z), b1, r61);
             r70 = fma(vec4<f32>(a1.w), b0, r70); r71 = fma(vec4<f32>(a1.w), b1, r71);
         }
-        workgroupBarrier();
+        stage ^= 1u;
     }
     let top = row0 + 4u * l.y;
     let bottom = row0 + 64u + 4u * l.y;
