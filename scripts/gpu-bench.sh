@@ -25,7 +25,7 @@
 # minute each), GPU_BENCH_BASELINES (other builds of alpha-native to time this one against on
 # the same card, as LABEL=PATH separated by spaces, e.g. "e12daff=/tmp/alpha-e12daff": the
 # baby config's steps, or the first config's, in f32 and, where the driver has the shape, in
-# f16 on the tensor cores, in alternating rounds).
+# f16 on the tensor cores, in alternating rounds; then each build's top kernels in f32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bench}
@@ -150,6 +150,41 @@ for build in builds:
         times = [float(t) for t in open(path)] if os.path.exists(path) else []
         cells.append(f"{statistics.median(times):.2f} ({len(times)} rounds)" if times else "failed")
     print(f"| {label} | " + " | ".join(cells) + " |")
+print()
+PY
+    # Kernel by kernel: one traced run of each build in f32, so that each kernel's change can
+    # be kept or undone on its own.
+    stage "each build's trace of the $ab_config config"
+    for build in "${builds[@]}"; do
+        # shellcheck disable=SC2086 # the flags split on purpose
+        "${build#*=}" bench --backend gpu --iters 3 --warmup 2 --trace "$out/ab-${build%%=*}.trace.json" --overwrite \
+            ${shape[$ab_config]} > "$out/ab-${build%%=*}.trace.txt" 2>&1 || echo "trace of ${build%%=*} failed" >&2
+    done
+    python3 - "$out" "$ab_config" "${builds[@]}" >> "$summary" <<'PY'
+import os, sys
+out, config = sys.argv[1], sys.argv[2]
+labels = [b.split("=", 1)[0] for b in sys.argv[3:]]
+
+def kernels(label):
+    """ms per step of each (op or kernel, pass) row of a build's trace table."""
+    path, times, table = f"{out}/ab-{label}.trace.txt", {}, False
+    for line in open(path) if os.path.exists(path) else []:
+        table = table or line.startswith("trace:")
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if table and line.startswith("|") and len(cells) >= 3:
+            try:
+                times[f"{cells[0]}, {cells[1]}"] = float(cells[2])
+            except ValueError:
+                pass
+    return times
+
+traced = {label: kernels(label) for label in labels}
+rows = sorted(set().union(*traced.values()), key=lambda k: -max(t.get(k, 0.0) for t in traced.values()))
+print(f"Each build's top kernels, the {config} config in f32 (`bench --backend gpu --trace`, 3 steps; ms per step):\n")
+print("| op or kernel, pass | " + " | ".join(labels) + " |")
+print("|---|" + "---|" * len(labels))
+for k in rows:
+    print(f"| {k} | " + " | ".join(f"{traced[b][k]:.3f}" if k in traced[b] else "-" for b in labels) + " |")
 print()
 PY
 fi
