@@ -47,37 +47,34 @@ fn gelu_slope(x: f32, s: f32) -> f32 {
     return s + 2.0 * x * s * (1.0 - s) * du;
 }
 
-// Workgroup reductions for 64-thread workgroups, in a fixed tree order (deterministic).
-var<workgroup> reduce_buf: array<f32, 64>;
+// Workgroup reductions for 64-thread workgroups: each thread leaves its value in workgroup
+// memory and, after one barrier, every thread combines all 64 in the same fixed order
+// (deterministic, the same bits in every thread): two barriers where a tree takes seven.
+var<workgroup> reduce_buf: array<vec4<f32>, 16>;
 
-/// The sum of `v` over the 64 threads of the workgroup (every thread gets it).
+/// The sum of `v` over the 64 threads of the workgroup (every thread gets it): four running
+/// sums over threads 4i + lane, then paired.
 fn workgroup_sum(v: f32, lid: u32) -> f32 {
-    reduce_buf[lid] = v;
+    reduce_buf[lid / 4u][lid % 4u] = v;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            reduce_buf[lid] += reduce_buf[lid + s];
-        }
-        workgroupBarrier();
+    var s = vec4<f32>(0.0);
+    for (var i = 0u; i < 16u; i++) {
+        s += reduce_buf[i];
     }
-    let r = reduce_buf[0];
     workgroupBarrier();
-    return r;
+    return (s.x + s.y) + (s.z + s.w);
 }
 
 /// The maximum of `v` over the 64 threads of the workgroup (every thread gets it).
 fn workgroup_max(v: f32, lid: u32) -> f32 {
-    reduce_buf[lid] = v;
+    reduce_buf[lid / 4u][lid % 4u] = v;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            reduce_buf[lid] = max(reduce_buf[lid], reduce_buf[lid + s]);
-        }
-        workgroupBarrier();
+    var m = reduce_buf[0];
+    for (var i = 1u; i < 16u; i++) {
+        m = max(m, reduce_buf[i]);
     }
-    let r = reduce_buf[0];
     workgroupBarrier();
-    return r;
+    return max(max(m.x, m.y), max(m.z, m.w));
 }
 
 // Dropout masks (CPU twin: core/src/ops/dropout.rs): element `idx` of a dropout site is kept
