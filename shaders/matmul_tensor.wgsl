@@ -12,12 +12,17 @@
 // of 16.
 
 const TC_BK: u32 = 32u;
-// Row pitches of the staged tiles in f16: a's [128][TC_BK] and b's [TC_BK][128], each row
-// 16 bytes longer than its data so that consecutive rows start in different banks.
-const TC_A_PITCH: u32 = 40u;
-const TC_B_PITCH: u32 = 136u;
-var<workgroup> tc_a: array<f16, 5120>; // 128 * TC_A_PITCH
-var<workgroup> tc_b: array<f16, 4352>; // TC_BK * TC_B_PITCH
+// A staged tile of 128 lines (a's rows or b's columns) by TC_BK depths lies in workgroup
+// memory as it lies in memory: [line][depth] where the depth is contiguous there (`along_k`),
+// else [depth][line]. Each run of four elements a thread stages is then four consecutive
+// f16s, and a subgroup's stores fill whole rows of banks (staging a transposed operand into
+// the other layout had up to 16 of a subgroup's stores in one bank). The cooperative loads
+// read either layout (row- or column-major). Each row is 16 bytes longer than its data, so
+// that the eight rows a load reads at once start in different banks.
+const TC_LINE_PITCH: u32 = 40u; // [line][depth]: TC_BK + 8
+const TC_DEPTH_PITCH: u32 = 136u; // [depth][line]: 128 + 8
+var<workgroup> tc_a: array<f16, 5120>; // 128 * TC_LINE_PITCH, at least TC_BK * TC_DEPTH_PITCH
+var<workgroup> tc_b: array<f16, 5120>;
 // Each subgroup's 16 x 16 block on its way through the epilogue.
 var<workgroup> tc_c: array<f32, 2048>;
 
@@ -46,21 +51,52 @@ fn tc_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, 
     return s;
 }
 
-// tc_load's values as f16 into tc_a (a's rows, op 0) or tc_b (b's columns, op 1), in the
-// same order.
+// Where element (line, depth) of a staged tile lies in tc_a or tc_b (see TC_LINE_PITCH).
+fn tc_at(line: u32, depth: u32, along_k: bool) -> u32 {
+    return select(depth * TC_DEPTH_PITCH + line, line * TC_LINE_PITCH + depth, along_k);
+}
+
+// tc_load's values as f16 into tc_a (a's rows, op 0) or tc_b (b's columns, op 1): each run
+// of four to four consecutive f16s.
 fn tc_store_staged(op: u32, s: ptr<function, Staged>, along_k: bool, lid: u32) {
     for (var e = 0u; e < 4u; e++) {
         let t = staged_at(4u * (e * 256u + lid), TC_BK, along_k);
+        let at = tc_at(t.x, t.y, along_k);
         for (var u = 0u; u < 4u; u++) {
-            let line = select(t.x + u, t.x, along_k);
-            let depth = select(t.y, t.y + u, along_k);
             if (op == 0u) {
-                tc_a[line * TC_A_PITCH + depth] = staged((*s).v[e][u], HALF1);
+                tc_a[at + u] = staged((*s).v[e][u], HALF1);
             } else {
-                tc_b[depth * TC_B_PITCH + line] = staged((*s).v[e][u], HALF2);
+                tc_b[at + u] = staged((*s).v[e][u], HALF2);
             }
         }
     }
+}
+
+// Whether a's (b's) depths are contiguous in memory: words 5 (a_cs) and 6 (b_rs) are 1. Read
+// from the uniform block itself, so that naga knows the result uniform, as a branch around
+// cooperative loads must be (`word`'s argument hides that).
+fn tc_a_along_k() -> bool {
+    return u.w[1].y == 1u;
+}
+
+fn tc_b_along_k() -> bool {
+    return u.w[1].z == 1u;
+}
+
+// a's 16 x 16 block of rows `row` ..+16 (of the tile) and depths `k` ..+16 from tc_a.
+fn tc_block_a(row: u32, k: u32) -> coop_mat16x16<f16, A> {
+    if (tc_a_along_k()) {
+        return coopLoadT<coop_mat16x16<f16, A>>(&tc_a[row * TC_LINE_PITCH + k], TC_LINE_PITCH);
+    }
+    return coopLoad<coop_mat16x16<f16, A>>(&tc_a[k * TC_DEPTH_PITCH + row], TC_DEPTH_PITCH);
+}
+
+// b's 16 x 16 block of depths `k` ..+16 and columns `col` ..+16 (of the tile) from tc_b.
+fn tc_block_b(k: u32, col: u32) -> coop_mat16x16<f16, B> {
+    if (tc_b_along_k()) {
+        return coopLoad<coop_mat16x16<f16, B>>(&tc_b[col * TC_LINE_PITCH + k], TC_LINE_PITCH);
+    }
+    return coopLoadT<coop_mat16x16<f16, B>>(&tc_b[k * TC_DEPTH_PITCH + col], TC_DEPTH_PITCH);
 }
 
 // Subgroup accumulator (row block r, column block j) through the epilogue: staged in the
@@ -91,20 +127,20 @@ fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     var next_a = tc_load(0u, row0, p.rows, p.a_rs, p.a_cs, p.k_begin, p.k_end, lid);
     var next_b = tc_load(1u, col0, p.cols, p.b_cs, p.b_rs, p.k_begin, p.k_end, lid);
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += TC_BK) {
-        tc_store_staged(0u, &next_a, p.a_cs == 1u, lid);
-        tc_store_staged(1u, &next_b, p.b_rs == 1u, lid);
+        tc_store_staged(0u, &next_a, tc_a_along_k(), lid);
+        tc_store_staged(1u, &next_b, tc_b_along_k(), lid);
         workgroupBarrier();
         if (k0 + TC_BK < p.k_end) {
             next_a = tc_load(0u, row0, p.rows, p.a_rs, p.a_cs, k0 + TC_BK, p.k_end, lid);
             next_b = tc_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0 + TC_BK, p.k_end, lid);
         }
         for (var kk = 0u; kk < TC_BK; kk += 16u) {
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&tc_a[sr * TC_A_PITCH + kk], TC_A_PITCH);
-            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tc_a[(sr + 16u) * TC_A_PITCH + kk], TC_A_PITCH);
-            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&tc_b[kk * TC_B_PITCH + sc], TC_B_PITCH);
-            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&tc_b[kk * TC_B_PITCH + sc + 16u], TC_B_PITCH);
-            let b2 = coopLoadT<coop_mat16x16<f16, B>>(&tc_b[kk * TC_B_PITCH + sc + 32u], TC_B_PITCH);
-            let b3 = coopLoadT<coop_mat16x16<f16, B>>(&tc_b[kk * TC_B_PITCH + sc + 48u], TC_B_PITCH);
+            let a0 = tc_block_a(sr, kk);
+            let a1 = tc_block_a(sr + 16u, kk);
+            let b0 = tc_block_b(kk, sc);
+            let b1 = tc_block_b(kk, sc + 16u);
+            let b2 = tc_block_b(kk, sc + 32u);
+            let b3 = tc_block_b(kk, sc + 48u);
             c00 = coopMultiplyAdd(a0, b0, c00); c01 = coopMultiplyAdd(a0, b1, c01);
             c02 = coopMultiplyAdd(a0, b2, c02); c03 = coopMultiplyAdd(a0, b3, c03);
             c10 = coopMultiplyAdd(a1, b0, c10); c11 = coopMultiplyAdd(a1, b1, c11);
