@@ -52,6 +52,13 @@ fn gelu_slope(x: f32, s: f32) -> f32 {
 // (deterministic, the same bits in every thread): two barriers where a tree takes seven.
 var<workgroup> reduce_buf: array<vec4<f32>, 16>;
 
+/// acc + x.x + x.y + x.z + x.w, added in that order. Sums in a fixed order (the CPU's) load
+/// several terms ahead with it: the chain then waits on memory once per group, not once
+/// per term, and keeps its bits.
+fn add_in_order(acc: f32, x: vec4<f32>) -> f32 {
+    return (((acc + x.x) + x.y) + x.z) + x.w;
+}
+
 /// The sum of `v` over the 64 threads of the workgroup (every thread gets it): four running
 /// sums over threads 4i + lane, then paired.
 fn workgroup_sum(v: f32, lid: u32) -> f32 {

@@ -38,11 +38,6 @@ fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
 @group(0) @binding(3) var<storage, read_write> eb_starts: array<u32>;
 @group(0) @binding(4) var<storage, read_write> eb_dout: array<f32>;
 
-/// acc + x.x + x.y + x.z + x.w, added in that order.
-fn add_in_order(acc: f32, x: vec4<f32>) -> f32 {
-    return (((acc + x.x) + x.y) + x.z) + x.w;
-}
-
 // dwte[v, j] += dout[i, j] over the rows i holding token v0 + v, in increasing i, for the
 // piece of the table bound (its row 0 is token v0): order lists the rows grouped by token
 // (rows of token t are order[starts[t]..starts[t + 1]]). A character model's commonest token

@@ -74,7 +74,8 @@ fn layernorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     }
 }
 
-// Per block of 64 rows: partials[block, j] = Σ dout·x̂ and partials[block, C + j] = Σ dout.
+// Per block of 64 rows: partials[block, j] = Σ dout·x̂ and partials[block, C + j] = Σ dout,
+// four rows' loads ahead of their sums (in row order).
 // Words: rows, C. Bindings: 1 partials [blocks, 2C], 2 dout, 3 x, 4 mean, 5 rstd.
 // Grid: (C / 64, row blocks).
 @compute @workgroup_size(64)
@@ -88,7 +89,18 @@ fn layernorm_param_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(loca
     let block = wid.y;
     var dw = 0.0;
     var db = 0.0;
-    for (var r = block * 64u; r < min(rows, (block + 1u) * 64u); r++) {
+    let end = min(rows, (block + 1u) * 64u);
+    var r = block * 64u;
+    for (; r + 4u <= end; r += 4u) {
+        let at = vec4<u32>(r, r + 1u, r + 2u, r + 3u) * c + j;
+        let g = vec4<f32>(ln_2[at.x], ln_2[at.y], ln_2[at.z], ln_2[at.w]);
+        let x = vec4<f32>(ln_3[at.x], ln_3[at.y], ln_3[at.z], ln_3[at.w]);
+        let mean = vec4<f32>(ln_4[r], ln_4[r + 1u], ln_4[r + 2u], ln_4[r + 3u]);
+        let rstd = vec4<f32>(ln_5[r], ln_5[r + 1u], ln_5[r + 2u], ln_5[r + 3u]);
+        dw = add_in_order(dw, g * (x - mean) * rstd);
+        db = add_in_order(db, g);
+    }
+    for (; r < end; r++) {
         let g = ln_2[r * c + j];
         dw += g * (ln_3[r * c + j] - ln_4[r]) * ln_5[r];
         db += g;

@@ -307,7 +307,8 @@ fn store_one(r: u32, c: u32, slice: u32, v_in: f32) {
 
 // Backward of the epilogue: with GELU, dout[rows, cols] *= slope (gelu'(pre), what the
 // training forward left in its aux) in place; then the column sums of dout over each block of
-// 64 rows into partials[block, cols] (the bias gradient, finished by add_partials).
+// 64 rows into partials[block, cols] (the bias gradient, finished by add_partials), four
+// rows' loads ahead of their sums (in row order).
 // Words: rows, cols, gelu (0/1).
 // Bindings: 1 dout, 2 slope, 3 partials. Grid: (cols / 64, row blocks).
 @compute @workgroup_size(64)
@@ -322,7 +323,19 @@ fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let block = wid.y;
     let end = min(rows, (block + 1u) * 64u);
     var sum = 0.0;
-    for (var r = block * 64u; r < end; r++) {
+    var r = block * 64u;
+    for (; r + 4u <= end; r += 4u) {
+        let idx = vec4<u32>(r, r + 1u, r + 2u, r + 3u) * cols + j;
+        var g = vec4<f32>(f32(mm_a[idx.x]), f32(mm_a[idx.y]), f32(mm_a[idx.z]), f32(mm_a[idx.w]));
+        if (gelu != 0u) {
+            g *= vec4<f32>(f32(mm_b[idx.x]), f32(mm_b[idx.y]), f32(mm_b[idx.z]), f32(mm_b[idx.w]));
+            for (var u = 0u; u < 4u; u++) {
+                mm_a[idx[u]] = to_elem1(g[u]);
+            }
+        }
+        sum = add_in_order(sum, g);
+    }
+    for (; r < end; r++) {
         let idx = r * cols + j;
         var g = f32(mm_a[idx]);
         if (gelu != 0u) {
