@@ -28,9 +28,8 @@
 
 // Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS), whole in the forward, in the
 // backward kernels each thread's slice HSP4 of them: private arrays, each step a vector
-// operation. They are `var`s and functions take them by
-// pointer: indexing an array value (a `let`, a by-value argument) copies it whole first, on
-// each access.
+// operation. They are `var`s and functions take them by pointer: indexing an array value (a
+// `let`, a by-value argument) copies it whole first, on each access.
 const HS4: u32 = (HS + 3u) / 4u;
 const HSP4: u32 = (HS4 + PARTS - 1u) / PARTS;
 const ROWS: u32 = 64u;
