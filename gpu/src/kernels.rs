@@ -212,7 +212,7 @@ impl Kernel {
 }
 
 /// Most tensors one kernel binds.
-const MAX_TENSORS: usize = 6;
+pub(crate) const MAX_TENSORS: usize = 6;
 /// Bytes of one dispatch's uniform words, and the stride between them.
 const WORDS_BYTES: u64 = 64;
 const WORDS_STRIDE: u64 = 256;
@@ -268,15 +268,11 @@ impl Kernels {
             .iter()
             .map(|l| device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: None, bind_group_layouts: &[Some(l)], immediate_size: 0 }))
             .collect();
-        let half = gpu.precision == Precision::F16;
-        let variants = Kernel::ALL.iter().map(|&k| (k, 0)).chain(HALF_VARIANTS.into_iter().filter(|_| half));
         let mut modules = HashMap::new();
         let mut pipelines = HashMap::new();
-        for (kernel, slots) in variants.filter(|&(k, _)| k != Kernel::MatmulTensor || gpu.tensor_cores()) {
+        for (kernel, slots) in compiled_variants(gpu.precision == Precision::F16, gpu.tensor_cores()) {
             let (shader, entry, n) = kernel.spec();
-            let module = modules
-                .entry((shader, slots))
-                .or_insert_with(|| gpu.shader_module(shader.name(), &format!("{}{COMMON}\n{}", prelude(shader, slots, head_size), shader.source())));
+            let module = modules.entry((shader, slots)).or_insert_with(|| gpu.shader_module(shader.name(), &kernel_source(kernel, slots, head_size)));
             pipelines.insert((kernel, slots), gpu.compute_pipeline(module, entry, Some(&pipeline_layouts[n])));
         }
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
@@ -645,6 +641,20 @@ impl Program {
     }
 }
 
+/// The kernels and f16 patterns a device compiles: every kernel in f32, the f16 patterns
+/// ([`HALF_VARIANTS`]) with `f16` precision, the tensor-core GEMM only with `tensor_cores`.
+pub(crate) fn compiled_variants(f16: bool, tensor_cores: bool) -> impl Iterator<Item = (Kernel, HalfSlots)> {
+    let variants = Kernel::ALL.iter().map(|&k| (k, 0)).chain(HALF_VARIANTS.into_iter().filter(move |_| f16));
+    variants.filter(move |&(k, _)| k != Kernel::MatmulTensor || tensor_cores)
+}
+
+/// The WGSL module holding `kernel` with f16 bindings `slots` (attention's for heads of
+/// `head_size`): its prelude, `common.wgsl`, then its file.
+pub(crate) fn kernel_source(kernel: Kernel, slots: HalfSlots, head_size: usize) -> String {
+    let shader = kernel.spec().0;
+    format!("{}{COMMON}\n{}", prelude(shader, slots, head_size), shader.source())
+}
+
 /// Workgroups for `cols_groups` column groups over `rows` rows spread over y and z (65535
 /// at most per dimension; the kernels use `grid_row`).
 pub fn rows_grid(cols_groups: usize, rows: usize) -> [u32; 3] {
@@ -669,11 +679,11 @@ mod tests {
     #[test]
     fn every_variant_is_valid_wgsl() {
         use wgpu::naga::valid::{Capabilities, ValidationFlags, Validator};
-        let variants = Kernel::ALL.iter().map(|&k| (k, 0)).chain(HALF_VARIANTS);
-        let modules: std::collections::HashSet<(Shader, HalfSlots)> = variants.map(|(k, slots)| (k.spec().0, slots)).collect();
+        // One kernel of each module.
+        let modules: HashMap<(Shader, HalfSlots), Kernel> = compiled_variants(true, true).map(|(k, slots)| ((k.spec().0, slots), k)).collect();
         for head_size in [5, 64, 100] {
-            for &(shader, slots) in &modules {
-                let source = format!("{}{COMMON}\n{}", prelude(shader, slots, head_size), shader.source());
+            for (&(shader, slots), &kernel) in &modules {
+                let source = kernel_source(kernel, slots, head_size);
                 let what = format!("{} with f16 bindings {slots:#b}, head size {head_size}", shader.name());
                 let module = wgpu::naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));
                 let entries: Vec<&str> = module.entry_points.iter().map(|e| e.name.as_str()).collect();
