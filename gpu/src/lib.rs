@@ -15,8 +15,12 @@
 //! - [`trainer`]: the whole training step, one submission per step ([`GpuTrainer`]).
 //! - [`profile`]: timestamp queries around every kernel, for traces ([`KernelTime`]).
 //! - [`peak`]: the device's arithmetic limit in f32 and f16 ([`peak::FmaProbe`]), for MFU.
+//! - `driver_stats` (native): what the Vulkan driver's compiler made of each kernel
+//!   (registers, local memory), for `info --kernels`.
 
 pub mod context;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod driver_stats;
 mod executor;
 pub mod forward;
 pub mod kernels;

@@ -49,6 +49,12 @@ pub struct InfoArgs {
     /// memory within a machine is faster).
     #[arg(long, default_value_t = 100.0)]
     pub link_gbps: f64,
+    /// With --backend gpu on Vulkan: compile every kernel the run would (at its precision,
+    /// with --tensor-cores the tensor-core GEMM) and print what the driver's compiler reports
+    /// of each (VK_KHR_pipeline_executable_properties; NVIDIA: registers per thread and local
+    /// memory, the occupancy and spills `nvcc -Xptxas -v` shows for CUDA).
+    #[arg(long)]
+    pub kernels: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -64,6 +70,9 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     }
     if !(args.link_gbps.is_finite() && args.link_gbps > 0.0) {
         return Err(format!("--link-gbps must be a positive number of Gbit/s, not {}", args.link_gbps));
+    }
+    if args.kernels && args.device.backend != Backend::Gpu {
+        return Err("--kernels needs --backend gpu".into());
     }
     let m = &args.model;
     let (tok, ids) = m.sample_tokens(&alpha_core::Serial)?;
@@ -88,6 +97,10 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let gpu = match args.device.backend {
         Backend::Gpu => Some(args.device.open_gpu()?),
         Backend::Cpu => None,
+    };
+    let kernels = match &gpu {
+        Some(g) if args.kernels => Some(driver_statistics(g, config.n_embd / config.n_head)?),
+        _ => None,
     };
     // The GPU's FMA limits, f32 and (where it has shader-f16) f16, and with --tensor-cores
     // the tensor cores': the MFU denominators.
@@ -158,6 +171,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "estimate": estimate,
         "gpu_adapters": adapters.iter().map(adapter_json).collect::<Vec<_>>(),
         "gpu_peak_gflops": gpu_peaks,
+        "gpu_kernels": kernels.as_ref().map(|k| k.iter().map(|s| json!({"kernel": s.kernel, "statistics": s.statistics})).collect::<Vec<_>>()),
     });
     // The machine's keys (cpu, cores, threads, simd, gemm_kernel) beside the rest.
     if let (Some(r), serde_json::Value::Object(machine)) = (report.as_object_mut(), machine_json(&pool)) {
@@ -217,6 +231,14 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         };
         let tensor = gpu_peaks["tensor"].as_f64().map_or(String::new(), |t| format!(", tensor cores (f16 products, f32 sums) {t:.1}"));
         println!("GPU peak   {}: f32 {:.1}{f16}{tensor} GFLOP/s (independent FMAs on registers: the MFU denominators)", g.adapter.name, f(&gpu_peaks["f32"]));
+    }
+    if let Some(kernels) = &kernels {
+        println!("kernels    as the driver compiled them (VK_KHR_pipeline_executable_properties):");
+        let width = kernels.iter().map(|k| k.kernel.len()).max().unwrap_or(0);
+        for k in kernels {
+            let stats: Vec<String> = k.statistics.iter().map(|(name, value)| format!("{name} {value}")).collect();
+            println!("  {:<width$}  {}", k.kernel, stats.join("; "));
+        }
     }
     if !device.is_null() {
         let buffers = device["activation_buffers"].as_u64().unwrap_or(1);
@@ -307,6 +329,16 @@ fn data_parallel_plan(plan: &Plan, ranks: usize, link_gbps: f64, backward_ms: Op
         "memory_mib_per_rank": mib(total_bytes as f64),
         "memory_mib_per_rank_zero1": mib((total_bytes - moments + moments.div_ceil(ranks as u128)) as f64),
     })
+}
+
+/// What the Vulkan driver of `gpu` makes of each kernel a run on it compiles, attention's for
+/// heads of `head_size` (`--kernels`).
+fn driver_statistics(gpu: &Gpu, head_size: usize) -> Result<Vec<alpha_gpu::driver_stats::KernelStatistics>, String> {
+    if gpu.adapter.backend != "Vulkan" {
+        return Err(format!("--kernels reads Vulkan drivers' statistics; {} runs on {}", gpu.adapter.name, gpu.adapter.backend));
+    }
+    let f16 = gpu.precision == alpha_gpu::Precision::F16;
+    alpha_gpu::driver_stats::kernel_statistics(&gpu.adapter.name, head_size, f16, gpu.tensor_cores()).map_err(|e| format!("--kernels: {e}"))
 }
 
 fn adapter_json(a: &AdapterSummary) -> serde_json::Value {

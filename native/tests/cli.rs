@@ -771,6 +771,26 @@ fn info_lists_gpu_adapters_and_estimates_on_the_gpu() {
     assert!(r["estimate"]["ms_per_iter"].as_f64().unwrap() > 0.0, "{r}");
 }
 
+/// `info --kernels` reports what the Vulkan driver compiled of every kernel, or says in one
+/// line why it cannot: without --backend gpu, or where the driver lacks the extension (as
+/// lavapipe does).
+#[test]
+fn info_kernels_gives_the_drivers_statistics_or_says_why_not() {
+    let dir = workdir("info-kernels");
+    text_file(&dir);
+    expect_error(&dir, &["info", "--data", "text.txt", "--kernels"], "--kernels needs --backend gpu");
+    let args = [&["info", "--data", "text.txt", "--json", "--measure-steps", "0", "--backend", "gpu", "--kernels"], TINY].concat();
+    let o = run(&dir, &args);
+    if o.status.success() {
+        let r = json_of(&o);
+        let kernels = r["gpu_kernels"].as_array().unwrap();
+        assert_eq!(kernels.len(), 23, "every kernel but the tensor-core GEMM: {r}");
+        assert!(kernels.iter().all(|k| !k["statistics"].as_array().unwrap().is_empty()), "{r}");
+    } else {
+        expect_error(&dir, &args, "lacks");
+    }
+}
+
 /// `--save best` writes a checkpoint only after an evaluation with the lowest val loss so far
 /// (and records it, so a resumed run compares with it); `--keep N` keeps the last N saves.
 #[test]
