@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Alpha's whole GPU measurement in one command, within 10 minutes on an H100: build,
-# CPU-against-GPU parity, the GPU's FMA limits (and the tensor cores'), `bench --backend gpu`
+# CPU-against-GPU parity, the GPU's FMA limits (and the tensor cores'), what its driver's
+# compiler made of each kernel (registers, local memory), `bench --backend gpu`
 # for the small, baby and GPT-2 124M configs against PyTorch on the same card (eager and
 # torch.compile, fp32 and bf16 autocast; Alpha's --precision f16, and with --tensor-cores where
 # the driver has the shape they need, against bf16), and the top kernels of each config's
@@ -74,6 +75,32 @@ fi
     echo "\`scripts/gpu-bench.sh\` on $card; host: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cpu"])' "$out/info.json")."
     echo
 } > "$summary"
+
+# What the driver's compiler made of each kernel at the baby config's head size (registers per
+# thread, local memory: occupancy and spills), with the f16 variants and the tensor-core GEMM
+# where the device has them; a failure is reported and the rest goes on.
+stage "the driver's statistics of each kernel"
+kernel_flags=""
+grep -q '"shader-f16"' "$out/info.json" && kernel_flags="--precision f16"
+grep -q '16x16x16 f16->f32' "$out/info.json" && kernel_flags="--precision f16 --tensor-cores"
+# shellcheck disable=SC2086 # the flags split on purpose
+if "$alpha" info --backend gpu --kernels --json --measure-steps 0 ${shape[baby]} $kernel_flags > "$out/kernels.json" 2> "$out/kernels.err"; then
+    python3 - "$out/kernels.json" "$kernel_flags" >> "$summary" <<'PY'
+import json, sys
+kernels, flags = json.load(open(sys.argv[1]))["gpu_kernels"] or [], sys.argv[2]
+names = list(dict.fromkeys(name for k in kernels for name, _ in k["statistics"]))
+print(f"What the driver compiled, `info --backend gpu --kernels{' ' + flags if flags else ''}` at head size 64:\n")
+print("| kernel | " + " | ".join(names) + " |")
+print("|---|" + "---|" * len(names))
+for k in kernels:
+    values = dict(k["statistics"])
+    print(f"| {k['kernel']} | " + " | ".join(values.get(name, "") for name in names) + " |")
+print()
+PY
+else
+    echo "The driver's statistics of each kernel failed: $(tail -n 1 "$out/kernels.err")" >> "$summary"
+    echo >> "$summary"
+fi
 
 # 20 training steps of one model on the CPU and of the same model on the GPU with GPU_FLAGS,
 # their losses within TOLERANCE relative per step (a line for the summary, or a failure).
