@@ -3,24 +3,31 @@
 // loss or gradient norm is not finite. Then, under `--precision f16`, the loss scale's update
 // and the f16 copy of the weights. CPU twin: core/src/optim.rs.
 
-@group(0) @binding(1) var<storage, read_write> ad_params: array<f32>;
-@group(0) @binding(2) var<storage, read_write> ad_grads: array<f32>;
-@group(0) @binding(3) var<storage, read_write> ad_m: array<f32>;
-@group(0) @binding(4) var<storage, read_write> ad_v: array<f32>;
+// The step's statistics; the parameters as `half_weights` reads them.
 @group(0) @binding(5) var<storage, read_write> ad_stats: array<f32>;
+@group(0) @binding(1) var<storage, read_write> ad_params: array<f32>;
+// The parameters, gradients and moments as `adamw` reads them: four elements a thread (the
+// bindings are whole vec4s, see `View::binding_len`).
+@group(0) @binding(1) var<storage, read_write> ad_params4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> ad_grads4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> ad_m4: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> ad_v4: array<vec4<f32>>;
 
 // Words: 0 len, 1 decay_end (elements before it are weight-decayed), 2 step_size (lr / bc1),
 // 3 decay (1 - lr wd), 4 1 - beta1, 5 beta2, 6 1 - beta2, 7 sqrt(bc2), 8 eps, 9 max_norm (0:
 // no clipping), 10 stats slot of the loss sum, 11 stats slot of Σ grad², 12 stats slot of
 // the count of skipped steps (element 0's thread adds one where word 13 is 1: the first of an
 // arena's pieces), 14 stats slot of the loss scale S (the gradients are S times the loss's:
-// the norm and the update divide it out). One thread per element of the piece bound; grid (x, y) of 64-thread
-// workgroups, element = (y * groups.x + x) * 64 + lid.
+// the norm and the update divide it out). One thread per four elements of the piece bound,
+// each element's arithmetic as the scalar loop's; grid (x, y) of 64-thread workgroups, vec4
+// q = (y * groups.x + x) * 64 + lid, elements 4q .. 4q + 3 (those below len).
 @compute @workgroup_size(64)
 fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.y * groups.x + wid.x) * 64u + lid;
-    if (i >= word(0u)) {
+    let q = (wid.y * groups.x + wid.x) * 64u + lid;
+    let i = 4u * q;
+    let len = word(0u);
+    if (i >= len) {
         return;
     }
     let loss = ad_stats[word(10u)];
@@ -37,18 +44,25 @@ fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
     if (max_norm > 0.0) {
         clip = min(1.0, max_norm / (norm + 1e-6));
     }
-    let g = ad_grads[i] * (clip / scale);
-    var p = ad_params[i];
-    if (i < word(1u)) {
-        p *= wordf(3u);
-    }
-    var m = ad_m[i];
+    let g = ad_grads4[q] * (clip / scale);
+    let p0 = ad_params4[q];
+    let p = select(p0, p0 * wordf(3u), vec4<u32>(i, i + 1u, i + 2u, i + 3u) < vec4<u32>(word(1u)));
+    var m = ad_m4[q];
     m += (g - m) * wordf(4u);
-    let v = ad_v[i] * wordf(5u) + wordf(6u) * g * g;
+    let v = ad_v4[q] * wordf(5u) + wordf(6u) * g * g;
     let denom = sqrt(v) / wordf(7u) + wordf(8u);
-    ad_params[i] = p - wordf(2u) * m / denom;
-    ad_m[i] = m;
-    ad_v[i] = v;
+    let updated = p - wordf(2u) * m / denom;
+    if (i + 3u < len) {
+        ad_params4[q] = updated;
+        ad_m4[q] = m;
+        ad_v4[q] = v;
+        return;
+    }
+    for (var u = 0u; i + u < len; u++) {
+        ad_params4[q][u] = updated[u];
+        ad_m4[q][u] = m[u];
+        ad_v4[q][u] = v[u];
+    }
 }
 
 @group(0) @binding(1) var<storage, read_write> ls_stats: array<f32>;

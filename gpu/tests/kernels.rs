@@ -513,13 +513,15 @@ fn cross_entropy_loss_gradient_and_sum() {
 #[test]
 fn squared_norm_and_adamw_with_clip() {
     use alpha_core::optim::AdamWConfig;
-    let len = 1000;
+    // 1001 elements: AdamW's last four-element group holds one.
+    let len = 1001;
     let mut rng = Rng::new(23);
     let grads = random(&mut rng, len, 3.0);
     let params = random(&mut rng, len, 1.0);
     let (m0, v0) = (random(&mut rng, len, 0.1), random(&mut rng, len, 0.1).iter().map(|x| x * x).collect::<Vec<_>>());
     let sumsq = grad_norm::sum_squares(&Serial, &grads);
-    // Bound in pieces of 256 elements, the decayed range ending inside the third.
+    // Bound in pieces of 256 elements, the decayed range ending inside the third (and inside
+    // a four-element group).
     let pieces = ops::binding_pieces(len, 256);
     assert_eq!(pieces.len(), 4);
     let partials = pieces.len() * ops::grad_norm::NORM_CHUNKS;
@@ -528,7 +530,7 @@ fn squared_norm_and_adamw_with_clip() {
     let scaled: Vec<f32> = grads.iter().map(|g| g * 1024.0).collect();
     let (gg, gp, gm, gv, gpart, gstats) = (buffer(&scaled), buffer(&params), buffer(&m0), buffer(&v0), fresh(partials), buffer(&[2.5f32, 0.0, 0.0, 1024.0]));
     let cfg = AdamWConfig::default();
-    let (lr, step, clip, decay_end) = (3e-3, 4u64, 1.0, 640);
+    let (lr, step, clip, decay_end) = (3e-3, 4u64, 1.0, 642);
     let kernels = block_on(Kernels::new(gpu(), 8)).unwrap();
     let mut p = ProgramBuilder::default();
     ops::grad_norm::sum_squares(&mut p, whole(&gg, &grads), &pieces, View::first(&gpart, partials), View::first(&gstats, 4), 1);

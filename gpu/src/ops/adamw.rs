@@ -17,7 +17,8 @@ pub fn dispatch<'a>(p: &mut ProgramBuilder<'a>, arenas: [View<'a>; 4], pieces: &
         .map(|r| {
             let [params, grads] = [params, grads].map(|a| Some(a.part(r.start, r.len())));
             let [m, v] = [m, v].map(|a| Some(a.part(r.start - moments_start, r.len())));
-            p.push(Kernel::AdamW, &[], &[params, grads, m, v, Some(stats)], element_grid(r.len()))
+            // Four elements a thread.
+            p.push(Kernel::AdamW, &[], &[params, grads, m, v, Some(stats)], element_grid(r.len().div_ceil(4)))
         })
         .collect()
 }
@@ -77,8 +78,8 @@ pub fn half_weights<'a>(p: &mut ProgramBuilder<'a>, params: View<'a>, copy: View
     }
 }
 
-/// The grid of adamw.wgsl's element-wise kernels over `len` elements: 64-thread workgroups,
-/// at most 65535 along x, the rest along y (element = (y * groups.x + x) * 64 + lid).
+/// The grid of adamw.wgsl's element-wise kernels over `len` threads: 64-thread workgroups,
+/// at most 65535 along x, the rest along y (thread = (y * groups.x + x) * 64 + lid).
 fn element_grid(len: usize) -> [u32; 3] {
     let groups = len.div_ceil(64);
     let x = groups.min(65535);
