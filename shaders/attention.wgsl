@@ -358,49 +358,71 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
 }
 
 // One new token (batch 1, sequence 1) at position p = words[4] against the KV cache: its key
-// and value written at row p, then each head's softmax over keys ..= p times the values, each
-// thread keeping a running maximum over its share of the keys, combined at the end.
+// and value written at row p, then each head's softmax over keys ..= p times the values, 64
+// keys at a time with a running maximum: each thread scores one key of the chunk, the
+// chunk's probabilities meet in workgroup memory, and each thread sums its head dimensions
+// (d = lid, lid + 64, ...) over them, reading the values' rows whole across the threads.
 // Bindings: 1 out [C], 2 qkv [3C], 3 lse [NH], 4 keys [T, C], 5 values [T, C], 6 words.
 // Words: 2 NH, 3 scale (f32). Grid: (NH, 1, 1).
+var<workgroup> decode_p: array<f32, 64>;
+// The position, made uniform (the chunks' loop holds barriers).
+var<workgroup> decode_pos: u32;
+
 @compute @workgroup_size(64)
 fn attention_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let c = word(2u) * HS;
-    let pos = at_words[4];
+    if (lid == 0u) {
+        decode_pos = at_words[4];
+    }
+    let pos = workgroupUniformLoad(&decode_pos);
     for (var d = lid; d < HS; d += 64u) {
         at_4[pos * c + h * HS + d] = f32(at_2[c + h * HS + d]);
         at_5[pos * c + h * HS + d] = f32(at_2[2u * c + h * HS + d]);
     }
     storageBarrier();
-    var o: array<f32, HS>;
+    // This thread's output dimensions lid + 64 k (HS is at most 256).
+    var o = vec4<f32>(0.0);
     var m = MASKED;
     var l = 0.0;
-    for (var j = lid; j <= pos; j += 64u) {
-        var s = 0.0;
-        for (var d = 0u; d < HS; d++) {
-            s = fma(f32(at_2[h * HS + d]), at_4[j * c + h * HS + d], s);
+    for (var j0 = 0u; j0 <= pos; j0 += 64u) {
+        let j = j0 + lid;
+        var s = MASKED;
+        if (j <= pos) {
+            var dot = 0.0;
+            for (var d = 0u; d < HS; d++) {
+                dot = fma(f32(at_2[h * HS + d]), at_4[j * c + h * HS + d], dot);
+            }
+            s = dot * wordf(3u);
         }
-        s *= wordf(3u);
-        let m_new = max(m, s);
-        let corr = exp(m - m_new);
+        // Keys past p score MASKED and weigh exp(MASKED - m_new) = 0.
+        let m_new = max(m, workgroup_max(s, lid));
         let p = exp(s - m_new);
-        l = l * corr + p;
-        for (var d = 0u; d < HS; d++) {
-            o[d] = o[d] * corr + p * at_5[j * c + h * HS + d];
+        decode_p[lid] = p;
+        let corr = exp(m - m_new);
+        l = l * corr + workgroup_sum(p, lid);
+        let keys = min(64u, pos + 1u - j0);
+        for (var k = 0u; k < 4u; k++) {
+            let d = lid + 64u * k;
+            if (d < HS) {
+                var acc = o[k] * corr;
+                for (var jj = 0u; jj < keys; jj++) {
+                    acc = fma(decode_p[jj], at_5[(j0 + jj) * c + h * HS + d], acc);
+                }
+                o[k] = acc;
+            }
         }
         m = m_new;
+        // Every thread has read the chunk's probabilities before the next chunk's.
+        workgroupBarrier();
     }
-    // Threads that saw no key hold m = MASKED: their share scales to zero.
-    let mx = workgroup_max(m, lid);
-    let corr = exp(m - mx);
-    let total = workgroup_sum(l * corr, lid);
-    for (var d = 0u; d < HS; d++) {
-        let od = workgroup_sum(o[d] * corr, lid);
-        if (lid == 0u) {
-            at_1[h * HS + d] = to_elem1(od / total);
+    for (var k = 0u; k < 4u; k++) {
+        let d = lid + 64u * k;
+        if (d < HS) {
+            at_1[h * HS + d] = to_elem1(o[k] / l);
         }
     }
     if (lid == 0u) {
-        at_3[h] = to_elem3(mx + log(total));
+        at_3[h] = to_elem3(m + log(l));
     }
 }
