@@ -77,15 +77,17 @@ fi
 } > "$summary"
 
 # What the driver's compiler made of each kernel at the baby config's head size (registers per
-# thread, local memory: occupancy and spills), with the f16 variants and the tensor-core GEMM
-# where the device has them; a failure is reported and the rest goes on.
+# thread, local memory: occupancy and spills): with the f16 variants and the tensor-core GEMM
+# where the device has them, else fewer; a failure is reported and the rest goes on.
 stage "the driver's statistics of each kernel"
-kernel_flags=""
-grep -q '"shader-f16"' "$out/info.json" && kernel_flags="--precision f16"
-grep -q '16x16x16 f16->f32' "$out/info.json" && kernel_flags="--precision f16 --tensor-cores"
-# shellcheck disable=SC2086 # the flags split on purpose
-if "$alpha" info --backend gpu --kernels --json --measure-steps 0 ${shape[baby]} $kernel_flags > "$out/kernels.json" 2> "$out/kernels.err"; then
-    python3 - "$out/kernels.json" "$kernel_flags" >> "$summary" <<'PY'
+kernel_runs=()
+grep -q '16x16x16 f16->f32' "$out/info.json" && kernel_runs+=("--precision f16 --tensor-cores")
+grep -q '"shader-f16"' "$out/info.json" && kernel_runs+=("--precision f16")
+kernel_runs+=("")
+for kernel_flags in "${kernel_runs[@]}"; do
+    # shellcheck disable=SC2086 # the flags split on purpose
+    if "$alpha" info --backend gpu --kernels --json --measure-steps 0 ${shape[baby]} $kernel_flags > "$out/kernels.json" 2> "$out/kernels.err"; then
+        python3 - "$out/kernels.json" "$kernel_flags" >> "$summary" <<'PY'
 import json, sys
 kernels, flags = json.load(open(sys.argv[1]))["gpu_kernels"] or [], sys.argv[2]
 names = list(dict.fromkeys(name for k in kernels for name, _ in k["statistics"]))
@@ -97,10 +99,11 @@ for k in kernels:
     print(f"| {k['kernel']} | " + " | ".join(values.get(name, "") for name in names) + " |")
 print()
 PY
-else
-    echo "The driver's statistics of each kernel failed: $(tail -n 1 "$out/kernels.err")" >> "$summary"
+        break
+    fi
+    echo "The driver's statistics of each kernel${kernel_flags:+ ($kernel_flags)} failed: $(tail -n 1 "$out/kernels.err")" >> "$summary"
     echo >> "$summary"
-fi
+done
 
 # 20 training steps of one model on the CPU and of the same model on the GPU with GPU_FLAGS,
 # their losses within TOLERANCE relative per step (a line for the summary, or a failure).
