@@ -562,9 +562,7 @@ impl Plan {
         };
         let what = if self.recompute { "one block's input" } else { "one block's activations" };
         let blocks = (0..self.config.n_layer).map(move |l| (Span { offset: blocks_from + l * block_len, len: block_len }, what));
-        let sc = self.scratch();
-        let scratch = [sc.dres, sc.dbig, sc.dsmall, sc.wt, sc.attention, sc.partials, sc.dropped]
-            .map(|s| (Span { offset: s.offset, len: aligned(s.len) }, "a backward scratch tensor"));
+        let scratch = self.scratch().spans().map(|s| (Span { offset: s.offset, len: aligned(s.len) }, "a backward scratch tensor"));
         core::iter::once((between(0, start), "the embedding output")).chain(shared).chain(blocks).chain(head).chain(scratch).filter(|(span, _)| span.len > 0)
     }
 
@@ -637,6 +635,13 @@ pub struct Scratch {
     pub dropped: Span,
 }
 
+impl Scratch {
+    /// Every scratch tensor, in arena order.
+    pub fn spans(&self) -> [Span; 7] {
+        [self.dres, self.dbig, self.dsmall, self.wt, self.attention, self.partials, self.dropped]
+    }
+}
+
 /// `len` copies of `value` in a new vector, or [`ConfigError::OutOfMemory`] naming `what`
 /// when the allocator refuses (where `vec!` would abort the process).
 #[cfg(feature = "alloc")]
@@ -685,8 +690,7 @@ mod tests {
             let kept = [a.ln1_mean, a.ln1_rstd, a.lse, a.res_mid, a.ln2_mean, a.ln2_rstd, a.fc_pre, a.res_out];
             blocks.extend([a.ln1, a.qkv, a.atty, a.ln2, a.fc_gelu].map(|s| (s, true)).into_iter().chain(kept.map(|s| (s, false))));
         }
-        let sc = plan.scratch();
-        let scratch = [sc.dres, sc.dbig, sc.dsmall, sc.wt, sc.attention, sc.partials, sc.dropped].map(|s| (s, false));
+        let scratch = plan.scratch().spans().map(|s| (s, false));
         if plan.recompute() {
             let kept = (0..plan.config.n_layer).map(|l| (plan.layer_acts(l).res_out, false));
             vec![blocks.iter().chain(&scratch).copied().collect(), head.iter().chain(&scratch).copied().chain(kept).collect()]
