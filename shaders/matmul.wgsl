@@ -120,26 +120,20 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 // for large products: 256 threads (16 x 16), each an 8 x 8 block (rows 4 l.y + i and
 // 64 + 4 l.y + i, columns 4 l.x + j and 64 + 4 l.x + j), in sixteen vec4 accumulators; each
 // step of the depth loop reads two vec4s of a's tile and two of b's from workgroup memory
-// for 64 FMAs (matmul's 4 x 4 blocks read eight scalars for 16). The next depth block is
-// loaded into registers while this one is multiplied, and stored into the other of two
-// stages of tiles: one barrier per block. The sums run over k in order, as matmul's: the two
-// kernels give the same bits.
+// for 64 FMAs (matmul's 4 x 4 blocks read eight scalars for 16; see wide_depth). The next
+// depth block is loaded into registers while this one is multiplied. The sums run over k in
+// order, as matmul's: the two kernels give the same bits.
 // Grid: (cols / 128, rows / 128, depth / chunk).
 const WIDE: u32 = 128u;
 const WIDE_BK: u32 = 8u;
 
-// Two stages of the tiles of a and b, each [WIDE_BK][32] vec4s: 16 KiB, WebGPU's default
-// limit. See wide_at.
-var<workgroup> wide_tiles: array<vec4<f32>, 1024>;
-
-// Where vec4 `v` (lines 4 v .. 4 v + 3) of depth `k` of operand `op`'s tile (0: a, 1: b) in
-// `stage` lies in wide_tiles. Depths 4 .. 7 swap each half of their 8-vec4 groups: the
-// staging stores, where the depth is contiguous, 16 lines of depths k and k + 4 at once, and
-// these then fall in different banks (reads and stores of whole vec4s stay free of conflicts
-// under any swap within groups of 8).
-fn wide_at(stage: u32, op: u32, k: u32, v: u32) -> u32 {
-    return ((stage * 2u + op) * WIDE_BK + k) * 32u + (v ^ (k & 4u));
-}
+// The tiles of a (from 0) and b (from WIDE_B), each [WIDE_BK][WIDE_PITCH] vec4s: element
+// (k, i) of a tile at [k * WIDE_PITCH + i / 4][i % 4]. The vec4 of padding per depth puts
+// depths k and k + 4 of 16 lines, which a subgroup's staging stores at once where the depth
+// is contiguous, in different banks.
+const WIDE_PITCH: u32 = 33u;
+const WIDE_B: u32 = 264u; // WIDE_BK * WIDE_PITCH
+var<workgroup> wide_tiles: array<vec4<f32>, 528>;
 
 // Element `idx` of a staged tile of `depths` depths by WIDE lines (a's rows or b's columns)
 // as (line, depth), in an order that runs along the depth where it is contiguous in memory
@@ -200,17 +194,45 @@ fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32
     return vec4<f32>(operand(v.x, half), operand(v.y, half), operand(v.z, half), operand(v.w, half));
 }
 
-// wide_load's values into operand `op`'s tile in `stage` (the same order: `along_k` where the
-// depth was contiguous): one vec4 along the lines, else four depths of one line.
-fn wide_store(stage: u32, op: u32, along_k: bool, v: vec4<f32>, lid: u32) {
+// wide_load's values into the tile from `base` of wide_tiles (the same order: `along_k` where
+// the depth was contiguous): one vec4 along the lines, else four depths of one line.
+fn wide_store(base: u32, along_k: bool, v: vec4<f32>, lid: u32) {
     let t = staged_at(4u * lid, WIDE_BK, along_k);
     if (!along_k) {
-        wide_tiles[wide_at(stage, op, t.y, t.x / 4u)] = v;
+        wide_tiles[base + t.y * WIDE_PITCH + t.x / 4u] = v;
         return;
     }
     for (var u = 0u; u < 4u; u++) {
-        wide_tiles[wide_at(stage, op, t.y + u, t.x / 4u)][t.x % 4u] = v[u];
+        wide_tiles[base + (t.y + u) * WIDE_PITCH + t.x / 4u][t.x % 4u] = v[u];
     }
+}
+
+// One thread's 8 x 8 block of c: rN0 row N's columns 4 l.x ..+4, rN1 its columns
+// 64 + 4 l.x ..+4 (rows 0..3: 4 l.y + N; rows 4..7: 64 + 4 l.y + N - 4).
+struct WideBlock {
+    r00: vec4<f32>, r01: vec4<f32>, r10: vec4<f32>, r11: vec4<f32>,
+    r20: vec4<f32>, r21: vec4<f32>, r30: vec4<f32>, r31: vec4<f32>,
+    r40: vec4<f32>, r41: vec4<f32>, r50: vec4<f32>, r51: vec4<f32>,
+    r60: vec4<f32>, r61: vec4<f32>, r70: vec4<f32>, r71: vec4<f32>,
+}
+
+// Depth `k` of the staged tiles into thread `l`'s block: two vec4s of a's tile and two of b's
+// for 64 FMAs. matmul_wide calls it once per depth with `k` written out: NVIDIA's Vulkan
+// compiler does not unroll the loop over a block's depths, which costs the products 12% on an
+// H200 (docs/performance.md).
+fn wide_depth(c: ptr<function, WideBlock>, k: u32, l: vec3<u32>) {
+    let a0 = wide_tiles[k * WIDE_PITCH + l.y];
+    let a1 = wide_tiles[k * WIDE_PITCH + 16u + l.y];
+    let b0 = wide_tiles[WIDE_B + k * WIDE_PITCH + l.x];
+    let b1 = wide_tiles[WIDE_B + k * WIDE_PITCH + 16u + l.x];
+    (*c).r00 = fma(vec4<f32>(a0.x), b0, (*c).r00); (*c).r01 = fma(vec4<f32>(a0.x), b1, (*c).r01);
+    (*c).r10 = fma(vec4<f32>(a0.y), b0, (*c).r10); (*c).r11 = fma(vec4<f32>(a0.y), b1, (*c).r11);
+    (*c).r20 = fma(vec4<f32>(a0.z), b0, (*c).r20); (*c).r21 = fma(vec4<f32>(a0.z), b1, (*c).r21);
+    (*c).r30 = fma(vec4<f32>(a0.w), b0, (*c).r30); (*c).r31 = fma(vec4<f32>(a0.w), b1, (*c).r31);
+    (*c).r40 = fma(vec4<f32>(a1.x), b0, (*c).r40); (*c).r41 = fma(vec4<f32>(a1.x), b1, (*c).r41);
+    (*c).r50 = fma(vec4<f32>(a1.y), b0, (*c).r50); (*c).r51 = fma(vec4<f32>(a1.y), b1, (*c).r51);
+    (*c).r60 = fma(vec4<f32>(a1.z), b0, (*c).r60); (*c).r61 = fma(vec4<f32>(a1.z), b1, (*c).r61);
+    (*c).r70 = fma(vec4<f32>(a1.w), b0, (*c).r70); (*c).r71 = fma(vec4<f32>(a1.w), b1, (*c).r71);
 }
 
 @compute @workgroup_size(16, 16)
@@ -219,56 +241,35 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let p = product(wid.z);
     let row0 = wid.y * WIDE;
     let col0 = wid.x * WIDE;
-    // Row r's accumulators: rN0 its columns 4 l.x ..+4, rN1 columns 64 + 4 l.x ..+4.
-    var r00 = vec4<f32>(0.0); var r01 = vec4<f32>(0.0);
-    var r10 = vec4<f32>(0.0); var r11 = vec4<f32>(0.0);
-    var r20 = vec4<f32>(0.0); var r21 = vec4<f32>(0.0);
-    var r30 = vec4<f32>(0.0); var r31 = vec4<f32>(0.0);
-    var r40 = vec4<f32>(0.0); var r41 = vec4<f32>(0.0);
-    var r50 = vec4<f32>(0.0); var r51 = vec4<f32>(0.0);
-    var r60 = vec4<f32>(0.0); var r61 = vec4<f32>(0.0);
-    var r70 = vec4<f32>(0.0); var r71 = vec4<f32>(0.0);
+    let zero = vec4<f32>(0.0);
+    var c = WideBlock(zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero);
     var next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, p.k_begin, p.k_end, lid);
     var next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, p.k_begin, p.k_end, lid);
-    // A thread stores into a stage only after the barrier that follows every thread's
-    // products from it two blocks before.
-    var stage = 0u;
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += WIDE_BK) {
-        wide_store(stage, 0u, p.a_cs == 1u, next_a, lid);
-        wide_store(stage, 1u, p.b_rs == 1u, next_b, lid);
+        wide_store(0u, p.a_cs == 1u, next_a, lid);
+        wide_store(WIDE_B, p.b_rs == 1u, next_b, lid);
         workgroupBarrier();
         if (k0 + WIDE_BK < p.k_end) {
             next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, k0 + WIDE_BK, p.k_end, lid);
             next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0 + WIDE_BK, p.k_end, lid);
         }
-        for (var k = 0u; k < WIDE_BK; k++) {
-            let a0 = wide_tiles[wide_at(stage, 0u, k, l.y)];
-            let a1 = wide_tiles[wide_at(stage, 0u, k, 16u + l.y)];
-            let b0 = wide_tiles[wide_at(stage, 1u, k, l.x)];
-            let b1 = wide_tiles[wide_at(stage, 1u, k, 16u + l.x)];
-            r00 = fma(vec4<f32>(a0.x), b0, r00); r01 = fma(vec4<f32>(a0.x), b1, r01);
-            r10 = fma(vec4<f32>(a0.y), b0, r10); r11 = fma(vec4<f32>(a0.y), b1, r11);
-            r20 = fma(vec4<f32>(a0.z), b0, r20); r21 = fma(vec4<f32>(a0.z), b1, r21);
-            r30 = fma(vec4<f32>(a0.w), b0, r30); r31 = fma(vec4<f32>(a0.w), b1, r31);
-            r40 = fma(vec4<f32>(a1.x), b0, r40); r41 = fma(vec4<f32>(a1.x), b1, r41);
-            r50 = fma(vec4<f32>(a1.y), b0, r50); r51 = fma(vec4<f32>(a1.y), b1, r51);
-            r60 = fma(vec4<f32>(a1.z), b0, r60); r61 = fma(vec4<f32>(a1.z), b1, r61);
-            r70 = fma(vec4<f32>(a1.w), b0, r70); r71 = fma(vec4<f32>(a1.w), b1, r71);
-        }
-        stage ^= 1u;
+        // WIDE_BK (8) depths.
+        wide_depth(&c, 0u, l); wide_depth(&c, 1u, l); wide_depth(&c, 2u, l); wide_depth(&c, 3u, l);
+        wide_depth(&c, 4u, l); wide_depth(&c, 5u, l); wide_depth(&c, 6u, l); wide_depth(&c, 7u, l);
+        workgroupBarrier();
     }
     let top = row0 + 4u * l.y;
     let bottom = row0 + 64u + 4u * l.y;
     let left = col0 + 4u * l.x;
     let right = col0 + 64u + 4u * l.x;
-    store_row(top, left, 1u, p.slice, r00); store_row(top, right, 1u, p.slice, r01);
-    store_row(top + 1u, left, 1u, p.slice, r10); store_row(top + 1u, right, 1u, p.slice, r11);
-    store_row(top + 2u, left, 1u, p.slice, r20); store_row(top + 2u, right, 1u, p.slice, r21);
-    store_row(top + 3u, left, 1u, p.slice, r30); store_row(top + 3u, right, 1u, p.slice, r31);
-    store_row(bottom, left, 1u, p.slice, r40); store_row(bottom, right, 1u, p.slice, r41);
-    store_row(bottom + 1u, left, 1u, p.slice, r50); store_row(bottom + 1u, right, 1u, p.slice, r51);
-    store_row(bottom + 2u, left, 1u, p.slice, r60); store_row(bottom + 2u, right, 1u, p.slice, r61);
-    store_row(bottom + 3u, left, 1u, p.slice, r70); store_row(bottom + 3u, right, 1u, p.slice, r71);
+    store_row(top, left, 1u, p.slice, c.r00); store_row(top, right, 1u, p.slice, c.r01);
+    store_row(top + 1u, left, 1u, p.slice, c.r10); store_row(top + 1u, right, 1u, p.slice, c.r11);
+    store_row(top + 2u, left, 1u, p.slice, c.r20); store_row(top + 2u, right, 1u, p.slice, c.r21);
+    store_row(top + 3u, left, 1u, p.slice, c.r30); store_row(top + 3u, right, 1u, p.slice, c.r31);
+    store_row(bottom, left, 1u, p.slice, c.r40); store_row(bottom, right, 1u, p.slice, c.r41);
+    store_row(bottom + 1u, left, 1u, p.slice, c.r50); store_row(bottom + 1u, right, 1u, p.slice, c.r51);
+    store_row(bottom + 2u, left, 1u, p.slice, c.r60); store_row(bottom + 2u, right, 1u, p.slice, c.r61);
+    store_row(bottom + 3u, left, 1u, p.slice, c.r70); store_row(bottom + 3u, right, 1u, p.slice, c.r71);
 }
 
 // One thread's four results of row `r` (columns c0 + step * j) through the epilogue into c,
