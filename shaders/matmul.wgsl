@@ -218,8 +218,8 @@ struct WideBlock {
 
 // Depth `k` of the staged tiles into thread `l`'s block: two vec4s of a's tile and two of b's
 // for 64 FMAs. matmul_wide calls it once per depth with `k` written out: NVIDIA's Vulkan
-// compiler does not unroll the loop over a block's depths, which costs the products 12% on an
-// H200 (docs/performance.md).
+// compiler does not unroll the loop over a block's depths, which cost the products 9-13% on
+// an H200 (docs/performance.md).
 fn wide_depth(c: ptr<function, WideBlock>, k: u32, l: vec3<u32>) {
     let a0 = wide_tiles[k * WIDE_PITCH + l.y];
     let a1 = wide_tiles[k * WIDE_PITCH + 16u + l.y];
