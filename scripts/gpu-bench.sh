@@ -3,10 +3,10 @@
 # CPU-against-GPU parity, the GPU's FMA limits (and the tensor cores'), what its driver's
 # compiler made of each kernel (registers, local memory), `bench --backend gpu`
 # for the small, baby and GPT-2 124M configs against PyTorch on the same card (eager and
-# torch.compile, fp32 and bf16 autocast; Alpha's --precision f16, and with --tensor-cores where
-# the driver has the shape they need, against bf16), and the top kernels of each config's
-# traced steps with their achieved rates; it ends with one Markdown section (date, card,
-# driver, commit) for docs/performance.md.
+# torch.compile, fp32 and bf16 autocast; Alpha's --precision f16 on the SIMT kernels, and on
+# the tensor cores where the driver has the shape they need, against bf16), and the top
+# kernels of each config's traced steps with their achieved rates; it ends with one Markdown
+# section (date, card, driver, commit) for docs/performance.md.
 #
 # What a fresh GPU machine needs:
 #   - The Vulkan loader (libvulkan.so.1; Debian/Ubuntu package libvulkan1) and the GPU's Vulkan
@@ -26,7 +26,8 @@
 # minute each), GPU_BENCH_BASELINES (other builds of alpha-native to time this one against on
 # the same card, as LABEL=PATH separated by spaces, e.g. "e12daff=/tmp/alpha-e12daff": the
 # baby config's steps, or the first config's, in f32 and, where the driver has the shape, in
-# f16 on the tensor cores, in alternating rounds; then each build's top kernels in f32).
+# f16 on the tensor cores, in alternating rounds; then each build's top kernels in f32;
+# scripts/build-revisions.sh builds them and prints this list).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bench}
@@ -82,7 +83,7 @@ fi
 stage "the driver's statistics of each kernel"
 kernel_runs=()
 grep -q '16x16x16 f16->f32' "$out/info.json" && kernel_runs+=("--precision f16 --tensor-cores")
-grep -q '"shader-f16"' "$out/info.json" && kernel_runs+=("--precision f16")
+grep -q '"shader-f16"' "$out/info.json" && kernel_runs+=("--precision f16 --tensor-cores off")
 kernel_runs+=("")
 for kernel_flags in "${kernel_runs[@]}"; do
     # shellcheck disable=SC2086 # the flags split on purpose
@@ -147,7 +148,7 @@ f16_ok=0
 tensor_ok=0
 if grep -q '"shader-f16"' "$out/info.json"; then
     label="2L/256E, block 128, batch 32 in f16"
-    if parity f16 "$label" 2e-2 "${wide[@]}" -- --precision f16 >> "$summary"; then
+    if parity f16 "$label" 2e-2 "${wide[@]}" -- --precision f16 --tensor-cores off >> "$summary"; then
         f16_ok=1
     else
         echo "Parity, $label: FAILED (see the log); f16 is left out below." | tee -a "$summary"
@@ -246,7 +247,7 @@ if [ $torch_cuda = 1 ]; then
     # f16 mixed precision against bf16 autocast: the SIMT products, and on the tensor cores
     # where the driver has the shape they need.
     f16_runs=()
-    [ $f16_ok = 1 ] && f16_runs+=("--precision f16")
+    [ $f16_ok = 1 ] && f16_runs+=("--precision f16 --tensor-cores off")
     [ $tensor_ok = 1 ] && f16_runs+=("--precision f16 --tensor-cores")
     # One round each (GPU rounds agreed within 1% on the H200), to stay within 10 minutes.
     for flags in "${f16_runs[@]}"; do
@@ -276,7 +277,7 @@ fi
 traces=()
 for name in "${configs[@]}"; do traces+=("$name|"); done
 f16_trace=""
-[ $f16_ok = 1 ] && f16_trace="--precision f16"
+[ $f16_ok = 1 ] && f16_trace="--precision f16 --tensor-cores off"
 [ $tensor_ok = 1 ] && f16_trace="--precision f16 --tensor-cores"
 if [ -n "$f16_trace" ] && [[ " ${configs[*]} " == *" baby "* ]]; then traces+=("baby|$f16_trace"); fi
 for t in "${traces[@]}"; do

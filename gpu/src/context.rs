@@ -39,6 +39,23 @@ pub struct AdapterSummary {
     /// The cooperative-matrix (tensor core) products the driver reports, as
     /// `MxNxK a->c` (for example `16x16x16 f16->f32`): what a tensor-core GEMM can use.
     pub cooperative_matrices: Vec<String>,
+    /// Why the tensor-core GEMM cannot run here (what the adapter lacks), or `None` where it
+    /// can.
+    pub no_tensor_cores: Option<String>,
+}
+
+/// Whether f16 products run on the tensor cores (`matmul_tensor.wgsl`) or on the SIMT
+/// kernels (`matmul_wide`). On an H200 the tensor cores ran the baby model's f16 step in 54 ms
+/// against 73 (docs/performance.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorCores {
+    /// Where the products are f16 and the adapter has what the tensor-core GEMM needs
+    /// ([`AdapterSummary::no_tensor_cores`] is `None`).
+    Auto,
+    /// Always: an error where the products are f32 or the adapter lacks them.
+    On,
+    /// Never.
+    Off,
 }
 
 /// How the device runs the model's matrix products.
@@ -95,6 +112,7 @@ fn summary(index: usize, a: &Adapter) -> AdapterSummary {
                 format!("{}x{}x{} {}->{}", m.m_size, m.n_size, m.k_size, t(m.ab_type), t(m.cr_type))
             })
             .collect(),
+        no_tensor_cores: tensor_core_support(a).err(),
     }
 }
 
@@ -170,20 +188,20 @@ impl Gpu {
     /// Opens the adapter `selector` names (an index into [`adapters`] or part of a name,
     /// case-insensitive), or the default high-performance adapter.
     pub async fn open(selector: Option<&str>) -> Result<Gpu, GpuError> {
-        Gpu::open_nth(selector, 0, Some(Precision::F32), false).await
+        Gpu::open_nth(selector, 0, Some(Precision::F32), TensorCores::Off).await
     }
 
     /// [`Gpu::open`] for local process `local` of several on one machine (data-parallel
     /// ranks): without a selector, the default kind of adapter (discrete GPUs first) and of
     /// those the one at `local` modulo their count, so that each rank takes its own GPU.
     /// Its products run in `precision` (`None`: f16 where the adapter has shader-f16, else
-    /// f32), with `tensor_cores` (f16 only) on the tensor-core GEMM (see
-    /// [`Gpu::tensor_cores`]); an error where the adapter cannot do what is asked.
-    pub async fn open_local(selector: Option<&str>, local: usize, precision: Option<Precision>, tensor_cores: bool) -> Result<Gpu, GpuError> {
+    /// f32), on the tensor-core GEMM as `tensor_cores` says (see [`Gpu::tensor_cores`]); an
+    /// error where the adapter cannot do what is asked.
+    pub async fn open_local(selector: Option<&str>, local: usize, precision: Option<Precision>, tensor_cores: TensorCores) -> Result<Gpu, GpuError> {
         Gpu::open_nth(selector, local, precision, tensor_cores).await
     }
 
-    async fn open_nth(selector: Option<&str>, nth: usize, precision: Option<Precision>, tensor_cores: bool) -> Result<Gpu, GpuError> {
+    async fn open_nth(selector: Option<&str>, nth: usize, precision: Option<Precision>, tensor_cores: TensorCores) -> Result<Gpu, GpuError> {
         let (instance, list) = adapter_list().await;
         let no_adapter = |why: String| GpuError(format!("no GPU adapter found ({why}); on Linux install a Vulkan driver (mesa-vulkan-drivers gives lavapipe)"));
         let (index, adapter) = match selector {
@@ -214,11 +232,13 @@ impl Gpu {
         if precision == Precision::F16 && !features.contains(Features::SHADER_F16) {
             return Err(GpuError(format!("--precision f16: {} lacks shader-f16", adapter_summary.name)));
         }
-        if tensor_cores && precision != Precision::F16 {
+        if tensor_cores == TensorCores::On && precision != Precision::F16 {
             return Err(GpuError("--tensor-cores runs the products in f16: add --precision f16".into()));
         }
-        if tensor_cores {
-            tensor_core_support(&adapter).map_err(|why| GpuError(format!("--tensor-cores: {} {why}", adapter_summary.name)))?;
+        if let (TensorCores::On, Some(why)) = (tensor_cores, &adapter_summary.no_tensor_cores) {
+            return Err(GpuError(format!("--tensor-cores: {} {why}", adapter_summary.name)));
+        }
+        if tensor_cores != TensorCores::Off && precision == Precision::F16 && adapter_summary.no_tensor_cores.is_none() {
             features |= Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
             // SAFETY: wgpu asks callers of experimental features to accept that their
             // validation may be incomplete. Only matmul_tensor.wgsl uses this one, at the

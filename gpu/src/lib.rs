@@ -31,7 +31,7 @@ pub mod profile;
 mod readback;
 pub mod trainer;
 
-pub use context::{AdapterSummary, Gpu, GpuError, Precision};
+pub use context::{AdapterSummary, Gpu, GpuError, Precision, TensorCores};
 pub use forward::GpuForward;
 pub use profile::KernelTime;
 pub use readback::{block_on, read};

@@ -23,7 +23,7 @@ pub enum Real {
     /// 16-bit floats (needs the device's `shader-f16`).
     F16,
     /// f16 products summed in f32 on the tensor cores, 16 x 16 x 16 cooperative matrices
-    /// (what `--tensor-cores` runs; needs a device opened with them).
+    /// (what f16 products run on the tensor cores; needs a device opened with them).
     Tensor,
 }
 
@@ -55,7 +55,7 @@ impl FmaProbe {
             return Err(GpuError(format!("{} has no shader-f16", gpu.adapter.name)));
         }
         if real == Real::Tensor && !gpu.tensor_cores() {
-            return Err(GpuError(format!("the tensor-core probe needs {} opened with tensor cores (--tensor-cores)", gpu.adapter.name)));
+            return Err(GpuError(format!("the tensor-core probe needs {} opened with tensor cores (--precision f16 --tensor-cores on)", gpu.adapter.name)));
         }
         let (source, entry, flops_per_rep) = probe_source(real);
         let device = &gpu.device;

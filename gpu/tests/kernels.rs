@@ -10,13 +10,13 @@ use alpha_core::ops::row_blocks::blocks;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, grad_norm, layernorm, matmul};
 use alpha_core::{Rng, Serial};
 use alpha_gpu::kernels::{Kernel, Kernels, ProgramBuilder, View};
-use alpha_gpu::{block_on, ops, read, Gpu, Precision};
+use alpha_gpu::{block_on, ops, read, Gpu, Precision, TensorCores};
 use std::sync::OnceLock;
 
 fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
     GPU.get_or_init(|| {
-        block_on(Gpu::open_local(None, 0, Some(if tensor_cores() { Precision::F16 } else { Precision::F32 }), tensor_cores()))
+        block_on(Gpu::open_local(None, 0, Some(if tensor_cores() { Precision::F16 } else { Precision::F32 }), tensor_core_mode()))
             .unwrap_or_else(|e| panic!("the GPU tests need an adapter: {e}"))
     })
 }
@@ -24,6 +24,16 @@ fn gpu() -> &'static Gpu {
 /// Whether the tests run with tensor cores (`ALPHA_GPU_TENSOR_CORES=1`).
 fn tensor_cores() -> bool {
     std::env::var_os("ALPHA_GPU_TENSOR_CORES").is_some_and(|v| v == "1")
+}
+
+/// The devices' tensor cores: required with `ALPHA_GPU_TENSOR_CORES=1`, else off (the SIMT
+/// kernels are tested on every adapter).
+fn tensor_core_mode() -> TensorCores {
+    if tensor_cores() {
+        TensorCores::On
+    } else {
+        TensorCores::Off
+    }
 }
 
 /// The large products' tolerance: f32 sums agree with the CPU's to 1e-5; with tensor cores
@@ -659,7 +669,7 @@ fn f16_operand_products_match_rounded_cpu_operands() {
 fn gpu16() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
     GPU.get_or_init(|| {
-        block_on(Gpu::open_local(None, 0, Some(Precision::F16), tensor_cores()))
+        block_on(Gpu::open_local(None, 0, Some(Precision::F16), tensor_core_mode()))
             .unwrap_or_else(|e| panic!("the f16 tests need an adapter with shader-f16: {e}"))
     })
 }

@@ -11,7 +11,7 @@ use alpha_core::train::{OwnedMemory, TrainConfig, Trainer};
 use alpha_core::walk;
 use alpha_core::{GptConfig, Plan, Rng};
 use alpha_gpu::trainer::INITIAL_LOSS_SCALE;
-use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer, Precision};
+use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer, Precision, TensorCores};
 
 fn setup() -> (Plan, TrainConfig, Vec<u32>) {
     // Head size 12 and T = 21: neither fills the kernels' tiles.
@@ -33,7 +33,7 @@ fn open_gpu() -> Gpu {
 
 /// The device with f16 products (lavapipe has shader-f16; CI runs these there).
 fn open_f16_gpu() -> Gpu {
-    block_on(Gpu::open_local(None, 0, Some(Precision::F16), false)).unwrap_or_else(|e| panic!("the f16 tests need an adapter with shader-f16: {e}"))
+    block_on(Gpu::open_local(None, 0, Some(Precision::F16), TensorCores::Off)).unwrap_or_else(|e| panic!("the f16 tests need an adapter with shader-f16: {e}"))
 }
 
 /// A fresh GPU trainer for [`setup`]'s model, its parameters initialised with `init_seed`

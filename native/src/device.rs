@@ -2,7 +2,7 @@
 //! pool and the GPU they choose.
 
 use alpha_core::parallel::ThreadPool;
-use alpha_gpu::{block_on, Gpu, Precision};
+use alpha_gpu::{block_on, Gpu, Precision, TensorCores};
 use clap::{Args, ValueEnum};
 
 /// The most threads `--threads` may ask for.
@@ -47,12 +47,24 @@ pub struct DeviceArgs {
     /// needs shader-f16); auto: f16 where the adapter has shader-f16, else f32.
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     pub precision: PrecisionArg,
-    /// Runs the large matrix products on the GPU's tensor cores (with --precision f16;
-    /// Vulkan cooperative matrices of 16x16x16 f16 products summed in f32, as NVIDIA's
-    /// drivers report). Experimental: an error where the adapter lacks them (`info --backend
-    /// gpu` lists them).
-    #[arg(long)]
-    pub tensor_cores: bool,
+    /// The large f16 matrix products on the GPU's tensor cores (Vulkan cooperative matrices
+    /// of 16x16x16 f16 products summed in f32, as NVIDIA's drivers report; `info --backend
+    /// gpu` lists them): auto, where the products are f16 and the adapter has them; on (or
+    /// the bare flag), always (an error where they are f32 or the adapter lacks them); off,
+    /// never.
+    #[arg(long, value_enum, default_value_t = TensorCoresArg::Auto, num_args = 0..=1, default_missing_value = "on")]
+    pub tensor_cores: TensorCoresArg,
+}
+
+/// `--tensor-cores`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorCoresArg {
+    /// Where the products are f16 and the adapter has the tensor cores' shape.
+    Auto,
+    /// Always.
+    On,
+    /// Never.
+    Off,
 }
 
 /// What records call the arithmetic of `gpu`'s products: "f32", "f16" (f16 operands, f32 sums
@@ -95,18 +107,30 @@ impl DeviceArgs {
             PrecisionArg::F16 => Some(Precision::F16),
             PrecisionArg::Auto => None,
         };
-        block_on(Gpu::open_local(self.adapter.as_deref(), local, precision, self.tensor_cores)).map_err(|e| e.to_string())
+        let tensor_cores = match self.tensor_cores {
+            TensorCoresArg::Auto => TensorCores::Auto,
+            TensorCoresArg::On => TensorCores::On,
+            TensorCoresArg::Off => TensorCores::Off,
+        };
+        block_on(Gpu::open_local(self.adapter.as_deref(), local, precision, tensor_cores)).map_err(|e| e.to_string())
     }
 
-    /// Which precision `gpu` (opened from these flags) runs, and with `--precision auto` why,
+    /// Which precision `gpu` (opened from these flags) runs, and what `auto` chose and why,
     /// for the run's first lines.
     pub fn precision_line(&self, gpu: &Gpu) -> String {
         let (name, chosen) = (&gpu.adapter.name, precision_name(gpu));
         let f16 = gpu.precision == Precision::F16;
-        match self.precision {
-            PrecisionArg::Auto if f16 => format!("precision: {chosen} (auto: {name} has shader-f16)"),
-            PrecisionArg::Auto => format!("precision: {chosen} (auto: {name} lacks shader-f16)"),
-            _ => format!("precision: {chosen}"),
+        let mut why = Vec::new();
+        if self.precision == PrecisionArg::Auto {
+            why.push(format!("auto: {name} {} shader-f16", if f16 { "has" } else { "lacks" }));
+        }
+        if let (true, TensorCoresArg::Auto, Some(lacks)) = (f16, self.tensor_cores, &gpu.adapter.no_tensor_cores) {
+            why.push(format!("no tensor cores: {name} {lacks}"));
+        }
+        if why.is_empty() {
+            format!("precision: {chosen}")
+        } else {
+            format!("precision: {chosen} ({})", why.join("; "))
         }
     }
 
@@ -115,7 +139,7 @@ impl DeviceArgs {
         if self.backend == Backend::Cpu && self.adapter.is_some() {
             return Err("--adapter selects a GPU; add --backend gpu".into());
         }
-        if self.backend == Backend::Cpu && self.tensor_cores {
+        if self.backend == Backend::Cpu && self.tensor_cores == TensorCoresArg::On {
             return Err("--tensor-cores runs products on a GPU; add --backend gpu".into());
         }
         if self.backend == Backend::Cpu && self.precision == PrecisionArg::F16 {

@@ -255,7 +255,7 @@ impl<'m> Engine<'m> {
 
     /// The peak MFU is measured against: `given`, else the CPU's GEMM peak for `pool`'s
     /// threads or the GPU's limit for the arithmetic its products run (measured on the
-    /// engine's own device): the tensor cores' with `--tensor-cores`, else the f32 FMA limit
+    /// engine's own device): the tensor cores' where its products run there, else the f32 FMA limit
     /// (f16 products on the SIMT kernels round their operands but multiply and sum in f32).
     /// Each is measured once and cached.
     pub fn peak(&self, pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {

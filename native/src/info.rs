@@ -50,7 +50,7 @@ pub struct InfoArgs {
     #[arg(long, default_value_t = 100.0)]
     pub link_gbps: f64,
     /// With --backend gpu on Vulkan: compile every kernel the run would (at its precision,
-    /// with --tensor-cores the tensor-core GEMM) and print what the driver's compiler reports
+    /// on the tensor cores the tensor-core GEMM) and print what the driver's compiler reports
     /// of each (VK_KHR_pipeline_executable_properties; NVIDIA: registers per thread and local
     /// memory, the occupancy and spills `nvcc -Xptxas -v` shows for CUDA).
     #[arg(long)]
@@ -102,8 +102,8 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         Some(g) if args.kernels => Some(driver_statistics(g, config.n_embd / config.n_head)?),
         _ => None,
     };
-    // The GPU's FMA limits, f32 and (where it has shader-f16) f16, and with --tensor-cores
-    // the tensor cores': the MFU denominators.
+    // The GPU's FMA limits, f32 and (where it has shader-f16) f16, and where the f16 products
+    // run on the tensor cores theirs: the MFU denominators.
     let gpu_peaks = match &gpu {
         Some(g) => {
             let f16 = g.adapter.features.contains(&"shader-f16");
@@ -284,7 +284,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     }
     for a in &adapters {
         println!(
-            "GPU {:<6} {} ({}, {}; {}); features: {}; max buffer {:.0} MiB, max storage binding {:.0} MiB; cooperative matrices: {}",
+            "GPU {:<6} {} ({}, {}; {}); features: {}; max buffer {:.0} MiB, max storage binding {:.0} MiB; cooperative matrices: {}; tensor cores: {}",
             a.index,
             a.name,
             a.backend,
@@ -293,7 +293,8 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             if a.features.is_empty() { "none we use".to_string() } else { a.features.join(", ") },
             a.max_buffer as f64 / 1048576.0,
             a.max_storage_binding as f64 / 1048576.0,
-            if a.cooperative_matrices.is_empty() { "none".to_string() } else { a.cooperative_matrices.join(", ") }
+            if a.cooperative_matrices.is_empty() { "none".to_string() } else { a.cooperative_matrices.join(", ") },
+            a.no_tensor_cores.as_ref().map_or("yes (f16 products)".to_string(), |why| format!("no ({why})"))
         );
     }
     Ok(())
@@ -345,7 +346,7 @@ fn adapter_json(a: &AdapterSummary) -> serde_json::Value {
     json!({
         "index": a.index, "name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver,
         "features": a.features, "max_buffer_bytes": a.max_buffer, "max_storage_binding_bytes": a.max_storage_binding,
-        "cooperative_matrices": a.cooperative_matrices,
+        "cooperative_matrices": a.cooperative_matrices, "tensor_cores": a.no_tensor_cores.is_none(), "no_tensor_cores": a.no_tensor_cores,
     })
 }
 

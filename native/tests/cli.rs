@@ -472,11 +472,15 @@ fn bench_runs_on_the_gpu() {
     assert_eq!(r["precision"], "f32");
     expect_error(&dir, &["bench", "--data", "text.txt", "--precision", "f16"], "--precision f16 runs on a GPU; add --backend gpu");
     expect_error(&dir, &["bench", "--backend", "gpu", "--data", "text.txt", "--tensor-cores"], "--tensor-cores runs the products in f16: add --precision f16");
-    // f16 products (lavapipe has shader-f16).
+    // f16 products (lavapipe has shader-f16), on the tensor cores where the adapter has them
+    // (--tensor-cores auto, the default), else on the SIMT kernels; off: never.
     args.extend(["--precision", "f16"]);
-    assert_eq!(json_of(&run(&dir, &args))["precision"], "f16");
-    // Tensor cores: a one-line error naming what the adapter lacks (lavapipe: cooperative
-    // matrices), or where it has them a run that says so.
+    let tensor = json_of(&run(&dir, &["info", "--backend", "gpu", "--json", "--measure-steps", "0"]))["gpu_adapters"][0]["tensor_cores"] == true;
+    assert_eq!(json_of(&run(&dir, &args))["precision"], if tensor { "f16 (tensor cores)" } else { "f16" });
+    let off: Vec<&str> = args.iter().copied().chain(["--tensor-cores", "off"]).collect();
+    assert_eq!(json_of(&run(&dir, &off))["precision"], "f16");
+    // --tensor-cores (on): a one-line error naming what the adapter lacks (lavapipe:
+    // cooperative matrices), or where it has them a run that says so.
     expect_error(&dir, &["bench", "--data", "text.txt", "--tensor-cores"], "--tensor-cores runs products on a GPU; add --backend gpu");
     args.push("--tensor-cores");
     let o = run(&dir, &args);
@@ -656,6 +660,12 @@ fn gpu_training_follows_the_cpu_and_checkpoints_cross_backends() {
     }
     let records: Vec<serde_json::Value> = fs::read_to_string(dir.join("f16.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(records[0]["precision"], "f16", "{}", records[0]);
+    // The run says where its f16 products run: on the tensor cores, or why not.
+    let o = run(&dir, &[&["train", "--data", "text.txt", "--out", "f16-line", "--iters", "1", "--backend", "gpu", "--precision", "f16"], TINY].concat());
+    assert_ok(&o);
+    let line = stdout(&o).lines().find(|l| l.starts_with("precision: ")).map(str::to_string);
+    let no_tensor_cores = |l: &str| l.starts_with("precision: f16 (no tensor cores: ") && l.contains(" lacks ");
+    assert!(line.as_deref().is_some_and(|l| l == "precision: f16 (tensor cores)" || no_tensor_cores(l)), "{line:?}");
     for r in records.iter().filter(|r| r["type"] == "train") {
         assert_eq!((r["loss_scale"].as_f64(), r["skipped_steps"].as_u64()), (Some(65536.0), Some(0)), "{r}");
     }
@@ -765,7 +775,7 @@ fn info_lists_gpu_adapters_and_estimates_on_the_gpu() {
     assert_eq!(peaks["f32"].as_f64(), Some(10.0), "{r}");
     let f16 = r["gpu_adapters"][0]["features"].as_array().unwrap().iter().any(|f| f == "shader-f16");
     assert_eq!(peaks["f16"].as_f64().is_some_and(|g| g > 0.0), f16, "{r}");
-    // The tensor cores' only with --tensor-cores (which lavapipe cannot open).
+    // The tensor cores' only on a device that runs the f16 products on them (lavapipe cannot).
     assert!(peaks["tensor"].is_null(), "{r}");
     assert_eq!(r["device"]["kernels_per_step"], 15 + 32);
     assert!(r["estimate"]["ms_per_iter"].as_f64().unwrap() > 0.0, "{r}");

@@ -9,7 +9,7 @@ use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::parallel::Parallel;
 use alpha_core::train::{LossScaleState, OwnedMemory, RunState, TrainConfig};
 use alpha_core::{Plan, Rng, Serial};
-use alpha_gpu::{Gpu, GpuForward, GpuTrainer, Precision};
+use alpha_gpu::{Gpu, GpuForward, GpuTrainer, Precision, TensorCores};
 
 /// The CPU engine: the arenas, and the training state between calls (a core `Trainer`
 /// borrows the arenas for the length of one call).
@@ -60,8 +60,9 @@ impl Engine {
     }
 
     async fn gpu(plan: Plan, cfg: TrainConfig, start: &RunState<f32>) -> Result<Engine, String> {
-        // Mixed precision where the adapter has shader-f16 (f16 products, loss scaling).
-        let gpu = Gpu::open_local(None, 0, None, false).await.map_err(|e| format!("WebGPU is not available: {e}"))?;
+        // Mixed precision where the adapter has shader-f16 (f16 products, loss scaling); no
+        // tensor cores (their GEMM needs wgpu's native-only cooperative matrices).
+        let gpu = Gpu::open_local(None, 0, None, TensorCores::Off).await.map_err(|e| format!("WebGPU is not available: {e}"))?;
         let trainer = GpuTrainer::resume(gpu, plan, cfg, start).await.map_err(|e| e.to_string())?;
         let sampler = trainer.forward_model(1, plan.config.block_size).map_err(|e| e.to_string())?;
         Ok(Engine::Gpu(Box::new(GpuEngine { trainer, sampler })))
