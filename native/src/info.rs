@@ -346,7 +346,7 @@ fn adapter_json(a: &AdapterSummary) -> serde_json::Value {
     json!({
         "index": a.index, "name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver,
         "features": a.features, "max_buffer_bytes": a.max_buffer, "max_storage_binding_bytes": a.max_storage_binding,
-        "cooperative_matrices": a.cooperative_matrices, "tensor_cores": a.no_tensor_cores.is_none(), "no_tensor_cores": a.no_tensor_cores,
+        "cooperative_matrices": a.cooperative_matrices, "no_tensor_cores": a.no_tensor_cores,
     })
 }
 
