@@ -117,23 +117,26 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 }
 
 // matmul_wide: the same product, words and epilogues as `matmul` over 128 x 128 tiles of c
-// for large products: 256 threads (16 x 16), each an 8 x 8 block (rows 4 l.y + i and
-// 64 + 4 l.y + i, columns 4 l.x + j and 64 + 4 l.x + j), in sixteen vec4 accumulators; each
-// step of the depth loop reads two vec4s of a's tile and two of b's from workgroup memory
-// for 64 FMAs (matmul's 4 x 4 blocks read eight scalars for 16; see wide_depth). The next
-// depth block is loaded into registers while this one is multiplied. The sums run over k in
-// order, as matmul's: the two kernels give the same bits.
+// for large products: 256 threads in a 16 x 16 grid of 8 x 8 blocks (thread t's rows
+// 4 t.y + i and 64 + 4 t.y + i, columns 4 t.x + j and 64 + 4 t.x + j; see wide_block), in
+// sixteen vec4 accumulators; each step of the depth loop reads two vec4s of a's tile and two
+// of b's from workgroup memory for 64 FMAs (matmul's 4 x 4 blocks read eight scalars for 16;
+// see wide_depth). The next depth block is loaded into registers while this one is
+// multiplied, then stored into the other of two tile buffers: one barrier per depth block.
+// The sums run over k in order, as matmul's: the two kernels give the same bits.
 // Grid: (cols / 128, rows / 128, depth / chunk).
 const WIDE: u32 = 128u;
 const WIDE_BK: u32 = 8u;
 
-// The tiles of a (from 0) and b (from WIDE_B), each [WIDE_BK][WIDE_PITCH] vec4s: element
+// Two buffers of WIDE_BUFFER vec4s, each the tiles of a (from 0) and b (from WIDE_B) of one
+// depth block, [WIDE_BK][WIDE_PITCH] vec4s each: element
 // (k, i) of a tile at [k * WIDE_PITCH + i / 4][i % 4]. The vec4 of padding per depth puts
 // depths k and k + 4 of 16 lines, which a subgroup's staging stores at once where the depth
 // is contiguous, in different banks.
 const WIDE_PITCH: u32 = 33u;
 const WIDE_B: u32 = 264u; // WIDE_BK * WIDE_PITCH
-var<workgroup> wide_tiles: array<vec4<f32>, 528>;
+const WIDE_BUFFER: u32 = 528u; // 2 * WIDE_B
+var<workgroup> wide_tiles: array<vec4<f32>, 1056>; // 2 * WIDE_BUFFER
 
 // Element `idx` of a staged tile of `depths` depths by WIDE lines (a's rows or b's columns)
 // as (line, depth), in an order that runs along the depth where it is contiguous in memory
@@ -202,13 +205,16 @@ fn wide_store(base: u32, along_k: bool, v: vec4<f32>, lid: u32) {
         wide_tiles[base + t.y * WIDE_PITCH + t.x / 4u] = v;
         return;
     }
-    for (var u = 0u; u < 4u; u++) {
-        wide_tiles[base + (t.y + u) * WIDE_PITCH + t.x / 4u][t.x % 4u] = v[u];
-    }
+    let at = base + t.y * WIDE_PITCH + t.x / 4u;
+    let lane = t.x % 4u;
+    wide_tiles[at][lane] = v.x;
+    wide_tiles[at + WIDE_PITCH][lane] = v.y;
+    wide_tiles[at + 2u * WIDE_PITCH][lane] = v.z;
+    wide_tiles[at + 3u * WIDE_PITCH][lane] = v.w;
 }
 
-// One thread's 8 x 8 block of c: rN0 row N's columns 4 l.x ..+4, rN1 its columns
-// 64 + 4 l.x ..+4 (rows 0..3: 4 l.y + N; rows 4..7: 64 + 4 l.y + N - 4).
+// Thread t's 8 x 8 block of c: rN0 row N's columns 4 t.x ..+4, rN1 its columns
+// 64 + 4 t.x ..+4 (rows 0..3: 4 t.y + N; rows 4..7: 64 + 4 t.y + N - 4).
 struct WideBlock {
     r00: vec4<f32>, r01: vec4<f32>, r10: vec4<f32>, r11: vec4<f32>,
     r20: vec4<f32>, r21: vec4<f32>, r30: vec4<f32>, r31: vec4<f32>,
@@ -216,15 +222,23 @@ struct WideBlock {
     r60: vec4<f32>, r61: vec4<f32>, r70: vec4<f32>, r71: vec4<f32>,
 }
 
-// Depth `k` of the staged tiles into thread `l`'s block: two vec4s of a's tile and two of b's
-// for 64 FMAs. matmul_wide calls it once per depth with `k` written out: NVIDIA's Vulkan
-// compiler does not unroll the loop over a block's depths, which cost the products 9-13% on
-// an H200 (docs/performance.md).
-fn wide_depth(c: ptr<function, WideBlock>, k: u32, l: vec3<u32>) {
-    let a0 = wide_tiles[k * WIDE_PITCH + l.y];
-    let a1 = wide_tiles[k * WIDE_PITCH + 16u + l.y];
-    let b0 = wide_tiles[WIDE_B + k * WIDE_PITCH + l.x];
-    let b1 = wide_tiles[WIDE_B + k * WIDE_PITCH + 16u + l.x];
+// Thread `lid`'s place t in the 16 x 16 grid of blocks. Each subgroup of 32 takes 8 x 4 of
+// them (32 rows by 64 columns of c), so that at each depth its reads of a's tile touch 4 vec4s
+// and of b's 8, one pass over the banks each, where a row of 16 blocks read 2 and 16 (0.7%
+// faster on an H200, docs/performance.md).
+fn wide_block(lid: u32) -> vec2<u32> {
+    return vec2<u32>((lid & 7u) | (((lid >> 5u) & 1u) << 3u), ((lid >> 3u) & 3u) | ((lid >> 6u) << 2u));
+}
+
+// Depth `k` of the tiles in buffer `buf` (0 or WIDE_BUFFER) into thread t's block: two vec4s
+// of a's tile and two of b's for 64 FMAs. matmul_wide calls it once per depth with `k`
+// written out: NVIDIA's Vulkan compiler does not unroll the loop over a block's depths, which
+// cost the products 9-13% on an H200 (docs/performance.md).
+fn wide_depth(c: ptr<function, WideBlock>, buf: u32, k: u32, t: vec2<u32>) {
+    let a0 = wide_tiles[buf + k * WIDE_PITCH + t.y];
+    let a1 = wide_tiles[buf + k * WIDE_PITCH + 16u + t.y];
+    let b0 = wide_tiles[buf + WIDE_B + k * WIDE_PITCH + t.x];
+    let b1 = wide_tiles[buf + WIDE_B + k * WIDE_PITCH + 16u + t.x];
     (*c).r00 = fma(vec4<f32>(a0.x), b0, (*c).r00); (*c).r01 = fma(vec4<f32>(a0.x), b1, (*c).r01);
     (*c).r10 = fma(vec4<f32>(a0.y), b0, (*c).r10); (*c).r11 = fma(vec4<f32>(a0.y), b1, (*c).r11);
     (*c).r20 = fma(vec4<f32>(a0.z), b0, (*c).r20); (*c).r21 = fma(vec4<f32>(a0.z), b1, (*c).r21);
@@ -235,33 +249,40 @@ fn wide_depth(c: ptr<function, WideBlock>, k: u32, l: vec3<u32>) {
     (*c).r70 = fma(vec4<f32>(a1.w), b0, (*c).r70); (*c).r71 = fma(vec4<f32>(a1.w), b1, (*c).r71);
 }
 
-@compute @workgroup_size(16, 16)
-fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
+@compute @workgroup_size(256)
+fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let p = product(wid.z);
     let row0 = wid.y * WIDE;
     let col0 = wid.x * WIDE;
+    let t = wide_block(lid);
     let zero = vec4<f32>(0.0);
     var c = WideBlock(zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero);
     var next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, p.k_begin, p.k_end, lid);
     var next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, p.k_begin, p.k_end, lid);
+    wide_store(0u, p.a_cs == 1u, next_a, lid);
+    wide_store(WIDE_B, p.b_rs == 1u, next_b, lid);
+    workgroupBarrier();
+    var buf = 0u;
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += WIDE_BK) {
-        wide_store(0u, p.a_cs == 1u, next_a, lid);
-        wide_store(WIDE_B, p.b_rs == 1u, next_b, lid);
-        workgroupBarrier();
-        if (k0 + WIDE_BK < p.k_end) {
+        let more = k0 + WIDE_BK < p.k_end;
+        if (more) {
             next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, k0 + WIDE_BK, p.k_end, lid);
             next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0 + WIDE_BK, p.k_end, lid);
         }
         // WIDE_BK (8) depths.
-        wide_depth(&c, 0u, l); wide_depth(&c, 1u, l); wide_depth(&c, 2u, l); wide_depth(&c, 3u, l);
-        wide_depth(&c, 4u, l); wide_depth(&c, 5u, l); wide_depth(&c, 6u, l); wide_depth(&c, 7u, l);
+        wide_depth(&c, buf, 0u, t); wide_depth(&c, buf, 1u, t); wide_depth(&c, buf, 2u, t); wide_depth(&c, buf, 3u, t);
+        wide_depth(&c, buf, 4u, t); wide_depth(&c, buf, 5u, t); wide_depth(&c, buf, 6u, t); wide_depth(&c, buf, 7u, t);
+        buf = WIDE_BUFFER - buf;
+        if (more) {
+            wide_store(buf, p.a_cs == 1u, next_a, lid);
+            wide_store(buf + WIDE_B, p.b_rs == 1u, next_b, lid);
+        }
         workgroupBarrier();
     }
-    let top = row0 + 4u * l.y;
-    let bottom = row0 + 64u + 4u * l.y;
-    let left = col0 + 4u * l.x;
-    let right = col0 + 64u + 4u * l.x;
+    let top = row0 + 4u * t.y;
+    let bottom = row0 + 64u + 4u * t.y;
+    let left = col0 + 4u * t.x;
+    let right = col0 + 64u + 4u * t.x;
     store_row(top, left, 1u, p.slice, c.r00); store_row(top, right, 1u, p.slice, c.r01);
     store_row(top + 1u, left, 1u, p.slice, c.r10); store_row(top + 1u, right, 1u, p.slice, c.r11);
     store_row(top + 2u, left, 1u, p.slice, c.r20); store_row(top + 2u, right, 1u, p.slice, c.r21);
@@ -275,9 +296,10 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // One thread's four results of row `r` (columns c0 + step * j) through the epilogue into c,
 // at `slice` onwards.
 fn store_row(r: u32, c0: u32, step: u32, slice: u32, acc: vec4<f32>) {
-    for (var j = 0u; j < 4u; j++) {
-        store_one(r, c0 + step * j, slice, acc[j]);
-    }
+    store_one(r, c0, slice, acc.x);
+    store_one(r, c0 + step, slice, acc.y);
+    store_one(r, c0 + 2u * step, slice, acc.z);
+    store_one(r, c0 + 3u * step, slice, acc.w);
 }
 
 // Element (r, c) of the product, `v`, through the epilogue into c at `slice` onwards (nothing
