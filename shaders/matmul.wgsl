@@ -187,19 +187,49 @@ fn tile_vec4(op: u32, t: vec2<u32>, along_k: bool, i0: u32, limit: u32, i_stride
     return v;
 }
 
-// The four elements thread `lid` loads of a tile of operand `op` (see tile_vec4) at depth
-// k0, lines i0 .. i0 + 128 by depths k0 .. k0 + 8, as the product uses them: elements
-// 4 lid .. 4 lid + 3 of the tile in `staged_at`'s order.
-fn wide_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32, lid: u32) -> vec4<f32> {
+// Whether depths k0 .. k0 + depths of a tile of lines i0 .. i0 + 128 (see tile_vec4) lie
+// whole in the product and the chunk, in runs of four aligned elements (a vec4 of the
+// binding each): staged then by `whole_vec4`, without tile_vec4's checks. Uniform over a
+// workgroup.
+fn whole_block(i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end: u32, depths: u32) -> bool {
     let along_k = k_stride == 1u;
-    let v = tile_vec4(op, staged_at(4u * lid, WIDE_BK, along_k), along_k, i0, limit, i_stride, k_stride, k0, k_end);
-    let half = select(HALF2, HALF1, op == 0u);
-    return vec4<f32>(operand(v.x, half), operand(v.y, half), operand(v.z, half), operand(v.w, half));
+    let across = select(k_stride, i_stride, along_k);
+    return (along_k || i_stride == 1u) && across % 4u == 0u && (!along_k || k0 % 4u == 0u) && i0 + WIDE <= limit && k0 + depths <= k_end;
 }
 
-// wide_load's values into the tile from `base` of wide_tiles (the same order: `along_k` where
-// the depth was contiguous): one vec4 along the lines, else four depths of one line.
-fn wide_store(base: u32, along_k: bool, v: vec4<f32>, lid: u32) {
+// tile_vec4's elements of a whole block (see whole_block): one vec4 load, unchecked. The
+// checked loads' branches made NVIDIA's compiler wait for each load before issuing the next.
+fn whole_vec4(op: u32, t: vec2<u32>, i0: u32, i_stride: u32, k_stride: u32, k0: u32) -> vec4<f32> {
+    let at = (i0 + t.x) * i_stride + (k0 + t.y) * k_stride;
+    if (op == 0u) {
+        return vec4<f32>(mm_a4[at / 4u]);
+    }
+    return vec4<f32>(mm_b4[at / 4u]);
+}
+
+// The elements thread `lid` stages of depth block k0 of a's tile and of b's, as stored
+// (rounded as they are stored: wide_store): elements 4 lid .. 4 lid + 3 of each tile in
+// `staged_at`'s order.
+struct WidePair { a: vec4<f32>, b: vec4<f32> }
+
+fn wide_loads(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) -> WidePair {
+    let a_along_k = p.a_cs == 1u;
+    let b_along_k = p.b_rs == 1u;
+    let ta = staged_at(4u * lid, WIDE_BK, a_along_k);
+    let tb = staged_at(4u * lid, WIDE_BK, b_along_k);
+    if (whole_block(row0, p.rows, p.a_rs, p.a_cs, k0, p.k_end, WIDE_BK) && whole_block(col0, p.cols, p.b_cs, p.b_rs, k0, p.k_end, WIDE_BK)) {
+        return WidePair(whole_vec4(0u, ta, row0, p.a_rs, p.a_cs, k0), whole_vec4(1u, tb, col0, p.b_cs, p.b_rs, k0));
+    }
+    return WidePair(tile_vec4(0u, ta, a_along_k, row0, p.rows, p.a_rs, p.a_cs, k0, p.k_end),
+                    tile_vec4(1u, tb, b_along_k, col0, p.cols, p.b_cs, p.b_rs, k0, p.k_end));
+}
+
+// Staged values `v` of a's tile (op 0) or b's into the tile buffer from `base` of wide_tiles,
+// rounded as the product uses them (`operand`), in wide_loads' order (`along_k` where the
+// depth was contiguous): one vec4 along the lines, else four depths of one line.
+fn wide_store(op: u32, base: u32, along_k: bool, v_in: vec4<f32>, lid: u32) {
+    let half = select(HALF2, HALF1, op == 0u);
+    let v = vec4<f32>(operand(v_in.x, half), operand(v_in.y, half), operand(v_in.z, half), operand(v_in.w, half));
     let t = staged_at(4u * lid, WIDE_BK, along_k);
     if (!along_k) {
         wide_tiles[base + t.y * WIDE_PITCH + t.x / 4u] = v;
@@ -257,25 +287,23 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let t = wide_block(lid);
     let zero = vec4<f32>(0.0);
     var c = WideBlock(zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero);
-    var next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, p.k_begin, p.k_end, lid);
-    var next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, p.k_begin, p.k_end, lid);
-    wide_store(0u, p.a_cs == 1u, next_a, lid);
-    wide_store(WIDE_B, p.b_rs == 1u, next_b, lid);
+    var next = wide_loads(p, row0, col0, p.k_begin, lid);
+    wide_store(0u, 0u, p.a_cs == 1u, next.a, lid);
+    wide_store(1u, WIDE_B, p.b_rs == 1u, next.b, lid);
     workgroupBarrier();
     var buf = 0u;
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += WIDE_BK) {
         let more = k0 + WIDE_BK < p.k_end;
         if (more) {
-            next_a = wide_load(0u, row0, p.rows, p.a_rs, p.a_cs, k0 + WIDE_BK, p.k_end, lid);
-            next_b = wide_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0 + WIDE_BK, p.k_end, lid);
+            next = wide_loads(p, row0, col0, k0 + WIDE_BK, lid);
         }
         // WIDE_BK (8) depths.
         wide_depth(&c, buf, 0u, t); wide_depth(&c, buf, 1u, t); wide_depth(&c, buf, 2u, t); wide_depth(&c, buf, 3u, t);
         wide_depth(&c, buf, 4u, t); wide_depth(&c, buf, 5u, t); wide_depth(&c, buf, 6u, t); wide_depth(&c, buf, 7u, t);
         buf = WIDE_BUFFER - buf;
         if (more) {
-            wide_store(buf, p.a_cs == 1u, next_a, lid);
-            wide_store(buf + WIDE_B, p.b_rs == 1u, next_b, lid);
+            wide_store(0u, buf, p.a_cs == 1u, next.a, lid);
+            wide_store(1u, buf + WIDE_B, p.b_rs == 1u, next.b, lid);
         }
         workgroupBarrier();
     }

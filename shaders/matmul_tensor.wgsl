@@ -51,6 +51,27 @@ fn tc_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, 
     return s;
 }
 
+// Both operands' tiles of depth block k0 as thread `lid` stages them (see tc_load); where both
+// blocks are whole (`whole_block`), by unchecked loads issued together (`tc_whole`).
+struct TcPair { a: Staged, b: Staged }
+
+fn tc_loads(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) -> TcPair {
+    if (whole_block(row0, p.rows, p.a_rs, p.a_cs, k0, p.k_end, TC_BK) && whole_block(col0, p.cols, p.b_cs, p.b_rs, k0, p.k_end, TC_BK)) {
+        return TcPair(tc_whole(0u, row0, p.a_rs, p.a_cs, k0, lid), tc_whole(1u, col0, p.b_cs, p.b_rs, k0, lid));
+    }
+    return TcPair(tc_load(0u, row0, p.rows, p.a_rs, p.a_cs, k0, p.k_end, lid), tc_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0, p.k_end, lid));
+}
+
+// tc_load's values of a whole block: four vec4 loads, written out and unchecked (whole_vec4).
+fn tc_whole(op: u32, i0: u32, i_stride: u32, k_stride: u32, k0: u32, lid: u32) -> Staged {
+    let along_k = k_stride == 1u;
+    return Staged(array<vec4<f32>, 4>(
+        whole_vec4(op, staged_at(4u * lid, TC_BK, along_k), i0, i_stride, k_stride, k0),
+        whole_vec4(op, staged_at(4u * (256u + lid), TC_BK, along_k), i0, i_stride, k_stride, k0),
+        whole_vec4(op, staged_at(4u * (512u + lid), TC_BK, along_k), i0, i_stride, k_stride, k0),
+        whole_vec4(op, staged_at(4u * (768u + lid), TC_BK, along_k), i0, i_stride, k_stride, k0)));
+}
+
 // Where element (line, depth) of a staged tile lies in tc_a or tc_b (see TC_LINE_PITCH).
 fn tc_at(line: u32, depth: u32, along_k: bool) -> u32 {
     return select(depth * TC_DEPTH_PITCH + line, line * TC_LINE_PITCH + depth, along_k);
@@ -124,15 +145,18 @@ fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     var c10 = coop_mat16x16<f32, C>(); var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>(); var c13 = coop_mat16x16<f32, C>();
     // The next depth block is loaded into registers while this one is multiplied.
-    var next_a = tc_load(0u, row0, p.rows, p.a_rs, p.a_cs, p.k_begin, p.k_end, lid);
-    var next_b = tc_load(1u, col0, p.cols, p.b_cs, p.b_rs, p.k_begin, p.k_end, lid);
+    // (Two variables, not one TcPair: naga 30's SPIR-V writer panics on a pointer to a member.)
+    let first = tc_loads(p, row0, col0, p.k_begin, lid);
+    var next_a = first.a;
+    var next_b = first.b;
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += TC_BK) {
         tc_store_staged(0u, &next_a, tc_a_along_k(), lid);
         tc_store_staged(1u, &next_b, tc_b_along_k(), lid);
         workgroupBarrier();
         if (k0 + TC_BK < p.k_end) {
-            next_a = tc_load(0u, row0, p.rows, p.a_rs, p.a_cs, k0 + TC_BK, p.k_end, lid);
-            next_b = tc_load(1u, col0, p.cols, p.b_cs, p.b_rs, k0 + TC_BK, p.k_end, lid);
+            let loaded = tc_loads(p, row0, col0, k0 + TC_BK, lid);
+            next_a = loaded.a;
+            next_b = loaded.b;
         }
         for (var kk = 0u; kk < TC_BK; kk += 16u) {
             let a0 = tc_block_a(sr, kk);
