@@ -156,11 +156,17 @@ fn matmul_forward_with_each_epilogue_and_backward() {
 
 /// Products large enough for the 128 x 128 tiles (`matmul_wide`), with edges in every
 /// dimension: the forward (a row-major, b transposed) with bias and residual, and the split
-/// weight gradient (a transposed, b row-major).
+/// weight gradient (a transposed, b row-major). At a depth of 150 no tile is staged whole;
+/// at 200 (rows of whole vec4s) the inner tiles are (`whole_block` in matmul.wgsl).
 #[test]
 fn matmul_wide_tiles_match_the_cpu() {
-    let (n, k, m) = (2000, 150, 1100);
     assert_eq!(gpu().tensor_cores(), tensor_cores(), "ALPHA_GPU_TENSOR_CORES opens the device with them");
+    for (n, k, m) in [(2000, 150, 1100), (2000, 200, 1100)] {
+        matmul_wide_matches_the_cpu(n, k, m);
+    }
+}
+
+fn matmul_wide_matches_the_cpu(n: usize, k: usize, m: usize) {
     assert_eq!(ops::matmul::kernel_for(n, m, 1).0, Kernel::MatmulWide);
     let splits = ops::matmul::weight_grad_splits(n, k, m);
     assert!(splits > 1 && ops::matmul::kernel_for(m, k, splits).0 == Kernel::MatmulWide);
@@ -199,7 +205,7 @@ fn matmul_wide_tiles_match_the_cpu() {
         download(&gout, n * m)
     };
     let wide = gpu_forward(u64::MAX);
-    assert_close("wide matmul forward", &wide, &out, wide_tol());
+    assert_close(&format!("wide matmul forward {n}x{k}x{m}"), &wide, &out, wide_tol());
     // In pieces of at most 256 KiB (columns split to 128 or fewer, the depth whole) the
     // 64 x 64 kernel runs: the same sums in the same order, so the same bits (tensor cores
     // round the operands: there it is held to the CPU).
@@ -207,7 +213,7 @@ fn matmul_wide_tiles_match_the_cpu() {
     if tensor_cores() {
         assert_close("64 x 64 tiles", &pieces, &out, 1e-5);
     } else {
-        assert!(pieces == wide, "matmul and matmul_wide differ");
+        assert!(pieces == wide, "matmul and matmul_wide differ at {n}x{k}x{m}");
     }
     matmul_backward_matches_cpu(n, k, m, &mut rng, u64::MAX);
 }
