@@ -756,7 +756,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     if let Some(state) = resumed_loss_scale {
         engine.set_loss_scale(state);
     }
-    let resolved = resolved_run_file(args, &run.config, &s);
+    let resolved = resolved_run_file(args, &run.config, &s, engine.gpu());
     if group.ranks() > 1 {
         let (train_ids, val_ids) = (fingerprint_tokens(train_tokens), fingerprint_tokens(val_tokens));
         let params = fingerprint(&engine.state()?.0, f32::to_bits);
@@ -1031,8 +1031,9 @@ const RUN_FILE_HEADER: &str = "# The resolved configuration of the run in this d
 
 /// The run file that repeats this run (`train --config DIR/run.toml`): its model, settings,
 /// cadence and backend as resolved from the defaults, --config, the checkpoint resumed and the
-/// flags.
-fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) -> String {
+/// flags; on a GPU (`gpu`), the precision and tensor-core use it resolved to, so that a repeat
+/// on another device runs the same arithmetic or says why it cannot.
+fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings, gpu: Option<&alpha_gpu::Gpu>) -> String {
     let (int, float) = (|v: u64| v.to_string(), |v: f64| format!("{v:?}"));
     let mut entries = Vec::new();
     if s.data != corpus::EMBEDDED {
@@ -1072,5 +1073,10 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings) ->
         ("backend", runfile::string(if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" })),
     ]);
     entries.extend(args.device.adapter.as_deref().map(|a| ("adapter", runfile::string(a))));
+    if let Some(gpu) = gpu {
+        let f16 = gpu.precision == alpha_gpu::Precision::F16;
+        entries.push(("precision", runfile::string(if f16 { "f16" } else { "f32" })));
+        entries.push(("tensor_cores", runfile::string(if gpu.tensor_cores() { "on" } else { "off" })));
+    }
     runfile::write(RUN_FILE_HEADER, &entries)
 }

@@ -666,6 +666,13 @@ fn gpu_training_follows_the_cpu_and_checkpoints_cross_backends() {
     let line = stdout(&o).lines().find(|l| l.starts_with("precision: ")).map(str::to_string);
     let no_tensor_cores = |l: &str| l.starts_with("precision: f16 (no tensor cores: ") && l.contains(" lacks ");
     assert!(line.as_deref().is_some_and(|l| l == "precision: f16 (tensor cores)" || no_tensor_cores(l)), "{line:?}");
+    // The resolved run files repeat the arithmetic each run resolved to.
+    let tensor_cores = if line.as_deref() == Some("precision: f16 (tensor cores)") { "on" } else { "off" };
+    for (out, precision, tensor_cores) in [("gpu", "f32", "off"), ("f16", "f16", tensor_cores)] {
+        let resolved = fs::read_to_string(dir.join(out).join("run.toml")).unwrap();
+        let want = format!("precision = \"{precision}\"\ntensor_cores = \"{tensor_cores}\"\n");
+        assert!(resolved.ends_with(&want), "{out}/run.toml:\n{resolved}");
+    }
     for r in records.iter().filter(|r| r["type"] == "train") {
         assert_eq!((r["loss_scale"].as_f64(), r["skipped_steps"].as_u64()), (Some(65536.0), Some(0)), "{r}");
     }
