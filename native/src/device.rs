@@ -77,6 +77,22 @@ pub fn precision_name(gpu: &Gpu) -> &'static str {
     }
 }
 
+/// The `--precision` and `--tensor-cores` values (flag names with `_`) that open a device
+/// running `gpu`'s arithmetic again, `auto` resolved: what a run's resolved run file records.
+pub fn arithmetic_flags(gpu: &Gpu) -> [(&'static str, String); 2] {
+    let precision = match gpu.precision {
+        Precision::F32 => PrecisionArg::F32,
+        Precision::F16 => PrecisionArg::F16,
+    };
+    let tensor_cores = if gpu.tensor_cores() { TensorCoresArg::On } else { TensorCoresArg::Off };
+    [("precision", value_name(precision)), ("tensor_cores", value_name(tensor_cores))]
+}
+
+/// A flag value's name as the command line spells it.
+fn value_name(value: impl ValueEnum) -> String {
+    value.to_possible_value().expect("no value is skipped").get_name().to_string()
+}
+
 /// `--precision`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrecisionArg {

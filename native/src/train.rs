@@ -1073,10 +1073,8 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings, gp
         ("backend", runfile::string(if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" })),
     ]);
     entries.extend(args.device.adapter.as_deref().map(|a| ("adapter", runfile::string(a))));
-    if let Some(gpu) = gpu {
-        let f16 = gpu.precision == alpha_gpu::Precision::F16;
-        entries.push(("precision", runfile::string(if f16 { "f16" } else { "f32" })));
-        entries.push(("tensor_cores", runfile::string(if gpu.tensor_cores() { "on" } else { "off" })));
+    for (key, value) in gpu.map(crate::device::arithmetic_flags).into_iter().flatten() {
+        entries.push((key, runfile::string(&value)));
     }
     runfile::write(RUN_FILE_HEADER, &entries)
 }
