@@ -208,11 +208,12 @@ fn whole_vec4(op: u32, t: vec2<u32>, i0: u32, i_stride: u32, k_stride: u32, k0: 
     return vec4<f32>(mm_b4[at / 4u]);
 }
 
-// The elements thread `lid` stages of depth block k0 of a's tile and of b's, as stored
-// (rounded as they are stored: wide_store): elements 4 lid .. 4 lid + 3 of each tile in
-// `staged_at`'s order.
+// One thread's staged elements of a's tile and of b's, between their load and their store.
 struct WidePair { a: vec4<f32>, b: vec4<f32> }
 
+// The elements thread `lid` stages of depth block k0 of a's tile and of b's, as stored in
+// memory (wide_store rounds them): elements 4 lid .. 4 lid + 3 of each tile in `staged_at`'s
+// order; where both blocks are whole (`whole_block`), by unchecked loads issued together.
 fn wide_loads(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) -> WidePair {
     let a_along_k = p.a_cs == 1u;
     let b_along_k = p.b_rs == 1u;

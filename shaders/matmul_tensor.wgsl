@@ -51,10 +51,11 @@ fn tc_load(op: u32, i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, 
     return s;
 }
 
-// Both operands' tiles of depth block k0 as thread `lid` stages them (see tc_load); where both
-// blocks are whole (`whole_block`), by unchecked loads issued together (`tc_whole`).
+// One thread's staged elements of a's tile and of b's, between their load and their store.
 struct TcPair { a: Staged, b: Staged }
 
+// Both operands' tiles of depth block k0 as thread `lid` stages them (see tc_load); where both
+// blocks are whole (`whole_block`), by unchecked loads issued together (`tc_whole`).
 fn tc_loads(p: Product, row0: u32, col0: u32, k0: u32, lid: u32) -> TcPair {
     if (whole_block(row0, p.rows, p.a_rs, p.a_cs, k0, p.k_end, TC_BK) && whole_block(col0, p.cols, p.b_cs, p.b_rs, k0, p.k_end, TC_BK)) {
         return TcPair(tc_whole(0u, row0, p.a_rs, p.a_cs, k0, lid), tc_whole(1u, col0, p.b_cs, p.b_rs, k0, lid));
