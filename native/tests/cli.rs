@@ -692,11 +692,15 @@ fn gpu_training_follows_the_cpu_and_checkpoints_cross_backends() {
     let (c, g) = (checkpoint::load(&dir.join("cpu/ckpt.safetensors")).unwrap(), checkpoint::load(&dir.join("gpu-half/ckpt.safetensors")).unwrap());
     let worst = c.params.iter().zip(&g.params).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-4, "parameters differ by {worst}");
-    // An f16 run stopped halfway and resumed (its checkpoint keeps the loss scale) ends with
-    // the uninterrupted f16 run's parameters, to the bit.
+    // An f16 run stopped halfway and resumed (its checkpoint keeps the loss scale, and the
+    // resumed run its precision without --precision) ends with the uninterrupted f16 run's
+    // parameters, to the bit.
     train(&dir, &[&half[..], &["--out", "f16-half", "--backend", "gpu", "--precision", "f16"]].concat());
-    let args = ["train", "--resume", "f16-half/ckpt.safetensors", "--out", "f16-half", "--iters", "8", "--backend", "gpu", "--precision", "f16"];
-    assert_ok(&run(&dir, &[&args[..], QUIET].concat()));
+    let args = ["train", "--resume", "f16-half/ckpt.safetensors", "--out", "f16-half", "--iters", "8", "--backend", "gpu"];
+    let o = run(&dir, &[&args[..], QUIET].concat());
+    assert_ok(&o);
+    let line = stdout(&o).lines().find(|l| l.starts_with("precision: ")).map(str::to_string);
+    assert!(line.as_deref().is_some_and(|l| l.starts_with("precision: f16") && l.contains("the resumed checkpoint's")), "{line:?}");
     let (whole, resumed) = (checkpoint::load(&dir.join("f16/ckpt.safetensors")).unwrap(), checkpoint::load(&dir.join("f16-half/ckpt.safetensors")).unwrap());
     assert!(whole.params.iter().zip(&resumed.params).all(|(a, b)| a.to_bits() == b.to_bits()), "the resumed f16 run differs");
     let state = |c: &checkpoint::Checkpoint| c.optimizer.as_ref().unwrap().2.loss_scale;
