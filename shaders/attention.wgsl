@@ -114,9 +114,12 @@ fn head_slice(src: u32, b: u32, r: u32, h: u32, part: u32) -> array<vec4<f32>, H
     return x;
 }
 
-/// acc + x · y over the four lanes in order (the order of the scalar loop it replaces).
-fn dot4(x: vec4<f32>, y: vec4<f32>, acc: f32) -> f32 {
-    return fma(x.w, y.w, fma(x.z, y.z, fma(x.y, y.y, fma(x.x, y.x, acc))));
+/// The sum of a vec4 of partial dot products (lane t: the head dimensions 4 n + t), in one
+/// order everywhere. Dot products accumulate lane-wise, `fma(x, y, acc)` over the row's vec4s:
+/// four independent chains of HS / 4 multiply-adds each, where one chain of HS waited on each
+/// multiply-add's result before the next.
+fn lanes_sum(acc: vec4<f32>) -> f32 {
+    return (acc.x + acc.y) + (acc.z + acc.w);
 }
 
 /// Writes slice `part` of a row (see head_slice), times `scale`, to `at_1[at ..]` (the
@@ -168,13 +171,13 @@ fn tile_slice(tile: u32, r: u32, part: u32, e: u32) -> vec4<f32> {
 /// threads of the workgroup must call it.
 fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, array<vec4<f32>, HSP4>>, row: u32, part: u32) {
     for (var r = 0u; r < KT; r++) {
-        var s = 0.0;
-        var dp = 0.0;
+        var s = vec4<f32>(0.0);
+        var dp = vec4<f32>(0.0);
         for (var e = 0u; e < HSP4; e++) {
-            s = dot4((*x)[e], tile_slice(0u, r, part, e), s);
-            dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
+            s = fma((*x)[e], tile_slice(0u, r, part, e), s);
+            dp = fma((*y)[e], tile_slice(1u, r, part, e), dp);
         }
-        partials[(row * KT + r) * PARTS + part] = vec2<f32>(s, dp);
+        partials[(row * KT + r) * PARTS + part] = vec2<f32>(lanes_sum(s), lanes_sum(dp));
     }
 }
 
@@ -186,6 +189,23 @@ fn combine(row: u32, r: u32) -> vec2<f32> {
         t += partials[(row * KT + r) * PARTS + part];
     }
     return t;
+}
+
+// q · k of the four keys jj .. jj + 3 of the forward's tile: sixteen independent chains of
+// multiply-adds (see lanes_sum), each vec4 of q read once for four keys.
+fn key_scores(q: ptr<function, array<vec4<f32>, HS4>>, jj: u32) -> vec4<f32> {
+    var d0 = vec4<f32>(0.0);
+    var d1 = vec4<f32>(0.0);
+    var d2 = vec4<f32>(0.0);
+    var d3 = vec4<f32>(0.0);
+    for (var d4 = 0u; d4 < HS4; d4++) {
+        let x = (*q)[d4];
+        d0 = fma(x, forward_k[jj * HS4 + d4], d0);
+        d1 = fma(x, forward_k[(jj + 1u) * HS4 + d4], d1);
+        d2 = fma(x, forward_k[(jj + 2u) * HS4 + d4], d2);
+        d3 = fma(x, forward_k[(jj + 3u) * HS4 + d4], d3);
+    }
+    return vec4<f32>(lanes_sum(d0), lanes_sum(d1), lanes_sum(d2), lanes_sum(d3));
 }
 
 // One thread per query row (64 per workgroup), holding the row's whole q and output in
@@ -215,33 +235,25 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         }
         workgroupBarrier();
         if (row.valid && j0 <= i) {
-            var s: array<f32, FORWARD_KT>;
-            var tile_max = m;
-            for (var jj = 0u; jj < FORWARD_KT; jj++) {
-                var dot = 0.0;
+            // Four keys at a time, each four a step of the online softmax (keys past i score
+            // MASKED and weigh exp(MASKED - m_new) = 0).
+            for (var jj = 0u; jj < FORWARD_KT; jj += 4u) {
+                let js = j0 + jj + vec4<u32>(0u, 1u, 2u, 3u);
+                let x = select(vec4<f32>(MASKED), key_scores(&q, jj) * scale, js <= vec4<u32>(i));
+                let m_new = max(m, max(max(x.x, x.y), max(x.z, x.w)));
+                let corr = exp(m - m_new);
+                let p = exp(x - m_new);
+                l = l * corr + lanes_sum(p);
+                let kept = p * vec4<f32>(dropped(wid.y, i, js.x), dropped(wid.y, i, js.y), dropped(wid.y, i, js.z), dropped(wid.y, i, js.w));
+                let v = jj * HS4;
                 for (var d4 = 0u; d4 < HS4; d4++) {
-                    dot = dot4(q[d4], forward_k[jj * HS4 + d4], dot);
+                    let o0 = fma(vec4<f32>(kept.x), forward_v[v + d4], o[d4] * corr);
+                    let o1 = fma(vec4<f32>(kept.y), forward_v[v + HS4 + d4], o0);
+                    let o2 = fma(vec4<f32>(kept.z), forward_v[v + 2u * HS4 + d4], o1);
+                    o[d4] = fma(vec4<f32>(kept.w), forward_v[v + 3u * HS4 + d4], o2);
                 }
-                let x = select(MASKED, dot * scale, j0 + jj <= i);
-                s[jj] = x;
-                tile_max = max(tile_max, x);
+                m = m_new;
             }
-            let corr = exp(m - tile_max);
-            l *= corr;
-            for (var d4 = 0u; d4 < HS4; d4++) {
-                o[d4] *= corr;
-            }
-            for (var jj = 0u; jj < FORWARD_KT; jj++) {
-                if (j0 + jj <= i) {
-                    let p = exp(s[jj] - tile_max);
-                    l += p;
-                    let kept = p * dropped(wid.y, i, j0 + jj);
-                    for (var d4 = 0u; d4 < HS4; d4++) {
-                        o[d4] = fma(vec4<f32>(kept), forward_v[jj * HS4 + d4], o[d4]);
-                    }
-                }
-            }
-            m = tile_max;
         }
         workgroupBarrier();
     }

@@ -330,11 +330,13 @@ fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
         // row). KT, a power of two up to 4, keeps them within WebGPU's default 16 KiB of
         // workgroup memory: 4 rows at head size 64 (6 KiB; 8 rows, in 12 KiB, ran both
         // kernels 2-6% slower on an H200). Three barriers per tile.
-        // The forward's two tiles of FORWARD_KT rows: at most 8 KiB (16 rows at head size 64).
+        // The forward's two tiles of FORWARD_KT rows, a power of two from 4 (its scores are
+        // formed four keys at a time) to 16: at most 8 KiB up to head size 256 (16 rows at
+        // head size 64).
         let parts = head_size.div_ceil(32).clamp(1, 4);
         let row_bytes = 32 * head_size.div_ceil(4) + 8 + 512 * parts;
         let kt = 1 << (16384 / row_bytes).clamp(1, 4).ilog2();
-        let forward_kt = (256 / head_size.div_ceil(4)).clamp(1, 16);
+        let forward_kt = 1 << (256 / head_size.div_ceil(4)).clamp(4, 16).ilog2();
         text.push_str(&format!(
             "const HS: u32 = {head_size}u;\nconst FORWARD_KT: u32 = {forward_kt}u;\nconst KT: u32 = {kt}u;\nconst PARTS: u32 = {parts}u;\n"
         ));
