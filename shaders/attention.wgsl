@@ -114,10 +114,17 @@ fn head_slice(src: u32, b: u32, r: u32, h: u32, part: u32) -> array<vec4<f32>, H
     return x;
 }
 
+/// acc + x · y over the four lanes in order: the backward kernels' dot products, one chain of
+/// multiply-adds. Lane-wise sums, as the forward's, need registers: at 167 (dK/dV) and 128
+/// (dQ) on an H200, either kernel would lose a workgroup per multiprocessor for them.
+fn dot4(x: vec4<f32>, y: vec4<f32>, acc: f32) -> f32 {
+    return fma(x.w, y.w, fma(x.z, y.z, fma(x.y, y.y, fma(x.x, y.x, acc))));
+}
+
 /// The sum of a vec4 of partial dot products (lane t: the head dimensions 4 n + t), in one
-/// order everywhere. Dot products accumulate lane-wise, `fma(x, y, acc)` over the row's vec4s:
-/// four independent chains of HS / 4 multiply-adds each, where one chain of HS waited on each
-/// multiply-add's result before the next.
+/// order everywhere. The forward's dot products accumulate lane-wise, `fma(x, y, acc)` over
+/// the row's vec4s: four independent chains of HS / 4 multiply-adds each, where one chain of
+/// HS waited on each multiply-add's result before the next.
 fn lanes_sum(acc: vec4<f32>) -> f32 {
     return (acc.x + acc.y) + (acc.z + acc.w);
 }
@@ -171,13 +178,13 @@ fn tile_slice(tile: u32, r: u32, part: u32, e: u32) -> vec4<f32> {
 /// threads of the workgroup must call it.
 fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, array<vec4<f32>, HSP4>>, row: u32, part: u32) {
     for (var r = 0u; r < KT; r++) {
-        var s = vec4<f32>(0.0);
-        var dp = vec4<f32>(0.0);
+        var s = 0.0;
+        var dp = 0.0;
         for (var e = 0u; e < HSP4; e++) {
-            s = fma((*x)[e], tile_slice(0u, r, part, e), s);
-            dp = fma((*y)[e], tile_slice(1u, r, part, e), dp);
+            s = dot4((*x)[e], tile_slice(0u, r, part, e), s);
+            dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
         }
-        partials[(row * KT + r) * PARTS + part] = vec2<f32>(lanes_sum(s), lanes_sum(dp));
+        partials[(row * KT + r) * PARTS + part] = vec2<f32>(s, dp);
     }
 }
 
