@@ -45,7 +45,7 @@ pub struct DeviceArgs {
     /// The GPU's arithmetic (--backend gpu): f32; f16 mixed precision (every matrix
     /// product's operands rounded to f16, sums and everything else f32, dynamic loss scaling:
     /// needs shader-f16); auto: f16 where the adapter has shader-f16, else f32. A resumed
-    /// run without this flag keeps its checkpoint's precision.
+    /// run without this flag keeps its checkpoint's precision (f16 where the adapter has it).
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     pub precision: PrecisionArg,
     /// The large f16 matrix products on the GPU's tensor cores (Vulkan cooperative matrices
@@ -133,16 +133,17 @@ impl DeviceArgs {
     }
 
     /// Which precision `gpu` (opened from these flags) runs, and what `auto` chose and why,
-    /// for the run's first lines; `resumed`: the precision is the resumed checkpoint's, not
-    /// `--precision`'s.
+    /// for the run's first lines; `resumed`: `auto` stands for a resumed f16 checkpoint's
+    /// precision, not for `--precision`.
     pub fn precision_line(&self, gpu: &Gpu, resumed: bool) -> String {
         let (name, chosen) = (&gpu.adapter.name, precision_name(gpu));
         let f16 = gpu.precision == Precision::F16;
         let mut why = Vec::new();
-        if resumed {
-            why.push("the resumed checkpoint's; --precision f32 to change".to_string());
-        }
-        if self.precision == PrecisionArg::Auto {
+        if resumed && f16 {
+            why.push("the resumed checkpoint's".to_string());
+        } else if resumed {
+            why.push(format!("the resumed checkpoint trained in f16, but {name} lacks shader-f16"));
+        } else if self.precision == PrecisionArg::Auto {
             why.push(format!("auto: {name} {} shader-f16", if f16 { "has" } else { "lacks" }));
         }
         if let (true, TensorCoresArg::Auto, Some(lacks)) = (f16, self.tensor_cores, &gpu.adapter.no_tensor_cores) {

@@ -740,10 +740,10 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     };
     let start_step = start.step;
     // A resumed run keeps its checkpoint's precision (an f16 run's holds its loss scale)
-    // unless --precision says otherwise.
+    // unless --precision says otherwise: f16 where the adapter has it, as `auto` picks.
     let precision_from_checkpoint = resumed_loss_scale.is_some() && !explicit("precision") && args.device.backend == crate::device::Backend::Gpu;
     let device = crate::device::DeviceArgs {
-        precision: if precision_from_checkpoint { crate::device::PrecisionArg::F16 } else { args.device.precision },
+        precision: if precision_from_checkpoint { crate::device::PrecisionArg::Auto } else { args.device.precision },
         ..args.device.clone()
     };
     // N ranks of --grad-accum G take the step one process of --grad-accum N*G takes.
