@@ -742,7 +742,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     // A resumed run keeps its checkpoint's precision (an f16 run's holds its loss scale)
     // unless --precision says otherwise: f16 where the adapter has it, as `auto` picks.
     let precision_from_checkpoint = resumed_loss_scale.is_some() && !explicit("precision") && args.device.backend == crate::device::Backend::Gpu;
-    let device = crate::device::DeviceArgs {
+    let device_args = crate::device::DeviceArgs {
         precision: if precision_from_checkpoint { crate::device::PrecisionArg::Auto } else { args.device.precision },
         ..args.device.clone()
     };
@@ -751,8 +751,15 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     cfg.grad_accum *= group.ranks();
     cfg.validate().map_err(|e| format!("--grad-accum {} on {} ranks: {e}", s.grad_accum, group.ranks()))?;
     let mut cpu_memory = None;
-    let mut engine =
-        Engine::in_group(&device, &mut cpu_memory, &pool, plan, cfg, start, Placement { ranks: group, local_rank: group.local_rank(), zero: args.zero == 1 })?;
+    let mut engine = Engine::in_group(
+        &device_args,
+        &mut cpu_memory,
+        &pool,
+        plan,
+        cfg,
+        start,
+        Placement { ranks: group, local_rank: group.local_rank(), zero: args.zero == 1 },
+    )?;
     if let Some(state) = resumed_loss_scale {
         engine.set_loss_scale(state);
     }
@@ -800,7 +807,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         s.data
     ));
     if let Some(gpu) = engine.gpu() {
-        console.line(&device.precision_line(gpu, precision_from_checkpoint));
+        console.line(&device_args.precision_line(gpu, precision_from_checkpoint));
     }
     let device = engine.device_json();
     // MFU and HFU over each logged window, against the peak of every rank's device together.
