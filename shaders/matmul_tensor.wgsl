@@ -5,9 +5,11 @@
 // memory and every 16 x 16 x 16 block product sums in f32, so results differ from the f32
 // kernels by f16 rounding of the operands (about 1e-3 relative), not of the sums.
 //
-// 256 threads in eight subgroups of 32 (the device is opened for this only where every
-// subgroup has 32 invocations): subgroup s owns rows 32 (s / 2) ..+32 and columns
-// 64 (s % 2) ..+64 of the tile, eight 16 x 16 f32 accumulators. Each step of the depth loop
+// 256 threads in eight groups of 32 (lid / 32; on a GPU the device is opened for this only
+// where every subgroup has 32 invocations, so each group is a subgroup): group g owns rows
+// 32 (g / 2) ..+32 and columns 64 (g % 2) ..+64 of the tile, eight 16 x 16 f32 accumulators.
+// Where subgroups are smaller (lavapipe's 8, in tests), each of a group's subgroups does the
+// group's cooperative loads and products alike and stores the same values. Each step of the depth loop
 // stages 32 depths of a and b, loaded in the step before, and multiplies them in two halves
 // of 16.
 
@@ -23,7 +25,7 @@ const TC_LINE_PITCH: u32 = 40u; // [line][depth]: TC_BK + 8
 const TC_DEPTH_PITCH: u32 = 136u; // [depth][line]: 128 + 8
 var<workgroup> tc_a: array<f16, 5120>; // 128 * TC_LINE_PITCH, at least TC_BK * TC_DEPTH_PITCH
 var<workgroup> tc_b: array<f16, 5120>;
-// Each subgroup's 16 x 16 block on its way through the epilogue.
+// Each group's 16 x 16 block on its way through the epilogue.
 var<workgroup> tc_c: array<f32, 2048>;
 
 // An operand as staged: rounded to f16, unless it is stored as f16 (`half`: its binding's
@@ -121,26 +123,27 @@ fn tc_block_b(k: u32, col: u32) -> coop_mat16x16<f16, B> {
     return coopLoadT<coop_mat16x16<f16, B>>(&tc_b[k * TC_DEPTH_PITCH + col], TC_DEPTH_PITCH);
 }
 
-// Subgroup accumulator (row block r, column block j) through the epilogue: staged in the
-// subgroup's part of tc_c, each of its 32 invocations then writes 8 of the 256 elements.
-fn tc_store(acc: coop_mat16x16<f32, C>, p: Product, r0: u32, c0: u32, sg: u32, lane: u32) {
-    coopStoreT(acc, &tc_c[sg * 256u], 16u);
+// Group accumulator (row block r, column block j) through the epilogue: staged in the
+// group's part of tc_c, each of its 32 invocations then writes 8 of the 256 elements.
+fn tc_store(acc: coop_mat16x16<f32, C>, p: Product, r0: u32, c0: u32, group: u32, lane: u32) {
+    coopStoreT(acc, &tc_c[group * 256u], 16u);
     workgroupBarrier();
     for (var e = lane; e < 256u; e += 32u) {
-        store_one(r0 + e / 16u, c0 + e % 16u, p.slice, tc_c[sg * 256u + e]);
+        store_one(r0 + e / 16u, c0 + e % 16u, p.slice, tc_c[group * 256u + e]);
     }
     workgroupBarrier();
 }
 
 @compute @workgroup_size(256)
-fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-                 @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let group = lid / 32u;
+    let lane = lid % 32u;
     let p = product(wid.z);
     let row0 = wid.y * WIDE;
     let col0 = wid.x * WIDE;
-    // The subgroup's rows and columns within the tile.
-    let sr = 32u * (sg / 2u);
-    let sc = 64u * (sg % 2u);
+    // The group's rows and columns within the tile.
+    let sr = 32u * (group / 2u);
+    let sc = 64u * (group % 2u);
     var c00 = coop_mat16x16<f32, C>(); var c01 = coop_mat16x16<f32, C>();
     var c02 = coop_mat16x16<f32, C>(); var c03 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>(); var c11 = coop_mat16x16<f32, C>();
@@ -176,8 +179,8 @@ fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let r0 = row0 + sr;
     let r1 = r0 + 16u;
     let c0 = col0 + sc;
-    tc_store(c00, p, r0, c0, sg, lane); tc_store(c01, p, r0, c0 + 16u, sg, lane);
-    tc_store(c02, p, r0, c0 + 32u, sg, lane); tc_store(c03, p, r0, c0 + 48u, sg, lane);
-    tc_store(c10, p, r1, c0, sg, lane); tc_store(c11, p, r1, c0 + 16u, sg, lane);
-    tc_store(c12, p, r1, c0 + 32u, sg, lane); tc_store(c13, p, r1, c0 + 48u, sg, lane);
+    tc_store(c00, p, r0, c0, group, lane); tc_store(c01, p, r0, c0 + 16u, group, lane);
+    tc_store(c02, p, r0, c0 + 32u, group, lane); tc_store(c03, p, r0, c0 + 48u, group, lane);
+    tc_store(c10, p, r1, c0, group, lane); tc_store(c11, p, r1, c0 + 16u, group, lane);
+    tc_store(c12, p, r1, c0 + 32u, group, lane); tc_store(c13, p, r1, c0 + 48u, group, lane);
 }

@@ -1,4 +1,5 @@
-// The tensor cores' limit: every subgroup of 32 runs eight independent chains of 16 x 16 x 16
+// The tensor cores' limit: every group of 32 invocations (lid / 32: a subgroup, as in
+// matmul_tensor.wgsl, on the GPUs it runs on) runs eight independent chains of 16 x 16 x 16
 // cooperative-matrix products (f16 operands, f32 sums: what `matmul_tensor` runs), `reps`
 // rounds each, on operands loaded once from workgroup memory (no memory traffic in the loop).
 // Each step feeds its sum back (c -> a·b + c), which no compiler can fold across rounds, and
@@ -11,24 +12,25 @@
 @group(0) @binding(1) var<storage, read_write> peak_sink: array<f32>;
 
 var<workgroup> operands: array<f16, 256>;
-// Each subgroup's 16 x 16 result on its way to the sum.
+// Each group's 16 x 16 result on its way to the sum.
 var<workgroup> results: array<f32, 2048>;
 
-// The sum of this lane's eight elements of a subgroup's 16 x 16 result `c`.
-fn observe(c: coop_mat16x16<f32, C>, sg: u32, lane: u32) -> f32 {
-    coopStoreT(c, &results[sg * 256u], 16u);
+// The sum of this lane's eight elements of a group's 16 x 16 result `c`.
+fn observe(c: coop_mat16x16<f32, C>, group: u32, lane: u32) -> f32 {
+    coopStoreT(c, &results[group * 256u], 16u);
     workgroupBarrier();
     var s = 0.0;
     for (var e = 0u; e < 8u; e++) {
-        s += results[sg * 256u + lane * 8u + e];
+        s += results[group * 256u + lane * 8u + e];
     }
     workgroupBarrier();
     return s;
 }
 
 @compute @workgroup_size(256)
-fn tensor_peak(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-               @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+fn tensor_peak(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let group = lid / 32u;
+    let lane = lid % 32u;
     // Small operands (at most 0.06): the sums grow by at most 16 * 0.0036 a round, finite for
     // any number of rounds the probe runs.
     operands[lid] = f16(f32(lid % 7u) * 0.01);
@@ -45,8 +47,8 @@ fn tensor_peak(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_inv
         c4 = coopMultiplyAdd(a, b, c4); c5 = coopMultiplyAdd(a, b, c5);
         c6 = coopMultiplyAdd(a, b, c6); c7 = coopMultiplyAdd(a, b, c7);
     }
-    let total = observe(c0, sg, lane) + observe(c1, sg, lane) + observe(c2, sg, lane) + observe(c3, sg, lane)
-        + observe(c4, sg, lane) + observe(c5, sg, lane) + observe(c6, sg, lane) + observe(c7, sg, lane);
+    let total = observe(c0, group, lane) + observe(c1, group, lane) + observe(c2, group, lane) + observe(c3, group, lane)
+        + observe(c4, group, lane) + observe(c5, group, lane) + observe(c6, group, lane) + observe(c7, group, lane);
     if (total == -1.0) {
         peak_sink[gid.x] = total;
     }

@@ -677,7 +677,8 @@ mod tests {
     }
 
     /// Every module a device may compile, the f16 variants and the tensor-core GEMM included
-    /// (lavapipe has no cooperative matrices, so no device here compiles that one), passes
+    /// (Debian 12's lavapipe has no cooperative matrices; Mesa 26's runs that one, through
+    /// `scripts/lavapipe-coop.sh`, in the GPU kernel tests), passes
     /// naga's WGSL front end and validator, for head sizes that fill and do not fill a vec4,
     /// and each of its kernels goes through naga's SPIR-V writer as Vulkan devices take it
     /// (a writer's panic on the tensor-core GEMM would otherwise first show on a real GPU).
