@@ -10,9 +10,11 @@
 #   Then: formatting (cargo fmt --check), unit tests and finite-difference gradient checks,
 #   the zero-allocation test, end-to-end CLI tests (bad input, hostile files and flags, seeded
 #   mutations of every file Alpha reads, out of memory under ulimit, a 10,000-step soak),
-#   cross-crate tests, data parallelism over MPI (mpirun, 2 ranks), every GPU kernel and the whole model against the CPU (on any Vulkan
-#   adapter; without a GPU, lavapipe), byte-level BPE against Hugging Face `tokenizers` both
-#   ways (scripts/tokenizer_parity.py), the embedding example, the API docs (rustdoc warnings
+#   cross-crate tests, data parallelism over MPI (mpirun, 2 ranks), every GPU kernel and the
+#   whole model against the CPU (on any Vulkan adapter; without a GPU, lavapipe), the products
+#   again on the tensor-core kernel (on Mesa 26's lavapipe, scripts/lavapipe-coop.sh: curl and
+#   xz-utils fetch it), byte-level BPE against Hugging Face `tokenizers` both ways
+#   (scripts/tokenizer_parity.py), the embedding example, the API docs (rustdoc warnings
 #   are errors), the cargo-fuzz target's build, alpha-core's no_std builds, the GEMM tests
 #   again on the WebAssembly kernel (both builds), and the browser demo (alpha-web's two builds
 #   from scripts/build-web.sh, then tested in Debian's Chromium through playwright-core: WebGPU
@@ -28,7 +30,7 @@ cd "$(dirname "$0")/.."
 # Set-up. Debian's packages, where missing (dpkg knows; nothing is downloaded when all are
 # there). Elsewhere than Debian, install the equivalents and this step finds nothing to do
 # only if dpkg is absent.
-packages="mesa-vulkan-drivers libvulkan1 g++ openmpi-bin libopenmpi-dev libclang-dev"
+packages="mesa-vulkan-drivers libvulkan1 curl xz-utils g++ openmpi-bin libopenmpi-dev libclang-dev"
 if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then packages="$packages rustc-web cargo-web rust-web-src"; fi
 if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then packages="$packages chromium"; fi
 as_root() {
@@ -78,6 +80,11 @@ else
 fi
 
 cargo test --workspace --profile test-opt
+# The tensor-core GEMM (and every other product) against the CPU on a lavapipe with
+# cooperative matrices: Mesa 26's, which scripts/lavapipe-coop.sh unpacks from Debian 13's
+# backports under target/ (Debian 12's has none).
+CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/lavapipe-coop.sh" ALPHA_GPU_TENSOR_CORES=1 \
+    cargo test --profile test-opt -p alpha-gpu --test kernels -- matmul f16
 # Data parallelism: the build with MPI, its ranks launched by Open MPI's mpirun (as root in
 # CI containers: the two variables allow it).
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 cargo test --profile test-opt -p alpha-native --features mpi --test mpi

@@ -1,8 +1,9 @@
 //! Every GPU kernel against its CPU op (alpha_core::ops) on random inputs with odd shapes
 //! (not multiples of the tiles), forward and backward. Runs on any Vulkan/Metal/DX12
 //! adapter; CI uses lavapipe (mesa-vulkan-drivers). With `ALPHA_GPU_TENSOR_CORES=1` the
-//! device is opened with tensor cores (`--tensor-cores`; lavapipe has none, NVIDIA's drivers
-//! do) and the large products run `matmul_tensor`, checked at f16's tolerance.
+//! device is opened with tensor cores (`--tensor-cores`: NVIDIA's drivers, or Mesa 26's
+//! lavapipe through `scripts/lavapipe-coop.sh`, as CI runs them; Debian 12's lavapipe has
+//! none) and the large products run `matmul_tensor`, checked at f16's tolerance.
 
 use alpha_core::ops::attention::AttentionShape;
 use alpha_core::ops::dropout::{DropoutKey, Site};
@@ -783,9 +784,13 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
 
     // Products: forward from f16 activations and weights (with bias and residual, and with
     // GELU writing f16), and both backward products from f32 gradients and f16 operands,
-    // on the 64 and the 128 tiles, the weight gradient split by depth at 300 rows, and with
-    // every tensor bound in pieces (an odd depth: pieces of 128 rows start f16 rows aligned).
-    for (n, k, m, limit) in [(37, 45, 70, u64::MAX), (300, 150, 260, u64::MAX), (300, 45, 130, 4096)] {
+    // on the 64 and (at 2000 x 200 x 1100: the forward and the split weight gradient) the 128
+    // tiles, or the tensor cores where the device has them, the weight gradient split by depth
+    // at 300 rows, and with every tensor bound in pieces (an odd depth: pieces of 128 rows
+    // start f16 rows aligned).
+    assert_eq!(ops::matmul::kernel_for(2000, 1100, 1).0, Kernel::MatmulWide);
+    assert_eq!(ops::matmul::kernel_for(1100, 200, ops::matmul::weight_grad_splits(2000, 200, 1100)).0, Kernel::MatmulWide);
+    for (n, k, m, limit) in [(37, 45, 70, u64::MAX), (300, 150, 260, u64::MAX), (300, 45, 130, 4096), (2000, 200, 1100, u64::MAX)] {
         let (x, w, bias, residual) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * k, 0.5), random(&mut rng, m, 0.5), random(&mut rng, n * m, 1.0));
         let (rx, rw) = (round16(&x), round16(&w));
         let (gx, gw, gbias, gres) = (half_buffer(&x), half_buffer(&w), buffer16(&bias), buffer16(&residual));
