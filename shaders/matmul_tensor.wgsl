@@ -9,9 +9,9 @@
 // where every subgroup has 32 invocations, so each group is a subgroup): group g owns rows
 // 32 (g / 2) ..+32 and columns 64 (g % 2) ..+64 of the tile, eight 16 x 16 f32 accumulators.
 // Where subgroups are smaller (lavapipe's 8, in tests), each of a group's subgroups does the
-// group's cooperative loads and products alike and stores the same values. Each step of the depth loop
-// stages 32 depths of a and b, loaded in the step before, and multiplies them in two halves
-// of 16.
+// group's cooperative loads and products alike and stores the same values. Each step of the
+// depth loop stages 32 depths of a and b, loaded in the step before, and multiplies them in
+// two halves of 16.
 
 const TC_BK: u32 = 32u;
 // A staged tile of 128 lines (a's rows or b's columns) by TC_BK depths lies in workgroup

@@ -822,8 +822,13 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
             });
             let what = format!("{n}x{k}x{m} from f16 operands");
             if gelu {
-                assert_close(&format!("{what}: GELU pre-activation"), &download16(&gpre, n * m), &pre, wide_tol());
-                assert_within_a_half_step(&format!("{what}: f16 GELU output"), &download_half(&gout, n * m), &out);
+                let gpu_pre = download16(&gpre, n * m);
+                assert_close(&format!("{what}: GELU pre-activation"), &gpu_pre, &pre, wide_tol());
+                // The f16 output is GELU of the GPU's own pre-activation, rounded: the sums'
+                // order (the tensor cores' differs from the CPU's) moves small outputs by
+                // more than their f16 step.
+                let gelu_of_gpu_pre: Vec<f32> = gpu_pre.iter().map(|&x| matmul::gelu(x)).collect();
+                assert_within_a_half_step(&format!("{what}: f16 GELU output"), &download_half(&gout, n * m), &gelu_of_gpu_pre);
             } else {
                 assert_close(&format!("{what}: out"), &download16(&gout, n * m), &out, wide_tol());
             }
