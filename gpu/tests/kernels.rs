@@ -10,7 +10,7 @@ use alpha_core::ops::dropout::{DropoutKey, Site};
 use alpha_core::ops::row_blocks::blocks;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, grad_norm, layernorm, matmul};
 use alpha_core::{Rng, Serial};
-use alpha_gpu::kernels::{Kernel, Kernels, ProgramBuilder, View};
+use alpha_gpu::kernels::{tensor_attention, Kernel, Kernels, ProgramBuilder, View};
 use alpha_gpu::{block_on, ops, read, Gpu, Precision, TensorCores};
 use std::sync::OnceLock;
 
@@ -334,9 +334,13 @@ const KEY: DropoutKey = DropoutKey { seed: 0x1234_5678_9abc_def0, draw: 0x1_0000
 /// Attention for head sizes that do and do not fill the shared tiles and the threads' slices
 /// of a row (one thread per row at 5 and 16; two at 36, the second slice short, and at 64, the
 /// GPT-2 models'; four at 100, the last slice short), sequences longer than one 64-row tile
-/// and not a multiple of it, without and with dropout on the probabilities.
+/// and not a multiple of it, without and with dropout on the probabilities. With tensor cores,
+/// heads of 16 and 64 run the tensor-core kernels: their operands are f16 (the CPU's then
+/// are qkv and dout rounded to f16) and so are the probabilities and score gradients they
+/// multiply, within the tensor-core GEMM's tolerance.
 #[test]
 fn attention_forward_and_backward() {
+    assert_eq!(tensor_attention(gpu(), 64), tensor_cores());
     let shapes = [
         AttentionShape { batch: 2, seq: 70, heads: 3, head_size: 5 },
         AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 },
@@ -350,25 +354,29 @@ fn attention_forward_and_backward() {
         let c = heads * head_size;
         let n = batch * seq;
         let mut rng = Rng::new(9);
+        let tensor = tensor_attention(gpu(), head_size);
+        let (tol, round) = if tensor { (wide_tol(), round16 as fn(&[f32]) -> Vec<f32>) } else { (1e-5, <[f32]>::to_vec as fn(&[f32]) -> Vec<f32>) };
         let qkv = random(&mut rng, n * 3 * c, 1.5);
+        let (gqkv, qkv) = (buffer(&qkv), round(&qkv));
         let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; batch * heads * seq], vec![0.0; shape.scratch_len()]);
         attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout }, &mut scratch, Some(KEY));
-        let (gqkv, gout, glse) = (buffer(&qkv), fresh(n * c), fresh(lse.len()));
+        let (gout, glse) = (fresh(n * c), fresh(lse.len()));
         let key = View::first(&gkey, 4);
         run(head_size, |p| {
             let a = attention::Forward { out: whole(&gout, &out), lse: whole(&glse, &lse), qkv: whole(&gqkv, &qkv), shape, dropout };
             ops::attention::forward(p, a, key)
         });
         let what = format!("{shape:?} dropout {dropout:?}");
-        assert_close(&format!("{what} out"), &download(&gout, n * c), &out, 1e-5);
+        assert_close(&format!("{what} out"), &download(&gout, n * c), &out, tol);
         assert_close(&format!("{what} lse"), &download(&glse, lse.len()), &lse, 1e-5);
 
         let dout = random(&mut rng, n * c, 1.0);
+        let (gdout, dout) = (buffer(&dout), round(&dout));
         let mut dqkv = vec![0.0; n * 3 * c];
         let a: attention::Backward<&mut [f32], &[f32]> =
             attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &out, lse: &lse, shape, dropout };
         attention::backward(&Serial, a, &mut scratch, Some(KEY));
-        let (gdqkv, gdout, gdelta) = (fresh(n * 3 * c), buffer(&dout), fresh(lse.len()));
+        let (gdqkv, gdelta) = (fresh(n * 3 * c), fresh(lse.len()));
         run(head_size, |p| {
             let grads = attention::Backward {
                 dqkv: whole(&gdqkv, &dqkv),
@@ -381,7 +389,7 @@ fn attention_forward_and_backward() {
             };
             ops::attention::backward(p, grads, whole(&gdelta, &lse), key)
         });
-        assert_close(&format!("{what} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, 1e-5);
+        assert_close(&format!("{what} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, tol);
     }
 }
 
