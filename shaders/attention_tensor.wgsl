@@ -49,13 +49,20 @@ fn ta_half(x: f32) -> f16 {
 }
 
 // Stages 32 rows from r0 of head `h` of source `src` (see head_elem; zeros past T) as f16
-// into `slot`: 0 ta_rows_a, 1 ta_rows_b, 2 ta_tile_a, 3 ta_tile_b. All threads call it.
+// into `slot`: 0 ta_rows_a, 1 ta_rows_b, 2 ta_tile_a, 3 ta_tile_b. A source stored as f16
+// converts back exactly, without rounding. All threads call it.
 fn ta_stage(slot: u32, src: u32, b: u32, h: u32, r0: u32, lid: u32) {
+    let stored_half = select(HALF2, HALF3, src == 3u);
     for (var e = lid; e < 32u * HS4; e += 64u) {
         let x = tile_elem4(src, b, h, r0, e);
         let at = (e / HS4) * TA_PITCH + 4u * (e % HS4);
         for (var t = 0u; t < 4u; t++) {
-            let v = ta_half(x[t]);
+            var v: f16;
+            if (stored_half) {
+                v = f16(x[t]);
+            } else {
+                v = ta_half(x[t]);
+            }
             if (slot == 0u) {
                 ta_rows_a[at + t] = v;
             } else if (slot == 1u) {

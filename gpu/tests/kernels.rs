@@ -880,36 +880,49 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     }
 
     // Attention reading qkv as f16 and writing its output as f16; its backward reading both.
-    let shape = AttentionShape { batch: 1, seq: 75, heads: 2, head_size: 36 };
-    let (n, c) = (75, 72);
-    let qkv = round16(&random(&mut rng, n * 3 * c, 1.5));
-    let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; 2 * 75], vec![0.0; shape.scratch_len()]);
-    attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout: None }, &mut scratch, None);
-    let (gqkv, gout, glse, gkey) = (half_buffer(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
-    run16(36, u64::MAX, |p| {
-        let a = attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: half_view(&gqkv, qkv.len()), shape, dropout: None };
-        ops::attention::forward(p, a, View::first(&gkey, 4))
-    });
-    let gpu_out = download_half(&gout, n * c);
-    assert_within_a_half_step("attention's f16 out", &gpu_out, &out);
-    assert_close("attention lse", &download16(&glse, lse.len()), &lse, 1e-5);
-    let dout = random(&mut rng, n * c, 1.0);
-    let mut dqkv = vec![0.0; n * 3 * c];
-    let a: attention::Backward<&mut [f32], &[f32]> =
-        attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &gpu_out, lse: &lse, shape, dropout: None };
-    attention::backward(&Serial, a, &mut scratch, None);
-    let (gdqkv, gdout, gdelta) = (buffer16(&vec![0f32; n * 3 * c]), buffer16(&dout), buffer16(&lse));
-    run16(36, u64::MAX, |p| {
-        let grads = attention::Backward {
-            dqkv: View::first(&gdqkv, n * 3 * c),
-            dout: View::first(&gdout, n * c),
-            qkv: half_view(&gqkv, qkv.len()),
-            out: half_view(&gout, n * c),
-            lse: View::first(&glse, lse.len()),
-            shape,
-            dropout: None,
-        };
-        ops::attention::backward(p, grads, View::first(&gdelta, lse.len()), View::first(&gkey, 4))
-    });
-    assert_close("attention dqkv from f16 qkv and output", &download16(&gdqkv, n * 3 * c), &dqkv, 1e-5);
+    // With tensor cores, heads of 64 run the tensor-core kernels, which also take dout and
+    // their probabilities as f16 (see attention_forward_and_backward).
+    for head_size in [36, 64] {
+        let tensor = tensor_attention(gpu16(), head_size);
+        let shape = AttentionShape { batch: 1, seq: 75, heads: 2, head_size };
+        let (n, c) = (75, 2 * head_size);
+        let qkv = round16(&random(&mut rng, n * 3 * c, 1.5));
+        let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; 2 * 75], vec![0.0; shape.scratch_len()]);
+        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout: None }, &mut scratch, None);
+        let (gqkv, gout, glse, gkey) = (half_buffer(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
+        run16(head_size, u64::MAX, |p| {
+            let a =
+                attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: half_view(&gqkv, qkv.len()), shape, dropout: None };
+            ops::attention::forward(p, a, View::first(&gkey, 4))
+        });
+        let gpu_out = download_half(&gout, n * c);
+        let what = format!("head size {head_size}");
+        if tensor {
+            assert_close(&format!("{what}: attention's f16 out"), &gpu_out, &out, wide_tol());
+        } else {
+            assert_within_a_half_step(&format!("{what}: attention's f16 out"), &gpu_out, &out);
+        }
+        assert_close(&format!("{what}: attention lse"), &download16(&glse, lse.len()), &lse, 1e-5);
+        let dout = random(&mut rng, n * c, 1.0);
+        let mut dqkv = vec![0.0; n * 3 * c];
+        let cpu_dout = if tensor { round16(&dout) } else { dout.clone() };
+        let a: attention::Backward<&mut [f32], &[f32]> =
+            attention::Backward { dqkv: &mut dqkv[..], dout: &cpu_dout, qkv: &qkv, out: &gpu_out, lse: &lse, shape, dropout: None };
+        attention::backward(&Serial, a, &mut scratch, None);
+        let (gdqkv, gdout, gdelta) = (buffer16(&vec![0f32; n * 3 * c]), buffer16(&dout), buffer16(&lse));
+        run16(head_size, u64::MAX, |p| {
+            let grads = attention::Backward {
+                dqkv: View::first(&gdqkv, n * 3 * c),
+                dout: View::first(&gdout, n * c),
+                qkv: half_view(&gqkv, qkv.len()),
+                out: half_view(&gout, n * c),
+                lse: View::first(&glse, lse.len()),
+                shape,
+                dropout: None,
+            };
+            ops::attention::backward(p, grads, View::first(&gdelta, lse.len()), View::first(&gkey, 4))
+        });
+        let tol = if tensor { wide_tol() } else { 1e-5 };
+        assert_close(&format!("{what}: attention dqkv from f16 qkv and output"), &download16(&gdqkv, n * 3 * c), &dqkv, tol);
+    }
 }
