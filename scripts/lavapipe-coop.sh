@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs a command on a lavapipe with cooperative matrices, so that the tensor-core kernels
-# (shaders/matmul_tensor.wgsl) run and are tested without a GPU:
-#   scripts/lavapipe-coop.sh COMMAND [ARGS...]
+# Runs a program on a lavapipe with cooperative matrices, so that the tensor-core kernels
+# (shaders/matmul_tensor.wgsl, attention_tensor.wgsl) run and are tested without a GPU:
+#   scripts/lavapipe-coop.sh PROGRAM [ARGS...]     (an executable, not a script; programs it
+#                                                   starts run on the system's libraries)
 # or as cargo's runner for test binaries:
 #   CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/lavapipe-coop.sh" \
 #       ALPHA_GPU_TENSOR_CORES=1 cargo test --profile test-opt -p alpha-gpu --test kernels

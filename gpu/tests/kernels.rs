@@ -3,7 +3,8 @@
 //! adapter; CI uses lavapipe (mesa-vulkan-drivers). With `ALPHA_GPU_TENSOR_CORES=1` the
 //! device is opened with tensor cores (`--tensor-cores`: NVIDIA's drivers, or Mesa 26's
 //! lavapipe through `scripts/lavapipe-coop.sh`, as CI runs them; Debian 12's lavapipe has
-//! none) and the large products run `matmul_tensor`, checked at f16's tolerance.
+//! none): the large products run `matmul_tensor` and attention at head sizes 16 to 64 its
+//! tensor-core kernels, checked at f16's tolerance.
 
 use alpha_core::ops::attention::AttentionShape;
 use alpha_core::ops::dropout::{DropoutKey, Site};
@@ -355,9 +356,11 @@ fn attention_forward_and_backward() {
         let n = batch * seq;
         let mut rng = Rng::new(9);
         let tensor = tensor_attention(gpu(), head_size);
-        let (tol, round) = if tensor { (wide_tol(), round16 as fn(&[f32]) -> Vec<f32>) } else { (1e-5, <[f32]>::to_vec as fn(&[f32]) -> Vec<f32>) };
+        let tol = if tensor { wide_tol() } else { 1e-5 };
+        // The CPU's operands: what the kernels multiply.
+        let operand = |v: &[f32]| if tensor { round16(v) } else { v.to_vec() };
         let qkv = random(&mut rng, n * 3 * c, 1.5);
-        let (gqkv, qkv) = (buffer(&qkv), round(&qkv));
+        let (gqkv, qkv) = (buffer(&qkv), operand(&qkv));
         let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; batch * heads * seq], vec![0.0; shape.scratch_len()]);
         attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout }, &mut scratch, Some(KEY));
         let (gout, glse) = (fresh(n * c), fresh(lse.len()));
@@ -371,7 +374,7 @@ fn attention_forward_and_backward() {
         assert_close(&format!("{what} lse"), &download(&glse, lse.len()), &lse, 1e-5);
 
         let dout = random(&mut rng, n * c, 1.0);
-        let (gdout, dout) = (buffer(&dout), round(&dout));
+        let (gdout, dout) = (buffer(&dout), operand(&dout));
         let mut dqkv = vec![0.0; n * 3 * c];
         let a: attention::Backward<&mut [f32], &[f32]> =
             attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &out, lse: &lse, shape, dropout };
