@@ -124,6 +124,54 @@ fn ta_ds_times_tile_a(acc: coop_mat16x16<f32, C>, g: u32, d: u32) -> coop_mat16x
     return sum;
 }
 
+// A group's 16 rows of a head vector (out, dQ, dK or dV) are HS16 16 x 16 f32 blocks of head
+// dimensions, d0 .. d3 (blocks past HS16 stay unused), passed by pointer: Mesa's lavapipe
+// crashes compiling cooperative matrices held in a struct.
+alias Block = ptr<function, coop_mat16x16<f32, C>>;
+
+// d + group g's probabilities (ta_p) times ta_tile_b's rows, block by block.
+fn ta_add_p_times_tile_b(d0: Block, d1: Block, d2: Block, d3: Block, g: u32) {
+    *d0 = ta_p_times_tile_b(*d0, g, 0u);
+    if (HS16 > 1u) {
+        *d1 = ta_p_times_tile_b(*d1, g, 16u);
+    }
+    if (HS16 > 2u) {
+        *d2 = ta_p_times_tile_b(*d2, g, 32u);
+    }
+    if (HS16 > 3u) {
+        *d3 = ta_p_times_tile_b(*d3, g, 48u);
+    }
+}
+
+// d + group g's score gradients (ta_ds) times ta_tile_a's rows, block by block.
+fn ta_add_ds_times_tile_a(d0: Block, d1: Block, d2: Block, d3: Block, g: u32) {
+    *d0 = ta_ds_times_tile_a(*d0, g, 0u);
+    if (HS16 > 1u) {
+        *d1 = ta_ds_times_tile_a(*d1, g, 16u);
+    }
+    if (HS16 > 2u) {
+        *d2 = ta_ds_times_tile_a(*d2, g, 32u);
+    }
+    if (HS16 > 3u) {
+        *d3 = ta_ds_times_tile_a(*d3, g, 48u);
+    }
+}
+
+// Group g's blocks, times `scale`, to rows r0 ..+16 (those before T) of at_1 (see ta_write);
+// all threads call it.
+fn ta_write_blocks(d0: Block, d1: Block, d2: Block, d3: Block, g: u32, lane: u32, b: u32, h: u32, r0: u32, part: u32, scale: f32) {
+    ta_write(*d0, g, lane, b, h, r0, part, 0u, scale);
+    if (HS16 > 1u) {
+        ta_write(*d1, g, lane, b, h, r0, part, 16u, scale);
+    }
+    if (HS16 > 2u) {
+        ta_write(*d2, g, lane, b, h, r0, part, 32u, scale);
+    }
+    if (HS16 > 3u) {
+        ta_write(*d3, g, lane, b, h, r0, part, 48u, scale);
+    }
+}
+
 // Group g's 16 x 16 block `acc` of head dimensions d ..+16, times `scale`, to rows r0 ..+16
 // (those before T) of at_1: part 0, 1, 2 of dqkv, or 3 the output [B, T, C]. Through ta_s,
 // whose group part it overwrites; all threads call it.
@@ -209,29 +257,10 @@ fn attention_forward_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(loca
                 ta_p[at] = ta_half(p);
             }
             workgroupBarrier();
-            o0 = ta_p_times_tile_b(o0, g, 0u);
-            if (HS16 > 1u) {
-                o1 = ta_p_times_tile_b(o1, g, 16u);
-            }
-            if (HS16 > 2u) {
-                o2 = ta_p_times_tile_b(o2, g, 32u);
-            }
-            if (HS16 > 3u) {
-                o3 = ta_p_times_tile_b(o3, g, 48u);
-            }
+            ta_add_p_times_tile_b(&o0, &o1, &o2, &o3, g);
             workgroupBarrier();
         }
-        let rg = r0 + 16u * g;
-        ta_write(o0, g, lane, row.b, row.h, rg, 3u, 0u, 1.0);
-        if (HS16 > 1u) {
-            ta_write(o1, g, lane, row.b, row.h, rg, 3u, 16u, 1.0);
-        }
-        if (HS16 > 2u) {
-            ta_write(o2, g, lane, row.b, row.h, rg, 3u, 32u, 1.0);
-        }
-        if (HS16 > 3u) {
-            ta_write(o3, g, lane, row.b, row.h, rg, 3u, 48u, 1.0);
-        }
+        ta_write_blocks(&o0, &o1, &o2, &o3, g, lane, row.b, row.h, r0 + 16u * g, 3u, 1.0);
         if (lane % 2u == 0u && i < seq) {
             at_3[wid.y * seq + i] = to_elem3(lse);
         }
@@ -279,29 +308,10 @@ fn attention_backward_q_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(l
                 ta_ds[at] = ta_half(ds);
             }
             workgroupBarrier();
-            q0 = ta_ds_times_tile_a(q0, g, 0u);
-            if (HS16 > 1u) {
-                q1 = ta_ds_times_tile_a(q1, g, 16u);
-            }
-            if (HS16 > 2u) {
-                q2 = ta_ds_times_tile_a(q2, g, 32u);
-            }
-            if (HS16 > 3u) {
-                q3 = ta_ds_times_tile_a(q3, g, 48u);
-            }
+            ta_add_ds_times_tile_a(&q0, &q1, &q2, &q3, g);
             workgroupBarrier();
         }
-        let rg = r0 + 16u * g;
-        ta_write(q0, g, lane, row.b, row.h, rg, 0u, 0u, scale);
-        if (HS16 > 1u) {
-            ta_write(q1, g, lane, row.b, row.h, rg, 0u, 16u, scale);
-        }
-        if (HS16 > 2u) {
-            ta_write(q2, g, lane, row.b, row.h, rg, 0u, 32u, scale);
-        }
-        if (HS16 > 3u) {
-            ta_write(q3, g, lane, row.b, row.h, rg, 0u, 48u, scale);
-        }
+        ta_write_blocks(&q0, &q1, &q2, &q3, g, lane, row.b, row.h, r0 + 16u * g, 0u, scale);
     }
 }
 
@@ -356,36 +366,11 @@ fn attention_backward_kv_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(
                 ta_ds[at] = ta_half(ds);
             }
             workgroupBarrier();
-            v0 = ta_p_times_tile_b(v0, g, 0u);
-            k0 = ta_ds_times_tile_a(k0, g, 0u);
-            if (HS16 > 1u) {
-                v1 = ta_p_times_tile_b(v1, g, 16u);
-                k1 = ta_ds_times_tile_a(k1, g, 16u);
-            }
-            if (HS16 > 2u) {
-                v2 = ta_p_times_tile_b(v2, g, 32u);
-                k2 = ta_ds_times_tile_a(k2, g, 32u);
-            }
-            if (HS16 > 3u) {
-                v3 = ta_p_times_tile_b(v3, g, 48u);
-                k3 = ta_ds_times_tile_a(k3, g, 48u);
-            }
+            ta_add_p_times_tile_b(&v0, &v1, &v2, &v3, g);
+            ta_add_ds_times_tile_a(&k0, &k1, &k2, &k3, g);
             workgroupBarrier();
         }
-        let rg = r0 + 16u * g;
-        ta_write(k0, g, lane, row.b, row.h, rg, 1u, 0u, scale);
-        ta_write(v0, g, lane, row.b, row.h, rg, 2u, 0u, 1.0);
-        if (HS16 > 1u) {
-            ta_write(k1, g, lane, row.b, row.h, rg, 1u, 16u, scale);
-            ta_write(v1, g, lane, row.b, row.h, rg, 2u, 16u, 1.0);
-        }
-        if (HS16 > 2u) {
-            ta_write(k2, g, lane, row.b, row.h, rg, 1u, 32u, scale);
-            ta_write(v2, g, lane, row.b, row.h, rg, 2u, 32u, 1.0);
-        }
-        if (HS16 > 3u) {
-            ta_write(k3, g, lane, row.b, row.h, rg, 1u, 48u, scale);
-            ta_write(v3, g, lane, row.b, row.h, rg, 2u, 48u, 1.0);
-        }
+        ta_write_blocks(&k0, &k1, &k2, &k3, g, lane, row.b, row.h, r0 + 16u * g, 1u, scale);
+        ta_write_blocks(&v0, &v1, &v2, &v3, g, lane, row.b, row.h, r0 + 16u * g, 2u, 1.0);
     }
 }
