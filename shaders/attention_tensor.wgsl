@@ -1,9 +1,9 @@
-// attention_tensor: attention.wgsl's forward, dQ and dK/dV kernels (same bindings, words,
-// grid and results to f16 rounding) with their products on the tensor cores, through
-// cooperative matrices. Compiled after attention.wgsl with `enable f16; enable
-// wgpu_cooperative_matrix;` in front, on a device opened with tensor cores, for head sizes
-// 16, 32, 48 and 64 (HS16 16 x 16 blocks of head dimensions; alpha-gpu keeps the SIMT
-// kernels for others).
+// attention_tensor: attention.wgsl's forward, dQ and dK/dV kernels (same bindings, words, grid
+// and results to f16 rounding) with their products on the tensor cores, through cooperative
+// matrices. Compiled after attention.wgsl and tensor_common.wgsl with `enable f16; enable
+// wgpu_cooperative_matrix;` in front, on a device opened with tensor cores, for head sizes 16,
+// 32, 48 and 64 (HS16 16 x 16 blocks of head dimensions; alpha-gpu keeps the SIMT kernels for
+// others).
 //
 // Each workgroup (64 threads: two groups of 32, lid / 32, a subgroup each on the GPUs this
 // runs on; see matmul_tensor.wgsl) takes its grid row's 64 rows 32 at a time, each group 16
@@ -43,11 +43,6 @@ fn ta_seq() -> u32 {
     return u.w[0].y;
 }
 
-// x as an f16 operand: rounded to nearest, ±inf past f16's range (see round_f16).
-fn ta_half(x: f32) -> f16 {
-    return f16(round_f16(x));
-}
-
 // Stages 32 rows from r0 of head `h` of source `src` (see head_elem; zeros past T) as f16
 // into `slot`: 0 ta_rows_a, 1 ta_rows_b, 2 ta_tile_a, 3 ta_tile_b. A source stored as f16
 // converts back exactly, without rounding. All threads call it.
@@ -57,12 +52,7 @@ fn ta_stage(slot: u32, src: u32, b: u32, h: u32, r0: u32, lid: u32) {
         let x = tile_elem4(src, b, h, r0, e);
         let at = (e / HS4) * TA_PITCH + 4u * (e % HS4);
         for (var t = 0u; t < 4u; t++) {
-            var v: f16;
-            if (stored_half) {
-                v = f16(x[t]);
-            } else {
-                v = ta_half(x[t]);
-            }
+            let v = f16_operand(x[t], stored_half);
             if (slot == 0u) {
                 ta_rows_a[at + t] = v;
             } else if (slot == 1u) {
@@ -254,7 +244,7 @@ fn attention_forward_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(loca
                 if (j <= i && j < seq) {
                     p = exp(ta_s[at] * scale - lse) * dropped(wid.y, i, j);
                 }
-                ta_p[at] = ta_half(p);
+                ta_p[at] = f16_operand(p, false);
             }
             workgroupBarrier();
             ta_add_p_times_tile_b(&o0, &o1, &o2, &o3, g);
@@ -305,7 +295,7 @@ fn attention_backward_q_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(l
                     let p = exp(ta_s[at] * scale - lse);
                     ds = p * (ta_dp[at] * dropped(wid.y, i, j) - delta);
                 }
-                ta_ds[at] = ta_half(ds);
+                ta_ds[at] = f16_operand(ds, false);
             }
             workgroupBarrier();
             ta_add_ds_times_tile_a(&q0, &q1, &q2, &q3, g);
@@ -362,8 +352,8 @@ fn attention_backward_kv_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(
                     kept = p * drop;
                     ds = p * (ta_dp[at] * drop - stats.y);
                 }
-                ta_p[at] = ta_half(kept);
-                ta_ds[at] = ta_half(ds);
+                ta_p[at] = f16_operand(kept, false);
+                ta_ds[at] = f16_operand(ds, false);
             }
             workgroupBarrier();
             ta_add_p_times_tile_b(&v0, &v1, &v2, &v3, g);

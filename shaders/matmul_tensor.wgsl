@@ -1,9 +1,10 @@
 // matmul_tensor: matmul_wide's product (same words, grid, 128 x 128 tiles and epilogues) on
 // the tensor cores, through cooperative matrices (wgpu's experimental feature; native Vulkan
-// only). Compiled after matmul.wgsl with `enable f16; enable wgpu_cooperative_matrix;` in
-// front, for `--tensor-cores`: the operands are rounded to f16 as they are staged in workgroup
-// memory and every 16 x 16 x 16 block product sums in f32, so results differ from the f32
-// kernels by f16 rounding of the operands (about 1e-3 relative), not of the sums.
+// only). Compiled after matmul.wgsl and tensor_common.wgsl with `enable f16; enable
+// wgpu_cooperative_matrix;` in front, for `--tensor-cores`: the operands are rounded to f16 as
+// they are staged in workgroup memory and every 16 x 16 x 16 block product sums in f32, so
+// results differ from the f32 kernels by f16 rounding of the operands (about 1e-3 relative),
+// not of the sums.
 //
 // 256 threads in eight groups of 32 (lid / 32; on a GPU the device is opened for this only
 // where every subgroup has 32 invocations, so each group is a subgroup): group g owns rows
@@ -27,15 +28,6 @@ var<workgroup> tc_a: array<f16, 5120>; // 128 * TC_LINE_PITCH, at least TC_BK * 
 var<workgroup> tc_b: array<f16, 5120>;
 // Each group's 16 x 16 block on its way through the epilogue.
 var<workgroup> tc_c: array<f32, 2048>;
-
-// An operand as staged: rounded to f16, unless it is stored as f16 (`half`: its binding's
-// HALFn) and converts exactly.
-fn staged(x: f32, half: bool) -> f16 {
-    if (half) {
-        return f16(x);
-    }
-    return f16(round_f16(x));
-}
 
 // A staged operand as thread `lid` holds it between its load and its store: elements
 // 4 (256 e + lid) .. + 3 for e in 0..4 of the tile in `staged_at`'s order (matmul.wgsl),
@@ -88,9 +80,9 @@ fn tc_store_staged(op: u32, s: ptr<function, Staged>, along_k: bool, lid: u32) {
         let at = tc_at(t.x, t.y, along_k);
         for (var u = 0u; u < 4u; u++) {
             if (op == 0u) {
-                tc_a[at + u] = staged((*s).v[e][u], HALF1);
+                tc_a[at + u] = f16_operand((*s).v[e][u], HALF1);
             } else {
-                tc_b[at + u] = staged((*s).v[e][u], HALF2);
+                tc_b[at + u] = f16_operand((*s).v[e][u], HALF2);
             }
         }
     }

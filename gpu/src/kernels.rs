@@ -142,11 +142,23 @@ impl Shader {
     fn source(self) -> &'static str {
         match self {
             Shader::Matmul => include_str!("../../shaders/matmul.wgsl"),
-            Shader::MatmulTensor => concat!(include_str!("../../shaders/matmul.wgsl"), "\n", include_str!("../../shaders/matmul_tensor.wgsl")),
+            Shader::MatmulTensor => concat!(
+                include_str!("../../shaders/matmul.wgsl"),
+                "\n",
+                include_str!("../../shaders/tensor_common.wgsl"),
+                "\n",
+                include_str!("../../shaders/matmul_tensor.wgsl")
+            ),
             Shader::RowBlocks => include_str!("../../shaders/row_blocks.wgsl"),
             Shader::LayerNorm => include_str!("../../shaders/layernorm.wgsl"),
             Shader::Attention => include_str!("../../shaders/attention.wgsl"),
-            Shader::AttentionTensor => concat!(include_str!("../../shaders/attention.wgsl"), "\n", include_str!("../../shaders/attention_tensor.wgsl")),
+            Shader::AttentionTensor => concat!(
+                include_str!("../../shaders/attention.wgsl"),
+                "\n",
+                include_str!("../../shaders/tensor_common.wgsl"),
+                "\n",
+                include_str!("../../shaders/attention_tensor.wgsl")
+            ),
             Shader::Embedding => include_str!("../../shaders/embedding.wgsl"),
             Shader::CrossEntropy => include_str!("../../shaders/cross_entropy.wgsl"),
             Shader::GradNorm => include_str!("../../shaders/grad_norm.wgsl"),
