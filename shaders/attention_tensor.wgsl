@@ -16,6 +16,13 @@
 // times values, so that no accumulator needs rescaling (cooperative matrices have no element
 // access).
 
+// qkv (binding 2) and binding 3 (dout; the forward's lse) read and written as vec4s: with HS a
+// multiple of 16 every head row starts on a vec4, so a staged row's four consecutive head
+// dimensions are one load. These kernels reach the two bindings only through these: an entry
+// point may not use a binding under two declarations.
+@group(0) @binding(2) var<storage, read_write> ta_qkv4: array<vec4<Elem2>>;
+@group(0) @binding(3) var<storage, read_write> ta_3v: array<vec4<Elem3>>;
+
 const HS16: u32 = HS / 16u;
 const TA_TILE: u32 = 32u;
 // A staged row: HS f16s and 8 more, so that the rows a cooperative load reads at once start
@@ -44,12 +51,21 @@ fn ta_seq() -> u32 {
 }
 
 // Stages 32 rows from r0 of head `h` of source `src` (see head_elem; zeros past T) as f16
-// into `slot`: 0 ta_rows_a, 1 ta_rows_b, 2 ta_tile_a, 3 ta_tile_b. A source stored as f16
-// converts back exactly, without rounding. All threads call it.
+// into `slot`: 0 ta_rows_a, 1 ta_rows_b, 2 ta_tile_a, 3 ta_tile_b, a vec4 load per four
+// head dimensions. A source stored as f16 converts back exactly, without rounding. All
+// threads call it.
 fn ta_stage(slot: u32, src: u32, b: u32, h: u32, r0: u32, lid: u32) {
     let stored_half = select(HALF2, HALF3, src == 3u);
     for (var e = lid; e < 32u * HS4; e += 64u) {
-        let x = tile_elem4(src, b, h, r0, e);
+        let r = r0 + e / HS4;
+        var x = vec4<f32>(0.0);
+        if (r < ta_seq()) {
+            if (src == 3u) {
+                x = vec4<f32>(ta_3v[row_at(b, r, h) / 4u + e % HS4]);
+            } else {
+                x = vec4<f32>(ta_qkv4[qkv_at(b, r, src, h) / 4u + e % HS4]);
+            }
+        }
         let at = (e / HS4) * TA_PITCH + 4u * (e % HS4);
         for (var t = 0u; t < 4u; t++) {
             let v = f16_operand(x[t], stored_half);
@@ -252,7 +268,8 @@ fn attention_forward_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(loca
         }
         ta_write_blocks(&o0, &o1, &o2, &o3, g, lane, row.b, row.h, r0 + 16u * g, 3u, 1.0);
         if (lane % 2u == 0u && i < seq) {
-            at_3[wid.y * seq + i] = to_elem3(lse);
+            let at = wid.y * seq + i;
+            ta_3v[at / 4u][at % 4u] = to_elem3(lse);
         }
     }
 }
