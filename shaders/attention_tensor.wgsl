@@ -50,6 +50,14 @@ fn ta_seq() -> u32 {
     return u.w[0].y;
 }
 
+// Step c of a thread's walk over its 16 columns of a group's block (thread rr of the 16 rows,
+// columns c0 ..+16): the columns in an order rotated by the row, so that at each step the 32
+// threads of a group touch 32 different banks of ta_s, ta_dp, ta_p and ta_ds (in column order
+// the 16 threads of each half met in one bank: rows of 32 elements).
+fn ta_col(c: u32, rr: u32) -> u32 {
+    return (c + rr) % 16u;
+}
+
 // Stages 32 rows from r0 of head `h` of source `src` (see head_elem; zeros past T) as f16
 // into `slot`: 0 ta_rows_a, 1 ta_rows_b, 2 ta_tile_a, 3 ta_tile_b, a vec4 load per four
 // head dimensions. A source stored as f16 converts back exactly, without rounding. All
@@ -219,16 +227,18 @@ fn attention_forward_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(loca
             workgroupBarrier();
             var m_new = m;
             for (var c = 0u; c < 16u; c++) {
-                let j = j0 + c0 + c;
+                let cc = ta_col(c, rr);
+                let j = j0 + c0 + cc;
                 if (j <= i && j < seq) {
-                    m_new = max(m_new, ta_s[(16u * g + rr) * TA_TILE + c0 + c] * scale);
+                    m_new = max(m_new, ta_s[(16u * g + rr) * TA_TILE + c0 + cc] * scale);
                 }
             }
             var sum = 0.0;
             for (var c = 0u; c < 16u; c++) {
-                let j = j0 + c0 + c;
+                let cc = ta_col(c, rr);
+                let j = j0 + c0 + cc;
                 if (j <= i && j < seq) {
-                    sum += exp(ta_s[(16u * g + rr) * TA_TILE + c0 + c] * scale - m_new);
+                    sum += exp(ta_s[(16u * g + rr) * TA_TILE + c0 + cc] * scale - m_new);
                 }
             }
             l = l * exp(m - m_new) + sum;
@@ -254,8 +264,9 @@ fn attention_forward_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(loca
             ta_products_a(g);
             workgroupBarrier();
             for (var c = 0u; c < 16u; c++) {
-                let j = j0 + c0 + c;
-                let at = (16u * g + rr) * TA_TILE + c0 + c;
+                let cc = ta_col(c, rr);
+                let j = j0 + c0 + cc;
+                let at = (16u * g + rr) * TA_TILE + c0 + cc;
                 var p = 0.0;
                 if (j <= i && j < seq) {
                     p = exp(ta_s[at] * scale - lse) * dropped(wid.y, i, j);
@@ -305,8 +316,9 @@ fn attention_backward_q_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(l
             ta_products_b(g);
             workgroupBarrier();
             for (var c = 0u; c < 16u; c++) {
-                let j = j0 + c0 + c;
-                let at = (16u * g + rr) * TA_TILE + c0 + c;
+                let cc = ta_col(c, rr);
+                let j = j0 + c0 + cc;
+                let at = (16u * g + rr) * TA_TILE + c0 + cc;
                 var ds = 0.0;
                 if (j <= i && j < seq) {
                     let p = exp(ta_s[at] * scale - lse);
@@ -358,12 +370,13 @@ fn attention_backward_kv_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(
             ta_products_b(g);
             workgroupBarrier();
             for (var c = 0u; c < 16u; c++) {
-                let i = i0 + c0 + c;
-                let at = (16u * g + rr) * TA_TILE + c0 + c;
+                let cc = ta_col(c, rr);
+                let i = i0 + c0 + cc;
+                let at = (16u * g + rr) * TA_TILE + c0 + cc;
                 var kept = 0.0;
                 var ds = 0.0;
                 if (i >= j && i < seq && j < seq) {
-                    let stats = ta_stats[c0 + c];
+                    let stats = ta_stats[c0 + cc];
                     let p = exp(ta_s[at] * scale - stats.x);
                     let drop = dropped(wid.y, i, j);
                     kept = p * drop;
