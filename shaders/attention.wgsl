@@ -40,7 +40,7 @@ var<workgroup> tile_a: array<vec4<f32>, KT * HS4>;
 var<workgroup> tile_b: array<vec4<f32>, KT * HS4>;
 var<workgroup> tile_rows: array<vec2<f32>, KT>;
 // Each slice's (x · tile_a row, y · tile_b row) for every row of the workgroup and of the
-// tile: [row][tile row][part].
+// tile: [tile row][part][row] (see partial_at).
 var<workgroup> partials: array<vec2<f32>, ROWS * KT * PARTS>;
 
 // The forward's tiles: FORWARD_KT rows of the keys and of the values.
@@ -184,8 +184,16 @@ fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, arr
             s = dot4((*x)[e], tile_slice(0u, r, part, e), s);
             dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
         }
-        partials[(row * KT + r) * PARTS + part] = vec2<f32>(s, dp);
+        partials[partial_at(row, r, part)] = vec2<f32>(s, dp);
     }
+}
+
+/// Where slice `part` of workgroup row `row` keeps its partials with tile row `r`. The rows
+/// run innermost, so that a subgroup's threads (consecutive rows, the parts of each side by
+/// side) store into and read from consecutive vec2s: with the rows outermost, rows
+/// 8 * KT * PARTS bytes apart met in the same banks (8-way conflicts at head size 64).
+fn partial_at(row: u32, r: u32, part: u32) -> u32 {
+    return (r * PARTS + part) * ROWS + row;
 }
 
 /// Workgroup row `row`'s two dot products with tile row `r`: its slices' partials summed in
@@ -193,7 +201,7 @@ fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, arr
 fn combine(row: u32, r: u32) -> vec2<f32> {
     var t = vec2<f32>(0.0);
     for (var part = 0u; part < PARTS; part++) {
-        t += partials[(row * KT + r) * PARTS + part];
+        t += partials[partial_at(row, r, part)];
     }
     return t;
 }
