@@ -332,6 +332,37 @@ fn layernorm_forward_and_backward() {
 /// A micro-batch's dropout key, and the same on the device.
 const KEY: DropoutKey = DropoutKey { seed: 0x1234_5678_9abc_def0, draw: 0x1_0000_0003 };
 
+/// How the attention kernels at one head size are checked against the CPU: on the tensor
+/// cores (`tensor_attention`) they multiply f16 operands, so the CPU is given qkv and dout
+/// rounded to f16 and the results are held to the tensor-core GEMM's tolerance; the SIMT
+/// kernels take the values as they are, within 1e-5.
+struct AttentionCheck {
+    tensor: bool,
+}
+
+impl AttentionCheck {
+    fn new(gpu: &Gpu, head_size: usize) -> Self {
+        Self { tensor: tensor_attention(gpu, head_size) }
+    }
+
+    /// `v` as the kernels multiply it.
+    fn operand(&self, v: &[f32]) -> Vec<f32> {
+        if self.tensor {
+            round16(v)
+        } else {
+            v.to_vec()
+        }
+    }
+
+    fn tol(&self) -> f32 {
+        if self.tensor {
+            wide_tol()
+        } else {
+            1e-5
+        }
+    }
+}
+
 /// Attention for head sizes that do and do not fill the shared tiles and the threads' slices
 /// of a row (one thread per row at 5 and 16; two at 36, the second slice short, and at 64, the
 /// GPT-2 models'; four at 100, the last slice short), sequences longer than one 64-row tile
@@ -355,12 +386,9 @@ fn attention_forward_and_backward() {
         let c = heads * head_size;
         let n = batch * seq;
         let mut rng = Rng::new(9);
-        let tensor = tensor_attention(gpu(), head_size);
-        let tol = if tensor { wide_tol() } else { 1e-5 };
-        // The CPU's operands: what the kernels multiply.
-        let operand = |v: &[f32]| if tensor { round16(v) } else { v.to_vec() };
+        let check = AttentionCheck::new(gpu(), head_size);
         let qkv = random(&mut rng, n * 3 * c, 1.5);
-        let (gqkv, qkv) = (buffer(&qkv), operand(&qkv));
+        let (gqkv, qkv) = (buffer(&qkv), check.operand(&qkv));
         let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; batch * heads * seq], vec![0.0; shape.scratch_len()]);
         attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout }, &mut scratch, Some(KEY));
         let (gout, glse) = (fresh(n * c), fresh(lse.len()));
@@ -370,11 +398,11 @@ fn attention_forward_and_backward() {
             ops::attention::forward(p, a, key)
         });
         let what = format!("{shape:?} dropout {dropout:?}");
-        assert_close(&format!("{what} out"), &download(&gout, n * c), &out, tol);
+        assert_close(&format!("{what} out"), &download(&gout, n * c), &out, check.tol());
         assert_close(&format!("{what} lse"), &download(&glse, lse.len()), &lse, 1e-5);
 
         let dout = random(&mut rng, n * c, 1.0);
-        let (gdout, dout) = (buffer(&dout), operand(&dout));
+        let (gdout, dout) = (buffer(&dout), check.operand(&dout));
         let mut dqkv = vec![0.0; n * 3 * c];
         let a: attention::Backward<&mut [f32], &[f32]> =
             attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &out, lse: &lse, shape, dropout };
@@ -392,7 +420,7 @@ fn attention_forward_and_backward() {
             };
             ops::attention::backward(p, grads, whole(&gdelta, &lse), key)
         });
-        assert_close(&format!("{what} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, tol);
+        assert_close(&format!("{what} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, check.tol());
     }
 }
 
@@ -886,7 +914,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     // With tensor cores, heads of 64 run the tensor-core kernels, which also take dout and
     // their probabilities as f16 (see attention_forward_and_backward).
     for head_size in [36, 64] {
-        let tensor = tensor_attention(gpu16(), head_size);
+        let check = AttentionCheck::new(gpu16(), head_size);
         let shape = AttentionShape { batch: 1, seq: 75, heads: 2, head_size };
         let (n, c) = (75, 2 * head_size);
         let qkv = round16(&random(&mut rng, n * 3 * c, 1.5));
@@ -900,15 +928,15 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
         });
         let gpu_out = download_half(&gout, n * c);
         let what = format!("head size {head_size}");
-        if tensor {
-            assert_close(&format!("{what}: attention's f16 out"), &gpu_out, &out, wide_tol());
+        if check.tensor {
+            assert_close(&format!("{what}: attention's f16 out"), &gpu_out, &out, check.tol());
         } else {
             assert_within_a_half_step(&format!("{what}: attention's f16 out"), &gpu_out, &out);
         }
         assert_close(&format!("{what}: attention lse"), &download16(&glse, lse.len()), &lse, 1e-5);
         let dout = random(&mut rng, n * c, 1.0);
         let mut dqkv = vec![0.0; n * 3 * c];
-        let cpu_dout = if tensor { round16(&dout) } else { dout.clone() };
+        let cpu_dout = check.operand(&dout);
         let a: attention::Backward<&mut [f32], &[f32]> =
             attention::Backward { dqkv: &mut dqkv[..], dout: &cpu_dout, qkv: &qkv, out: &gpu_out, lse: &lse, shape, dropout: None };
         attention::backward(&Serial, a, &mut scratch, None);
@@ -925,7 +953,6 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
             };
             ops::attention::backward(p, grads, View::first(&gdelta, lse.len()), View::first(&gkey, 4))
         });
-        let tol = if tensor { wide_tol() } else { 1e-5 };
-        assert_close(&format!("{what}: attention dqkv from f16 qkv and output"), &download16(&gdqkv, n * 3 * c), &dqkv, tol);
+        assert_close(&format!("{what}: attention dqkv from f16 qkv and output"), &download16(&gdqkv, n * 3 * c), &dqkv, check.tol());
     }
 }
