@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a program on a lavapipe with cooperative matrices, so that the tensor-core kernels
-# (shaders/matmul_tensor.wgsl, attention_tensor.wgsl) run and are tested without a GPU:
+# (shaders/matmul_tensor.wgsl) run and are tested without a GPU:
 #   scripts/lavapipe-coop.sh PROGRAM [ARGS...]     (an executable, not a script; programs it
 #                                                   starts run on the system's libraries)
 # or as cargo's runner for test binaries:

@@ -1,10 +1,9 @@
 // matmul_tensor: matmul_wide's product (same words, grid, 128 x 128 tiles and epilogues) on
 // the tensor cores, through cooperative matrices (wgpu's experimental feature; native Vulkan
-// only). Compiled after matmul.wgsl and tensor_common.wgsl with `enable f16; enable
-// wgpu_cooperative_matrix;` in front, for `--tensor-cores`: the operands are rounded to f16 as
-// they are staged in workgroup memory and every 16 x 16 x 16 block product sums in f32, so
-// results differ from the f32 kernels by f16 rounding of the operands (about 1e-3 relative),
-// not of the sums.
+// only). Compiled after matmul.wgsl with `enable f16; enable wgpu_cooperative_matrix;` in
+// front, for `--tensor-cores`: the operands are rounded to f16 as they are staged in workgroup
+// memory and every 16 x 16 x 16 block product sums in f32, so results differ from the f32
+// kernels by f16 rounding of the operands (about 1e-3 relative), not of the sums.
 //
 // 256 threads in eight groups of 32 (lid / 32; on a GPU the device is opened for this only
 // where every subgroup has 32 invocations, so each group is a subgroup): group g owns rows
@@ -28,6 +27,16 @@ var<workgroup> tc_a: array<f16, 5120>; // 128 * TC_LINE_PITCH, at least TC_BK * 
 var<workgroup> tc_b: array<f16, 5120>;
 // Each group's 16 x 16 block on its way through the epilogue.
 var<workgroup> tc_c: array<f32, 2048>;
+
+// x as the tensor cores take it, an f16 operand: rounded to nearest (±inf past f16's range,
+// see round_f16), unless it is stored as f16 (`stored_half`: its binding's HALFn) and so
+// converts back exactly.
+fn f16_operand(x: f32, stored_half: bool) -> f16 {
+    if (stored_half) {
+        return f16(x);
+    }
+    return f16(round_f16(x));
+}
 
 // A staged operand as thread `lid` holds it between its load and its store: elements
 // 4 (256 e + lid) .. + 3 for e in 0..4 of the tile in `staged_at`'s order (matmul.wgsl),

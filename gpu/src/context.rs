@@ -72,10 +72,9 @@ pub enum Precision {
 /// The optional features alpha-gpu asks for where the adapter has them.
 const WANTED: [(Features, &str); 3] = [(Features::SHADER_F16, "shader-f16"), (Features::TIMESTAMP_QUERY, "timestamp-query"), (Features::SUBGROUP, "subgroups")];
 
-/// Why `a` cannot run the tensor-core kernels (matmul_tensor.wgsl, attention_tensor.wgsl), if
-/// it cannot: they need cooperative matrices with 16 x 16 x 16 f16 products summed in f32,
-/// f16 in shaders, and subgroups of exactly 32 invocations (their threads work in groups of
-/// 32, one subgroup each).
+/// Why `a` cannot run the tensor-core GEMM (matmul_tensor.wgsl), if it cannot: it needs
+/// cooperative matrices with 16 x 16 x 16 f16 products summed in f32, f16 in shaders, and
+/// subgroups of exactly 32 invocations (its 256 threads are eight subgroups).
 ///
 /// With `ALPHA_GPU_UNREPORTED_COOP_SHAPES=1` a driver with cooperative matrices qualifies
 /// without reporting that shape, with subgroups of up to 32: Mesa's lavapipe (26.1) reports
@@ -251,10 +250,9 @@ impl Gpu {
         if tensor_cores != TensorCores::Off && precision == Precision::F16 && adapter_summary.no_tensor_cores.is_none() {
             features |= Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
             // SAFETY: wgpu asks callers of experimental features to accept that their
-            // validation may be incomplete. Only the tensor-core kernels use this one, at the
+            // validation may be incomplete. Only matmul_tensor.wgsl uses this one, at the
             // 16 x 16 x 16 f16 -> f32 shape the driver reports (checked above; lavapipe's
-            // unreported one in tests), and they are tested against the CPU's ops on such a
-            // device.
+            // unreported one in tests), and it is tested against the CPU GEMM on such a device.
             experimental_features = unsafe { wgpu::ExperimentalFeatures::enabled() };
         }
         let limits = adapter.limits();

@@ -5,7 +5,7 @@
 //! figures `nvcc -Xptxas -v` gives for CUDA, and they cost no GPU time to read.
 //!
 //! ```no_run
-//! let stats = alpha_gpu::driver_stats::kernel_statistics("NVIDIA H200", 64, false, false, false)?;
+//! let stats = alpha_gpu::driver_stats::kernel_statistics("NVIDIA H200", 64, false, false)?;
 //! for kernel in &stats {
 //!     println!("{}: {:?}", kernel.kernel, kernel.statistics);
 //! }
@@ -33,12 +33,12 @@ pub struct KernelStatistics {
 
 /// Compiles every kernel a run would compile on the Vulkan device named `adapter` (attention's
 /// for heads of `head_size`; the f16 variants with `f16`, the tensor-core GEMM with
-/// `tensor_cores`, the tensor-core attention kernels with `tensor_attention`) and returns
-/// what its driver reports of each. An error where there is no Vulkan device of that name, or
-/// its driver lacks the extension or a feature the kernels need.
-pub fn kernel_statistics(adapter: &str, head_size: usize, f16: bool, tensor_cores: bool, tensor_attention: bool) -> Result<Vec<KernelStatistics>, GpuError> {
+/// `tensor_cores`) and returns what its driver reports of each. An error where there is no
+/// Vulkan device of that name, or its driver lacks the extension or a feature the kernels
+/// need.
+pub fn kernel_statistics(adapter: &str, head_size: usize, f16: bool, tensor_cores: bool) -> Result<Vec<KernelStatistics>, GpuError> {
     let vulkan = Vulkan::open(adapter, f16, tensor_cores)?;
-    compiled_variants(f16, tensor_cores, tensor_attention).map(|(kernel, slots)| vulkan.statistics(kernel, slots, head_size)).collect()
+    compiled_variants(f16, tensor_cores).map(|(kernel, slots)| vulkan.statistics(kernel, slots, head_size)).collect()
 }
 
 /// A Vulkan instance and a device opened with the statistics extension, and the one layout

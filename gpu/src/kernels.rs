@@ -59,13 +59,6 @@ pub enum Kernel {
     AttentionBackwardQ,
     /// Attention dK, dV (attention.wgsl).
     AttentionBackwardKv,
-    /// `AttentionForward` on the tensor cores, in its place where it was built
-    /// (attention_tensor.wgsl; see [`tensor_attention`]).
-    AttentionForwardTensor,
-    /// `AttentionBackwardQ` on the tensor cores (attention_tensor.wgsl).
-    AttentionBackwardQTensor,
-    /// `AttentionBackwardKv` on the tensor cores (attention_tensor.wgsl).
-    AttentionBackwardKvTensor,
     /// One token's attention against the KV cache (attention.wgsl).
     AttentionDecode,
     /// Token + position embedding (embedding.wgsl).
@@ -100,7 +93,7 @@ pub type HalfSlots = u8;
 /// activations (binding 2) and write qkv and the GELU output as f16 (binding 3); LayerNorm
 /// and attention write their outputs as f16 (binding 1), attention reads qkv as f16 (binding
 /// 2) and its delta pass reads its output (binding 3).
-pub const HALF_VARIANTS: [(Kernel, HalfSlots); 19] = [
+pub const HALF_VARIANTS: [(Kernel, HalfSlots); 16] = [
     (Kernel::Matmul, 0b011),
     (Kernel::Matmul, 0b111),
     (Kernel::Matmul, 0b010),
@@ -116,9 +109,6 @@ pub const HALF_VARIANTS: [(Kernel, HalfSlots); 19] = [
     (Kernel::AttentionDelta, 0b100),
     (Kernel::AttentionBackwardQ, 0b010),
     (Kernel::AttentionBackwardKv, 0b010),
-    (Kernel::AttentionForwardTensor, 0b011),
-    (Kernel::AttentionBackwardQTensor, 0b010),
-    (Kernel::AttentionBackwardKvTensor, 0b010),
     (Kernel::HalfWeights, 0b010),
 ];
 
@@ -130,7 +120,6 @@ enum Shader {
     RowBlocks,
     LayerNorm,
     Attention,
-    AttentionTensor,
     Embedding,
     CrossEntropy,
     GradNorm,
@@ -142,23 +131,10 @@ impl Shader {
     fn source(self) -> &'static str {
         match self {
             Shader::Matmul => include_str!("../../shaders/matmul.wgsl"),
-            Shader::MatmulTensor => concat!(
-                include_str!("../../shaders/matmul.wgsl"),
-                "\n",
-                include_str!("../../shaders/tensor_common.wgsl"),
-                "\n",
-                include_str!("../../shaders/matmul_tensor.wgsl")
-            ),
+            Shader::MatmulTensor => concat!(include_str!("../../shaders/matmul.wgsl"), "\n", include_str!("../../shaders/matmul_tensor.wgsl")),
             Shader::RowBlocks => include_str!("../../shaders/row_blocks.wgsl"),
             Shader::LayerNorm => include_str!("../../shaders/layernorm.wgsl"),
             Shader::Attention => include_str!("../../shaders/attention.wgsl"),
-            Shader::AttentionTensor => concat!(
-                include_str!("../../shaders/attention.wgsl"),
-                "\n",
-                include_str!("../../shaders/tensor_common.wgsl"),
-                "\n",
-                include_str!("../../shaders/attention_tensor.wgsl")
-            ),
             Shader::Embedding => include_str!("../../shaders/embedding.wgsl"),
             Shader::CrossEntropy => include_str!("../../shaders/cross_entropy.wgsl"),
             Shader::GradNorm => include_str!("../../shaders/grad_norm.wgsl"),
@@ -172,7 +148,7 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 impl Kernel {
     /// Every kernel, in declaration order.
-    pub const ALL: [Kernel; 27] = [
+    pub const ALL: [Kernel; 24] = [
         Kernel::Matmul,
         Kernel::MatmulWide,
         Kernel::MatmulTensor,
@@ -185,9 +161,6 @@ impl Kernel {
         Kernel::AttentionDelta,
         Kernel::AttentionBackwardQ,
         Kernel::AttentionBackwardKv,
-        Kernel::AttentionForwardTensor,
-        Kernel::AttentionBackwardQTensor,
-        Kernel::AttentionBackwardKvTensor,
         Kernel::AttentionDecode,
         Kernel::EmbeddingForward,
         Kernel::EmbeddingBackwardWte,
@@ -217,9 +190,6 @@ impl Kernel {
             Kernel::AttentionDelta => (Shader::Attention, "attention_delta", 3),
             Kernel::AttentionBackwardQ => (Shader::Attention, "attention_backward_q", 6),
             Kernel::AttentionBackwardKv => (Shader::Attention, "attention_backward_kv", 6),
-            Kernel::AttentionForwardTensor => (Shader::AttentionTensor, "attention_forward_tensor", 6),
-            Kernel::AttentionBackwardQTensor => (Shader::AttentionTensor, "attention_backward_q_tensor", 6),
-            Kernel::AttentionBackwardKvTensor => (Shader::AttentionTensor, "attention_backward_kv_tensor", 6),
             Kernel::AttentionDecode => (Shader::Attention, "attention_decode", 6),
             Kernel::EmbeddingForward => (Shader::Embedding, "embedding_forward", 5),
             Kernel::EmbeddingBackwardWte => (Shader::Embedding, "embedding_backward_wte", 4),
@@ -300,7 +270,7 @@ impl Kernels {
             .collect();
         let mut modules = HashMap::new();
         let mut pipelines = HashMap::new();
-        for (kernel, slots) in compiled_variants(gpu.precision == Precision::F16, gpu.tensor_cores(), tensor_attention(gpu, head_size)) {
+        for (kernel, slots) in compiled_variants(gpu.precision == Precision::F16, gpu.tensor_cores()) {
             let (shader, entry, n) = kernel.spec();
             let module = modules.entry((shader, slots)).or_insert_with(|| gpu.shader_module(shader.name(), &kernel_source(kernel, slots, head_size)));
             pipelines.insert((kernel, slots), gpu.compute_pipeline(module, entry, Some(&pipeline_layouts[n])));
@@ -323,19 +293,11 @@ impl Kernels {
     }
 
     /// The kernel that runs a dispatch of `k`: the tensor-core GEMM in place of `matmul_wide`
-    /// and the tensor-core attention kernels in place of the SIMT ones, where they were built.
+    /// where it was built.
     fn runs(&self, k: Kernel) -> Kernel {
-        let tensor = match k {
-            Kernel::MatmulWide => Kernel::MatmulTensor,
-            Kernel::AttentionForward => Kernel::AttentionForwardTensor,
-            Kernel::AttentionBackwardQ => Kernel::AttentionBackwardQTensor,
-            Kernel::AttentionBackwardKv => Kernel::AttentionBackwardKvTensor,
-            k => return k,
-        };
-        if self.pipelines.contains_key(&(tensor, 0)) {
-            tensor
-        } else {
-            k
+        match k {
+            Kernel::MatmulWide if self.pipelines.contains_key(&(Kernel::MatmulTensor, 0)) => Kernel::MatmulTensor,
+            k => k,
         }
     }
 }
@@ -346,11 +308,10 @@ impl Kernels {
 /// attention's sizes.
 fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
     let mut text = String::new();
-    let tensor = matches!(shader, Shader::MatmulTensor | Shader::AttentionTensor);
-    if slots != 0 || tensor {
+    if slots != 0 || shader == Shader::MatmulTensor {
         text.push_str("enable f16;\n");
     }
-    if tensor {
+    if shader == Shader::MatmulTensor {
         text.push_str("enable wgpu_cooperative_matrix;\n");
     }
     for n in 1..=MAX_TENSORS {
@@ -360,7 +321,7 @@ fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
             text.push_str(&format!("alias Elem{n} = f32;\nconst HALF{n}: bool = false;\nfn to_elem{n}(x: f32) -> f32 {{ return x; }}\n"));
         }
     }
-    if matches!(shader, Shader::Attention | Shader::AttentionTensor) {
+    if shader == Shader::Attention {
         // The backward kernels' threads per row: enough that a thread holds at most 32
         // floats of each head vector (the dK/dV kernel holds four), at most 4 (256 threads,
         // WebGPU's default limit). Their tiles: KT rows of two head vectors (whole vec4s,
@@ -391,7 +352,6 @@ impl Shader {
             Shader::RowBlocks => "row_blocks.wgsl",
             Shader::LayerNorm => "layernorm.wgsl",
             Shader::Attention => "attention.wgsl",
-            Shader::AttentionTensor => "attention_tensor.wgsl",
             Shader::Embedding => "embedding.wgsl",
             Shader::CrossEntropy => "cross_entropy.wgsl",
             Shader::GradNorm => "grad_norm.wgsl",
@@ -685,30 +645,10 @@ impl Program {
 }
 
 /// The kernels and f16 patterns a device compiles: every kernel in f32, the f16 patterns
-/// ([`HALF_VARIANTS`]) with `f16` precision, the tensor-core GEMM only with `tensor_cores`,
-/// the tensor-core attention kernels only with `tensor_attention`.
-pub(crate) fn compiled_variants(f16: bool, tensor_cores: bool, tensor_attention: bool) -> impl Iterator<Item = (Kernel, HalfSlots)> {
+/// ([`HALF_VARIANTS`]) with `f16` precision, the tensor-core GEMM only with `tensor_cores`.
+pub(crate) fn compiled_variants(f16: bool, tensor_cores: bool) -> impl Iterator<Item = (Kernel, HalfSlots)> {
     let variants = Kernel::ALL.iter().map(|&k| (k, 0)).chain(HALF_VARIANTS.into_iter().filter(move |_| f16));
-    variants.filter(move |&(k, _)| match k.spec().0 {
-        Shader::MatmulTensor => tensor_cores,
-        Shader::AttentionTensor => tensor_attention,
-        _ => true,
-    })
-}
-
-/// Whether `gpu` runs attention for heads of `head_size` on the tensor cores
-/// (attention_tensor.wgsl): where it was opened with them, for head sizes of whole 16 x 16
-/// blocks up to 64 (each block an accumulator of its own) whose tiles fit its workgroup
-/// memory (31232 bytes at head size 64).
-pub fn tensor_attention(gpu: &Gpu, head_size: usize) -> bool {
-    gpu.tensor_cores() && tensor_attention_fits(head_size, gpu.limits.max_compute_workgroup_storage_size)
-}
-
-fn tensor_attention_fits(head_size: usize, workgroup_bytes: u32) -> bool {
-    // Four staged blocks of 32 rows (f16, 8 elements of padding a row), two f32 and two f16
-    // blocks of 32 x 32, and 64 statistics.
-    let bytes = 4 * 32 * (head_size + 8) * 2 + 2 * 32 * 32 * 4 + 2 * 32 * 32 * 2 + 64 * 8;
-    head_size.is_multiple_of(16) && head_size <= 64 && bytes <= workgroup_bytes as usize
+    variants.filter(move |&(k, _)| k != Kernel::MatmulTensor || tensor_cores)
 }
 
 /// The WGSL module holding `kernel` with f16 bindings `slots` (attention's for heads of
@@ -746,12 +686,9 @@ mod tests {
     fn every_variant_is_valid_wgsl() {
         use wgpu::naga::valid::{Capabilities, ValidationFlags, Validator};
         // One kernel of each module.
-        let modules: HashMap<(Shader, HalfSlots), Kernel> = compiled_variants(true, true, true).map(|(k, slots)| ((k.spec().0, slots), k)).collect();
+        let modules: HashMap<(Shader, HalfSlots), Kernel> = compiled_variants(true, true).map(|(k, slots)| ((k.spec().0, slots), k)).collect();
         for head_size in [5, 64, 100] {
             for (&(shader, slots), &kernel) in &modules {
-                if shader == Shader::AttentionTensor && !tensor_attention_fits(head_size, u32::MAX) {
-                    continue;
-                }
                 let source = kernel_source(kernel, slots, head_size);
                 let what = format!("{} with f16 bindings {slots:#b}, head size {head_size}", shader.name());
                 let module = wgpu::naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));

@@ -3,15 +3,14 @@
 //! adapter; CI uses lavapipe (mesa-vulkan-drivers). With `ALPHA_GPU_TENSOR_CORES=1` the
 //! device is opened with tensor cores (`--tensor-cores`: NVIDIA's drivers, or Mesa 26's
 //! lavapipe through `scripts/lavapipe-coop.sh`, as CI runs them; Debian 12's lavapipe has
-//! none): the large products run `matmul_tensor` and attention at head sizes 16 to 64 its
-//! tensor-core kernels, checked at f16's tolerance.
+//! none) and the large products run `matmul_tensor`, checked at f16's tolerance.
 
 use alpha_core::ops::attention::AttentionShape;
 use alpha_core::ops::dropout::{DropoutKey, Site};
 use alpha_core::ops::row_blocks::blocks;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, grad_norm, layernorm, matmul};
 use alpha_core::{Rng, Serial};
-use alpha_gpu::kernels::{tensor_attention, Kernel, Kernels, ProgramBuilder, View};
+use alpha_gpu::kernels::{Kernel, Kernels, ProgramBuilder, View};
 use alpha_gpu::{block_on, ops, read, Gpu, Precision, TensorCores};
 use std::sync::OnceLock;
 
@@ -332,47 +331,12 @@ fn layernorm_forward_and_backward() {
 /// A micro-batch's dropout key, and the same on the device.
 const KEY: DropoutKey = DropoutKey { seed: 0x1234_5678_9abc_def0, draw: 0x1_0000_0003 };
 
-/// How the attention kernels at one head size are checked against the CPU: on the tensor
-/// cores (`tensor_attention`) they multiply f16 operands, so the CPU is given qkv and dout
-/// rounded to f16 and the results are held to the tensor-core GEMM's tolerance; the SIMT
-/// kernels take the values as they are, within 1e-5.
-struct AttentionCheck {
-    tensor: bool,
-}
-
-impl AttentionCheck {
-    fn new(gpu: &Gpu, head_size: usize) -> Self {
-        Self { tensor: tensor_attention(gpu, head_size) }
-    }
-
-    /// `v` as the kernels multiply it.
-    fn operand(&self, v: &[f32]) -> Vec<f32> {
-        if self.tensor {
-            round16(v)
-        } else {
-            v.to_vec()
-        }
-    }
-
-    fn tol(&self) -> f32 {
-        if self.tensor {
-            wide_tol()
-        } else {
-            1e-5
-        }
-    }
-}
-
 /// Attention for head sizes that do and do not fill the shared tiles and the threads' slices
 /// of a row (one thread per row at 5 and 16; two at 36, the second slice short, and at 64, the
 /// GPT-2 models'; four at 100, the last slice short), sequences longer than one 64-row tile
-/// and not a multiple of it, without and with dropout on the probabilities. With tensor cores,
-/// heads of 16 and 64 run the tensor-core kernels: their operands are f16 (the CPU's then
-/// are qkv and dout rounded to f16) and so are the probabilities and score gradients they
-/// multiply, within the tensor-core GEMM's tolerance.
+/// and not a multiple of it, without and with dropout on the probabilities.
 #[test]
 fn attention_forward_and_backward() {
-    assert_eq!(tensor_attention(gpu(), 64), tensor_cores());
     let shapes = [
         AttentionShape { batch: 2, seq: 70, heads: 3, head_size: 5 },
         AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 },
@@ -386,28 +350,25 @@ fn attention_forward_and_backward() {
         let c = heads * head_size;
         let n = batch * seq;
         let mut rng = Rng::new(9);
-        let check = AttentionCheck::new(gpu(), head_size);
         let qkv = random(&mut rng, n * 3 * c, 1.5);
-        let (gqkv, qkv) = (buffer(&qkv), check.operand(&qkv));
         let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; batch * heads * seq], vec![0.0; shape.scratch_len()]);
         attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout }, &mut scratch, Some(KEY));
-        let (gout, glse) = (fresh(n * c), fresh(lse.len()));
+        let (gqkv, gout, glse) = (buffer(&qkv), fresh(n * c), fresh(lse.len()));
         let key = View::first(&gkey, 4);
         run(head_size, |p| {
             let a = attention::Forward { out: whole(&gout, &out), lse: whole(&glse, &lse), qkv: whole(&gqkv, &qkv), shape, dropout };
             ops::attention::forward(p, a, key)
         });
         let what = format!("{shape:?} dropout {dropout:?}");
-        assert_close(&format!("{what} out"), &download(&gout, n * c), &out, check.tol());
+        assert_close(&format!("{what} out"), &download(&gout, n * c), &out, 1e-5);
         assert_close(&format!("{what} lse"), &download(&glse, lse.len()), &lse, 1e-5);
 
         let dout = random(&mut rng, n * c, 1.0);
-        let (gdout, dout) = (buffer(&dout), check.operand(&dout));
         let mut dqkv = vec![0.0; n * 3 * c];
         let a: attention::Backward<&mut [f32], &[f32]> =
             attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &out, lse: &lse, shape, dropout };
         attention::backward(&Serial, a, &mut scratch, Some(KEY));
-        let (gdqkv, gdelta) = (fresh(n * 3 * c), fresh(lse.len()));
+        let (gdqkv, gdout, gdelta) = (fresh(n * 3 * c), buffer(&dout), fresh(lse.len()));
         run(head_size, |p| {
             let grads = attention::Backward {
                 dqkv: whole(&gdqkv, &dqkv),
@@ -420,7 +381,7 @@ fn attention_forward_and_backward() {
             };
             ops::attention::backward(p, grads, whole(&gdelta, &lse), key)
         });
-        assert_close(&format!("{what} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, check.tol());
+        assert_close(&format!("{what} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, 1e-5);
     }
 }
 
@@ -911,48 +872,36 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     }
 
     // Attention reading qkv as f16 and writing its output as f16; its backward reading both.
-    // With tensor cores, heads of 64 run the tensor-core kernels, which also take dout and
-    // their probabilities as f16 (see attention_forward_and_backward).
-    for head_size in [36, 64] {
-        let check = AttentionCheck::new(gpu16(), head_size);
-        let shape = AttentionShape { batch: 1, seq: 75, heads: 2, head_size };
-        let (n, c) = (75, 2 * head_size);
-        let qkv = round16(&random(&mut rng, n * 3 * c, 1.5));
-        let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; 2 * 75], vec![0.0; shape.scratch_len()]);
-        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout: None }, &mut scratch, None);
-        let (gqkv, gout, glse, gkey) = (half_buffer(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
-        run16(head_size, u64::MAX, |p| {
-            let a =
-                attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: half_view(&gqkv, qkv.len()), shape, dropout: None };
-            ops::attention::forward(p, a, View::first(&gkey, 4))
-        });
-        let gpu_out = download_half(&gout, n * c);
-        let what = format!("head size {head_size}");
-        if check.tensor {
-            assert_close(&format!("{what}: attention's f16 out"), &gpu_out, &out, check.tol());
-        } else {
-            assert_within_a_half_step(&format!("{what}: attention's f16 out"), &gpu_out, &out);
-        }
-        assert_close(&format!("{what}: attention lse"), &download16(&glse, lse.len()), &lse, 1e-5);
-        let dout = random(&mut rng, n * c, 1.0);
-        let mut dqkv = vec![0.0; n * 3 * c];
-        let cpu_dout = check.operand(&dout);
-        let a: attention::Backward<&mut [f32], &[f32]> =
-            attention::Backward { dqkv: &mut dqkv[..], dout: &cpu_dout, qkv: &qkv, out: &gpu_out, lse: &lse, shape, dropout: None };
-        attention::backward(&Serial, a, &mut scratch, None);
-        let (gdqkv, gdout, gdelta) = (buffer16(&vec![0f32; n * 3 * c]), buffer16(&dout), buffer16(&lse));
-        run16(head_size, u64::MAX, |p| {
-            let grads = attention::Backward {
-                dqkv: View::first(&gdqkv, n * 3 * c),
-                dout: View::first(&gdout, n * c),
-                qkv: half_view(&gqkv, qkv.len()),
-                out: half_view(&gout, n * c),
-                lse: View::first(&glse, lse.len()),
-                shape,
-                dropout: None,
-            };
-            ops::attention::backward(p, grads, View::first(&gdelta, lse.len()), View::first(&gkey, 4))
-        });
-        assert_close(&format!("{what}: attention dqkv from f16 qkv and output"), &download16(&gdqkv, n * 3 * c), &dqkv, check.tol());
-    }
+    let shape = AttentionShape { batch: 1, seq: 75, heads: 2, head_size: 36 };
+    let (n, c) = (75, 72);
+    let qkv = round16(&random(&mut rng, n * 3 * c, 1.5));
+    let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; 2 * 75], vec![0.0; shape.scratch_len()]);
+    attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout: None }, &mut scratch, None);
+    let (gqkv, gout, glse, gkey) = (half_buffer(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
+    run16(36, u64::MAX, |p| {
+        let a = attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: half_view(&gqkv, qkv.len()), shape, dropout: None };
+        ops::attention::forward(p, a, View::first(&gkey, 4))
+    });
+    let gpu_out = download_half(&gout, n * c);
+    assert_within_a_half_step("attention's f16 out", &gpu_out, &out);
+    assert_close("attention lse", &download16(&glse, lse.len()), &lse, 1e-5);
+    let dout = random(&mut rng, n * c, 1.0);
+    let mut dqkv = vec![0.0; n * 3 * c];
+    let a: attention::Backward<&mut [f32], &[f32]> =
+        attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &gpu_out, lse: &lse, shape, dropout: None };
+    attention::backward(&Serial, a, &mut scratch, None);
+    let (gdqkv, gdout, gdelta) = (buffer16(&vec![0f32; n * 3 * c]), buffer16(&dout), buffer16(&lse));
+    run16(36, u64::MAX, |p| {
+        let grads = attention::Backward {
+            dqkv: View::first(&gdqkv, n * 3 * c),
+            dout: View::first(&gdout, n * c),
+            qkv: half_view(&gqkv, qkv.len()),
+            out: half_view(&gout, n * c),
+            lse: View::first(&glse, lse.len()),
+            shape,
+            dropout: None,
+        };
+        ops::attention::backward(p, grads, View::first(&gdelta, lse.len()), View::first(&gkey, 4))
+    });
+    assert_close("attention dqkv from f16 qkv and output", &download16(&gdqkv, n * 3 * c), &dqkv, 1e-5);
 }

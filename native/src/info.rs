@@ -339,8 +339,7 @@ fn driver_statistics(gpu: &Gpu, head_size: usize) -> Result<Vec<alpha_gpu::drive
         return Err(format!("--kernels reads Vulkan drivers' statistics; {} runs on {}", gpu.adapter.name, gpu.adapter.backend));
     }
     let f16 = gpu.precision == alpha_gpu::Precision::F16;
-    let tensor_attention = alpha_gpu::kernels::tensor_attention(gpu, head_size);
-    alpha_gpu::driver_stats::kernel_statistics(&gpu.adapter.name, head_size, f16, gpu.tensor_cores(), tensor_attention).map_err(|e| format!("--kernels: {e}"))
+    alpha_gpu::driver_stats::kernel_statistics(&gpu.adapter.name, head_size, f16, gpu.tensor_cores()).map_err(|e| format!("--kernels: {e}"))
 }
 
 fn adapter_json(a: &AdapterSummary) -> serde_json::Value {
