@@ -10,32 +10,33 @@
 // 32 (g / 2) ..+32 and columns 64 (g % 2) ..+64 of the tile, eight 16 x 16 f32 accumulators.
 // Where subgroups are smaller (lavapipe's 8, in tests), each of a group's subgroups does the
 // group's cooperative loads and products alike and stores the same values. Each step of the
-// depth loop stages 32 depths of a and b, loaded in the step before, and multiplies them in
+// depth loop stages 32 depths of a and b, loaded two steps before, and multiplies them in
 // two halves of 16.
 
 const TC_BK: u32 = 32u;
 // A staged tile of 128 lines (a's rows or b's columns) by TC_BK depths lies in workgroup
 // memory as it lies in memory: [line][depth] where the depth is contiguous there (`along_k`),
 // else [depth][line]. Each run of four elements a thread stages is then four consecutive
-// f16s, and a subgroup's stores fill whole rows of banks (staging a transposed operand into
-// the other layout had up to 16 of a subgroup's stores in one bank). The cooperative loads
-// read either layout (row- or column-major). Each row is 16 bytes longer than its data, so
-// that the eight rows a load reads at once start in different banks.
-const TC_LINE_PITCH: u32 = 40u; // [line][depth]: TC_BK + 8
-const TC_DEPTH_PITCH: u32 = 136u; // [depth][line]: 128 + 8
-var<workgroup> tc_a: array<f16, 5120>; // 128 * TC_LINE_PITCH, at least TC_BK * TC_DEPTH_PITCH
-var<workgroup> tc_b: array<f16, 5120>;
+// f16s, one vec4<f16> of the tile, stored at once (a subgroup's stores fill whole rows of
+// banks; staging a transposed operand into the other layout had up to 16 of a subgroup's
+// stores in one bank). The cooperative loads read either layout (row- or column-major),
+// their stride counted in vec4s. Each row is 16 bytes longer than its data, so that the
+// eight rows a load reads at once start in different banks.
+const TC_LINE_PITCH: u32 = 10u; // [line][depth], in vec4s: (TC_BK + 8) / 4
+const TC_DEPTH_PITCH: u32 = 34u; // [depth][line], in vec4s: (128 + 8) / 4
+var<workgroup> tc_a: array<vec4<f16>, 1280>; // 128 * TC_LINE_PITCH, at least TC_BK * TC_DEPTH_PITCH
+var<workgroup> tc_b: array<vec4<f16>, 1280>;
 // Each group's 16 x 16 block on its way through the epilogue.
 var<workgroup> tc_c: array<f32, 2048>;
 
-// x as the tensor cores take it, an f16 operand: rounded to nearest (±inf past f16's range,
-// see round_f16), unless it is stored as f16 (`stored_half`: its binding's HALFn) and so
-// converts back exactly.
-fn f16_operand(x: f32, stored_half: bool) -> f16 {
+// Four operands as the tensor cores take them, f16: rounded to nearest (±inf past f16's
+// range, see round_f16), unless they are stored as f16 (`stored_half`: their binding's HALFn)
+// and so convert back exactly.
+fn f16_operands(x: vec4<f32>, stored_half: bool) -> vec4<f16> {
     if (stored_half) {
-        return f16(x);
+        return vec4<f16>(x);
     }
-    return f16(round_f16(x));
+    return vec4<f16>(vec4<f32>(round_f16(x.x), round_f16(x.y), round_f16(x.z), round_f16(x.w)));
 }
 
 // A staged operand as thread `lid` holds it between its load and its store: elements
@@ -76,23 +77,22 @@ fn tc_whole(op: u32, i0: u32, i_stride: u32, k_stride: u32, k0: u32, lid: u32) -
         whole_vec4(op, staged_at(4u * (768u + lid), TC_BK, along_k), i0, i_stride, k_stride, k0)));
 }
 
-// Where element (line, depth) of a staged tile lies in tc_a or tc_b (see TC_LINE_PITCH).
+// The vec4 of tc_a or tc_b that holds element (line, depth) of a staged tile and the three
+// after it along the contiguous dimension (see TC_LINE_PITCH).
 fn tc_at(line: u32, depth: u32, along_k: bool) -> u32 {
-    return select(depth * TC_DEPTH_PITCH + line, line * TC_LINE_PITCH + depth, along_k);
+    return select(depth * TC_DEPTH_PITCH + line / 4u, line * TC_LINE_PITCH + depth / 4u, along_k);
 }
 
 // tc_load's values as f16 into tc_a (a's rows, op 0) or tc_b (b's columns, op 1): each run
-// of four to four consecutive f16s.
+// of four one vec4.
 fn tc_store_staged(op: u32, s: ptr<function, Staged>, along_k: bool, lid: u32) {
     for (var e = 0u; e < 4u; e++) {
         let t = staged_at(4u * (e * 256u + lid), TC_BK, along_k);
         let at = tc_at(t.x, t.y, along_k);
-        for (var u = 0u; u < 4u; u++) {
-            if (op == 0u) {
-                tc_a[at + u] = f16_operand((*s).v[e][u], HALF1);
-            } else {
-                tc_b[at + u] = f16_operand((*s).v[e][u], HALF2);
-            }
+        if (op == 0u) {
+            tc_a[at] = f16_operands((*s).v[e], HALF1);
+        } else {
+            tc_b[at] = f16_operands((*s).v[e], HALF2);
         }
     }
 }
@@ -111,17 +111,17 @@ fn tc_b_along_k() -> bool {
 // a's 16 x 16 block of rows `row` ..+16 (of the tile) and depths `k` ..+16 from tc_a.
 fn tc_block_a(row: u32, k: u32) -> coop_mat16x16<f16, A> {
     if (tc_a_along_k()) {
-        return coopLoadT<coop_mat16x16<f16, A>>(&tc_a[row * TC_LINE_PITCH + k], TC_LINE_PITCH);
+        return coopLoadT<coop_mat16x16<f16, A>>(&tc_a[tc_at(row, k, true)], TC_LINE_PITCH);
     }
-    return coopLoad<coop_mat16x16<f16, A>>(&tc_a[k * TC_DEPTH_PITCH + row], TC_DEPTH_PITCH);
+    return coopLoad<coop_mat16x16<f16, A>>(&tc_a[tc_at(row, k, false)], TC_DEPTH_PITCH);
 }
 
 // b's 16 x 16 block of depths `k` ..+16 and columns `col` ..+16 (of the tile) from tc_b.
 fn tc_block_b(k: u32, col: u32) -> coop_mat16x16<f16, B> {
     if (tc_b_along_k()) {
-        return coopLoad<coop_mat16x16<f16, B>>(&tc_b[col * TC_LINE_PITCH + k], TC_LINE_PITCH);
+        return coopLoad<coop_mat16x16<f16, B>>(&tc_b[tc_at(col, k, true)], TC_LINE_PITCH);
     }
-    return coopLoadT<coop_mat16x16<f16, B>>(&tc_b[k * TC_DEPTH_PITCH + col], TC_DEPTH_PITCH);
+    return coopLoadT<coop_mat16x16<f16, B>>(&tc_b[tc_at(col, k, false)], TC_DEPTH_PITCH);
 }
 
 // Group accumulator (row block r, column block j) through the epilogue: staged in the
@@ -133,6 +133,15 @@ fn tc_store(acc: coop_mat16x16<f32, C>, p: Product, r0: u32, c0: u32, group: u32
         store_one(r0 + e / 16u, c0 + e % 16u, p.slice, tc_c[group * 256u + e]);
     }
     workgroupBarrier();
+}
+
+// Whether the tile goes from the accumulators straight to c (`tc_store_plain`, without
+// tc_store's staging and barriers): no epilogue (the flags hold at most F16_OPERANDS), c is
+// f32, the tile lies whole in the product and c's rows are whole vec4s. Read from the uniform
+// block itself (words 0, 1, 3 and 9), so that naga knows it uniform (see tc_a_along_k).
+fn tc_plain_whole(row0: u32, col0: u32) -> bool {
+    let w = u.w[0];
+    return !HALF3 && (w.w & ~F16_OPERANDS) == 0u && row0 + WIDE <= w.x && col0 + WIDE <= w.y && u.w[2].y % 4u == 0u;
 }
 
 @compute @workgroup_size(256)
@@ -149,20 +158,46 @@ fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     var c02 = coop_mat16x16<f32, C>(); var c03 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>(); var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>(); var c13 = coop_mat16x16<f32, C>();
-    // The next depth block is loaded into registers while this one is multiplied.
-    // (Two variables, not one TcPair: naga 30's SPIR-V writer panics on a pointer to a member.)
-    let first = tc_loads(p, row0, col0, p.k_begin, lid);
-    var next_a = first.a;
-    var next_b = first.b;
+    // Two depth blocks ahead of the one multiplied are in flight, in two register stages
+    // that take turns (`odd`), so that a block's loads have two blocks' products to arrive in.
+    // (Separate variables, not TcPairs: naga 30's SPIR-V writer panics on a pointer to a
+    // member.)
+    var a0: Staged;
+    var b0: Staged;
+    var a1: Staged;
+    var b1: Staged;
+    {
+        let loaded = tc_loads(p, row0, col0, p.k_begin, lid);
+        a0 = loaded.a;
+        b0 = loaded.b;
+    }
+    if (p.k_begin + TC_BK < p.k_end) {
+        let loaded = tc_loads(p, row0, col0, p.k_begin + TC_BK, lid);
+        a1 = loaded.a;
+        b1 = loaded.b;
+    }
+    var odd = false;
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += TC_BK) {
-        tc_store_staged(0u, &next_a, tc_a_along_k(), lid);
-        tc_store_staged(1u, &next_b, tc_b_along_k(), lid);
-        workgroupBarrier();
-        if (k0 + TC_BK < p.k_end) {
-            let loaded = tc_loads(p, row0, col0, k0 + TC_BK, lid);
-            next_a = loaded.a;
-            next_b = loaded.b;
+        if (odd) {
+            tc_store_staged(0u, &a1, tc_a_along_k(), lid);
+            tc_store_staged(1u, &b1, tc_b_along_k(), lid);
+        } else {
+            tc_store_staged(0u, &a0, tc_a_along_k(), lid);
+            tc_store_staged(1u, &b0, tc_b_along_k(), lid);
         }
+        workgroupBarrier();
+        if (k0 + 2u * TC_BK < p.k_end) {
+            if (odd) {
+                let loaded = tc_loads(p, row0, col0, k0 + 2u * TC_BK, lid);
+                a1 = loaded.a;
+                b1 = loaded.b;
+            } else {
+                let loaded = tc_loads(p, row0, col0, k0 + 2u * TC_BK, lid);
+                a0 = loaded.a;
+                b0 = loaded.b;
+            }
+        }
+        odd = !odd;
         for (var kk = 0u; kk < TC_BK; kk += 16u) {
             let a0 = tc_block_a(sr, kk);
             let a1 = tc_block_a(sr + 16u, kk);
@@ -180,6 +215,16 @@ fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let r0 = row0 + sr;
     let r1 = r0 + 16u;
     let c0 = col0 + sc;
+    if (tc_plain_whole(row0, col0)) {
+        let c_rs = u.w[2].y;
+        let top = p.slice + r0 * c_rs + c0;
+        let bottom = top + 16u * c_rs;
+        tc_store_plain(c00, top, c_rs); tc_store_plain(c01, top + 16u, c_rs);
+        tc_store_plain(c02, top + 32u, c_rs); tc_store_plain(c03, top + 48u, c_rs);
+        tc_store_plain(c10, bottom, c_rs); tc_store_plain(c11, bottom + 16u, c_rs);
+        tc_store_plain(c12, bottom + 32u, c_rs); tc_store_plain(c13, bottom + 48u, c_rs);
+        return;
+    }
     tc_store(c00, p, r0, c0, group, lane); tc_store(c01, p, r0, c0 + 16u, group, lane);
     tc_store(c02, p, r0, c0 + 32u, group, lane); tc_store(c03, p, r0, c0 + 48u, group, lane);
     tc_store(c10, p, r1, c0, group, lane); tc_store(c11, p, r1, c0 + 16u, group, lane);

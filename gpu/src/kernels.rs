@@ -321,6 +321,12 @@ fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
             text.push_str(&format!("alias Elem{n} = f32;\nconst HALF{n}: bool = false;\nfn to_elem{n}(x: f32) -> f32 {{ return x; }}\n"));
         }
     }
+    if shader == Shader::MatmulTensor {
+        // The tensor-core GEMM's store of an accumulator straight into c (row-major, `stride`
+        // elements a row) where c is f32; where it is f16 the kernel never calls it.
+        let body = if slots & (1 << 2) == 0 { "coopStoreT(acc, &mm_c[at], stride);" } else { "" };
+        text.push_str(&format!("fn tc_store_plain(acc: coop_mat16x16<f32, C>, at: u32, stride: u32) {{ {body} }}\n"));
+    }
     if shader == Shader::Attention {
         // The backward kernels' threads per row: enough that a thread holds at most 32
         // floats of each head vector (the dK/dV kernel holds four), at most 4 (256 threads,
