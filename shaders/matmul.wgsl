@@ -297,8 +297,8 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += WIDE_BK) {
         let other = WIDE_BUFFER - buf;
         // The next depth block goes into the other buffer before this one is multiplied:
-        // nothing is held in registers across the multiply-adds (3-5% faster on an H200
-        // than holding the loads until after them).
+        // nothing is held in registers across the multiply-adds (the products 3-9% faster on
+        // an H200 than holding the loads until after them; docs/performance.md).
         if (k0 + WIDE_BK < p.k_end) {
             let next = wide_loads(p, row0, col0, k0 + WIDE_BK, lid);
             wide_store(0u, other, p.a_cs == 1u, next.a, lid);
