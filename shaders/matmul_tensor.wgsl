@@ -187,12 +187,11 @@ fn matmul_tensor(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         }
         workgroupBarrier();
         if (k0 + 2u * TC_BK < p.k_end) {
+            let loaded = tc_loads(p, row0, col0, k0 + 2u * TC_BK, lid);
             if (odd) {
-                let loaded = tc_loads(p, row0, col0, k0 + 2u * TC_BK, lid);
                 a1 = loaded.a;
                 b1 = loaded.b;
             } else {
-                let loaded = tc_loads(p, row0, col0, k0 + 2u * TC_BK, lid);
                 a0 = loaded.a;
                 b0 = loaded.b;
             }
