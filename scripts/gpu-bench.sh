@@ -19,11 +19,11 @@
 #
 #   scripts/gpu-bench.sh [OUT_DIR]     (default: gpu-bench/; the summary is OUT_DIR/gpu-bench.md)
 #
-# Environment: ALPHA_NATIVE (the binary), ALPHA_COMMIT (the commit to name where there is no
-# git checkout), GPU_BENCH_CONFIGS (default "small baby gpt2"; "small" alone runs on lavapipe
-# in a few minutes, a check of this script), GPU_BENCH_ROUNDS (alternating rounds per config,
-# default 2), GPU_BENCH_COMPILE (0 leaves out the torch.compile rows, which compile for a
-# minute each), GPU_BENCH_BASELINES (other builds of alpha-native to time this one against on
+# Environment: ALPHA_NATIVE (the binary), ALPHA_COMMIT (the commit ALPHA_NATIVE was built from;
+# default the checkout's), GPU_BENCH_CONFIGS (default "small baby gpt2"; "small" alone runs on
+# lavapipe in a few minutes, a check of this script), GPU_BENCH_ROUNDS (alternating rounds per
+# config, default 2), GPU_BENCH_COMPILE (0 leaves out the torch.compile rows, which compile for
+# a minute each), GPU_BENCH_BASELINES (other builds of alpha-native to time this one against on
 # the same card, as LABEL=PATH separated by spaces, e.g. "e12daff=/tmp/alpha-e12daff": the
 # baby config's steps, or the first config's, in f32 and, where the driver has the shape, in
 # f16 on the tensor cores, in alternating rounds; then each build's top kernels in f32;
@@ -55,7 +55,7 @@ else
     alpha=${ALPHA_NATIVE:-target/release/alpha-native}
 fi
 [ -x "$alpha" ] || { echo "no alpha-native at $alpha: install Rust (cargo) or set ALPHA_NATIVE" >&2; exit 1; }
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo "${ALPHA_COMMIT:-unknown}")
+commit=${ALPHA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 stage "the GPU and its FMA limits"
 "$alpha" info --backend gpu --json --measure-steps 0 > "$out/info.json"
