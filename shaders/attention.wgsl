@@ -1,19 +1,16 @@
 // Fused causal multi-head attention over fused QKV (FlashAttention style): forward with an
 // online softmax over key tiles, saving each row's log-sum-exp; backward recomputes the
-// probabilities from it (a row-delta pass, then dQ per query row and dK, dV per key row).
-// CPU twin: core/src/ops/attention.rs.
+// probabilities from it (a row-delta pass, then dQ per block of queries and dK, dV per block
+// of keys). CPU twin: core/src/ops/attention.rs.
 //
 // Layout: qkv [B, T, 3C] with q, k, v side by side, head h at columns h*HS..(h+1)*HS of
-// each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size),
-// `const FORWARD_KT` and `const KT` (rows per shared tile in the forward and in the backward
-// kernels) and `const PARTS` (the backward kernels' threads per row) for the model being
-// compiled.
+// each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size)
+// and `const FORWARD_KT` (rows per shared tile in the forward) for the model being compiled.
 // Words: 0 unused, 1 T, 2 NH, 3 scale (f32), and for dropout on the probabilities 4 site,
 // 5 threshold (0: none), 6 the kept ones' scale (f32). Grid: (T / 64, B * NH): 64 rows per
-// workgroup. The forward gives each row one thread. The two backward kernels give each row
-// PARTS threads, each holding a slice of the row's head vectors (a whole row per thread, four
-// of them in the kV kernel, overflowed the registers at head size 64); the slices' partial
-// dot products meet in workgroup memory once per tile.
+// workgroup; the backward kernels' z the head's blocks of 64 dimensions. The forward gives
+// each row one thread; the backward kernels work on 64 x 64 blocks of (query, key) pairs,
+// each thread a 4 x 4 block of them.
 
 // The output (written by the forward at 1, read by the delta pass at 3) and qkv (at 2) are
 // f16 where the dispatch stores them so (see kernels.rs: `ElemN`).
@@ -26,22 +23,11 @@
 // dropout; decoding, the token's position (4).
 @group(0) @binding(6) var<storage, read_write> at_words: array<u32>;
 
-// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS), whole in the forward, in the
-// backward kernels each thread's slice HSP4 of them: private arrays, each step a vector
-// operation. They are `var`s and functions take them by pointer: indexing an array value (a
-// `let`, a by-value argument) copies it whole first, on each access.
+// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS). The forward holds its row's q and
+// output as private arrays, each step a vector operation; they are `var`s and functions take
+// them by pointer: indexing an array value (a `let`, a by-value argument) copies it whole
+// first, on each access.
 const HS4: u32 = (HS + 3u) / 4u;
-const HSP4: u32 = (HS4 + PARTS - 1u) / PARTS;
-const ROWS: u32 = 64u;
-const THREADS: u32 = ROWS * PARTS;
-
-// The backward kernels' tiles: KT rows of two sources.
-var<workgroup> tile_a: array<vec4<f32>, KT * HS4>;
-var<workgroup> tile_b: array<vec4<f32>, KT * HS4>;
-var<workgroup> tile_rows: array<vec2<f32>, KT>;
-// Each slice's (x · tile_a row, y · tile_b row) for every row of the workgroup and of the
-// tile: [tile row][part][row] (see partial_at).
-var<workgroup> partials: array<vec2<f32>, ROWS * KT * PARTS>;
 
 // The forward's tiles: FORWARD_KT rows of the keys and of the values.
 var<workgroup> forward_k: array<vec4<f32>, FORWARD_KT * HS4>;
@@ -101,45 +87,12 @@ fn head_elem4(src: u32, b: u32, r: u32, h: u32, d4: u32) -> vec4<f32> {
     return x;
 }
 
-/// Slice `part` of row `r` of head `h` in source `src` (see head_elem), in registers: vec4s
-/// part * HSP4 .. (part + 1) * HSP4 of the row (zeros past it).
-fn head_slice(src: u32, b: u32, r: u32, h: u32, part: u32) -> array<vec4<f32>, HSP4> {
-    var x: array<vec4<f32>, HSP4>;
-    for (var e = 0u; e < HSP4; e++) {
-        let d4 = part * HSP4 + e;
-        if (d4 < HS4) {
-            x[e] = head_elem4(src, b, r, h, d4);
-        }
-    }
-    return x;
-}
-
-/// acc + x · y over the four lanes in order: the backward kernels' dot products, one chain of
-/// multiply-adds. Lane-wise sums, as the forward's, need registers: at 167 (dK/dV) and 128
-/// (dQ) on an H200, either kernel would lose a workgroup per multiprocessor for them.
-fn dot4(x: vec4<f32>, y: vec4<f32>, acc: f32) -> f32 {
-    return fma(x.w, y.w, fma(x.z, y.z, fma(x.y, y.y, fma(x.x, y.x, acc))));
-}
-
 /// The sum of a vec4 of partial dot products (lane t: the head dimensions 4 n + t), in one
 /// order everywhere. The forward's dot products accumulate lane-wise, `fma(x, y, acc)` over
 /// the row's vec4s: four independent chains of HS / 4 multiply-adds each, where one chain of
 /// HS waited on each multiply-add's result before the next.
 fn lanes_sum(acc: vec4<f32>) -> f32 {
     return (acc.x + acc.y) + (acc.z + acc.w);
-}
-
-/// Writes slice `part` of a row (see head_slice), times `scale`, to `at_1[at ..]` (the
-/// row's first element), up to HS.
-fn store_slice(x: ptr<function, array<vec4<f32>, HSP4>>, part: u32, at: u32, scale: f32) {
-    for (var e = 0u; e < HSP4; e++) {
-        for (var t = 0u; t < 4u; t++) {
-            let d = 4u * (part * HSP4 + e) + t;
-            if (d < HS) {
-                at_1[at + d] = to_elem1((*x)[e][t] * scale);
-            }
-        }
-    }
 }
 
 /// Vec4 `e % HS4` of row r0 + e / HS4 of head `h` in `src` (see head_elem): element `e` of a
@@ -150,60 +103,6 @@ fn tile_elem4(src: u32, b: u32, h: u32, r0: u32, e: u32) -> vec4<f32> {
         return vec4<f32>(0.0);
     }
     return head_elem4(src, b, r, h, e % HS4);
-}
-
-/// Loads rows r0 .. r0 + KT of head `h` from sources `src_a` and `src_b` into tile_a and
-/// tile_b (zeros past T); all threads of the workgroup must call it.
-fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
-    for (var e = lid; e < KT * HS4; e += THREADS) {
-        tile_a[e] = tile_elem4(src_a, b, h, r0, e);
-        tile_b[e] = tile_elem4(src_b, b, h, r0, e);
-    }
-}
-
-/// Vec4 `e` of slice `part` of row `r` of tile `tile` (0 tile_a, 1 tile_b); zeros past HS4.
-fn tile_slice(tile: u32, r: u32, part: u32, e: u32) -> vec4<f32> {
-    let d4 = part * HSP4 + e;
-    if (d4 >= HS4) {
-        return vec4<f32>(0.0);
-    }
-    if (tile == 0u) {
-        return tile_a[r * HS4 + d4];
-    }
-    return tile_b[r * HS4 + d4];
-}
-
-/// Stores this thread's (x · tile_a row r, y · tile_b row r) over its slices for every row r
-/// of the tile; then, after a barrier, `combine` gives the whole rows' dot products. All
-/// threads of the workgroup must call it.
-fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, array<vec4<f32>, HSP4>>, row: u32, part: u32) {
-    for (var r = 0u; r < KT; r++) {
-        var s = 0.0;
-        var dp = 0.0;
-        for (var e = 0u; e < HSP4; e++) {
-            s = dot4((*x)[e], tile_slice(0u, r, part, e), s);
-            dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
-        }
-        partials[partial_at(row, r, part)] = vec2<f32>(s, dp);
-    }
-}
-
-/// Where slice `part` of workgroup row `row` keeps its partials with tile row `r`. The rows
-/// run innermost, so that a subgroup's threads (consecutive rows, the parts of each side by
-/// side) store into and read from consecutive vec2s: with the rows outermost, rows
-/// 8 * KT * PARTS bytes apart met in the same banks (8-way conflicts at head size 64).
-fn partial_at(row: u32, r: u32, part: u32) -> u32 {
-    return (r * PARTS + part) * ROWS + row;
-}
-
-/// Workgroup row `row`'s two dot products with tile row `r`: its slices' partials summed in
-/// slice order (the same in every thread of the row, so they agree bit for bit).
-fn combine(row: u32, r: u32) -> vec2<f32> {
-    var t = vec2<f32>(0.0);
-    for (var part = 0u; part < PARTS; part++) {
-        t += partials[partial_at(row, r, part)];
-    }
-    return t;
 }
 
 // q · k of the four keys jj .. jj + 3 of the forward's tile: sixteen independent chains of
@@ -224,10 +123,9 @@ fn key_scores(q: ptr<function, array<vec4<f32>, HS4>>, jj: u32) -> vec4<f32> {
 }
 
 // One thread per query row (64 per workgroup), holding the row's whole q and output in
-// registers (it needs two head vectors, where the backward kernels need three and four, so
-// it is not split into slices); keys and values pass through workgroup memory FORWARD_KT rows
-// at a time, every thread forming its own scores with all of them: two barriers per tile and
-// no partial sums to share.
+// registers; keys and values pass through workgroup memory FORWARD_KT rows at a time, every
+// thread forming its own scores with all of them: two barriers per tile and no partial sums
+// to share.
 // Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T], 6 dropout key.
 @compute @workgroup_size(64)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -297,90 +195,230 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     at_1[wid.y * word(1u) + row.i] = to_elem1(s);
 }
 
-// dQ of each query row (written to the q part of dqkv).
-// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
-@compute @workgroup_size(THREADS)
-fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let seq = word(1u);
-    let scale = wordf(3u);
-    let part = lid % PARTS;
-    let row = head_row(wid, lid / PARTS);
-    let i = row.i;
-    var q = head_slice(0u, row.b, row.safe, row.h, part);
-    var g = head_slice(3u, row.b, row.safe, row.h, part);
-    var dq: array<vec4<f32>, HSP4>;
-    let lse = at_4[wid.y * seq + row.safe];
-    let delta = at_5[wid.y * seq + row.safe];
-    let keys = min(seq, wid.x * 64u + 64u);
-    for (var j0 = 0u; j0 < keys; j0 += KT) {
-        load_tiles(1u, 2u, row.b, row.h, j0, lid);
-        workgroupBarrier();
-        share_partials(&q, &g, lid / PARTS, part);
-        workgroupBarrier();
-        if (row.valid && j0 <= i) {
-            for (var jj = 0u; jj < KT; jj++) {
-                if (j0 + jj <= i) {
-                    let t = combine(lid / PARTS, jj);
-                    let ds = exp(t.x * scale - lse) * (t.y * dropped(wid.y, i, j0 + jj) - delta);
-                    for (var e = 0u; e < HSP4; e++) {
-                        dq[e] = fma(vec4<f32>(ds), tile_slice(0u, jj, part, e), dq[e]);
-                    }
-                }
-            }
-        }
-        workgroupBarrier();
+// The backward kernels work on 64 x 64 blocks of (query, key) pairs, as a tiled GEMM does:
+// 256 threads in a 16 x 16 grid, thread t = (lid % 16, lid / 16) holding a 4 x 4 block of
+// each pairwise quantity, its rows 4 t.y ..+4 of the block's rows (the keys in dK/dV, the
+// queries in dQ) and its columns 4 t.x ..+4 (the other side). Each value read from
+// workgroup memory feeds four multiply-adds of a thread's block, where a thread per row
+// (the kernels before) fed one: there every vec4 read from workgroup memory fed a vec4 of
+// multiply-adds, which caps a kernel at a quarter of the FMA peak on NVIDIA (a subgroup's
+// 128-bit load takes four of the shared-memory pipe's clocks, its four vec4 FMAs one of the
+// four schedulers' each; docs/performance.md). Rows past T and head dimensions past HS are
+// zeros; each workgroup takes 64 of the head's dimensions (grid z), recomputing the pairwise
+// blocks where HS is larger.
+
+// Workgroup memory of the backward kernels, 16 KiB (WebGPU's default), used by the two
+// phases in turn: `pair_blocks` stages four chunks of 16 depths of 64 head rows,
+// [depth][row / 4] vec4s (the four rows of a vec4 side by side) from 0, 256, 512 and 768;
+// `block_accumulate` a thread block's matrix, 32 of its columns, [column][row / 4] from 0,
+// and 32 head rows' 64 dimensions, [row][dimension / 4], from 512.
+var<workgroup> blocks: array<vec4<f32>, 1024>;
+
+// A thread's 4 x 4 block: rN its row N's four columns.
+struct Block4 { r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32> }
+
+/// c += x ⊗ y: the four rows' values `x` times the four columns' `y`.
+fn block_fma(c: ptr<function, Block4>, x: vec4<f32>, y: vec4<f32>) {
+    (*c).r0 = fma(vec4<f32>(x.x), y, (*c).r0);
+    (*c).r1 = fma(vec4<f32>(x.y), y, (*c).r1);
+    (*c).r2 = fma(vec4<f32>(x.z), y, (*c).r2);
+    (*c).r3 = fma(vec4<f32>(x.w), y, (*c).r3);
+}
+
+/// Stages depths d0 .. d0 + 16 of head rows r0 .. r0 + 64 of source `src` (see head_elem)
+/// into `blocks` from `base`, [depth][row / 4]: each thread loads four depths of one row.
+fn stage_depths(src: u32, b: u32, h: u32, r0: u32, d0: u32, base: u32, lid: u32) {
+    let row = lid / 4u;
+    let d4 = d0 / 4u + lid % 4u;
+    var v = vec4<f32>(0.0);
+    if (r0 + row < word(1u) && d4 < HS4) {
+        v = head_elem4(src, b, r0 + row, h, d4);
     }
-    if (row.valid) {
-        store_slice(&dq, part, qkv_at(row.b, i, 0u, row.h), scale);
+    let at = base + 4u * (lid % 4u) * 16u + row / 4u;
+    let lane = row % 4u;
+    blocks[at][lane] = v.x;
+    blocks[at + 16u][lane] = v.y;
+    blocks[at + 32u][lane] = v.z;
+    blocks[at + 48u][lane] = v.w;
+}
+
+/// Depth `d` of the four staged chunks into the thread's blocks of x1·y1ᵀ (`s`) and x2·y2ᵀ
+/// (`t`).
+fn pair_depth(s: ptr<function, Block4>, t: ptr<function, Block4>, d: u32, tb: vec2<u32>) {
+    block_fma(s, blocks[d * 16u + tb.y], blocks[256u + d * 16u + tb.x]);
+    block_fma(t, blocks[512u + d * 16u + tb.y], blocks[768u + d * 16u + tb.x]);
+}
+
+/// The thread's blocks of two products over the head, s = x1·y1ᵀ and t = x2·y2ᵀ: the rows
+/// are head rows r0 .. r0 + 64 of sources x1 and x2, the columns rows c0 .. c0 + 64 of y1
+/// and y2 (see head_elem). All threads of the workgroup must call it.
+fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, x1: u32, y1: u32, x2: u32, y2: u32, b: u32, h: u32, r0: u32, c0: u32, tb: vec2<u32>, lid: u32) {
+    for (var d0 = 0u; d0 < HS; d0 += 16u) {
+        workgroupBarrier();
+        stage_depths(x1, b, h, r0, d0, 0u, lid);
+        stage_depths(y1, b, h, c0, d0, 256u, lid);
+        stage_depths(x2, b, h, r0, d0, 512u, lid);
+        stage_depths(y2, b, h, c0, d0, 768u, lid);
+        workgroupBarrier();
+        // Written out four depths at a time (NVIDIA's compiler does not unroll such loops).
+        for (var d = 0u; d < 16u; d += 4u) {
+            pair_depth(s, t, d, tb);
+            pair_depth(s, t, d + 1u, tb);
+            pair_depth(s, t, d + 2u, tb);
+            pair_depth(s, t, d + 3u, tb);
+        }
     }
 }
 
-// dK and dV of each key row (written to the k and v parts of dqkv).
+/// acc += m·z over the block's 64 columns: `m` the thread's block of a 64 x 64 matrix in
+/// registers (its rows 4 t.y.., columns 4 t.x..), z head rows c0 .. c0 + 64 of source `src`,
+/// dimensions 64 `db` .. + 64, so that acc is the thread's rows by dimensions 64 db + 4 t.x
+/// ..+4. m passes through workgroup memory 32 columns at a time. All threads of the
+/// workgroup must call it.
+fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u32, b: u32, h: u32, c0: u32, db: u32, tb: vec2<u32>, lid: u32) {
+    for (var half = 0u; half < 2u; half++) {
+        workgroupBarrier();
+        if (tb.x / 8u == half) {
+            let col = 4u * (tb.x % 8u);
+            blocks[col * 16u + tb.y] = vec4<f32>((*m).r0.x, (*m).r1.x, (*m).r2.x, (*m).r3.x);
+            blocks[(col + 1u) * 16u + tb.y] = vec4<f32>((*m).r0.y, (*m).r1.y, (*m).r2.y, (*m).r3.y);
+            blocks[(col + 2u) * 16u + tb.y] = vec4<f32>((*m).r0.z, (*m).r1.z, (*m).r2.z, (*m).r3.z);
+            blocks[(col + 3u) * 16u + tb.y] = vec4<f32>((*m).r0.w, (*m).r1.w, (*m).r2.w, (*m).r3.w);
+        }
+        for (var e = lid; e < 512u; e += 256u) {
+            let r = c0 + 32u * half + e / 16u;
+            let d4 = 16u * db + e % 16u;
+            var v = vec4<f32>(0.0);
+            if (r < word(1u) && d4 < HS4) {
+                v = head_elem4(src, b, r, h, d4);
+            }
+            blocks[512u + e] = v;
+        }
+        workgroupBarrier();
+        for (var col = 0u; col < 32u; col += 4u) {
+            block_fma(acc, blocks[col * 16u + tb.y], blocks[512u + col * 16u + tb.x]);
+            block_fma(acc, blocks[(col + 1u) * 16u + tb.y], blocks[512u + (col + 1u) * 16u + tb.x]);
+            block_fma(acc, blocks[(col + 2u) * 16u + tb.y], blocks[512u + (col + 2u) * 16u + tb.x]);
+            block_fma(acc, blocks[(col + 3u) * 16u + tb.y], blocks[512u + (col + 3u) * 16u + tb.x]);
+        }
+    }
+}
+
+/// Writes row `r` of a thread's block of dimensions (64 db + 4 t.x ..+4), times `scale`, to
+/// `at_1[at ..]` (the row's first element), up to HS.
+fn store_block_row(x: vec4<f32>, at: u32, db: u32, tx: u32, scale: f32) {
+    for (var t = 0u; t < 4u; t++) {
+        let d = 64u * db + 4u * tx + t;
+        if (d < HS) {
+            at_1[at + d] = to_elem1(x[t] * scale);
+        }
+    }
+}
+
+/// One row of a thread's pairwise blocks: probabilities (times dropout's factor: what dV
+/// takes) and score gradients (before the scale), from the scores `s` and dout·v `dp` of the
+/// pairs (i, j) with `i` the queries, `j` the keys (one of them the same for the row), the
+/// queries' log-sum-exps and deltas. Zero outside the causal mask and past T.
+struct PairRow { p: vec4<f32>, ds: vec4<f32> }
+
+fn pair_row(s: vec4<f32>, dp: vec4<f32>, i: vec4<u32>, j: vec4<u32>, lse: vec4<f32>, delta: vec4<f32>, bh: u32, scale: f32) -> PairRow {
+    let seq = vec4<u32>(word(1u));
+    let valid = (j <= i) & (i < seq);
+    let p = select(vec4<f32>(0.0), exp(s * scale - lse), valid);
+    let drop = vec4<f32>(dropped(bh, i.x, j.x), dropped(bh, i.y, j.y), dropped(bh, i.z, j.z), dropped(bh, i.w, j.w));
+    return PairRow(p * drop, p * (dp * drop - delta));
+}
+
+// dQ of each query block: over the key blocks up to it, the scores and dout·v recomputed
+// (rows the queries, columns the keys), then dQ += dS·K.
 // Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
-@compute @workgroup_size(THREADS)
+// Grid: (T / 64, B * NH, HS / 64).
+@compute @workgroup_size(256)
+fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let seq = word(1u);
+    let nh = word(2u);
+    let scale = wordf(3u);
+    let b = wid.y / nh;
+    let h = wid.y % nh;
+    let i0 = wid.x * 64u;
+    let tb = vec2<u32>(lid % 16u, lid / 16u);
+    // The thread's four queries (its rows) and their statistics.
+    let iv = i0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u);
+    let safe = min(iv, vec4<u32>(seq - 1u)) + wid.y * seq;
+    let lse = vec4<f32>(at_4[safe.x], at_4[safe.y], at_4[safe.z], at_4[safe.w]);
+    let delta = vec4<f32>(at_5[safe.x], at_5[safe.y], at_5[safe.z], at_5[safe.w]);
+    let zero = vec4<f32>(0.0);
+    var dq = Block4(zero, zero, zero, zero);
+    let keys = min(seq, i0 + 64u);
+    for (var j0 = 0u; j0 < keys; j0 += 64u) {
+        var s = Block4(zero, zero, zero, zero);
+        var dp = Block4(zero, zero, zero, zero);
+        pair_blocks(&s, &dp, 0u, 1u, 3u, 2u, b, h, i0, j0, tb, lid);
+        let jv = j0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
+        var ds: Block4;
+        ds.r0 = pair_row(s.r0, dp.r0, vec4<u32>(iv.x), jv, vec4<f32>(lse.x), vec4<f32>(delta.x), wid.y, scale).ds;
+        ds.r1 = pair_row(s.r1, dp.r1, vec4<u32>(iv.y), jv, vec4<f32>(lse.y), vec4<f32>(delta.y), wid.y, scale).ds;
+        ds.r2 = pair_row(s.r2, dp.r2, vec4<u32>(iv.z), jv, vec4<f32>(lse.z), vec4<f32>(delta.z), wid.y, scale).ds;
+        ds.r3 = pair_row(s.r3, dp.r3, vec4<u32>(iv.w), jv, vec4<f32>(lse.w), vec4<f32>(delta.w), wid.y, scale).ds;
+        block_accumulate(&dq, &ds, 1u, b, h, j0, wid.z, tb, lid);
+    }
+    if (iv.x < seq) { store_block_row(dq.r0, qkv_at(b, iv.x, 0u, h), wid.z, tb.x, scale); }
+    if (iv.y < seq) { store_block_row(dq.r1, qkv_at(b, iv.y, 0u, h), wid.z, tb.x, scale); }
+    if (iv.z < seq) { store_block_row(dq.r2, qkv_at(b, iv.z, 0u, h), wid.z, tb.x, scale); }
+    if (iv.w < seq) { store_block_row(dq.r3, qkv_at(b, iv.w, 0u, h), wid.z, tb.x, scale); }
+}
+
+// dK and dV of each key block: over the query blocks from it, the scores and dout·v
+// recomputed (rows the keys, columns the queries), then dV += Pᵀ·dout and dK += dSᵀ·Q.
+// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
+// Grid: (T / 64, B * NH, HS / 64).
+@compute @workgroup_size(256)
 fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
+    let nh = word(2u);
     let scale = wordf(3u);
-    let part = lid % PARTS;
-    let row = head_row(wid, lid / PARTS);
-    let j = row.i;
-    var k = head_slice(1u, row.b, row.safe, row.h, part);
-    var v = head_slice(2u, row.b, row.safe, row.h, part);
-    var dk: array<vec4<f32>, HSP4>;
-    var dv: array<vec4<f32>, HSP4>;
-    for (var i0 = wid.x * 64u; i0 < seq; i0 += KT) {
-        // Query rows i0 .. i0 + KT: q in tile_a, dout in tile_b, (lse, delta) in tile_rows.
-        load_tiles(0u, 3u, row.b, row.h, i0, lid);
-        if (lid < KT) {
-            var stats = vec2<f32>(0.0, 0.0);
-            if (i0 + lid < seq) {
-                stats = vec2<f32>(at_4[wid.y * seq + i0 + lid], at_5[wid.y * seq + i0 + lid]);
-            }
-            tile_rows[lid] = stats;
-        }
-        workgroupBarrier();
-        share_partials(&k, &v, lid / PARTS, part);
-        workgroupBarrier();
-        if (row.valid) {
-            for (var r = 0u; r < KT; r++) {
-                let i = i0 + r;
-                if (i < seq && i >= j) {
-                    let t = combine(lid / PARTS, r);
-                    let p = exp(t.x * scale - tile_rows[r].x);
-                    let drop = dropped(wid.y, i, j);
-                    let ds = p * (t.y * drop - tile_rows[r].y);
-                    for (var e = 0u; e < HSP4; e++) {
-                        dv[e] = fma(vec4<f32>(p * drop), tile_slice(1u, r, part, e), dv[e]);
-                        dk[e] = fma(vec4<f32>(ds), tile_slice(0u, r, part, e), dk[e]);
-                    }
-                }
-            }
-        }
-        workgroupBarrier();
+    let b = wid.y / nh;
+    let h = wid.y % nh;
+    let j0 = wid.x * 64u;
+    let tb = vec2<u32>(lid % 16u, lid / 16u);
+    // The thread's four keys (its rows).
+    let jv = j0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u);
+    let zero = vec4<f32>(0.0);
+    var dk = Block4(zero, zero, zero, zero);
+    var dv = Block4(zero, zero, zero, zero);
+    for (var i0 = j0; i0 < seq; i0 += 64u) {
+        var s = Block4(zero, zero, zero, zero);
+        var dp = Block4(zero, zero, zero, zero);
+        pair_blocks(&s, &dp, 1u, 0u, 2u, 3u, b, h, j0, i0, tb, lid);
+        // The block's queries (its columns) and their statistics.
+        let iv = i0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
+        let safe = min(iv, vec4<u32>(seq - 1u)) + wid.y * seq;
+        let lse = vec4<f32>(at_4[safe.x], at_4[safe.y], at_4[safe.z], at_4[safe.w]);
+        let delta = vec4<f32>(at_5[safe.x], at_5[safe.y], at_5[safe.z], at_5[safe.w]);
+        let r0 = pair_row(s.r0, dp.r0, iv, vec4<u32>(jv.x), lse, delta, wid.y, scale);
+        let r1 = pair_row(s.r1, dp.r1, iv, vec4<u32>(jv.y), lse, delta, wid.y, scale);
+        let r2 = pair_row(s.r2, dp.r2, iv, vec4<u32>(jv.z), lse, delta, wid.y, scale);
+        let r3 = pair_row(s.r3, dp.r3, iv, vec4<u32>(jv.w), lse, delta, wid.y, scale);
+        var p = Block4(r0.p, r1.p, r2.p, r3.p);
+        var ds = Block4(r0.ds, r1.ds, r2.ds, r3.ds);
+        block_accumulate(&dv, &p, 3u, b, h, i0, wid.z, tb, lid);
+        block_accumulate(&dk, &ds, 0u, b, h, i0, wid.z, tb, lid);
     }
-    if (row.valid) {
-        store_slice(&dk, part, qkv_at(row.b, j, 1u, row.h), scale);
-        store_slice(&dv, part, qkv_at(row.b, j, 2u, row.h), 1.0);
+    if (jv.x < seq) {
+        store_block_row(dk.r0, qkv_at(b, jv.x, 1u, h), wid.z, tb.x, scale);
+        store_block_row(dv.r0, qkv_at(b, jv.x, 2u, h), wid.z, tb.x, 1.0);
+    }
+    if (jv.y < seq) {
+        store_block_row(dk.r1, qkv_at(b, jv.y, 1u, h), wid.z, tb.x, scale);
+        store_block_row(dv.r1, qkv_at(b, jv.y, 2u, h), wid.z, tb.x, 1.0);
+    }
+    if (jv.z < seq) {
+        store_block_row(dk.r2, qkv_at(b, jv.z, 1u, h), wid.z, tb.x, scale);
+        store_block_row(dv.r2, qkv_at(b, jv.z, 2u, h), wid.z, tb.x, 1.0);
+    }
+    if (jv.w < seq) {
+        store_block_row(dk.r3, qkv_at(b, jv.w, 1u, h), wid.z, tb.x, scale);
+        store_block_row(dv.r3, qkv_at(b, jv.w, 2u, h), wid.z, tb.x, 1.0);
     }
 }
 
