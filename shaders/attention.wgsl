@@ -5,12 +5,12 @@
 //
 // Layout: qkv [B, T, 3C] with q, k, v side by side, head h at columns h*HS..(h+1)*HS of
 // each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size)
-// and `const FORWARD_KT` (rows per shared tile in the forward) for the model being compiled.
+// for the model being compiled.
 // Words: 0 unused, 1 T, 2 NH, 3 scale (f32), and for dropout on the probabilities 4 site,
 // 5 threshold (0: none), 6 the kept ones' scale (f32). Grid: (T / 64, B * NH): 64 rows per
-// workgroup; the backward kernels' z the head's blocks of 64 dimensions. The forward gives
-// each row one thread; the backward kernels work on 64 x 64 blocks of (query, key) pairs,
-// each thread a 4 x 4 block of them.
+// workgroup; the forward's and the backward's z the head's blocks of 64 dimensions. They work
+// on 64 x 64 blocks of (query, key) pairs, each thread a 4 x 4 block of them; the delta pass
+// gives each row a thread.
 
 // The output (written by the forward at 1, read by the delta pass at 3) and qkv (at 2) are
 // f16 where the dispatch stores them so (see kernels.rs: `ElemN`).
@@ -23,15 +23,8 @@
 // dropout; decoding, the token's position (4).
 @group(0) @binding(6) var<storage, read_write> at_words: array<u32>;
 
-// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS). The forward holds its row's q and
-// output as private arrays, each step a vector operation; they are `var`s and functions take
-// them by pointer: indexing an array value (a `let`, a by-value argument) copies it whole
-// first, on each access.
+// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS).
 const HS4: u32 = (HS + 3u) / 4u;
-
-// The forward's tiles: FORWARD_KT rows of the keys and of the values.
-var<workgroup> forward_k: array<vec4<f32>, FORWARD_KT * HS4>;
-var<workgroup> forward_v: array<vec4<f32>, FORWARD_KT * HS4>;
 
 const MASKED: f32 = -3.0e38;
 
@@ -95,107 +88,8 @@ fn lanes_sum(acc: vec4<f32>) -> f32 {
     return (acc.x + acc.y) + (acc.z + acc.w);
 }
 
-/// Vec4 `e % HS4` of row r0 + e / HS4 of head `h` in `src` (see head_elem): element `e` of a
-/// tile of rows from r0; zeros past T.
-fn tile_elem4(src: u32, b: u32, h: u32, r0: u32, e: u32) -> vec4<f32> {
-    let r = r0 + e / HS4;
-    if (r >= word(1u)) {
-        return vec4<f32>(0.0);
-    }
-    return head_elem4(src, b, r, h, e % HS4);
-}
-
-// q · k of the four keys jj .. jj + 3 of the forward's tile: sixteen independent chains of
-// multiply-adds (see lanes_sum), each vec4 of q read once for four keys.
-fn key_scores(q: ptr<function, array<vec4<f32>, HS4>>, jj: u32) -> vec4<f32> {
-    var d0 = vec4<f32>(0.0);
-    var d1 = vec4<f32>(0.0);
-    var d2 = vec4<f32>(0.0);
-    var d3 = vec4<f32>(0.0);
-    for (var d4 = 0u; d4 < HS4; d4++) {
-        let x = (*q)[d4];
-        d0 = fma(x, forward_k[jj * HS4 + d4], d0);
-        d1 = fma(x, forward_k[(jj + 1u) * HS4 + d4], d1);
-        d2 = fma(x, forward_k[(jj + 2u) * HS4 + d4], d2);
-        d3 = fma(x, forward_k[(jj + 3u) * HS4 + d4], d3);
-    }
-    return vec4<f32>(lanes_sum(d0), lanes_sum(d1), lanes_sum(d2), lanes_sum(d3));
-}
-
-// One thread per query row (64 per workgroup), holding the row's whole q and output in
-// registers; keys and values pass through workgroup memory FORWARD_KT rows at a time, every
-// thread forming its own scores with all of them: two barriers per tile and no partial sums
-// to share.
-// Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T], 6 dropout key.
-@compute @workgroup_size(64)
-fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let seq = word(1u);
-    let scale = wordf(3u);
-    let row = head_row(wid, lid);
-    let i = row.i;
-    var q: array<vec4<f32>, HS4>;
-    for (var d4 = 0u; d4 < HS4; d4++) {
-        q[d4] = head_elem4(0u, row.b, row.safe, row.h, d4);
-    }
-    var o: array<vec4<f32>, HS4>;
-    var m = MASKED;
-    var l = 0.0;
-    let keys = min(seq, wid.x * 64u + 64u);
-    for (var j0 = 0u; j0 < keys; j0 += FORWARD_KT) {
-        for (var e = lid; e < FORWARD_KT * HS4; e += 64u) {
-            forward_k[e] = tile_elem4(1u, row.b, row.h, j0, e);
-            forward_v[e] = tile_elem4(2u, row.b, row.h, j0, e);
-        }
-        workgroupBarrier();
-        if (row.valid && j0 <= i) {
-            // Four keys at a time, each four a step of the online softmax (keys past i score
-            // MASKED and weigh exp(MASKED - m_new) = 0).
-            for (var jj = 0u; jj < FORWARD_KT; jj += 4u) {
-                let js = j0 + jj + vec4<u32>(0u, 1u, 2u, 3u);
-                let x = select(vec4<f32>(MASKED), key_scores(&q, jj) * scale, js <= vec4<u32>(i));
-                let m_new = max(m, max(max(x.x, x.y), max(x.z, x.w)));
-                let corr = exp(m - m_new);
-                let p = exp(x - m_new);
-                l = l * corr + lanes_sum(p);
-                let kept = p * vec4<f32>(dropped(wid.y, i, js.x), dropped(wid.y, i, js.y), dropped(wid.y, i, js.z), dropped(wid.y, i, js.w));
-                let v = jj * HS4;
-                for (var d4 = 0u; d4 < HS4; d4++) {
-                    let o0 = fma(vec4<f32>(kept.x), forward_v[v + d4], o[d4] * corr);
-                    let o1 = fma(vec4<f32>(kept.y), forward_v[v + HS4 + d4], o0);
-                    let o2 = fma(vec4<f32>(kept.z), forward_v[v + 2u * HS4 + d4], o1);
-                    o[d4] = fma(vec4<f32>(kept.w), forward_v[v + 3u * HS4 + d4], o2);
-                }
-                m = m_new;
-            }
-        }
-        workgroupBarrier();
-    }
-    if (row.valid) {
-        let at = row_at(row.b, i, row.h);
-        let inv = 1.0 / l;
-        for (var d = 0u; d < HS; d++) {
-            at_1[at + d] = to_elem1(o[d / 4u][d % 4u] * inv);
-        }
-        at_3[wid.y * seq + i] = to_elem3(m + log(l));
-    }
-}
-
-// delta[b, h, i] = Σ_d dout·out over the head's columns. Bindings: 1 delta, 2 dout, 3 out.
-@compute @workgroup_size(64)
-fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row = head_row(wid, lid);
-    if (!row.valid) {
-        return;
-    }
-    let at = row_at(row.b, row.i, row.h);
-    var s = 0.0;
-    for (var d = 0u; d < HS; d++) {
-        s = fma(f32(at_2[at + d]), f32(at_3[at + d]), s);
-    }
-    at_1[wid.y * word(1u) + row.i] = to_elem1(s);
-}
-
-// The backward kernels work on 64 x 64 blocks of (query, key) pairs, as a tiled GEMM does:
+// The forward and backward kernels work on 64 x 64 blocks of (query, key) pairs, as a tiled
+// GEMM does:
 // 256 threads in a 16 x 16 grid, thread t = (lid % 16, lid / 16) holding a 4 x 4 block of
 // each pairwise quantity, its rows 4 t.y ..+4 of the block's rows (the keys in dK/dV, the
 // queries in dQ) and its columns 4 t.x ..+4 (the other side). Each value read from
@@ -207,11 +101,11 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 // zeros; each workgroup takes 64 of the head's dimensions (grid z), recomputing the pairwise
 // blocks where HS is larger.
 
-// Workgroup memory of the backward kernels, 16 KiB (WebGPU's default), used by the two
-// phases in turn: `pair_blocks` stages four chunks of 16 depths of 64 head rows,
-// [depth][row / 4] vec4s (the four rows of a vec4 side by side) from 0, 256, 512 and 768;
-// `block_accumulate` a thread block's matrix, 32 of its columns, [column][row / 4] from 0,
-// and 32 head rows' 64 dimensions, [row][dimension / 4], from 512.
+// Workgroup memory of the block kernels, 16 KiB (WebGPU's default), used by their phases in
+// turn: `pair_blocks` stages four chunks of 16 depths of 64 head rows, [depth][row / 4] vec4s
+// (the four rows of a vec4 side by side) from 0, 256, 512 and 768; `block_accumulate` a
+// thread block's matrix, 32 of its columns, [column][row / 4] from 0, and 32 head rows' 64
+// dimensions, [row][dimension / 4], from 512; `rows_reduce` each row's 16 parts from 0.
 var<workgroup> blocks: array<vec4<f32>, 1024>;
 
 // A thread's 4 x 4 block: rN its row N's four columns.
@@ -242,30 +136,42 @@ fn stage_depths(src: u32, b: u32, h: u32, r0: u32, d0: u32, base: u32, lid: u32)
     blocks[at + 48u][lane] = v.w;
 }
 
-/// Depth `d` of the four staged chunks into the thread's blocks of x1·y1ᵀ (`s`) and x2·y2ᵀ
-/// (`t`).
-fn pair_depth(s: ptr<function, Block4>, t: ptr<function, Block4>, d: u32, tb: vec2<u32>) {
-    block_fma(s, blocks[d * 16u + tb.y], blocks[256u + d * 16u + tb.x]);
-    block_fma(t, blocks[512u + d * 16u + tb.y], blocks[768u + d * 16u + tb.x]);
+/// Depths d .. d + 4 of the staged chunks from `base` (rows) and `base` + 256 (columns) into
+/// the thread's block `c`, written out (NVIDIA's compiler does not unroll such loops).
+fn depths4(c: ptr<function, Block4>, base: u32, d: u32, tb: vec2<u32>) {
+    block_fma(c, blocks[base + d * 16u + tb.y], blocks[base + 256u + d * 16u + tb.x]);
+    block_fma(c, blocks[base + (d + 1u) * 16u + tb.y], blocks[base + 256u + (d + 1u) * 16u + tb.x]);
+    block_fma(c, blocks[base + (d + 2u) * 16u + tb.y], blocks[base + 256u + (d + 2u) * 16u + tb.x]);
+    block_fma(c, blocks[base + (d + 3u) * 16u + tb.y], blocks[base + 256u + (d + 3u) * 16u + tb.x]);
 }
 
-/// The thread's blocks of two products over the head, s = x1·y1ᵀ and t = x2·y2ᵀ: the rows
-/// are head rows r0 .. r0 + 64 of sources x1 and x2, the columns rows c0 .. c0 + 64 of y1
-/// and y2 (see head_elem). All threads of the workgroup must call it.
-fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, x1: u32, y1: u32, x2: u32, y2: u32, b: u32, h: u32, r0: u32, c0: u32, tb: vec2<u32>, lid: u32) {
+/// Sources of `pair_blocks`' second product where the forward takes only the first.
+const NO_SOURCE: u32 = 4u;
+
+/// The thread's blocks of products over the head, s = x1·y1ᵀ and, unless `src.z` is
+/// NO_SOURCE, t = x2·y2ᵀ, with (x1, y1, x2, y2) = `src` (see head_elem): the rows are head
+/// rows r0 .. r0 + 64 of x1 and x2, the columns rows c0 .. c0 + 64 of y1 and y2. All threads
+/// of the workgroup must call it.
+fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, src: vec4<u32>, b: u32, h: u32, r0: u32, c0: u32, tb: vec2<u32>, lid: u32) {
+    let two = src.z != NO_SOURCE;
     for (var d0 = 0u; d0 < HS; d0 += 16u) {
         workgroupBarrier();
-        stage_depths(x1, b, h, r0, d0, 0u, lid);
-        stage_depths(y1, b, h, c0, d0, 256u, lid);
-        stage_depths(x2, b, h, r0, d0, 512u, lid);
-        stage_depths(y2, b, h, c0, d0, 768u, lid);
+        stage_depths(src.x, b, h, r0, d0, 0u, lid);
+        stage_depths(src.y, b, h, c0, d0, 256u, lid);
+        if (two) {
+            stage_depths(src.z, b, h, r0, d0, 512u, lid);
+            stage_depths(src.w, b, h, c0, d0, 768u, lid);
+        }
         workgroupBarrier();
-        // Written out four depths at a time (NVIDIA's compiler does not unroll such loops).
-        for (var d = 0u; d < 16u; d += 4u) {
-            pair_depth(s, t, d, tb);
-            pair_depth(s, t, d + 1u, tb);
-            pair_depth(s, t, d + 2u, tb);
-            pair_depth(s, t, d + 3u, tb);
+        if (two) {
+            for (var d = 0u; d < 16u; d += 4u) {
+                depths4(s, 0u, d, tb);
+                depths4(t, 512u, d, tb);
+            }
+        } else {
+            for (var d = 0u; d < 16u; d += 4u) {
+                depths4(s, 0u, d, tb);
+            }
         }
     }
 }
@@ -315,6 +221,127 @@ fn store_block_row(x: vec4<f32>, at: u32, db: u32, tx: u32, scale: f32) {
     }
 }
 
+/// The maxima (`largest`) or sums over the 16 threads of a row group (the same t.y) of each
+/// of the thread's four rows' values `v` (its part of each row): every thread of the group
+/// gets the same four, summed in one order. All threads of the workgroup must call it.
+fn rows_reduce(v: vec4<f32>, largest: bool, tb: vec2<u32>) -> vec4<f32> {
+    // [row][t.x]: row 4 t.y + a's 16 parts in four vec4s from 16 t.y + 4 a.
+    let at = 16u * tb.y + tb.x / 4u;
+    let lane = tb.x % 4u;
+    workgroupBarrier();
+    blocks[at][lane] = v.x;
+    blocks[at + 4u][lane] = v.y;
+    blocks[at + 8u][lane] = v.z;
+    blocks[at + 12u][lane] = v.w;
+    workgroupBarrier();
+    var r: vec4<f32>;
+    for (var a = 0u; a < 4u; a++) {
+        let row = 16u * tb.y + 4u * a;
+        let q0 = blocks[row];
+        let q1 = blocks[row + 1u];
+        let q2 = blocks[row + 2u];
+        let q3 = blocks[row + 3u];
+        if (largest) {
+            let m = max(max(q0, q1), max(q2, q3));
+            r[a] = max(max(m.x, m.y), max(m.z, m.w));
+        } else {
+            r[a] = lanes_sum((q0 + q1) + (q2 + q3));
+        }
+    }
+    return r;
+}
+
+/// The largest of a vec4's four values.
+fn max4(x: vec4<f32>) -> f32 {
+    return max(max(x.x, x.y), max(x.z, x.w));
+}
+
+/// One row of the forward's scores, `s` times `scale`, where key j may be seen from query
+/// i (j <= i, and both within T), else MASKED.
+fn masked_row(s: vec4<f32>, i: u32, j: vec4<u32>, scale: f32) -> vec4<f32> {
+    return select(vec4<f32>(MASKED), s * scale, (j <= vec4<u32>(i)) & (vec4<u32>(i) < vec4<u32>(word(1u))));
+}
+
+// The forward of each query block: over the key blocks up to it, the scores (rows the
+// queries, columns the keys), each block a step of the online softmax (the rows' maxima met
+// over each row's 16 threads), then out += P·V. Each thread sums its own columns' share of
+// each row's exponentials; the shares meet at the end.
+// Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T], 6 dropout key.
+// Grid: (T / 64, B * NH, HS / 64).
+@compute @workgroup_size(256)
+fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let seq = word(1u);
+    let nh = word(2u);
+    let scale = wordf(3u);
+    let b = wid.y / nh;
+    let h = wid.y % nh;
+    let i0 = wid.x * 64u;
+    let tb = vec2<u32>(lid % 16u, lid / 16u);
+    // The thread's four queries (its rows).
+    let iv = i0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u);
+    let zero = vec4<f32>(0.0);
+    var o = Block4(zero, zero, zero, zero);
+    var m = vec4<f32>(MASKED);
+    var l = zero;
+    let keys = min(seq, i0 + 64u);
+    for (var j0 = 0u; j0 < keys; j0 += 64u) {
+        var s = Block4(zero, zero, zero, zero);
+        var unused: Block4;
+        pair_blocks(&s, &unused, vec4<u32>(0u, 1u, NO_SOURCE, NO_SOURCE), b, h, i0, j0, tb, lid);
+        let jv = j0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
+        let x0 = masked_row(s.r0, iv.x, jv, scale);
+        let x1 = masked_row(s.r1, iv.y, jv, scale);
+        let x2 = masked_row(s.r2, iv.z, jv, scale);
+        let x3 = masked_row(s.r3, iv.w, jv, scale);
+        // Masked scores weigh exp(MASKED - m_new) = 0; a row past T stays all MASKED.
+        let m_new = max(m, rows_reduce(vec4<f32>(max4(x0), max4(x1), max4(x2), max4(x3)), true, tb));
+        let corr = exp(m - m_new);
+        let p0 = exp(x0 - m_new.x);
+        let p1 = exp(x1 - m_new.y);
+        let p2 = exp(x2 - m_new.z);
+        let p3 = exp(x3 - m_new.w);
+        l = l * corr + vec4<f32>(lanes_sum(p0), lanes_sum(p1), lanes_sum(p2), lanes_sum(p3));
+        var kept = Block4(kept_row(p0, iv.x, jv, wid.y), kept_row(p1, iv.y, jv, wid.y), kept_row(p2, iv.z, jv, wid.y), kept_row(p3, iv.w, jv, wid.y));
+        o = Block4(o.r0 * corr.x, o.r1 * corr.y, o.r2 * corr.z, o.r3 * corr.w);
+        block_accumulate(&o, &kept, 2u, b, h, j0, wid.z, tb, lid);
+        m = m_new;
+    }
+    let sum = rows_reduce(l, false, tb);
+    let inv = 1.0 / sum;
+    if (iv.x < seq) { store_block_row(o.r0, row_at(b, iv.x, h), wid.z, tb.x, inv.x); }
+    if (iv.y < seq) { store_block_row(o.r1, row_at(b, iv.y, h), wid.z, tb.x, inv.y); }
+    if (iv.z < seq) { store_block_row(o.r2, row_at(b, iv.z, h), wid.z, tb.x, inv.z); }
+    if (iv.w < seq) { store_block_row(o.r3, row_at(b, iv.w, h), wid.z, tb.x, inv.w); }
+    if (tb.x == 0u && wid.z == 0u) {
+        let lse = m + log(sum);
+        for (var a = 0u; a < 4u; a++) {
+            if (iv[a] < seq) {
+                at_3[wid.y * seq + iv[a]] = to_elem3(lse[a]);
+            }
+        }
+    }
+}
+
+/// Probabilities `p` of query i with keys j times dropout's factors.
+fn kept_row(p: vec4<f32>, i: u32, j: vec4<u32>, bh: u32) -> vec4<f32> {
+    return p * vec4<f32>(dropped(bh, i, j.x), dropped(bh, i, j.y), dropped(bh, i, j.z), dropped(bh, i, j.w));
+}
+
+// delta[b, h, i] = Σ_d dout·out over the head's columns. Bindings: 1 delta, 2 dout, 3 out.
+@compute @workgroup_size(64)
+fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = head_row(wid, lid);
+    if (!row.valid) {
+        return;
+    }
+    let at = row_at(row.b, row.i, row.h);
+    var s = 0.0;
+    for (var d = 0u; d < HS; d++) {
+        s = fma(f32(at_2[at + d]), f32(at_3[at + d]), s);
+    }
+    at_1[wid.y * word(1u) + row.i] = to_elem1(s);
+}
+
 /// One row of a thread's pairwise blocks: probabilities (times dropout's factor: what dV
 /// takes) and score gradients (before the scale), from the scores `s` and dout·v `dp` of the
 /// pairs (i, j) with `i` the queries, `j` the keys (one of them the same for the row), the
@@ -353,7 +380,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
     for (var j0 = 0u; j0 < keys; j0 += 64u) {
         var s = Block4(zero, zero, zero, zero);
         var dp = Block4(zero, zero, zero, zero);
-        pair_blocks(&s, &dp, 0u, 1u, 3u, 2u, b, h, i0, j0, tb, lid);
+        pair_blocks(&s, &dp, vec4<u32>(0u, 1u, 3u, 2u), b, h, i0, j0, tb, lid);
         let jv = j0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
         var ds: Block4;
         ds.r0 = pair_row(s.r0, dp.r0, vec4<u32>(iv.x), jv, vec4<f32>(lse.x), vec4<f32>(delta.x), wid.y, scale).ds;
@@ -389,7 +416,7 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
     for (var i0 = j0; i0 < seq; i0 += 64u) {
         var s = Block4(zero, zero, zero, zero);
         var dp = Block4(zero, zero, zero, zero);
-        pair_blocks(&s, &dp, 1u, 0u, 2u, 3u, b, h, j0, i0, tb, lid);
+        pair_blocks(&s, &dp, vec4<u32>(1u, 0u, 2u, 3u), b, h, j0, i0, tb, lid);
         // The block's queries (its columns) and their statistics.
         let iv = i0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
         let safe = min(iv, vec4<u32>(seq - 1u)) + wid.y * seq;

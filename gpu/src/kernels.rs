@@ -328,11 +328,7 @@ fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
         text.push_str(&format!("fn tc_store_plain(acc: coop_mat16x16<f32, C>, at: u32, stride: u32) {{ {body} }}\n"));
     }
     if shader == Shader::Attention {
-        // The forward's two tiles of FORWARD_KT rows, a power of two from 4 (its scores are
-        // formed four keys at a time) to 16: at most 8 KiB up to head size 256 (16 rows at
-        // head size 64).
-        let forward_kt = 1 << (256 / head_size.div_ceil(4)).clamp(4, 16).ilog2();
-        text.push_str(&format!("const HS: u32 = {head_size}u;\nconst FORWARD_KT: u32 = {forward_kt}u;\n"));
+        text.push_str(&format!("const HS: u32 = {head_size}u;\n"));
     }
     text
 }
