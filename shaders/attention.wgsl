@@ -104,8 +104,8 @@ fn lanes_sum(acc: vec4<f32>) -> f32 {
 // Workgroup memory of the block kernels, 16 KiB (WebGPU's default), used by their phases in
 // turn: `pair_blocks` stages four chunks of 16 depths of 64 head rows, [depth][row / 4] vec4s
 // (the four rows of a vec4 side by side) from 0, 256, 512 and 768; `block_accumulate` a
-// thread block's matrix, 32 of its columns, [column][row / 4] from 0, and 32 head rows' 64
-// dimensions, [row][dimension / 4], from 512; `rows_reduce` each row's 16 parts from 0.
+// thread block's matrix, 32 of its columns, [column][row / 4] (swizzled) from 0, and 32 head
+// rows' 64 dimensions, [row][dimension / 4], from 512; `rows_reduce` each row's 16 parts from 0.
 var<workgroup> blocks: array<vec4<f32>, 1024>;
 
 // A thread's 4 x 4 block: rN its row N's four columns.
@@ -120,15 +120,17 @@ fn block_fma(c: ptr<function, Block4>, x: vec4<f32>, y: vec4<f32>) {
 }
 
 /// Stages depths d0 .. d0 + 16 of head rows r0 .. r0 + 64 of source `src` (see head_elem)
-/// into `blocks` from `base`, [depth][row / 4]: each thread loads four depths of one row.
+/// into `blocks` from `base`, [depth][row / 4]: each thread loads four depths of one row, a
+/// subgroup's 32 threads the same depths of 32 rows, so that its stores of each depth fill
+/// the 32 banks once (four threads a row put a subgroup's stores in 8 banks, 4 to each).
 fn stage_depths(src: u32, b: u32, h: u32, r0: u32, d0: u32, base: u32, lid: u32) {
-    let row = lid / 4u;
-    let d4 = d0 / 4u + lid % 4u;
+    let row = lid % 64u;
+    let d4 = d0 / 4u + lid / 64u;
     var v = vec4<f32>(0.0);
     if (r0 + row < word(1u) && d4 < HS4) {
         v = head_elem4(src, b, r0 + row, h, d4);
     }
-    let at = base + 4u * (lid % 4u) * 16u + row / 4u;
+    let at = base + 4u * (lid / 64u) * 16u + row / 4u;
     let lane = row % 4u;
     blocks[at][lane] = v.x;
     blocks[at + 16u][lane] = v.y;
@@ -184,12 +186,16 @@ fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, src: vec4<u32
 fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u32, b: u32, h: u32, c0: u32, db: u32, tb: vec2<u32>, lid: u32) {
     for (var half = 0u; half < 2u; half++) {
         workgroupBarrier();
+        // Column `col` of m lies at col * 16 + (row / 4 ^ col / 4): the eight threads of a
+        // subgroup that store the same column of their blocks (columns 16 vec4s apart) then
+        // reach different banks.
         if (tb.x / 8u == half) {
             let col = 4u * (tb.x % 8u);
-            blocks[col * 16u + tb.y] = vec4<f32>((*m).r0.x, (*m).r1.x, (*m).r2.x, (*m).r3.x);
-            blocks[(col + 1u) * 16u + tb.y] = vec4<f32>((*m).r0.y, (*m).r1.y, (*m).r2.y, (*m).r3.y);
-            blocks[(col + 2u) * 16u + tb.y] = vec4<f32>((*m).r0.z, (*m).r1.z, (*m).r2.z, (*m).r3.z);
-            blocks[(col + 3u) * 16u + tb.y] = vec4<f32>((*m).r0.w, (*m).r1.w, (*m).r2.w, (*m).r3.w);
+            let row = tb.y ^ (tb.x % 8u);
+            blocks[col * 16u + row] = vec4<f32>((*m).r0.x, (*m).r1.x, (*m).r2.x, (*m).r3.x);
+            blocks[(col + 1u) * 16u + row] = vec4<f32>((*m).r0.y, (*m).r1.y, (*m).r2.y, (*m).r3.y);
+            blocks[(col + 2u) * 16u + row] = vec4<f32>((*m).r0.z, (*m).r1.z, (*m).r2.z, (*m).r3.z);
+            blocks[(col + 3u) * 16u + row] = vec4<f32>((*m).r0.w, (*m).r1.w, (*m).r2.w, (*m).r3.w);
         }
         for (var e = lid; e < 512u; e += 256u) {
             let r = c0 + 32u * half + e / 16u;
@@ -202,10 +208,11 @@ fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u
         }
         workgroupBarrier();
         for (var col = 0u; col < 32u; col += 4u) {
-            block_fma(acc, blocks[col * 16u + tb.y], blocks[512u + col * 16u + tb.x]);
-            block_fma(acc, blocks[(col + 1u) * 16u + tb.y], blocks[512u + (col + 1u) * 16u + tb.x]);
-            block_fma(acc, blocks[(col + 2u) * 16u + tb.y], blocks[512u + (col + 2u) * 16u + tb.x]);
-            block_fma(acc, blocks[(col + 3u) * 16u + tb.y], blocks[512u + (col + 3u) * 16u + tb.x]);
+            let row = tb.y ^ (col / 4u);
+            block_fma(acc, blocks[col * 16u + row], blocks[512u + col * 16u + tb.x]);
+            block_fma(acc, blocks[(col + 1u) * 16u + row], blocks[512u + (col + 1u) * 16u + tb.x]);
+            block_fma(acc, blocks[(col + 2u) * 16u + row], blocks[512u + (col + 2u) * 16u + tb.x]);
+            block_fma(acc, blocks[(col + 3u) * 16u + row], blocks[512u + (col + 3u) * 16u + tb.x]);
         }
     }
 }
