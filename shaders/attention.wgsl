@@ -88,18 +88,16 @@ fn lanes_sum(acc: vec4<f32>) -> f32 {
     return (acc.x + acc.y) + (acc.z + acc.w);
 }
 
-// The forward and backward kernels work on 64 x 64 blocks of (query, key) pairs, as a tiled
-// GEMM does:
-// 256 threads in a 16 x 16 grid, thread t = (lid % 16, lid / 16) holding a 4 x 4 block of
-// each pairwise quantity, its rows 4 t.y ..+4 of the block's rows (the keys in dK/dV, the
-// queries in dQ) and its columns 4 t.x ..+4 (the other side). Each value read from
-// workgroup memory feeds four multiply-adds of a thread's block, where a thread per row
-// (the kernels before) fed one: there every vec4 read from workgroup memory fed a vec4 of
-// multiply-adds, which caps a kernel at a quarter of the FMA peak on NVIDIA (a subgroup's
-// 128-bit load takes four of the shared-memory pipe's clocks, its four vec4 FMAs one of the
-// four schedulers' each; docs/performance.md). Rows past T and head dimensions past HS are
-// zeros; each workgroup takes 64 of the head's dimensions (grid z), recomputing the pairwise
-// blocks where HS is larger.
+// The forward and backward kernels work on 64 x 64 blocks of (query, key) pairs, as a tiled GEMM
+// does: 256 threads in a 16 x 16 grid, thread t = (lid % 16, lid / 16) holding a 4 x 4 block of
+// each pairwise quantity, its rows 4 t.y ..+4 of the block's rows (the keys in dK/dV, the queries
+// in dQ) and its columns 4 t.x ..+4 (the other side). Two vec4s read from workgroup memory feed 16
+// multiply-adds of a thread's block; with a thread per row (the kernels before) one vec4 fed four,
+// which caps a kernel at a quarter of the FMA peak on NVIDIA (a subgroup's 128-bit load holds the
+// shared-memory pipe four clocks, in which the four schedulers could issue sixteen FMA
+// instructions; docs/performance.md). Rows past T and head dimensions past HS are zeros; each
+// workgroup takes 64 of the head's dimensions (grid z), recomputing the pairwise blocks where HS
+// is larger.
 
 // Workgroup memory of the block kernels, 16 KiB (WebGPU's default), used by their phases in
 // turn: `pair_blocks` stages four chunks of 16 depths of 64 head rows, [depth][row / 4] vec4s
@@ -217,8 +215,8 @@ fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u
     }
 }
 
-/// Writes row `r` of a thread's block of dimensions (64 db + 4 t.x ..+4), times `scale`, to
-/// `at_1[at ..]` (the row's first element), up to HS.
+/// Writes one row `x` of a thread's block of dimensions (64 db + 4 t.x ..+4), times `scale`,
+/// to `at_1[at ..]` (the row's first element), up to HS.
 fn store_block_row(x: vec4<f32>, at: u32, db: u32, tx: u32, scale: f32) {
     for (var t = 0u; t < 4u; t++) {
         let d = 64u * db + 4u * tx + t;
@@ -267,6 +265,11 @@ fn max4(x: vec4<f32>) -> f32 {
 /// i (j <= i, and both within T), else MASKED.
 fn masked_row(s: vec4<f32>, i: u32, j: vec4<u32>, scale: f32) -> vec4<f32> {
     return select(vec4<f32>(MASKED), s * scale, (j <= vec4<u32>(i)) & (vec4<u32>(i) < vec4<u32>(word(1u))));
+}
+
+/// Probabilities `p` of query i with keys j times dropout's factors.
+fn kept_row(p: vec4<f32>, i: u32, j: vec4<u32>, bh: u32) -> vec4<f32> {
+    return p * vec4<f32>(dropped(bh, i, j.x), dropped(bh, i, j.y), dropped(bh, i, j.z), dropped(bh, i, j.w));
 }
 
 // The forward of each query block: over the key blocks up to it, the scores (rows the
@@ -327,11 +330,6 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             }
         }
     }
-}
-
-/// Probabilities `p` of query i with keys j times dropout's factors.
-fn kept_row(p: vec4<f32>, i: u32, j: vec4<u32>, bh: u32) -> vec4<f32> {
-    return p * vec4<f32>(dropped(bh, i, j.x), dropped(bh, i, j.y), dropped(bh, i, j.z), dropped(bh, i, j.w));
 }
 
 // delta[b, h, i] = Σ_d dout·out over the head's columns. Bindings: 1 delta, 2 dout, 3 out.
