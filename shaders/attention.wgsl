@@ -109,6 +109,23 @@ var<workgroup> blocks: array<vec4<f32>, 1024>;
 // A thread's 4 x 4 block: rN its row N's four columns.
 struct Block4 { r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32> }
 
+/// A block kernel's workgroup (grid (T / 64, B * NH, HS / 64)): batch `b`, head `h`, their
+/// index `bh` in [B, NH], the first of its 64 rows `r0` (queries or keys), the head's block
+/// of 64 dimensions `db`, and the thread's place `tb` with its four rows `rows`.
+struct BlockGroup { b: u32, h: u32, bh: u32, r0: u32, db: u32, tb: vec2<u32>, rows: vec4<u32> }
+
+fn block_group(wid: vec3<u32>, lid: u32) -> BlockGroup {
+    let nh = word(2u);
+    let tb = vec2<u32>(lid % 16u, lid / 16u);
+    let r0 = wid.x * 64u;
+    return BlockGroup(wid.y / nh, wid.y % nh, wid.y, r0, wid.z, tb, r0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u));
+}
+
+/// The thread's four columns of the block whose columns start at c0.
+fn block_cols(c0: u32, tb: vec2<u32>) -> vec4<u32> {
+    return c0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
+}
+
 /// c += x ⊗ y: the four rows' values `x` times the four columns' `y`.
 fn block_fma(c: ptr<function, Block4>, x: vec4<f32>, y: vec4<f32>) {
     (*c).r0 = fma(vec4<f32>(x.x), y, (*c).r0);
@@ -149,28 +166,28 @@ fn depths4(c: ptr<function, Block4>, base: u32, d: u32, tb: vec2<u32>) {
 const NO_SOURCE: u32 = 4u;
 
 /// The thread's blocks of products over the head, s = x1·y1ᵀ and, unless `src.z` is
-/// NO_SOURCE, t = x2·y2ᵀ, with (x1, y1, x2, y2) = `src` (see head_elem): the rows are head
-/// rows r0 .. r0 + 64 of x1 and x2, the columns rows c0 .. c0 + 64 of y1 and y2. All threads
-/// of the workgroup must call it.
-fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, src: vec4<u32>, b: u32, h: u32, r0: u32, c0: u32, tb: vec2<u32>, lid: u32) {
+/// NO_SOURCE, t = x2·y2ᵀ, with (x1, y1, x2, y2) = `src` (see head_elem): the rows are the
+/// group's head rows g.r0 .. + 64 of x1 and x2, the columns rows c0 .. c0 + 64 of y1 and y2.
+/// All threads of the workgroup must call it.
+fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, src: vec4<u32>, g: BlockGroup, c0: u32, lid: u32) {
     let two = src.z != NO_SOURCE;
     for (var d0 = 0u; d0 < HS; d0 += 16u) {
         workgroupBarrier();
-        stage_depths(src.x, b, h, r0, d0, 0u, lid);
-        stage_depths(src.y, b, h, c0, d0, 256u, lid);
+        stage_depths(src.x, g.b, g.h, g.r0, d0, 0u, lid);
+        stage_depths(src.y, g.b, g.h, c0, d0, 256u, lid);
         if (two) {
-            stage_depths(src.z, b, h, r0, d0, 512u, lid);
-            stage_depths(src.w, b, h, c0, d0, 768u, lid);
+            stage_depths(src.z, g.b, g.h, g.r0, d0, 512u, lid);
+            stage_depths(src.w, g.b, g.h, c0, d0, 768u, lid);
         }
         workgroupBarrier();
         if (two) {
             for (var d = 0u; d < 16u; d += 4u) {
-                depths4(s, 0u, d, tb);
-                depths4(t, 512u, d, tb);
+                depths4(s, 0u, d, g.tb);
+                depths4(t, 512u, d, g.tb);
             }
         } else {
             for (var d = 0u; d < 16u; d += 4u) {
-                depths4(s, 0u, d, tb);
+                depths4(s, 0u, d, g.tb);
             }
         }
     }
@@ -178,10 +195,11 @@ fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, src: vec4<u32
 
 /// acc += m·z over the block's 64 columns: `m` the thread's block of a 64 x 64 matrix in
 /// registers (its rows 4 t.y.., columns 4 t.x..), z head rows c0 .. c0 + 64 of source `src`,
-/// dimensions 64 `db` .. + 64, so that acc is the thread's rows by dimensions 64 db + 4 t.x
-/// ..+4. m passes through workgroup memory 32 columns at a time. All threads of the
-/// workgroup must call it.
-fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u32, b: u32, h: u32, c0: u32, db: u32, tb: vec2<u32>, lid: u32) {
+/// the group's dimensions 64 g.db .. + 64, so that acc is the thread's rows by dimensions
+/// 64 g.db + 4 t.x ..+4. m passes through workgroup memory 32 columns at a time. All threads
+/// of the workgroup must call it.
+fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u32, g: BlockGroup, c0: u32, lid: u32) {
+    let tb = g.tb;
     for (var half = 0u; half < 2u; half++) {
         workgroupBarrier();
         // Column `col` of m lies at col * 16 + (row / 4 ^ col / 4): the eight threads of a
@@ -197,10 +215,10 @@ fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u
         }
         for (var e = lid; e < 512u; e += 256u) {
             let r = c0 + 32u * half + e / 16u;
-            let d4 = 16u * db + e % 16u;
+            let d4 = 16u * g.db + e % 16u;
             var v = vec4<f32>(0.0);
             if (r < word(1u) && d4 < HS4) {
-                v = head_elem4(src, b, r, h, d4);
+                v = head_elem4(src, g.b, r, g.h, d4);
             }
             blocks[512u + e] = v;
         }
@@ -215,15 +233,39 @@ fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u
     }
 }
 
-/// Writes one row `x` of a thread's block of dimensions (64 db + 4 t.x ..+4), times `scale`,
-/// to `at_1[at ..]` (the row's first element), up to HS.
-fn store_block_row(x: vec4<f32>, at: u32, db: u32, tx: u32, scale: f32) {
+/// Log-sum-exps (binding 4) and deltas (binding 5) of four queries (clamped to T - 1).
+struct RowStats { lse: vec4<f32>, delta: vec4<f32> }
+
+fn row_stats(i: vec4<u32>, bh: u32) -> RowStats {
+    let seq = word(1u);
+    let at = min(i, vec4<u32>(seq - 1u)) + bh * seq;
+    return RowStats(vec4<f32>(at_4[at.x], at_4[at.y], at_4[at.z], at_4[at.w]), vec4<f32>(at_5[at.x], at_5[at.y], at_5[at.z], at_5[at.w]));
+}
+
+/// Where block stores go: the output [B, T, C] rather than a part of dqkv (0 q, 1 k, 2 v).
+const OUT_ROWS: u32 = 3u;
+
+/// Writes row `i` of a thread's block, `x` (dimensions 64 db + 4 t.x ..+4) times `scale`, to
+/// at_1: part `part` of dqkv or the output (OUT_ROWS), up to HS; nothing past T.
+fn store_block_row(x: vec4<f32>, i: u32, part: u32, g: BlockGroup, scale: f32) {
+    if (i >= word(1u)) {
+        return;
+    }
+    let at = select(qkv_at(g.b, i, part, g.h), row_at(g.b, i, g.h), part == OUT_ROWS);
     for (var t = 0u; t < 4u; t++) {
-        let d = 64u * db + 4u * tx + t;
+        let d = 64u * g.db + 4u * g.tb.x + t;
         if (d < HS) {
             at_1[at + d] = to_elem1(x[t] * scale);
         }
     }
+}
+
+/// Writes a thread's block `x` (its rows g.rows), row a times scale[a] (see store_block_row).
+fn store_block(x: ptr<function, Block4>, part: u32, g: BlockGroup, scale: vec4<f32>) {
+    store_block_row((*x).r0, g.rows.x, part, g, scale.x);
+    store_block_row((*x).r1, g.rows.y, part, g, scale.y);
+    store_block_row((*x).r2, g.rows.z, part, g, scale.z);
+    store_block_row((*x).r3, g.rows.w, part, g, scale.w);
 }
 
 /// The maxima (`largest`) or sums over the 16 threads of a row group (the same t.y) of each
@@ -281,52 +323,44 @@ fn kept_row(p: vec4<f32>, i: u32, j: vec4<u32>, bh: u32) -> vec4<f32> {
 @compute @workgroup_size(256)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
-    let nh = word(2u);
     let scale = wordf(3u);
-    let b = wid.y / nh;
-    let h = wid.y % nh;
-    let i0 = wid.x * 64u;
-    let tb = vec2<u32>(lid % 16u, lid / 16u);
-    // The thread's four queries (its rows).
-    let iv = i0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u);
+    // The thread's rows are queries.
+    let g = block_group(wid, lid);
+    let iv = g.rows;
     let zero = vec4<f32>(0.0);
     var o = Block4(zero, zero, zero, zero);
     var m = vec4<f32>(MASKED);
     var l = zero;
-    let keys = min(seq, i0 + 64u);
+    let keys = min(seq, g.r0 + 64u);
     for (var j0 = 0u; j0 < keys; j0 += 64u) {
         var s = Block4(zero, zero, zero, zero);
         var unused: Block4;
-        pair_blocks(&s, &unused, vec4<u32>(0u, 1u, NO_SOURCE, NO_SOURCE), b, h, i0, j0, tb, lid);
-        let jv = j0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
+        pair_blocks(&s, &unused, vec4<u32>(0u, 1u, NO_SOURCE, NO_SOURCE), g, j0, lid);
+        let jv = block_cols(j0, g.tb);
         let x0 = masked_row(s.r0, iv.x, jv, scale);
         let x1 = masked_row(s.r1, iv.y, jv, scale);
         let x2 = masked_row(s.r2, iv.z, jv, scale);
         let x3 = masked_row(s.r3, iv.w, jv, scale);
         // Masked scores weigh exp(MASKED - m_new) = 0; a row past T stays all MASKED.
-        let m_new = max(m, rows_reduce(vec4<f32>(max4(x0), max4(x1), max4(x2), max4(x3)), true, tb));
+        let m_new = max(m, rows_reduce(vec4<f32>(max4(x0), max4(x1), max4(x2), max4(x3)), true, g.tb));
         let corr = exp(m - m_new);
         let p0 = exp(x0 - m_new.x);
         let p1 = exp(x1 - m_new.y);
         let p2 = exp(x2 - m_new.z);
         let p3 = exp(x3 - m_new.w);
         l = l * corr + vec4<f32>(lanes_sum(p0), lanes_sum(p1), lanes_sum(p2), lanes_sum(p3));
-        var kept = Block4(kept_row(p0, iv.x, jv, wid.y), kept_row(p1, iv.y, jv, wid.y), kept_row(p2, iv.z, jv, wid.y), kept_row(p3, iv.w, jv, wid.y));
+        var kept = Block4(kept_row(p0, iv.x, jv, g.bh), kept_row(p1, iv.y, jv, g.bh), kept_row(p2, iv.z, jv, g.bh), kept_row(p3, iv.w, jv, g.bh));
         o = Block4(o.r0 * corr.x, o.r1 * corr.y, o.r2 * corr.z, o.r3 * corr.w);
-        block_accumulate(&o, &kept, 2u, b, h, j0, wid.z, tb, lid);
+        block_accumulate(&o, &kept, 2u, g, j0, lid);
         m = m_new;
     }
-    let sum = rows_reduce(l, false, tb);
-    let inv = 1.0 / sum;
-    if (iv.x < seq) { store_block_row(o.r0, row_at(b, iv.x, h), wid.z, tb.x, inv.x); }
-    if (iv.y < seq) { store_block_row(o.r1, row_at(b, iv.y, h), wid.z, tb.x, inv.y); }
-    if (iv.z < seq) { store_block_row(o.r2, row_at(b, iv.z, h), wid.z, tb.x, inv.z); }
-    if (iv.w < seq) { store_block_row(o.r3, row_at(b, iv.w, h), wid.z, tb.x, inv.w); }
-    if (tb.x == 0u && wid.z == 0u) {
+    let sum = rows_reduce(l, false, g.tb);
+    store_block(&o, OUT_ROWS, g, 1.0 / sum);
+    if (g.tb.x == 0u && g.db == 0u) {
         let lse = m + log(sum);
         for (var a = 0u; a < 4u; a++) {
             if (iv[a] < seq) {
-                at_3[wid.y * seq + iv[a]] = to_elem3(lse[a]);
+                at_3[g.bh * seq + iv[a]] = to_elem3(lse[a]);
             }
         }
     }
@@ -367,37 +401,27 @@ fn pair_row(s: vec4<f32>, dp: vec4<f32>, i: vec4<u32>, j: vec4<u32>, lse: vec4<f
 // Grid: (T / 64, B * NH, HS / 64).
 @compute @workgroup_size(256)
 fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let seq = word(1u);
-    let nh = word(2u);
     let scale = wordf(3u);
-    let b = wid.y / nh;
-    let h = wid.y % nh;
-    let i0 = wid.x * 64u;
-    let tb = vec2<u32>(lid % 16u, lid / 16u);
-    // The thread's four queries (its rows) and their statistics.
-    let iv = i0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u);
-    let safe = min(iv, vec4<u32>(seq - 1u)) + wid.y * seq;
-    let lse = vec4<f32>(at_4[safe.x], at_4[safe.y], at_4[safe.z], at_4[safe.w]);
-    let delta = vec4<f32>(at_5[safe.x], at_5[safe.y], at_5[safe.z], at_5[safe.w]);
+    // The thread's rows are queries.
+    let g = block_group(wid, lid);
+    let iv = g.rows;
+    let stats = row_stats(iv, g.bh);
     let zero = vec4<f32>(0.0);
     var dq = Block4(zero, zero, zero, zero);
-    let keys = min(seq, i0 + 64u);
+    let keys = min(word(1u), g.r0 + 64u);
     for (var j0 = 0u; j0 < keys; j0 += 64u) {
         var s = Block4(zero, zero, zero, zero);
         var dp = Block4(zero, zero, zero, zero);
-        pair_blocks(&s, &dp, vec4<u32>(0u, 1u, 3u, 2u), b, h, i0, j0, tb, lid);
-        let jv = j0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
+        pair_blocks(&s, &dp, vec4<u32>(0u, 1u, 3u, 2u), g, j0, lid);
+        let jv = block_cols(j0, g.tb);
         var ds: Block4;
-        ds.r0 = pair_row(s.r0, dp.r0, vec4<u32>(iv.x), jv, vec4<f32>(lse.x), vec4<f32>(delta.x), wid.y, scale).ds;
-        ds.r1 = pair_row(s.r1, dp.r1, vec4<u32>(iv.y), jv, vec4<f32>(lse.y), vec4<f32>(delta.y), wid.y, scale).ds;
-        ds.r2 = pair_row(s.r2, dp.r2, vec4<u32>(iv.z), jv, vec4<f32>(lse.z), vec4<f32>(delta.z), wid.y, scale).ds;
-        ds.r3 = pair_row(s.r3, dp.r3, vec4<u32>(iv.w), jv, vec4<f32>(lse.w), vec4<f32>(delta.w), wid.y, scale).ds;
-        block_accumulate(&dq, &ds, 1u, b, h, j0, wid.z, tb, lid);
+        ds.r0 = pair_row(s.r0, dp.r0, vec4<u32>(iv.x), jv, vec4<f32>(stats.lse.x), vec4<f32>(stats.delta.x), g.bh, scale).ds;
+        ds.r1 = pair_row(s.r1, dp.r1, vec4<u32>(iv.y), jv, vec4<f32>(stats.lse.y), vec4<f32>(stats.delta.y), g.bh, scale).ds;
+        ds.r2 = pair_row(s.r2, dp.r2, vec4<u32>(iv.z), jv, vec4<f32>(stats.lse.z), vec4<f32>(stats.delta.z), g.bh, scale).ds;
+        ds.r3 = pair_row(s.r3, dp.r3, vec4<u32>(iv.w), jv, vec4<f32>(stats.lse.w), vec4<f32>(stats.delta.w), g.bh, scale).ds;
+        block_accumulate(&dq, &ds, 1u, g, j0, lid);
     }
-    if (iv.x < seq) { store_block_row(dq.r0, qkv_at(b, iv.x, 0u, h), wid.z, tb.x, scale); }
-    if (iv.y < seq) { store_block_row(dq.r1, qkv_at(b, iv.y, 0u, h), wid.z, tb.x, scale); }
-    if (iv.z < seq) { store_block_row(dq.r2, qkv_at(b, iv.z, 0u, h), wid.z, tb.x, scale); }
-    if (iv.w < seq) { store_block_row(dq.r3, qkv_at(b, iv.w, 0u, h), wid.z, tb.x, scale); }
+    store_block(&dq, 0u, g, vec4<f32>(scale));
 }
 
 // dK and dV of each key block: over the query blocks from it, the scores and dout·v
@@ -406,52 +430,31 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
 // Grid: (T / 64, B * NH, HS / 64).
 @compute @workgroup_size(256)
 fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let seq = word(1u);
-    let nh = word(2u);
     let scale = wordf(3u);
-    let b = wid.y / nh;
-    let h = wid.y % nh;
-    let j0 = wid.x * 64u;
-    let tb = vec2<u32>(lid % 16u, lid / 16u);
-    // The thread's four keys (its rows).
-    let jv = j0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u);
+    // The thread's rows are keys.
+    let g = block_group(wid, lid);
+    let jv = g.rows;
     let zero = vec4<f32>(0.0);
     var dk = Block4(zero, zero, zero, zero);
     var dv = Block4(zero, zero, zero, zero);
-    for (var i0 = j0; i0 < seq; i0 += 64u) {
+    for (var i0 = g.r0; i0 < word(1u); i0 += 64u) {
         var s = Block4(zero, zero, zero, zero);
         var dp = Block4(zero, zero, zero, zero);
-        pair_blocks(&s, &dp, vec4<u32>(1u, 0u, 2u, 3u), b, h, j0, i0, tb, lid);
+        pair_blocks(&s, &dp, vec4<u32>(1u, 0u, 2u, 3u), g, i0, lid);
         // The block's queries (its columns) and their statistics.
-        let iv = i0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
-        let safe = min(iv, vec4<u32>(seq - 1u)) + wid.y * seq;
-        let lse = vec4<f32>(at_4[safe.x], at_4[safe.y], at_4[safe.z], at_4[safe.w]);
-        let delta = vec4<f32>(at_5[safe.x], at_5[safe.y], at_5[safe.z], at_5[safe.w]);
-        let r0 = pair_row(s.r0, dp.r0, iv, vec4<u32>(jv.x), lse, delta, wid.y, scale);
-        let r1 = pair_row(s.r1, dp.r1, iv, vec4<u32>(jv.y), lse, delta, wid.y, scale);
-        let r2 = pair_row(s.r2, dp.r2, iv, vec4<u32>(jv.z), lse, delta, wid.y, scale);
-        let r3 = pair_row(s.r3, dp.r3, iv, vec4<u32>(jv.w), lse, delta, wid.y, scale);
+        let iv = block_cols(i0, g.tb);
+        let stats = row_stats(iv, g.bh);
+        let r0 = pair_row(s.r0, dp.r0, iv, vec4<u32>(jv.x), stats.lse, stats.delta, g.bh, scale);
+        let r1 = pair_row(s.r1, dp.r1, iv, vec4<u32>(jv.y), stats.lse, stats.delta, g.bh, scale);
+        let r2 = pair_row(s.r2, dp.r2, iv, vec4<u32>(jv.z), stats.lse, stats.delta, g.bh, scale);
+        let r3 = pair_row(s.r3, dp.r3, iv, vec4<u32>(jv.w), stats.lse, stats.delta, g.bh, scale);
         var p = Block4(r0.p, r1.p, r2.p, r3.p);
         var ds = Block4(r0.ds, r1.ds, r2.ds, r3.ds);
-        block_accumulate(&dv, &p, 3u, b, h, i0, wid.z, tb, lid);
-        block_accumulate(&dk, &ds, 0u, b, h, i0, wid.z, tb, lid);
+        block_accumulate(&dv, &p, 3u, g, i0, lid);
+        block_accumulate(&dk, &ds, 0u, g, i0, lid);
     }
-    if (jv.x < seq) {
-        store_block_row(dk.r0, qkv_at(b, jv.x, 1u, h), wid.z, tb.x, scale);
-        store_block_row(dv.r0, qkv_at(b, jv.x, 2u, h), wid.z, tb.x, 1.0);
-    }
-    if (jv.y < seq) {
-        store_block_row(dk.r1, qkv_at(b, jv.y, 1u, h), wid.z, tb.x, scale);
-        store_block_row(dv.r1, qkv_at(b, jv.y, 2u, h), wid.z, tb.x, 1.0);
-    }
-    if (jv.z < seq) {
-        store_block_row(dk.r2, qkv_at(b, jv.z, 1u, h), wid.z, tb.x, scale);
-        store_block_row(dv.r2, qkv_at(b, jv.z, 2u, h), wid.z, tb.x, 1.0);
-    }
-    if (jv.w < seq) {
-        store_block_row(dk.r3, qkv_at(b, jv.w, 1u, h), wid.z, tb.x, scale);
-        store_block_row(dv.r3, qkv_at(b, jv.w, 2u, h), wid.z, tb.x, 1.0);
-    }
+    store_block(&dk, 1u, g, vec4<f32>(scale));
+    store_block(&dv, 2u, g, vec4<f32>(1.0));
 }
 
 // One new token (batch 1, sequence 1) at position p = words[4] against the KV cache: its key
