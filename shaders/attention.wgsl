@@ -110,15 +110,24 @@ var<workgroup> blocks: array<vec4<f32>, 1024>;
 struct Block4 { r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32> }
 
 /// A block kernel's workgroup (grid (T / 64, B * NH, HS / 64)): batch `b`, head `h`, their
-/// index `bh` in [B, NH], the first of its 64 rows `r0` (queries or keys), the head's block
-/// of 64 dimensions `db`, and the thread's place `tb` with its four rows `rows`.
-struct BlockGroup { b: u32, h: u32, bh: u32, r0: u32, db: u32, tb: vec2<u32>, rows: vec4<u32> }
+/// index `bh` in [B, NH], the first of its 64 rows `r0` (queries or keys) and the head's block
+/// of 64 dimensions `db`. From the workgroup's id alone, so that WGSL's uniformity analysis
+/// takes loops bounded by it as uniform (their barriers need that).
+struct BlockGroup { b: u32, h: u32, bh: u32, r0: u32, db: u32 }
 
-fn block_group(wid: vec3<u32>, lid: u32) -> BlockGroup {
+fn block_group(wid: vec3<u32>) -> BlockGroup {
     let nh = word(2u);
-    let tb = vec2<u32>(lid % 16u, lid / 16u);
-    let r0 = wid.x * 64u;
-    return BlockGroup(wid.y / nh, wid.y % nh, wid.y, r0, wid.z, tb, r0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u));
+    return BlockGroup(wid.y / nh, wid.y % nh, wid.y, wid.x * 64u, wid.z);
+}
+
+/// Thread `lid`'s place t = (lid % 16, lid / 16) in the 16 x 16 grid of 4 x 4 blocks.
+fn block_place(lid: u32) -> vec2<u32> {
+    return vec2<u32>(lid % 16u, lid / 16u);
+}
+
+/// The thread's four rows of the block whose rows start at r0.
+fn block_rows(r0: u32, tb: vec2<u32>) -> vec4<u32> {
+    return r0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u);
 }
 
 /// The thread's four columns of the block whose columns start at c0.
@@ -170,6 +179,7 @@ const NO_SOURCE: u32 = 4u;
 /// group's head rows g.r0 .. + 64 of x1 and x2, the columns rows c0 .. c0 + 64 of y1 and y2.
 /// All threads of the workgroup must call it.
 fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, src: vec4<u32>, g: BlockGroup, c0: u32, lid: u32) {
+    let tb = block_place(lid);
     let two = src.z != NO_SOURCE;
     for (var d0 = 0u; d0 < HS; d0 += 16u) {
         workgroupBarrier();
@@ -182,12 +192,12 @@ fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, src: vec4<u32
         workgroupBarrier();
         if (two) {
             for (var d = 0u; d < 16u; d += 4u) {
-                depths4(s, 0u, d, g.tb);
-                depths4(t, 512u, d, g.tb);
+                depths4(s, 0u, d, tb);
+                depths4(t, 512u, d, tb);
             }
         } else {
             for (var d = 0u; d < 16u; d += 4u) {
-                depths4(s, 0u, d, g.tb);
+                depths4(s, 0u, d, tb);
             }
         }
     }
@@ -199,7 +209,7 @@ fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, src: vec4<u32
 /// 64 g.db + 4 t.x ..+4. m passes through workgroup memory 32 columns at a time. All threads
 /// of the workgroup must call it.
 fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u32, g: BlockGroup, c0: u32, lid: u32) {
-    let tb = g.tb;
+    let tb = block_place(lid);
     for (var half = 0u; half < 2u; half++) {
         workgroupBarrier();
         // Column `col` of m lies at col * 16 + (row / 4 ^ col / 4): the eight threads of a
@@ -247,25 +257,27 @@ const OUT_ROWS: u32 = 3u;
 
 /// Writes row `i` of a thread's block, `x` (dimensions 64 db + 4 t.x ..+4) times `scale`, to
 /// at_1: part `part` of dqkv or the output (OUT_ROWS), up to HS; nothing past T.
-fn store_block_row(x: vec4<f32>, i: u32, part: u32, g: BlockGroup, scale: f32) {
+fn store_block_row(x: vec4<f32>, i: u32, part: u32, g: BlockGroup, tx: u32, scale: f32) {
     if (i >= word(1u)) {
         return;
     }
     let at = select(qkv_at(g.b, i, part, g.h), row_at(g.b, i, g.h), part == OUT_ROWS);
     for (var t = 0u; t < 4u; t++) {
-        let d = 64u * g.db + 4u * g.tb.x + t;
+        let d = 64u * g.db + 4u * tx + t;
         if (d < HS) {
             at_1[at + d] = to_elem1(x[t] * scale);
         }
     }
 }
 
-/// Writes a thread's block `x` (its rows g.rows), row a times scale[a] (see store_block_row).
-fn store_block(x: ptr<function, Block4>, part: u32, g: BlockGroup, scale: vec4<f32>) {
-    store_block_row((*x).r0, g.rows.x, part, g, scale.x);
-    store_block_row((*x).r1, g.rows.y, part, g, scale.y);
-    store_block_row((*x).r2, g.rows.z, part, g, scale.z);
-    store_block_row((*x).r3, g.rows.w, part, g, scale.w);
+/// Writes thread `lid`'s block `x`, row a times scale[a] (see store_block_row).
+fn store_block(x: ptr<function, Block4>, part: u32, g: BlockGroup, lid: u32, scale: vec4<f32>) {
+    let tb = block_place(lid);
+    let rows = block_rows(g.r0, tb);
+    store_block_row((*x).r0, rows.x, part, g, tb.x, scale.x);
+    store_block_row((*x).r1, rows.y, part, g, tb.x, scale.y);
+    store_block_row((*x).r2, rows.z, part, g, tb.x, scale.z);
+    store_block_row((*x).r3, rows.w, part, g, tb.x, scale.w);
 }
 
 /// The maxima (`largest`) or sums over the 16 threads of a row group (the same t.y) of each
@@ -325,8 +337,9 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let seq = word(1u);
     let scale = wordf(3u);
     // The thread's rows are queries.
-    let g = block_group(wid, lid);
-    let iv = g.rows;
+    let g = block_group(wid);
+    let tb = block_place(lid);
+    let iv = block_rows(g.r0, tb);
     let zero = vec4<f32>(0.0);
     var o = Block4(zero, zero, zero, zero);
     var m = vec4<f32>(MASKED);
@@ -336,13 +349,13 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         var s = Block4(zero, zero, zero, zero);
         var unused: Block4;
         pair_blocks(&s, &unused, vec4<u32>(0u, 1u, NO_SOURCE, NO_SOURCE), g, j0, lid);
-        let jv = block_cols(j0, g.tb);
+        let jv = block_cols(j0, tb);
         let x0 = masked_row(s.r0, iv.x, jv, scale);
         let x1 = masked_row(s.r1, iv.y, jv, scale);
         let x2 = masked_row(s.r2, iv.z, jv, scale);
         let x3 = masked_row(s.r3, iv.w, jv, scale);
         // Masked scores weigh exp(MASKED - m_new) = 0; a row past T stays all MASKED.
-        let m_new = max(m, rows_reduce(vec4<f32>(max4(x0), max4(x1), max4(x2), max4(x3)), true, g.tb));
+        let m_new = max(m, rows_reduce(vec4<f32>(max4(x0), max4(x1), max4(x2), max4(x3)), true, tb));
         let corr = exp(m - m_new);
         let p0 = exp(x0 - m_new.x);
         let p1 = exp(x1 - m_new.y);
@@ -354,9 +367,9 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         block_accumulate(&o, &kept, 2u, g, j0, lid);
         m = m_new;
     }
-    let sum = rows_reduce(l, false, g.tb);
-    store_block(&o, OUT_ROWS, g, 1.0 / sum);
-    if (g.tb.x == 0u && g.db == 0u) {
+    let sum = rows_reduce(l, false, tb);
+    store_block(&o, OUT_ROWS, g, lid, 1.0 / sum);
+    if (tb.x == 0u && g.db == 0u) {
         let lse = m + log(sum);
         for (var a = 0u; a < 4u; a++) {
             if (iv[a] < seq) {
@@ -403,8 +416,9 @@ fn pair_row(s: vec4<f32>, dp: vec4<f32>, i: vec4<u32>, j: vec4<u32>, lse: vec4<f
 fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let scale = wordf(3u);
     // The thread's rows are queries.
-    let g = block_group(wid, lid);
-    let iv = g.rows;
+    let g = block_group(wid);
+    let tb = block_place(lid);
+    let iv = block_rows(g.r0, tb);
     let stats = row_stats(iv, g.bh);
     let zero = vec4<f32>(0.0);
     var dq = Block4(zero, zero, zero, zero);
@@ -413,7 +427,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
         var s = Block4(zero, zero, zero, zero);
         var dp = Block4(zero, zero, zero, zero);
         pair_blocks(&s, &dp, vec4<u32>(0u, 1u, 3u, 2u), g, j0, lid);
-        let jv = block_cols(j0, g.tb);
+        let jv = block_cols(j0, tb);
         var ds: Block4;
         ds.r0 = pair_row(s.r0, dp.r0, vec4<u32>(iv.x), jv, vec4<f32>(stats.lse.x), vec4<f32>(stats.delta.x), g.bh, scale).ds;
         ds.r1 = pair_row(s.r1, dp.r1, vec4<u32>(iv.y), jv, vec4<f32>(stats.lse.y), vec4<f32>(stats.delta.y), g.bh, scale).ds;
@@ -421,7 +435,7 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
         ds.r3 = pair_row(s.r3, dp.r3, vec4<u32>(iv.w), jv, vec4<f32>(stats.lse.w), vec4<f32>(stats.delta.w), g.bh, scale).ds;
         block_accumulate(&dq, &ds, 1u, g, j0, lid);
     }
-    store_block(&dq, 0u, g, vec4<f32>(scale));
+    store_block(&dq, 0u, g, lid, vec4<f32>(scale));
 }
 
 // dK and dV of each key block: over the query blocks from it, the scores and dout·v
@@ -432,8 +446,9 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
 fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let scale = wordf(3u);
     // The thread's rows are keys.
-    let g = block_group(wid, lid);
-    let jv = g.rows;
+    let g = block_group(wid);
+    let tb = block_place(lid);
+    let jv = block_rows(g.r0, tb);
     let zero = vec4<f32>(0.0);
     var dk = Block4(zero, zero, zero, zero);
     var dv = Block4(zero, zero, zero, zero);
@@ -442,7 +457,7 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
         var dp = Block4(zero, zero, zero, zero);
         pair_blocks(&s, &dp, vec4<u32>(1u, 0u, 2u, 3u), g, i0, lid);
         // The block's queries (its columns) and their statistics.
-        let iv = block_cols(i0, g.tb);
+        let iv = block_cols(i0, tb);
         let stats = row_stats(iv, g.bh);
         let r0 = pair_row(s.r0, dp.r0, iv, vec4<u32>(jv.x), stats.lse, stats.delta, g.bh, scale);
         let r1 = pair_row(s.r1, dp.r1, iv, vec4<u32>(jv.y), stats.lse, stats.delta, g.bh, scale);
@@ -453,8 +468,8 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
         block_accumulate(&dv, &p, 3u, g, i0, lid);
         block_accumulate(&dk, &ds, 0u, g, i0, lid);
     }
-    store_block(&dk, 1u, g, vec4<f32>(scale));
-    store_block(&dv, 2u, g, vec4<f32>(1.0));
+    store_block(&dk, 1u, g, lid, vec4<f32>(scale));
+    store_block(&dv, 2u, g, lid, vec4<f32>(1.0));
 }
 
 // One new token (batch 1, sequence 1) at position p = words[4] against the KV cache: its key
