@@ -1,19 +1,16 @@
 // Fused causal multi-head attention over fused QKV (FlashAttention style): forward with an
 // online softmax over key tiles, saving each row's log-sum-exp; backward recomputes the
-// probabilities from it (a row-delta pass, then dQ per query row and dK, dV per key row).
-// CPU twin: core/src/ops/attention.rs.
+// probabilities from it (a row-delta pass, then dQ per block of queries and dK, dV per block
+// of keys). CPU twin: core/src/ops/attention.rs.
 //
 // Layout: qkv [B, T, 3C] with q, k, v side by side, head h at columns h*HS..(h+1)*HS of
-// each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size),
-// `const FORWARD_KT` and `const KT` (rows per shared tile in the forward and in the backward
-// kernels) and `const PARTS` (the backward kernels' threads per row) for the model being
-// compiled.
+// each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size)
+// for the model being compiled.
 // Words: 0 unused, 1 T, 2 NH, 3 scale (f32), and for dropout on the probabilities 4 site,
 // 5 threshold (0: none), 6 the kept ones' scale (f32). Grid: (T / 64, B * NH): 64 rows per
-// workgroup. The forward gives each row one thread. The two backward kernels give each row
-// PARTS threads, each holding a slice of the row's head vectors (a whole row per thread, four
-// of them in the kV kernel, overflowed the registers at head size 64); the slices' partial
-// dot products meet in workgroup memory once per tile.
+// workgroup; the forward's and the backward's z the head's blocks of 64 dimensions. They work
+// on 64 x 64 blocks of (query, key) pairs, each thread a 4 x 4 block of them; the delta pass
+// gives each row a thread.
 
 // The output (written by the forward at 1, read by the delta pass at 3) and qkv (at 2) are
 // f16 where the dispatch stores them so (see kernels.rs: `ElemN`).
@@ -26,26 +23,8 @@
 // dropout; decoding, the token's position (4).
 @group(0) @binding(6) var<storage, read_write> at_words: array<u32>;
 
-// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS), whole in the forward, in the
-// backward kernels each thread's slice HSP4 of them: private arrays, each step a vector
-// operation. They are `var`s and functions take them by pointer: indexing an array value (a
-// `let`, a by-value argument) copies it whole first, on each access.
+// Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS).
 const HS4: u32 = (HS + 3u) / 4u;
-const HSP4: u32 = (HS4 + PARTS - 1u) / PARTS;
-const ROWS: u32 = 64u;
-const THREADS: u32 = ROWS * PARTS;
-
-// The backward kernels' tiles: KT rows of two sources.
-var<workgroup> tile_a: array<vec4<f32>, KT * HS4>;
-var<workgroup> tile_b: array<vec4<f32>, KT * HS4>;
-var<workgroup> tile_rows: array<vec2<f32>, KT>;
-// Each slice's (x · tile_a row, y · tile_b row) for every row of the workgroup and of the
-// tile: [tile row][part][row] (see partial_at).
-var<workgroup> partials: array<vec2<f32>, ROWS * KT * PARTS>;
-
-// The forward's tiles: FORWARD_KT rows of the keys and of the values.
-var<workgroup> forward_k: array<vec4<f32>, FORWARD_KT * HS4>;
-var<workgroup> forward_v: array<vec4<f32>, FORWARD_KT * HS4>;
 
 const MASKED: f32 = -3.0e38;
 
@@ -101,26 +80,6 @@ fn head_elem4(src: u32, b: u32, r: u32, h: u32, d4: u32) -> vec4<f32> {
     return x;
 }
 
-/// Slice `part` of row `r` of head `h` in source `src` (see head_elem), in registers: vec4s
-/// part * HSP4 .. (part + 1) * HSP4 of the row (zeros past it).
-fn head_slice(src: u32, b: u32, r: u32, h: u32, part: u32) -> array<vec4<f32>, HSP4> {
-    var x: array<vec4<f32>, HSP4>;
-    for (var e = 0u; e < HSP4; e++) {
-        let d4 = part * HSP4 + e;
-        if (d4 < HS4) {
-            x[e] = head_elem4(src, b, r, h, d4);
-        }
-    }
-    return x;
-}
-
-/// acc + x · y over the four lanes in order: the backward kernels' dot products, one chain of
-/// multiply-adds. Lane-wise sums, as the forward's, need registers: at 167 (dK/dV) and 128
-/// (dQ) on an H200, either kernel would lose a workgroup per multiprocessor for them.
-fn dot4(x: vec4<f32>, y: vec4<f32>, acc: f32) -> f32 {
-    return fma(x.w, y.w, fma(x.z, y.z, fma(x.y, y.y, fma(x.x, y.x, acc))));
-}
-
 /// The sum of a vec4 of partial dot products (lane t: the head dimensions 4 n + t), in one
 /// order everywhere. The forward's dot products accumulate lane-wise, `fma(x, y, acc)` over
 /// the row's vec4s: four independent chains of HS / 4 multiply-adds each, where one chain of
@@ -129,156 +88,294 @@ fn lanes_sum(acc: vec4<f32>) -> f32 {
     return (acc.x + acc.y) + (acc.z + acc.w);
 }
 
-/// Writes slice `part` of a row (see head_slice), times `scale`, to `at_1[at ..]` (the
-/// row's first element), up to HS.
-fn store_slice(x: ptr<function, array<vec4<f32>, HSP4>>, part: u32, at: u32, scale: f32) {
-    for (var e = 0u; e < HSP4; e++) {
-        for (var t = 0u; t < 4u; t++) {
-            let d = 4u * (part * HSP4 + e) + t;
-            if (d < HS) {
-                at_1[at + d] = to_elem1((*x)[e][t] * scale);
+// The forward and backward kernels work on 64 x 64 blocks of (query, key) pairs, as a tiled GEMM
+// does: 256 threads in a 16 x 16 grid, thread t = (lid % 16, lid / 16) holding a 4 x 4 block of
+// each pairwise quantity, its rows 4 t.y ..+4 of the block's rows (the keys in dK/dV, the queries
+// in dQ) and its columns 4 t.x ..+4 (the other side). Two vec4s read from workgroup memory feed 16
+// multiply-adds of a thread's block; with a thread per row (the kernels before) one vec4 fed four,
+// which caps a kernel at a quarter of the FMA peak on NVIDIA (a subgroup's 128-bit load holds the
+// shared-memory pipe four clocks, in which the four schedulers could issue sixteen FMA
+// instructions; docs/performance.md). Rows past T and head dimensions past HS are zeros; each
+// workgroup takes 64 of the head's dimensions (grid z), recomputing the pairwise blocks where HS
+// is larger.
+
+// Workgroup memory of the block kernels, 16 KiB (WebGPU's default), used by their phases in
+// turn: `pair_blocks` stages four chunks of 16 depths of 64 head rows, [depth][row / 4] vec4s
+// (the four rows of a vec4 side by side) from 0, 256, 512 and 768; `block_accumulate` a
+// thread block's matrix, 32 of its columns, [column][row / 4] (swizzled) from 0, and 32 head
+// rows' 64 dimensions, [row][dimension / 4], from 512; `rows_reduce` each row's 16 parts from 0.
+var<workgroup> blocks: array<vec4<f32>, 1024>;
+
+// A thread's 4 x 4 block: rN its row N's four columns.
+struct Block4 { r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32> }
+
+/// A block kernel's workgroup (grid (T / 64, B * NH, HS / 64)): batch `b`, head `h`, their
+/// index `bh` in [B, NH], the first of its 64 rows `r0` (queries or keys) and the head's block
+/// of 64 dimensions `db`. From the workgroup's id alone, so that WGSL's uniformity analysis
+/// takes loops bounded by it as uniform (their barriers need that).
+struct BlockGroup { b: u32, h: u32, bh: u32, r0: u32, db: u32 }
+
+fn block_group(wid: vec3<u32>) -> BlockGroup {
+    let nh = word(2u);
+    return BlockGroup(wid.y / nh, wid.y % nh, wid.y, wid.x * 64u, wid.z);
+}
+
+/// Thread `lid`'s place t = (lid % 16, lid / 16) in the 16 x 16 grid of 4 x 4 blocks.
+fn block_place(lid: u32) -> vec2<u32> {
+    return vec2<u32>(lid % 16u, lid / 16u);
+}
+
+/// The thread's four rows of the block whose rows start at r0.
+fn block_rows(r0: u32, tb: vec2<u32>) -> vec4<u32> {
+    return r0 + 4u * tb.y + vec4<u32>(0u, 1u, 2u, 3u);
+}
+
+/// The thread's four columns of the block whose columns start at c0.
+fn block_cols(c0: u32, tb: vec2<u32>) -> vec4<u32> {
+    return c0 + 4u * tb.x + vec4<u32>(0u, 1u, 2u, 3u);
+}
+
+/// c += x ⊗ y: the four rows' values `x` times the four columns' `y`.
+fn block_fma(c: ptr<function, Block4>, x: vec4<f32>, y: vec4<f32>) {
+    (*c).r0 = fma(vec4<f32>(x.x), y, (*c).r0);
+    (*c).r1 = fma(vec4<f32>(x.y), y, (*c).r1);
+    (*c).r2 = fma(vec4<f32>(x.z), y, (*c).r2);
+    (*c).r3 = fma(vec4<f32>(x.w), y, (*c).r3);
+}
+
+/// Stages depths d0 .. d0 + 16 of head rows r0 .. r0 + 64 of source `src` (see head_elem)
+/// into `blocks` from `base`, [depth][row / 4]: each thread loads four depths of one row, a
+/// subgroup's 32 threads the same depths of 32 rows, so that its stores of each depth fill
+/// the 32 banks once (four threads a row put a subgroup's stores in 8 banks, 4 to each).
+fn stage_depths(src: u32, b: u32, h: u32, r0: u32, d0: u32, base: u32, lid: u32) {
+    let row = lid % 64u;
+    let d4 = d0 / 4u + lid / 64u;
+    var v = vec4<f32>(0.0);
+    if (r0 + row < word(1u) && d4 < HS4) {
+        v = head_elem4(src, b, r0 + row, h, d4);
+    }
+    let at = base + 4u * (lid / 64u) * 16u + row / 4u;
+    let lane = row % 4u;
+    blocks[at][lane] = v.x;
+    blocks[at + 16u][lane] = v.y;
+    blocks[at + 32u][lane] = v.z;
+    blocks[at + 48u][lane] = v.w;
+}
+
+/// Depths d .. d + 4 of the staged chunks from `base` (rows) and `base` + 256 (columns) into
+/// the thread's block `c`, written out (NVIDIA's compiler does not unroll such loops).
+fn depths4(c: ptr<function, Block4>, base: u32, d: u32, tb: vec2<u32>) {
+    block_fma(c, blocks[base + d * 16u + tb.y], blocks[base + 256u + d * 16u + tb.x]);
+    block_fma(c, blocks[base + (d + 1u) * 16u + tb.y], blocks[base + 256u + (d + 1u) * 16u + tb.x]);
+    block_fma(c, blocks[base + (d + 2u) * 16u + tb.y], blocks[base + 256u + (d + 2u) * 16u + tb.x]);
+    block_fma(c, blocks[base + (d + 3u) * 16u + tb.y], blocks[base + 256u + (d + 3u) * 16u + tb.x]);
+}
+
+/// Sources of `pair_blocks`' second product where the forward takes only the first.
+const NO_SOURCE: u32 = 4u;
+
+/// The thread's blocks of products over the head, s = x1·y1ᵀ and, unless `src.z` is
+/// NO_SOURCE, t = x2·y2ᵀ, with (x1, y1, x2, y2) = `src` (see head_elem): the rows are the
+/// group's head rows g.r0 .. + 64 of x1 and x2, the columns rows c0 .. c0 + 64 of y1 and y2.
+/// All threads of the workgroup must call it.
+fn pair_blocks(s: ptr<function, Block4>, t: ptr<function, Block4>, src: vec4<u32>, g: BlockGroup, c0: u32, lid: u32) {
+    let tb = block_place(lid);
+    let two = src.z != NO_SOURCE;
+    for (var d0 = 0u; d0 < HS; d0 += 16u) {
+        workgroupBarrier();
+        stage_depths(src.x, g.b, g.h, g.r0, d0, 0u, lid);
+        stage_depths(src.y, g.b, g.h, c0, d0, 256u, lid);
+        if (two) {
+            stage_depths(src.z, g.b, g.h, g.r0, d0, 512u, lid);
+            stage_depths(src.w, g.b, g.h, c0, d0, 768u, lid);
+        }
+        workgroupBarrier();
+        if (two) {
+            for (var d = 0u; d < 16u; d += 4u) {
+                depths4(s, 0u, d, tb);
+                depths4(t, 512u, d, tb);
+            }
+        } else {
+            for (var d = 0u; d < 16u; d += 4u) {
+                depths4(s, 0u, d, tb);
             }
         }
     }
 }
 
-/// Vec4 `e % HS4` of row r0 + e / HS4 of head `h` in `src` (see head_elem): element `e` of a
-/// tile of rows from r0; zeros past T.
-fn tile_elem4(src: u32, b: u32, h: u32, r0: u32, e: u32) -> vec4<f32> {
-    let r = r0 + e / HS4;
-    if (r >= word(1u)) {
-        return vec4<f32>(0.0);
-    }
-    return head_elem4(src, b, r, h, e % HS4);
-}
-
-/// Loads rows r0 .. r0 + KT of head `h` from sources `src_a` and `src_b` into tile_a and
-/// tile_b (zeros past T); all threads of the workgroup must call it.
-fn load_tiles(src_a: u32, src_b: u32, b: u32, h: u32, r0: u32, lid: u32) {
-    for (var e = lid; e < KT * HS4; e += THREADS) {
-        tile_a[e] = tile_elem4(src_a, b, h, r0, e);
-        tile_b[e] = tile_elem4(src_b, b, h, r0, e);
-    }
-}
-
-/// Vec4 `e` of slice `part` of row `r` of tile `tile` (0 tile_a, 1 tile_b); zeros past HS4.
-fn tile_slice(tile: u32, r: u32, part: u32, e: u32) -> vec4<f32> {
-    let d4 = part * HSP4 + e;
-    if (d4 >= HS4) {
-        return vec4<f32>(0.0);
-    }
-    if (tile == 0u) {
-        return tile_a[r * HS4 + d4];
-    }
-    return tile_b[r * HS4 + d4];
-}
-
-/// Stores this thread's (x · tile_a row r, y · tile_b row r) over its slices for every row r
-/// of the tile; then, after a barrier, `combine` gives the whole rows' dot products. All
-/// threads of the workgroup must call it.
-fn share_partials(x: ptr<function, array<vec4<f32>, HSP4>>, y: ptr<function, array<vec4<f32>, HSP4>>, row: u32, part: u32) {
-    for (var r = 0u; r < KT; r++) {
-        var s = 0.0;
-        var dp = 0.0;
-        for (var e = 0u; e < HSP4; e++) {
-            s = dot4((*x)[e], tile_slice(0u, r, part, e), s);
-            dp = dot4((*y)[e], tile_slice(1u, r, part, e), dp);
+/// acc += m·z over the block's 64 columns: `m` the thread's block of a 64 x 64 matrix in
+/// registers (its rows 4 t.y.., columns 4 t.x..), z head rows c0 .. c0 + 64 of source `src`,
+/// the group's dimensions 64 g.db .. + 64, so that acc is the thread's rows by dimensions
+/// 64 g.db + 4 t.x ..+4. m passes through workgroup memory 32 columns at a time. All threads
+/// of the workgroup must call it.
+fn block_accumulate(acc: ptr<function, Block4>, m: ptr<function, Block4>, src: u32, g: BlockGroup, c0: u32, lid: u32) {
+    let tb = block_place(lid);
+    for (var half = 0u; half < 2u; half++) {
+        workgroupBarrier();
+        // Column `col` of m lies at col * 16 + (row / 4 ^ col / 4): the eight threads of a
+        // subgroup that store the same column of their blocks (columns 16 vec4s apart) then
+        // reach different banks.
+        if (tb.x / 8u == half) {
+            let col = 4u * (tb.x % 8u);
+            let row = tb.y ^ (tb.x % 8u);
+            blocks[col * 16u + row] = vec4<f32>((*m).r0.x, (*m).r1.x, (*m).r2.x, (*m).r3.x);
+            blocks[(col + 1u) * 16u + row] = vec4<f32>((*m).r0.y, (*m).r1.y, (*m).r2.y, (*m).r3.y);
+            blocks[(col + 2u) * 16u + row] = vec4<f32>((*m).r0.z, (*m).r1.z, (*m).r2.z, (*m).r3.z);
+            blocks[(col + 3u) * 16u + row] = vec4<f32>((*m).r0.w, (*m).r1.w, (*m).r2.w, (*m).r3.w);
         }
-        partials[partial_at(row, r, part)] = vec2<f32>(s, dp);
+        for (var e = lid; e < 512u; e += 256u) {
+            let r = c0 + 32u * half + e / 16u;
+            let d4 = 16u * g.db + e % 16u;
+            var v = vec4<f32>(0.0);
+            if (r < word(1u) && d4 < HS4) {
+                v = head_elem4(src, g.b, r, g.h, d4);
+            }
+            blocks[512u + e] = v;
+        }
+        workgroupBarrier();
+        for (var col = 0u; col < 32u; col += 4u) {
+            let row = tb.y ^ (col / 4u);
+            block_fma(acc, blocks[col * 16u + row], blocks[512u + col * 16u + tb.x]);
+            block_fma(acc, blocks[(col + 1u) * 16u + row], blocks[512u + (col + 1u) * 16u + tb.x]);
+            block_fma(acc, blocks[(col + 2u) * 16u + row], blocks[512u + (col + 2u) * 16u + tb.x]);
+            block_fma(acc, blocks[(col + 3u) * 16u + row], blocks[512u + (col + 3u) * 16u + tb.x]);
+        }
     }
 }
 
-/// Where slice `part` of workgroup row `row` keeps its partials with tile row `r`. The rows
-/// run innermost, so that a subgroup's threads (consecutive rows, the parts of each side by
-/// side) store into and read from consecutive vec2s: with the rows outermost, rows
-/// 8 * KT * PARTS bytes apart met in the same banks (8-way conflicts at head size 64).
-fn partial_at(row: u32, r: u32, part: u32) -> u32 {
-    return (r * PARTS + part) * ROWS + row;
+/// Log-sum-exps (binding 4) and deltas (binding 5) of four queries (clamped to T - 1).
+struct RowStats { lse: vec4<f32>, delta: vec4<f32> }
+
+fn row_stats(i: vec4<u32>, bh: u32) -> RowStats {
+    let seq = word(1u);
+    let at = min(i, vec4<u32>(seq - 1u)) + bh * seq;
+    return RowStats(vec4<f32>(at_4[at.x], at_4[at.y], at_4[at.z], at_4[at.w]), vec4<f32>(at_5[at.x], at_5[at.y], at_5[at.z], at_5[at.w]));
 }
 
-/// Workgroup row `row`'s two dot products with tile row `r`: its slices' partials summed in
-/// slice order (the same in every thread of the row, so they agree bit for bit).
-fn combine(row: u32, r: u32) -> vec2<f32> {
-    var t = vec2<f32>(0.0);
-    for (var part = 0u; part < PARTS; part++) {
-        t += partials[partial_at(row, r, part)];
+/// Where block stores go: the output [B, T, C] rather than a part of dqkv (0 q, 1 k, 2 v).
+const OUT_ROWS: u32 = 3u;
+
+/// Writes row `i` of a thread's block, `x` (dimensions 64 db + 4 t.x ..+4) times `scale`, to
+/// at_1: part `part` of dqkv or the output (OUT_ROWS), up to HS; nothing past T.
+fn store_block_row(x: vec4<f32>, i: u32, part: u32, g: BlockGroup, tx: u32, scale: f32) {
+    if (i >= word(1u)) {
+        return;
     }
-    return t;
-}
-
-// q · k of the four keys jj .. jj + 3 of the forward's tile: sixteen independent chains of
-// multiply-adds (see lanes_sum), each vec4 of q read once for four keys.
-fn key_scores(q: ptr<function, array<vec4<f32>, HS4>>, jj: u32) -> vec4<f32> {
-    var d0 = vec4<f32>(0.0);
-    var d1 = vec4<f32>(0.0);
-    var d2 = vec4<f32>(0.0);
-    var d3 = vec4<f32>(0.0);
-    for (var d4 = 0u; d4 < HS4; d4++) {
-        let x = (*q)[d4];
-        d0 = fma(x, forward_k[jj * HS4 + d4], d0);
-        d1 = fma(x, forward_k[(jj + 1u) * HS4 + d4], d1);
-        d2 = fma(x, forward_k[(jj + 2u) * HS4 + d4], d2);
-        d3 = fma(x, forward_k[(jj + 3u) * HS4 + d4], d3);
+    let at = select(qkv_at(g.b, i, part, g.h), row_at(g.b, i, g.h), part == OUT_ROWS);
+    for (var t = 0u; t < 4u; t++) {
+        let d = 64u * g.db + 4u * tx + t;
+        if (d < HS) {
+            at_1[at + d] = to_elem1(x[t] * scale);
+        }
     }
-    return vec4<f32>(lanes_sum(d0), lanes_sum(d1), lanes_sum(d2), lanes_sum(d3));
 }
 
-// One thread per query row (64 per workgroup), holding the row's whole q and output in
-// registers (it needs two head vectors, where the backward kernels need three and four, so
-// it is not split into slices); keys and values pass through workgroup memory FORWARD_KT rows
-// at a time, every thread forming its own scores with all of them: two barriers per tile and
-// no partial sums to share.
+/// Writes thread `lid`'s block `x`, row a times scale[a] (see store_block_row).
+fn store_block(x: ptr<function, Block4>, part: u32, g: BlockGroup, lid: u32, scale: vec4<f32>) {
+    let tb = block_place(lid);
+    let rows = block_rows(g.r0, tb);
+    store_block_row((*x).r0, rows.x, part, g, tb.x, scale.x);
+    store_block_row((*x).r1, rows.y, part, g, tb.x, scale.y);
+    store_block_row((*x).r2, rows.z, part, g, tb.x, scale.z);
+    store_block_row((*x).r3, rows.w, part, g, tb.x, scale.w);
+}
+
+/// The maxima (`largest`) or sums over the 16 threads of a row group (the same t.y) of each
+/// of the thread's four rows' values `v` (its part of each row): every thread of the group
+/// gets the same four, summed in one order. All threads of the workgroup must call it.
+fn rows_reduce(v: vec4<f32>, largest: bool, tb: vec2<u32>) -> vec4<f32> {
+    // [row][t.x]: row 4 t.y + a's 16 parts in four vec4s from 16 t.y + 4 a.
+    let at = 16u * tb.y + tb.x / 4u;
+    let lane = tb.x % 4u;
+    workgroupBarrier();
+    blocks[at][lane] = v.x;
+    blocks[at + 4u][lane] = v.y;
+    blocks[at + 8u][lane] = v.z;
+    blocks[at + 12u][lane] = v.w;
+    workgroupBarrier();
+    var r: vec4<f32>;
+    for (var a = 0u; a < 4u; a++) {
+        let row = 16u * tb.y + 4u * a;
+        let q0 = blocks[row];
+        let q1 = blocks[row + 1u];
+        let q2 = blocks[row + 2u];
+        let q3 = blocks[row + 3u];
+        if (largest) {
+            let m = max(max(q0, q1), max(q2, q3));
+            r[a] = max(max(m.x, m.y), max(m.z, m.w));
+        } else {
+            r[a] = lanes_sum((q0 + q1) + (q2 + q3));
+        }
+    }
+    return r;
+}
+
+/// The largest of a vec4's four values.
+fn max4(x: vec4<f32>) -> f32 {
+    return max(max(x.x, x.y), max(x.z, x.w));
+}
+
+/// One row of the forward's scores, `s` times `scale`, where key j may be seen from query
+/// i (j <= i, and both within T), else MASKED.
+fn masked_row(s: vec4<f32>, i: u32, j: vec4<u32>, scale: f32) -> vec4<f32> {
+    return select(vec4<f32>(MASKED), s * scale, (j <= vec4<u32>(i)) & (vec4<u32>(i) < vec4<u32>(word(1u))));
+}
+
+/// Probabilities `p` of query i with keys j times dropout's factors.
+fn kept_row(p: vec4<f32>, i: u32, j: vec4<u32>, bh: u32) -> vec4<f32> {
+    return p * vec4<f32>(dropped(bh, i, j.x), dropped(bh, i, j.y), dropped(bh, i, j.z), dropped(bh, i, j.w));
+}
+
+// The forward of each query block: over the key blocks up to it, the scores (rows the
+// queries, columns the keys), each block a step of the online softmax (the rows' maxima met
+// over each row's 16 threads), then out += P·V. Each thread sums its own columns' share of
+// each row's exponentials; the shares meet at the end.
 // Bindings: 1 out [B, T, C], 2 qkv, 3 lse [B, NH, T], 6 dropout key.
-@compute @workgroup_size(64)
+// Grid: (T / 64, B * NH, HS / 64).
+@compute @workgroup_size(256)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let seq = word(1u);
     let scale = wordf(3u);
-    let row = head_row(wid, lid);
-    let i = row.i;
-    var q: array<vec4<f32>, HS4>;
-    for (var d4 = 0u; d4 < HS4; d4++) {
-        q[d4] = head_elem4(0u, row.b, row.safe, row.h, d4);
+    // The thread's rows are queries.
+    let g = block_group(wid);
+    let tb = block_place(lid);
+    let iv = block_rows(g.r0, tb);
+    let zero = vec4<f32>(0.0);
+    var o = Block4(zero, zero, zero, zero);
+    var m = vec4<f32>(MASKED);
+    var l = zero;
+    let keys = min(seq, g.r0 + 64u);
+    for (var j0 = 0u; j0 < keys; j0 += 64u) {
+        var s = Block4(zero, zero, zero, zero);
+        var unused: Block4;
+        pair_blocks(&s, &unused, vec4<u32>(0u, 1u, NO_SOURCE, NO_SOURCE), g, j0, lid);
+        let jv = block_cols(j0, tb);
+        let x0 = masked_row(s.r0, iv.x, jv, scale);
+        let x1 = masked_row(s.r1, iv.y, jv, scale);
+        let x2 = masked_row(s.r2, iv.z, jv, scale);
+        let x3 = masked_row(s.r3, iv.w, jv, scale);
+        // Masked scores weigh exp(MASKED - m_new) = 0; a row past T stays all MASKED.
+        let m_new = max(m, rows_reduce(vec4<f32>(max4(x0), max4(x1), max4(x2), max4(x3)), true, tb));
+        let corr = exp(m - m_new);
+        let p0 = exp(x0 - m_new.x);
+        let p1 = exp(x1 - m_new.y);
+        let p2 = exp(x2 - m_new.z);
+        let p3 = exp(x3 - m_new.w);
+        l = l * corr + vec4<f32>(lanes_sum(p0), lanes_sum(p1), lanes_sum(p2), lanes_sum(p3));
+        var kept = Block4(kept_row(p0, iv.x, jv, g.bh), kept_row(p1, iv.y, jv, g.bh), kept_row(p2, iv.z, jv, g.bh), kept_row(p3, iv.w, jv, g.bh));
+        o = Block4(o.r0 * corr.x, o.r1 * corr.y, o.r2 * corr.z, o.r3 * corr.w);
+        block_accumulate(&o, &kept, 2u, g, j0, lid);
+        m = m_new;
     }
-    var o: array<vec4<f32>, HS4>;
-    var m = MASKED;
-    var l = 0.0;
-    let keys = min(seq, wid.x * 64u + 64u);
-    for (var j0 = 0u; j0 < keys; j0 += FORWARD_KT) {
-        for (var e = lid; e < FORWARD_KT * HS4; e += 64u) {
-            forward_k[e] = tile_elem4(1u, row.b, row.h, j0, e);
-            forward_v[e] = tile_elem4(2u, row.b, row.h, j0, e);
-        }
-        workgroupBarrier();
-        if (row.valid && j0 <= i) {
-            // Four keys at a time, each four a step of the online softmax (keys past i score
-            // MASKED and weigh exp(MASKED - m_new) = 0).
-            for (var jj = 0u; jj < FORWARD_KT; jj += 4u) {
-                let js = j0 + jj + vec4<u32>(0u, 1u, 2u, 3u);
-                let x = select(vec4<f32>(MASKED), key_scores(&q, jj) * scale, js <= vec4<u32>(i));
-                let m_new = max(m, max(max(x.x, x.y), max(x.z, x.w)));
-                let corr = exp(m - m_new);
-                let p = exp(x - m_new);
-                l = l * corr + lanes_sum(p);
-                let kept = p * vec4<f32>(dropped(wid.y, i, js.x), dropped(wid.y, i, js.y), dropped(wid.y, i, js.z), dropped(wid.y, i, js.w));
-                let v = jj * HS4;
-                for (var d4 = 0u; d4 < HS4; d4++) {
-                    let o0 = fma(vec4<f32>(kept.x), forward_v[v + d4], o[d4] * corr);
-                    let o1 = fma(vec4<f32>(kept.y), forward_v[v + HS4 + d4], o0);
-                    let o2 = fma(vec4<f32>(kept.z), forward_v[v + 2u * HS4 + d4], o1);
-                    o[d4] = fma(vec4<f32>(kept.w), forward_v[v + 3u * HS4 + d4], o2);
-                }
-                m = m_new;
+    let sum = rows_reduce(l, false, tb);
+    store_block(&o, OUT_ROWS, g, lid, 1.0 / sum);
+    if (tb.x == 0u && g.db == 0u) {
+        let lse = m + log(sum);
+        for (var a = 0u; a < 4u; a++) {
+            if (iv[a] < seq) {
+                at_3[g.bh * seq + iv[a]] = to_elem3(lse[a]);
             }
         }
-        workgroupBarrier();
-    }
-    if (row.valid) {
-        let at = row_at(row.b, i, row.h);
-        let inv = 1.0 / l;
-        for (var d = 0u; d < HS; d++) {
-            at_1[at + d] = to_elem1(o[d / 4u][d % 4u] * inv);
-        }
-        at_3[wid.y * seq + i] = to_elem3(m + log(l));
     }
 }
 
@@ -297,91 +394,82 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     at_1[wid.y * word(1u) + row.i] = to_elem1(s);
 }
 
-// dQ of each query row (written to the q part of dqkv).
-// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
-@compute @workgroup_size(THREADS)
-fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let seq = word(1u);
-    let scale = wordf(3u);
-    let part = lid % PARTS;
-    let row = head_row(wid, lid / PARTS);
-    let i = row.i;
-    var q = head_slice(0u, row.b, row.safe, row.h, part);
-    var g = head_slice(3u, row.b, row.safe, row.h, part);
-    var dq: array<vec4<f32>, HSP4>;
-    let lse = at_4[wid.y * seq + row.safe];
-    let delta = at_5[wid.y * seq + row.safe];
-    let keys = min(seq, wid.x * 64u + 64u);
-    for (var j0 = 0u; j0 < keys; j0 += KT) {
-        load_tiles(1u, 2u, row.b, row.h, j0, lid);
-        workgroupBarrier();
-        share_partials(&q, &g, lid / PARTS, part);
-        workgroupBarrier();
-        if (row.valid && j0 <= i) {
-            for (var jj = 0u; jj < KT; jj++) {
-                if (j0 + jj <= i) {
-                    let t = combine(lid / PARTS, jj);
-                    let ds = exp(t.x * scale - lse) * (t.y * dropped(wid.y, i, j0 + jj) - delta);
-                    for (var e = 0u; e < HSP4; e++) {
-                        dq[e] = fma(vec4<f32>(ds), tile_slice(0u, jj, part, e), dq[e]);
-                    }
-                }
-            }
-        }
-        workgroupBarrier();
-    }
-    if (row.valid) {
-        store_slice(&dq, part, qkv_at(row.b, i, 0u, row.h), scale);
-    }
+/// One row of a thread's pairwise blocks: probabilities (times dropout's factor: what dV
+/// takes) and score gradients (before the scale), from the scores `s` and dout·v `dp` of the
+/// pairs (i, j) with `i` the queries, `j` the keys (one of them the same for the row), the
+/// queries' log-sum-exps and deltas. Zero outside the causal mask and past T.
+struct PairRow { p: vec4<f32>, ds: vec4<f32> }
+
+fn pair_row(s: vec4<f32>, dp: vec4<f32>, i: vec4<u32>, j: vec4<u32>, lse: vec4<f32>, delta: vec4<f32>, bh: u32, scale: f32) -> PairRow {
+    let seq = vec4<u32>(word(1u));
+    let valid = (j <= i) & (i < seq);
+    let p = select(vec4<f32>(0.0), exp(s * scale - lse), valid);
+    let drop = vec4<f32>(dropped(bh, i.x, j.x), dropped(bh, i.y, j.y), dropped(bh, i.z, j.z), dropped(bh, i.w, j.w));
+    return PairRow(p * drop, p * (dp * drop - delta));
 }
 
-// dK and dV of each key row (written to the k and v parts of dqkv).
+// dQ of each query block: over the key blocks up to it, the scores and dout·v recomputed
+// (rows the queries, columns the keys), then dQ += dS·K.
 // Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
-@compute @workgroup_size(THREADS)
-fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let seq = word(1u);
+// Grid: (T / 64, B * NH, HS / 64).
+@compute @workgroup_size(256)
+fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let scale = wordf(3u);
-    let part = lid % PARTS;
-    let row = head_row(wid, lid / PARTS);
-    let j = row.i;
-    var k = head_slice(1u, row.b, row.safe, row.h, part);
-    var v = head_slice(2u, row.b, row.safe, row.h, part);
-    var dk: array<vec4<f32>, HSP4>;
-    var dv: array<vec4<f32>, HSP4>;
-    for (var i0 = wid.x * 64u; i0 < seq; i0 += KT) {
-        // Query rows i0 .. i0 + KT: q in tile_a, dout in tile_b, (lse, delta) in tile_rows.
-        load_tiles(0u, 3u, row.b, row.h, i0, lid);
-        if (lid < KT) {
-            var stats = vec2<f32>(0.0, 0.0);
-            if (i0 + lid < seq) {
-                stats = vec2<f32>(at_4[wid.y * seq + i0 + lid], at_5[wid.y * seq + i0 + lid]);
-            }
-            tile_rows[lid] = stats;
-        }
-        workgroupBarrier();
-        share_partials(&k, &v, lid / PARTS, part);
-        workgroupBarrier();
-        if (row.valid) {
-            for (var r = 0u; r < KT; r++) {
-                let i = i0 + r;
-                if (i < seq && i >= j) {
-                    let t = combine(lid / PARTS, r);
-                    let p = exp(t.x * scale - tile_rows[r].x);
-                    let drop = dropped(wid.y, i, j);
-                    let ds = p * (t.y * drop - tile_rows[r].y);
-                    for (var e = 0u; e < HSP4; e++) {
-                        dv[e] = fma(vec4<f32>(p * drop), tile_slice(1u, r, part, e), dv[e]);
-                        dk[e] = fma(vec4<f32>(ds), tile_slice(0u, r, part, e), dk[e]);
-                    }
-                }
-            }
-        }
-        workgroupBarrier();
+    // The thread's rows are queries.
+    let g = block_group(wid);
+    let tb = block_place(lid);
+    let iv = block_rows(g.r0, tb);
+    let stats = row_stats(iv, g.bh);
+    let zero = vec4<f32>(0.0);
+    var dq = Block4(zero, zero, zero, zero);
+    let keys = min(word(1u), g.r0 + 64u);
+    for (var j0 = 0u; j0 < keys; j0 += 64u) {
+        var s = Block4(zero, zero, zero, zero);
+        var dp = Block4(zero, zero, zero, zero);
+        pair_blocks(&s, &dp, vec4<u32>(0u, 1u, 3u, 2u), g, j0, lid);
+        let jv = block_cols(j0, tb);
+        var ds: Block4;
+        ds.r0 = pair_row(s.r0, dp.r0, vec4<u32>(iv.x), jv, vec4<f32>(stats.lse.x), vec4<f32>(stats.delta.x), g.bh, scale).ds;
+        ds.r1 = pair_row(s.r1, dp.r1, vec4<u32>(iv.y), jv, vec4<f32>(stats.lse.y), vec4<f32>(stats.delta.y), g.bh, scale).ds;
+        ds.r2 = pair_row(s.r2, dp.r2, vec4<u32>(iv.z), jv, vec4<f32>(stats.lse.z), vec4<f32>(stats.delta.z), g.bh, scale).ds;
+        ds.r3 = pair_row(s.r3, dp.r3, vec4<u32>(iv.w), jv, vec4<f32>(stats.lse.w), vec4<f32>(stats.delta.w), g.bh, scale).ds;
+        block_accumulate(&dq, &ds, 1u, g, j0, lid);
     }
-    if (row.valid) {
-        store_slice(&dk, part, qkv_at(row.b, j, 1u, row.h), scale);
-        store_slice(&dv, part, qkv_at(row.b, j, 2u, row.h), 1.0);
+    store_block(&dq, 0u, g, lid, vec4<f32>(scale));
+}
+
+// dK and dV of each key block: over the query blocks from it, the scores and dout·v
+// recomputed (rows the keys, columns the queries), then dV += Pᵀ·dout and dK += dSᵀ·Q.
+// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
+// Grid: (T / 64, B * NH, HS / 64).
+@compute @workgroup_size(256)
+fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let scale = wordf(3u);
+    // The thread's rows are keys.
+    let g = block_group(wid);
+    let tb = block_place(lid);
+    let jv = block_rows(g.r0, tb);
+    let zero = vec4<f32>(0.0);
+    var dk = Block4(zero, zero, zero, zero);
+    var dv = Block4(zero, zero, zero, zero);
+    for (var i0 = g.r0; i0 < word(1u); i0 += 64u) {
+        var s = Block4(zero, zero, zero, zero);
+        var dp = Block4(zero, zero, zero, zero);
+        pair_blocks(&s, &dp, vec4<u32>(1u, 0u, 2u, 3u), g, i0, lid);
+        // The block's queries (its columns) and their statistics.
+        let iv = block_cols(i0, tb);
+        let stats = row_stats(iv, g.bh);
+        let r0 = pair_row(s.r0, dp.r0, iv, vec4<u32>(jv.x), stats.lse, stats.delta, g.bh, scale);
+        let r1 = pair_row(s.r1, dp.r1, iv, vec4<u32>(jv.y), stats.lse, stats.delta, g.bh, scale);
+        let r2 = pair_row(s.r2, dp.r2, iv, vec4<u32>(jv.z), stats.lse, stats.delta, g.bh, scale);
+        let r3 = pair_row(s.r3, dp.r3, iv, vec4<u32>(jv.w), stats.lse, stats.delta, g.bh, scale);
+        var p = Block4(r0.p, r1.p, r2.p, r3.p);
+        var ds = Block4(r0.ds, r1.ds, r2.ds, r3.ds);
+        block_accumulate(&dv, &p, 3u, g, i0, lid);
+        block_accumulate(&dk, &ds, 0u, g, i0, lid);
     }
+    store_block(&dk, 1u, g, lid, vec4<f32>(scale));
+    store_block(&dv, 2u, g, lid, vec4<f32>(1.0));
 }
 
 // One new token (batch 1, sequence 1) at position p = words[4] against the KV cache: its key

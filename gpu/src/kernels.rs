@@ -328,24 +328,7 @@ fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
         text.push_str(&format!("fn tc_store_plain(acc: coop_mat16x16<f32, C>, at: u32, stride: u32) {{ {body} }}\n"));
     }
     if shader == Shader::Attention {
-        // The backward kernels' threads per row: enough that a thread holds at most 32
-        // floats of each head vector (the dK/dV kernel holds four), at most 4 (256 threads,
-        // WebGPU's default limit). Their tiles: KT rows of two head vectors (whole vec4s,
-        // 32 bytes a row per vec4), of the rows' statistics (8 bytes a row), and the 64
-        // rows' partial dot products with each tile row (512 bytes a row per thread of a
-        // row). KT, a power of two up to 4, keeps them within WebGPU's default 16 KiB of
-        // workgroup memory: 4 rows at head size 64 (6 KiB; 8 rows, in 12 KiB, ran both
-        // kernels 2-6% slower on an H200). Three barriers per tile.
-        // The forward's two tiles of FORWARD_KT rows, a power of two from 4 (its scores are
-        // formed four keys at a time) to 16: at most 8 KiB up to head size 256 (16 rows at
-        // head size 64).
-        let parts = head_size.div_ceil(32).clamp(1, 4);
-        let row_bytes = 32 * head_size.div_ceil(4) + 8 + 512 * parts;
-        let kt = 1 << (16384 / row_bytes).clamp(1, 4).ilog2();
-        let forward_kt = 1 << (256 / head_size.div_ceil(4)).clamp(4, 16).ilog2();
-        text.push_str(&format!(
-            "const HS: u32 = {head_size}u;\nconst FORWARD_KT: u32 = {forward_kt}u;\nconst KT: u32 = {kt}u;\nconst PARTS: u32 = {parts}u;\n"
-        ));
+        text.push_str(&format!("const HS: u32 = {head_size}u;\n"));
     }
     text
 }

@@ -13,8 +13,15 @@ fn attention_words(s: AttentionShape, dropout: Option<Site>) -> [u32; 7] {
     [u(s.batch), u(s.seq), u(s.heads), scale.to_bits(), site, threshold, kept.to_bits()]
 }
 
-fn attention_grid(s: AttentionShape) -> [u32; 3] {
+/// The delta pass's grid: a workgroup per 64 rows of each head.
+fn delta_grid(s: AttentionShape) -> [u32; 3] {
     [u(s.seq.div_ceil(64)), u(s.batch * s.heads), 1]
+}
+
+/// The forward's and the backward kernels' grid: a workgroup per 64 rows (queries or keys)
+/// of each head and each 64 of its dimensions.
+fn block_grid(s: AttentionShape) -> [u32; 3] {
+    [u(s.seq.div_ceil(64)), u(s.batch * s.heads), u(s.head_size.div_ceil(64))]
 }
 
 /// Floating-point operations of `products` head-size-deep products over the causal
@@ -30,7 +37,7 @@ fn attention_flops(s: AttentionShape, products: f64) -> f64 {
 pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, View<'a>>, key: View<'a>) {
     let attention::Forward { out, lse, qkv, shape, dropout } = a;
     let key = dropout.map(|_| key);
-    let i = p.push(Kernel::AttentionForward, &attention_words(shape, dropout), &[Some(out), Some(qkv), Some(lse), None, None, key], attention_grid(shape));
+    let i = p.push(Kernel::AttentionForward, &attention_words(shape, dropout), &[Some(out), Some(qkv), Some(lse), None, None, key], block_grid(shape));
     p.count_flops(i, attention_flops(shape, 2.0));
 }
 
@@ -48,11 +55,11 @@ pub fn decode<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, Vi
 pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Backward<View<'a>, View<'a>>, delta: View<'a>, key: View<'a>) {
     let attention::Backward { dqkv, dout, qkv, out, lse, shape, dropout } = a;
     let delta = View { len: shape.batch * shape.heads * shape.seq, ..delta };
-    let (w, g) = (attention_words(shape, dropout), attention_grid(shape));
-    p.push(Kernel::AttentionDelta, &w, &[Some(delta), Some(dout), Some(out)], g);
+    let w = attention_words(shape, dropout);
+    p.push(Kernel::AttentionDelta, &w, &[Some(delta), Some(dout), Some(out)], delta_grid(shape));
     let views = [Some(dqkv), Some(qkv), Some(dout), Some(lse), Some(delta), dropout.map(|_| key)];
-    let i = p.push(Kernel::AttentionBackwardQ, &w, &views, g);
+    let i = p.push(Kernel::AttentionBackwardQ, &w, &views, block_grid(shape));
     p.count_flops(i, attention_flops(shape, 3.0));
-    let i = p.push(Kernel::AttentionBackwardKv, &w, &views, g);
+    let i = p.push(Kernel::AttentionBackwardKv, &w, &views, block_grid(shape));
     p.count_flops(i, attention_flops(shape, 4.0));
 }
