@@ -50,14 +50,14 @@ fn row_at(b: u32, i: u32, h: u32) -> u32 {
     return (b * word(1u) + i) * word(2u) * HS + h * HS;
 }
 
-/// The row a thread handles (grid (T / 64, B * NH)): batch `b`, head `h`, row `i`; past T
-/// `valid` is false and `safe` (T - 1) stands in for `i` in loads.
-struct HeadRow { b: u32, h: u32, i: u32, valid: bool, safe: u32 }
+/// The row a thread of the delta pass handles (grid (T / 64, B * NH)): batch `b`, head `h`,
+/// row `i`; `valid` false past T.
+struct HeadRow { b: u32, h: u32, i: u32, valid: bool }
 
 fn head_row(wid: vec3<u32>, lid: u32) -> HeadRow {
     let nh = word(2u);
     let i = wid.x * 64u + lid;
-    return HeadRow(wid.y / nh, wid.y % nh, i, i < word(1u), min(i, word(1u) - 1u));
+    return HeadRow(wid.y / nh, wid.y % nh, i, i < word(1u));
 }
 
 /// Element `d` of row `r` of head `h` in source `src`: 0 q, 1 k, 2 v (qkv, binding 2) or
@@ -80,10 +80,8 @@ fn head_elem4(src: u32, b: u32, r: u32, h: u32, d4: u32) -> vec4<f32> {
     return x;
 }
 
-/// The sum of a vec4 of partial dot products (lane t: the head dimensions 4 n + t), in one
-/// order everywhere. The forward's dot products accumulate lane-wise, `fma(x, y, acc)` over
-/// the row's vec4s: four independent chains of HS / 4 multiply-adds each, where one chain of
-/// HS waited on each multiply-add's result before the next.
+/// The sum of a vec4's four values in one order everywhere: a thread's share of a row's
+/// exponentials in the forward, a row's parts in `rows_reduce`.
 fn lanes_sum(acc: vec4<f32>) -> f32 {
     return (acc.x + acc.y) + (acc.z + acc.w);
 }
@@ -301,8 +299,7 @@ fn rows_reduce(v: vec4<f32>, largest: bool, tb: vec2<u32>) -> vec4<f32> {
         let q2 = blocks[row + 2u];
         let q3 = blocks[row + 3u];
         if (largest) {
-            let m = max(max(q0, q1), max(q2, q3));
-            r[a] = max(max(m.x, m.y), max(m.z, m.w));
+            r[a] = max4(max(max(q0, q1), max(q2, q3)));
         } else {
             r[a] = lanes_sum((q0 + q1) + (q2 + q3));
         }

@@ -305,7 +305,7 @@ impl Kernels {
 /// What alpha-gpu puts before `common.wgsl` when it compiles `shader` for the f16 pattern
 /// `slots`: the extensions, each binding's element type `ElemN` with `HALFN` (whether it is
 /// f16) and its conversion `to_elemN` (to f16 by `round_f16`: ±inf past its range), and
-/// attention's sizes.
+/// attention's head size.
 fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
     let mut text = String::new();
     if slots != 0 || shader == Shader::MatmulTensor {
