@@ -135,7 +135,7 @@ impl Trainer {
             TokenizerChoice::Chars => CharTokenizer::from_text(&text).map_err(|e| js_error(format!("the text: {e}")))?.into(),
             TokenizerChoice::Learn(size) => {
                 let mut words = WordCounts::new();
-                words.add(&alpha_core::Serial, &text, &[END_OF_TEXT]);
+                words.add(&alpha_core::Serial, &text, &[END_OF_TEXT]).map_err(|e| js_error(e.to_string()))?;
                 tokenizer::train::train(&words, *size, &[END_OF_TEXT], &mut |_, _| {}).map_err(|e| js_error(format!("vocabSize: {e}")))?.into()
             }
             TokenizerChoice::Json(json) => hf::from_tokenizer_json(json).map_err(|e| js_error(format!("tokenizerJson: {e}")))?.into(),

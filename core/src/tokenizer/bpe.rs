@@ -19,6 +19,7 @@
 
 use super::pretokenize::{next_cut, Gpt2Split};
 use crate::parallel::{Parallel, SharedMut};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use alloc::collections::BinaryHeap;
 use alloc::format;
 use alloc::string::String;
@@ -108,58 +109,58 @@ struct Scratch {
     heap: BinaryHeap<Reverse<(u32, u32)>>,
 }
 
-/// A text cut at the added tokens in it: `(text before, Some(index of the token))`, then
-/// `(the rest, None)`. Where several tokens match, the first to start wins, the longest among
-/// those.
-pub(crate) struct AddedSplit<'t, 'a> {
-    text: &'t str,
-    tokens: &'a [&'a str],
-    /// Each token's next occurrence at or after `pos` (`usize::MAX`: none), searched again
-    /// only once `pos` has passed it: one scan of the text per token.
-    next: Vec<usize>,
-    /// Where the next part starts; past the text once the last part was returned.
-    pos: usize,
+/// How many added tokens a tokenizer may have before their automaton is kept compact.
+const MANY_ADDED: usize = 4096;
+
+/// Finds added tokens in a text with one automaton (Aho-Corasick): one pass over the text
+/// whatever their number. Where several match, the first to start wins, the longest among
+/// those (Hugging Face's rule).
+#[derive(Clone, Debug)]
+pub(crate) struct AddedMatcher {
+    /// `None` without tokens.
+    automaton: Option<AhoCorasick>,
 }
 
-impl<'t, 'a> AddedSplit<'t, 'a> {
-    pub(crate) fn new(text: &'t str, tokens: &'a [&'a str]) -> Self {
-        let mut split = AddedSplit { text, tokens, next: Vec::with_capacity(tokens.len()), pos: 0 };
-        split.next = tokens.iter().map(|t| split.occurrence(t, 0)).collect();
-        split
+impl AddedMatcher {
+    /// A matcher of `tokens` (none empty: an empty token would match everywhere).
+    pub(crate) fn new<'a>(tokens: impl ExactSizeIterator<Item = &'a str> + Clone) -> Result<Self, BpeError> {
+        if tokens.len() == 0 {
+            return Ok(AddedMatcher { automaton: None });
+        }
+        if tokens.clone().any(str::is_empty) {
+            return Err(BpeError("an added token is empty".into()));
+        }
+        // Beyond a few thousand tokens the automaton stays in its first, compact form (its
+        // faster forms would cost several times the tokens' own size to build).
+        let kind = (tokens.len() > MANY_ADDED).then_some(AhoCorasickKind::NoncontiguousNFA);
+        let automaton = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .kind(kind)
+            .build(tokens)
+            .map_err(|e| BpeError(format!("the added tokens cannot be matched: {e}")))?;
+        Ok(AddedMatcher { automaton: Some(automaton) })
     }
 
-    fn occurrence(&self, token: &str, from: usize) -> usize {
-        self.text[from..].find(token).map_or(usize::MAX, |i| from + i)
-    }
-}
-
-impl<'t> Iterator for AddedSplit<'t, '_> {
-    type Item = (&'t str, Option<usize>);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.pos > self.text.len() {
-            return None;
-        }
-        let mut best: Option<(usize, usize)> = None;
-        for i in 0..self.tokens.len() {
-            if self.next[i] < self.pos {
-                self.next[i] = self.occurrence(self.tokens[i], self.pos);
+    /// `text` cut at the added tokens in it: `(text before, Some(index of the token))` for
+    /// each, then `(the rest, None)`.
+    pub(crate) fn split<'t>(&'t self, text: &'t str) -> impl Iterator<Item = (&'t str, Option<usize>)> + 't {
+        let mut matches = self.automaton.as_ref().map(|a| a.find_iter(text));
+        let mut pos = 0;
+        core::iter::from_fn(move || {
+            if pos > text.len() {
+                return None;
             }
-            let at = self.next[i];
-            if at != usize::MAX && best.is_none_or(|(b_at, b)| at < b_at || (at == b_at && self.tokens[i].len() > self.tokens[b].len())) {
-                best = Some((at, i));
-            }
-        }
-        let start = self.pos;
-        Some(match best {
-            Some((at, i)) => {
-                self.pos = at + self.tokens[i].len();
-                (&self.text[start..at], Some(i))
-            }
-            None => {
-                self.pos = self.text.len() + 1;
-                (&self.text[start..], None)
-            }
+            let start = pos;
+            Some(match matches.as_mut().and_then(Iterator::next) {
+                Some(m) => {
+                    pos = m.end();
+                    (&text[start..m.start()], Some(m.pattern().as_usize()))
+                }
+                None => {
+                    pos = text.len() + 1;
+                    (&text[start..], None)
+                }
+            })
         })
     }
 }
@@ -182,6 +183,8 @@ pub struct Bpe {
     /// merging: most pieces of a text).
     whole: Vec<bool>,
     added: Vec<AddedToken>,
+    /// Finds the added tokens in a text.
+    matcher: AddedMatcher,
     options: Options,
 }
 
@@ -253,7 +256,8 @@ impl Bpe {
             merge_map.insert(pair(l, r), Merge { rank: rank as u32, id });
             merge_list.push((l, r));
         }
-        let mut bpe = Bpe { bytes, offsets, ids, byte_ids, merges: merge_map, merge_list, whole: Vec::new(), added, options };
+        let matcher = AddedMatcher::new(added.iter().map(|a| a.content.as_str()))?;
+        let mut bpe = Bpe { bytes, offsets, ids, byte_ids, merges: merge_map, merge_list, whole: Vec::new(), added, matcher, options };
         let mut scratch = Scratch::default();
         let mut out = Vec::new();
         bpe.whole = (0..size as u32)
@@ -300,9 +304,8 @@ impl Bpe {
     /// Appends the ids of `text` to `out`.
     pub fn encode(&self, text: &str, out: &mut Vec<u32>) {
         let mut scratch = Scratch::default();
-        let contents: Vec<&str> = self.added.iter().map(|a| a.content.as_str()).collect();
-        for (plain, added) in AddedSplit::new(text, &contents) {
-            self.encode_plain(plain, out, &mut scratch);
+        for (plain, added) in self.matcher.split(text) {
+            self.encode_plain(plain, true, out, &mut scratch);
             if let Some(i) = added {
                 out.push(self.added[i].id);
             }
@@ -312,29 +315,52 @@ impl Bpe {
     /// The ids of `text`, encoded on `par`'s threads: the same ids as [`Bpe::encode`] for any
     /// number of threads (the text is cut only where its pieces cannot change).
     pub fn encode_with(&self, par: &dyn Parallel, text: &str) -> Vec<u32> {
-        let contents: Vec<&str> = self.added.iter().map(|a| a.content.as_str()).collect();
-        // Parts in order: a stretch of plain text, or one added token.
-        let mut parts: Vec<Result<&str, u32>> = Vec::new();
-        for (plain, added) in AddedSplit::new(text, &contents) {
+        self.encode_part(par, text, false)
+    }
+
+    /// Where a text may be cut into parts whose ids ([`Bpe::encode_part`]) are those of the
+    /// whole: the first such place at or after byte `from` (before a newline that a
+    /// non-whitespace character follows, see [`next_cut`]), or `text.len()` where there is
+    /// none or the tokenizer allows no cut (without GPT-2's pattern a text is one piece; an
+    /// added token with a newline in it could straddle a cut).
+    pub fn next_cut(&self, text: &str, from: usize) -> usize {
+        if !self.options.use_regex || self.added.iter().any(|a| a.content.contains('\n')) {
+            return text.len();
+        }
+        next_cut(text, from)
+    }
+
+    /// The ids of `part` of a longer text cut at [`Bpe::next_cut`], on `par`'s threads;
+    /// `continues` when it is not the text's first part (it then gets no prefix space). The
+    /// parts' ids, concatenated, are the ids of the whole text.
+    pub fn encode_part(&self, par: &dyn Parallel, part: &str, continues: bool) -> Vec<u32> {
+        /// A stretch of plain text (whether it starts a text between added tokens), or one
+        /// added token.
+        enum Piece<'t> {
+            Plain(&'t str, bool),
+            Added(u32),
+        }
+        let mut pieces: Vec<Piece<'_>> = Vec::new();
+        for (n, (plain, added)) in self.matcher.split(part).enumerate() {
             let mut start = 0;
             while start < plain.len() {
-                let end = next_cut(plain, (start + PART_BYTES).min(plain.len()));
-                parts.push(Ok(&plain[start..end]));
+                let end = self.next_cut(plain, (start + PART_BYTES).min(plain.len()));
+                pieces.push(Piece::Plain(&plain[start..end], start == 0 && (n > 0 || !continues)));
                 start = end;
             }
-            parts.extend(added.map(|i| Err(self.added[i].id)));
+            pieces.extend(added.map(|i| Piece::Added(self.added[i].id)));
         }
-        let mut outs: Vec<Vec<u32>> = (0..parts.len()).map(|_| Vec::new()).collect();
+        let mut outs: Vec<Vec<u32>> = (0..pieces.len()).map(|_| Vec::new()).collect();
         let outs_p = SharedMut(outs.as_mut_ptr());
-        par.run(parts.len(), &|i| {
+        par.run(pieces.len(), &|i| {
             // SAFETY: task `i` alone writes output `i`.
             let out = unsafe { &mut outs_p.slice(i, 1)[0] };
-            match parts[i] {
-                Ok(plain) => {
+            match pieces[i] {
+                Piece::Plain(plain, starts) => {
                     out.reserve(plain.len() / 3);
-                    self.encode_plain(plain, out, &mut Scratch::default());
+                    self.encode_plain(plain, starts, out, &mut Scratch::default());
                 }
-                Err(id) => out.push(id),
+                Piece::Added(id) => out.push(id),
             }
         });
         outs.concat()
@@ -347,12 +373,13 @@ impl Bpe {
         out
     }
 
-    /// Text with no added token in it.
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>, scratch: &mut Scratch) {
+    /// Text with no added token in it; `starts` when it starts a text between added tokens
+    /// (not a part that continues one), where `add_prefix_space` may put a space before it.
+    fn encode_plain(&self, text: &str, starts: bool, out: &mut Vec<u32>, scratch: &mut Scratch) {
         if text.is_empty() {
             return;
         }
-        if self.options.add_prefix_space && !text.starts_with(' ') {
+        if starts && self.options.add_prefix_space && !text.starts_with(' ') {
             let spaced = [" ", text].concat();
             return self.encode_pieces(&spaced, out, scratch);
         }
@@ -484,12 +511,26 @@ mod tests {
     }
 
     #[test]
-    fn threads_give_the_same_ids() {
-        let t = tokenizer(&[("t", "h"), ("th", "e"), (" ", "th"), ("\n", "\n")], &["<e>"]);
+    fn threads_and_parts_give_the_same_ids() {
+        let gpt2 = tokenizer(&[("t", "h"), ("th", "e"), (" ", "th"), ("\n", "\n"), (" ", "x"), (" x", "\n")], &["<e>"]);
         let line = |i: usize| if i % 30_000 == 7 { "<e>" } else { ["the cat\n", "\n  then", "x\n\nthe", " ünïcödé\n"][i % 4] };
         let text: String = (0..100_000).map(line).collect();
         assert!(text.len() > 2 * PART_BYTES);
-        assert_eq!(t.encode_with(&crate::parallel::ReversedThreads(3), &text), t.encode_to_vec(&text));
+        let with = |options: Options| Bpe { options, ..gpt2.clone() };
+        let prefixed = Options { add_prefix_space: true, ..Options::default() };
+        let one_piece = Options { use_regex: false, ..Options::default() };
+        for t in [with(Options::default()), with(prefixed), with(one_piece)] {
+            let whole = t.encode_to_vec(&text);
+            assert_eq!(t.encode_with(&crate::parallel::ReversedThreads(3), &text), whole, "{:?}", t.options);
+            // Cut where the tokenizer allows, each part encoded alone.
+            let (mut ids, mut start) = (Vec::new(), 0);
+            while start < text.len() {
+                let end = t.next_cut(&text, start + 100_003);
+                ids.extend(t.encode_part(&crate::Serial, &text[start..end], start > 0));
+                start = end;
+            }
+            assert_eq!(ids, whole, "{:?}", t.options);
+        }
     }
 
     #[test]

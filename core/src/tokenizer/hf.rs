@@ -13,10 +13,12 @@
 
 use super::bpe::{AddedToken, Bpe, BpeError, Options};
 use super::byte_level::{byte_char, char_byte};
-use alloc::borrow::ToOwned;
+use alloc::borrow::{Cow, ToOwned};
 use alloc::format;
-use alloc::string::{String, ToString};
+use alloc::string::String;
 use alloc::vec::Vec;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 /// What Alpha reads, for error messages.
@@ -59,107 +61,250 @@ fn kind<'a>(component: &'a Value, name: &str) -> Result<Option<&'a str>, BpeErro
     }
 }
 
-/// A vocabulary object `{"token": id, ...}` as bytes and ids.
-fn vocab_entries(vocab: &Value, file: &str) -> Result<Vec<(String, u32)>, BpeError> {
-    let vocab = vocab.as_object().ok_or_else(|| BpeError(format!("{file}: the vocabulary is not an object of token: id")))?;
-    vocab
-        .iter()
-        .map(|(token, id)| {
-            let id = id.as_u64().and_then(|id| u32::try_from(id).ok()).ok_or_else(|| BpeError(format!("{file}: token {token:?} has no valid id")))?;
-            Ok((token.clone(), id))
-        })
-        .collect()
+/// A vocabulary object `{"token": id, ...}` as its entries, in the file's order, each token
+/// borrowed from the file's text where it has no escapes: a vocabulary costs about what its
+/// text does, not a JSON tree of it.
+struct Vocab<'a>(Vec<(Cow<'a, str>, u32)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Vocab<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = Vocab<'de>;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("an object of token: id")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Vocab<'de>, M::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some(entry) = map.next_entry::<Text<'de>, u32>()? {
+                    entries.push((entry.0 .0, entry.1));
+                }
+                Ok(Vocab(entries))
+            }
+        }
+        deserializer.deserialize_map(Entries)
+    }
+}
+
+/// A string borrowed from the file's text where it can be (Cow's own `Deserialize` always
+/// copies).
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Str;
+        impl<'de> serde::de::Visitor<'de> for Str {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(Str)
+    }
 }
 
 /// One merge: `"a b"` (older files, `merges.txt` lines) or `["a", "b"]`.
-fn merge_pair(merge: &Value, rank: usize) -> Result<(Vec<u8>, Vec<u8>), BpeError> {
-    let (left, right) = match merge {
-        Value::String(s) => s.split_once(' ').ok_or_else(|| BpeError(format!("merge {rank} ({s:?}) is not two tokens")))?,
-        Value::Array(pair) => match &pair[..] {
-            [Value::String(l), Value::String(r)] => (l.as_str(), r.as_str()),
-            _ => return Err(BpeError(format!("merge {rank} is not a pair of tokens"))),
-        },
-        _ => return Err(BpeError(format!("merge {rank} is not a pair of tokens"))),
-    };
-    Ok((token_bytes(left)?, token_bytes(right)?))
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MergeEntry<'a> {
+    Joined(#[serde(borrow)] Cow<'a, str>),
+    Pair(#[serde(borrow)] Cow<'a, str>, #[serde(borrow)] Cow<'a, str>),
+}
+
+impl MergeEntry<'_> {
+    /// The two tokens' bytes; merge `rank` in errors.
+    fn pair(&self, rank: usize) -> Result<(Vec<u8>, Vec<u8>), BpeError> {
+        let (left, right) = match self {
+            MergeEntry::Joined(s) => s.split_once(' ').ok_or_else(|| BpeError(format!("merge {rank} ({s:?}) is not two tokens")))?,
+            MergeEntry::Pair(l, r) => (&**l, &**r),
+        };
+        Ok((token_bytes(left)?, token_bytes(right)?))
+    }
+}
+
+/// `added_tokens`, each entry read straight into an [`AddedToken`] (a file may hold millions).
+struct AddedList(Vec<AddedToken>);
+
+impl<'de> Deserialize<'de> for AddedList {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = AddedList;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("a list of added tokens")
+            }
+            fn visit_seq<S: serde::de::SeqAccess<'de>>(self, mut seq: S) -> Result<AddedList, S::Error> {
+                let mut added = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(token) = seq.next_element::<AddedEntry<'de>>()? {
+                    for (option, set) in [("lstrip", token.lstrip), ("rstrip", token.rstrip), ("single_word", token.single_word)] {
+                        if set {
+                            return Err(serde::de::Error::custom(error(format_args!("added token {:?} sets {option}", token.content))));
+                        }
+                    }
+                    added.push(AddedToken { content: token.content.into_owned(), id: token.id, special: token.special });
+                }
+                added.shrink_to_fit();
+                Ok(AddedList(added))
+            }
+        }
+        deserializer.deserialize_seq(Entries)
+    }
+}
+
+/// An entry of `added_tokens`.
+#[derive(Deserialize)]
+struct AddedEntry<'a> {
+    id: u32,
+    #[serde(borrow)]
+    content: Cow<'a, str>,
+    #[serde(default)]
+    single_word: bool,
+    #[serde(default)]
+    lstrip: bool,
+    #[serde(default)]
+    rstrip: bool,
+    #[serde(default)]
+    special: bool,
+}
+
+/// The parts of a `tokenizer.json` Alpha reads: the model and the added tokens kept as their
+/// text until they are read into their own types, the small components as JSON.
+#[derive(Deserialize)]
+struct TokenizerFile<'a> {
+    #[serde(default, borrow)]
+    model: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    added_tokens: Option<&'a RawValue>,
+    #[serde(default)]
+    truncation: Value,
+    #[serde(default)]
+    padding: Value,
+    #[serde(default)]
+    normalizer: Value,
+    #[serde(default)]
+    pre_tokenizer: Value,
+    #[serde(default)]
+    post_processor: Value,
+    #[serde(default)]
+    decoder: Value,
+}
+
+/// A BPE model's vocabulary and merges.
+#[derive(Deserialize)]
+struct BpeModel<'a> {
+    #[serde(borrow)]
+    vocab: Vocab<'a>,
+    #[serde(borrow)]
+    merges: Vec<MergeEntry<'a>>,
+}
+
+/// A component of `tokenizer.json` read as `T`; errors name `what`.
+fn parse<'a, T: Deserialize<'a>>(text: &'a str, what: &str) -> Result<T, BpeError> {
+    serde_json::from_str(text).map_err(|e| BpeError(format!("tokenizer.json: {what}: {e}")))
+}
+
+/// Whether a `TemplateProcessing` post-processor adds no token to a single text: its `single`
+/// template is the text alone (as `transformers` writes GPT-2's on `save_pretrained`).
+fn adds_nothing(template: &Value) -> bool {
+    match field(template, "single").as_array().map(|a| &a[..]) {
+        Some([only]) => field(field(only, "Sequence"), "id").as_str() == Some("A"),
+        _ => false,
+    }
 }
 
 /// A tokenizer from the text of a Hugging Face `tokenizer.json`.
 pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
-    let root: Value = serde_json::from_str(json).map_err(|e| BpeError(format!("tokenizer.json is not valid JSON: {e}")))?;
-    let model = field(&root, "model");
-    match kind(model, "model")? {
+    let root: TokenizerFile<'_> = serde_json::from_str(json).map_err(|e| BpeError(format!("tokenizer.json is not valid JSON: {e}")))?;
+    let Some(model_text) = root.model else { return Err(error("the file has no model")) };
+    let model: Value = parse::<Map<String, Value>>(model_text.get(), "the model")
+        .map(|m| m.into_iter().filter(|(k, _)| k != "vocab" && k != "merges").collect::<Map<_, _>>().into())?;
+    match kind(&model, "model")? {
         Some("BPE") => {}
         Some(other) => return Err(error(format_args!("the model is {other}"))),
         None => return Err(error("the file has no model")),
     }
-    if !field(model, "dropout").is_null() {
+    if !field(&model, "dropout").is_null() {
         return Err(error("BPE dropout is set (it draws different ids at each encoding)"));
     }
-    if flag(model, "byte_fallback", false)? {
+    if flag(&model, "byte_fallback", false)? {
         return Err(error("byte_fallback is set (SentencePiece-style BPE)"));
     }
     for affix in ["continuing_subword_prefix", "end_of_word_suffix"] {
-        if field(model, affix).as_str().is_some_and(|s| !s.is_empty()) {
+        if field(&model, affix).as_str().is_some_and(|s| !s.is_empty()) {
             return Err(error(format_args!("{affix} is set")));
         }
     }
-    if let Some(normalizer) = kind(field(&root, "normalizer"), "normalizer")? {
+    if let Some(normalizer) = kind(&root.normalizer, "normalizer")? {
         return Err(error(format_args!("the file has a {normalizer} normalizer")));
     }
-    let pre = field(&root, "pre_tokenizer");
+    let pre = &root.pre_tokenizer;
     match kind(pre, "pre-tokenizer")? {
         Some("ByteLevel") => {}
         Some(other) => return Err(error(format_args!("the pre-tokenizer is {other}"))),
         None => return Err(error("the file has no pre-tokenizer")),
     }
-    match kind(field(&root, "decoder"), "decoder")? {
+    match kind(&root.decoder, "decoder")? {
         Some("ByteLevel") | None => {}
         Some(other) => return Err(error(format_args!("the decoder is {other}"))),
     }
+    // Truncation and padding change the ids of every encoding (and would corrupt a corpus).
+    for (key, value, what) in [("truncation", &root.truncation, "cuts encodings to a length"), ("padding", &root.padding, "pads encodings with a token")] {
+        if !value.is_null() {
+            return Err(BpeError(format!("tokenizer.json sets {key} (it {what}); Alpha gives every text all its ids: set \"{key}\" to null")));
+        }
+    }
     // GPT-2's post-processor (ByteLevel) only trims offsets; one that adds tokens would change ids.
-    match kind(field(&root, "post_processor"), "post-processor")? {
+    match kind(&root.post_processor, "post-processor")? {
         Some("ByteLevel") | None => {}
+        Some("TemplateProcessing") if adds_nothing(&root.post_processor) => {}
         Some(other) => return Err(error(format_args!("the post-processor is {other} (it adds tokens)"))),
     }
     let options = Options {
         add_prefix_space: flag(pre, "add_prefix_space", false)?,
         use_regex: flag(pre, "use_regex", true)?,
-        ignore_merges: flag(model, "ignore_merges", false)?,
+        ignore_merges: flag(&model, "ignore_merges", false)?,
     };
-    let mut added = Vec::new();
-    for token in field(&root, "added_tokens").as_array().map_or(&[][..], |a| &a[..]) {
-        let content = field(token, "content").as_str().ok_or_else(|| BpeError("tokenizer.json: an added token has no content".into()))?;
-        let id = field(token, "id").as_u64().and_then(|id| u32::try_from(id).ok());
-        let id = id.ok_or_else(|| BpeError(format!("tokenizer.json: added token {content:?} has no valid id")))?;
-        for option in ["lstrip", "rstrip", "single_word"] {
-            if flag(token, option, false)? {
-                return Err(error(format_args!("added token {content:?} sets {option}")));
+    let added = match root.added_tokens {
+        Some(text) => parse::<AddedList>(text.get(), "added_tokens")?.0,
+        None => Vec::new(),
+    };
+    let BpeModel { vocab, merges } = parse(model_text.get(), "the BPE model")?;
+    let mut tokens = Vec::with_capacity(vocab.0.len());
+    {
+        // `tokenizers` gives an added token whose text the vocabulary holds the vocabulary's id.
+        let added_ids: hashbrown::HashMap<&str, u32> = added.iter().map(|a| (a.content.as_str(), a.id)).collect();
+        for (token, id) in vocab.0 {
+            match added_ids.get(&*token) {
+                // An added token may be in the vocabulary too (GPT-2's <|endoftext|>), as its text.
+                Some(&added_id) if added_id == id => {}
+                Some(&added_id) => {
+                    return Err(BpeError(format!(
+                        "tokenizer.json: added token {token:?} has id {added_id}, but the vocabulary gives its text id {id} (which Hugging Face would use); give both the same id"
+                    )))
+                }
+                None => tokens.push((token_bytes(&token)?, id)),
             }
         }
-        added.push(AddedToken { content: content.to_owned(), id, special: flag(token, "special", false)? });
     }
-    let mut vocab = Vec::new();
-    for (token, id) in vocab_entries(field(model, "vocab"), "tokenizer.json")? {
-        // An added token may be in the vocabulary too (GPT-2's <|endoftext|>), as its text.
-        if !added.iter().any(|a| a.content == token && a.id == id) {
-            vocab.push((token_bytes(&token)?, id));
-        }
-    }
-    let merges = field(model, "merges").as_array().ok_or_else(|| BpeError("tokenizer.json: the model has no merges".into()))?;
-    let merges = merges.iter().enumerate().map(|(rank, m)| merge_pair(m, rank)).collect::<Result<Vec<_>, _>>()?;
-    Bpe::new(vocab, &merges, added, options)
+    let merges = merges.iter().enumerate().map(|(rank, m)| m.pair(rank)).collect::<Result<Vec<_>, _>>()?;
+    Bpe::new(tokens, &merges, added, options)
 }
 
 /// A tokenizer from GPT-2's `vocab.json` and `merges.txt` (as OpenAI and Hugging Face's
 /// `GPT2Tokenizer` ship them). Vocabulary entries written `<|...|>` are added special tokens.
 pub fn from_vocab_merges(vocab_json: &str, merges_txt: &str) -> Result<Bpe, BpeError> {
-    let vocab: Value = serde_json::from_str(vocab_json).map_err(|e| BpeError(format!("vocab.json is not valid JSON: {e}")))?;
+    let vocab: Vocab<'_> = serde_json::from_str(vocab_json).map_err(|e| BpeError(format!("vocab.json is not an object of token: id ({e})")))?;
     let mut tokens = Vec::new();
     let mut added = Vec::new();
-    for (token, id) in vocab_entries(&vocab, "vocab.json")? {
+    for (token, id) in vocab.0 {
         if token.len() > 4 && token.starts_with("<|") && token.ends_with("|>") {
-            added.push(AddedToken { content: token, id, special: true });
+            added.push(AddedToken { content: token.into_owned(), id, special: true });
         } else {
             tokens.push((token_bytes(&token)?, id));
         }
@@ -169,7 +314,7 @@ pub fn from_vocab_merges(vocab_json: &str, merges_txt: &str) -> Result<Bpe, BpeE
         .lines()
         .filter(|line| !line.starts_with("#version") && !line.trim().is_empty())
         .enumerate()
-        .map(|(rank, line)| merge_pair(&Value::String(line.trim_end_matches('\r').to_string()), rank))
+        .map(|(rank, line)| MergeEntry::Joined(Cow::Borrowed(line.trim_end_matches('\r'))).pair(rank))
         .collect::<Result<Vec<_>, _>>()?;
     Bpe::new(tokens, &merges, added, Options::default())
 }

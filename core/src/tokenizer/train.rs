@@ -9,14 +9,14 @@
 //! use alpha_core::tokenizer::train::{train, WordCounts};
 //! use alpha_core::Serial;
 //! let mut words = WordCounts::new();
-//! words.add(&Serial, "low lower lowest<|endoftext|>low low", &["<|endoftext|>"]);
+//! words.add(&Serial, "low lower lowest<|endoftext|>low low", &["<|endoftext|>"]).unwrap();
 //! let bpe = train(&words, 256 + 1 + 3, &["<|endoftext|>"], &mut |_, _| {}).unwrap();
 //! assert_eq!(bpe.vocab_size(), 260);
 //! assert_eq!(bpe.encode_to_vec(" low").len(), 1);
 //! assert_eq!(bpe.decode(&bpe.encode_to_vec("lowest<|endoftext|>")).unwrap(), b"lowest<|endoftext|>");
 //! ```
 
-use super::bpe::{AddedSplit, AddedToken, Bpe, BpeError, Options, PART_BYTES};
+use super::bpe::{AddedMatcher, AddedToken, Bpe, BpeError, Options, PART_BYTES};
 use super::byte_level::byte_char;
 use super::pretokenize::{next_cut, Gpt2Split};
 use crate::parallel::{split_range, Parallel, SharedMut};
@@ -27,6 +27,20 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 use hashbrown::HashMap;
+
+/// Checks what [`train`] is asked for, before any text is counted: room in the vocabulary for
+/// the 256 bytes and the special tokens, and special tokens that are neither empty nor
+/// repeated (an empty one would match everywhere: [`WordCounts::add`] must not be given one).
+pub fn check_request(vocab_size: usize, specials: &[&str]) -> Result<(), BpeError> {
+    let base = specials.len() + 256;
+    if vocab_size < base {
+        return Err(BpeError(format!("the vocabulary size must be at least {base} (256 bytes and {} special tokens), not {vocab_size}", specials.len())));
+    }
+    if let Some(dup) = specials.iter().enumerate().find(|(i, s)| s.is_empty() || specials[..*i].contains(s)) {
+        return Err(BpeError(format!("special token {:?} is empty or repeated", dup.1)));
+    }
+    Ok(())
+}
 
 /// How many times each piece occurs in a corpus.
 #[derive(Default)]
@@ -41,10 +55,11 @@ impl WordCounts {
     }
 
     /// Counts the pieces of `text`, skipping the text of `specials`, on `par`'s threads (the
-    /// counts do not depend on their number).
-    pub fn add(&mut self, par: &dyn Parallel, text: &str, specials: &[&str]) {
+    /// counts do not depend on their number). An empty special token is an error.
+    pub fn add(&mut self, par: &dyn Parallel, text: &str, specials: &[&str]) -> Result<(), BpeError> {
+        let matcher = AddedMatcher::new(specials.iter().copied())?;
         let mut parts = Vec::new();
-        for (plain, _) in AddedSplit::new(text, specials) {
+        for (plain, _) in matcher.split(text) {
             let mut start = 0;
             while start < plain.len() {
                 let end = next_cut(plain, (start + PART_BYTES).min(plain.len()));
@@ -69,6 +84,7 @@ impl WordCounts {
                 *self.counts.entry(piece).or_insert(0) += n;
             }
         }
+        Ok(())
     }
 
     /// Distinct pieces counted.
@@ -92,13 +108,7 @@ fn pair(left: u32, right: u32) -> u64 {
 /// merge) from `words`, with `specials` as its first ids; calls `progress(merges, of)` as it
 /// goes.
 pub fn train(words: &WordCounts, vocab_size: usize, specials: &[&str], progress: &mut dyn FnMut(usize, usize)) -> Result<Bpe, BpeError> {
-    let base = specials.len() + 256;
-    if vocab_size < base {
-        return Err(BpeError(format!("the vocabulary size must be at least {base} (256 bytes and {} special tokens), not {vocab_size}", specials.len())));
-    }
-    if let Some(dup) = specials.iter().enumerate().find(|(i, s)| s.is_empty() || specials[..*i].contains(s)) {
-        return Err(BpeError(format!("special token {:?} is empty or repeated", dup.1)));
-    }
+    check_request(vocab_size, specials)?;
     let mut tokens: Vec<Vec<u8>> = specials.iter().map(|s| s.as_bytes().to_vec()).collect();
     let mut bytes: Vec<u8> = (0..=255).collect();
     bytes.sort_by_key(|&b| byte_char(b));
@@ -128,7 +138,7 @@ pub fn train(words: &WordCounts, vocab_size: usize, specials: &[&str], progress:
     let mut merges = Vec::new();
     let mut visited = vec![usize::MAX; symbols.len()];
     let mut changed = Vec::new();
-    let target = vocab_size - base;
+    let target = vocab_size - (specials.len() + 256);
     while merges.len() < target {
         let Some((n, Reverse(key))) = heap.pop() else { break };
         let now = pair_counts.get(&key).copied().unwrap_or(0);
@@ -205,9 +215,9 @@ mod tests {
     fn counts_and_merges_do_not_depend_on_threads() {
         let text: alloc::string::String = (0..3000).map(|i| ["the cat sat\n", "on the mat\n\n", "  the end\n", "thé\tcat\n"][i % 4]).collect();
         let mut serial = WordCounts::new();
-        serial.add(&Serial, &text, &[]);
+        serial.add(&Serial, &text, &[]).unwrap();
         let mut threaded = WordCounts::new();
-        threaded.add(&ReversedThreads(3), &text, &[]);
+        threaded.add(&ReversedThreads(3), &text, &[]).unwrap();
         assert_eq!(serial.counts, threaded.counts);
         let a = train(&serial, 300, &[], &mut |_, _| {}).unwrap();
         let b = train(&threaded, 300, &[], &mut |_, _| {}).unwrap();
