@@ -54,6 +54,9 @@ fn load_parts(path: &Path, with_state: bool) -> Result<Checkpoint, String> {
     if crate::hf_model::is_model_dir(path) {
         return crate::hf_model::load(path);
     }
+    if path.is_dir() {
+        return Err(format!("{} is a directory without config.json: neither a Hugging Face model directory nor an Alpha checkpoint", path.display()));
+    }
     let name = path.to_string_lossy();
     if !path.exists() && (crate::hf_model::GPT2_NAMES.contains(&name.as_ref()) || name.matches('/').count() == 1 && !name.ends_with(".safetensors")) {
         return crate::hf_model::load(&crate::hf_model::find_cached(&name)?);
@@ -61,7 +64,7 @@ fn load_parts(path: &Path, with_state: bool) -> Result<Checkpoint, String> {
     // Read through a memory map: the parameters are copied once, into their arena, not first
     // into a buffer the size of the file (at gpt2-xl size, 18 GB with the AdamW moments). The
     // header's sizes are checked against the file's before any tensor is read.
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
+    let file = crate::fsutil::open_regular(path).map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
     // SAFETY: read-only; a file changed while it loads can only change the values read, which
     // the checksums then refuse.
     let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;

@@ -9,9 +9,9 @@ pub const EMBEDDED: &str = "<embedded shakespeare>";
 /// 42 Shakespeare plays from Project Gutenberg (public domain), 5.06 MB of ASCII.
 pub static SHAKESPEARE: &str = include_str!("../../data/shakespeare.txt");
 
-/// Reads a UTF-8 text file; `what` names it in errors ("data file", "text file").
+/// Reads a UTF-8 text file (a regular file: see [`crate::fsutil::open_regular`]); `what` names it in errors ("data file", "text file").
 pub fn read_text(path: &Path, what: &str) -> Result<String, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    let bytes = crate::fsutil::read_regular(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
     if bytes.is_empty() {
         return Err(format!("{what} {} is empty", path.display()));
     }

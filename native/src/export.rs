@@ -31,6 +31,9 @@ pub struct ExportArgs {
 
 /// Runs `export`.
 pub fn run(args: &ExportArgs) -> Result<(), String> {
+    if args.out.exists() && !args.out.is_dir() {
+        return Err(format!("--out {} exists and is not a directory", args.out.display()));
+    }
     if !args.force && std::fs::read_dir(&args.out).is_ok_and(|mut d| d.next().is_some()) {
         return Err(format!("--out {} is not empty; pass --force to write into it", args.out.display()));
     }

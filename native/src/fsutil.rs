@@ -30,6 +30,32 @@ pub fn check_replaceable(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Opens `path` (after symbolic links) for reading if it is a regular file. Anything else is
+/// refused before it is opened: opening a FIFO waits for a writer, a device such as
+/// /dev/zero never ends, and a directory is not a file.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    let meta = fs::metadata(path)?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() { "a directory" } else { "not a regular file (a FIFO, a socket or a device is never read)" };
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("it is {what}")));
+    }
+    File::open(path)
+}
+
+/// The whole content of the regular file `path` (see [`open_regular`]).
+pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+    let mut file = open_regular(path)?;
+    let mut bytes = Vec::with_capacity(file.metadata().map_or(0, |m| m.len() as usize));
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// The whole content of the regular file `path` as UTF-8 text (see [`open_regular`]).
+pub fn read_regular_string(path: &Path) -> io::Result<String> {
+    String::from_utf8(read_regular(path)?)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("it is not valid UTF-8 (invalid byte at offset {})", e.utf8_error().valid_up_to())))
+}
+
 /// Writes `path` atomically with `fill`, which writes the whole content: a temporary file in
 /// the same directory is written through a buffer and fsynced, renamed over `path`, and the
 /// directory is fsynced. A crash at any moment leaves either the old file or the new one,

@@ -10,13 +10,13 @@
 //! tokenizer becomes a `tokenizers` word-level model over single characters.
 
 use crate::checkpoint::Checkpoint;
+use crate::fsutil::{open_regular, read_regular_string};
 use alpha_core::plan::{ParamInfo, ParamKind, Plan};
 use alpha_core::tokenizer::Tokenizer;
 use alpha_core::GptConfig;
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::Value;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// Whether `path` is a model directory (it holds a `config.json`).
@@ -62,7 +62,7 @@ pub fn find_cached(name: &str) -> Result<PathBuf, String> {
 /// `config.json` as Alpha's model; what Alpha's GPT does not compute is an error.
 fn config(dir: &Path) -> Result<GptConfig, String> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = read_regular_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let c: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
     let bad = |what: String| format!("{}: {what}; Alpha runs GPT-2 (model_type gpt2, gelu_new, LayerNorm eps 1e-5, tied head)", path.display());
     let size =
@@ -102,7 +102,7 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
     }
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|e| format!("cannot read {}: {e}", index.display()))?;
+        let text = read_regular_string(&index).map_err(|e| format!("cannot read {}: {e}", index.display()))?;
         let v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", index.display()))?;
         let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| format!("{} has no weight_map", index.display()))?;
         let mut files: Vec<String> = map.values().filter_map(Value::as_str).map(str::to_string).collect();
@@ -143,6 +143,41 @@ fn values(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>, String> {
     })
 }
 
+/// An error naming the first tensor of the weight files (file by file, names in order) that
+/// the model `config.json` describes does not explain: every tensor is one of its weights
+/// (with or without the `transformer.` prefix, once), the tied head, or the causal mask that
+/// older `transformers` saved per layer (`attn.bias`, `attn.masked_bias`). A config that
+/// understates `n_layer` would otherwise drop the layers past it without a word.
+fn account_for_every_tensor(dir: &Path, config: &GptConfig, plan: &Plan, files: &[PathBuf], shards: &[SafeTensors<'_>]) -> Result<(), String> {
+    let weights: std::collections::HashSet<String> = plan.params().map(|i| i.to_string().trim_start_matches("transformer.").to_string()).collect();
+    let mask = |name: &str| {
+        let Some((layer, buffer)) = name.strip_prefix("h.").and_then(|r| r.split_once('.')) else { return false };
+        layer.parse::<usize>().is_ok_and(|l| l < config.n_layer && l.to_string() == layer) && (buffer == "attn.bias" || buffer == "attn.masked_bias")
+    };
+    let mut seen = std::collections::HashSet::new();
+    for (file, shard) in files.iter().zip(shards) {
+        let mut names = shard.names();
+        names.sort();
+        for name in names {
+            let short = name.strip_prefix("transformer.").unwrap_or(name);
+            let explained = weights.contains(short) || short == "lm_head.weight" || mask(short);
+            if !explained {
+                return Err(format!(
+                    "{}: {} holds tensor {name}, which a GPT-2 of config.json's {} layers, {} wide, does not have (does config.json describe these weights?)",
+                    dir.display(),
+                    file.file_name().unwrap_or_default().to_string_lossy(),
+                    config.n_layer,
+                    config.n_embd
+                ));
+            }
+            if !seen.insert(short.to_string()) {
+                return Err(format!("{}: tensor {short} is in the weights twice", dir.display()));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads a Hugging Face GPT-2 directory as a checkpoint of weights (no optimizer state).
 pub fn load(dir: &Path) -> Result<Checkpoint, String> {
     let config = config(dir)?;
@@ -155,7 +190,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
     let maps = files
         .iter()
         .map(|p| {
-            let f = File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let f = open_regular(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
             // SAFETY: read-only; a file changed while it loads can only change the values read.
             unsafe { Mmap::map(&f) }.map_err(|e| format!("cannot map {}: {e}", p.display()))
         })
@@ -170,6 +205,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
         shards.iter().find_map(|s| s.tensor(name).or_else(|_| s.tensor(short)).ok())
     };
     let plan = Plan::new(config, 1, 1).map_err(|e| e.to_string())?;
+    account_for_every_tensor(dir, &config, &plan, &files, &shards)?;
     let mut params = alpha_core::plan::try_vec("parameters", plan.params_len(), 0f32).map_err(|e| e.to_string())?;
     for info in plan.params() {
         let name = info.to_string();

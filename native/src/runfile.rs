@@ -41,7 +41,7 @@ pub fn expand(args: Vec<OsString>, train: &clap::Command) -> Result<Vec<OsString
 /// The run file `config` names: a file, else a preset; its name for messages and its text.
 fn read(config: &Path) -> Result<(String, String), String> {
     if config.exists() {
-        let text = std::fs::read_to_string(config).map_err(|e| format!("cannot read run file {}: {e}", config.display()))?;
+        let text = crate::fsutil::read_regular_string(config).map_err(|e| format!("cannot read run file {}: {e}", config.display()))?;
         return Ok((config.display().to_string(), text));
     }
     let name = config.to_string_lossy();

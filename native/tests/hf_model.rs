@@ -199,6 +199,11 @@ fn fine_tuning_starts_from_the_weights_with_a_cropped_context() {
     assert!(evals[0]["val_loss"].as_f64().unwrap() > 5.0, "{evals:?}");
     expect_error(&dir, &[&base[..], &["--block", "65", "--out", "x"]].concat(), "--block 65 is larger than");
     expect_error(&dir, &[&base[..], &["--tokenizer", "t.json", "--out", "x"]].concat(), "brings its own tokenizer");
+    // Size flags that would change the model are refused; those that repeat it (a run file of
+    // this run) are not.
+    expect_error(&dir, &[&base[..], &["--layers", "3", "--out", "x"]].concat(), "--layers 3 differs from the checkpoint's number of layers 2; --init-from");
+    expect_error(&dir, &[&base[..], &["--model", "gpt2", "--out", "x"]].concat(), "--model is 12 layers, 12 heads, 768 wide, not the checkpoint's 2 layers");
+    assert_ok(&run(&dir, &["train", "--config", "ft/run.toml", "--out", "again", "--iters", "1", "--eval-interval", "0"]));
 }
 
 #[test]
@@ -215,6 +220,25 @@ fn what_alpha_does_not_run_is_refused_in_one_line() {
     check("llama", &|c| c["model_type"] = "llama".into(), "model_type is \"llama\"");
     check("vocab", &|c| c["vocab_size"] = 319.into(), "vocab_size is 319 but the tokenizer has 320 tokens");
     check("layers", &|c| c["n_layer"] = 3.into(), "the weights have no tensor transformer.h.2.ln_1.weight");
+    // A config that understates the layers (or tensors it does not explain) would drop weights.
+    check("fewer-layers", &|c| c["n_layer"] = 1.into(), "holds tensor transformer.h.1.attn.c_attn.bias, which a GPT-2 of config.json's 1 layers");
+    let stray = [("model.safetensors", {
+        let mut t = tensors(|x| (Dtype::F32, x.to_le_bytes().to_vec()));
+        t.push(("transformer.h.0.attn.rotary.inv_freq".into(), Dtype::F32, vec![4], vec![0; 16]));
+        // The causal mask older transformers saved is explained: Alpha computes it.
+        t.push(("h.1.attn.bias".into(), Dtype::F32, vec![1, 1, 2, 2], vec![0; 16]));
+        t
+    })];
+    let model = variant(&dir, "stray", &stray, |_| {});
+    for command in [
+        &["eval", "--checkpoint", model.to_str().unwrap(), "--text", text.to_str().unwrap()][..],
+        &["export", "--checkpoint", model.to_str().unwrap(), "--out", "x"],
+    ] {
+        expect_error(&dir, command, "holds tensor transformer.h.0.attn.rotary.inv_freq");
+    }
+    let empty = dir.join("no-config");
+    fs::create_dir_all(&empty).unwrap();
+    expect_error(&dir, &["eval", "--checkpoint", empty.to_str().unwrap(), "--text", text.to_str().unwrap()], "is a directory without config.json");
     let pickle = dir.join("pickle");
     fs::create_dir_all(&pickle).unwrap();
     for f in ["config.json", "tokenizer.json"] {
@@ -250,6 +274,9 @@ fn export_writes_the_hugging_face_layout() {
         assert_eq!(config[key], theirs[key], "{key}");
     }
     expect_error(&dir, &["export", "--checkpoint", m.to_str().unwrap(), "--out", "fixture"], "is not empty; pass --force");
+    fs::write(dir.join("a-file"), "kept").unwrap();
+    expect_error(&dir, &["export", "--checkpoint", m.to_str().unwrap(), "--out", "a-file", "--force"], "--out a-file exists and is not a directory");
+    assert_eq!(fs::read_to_string(dir.join("a-file")).unwrap(), "kept");
 
     fs::copy(fixture().join("text.txt"), dir.join("text.txt")).unwrap();
     let train = [
