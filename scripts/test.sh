@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite (the README's test command), set-up included:
 #   first, what a fresh Debian 12 machine with only Rust lacks is installed once (apt packages:
-#   lavapipe's Vulkan for the GPU tests, g++ for the fuzz target's libFuzzer, Open MPI (and
-#   libclang for its bindings) for the data-parallel tests, Debian's
-#   rustc-web for the no_std builds, Chromium for the browser tests; then the offline wasm
+#   lavapipe's Vulkan for the GPU tests, GNU time for the tests' peak-memory bounds, g++ for
+#   the fuzz target's libFuzzer, Open MPI (and libclang for its bindings) for the data-parallel
+#   tests, Debian's rustc-web for the no_std builds, Chromium for the browser tests; then the offline wasm
 #   toolchain, scripts/setup-wasm-toolchain.sh; and pip's `tokenizers` in a virtual environment
 #   under target/ for the tokenizer parity test). Each step is skipped when already done, so a
 #   second run goes straight to the tests. Installing needs root (or sudo).
@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 # Set-up. Debian's packages, where missing (dpkg knows; nothing is downloaded when all are
 # there). Elsewhere than Debian, install the equivalents and this step finds nothing to do
 # only if dpkg is absent.
-packages="mesa-vulkan-drivers libvulkan1 curl xz-utils g++ openmpi-bin libopenmpi-dev libclang-dev"
+packages="mesa-vulkan-drivers libvulkan1 curl xz-utils g++ openmpi-bin libopenmpi-dev libclang-dev time"
 if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then packages="$packages rustc-web cargo-web rust-web-src"; fi
 if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then packages="$packages chromium"; fi
 as_root() {

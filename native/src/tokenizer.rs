@@ -7,8 +7,7 @@ use crate::fsutil::write_atomic;
 use alpha_core::parallel::Parallel;
 use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
 use alpha_core::tokenizer::byte_level::byte_char;
-use alpha_core::tokenizer::pretokenize::next_cut;
-use alpha_core::tokenizer::train::{train, WordCounts};
+use alpha_core::tokenizer::train::{check_request, train, WordCounts};
 use alpha_core::tokenizer::{hf, TokenizeError, Tokenizer};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -39,9 +38,9 @@ pub struct BenchArgs {
     /// The tokenizer and the text.
     #[command(flatten)]
     pub encode: EncodeArgs,
-    /// Timed encodings of the whole text.
-    #[arg(long, default_value_t = 5)]
-    pub rounds: usize,
+    /// Timed encodings of the whole text (1 to 10000).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub rounds: u32,
 }
 
 /// Flags of `tokenizer train`.
@@ -111,13 +110,10 @@ pub fn run(command: &TokenizerCommand) -> Result<(), String> {
         }
         TokenizerCommand::Info(args) => {
             let bpe = load(&args.tokenizer)?;
-            print!("{}", describe(&bpe));
-            Ok(())
+            let mut out = std::io::stdout().lock();
+            out.write_all(describe(&bpe).as_bytes()).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
         }
         TokenizerCommand::Bench(args) => {
-            if args.rounds == 0 {
-                return Err("--rounds must be at least 1".into());
-            }
             let bpe = load(&args.encode.tokenizer.tokenizer)?;
             let text = match &args.encode.text {
                 Some(path) => read_text(path, "text file")?,
@@ -146,15 +142,14 @@ pub fn run(command: &TokenizerCommand) -> Result<(), String> {
 pub fn encode_with_progress(tok: &Tokenizer, par: &dyn Parallel, text: &str) -> Result<Vec<u32>, TokenizeError> {
     const PART: usize = 16 << 20;
     let Tokenizer::Bpe(bpe) = tok else { return tok.encode_with(par, text) };
-    // An added token with a newline in it could straddle a cut.
-    if text.len() <= 2 * PART || bpe.added_tokens().iter().any(|a| a.content.contains('\n')) {
+    if text.len() <= 2 * PART {
         return Ok(bpe.encode_with(par, text));
     }
     let progress = bar(text.len() as u64, "tokenizing {bytes}/{total_bytes} {wide_bar} {elapsed} (eta {eta})");
     let (mut ids, mut start) = (Vec::with_capacity(text.len() / 3), 0);
     while start < text.len() {
-        let end = next_cut(text, (start + PART).min(text.len()));
-        ids.extend(bpe.encode_with(par, &text[start..end]));
+        let end = bpe.next_cut(text, (start + PART).min(text.len()));
+        ids.extend(bpe.encode_part(par, &text[start..end], start > 0));
         progress.set_position(end as u64);
         start = end;
     }
@@ -164,7 +159,7 @@ pub fn encode_with_progress(tok: &Tokenizer, par: &dyn Parallel, text: &str) -> 
 
 /// Reads a tokenizer: a tokenizer.json, or a directory with one or with vocab.json + merges.txt.
 pub fn load(path: &Path) -> Result<Bpe, String> {
-    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("cannot read tokenizer file {}: {e}", p.display()));
+    let read = |p: &Path| crate::fsutil::read_regular_string(p).map_err(|e| format!("cannot read tokenizer file {}: {e}", p.display()));
     let in_error = |p: &Path, e: alpha_core::tokenizer::bpe::BpeError| format!("tokenizer {}: {e}", p.display());
     if path.is_dir() {
         let json = path.join("tokenizer.json");
@@ -186,39 +181,46 @@ fn read_stdin() -> Result<String, String> {
     String::from_utf8(bytes).map_err(|e| format!("standard input is not valid UTF-8 (invalid byte at offset {})", e.utf8_error().valid_up_to()))
 }
 
-/// Ids from `{"ids": [...]}`, `[...]`, or numbers separated by spaces or commas.
+/// Ids from `{"ids": [...]}`, `[...]`, or numbers separated by spaces or commas. An id that
+/// is not one is named as the input writes it (`1e23`, not the float it parses to).
 fn parse_ids(input: &str) -> Result<Vec<u32>, String> {
+    use serde_json::value::RawValue;
     let trimmed = input.trim();
-    let list: Vec<serde_json::Value> = if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        let value: serde_json::Value = serde_json::from_str(trimmed).map_err(|e| format!("the input is not valid JSON: {e}"))?;
-        match value {
-            serde_json::Value::Array(a) => a,
-            serde_json::Value::Object(mut o) => match o.remove("ids") {
-                Some(serde_json::Value::Array(a)) => a,
-                _ => return Err("the input's JSON object has no \"ids\" array".into()),
-            },
-            _ => unreachable!("the input starts with a brace or a bracket"),
-        }
+    let items: Vec<&str> = if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        let list: Vec<&RawValue> = if trimmed.starts_with('{') {
+            let fields: std::collections::BTreeMap<String, &RawValue> =
+                serde_json::from_str(trimmed).map_err(|e| format!("the input is not valid JSON: {e}"))?;
+            let ids = fields.get("ids").ok_or("the input's JSON object has no \"ids\" array")?;
+            serde_json::from_str(ids.get()).map_err(|_| "the input's \"ids\" is not an array".to_string())?
+        } else {
+            serde_json::from_str(trimmed).map_err(|e| format!("the input is not valid JSON: {e}"))?
+        };
+        list.into_iter().map(RawValue::get).collect()
     } else {
-        trimmed.split(|c: char| c.is_whitespace() || c == ',').filter(|s| !s.is_empty()).map(|s| serde_json::Value::String(s.to_string())).collect()
+        trimmed.split(|c: char| c.is_whitespace() || c == ',').filter(|s| !s.is_empty()).collect()
     };
-    list.iter()
-        .map(|v| {
-            let id = match v {
-                serde_json::Value::Number(n) => n.as_u64(),
-                serde_json::Value::String(s) => s.parse::<u64>().ok(),
-                _ => None,
-            };
-            id.and_then(|id| u32::try_from(id).ok()).ok_or_else(|| format!("{v} is not a token id"))
+    items
+        .iter()
+        .map(|item| {
+            // A JSON string of digits is an id too ("5"), as bare words are.
+            let digits = serde_json::from_str::<String>(item).ok();
+            digits.as_deref().unwrap_or(item).parse::<u32>().map_err(|_| format!("{item} is not a token id (a whole number from 0 to {})", u32::MAX))
         })
         .collect()
 }
+
+/// Added tokens `tokenizer info` lists (the first ones).
+const SHOWN_ADDED: usize = 20;
 
 /// The text of `tokenizer info`: tokens shown as in vocabulary files (bytes in GPT-2's
 /// byte-level alphabet: `Ġ` a space, `Ċ` a newline).
 pub fn describe(bpe: &Bpe) -> String {
     let o = bpe.options();
-    let specials: Vec<String> = bpe.added_tokens().iter().map(|a| format!("{} = {:?}", a.id, a.content)).collect();
+    let added = bpe.added_tokens();
+    let mut specials: Vec<String> = added.iter().take(SHOWN_ADDED).map(|a| format!("{} = {:?}", a.id, a.content)).collect();
+    if added.len() > SHOWN_ADDED {
+        specials.push(format!("and {} more", added.len() - SHOWN_ADDED));
+    }
     let sample = "Hello world! It's 2026,  naïve café 東京 🦀<|endoftext|>\n";
     let ids = bpe.encode_to_vec(sample);
     let tokens: Vec<String> = ids
@@ -253,12 +255,13 @@ fn run_train(args: &TrainArgs) -> Result<(), String> {
     crate::fsutil::check_replaceable(&args.out).map_err(|e| format!("--out {}: {e}", args.out.display()))?;
     let pool = thread_pool(args.threads)?;
     let specials: Vec<&str> = args.specials.iter().map(String::as_str).collect();
+    check_request(args.vocab_size, &specials).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let mut words = WordCounts::new();
     let counting = bar(args.data.len() as u64, "counting {pos}/{len} files {wide_bar} {elapsed}");
     for path in &args.data {
         let text = read_text(path, "data file")?;
-        words.add(&pool, &text, &specials);
+        words.add(&pool, &text, &specials).map_err(|e| e.to_string())?;
         counting.inc(1);
     }
     counting.finish_and_clear();
@@ -290,7 +293,7 @@ mod tests {
     fn parts_give_the_ids_of_one_encoding() {
         let corpus = crate::corpus::SHAKESPEARE;
         let mut words = WordCounts::new();
-        words.add(&alpha_core::Serial, &corpus[..200_000], &[END_OF_TEXT]);
+        words.add(&alpha_core::Serial, &corpus[..200_000], &[END_OF_TEXT]).unwrap();
         let bpe = train(&words, 400, &[END_OF_TEXT], &mut |_, _| {}).unwrap();
         let text = [corpus; 8].join(END_OF_TEXT);
         assert!(text.len() > 32 << 20);

@@ -57,9 +57,12 @@ fn bad_input_is_a_one_line_error() {
     fs::write(dir.join("broken.json"), "{\"model\": ").unwrap();
     expect_error(&dir, &["tokenizer", "info", "--tokenizer", "broken.json"], "not valid JSON");
     expect_error(&dir, &["tokenizer", "info", "--tokenizer", "."], "has neither tokenizer.json nor vocab.json and merges.txt");
-    for (input, needle) in
-        [("[1, 99999]", "token id 99999 is past the vocabulary (260 tokens)"), ("[1, -2]", "-2 is not a token id"), ("{\"x\": 1}", "no \"ids\" array")]
-    {
+    for (input, needle) in [
+        ("[1, 99999]", "token id 99999 is past the vocabulary (260 tokens)"),
+        ("[1, -2]", "-2 is not a token id"),
+        ("{\"x\": 1}", "no \"ids\" array"),
+        ("[100000000000000000000000]", "100000000000000000000000 is not a token id"),
+    ] {
         let o = run_with_input(&dir, &["tokenizer", "decode", "--tokenizer", "tok.json"], input.as_bytes());
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{input}: {err}");
@@ -105,4 +108,92 @@ fn a_bpe_model_trains_resumes_samples_and_evaluates() {
 
 fn checkpoint_of(dir: &std::path::Path, out: &str) -> alpha_core::checkpoint::Checkpoint {
     alpha_core::checkpoint::from_bytes(&fs::read(dir.join(out).join("ckpt.safetensors")).unwrap()).unwrap()
+}
+
+/// What would give other ids than Hugging Face `tokenizers` is refused in one line (truncation,
+/// padding, an added token whose text the vocabulary gives another id); a post-processor that
+/// adds nothing (as `transformers` 5 saves GPT-2's) is accepted, with the same ids.
+#[test]
+fn files_that_would_give_other_ids_than_hugging_face_are_refused() {
+    let dir = workdir("tokenizer-hf-differences");
+    text_file(&dir);
+    assert_ok(&run(&dir, &["tokenizer", "train", "--data", "text.txt", "--vocab-size", "300", "--out", "tok.json"]));
+    let original: serde_json::Value = serde_json::from_str(&fs::read_to_string(dir.join("tok.json")).unwrap()).unwrap();
+    let variant = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = original.clone();
+        edit(&mut v);
+        fs::write(dir.join(name), v.to_string()).unwrap();
+    };
+    variant("truncated.json", &|v| v["truncation"] = serde_json::json!({"direction": "Right", "max_length": 5, "strategy": "LongestFirst", "stride": 0}));
+    expect_error(&dir, &["tokenizer", "encode", "--tokenizer", "truncated.json", "--text", "text.txt"], "tokenizer.json sets truncation");
+    expect_error(&dir, &["prepare", "--data", "text.txt", "--tokenizer", "truncated.json", "--out", "ds"], "sets truncation");
+    variant("padded.json", &|v| v["padding"] = serde_json::json!({"strategy": {"Fixed": 64}, "direction": "Right", "pad_id": 0, "pad_token": "[PAD]"}));
+    expect_error(&dir, &["tokenizer", "encode", "--tokenizer", "padded.json", "--text", "text.txt"], "tokenizer.json sets padding");
+    let token = original["model"]["vocab"].as_object().unwrap().iter().find(|(_, id)| id.as_u64() == Some(290)).unwrap().0.clone();
+    variant("clash.json", &|v| {
+        let added =
+            serde_json::json!({"id": 300, "content": token, "special": true, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false});
+        v["added_tokens"].as_array_mut().unwrap().push(added);
+    });
+    expect_error(&dir, &["tokenizer", "info", "--tokenizer", "clash.json"], "has id 300, but the vocabulary gives its text id 290");
+    variant("template.json", &|v| {
+        let sequence = |id: &str| serde_json::json!({"Sequence": {"id": id, "type_id": 0}});
+        v["post_processor"] =
+            serde_json::json!({"type": "TemplateProcessing", "single": [sequence("A")], "pair": [sequence("A"), sequence("B")], "special_tokens": {}});
+    });
+    let ids = |tokenizer: &str| stdout(&run(&dir, &["tokenizer", "encode", "--tokenizer", tokenizer, "--text", "text.txt"]));
+    assert_eq!(ids("template.json"), ids("tok.json"));
+    assert!(ids("tok.json").starts_with("{\"ids\":["));
+    variant("bos.json", &|v| {
+        let bos = serde_json::json!({"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}});
+        v["post_processor"] =
+            serde_json::json!({"type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": {}});
+    });
+    expect_error(&dir, &["tokenizer", "info", "--tokenizer", "bos.json"], "the post-processor is TemplateProcessing (it adds tokens)");
+}
+
+/// Special tokens are checked before any text is counted: an empty one (which would match
+/// everywhere) is an error at once, not a loop.
+#[test]
+fn an_empty_special_token_is_refused_before_counting() {
+    let dir = workdir("tokenizer-empty-special");
+    text_file(&dir);
+    let started = std::time::Instant::now();
+    expect_error(
+        &dir,
+        &["tokenizer", "train", "--data", "text.txt", "--vocab-size", "300", "--out", "t.json", "--special", ""],
+        "special token \"\" is empty or repeated",
+    );
+    assert!(started.elapsed().as_secs() < 10);
+}
+
+/// Added tokens are found with one automaton: 100,000 of them encode a text at the speed of
+/// one, and a file with 300,000 loads in memory proportional to its size.
+#[test]
+fn many_added_tokens_cost_neither_speed_nor_memory() {
+    let dir = workdir("tokenizer-many-added");
+    text_file(&dir);
+    assert_ok(&run(&dir, &["tokenizer", "train", "--data", "text.txt", "--vocab-size", "300", "--out", "tok.json"]));
+    let text = include_str!("../../data/shakespeare.txt");
+    fs::write(dir.join("big.txt"), &text[..2_000_000]).unwrap();
+    let many = |n: usize, name: &str| {
+        let mut v: serde_json::Value = serde_json::from_str(&fs::read_to_string(dir.join("tok.json")).unwrap()).unwrap();
+        let added = v["added_tokens"].as_array_mut().unwrap();
+        added.extend((0..n).map(|i| serde_json::json!({"id": 300 + i, "content": format!("<tok{i}>"), "special": true})));
+        fs::write(dir.join(name), v.to_string()).unwrap();
+        fs::metadata(dir.join(name)).unwrap().len()
+    };
+    many(100_000, "100k.json");
+    let seconds = |tokenizer: &str| {
+        let r = json_of(&run(&dir, &["tokenizer", "bench", "--tokenizer", tokenizer, "--text", "big.txt", "--rounds", "3"]));
+        r["seconds"].as_f64().unwrap()
+    };
+    let (one, hundred_thousand) = (seconds("tok.json"), seconds("100k.json"));
+    assert!(hundred_thousand < 3.0 * one + 0.05, "100,000 added tokens: {hundred_thousand:.3} s, one: {one:.3} s");
+    let bytes = many(300_000, "300k.json");
+    let (o, peak_kib) = run_measuring_memory(&dir, &["tokenizer", "info", "--tokenizer", "300k.json"]);
+    assert_ok(&o);
+    assert!(stdout(&o).contains("and 299981 more"), "{}", stdout(&o));
+    let bound_kib = 4 * bytes / 1024 + 64 * 1024;
+    assert!(peak_kib < bound_kib, "loading a {bytes}-byte tokenizer.json took {peak_kib} KiB (bound {bound_kib})");
 }

@@ -87,3 +87,21 @@ pub fn json_of(o: &Output) -> serde_json::Value {
     assert_ok(o);
     serde_json::from_str(stdout(o).trim()).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
 }
+
+/// Runs the binary with `args` in `dir` and returns its output and its peak resident memory
+/// in KiB, as GNU time measures it (`/usr/bin/time`, Debian's `time`: the binary is started by
+/// that small process, so no copy of this test process's memory counts as the binary's).
+pub fn run_measuring_memory(dir: &Path, args: &[&str]) -> (Output, u64) {
+    let report = dir.join(".peak-memory");
+    let o = Command::new("/usr/bin/time")
+        .args(["-f", "%M", "-o"])
+        .arg(&report)
+        .arg(BIN)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("running alpha-native under /usr/bin/time (apt install time)");
+    let text = fs::read_to_string(&report).unwrap();
+    let kib = text.lines().last().and_then(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("/usr/bin/time wrote {text:?}"));
+    (o, kib)
+}
