@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod checkpoint;
+pub mod cli;
 pub mod corpus;
 pub mod dataset;
 pub mod device;

@@ -269,42 +269,79 @@ fn the_next_run_removes_what_a_killed_run_left() {
     assert_eq!(left, ["ckpt.safetensors", "run.toml", "train.lock"]);
 }
 
-/// The model flags `train`, `bench` and `info` share.
-const MODEL_FLAGS: &str = "--batch --block --layers --heads --embd --dropout";
+/// The numeric flags of every subcommand (`tokenizer bench` as ["tokenizer", "bench"]), read
+/// from the command line's own definition: a flag added later is swept without a list to edit.
+fn numeric_flags() -> Vec<(Vec<String>, Vec<String>)> {
+    use std::any::TypeId;
+    let numeric = [TypeId::of::<u8>(), TypeId::of::<u32>(), TypeId::of::<u64>(), TypeId::of::<usize>(), TypeId::of::<f64>()];
+    fn leaves(path: Vec<String>, command: &clap::Command, out: &mut Vec<(Vec<String>, clap::Command)>) {
+        if command.has_subcommands() {
+            for sub in command.get_subcommands() {
+                leaves([path.clone(), vec![sub.get_name().to_string()]].concat(), sub, out);
+            }
+        } else {
+            out.push((path, command.clone()));
+        }
+    }
+    let mut all = Vec::new();
+    leaves(Vec::new(), &alpha_native::cli::command(), &mut all);
+    all.into_iter()
+        .map(|(path, command)| {
+            let flags = command
+                .get_arguments()
+                .filter(|a| numeric.iter().any(|t| a.get_value_parser().type_id() == *t))
+                .map(|a| format!("--{}", a.get_long().expect("numeric flags are long flags")))
+                .collect();
+            (path, flags)
+        })
+        .collect()
+}
 
-/// Every numeric flag of every command with values past its range, past its type, negative,
-/// not a number: a one-line error and a non-zero exit, or a valid run (stopped after a few
-/// seconds if it would go on), never a panic or an abort.
+/// Every numeric flag of every subcommand (found from clap) with values past its range, past
+/// its type, negative, not a number: a one-line error and a non-zero exit, or a valid run
+/// (stopped after a few seconds if it would go on), never a panic or an abort.
 #[test]
 fn hostile_numbers_in_every_flag_are_one_line_errors() {
     let dir = workdir("flags");
     train(&dir, &["--iters", "1"]);
+    let tokenizer = run(&dir, &["tokenizer", "train", "--data", "text.txt", "--vocab-size", "300", "--out", "tok.json"]);
+    assert_ok(&tokenizer);
+    fs::write(dir.join("m.jsonl"), "{\"type\":\"train\",\"step\":0,\"loss\":4.2}\n").unwrap();
     let cache = dir.join("cache");
-    let with_tiny = |head: &[&'static str]| [head, TINY].concat();
-    let train_flags = "--iters --lr --lr-decay-iters --min-lr --warmup --weight-decay --beta1 --beta2 --grad-clip --grad-accum --seed --eval-interval --eval-iters --sample-interval --checkpoint-interval --log-interval --trace-steps --threads";
-    let commands: [(Vec<&str>, String); 5] = [
-        (with_tiny(&["train", "--data", "text.txt", "--out", "o", "--overwrite", "--iters", "2"]), format!("{train_flags} {MODEL_FLAGS}")),
-        (
-            with_tiny(&["bench", "--data", "text.txt", "--iters", "1", "--warmup", "0"]),
-            format!("--iters --warmup --grad-accum --peak-gflops --trace-steps --threads {MODEL_FLAGS}"),
-        ),
-        (
-            with_tiny(&["info", "--data", "text.txt", "--measure-steps", "1", "--peak-gflops", "1"]),
-            format!("--iters --eval-interval --eval-iters --measure-steps --peak-gflops --threads {MODEL_FLAGS}"),
-        ),
-        (vec!["sample", "--checkpoint", "out/ckpt.safetensors", "--tokens", "5"], "--tokens --temperature --top-k --seed --block --threads".into()),
-        (vec!["eval", "--checkpoint", "out/ckpt.safetensors", "--text", "text.txt"], "--block --batch --threads".into()),
-    ];
-    let values = ["18446744073709551615", "18446744073709551616", "-1", "0", "1e400", "nan", "-inf", "x"];
-    for (base, flags) in &commands {
-        for flag in flags.split(' ') {
+    // A valid command line of each subcommand, which the flag's value is appended to.
+    let base = |path: &[String]| -> Vec<&'static str> {
+        let tiny = |head: &[&'static str]| [head, TINY].concat();
+        match path.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+            ["train"] => tiny(&["train", "--data", "text.txt", "--out", "o", "--overwrite", "--iters", "2"]),
+            ["bench"] => tiny(&["bench", "--data", "text.txt", "--iters", "1", "--warmup", "0"]),
+            ["info"] => tiny(&["info", "--data", "text.txt", "--measure-steps", "1", "--peak-gflops", "1"]),
+            ["sample"] => vec!["sample", "--checkpoint", "out/ckpt.safetensors", "--tokens", "5"],
+            ["eval"] => vec!["eval", "--checkpoint", "out/ckpt.safetensors", "--text", "text.txt"],
+            ["report"] => vec!["report", "--metrics", "m.jsonl", "--out", "r.html", "--overwrite"],
+            ["export"] => vec!["export", "--checkpoint", "out/ckpt.safetensors", "--out", "hf", "--force"],
+            ["prepare"] => vec!["prepare", "--data", "text.txt", "--tokenizer", "tok.json", "--out", "ds", "--force"],
+            ["tokenizer", "train"] => vec!["tokenizer", "train", "--data", "text.txt", "--vocab-size", "280", "--out", "t2.json", "--force"],
+            ["tokenizer", "encode"] => vec!["tokenizer", "encode", "--tokenizer", "tok.json", "--text", "text.txt"],
+            ["tokenizer", "decode"] => vec!["tokenizer", "decode", "--tokenizer", "tok.json"],
+            ["tokenizer", "info"] => vec!["tokenizer", "info", "--tokenizer", "tok.json"],
+            ["tokenizer", "bench"] => vec!["tokenizer", "bench", "--tokenizer", "tok.json", "--text", "text.txt"],
+            _ => panic!("subcommand {path:?} has no base command line in this test: add one"),
+        }
+    };
+    let values = ["18446744073709551615", "18446744073709551616", "4294967296", "-1", "0", "1e400", "nan", "-inf", "x"];
+    let mut swept = 0;
+    for (path, flags) in numeric_flags() {
+        let base = base(&path);
+        for flag in &flags {
+            swept += 1;
             for value in values {
                 let mut args = base.clone();
-                args.extend([flag, value]);
+                args.extend([flag.as_str(), value]);
                 let mut child = Command::new(BIN)
                     .args(&args)
                     .current_dir(&dir)
                     .env("ALPHA_CACHE_DIR", &cache)
+                    .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::piped())
                     .spawn()
@@ -328,6 +365,7 @@ fn hostile_numbers_in_every_flag_are_one_line_errors() {
             }
         }
     }
+    assert!(swept >= 40, "only {swept} numeric flags found");
     // The products of sizes are checked too: each within 2^24, together past any address space.
     let huge = ["--batch", "16777216", "--block", "1000", "--layers", "16777216", "--embd", "16777216", "--heads", "1"];
     for command in [&["train", "--out", "o"][..], &["bench"], &["info"]] {
