@@ -7,7 +7,7 @@
 //! shards (a 256 x int32 header: magic 20240520, version 1, token count; then `uint16` ids).
 
 use crate::device::thread_pool;
-use crate::fsutil::write_atomic;
+use crate::fsutil::{open_regular, read_regular_string, write_atomic};
 use crate::tokenizer::bar;
 use alpha_core::data::Segment;
 use alpha_core::parallel::{Parallel, ThreadPool};
@@ -43,7 +43,7 @@ pub struct PrepareArgs {
     /// Output directory: train.bin, val.bin, meta.json.
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
-    /// The share of the tokens (the last ones) that goes to val.bin.
+    /// The share of the tokens (the last ones) that goes to val.bin (above 0, below 1).
     #[arg(long, default_value_t = 0.1)]
     pub val_fraction: f64,
     /// Tokenizing threads. Default: one per core.
@@ -98,32 +98,35 @@ impl Dtype {
     }
 }
 
-/// The token ids of `docs`, each followed by `eot`, encoded on `pool`'s threads (each
-/// document on one thread, long ones on all: the same ids either way).
-fn encode_documents(bpe: &Bpe, pool: &ThreadPool, docs: &[String], eot: u32) -> Vec<u32> {
+/// The token ids of `docs`, each followed by `eot` where given, encoded on `pool`'s threads
+/// (each document on one thread, long ones on all: the same ids either way). One document may
+/// be a part of a text that `continues` it (see [`Bpe::encode_part`]).
+fn encode_documents(bpe: &Bpe, pool: &ThreadPool, docs: &[String], continues: bool, eot: Option<u32>) -> Vec<u32> {
     if let [doc] = docs {
-        let mut ids = bpe.encode_with(pool, doc);
-        ids.push(eot);
+        let mut ids = bpe.encode_part(pool, doc, continues);
+        ids.extend(eot);
         return ids;
     }
     let outs: Vec<Mutex<Vec<u32>>> = docs.iter().map(|_| Mutex::new(Vec::new())).collect();
     pool.run(docs.len(), &|i| {
         let mut ids = bpe.encode_to_vec(&docs[i]);
-        ids.push(eot);
+        ids.extend(eot);
         *outs[i].lock().expect("no task panics") = ids;
     });
     outs.into_iter().flat_map(|m| m.into_inner().expect("no task panics")).collect()
 }
 
-/// Receives blocks of documents: `(documents, whether the last one ends there)`.
-type DocumentSink<'a> = dyn FnMut(&[String], bool) -> Result<(), String> + 'a;
+/// Receives blocks of documents: `(documents, whether the first continues a text, whether
+/// the last one ends there)`.
+type DocumentSink<'a> = dyn FnMut(&[String], bool, bool) -> Result<(), String> + 'a;
 
 /// Calls `each` with the documents of `path` in blocks of about [`BLOCK_BYTES`], and
-/// `progress` with the bytes read. A text file is one document, read in parts cut where its
-/// pieces cannot change (see `pretokenize::next_cut`), the last part ending the document.
-fn read_documents(path: &Path, progress: &dyn Fn(u64), each: &mut DocumentSink<'_>) -> Result<(), String> {
+/// `progress` with the bytes read. A text file is one document, read in parts cut where
+/// `bpe` allows (see [`Bpe::next_cut`]: the parts' ids are the whole text's), the last part
+/// ending the document; a stretch with no such place is read whole, however long.
+fn read_documents(path: &Path, bpe: &Bpe, progress: &dyn Fn(u64), each: &mut DocumentSink<'_>) -> Result<(), String> {
     let name = path.display();
-    let file = File::open(path).map_err(|e| format!("cannot read data file {name}: {e}"))?;
+    let file = open_regular(path).map_err(|e| format!("cannot read data file {name}: {e}"))?;
     let mut reader = BufReader::with_capacity(1 << 20, file);
     if path.extension().is_some_and(|e| e == "jsonl") {
         let (mut docs, mut bytes, mut line, mut number) = (Vec::new(), 0, String::new(), 0);
@@ -138,16 +141,16 @@ fn read_documents(path: &Path, progress: &dyn Fn(u64), each: &mut DocumentSink<'
             if line.trim().is_empty() {
                 continue;
             }
-            let value: Value = serde_json::from_str(&line).map_err(|e| format!("data file {name}: line {number} is not JSON: {e}"))?;
+            let value: Value = serde_json::from_str(&line).map_err(|e| format!("data file {name}: line {number} is not JSON: {}", json_line_error(&e)))?;
             let text = value.get("text").and_then(Value::as_str).ok_or_else(|| format!("data file {name}: line {number} has no \"text\" string"))?;
             bytes += text.len();
             docs.push(text.to_string());
             if bytes >= BLOCK_BYTES {
-                each(&docs, true)?;
+                each(&docs, false, true)?;
                 (docs, bytes) = (Vec::new(), 0);
             }
         }
-        return if docs.is_empty() { Ok(()) } else { each(&docs, true) };
+        return if docs.is_empty() { Ok(()) } else { each(&docs, false, true) };
     }
     let mut pending: Vec<u8> = Vec::new();
     let mut offset = 0u64;
@@ -166,9 +169,10 @@ fn read_documents(path: &Path, progress: &dyn Fn(u64), each: &mut DocumentSink<'
             Err(e) => return Err(format!("data file {name} is not valid UTF-8 (invalid byte at offset {})", offset + e.valid_up_to() as u64)),
         };
         let text = std::str::from_utf8(&pending[..valid]).expect("checked");
-        let cut = if at_end { text.len() } else { last_cut(text) };
+        // The bytes kept from before hold no cut: the search starts at their last one.
+        let cut = if at_end { text.len() } else { last_cut(bpe, text, start.saturating_sub(1)) };
         if cut > 0 || at_end {
-            each(&[text[..cut].to_string()], at_end)?;
+            each(&[text[..cut].to_string()], offset > 0, at_end)?;
             offset += cut as u64;
             pending.drain(..cut);
         }
@@ -176,6 +180,20 @@ fn read_documents(path: &Path, progress: &dyn Fn(u64), each: &mut DocumentSink<'
             return Ok(());
         }
     }
+}
+
+/// What is wrong with one line of JSON, at which column (serde_json's message gives the
+/// position within the line it was handed, always line 1); an escaped lone UTF-16 surrogate,
+/// which is no character, named as such.
+fn json_line_error(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let what = text.rsplit_once(" at line ").map_or(text.as_str(), |(what, _)| what);
+    let what = if what.contains("surrogate") || what.contains("end of hex escape") {
+        "a \\u escape of a lone UTF-16 surrogate, which is not a character (\\uD800-\\uDFFF come in pairs)"
+    } else {
+        what
+    };
+    format!("column {}: {what}", e.column())
 }
 
 /// Fills `buf` from `r` as far as the input goes; the bytes read.
@@ -192,15 +210,14 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n)
 }
 
-/// The last place `text` may be cut without changing its pieces (0: none). A text with no
-/// such place for a whole block is cut at its end.
-fn last_cut(text: &str) -> usize {
+/// The last place at or after byte `from` where `bpe` may cut `text` (0: none).
+fn last_cut(bpe: &Bpe, text: &str, from: usize) -> usize {
     let mut best = 0;
-    let mut from = 0;
+    let mut from = from;
     loop {
-        let cut = alpha_core::tokenizer::pretokenize::next_cut(text, from);
+        let cut = bpe.next_cut(text, from);
         if cut >= text.len() {
-            return if best == 0 && text.len() >= BLOCK_BYTES { text.len() } else { best };
+            return best;
         }
         best = cut;
         from = cut + 1;
@@ -209,8 +226,9 @@ fn last_cut(text: &str) -> usize {
 
 /// Runs `prepare`.
 pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
-    if !(args.val_fraction.is_finite() && (0.0..1.0).contains(&args.val_fraction)) {
-        return Err(format!("--val-fraction must be at least 0 and below 1, got {}", args.val_fraction));
+    // `train` evaluates on val.bin: a dataset needs one.
+    if !(args.val_fraction.is_finite() && args.val_fraction > 0.0 && args.val_fraction < 1.0) {
+        return Err(format!("--val-fraction must be above 0 and below 1 (train evaluates on val.bin), got {}", args.val_fraction));
     }
     let bpe = crate::tokenizer::load(&args.tokenizer)?;
     let eot = bpe.added_id(END_OF_TEXT).ok_or_else(|| format!("tokenizer {} has no {END_OF_TEXT} token to end documents with", args.tokenizer.display()))?;
@@ -222,8 +240,11 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
         }
         crate::fsutil::check_replaceable(p).map_err(|e| format!("{}: {e}", p.display()))?;
     }
-    let total: u64 =
-        args.data.iter().map(|p| fs::metadata(p).map(|m| m.len()).map_err(|e| format!("cannot read data file {}: {e}", p.display()))).sum::<Result<_, _>>()?;
+    let total: u64 = args
+        .data
+        .iter()
+        .map(|p| open_regular(p).and_then(|f| f.metadata()).map(|m| m.len()).map_err(|e| format!("cannot read data file {}: {e}", p.display())))
+        .sum::<Result<_, _>>()?;
     fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let pool = thread_pool(args.threads)?;
     // Every token goes to one temporary file; its tail becomes val.bin at the end.
@@ -234,9 +255,9 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
         let reading = bar(total, "tokenizing {bytes}/{total_bytes} {wide_bar} {elapsed} (eta {eta})");
         let mut tokens = 0u64;
         for path in &args.data {
-            read_documents(path, &|n| reading.inc(n), &mut |docs, ends| {
+            read_documents(path, &bpe, &|n| reading.inc(n), &mut |docs, continues, ends| {
                 // A part of a text file that does not end it gets no end-of-text token.
-                let ids = if ends { encode_documents(&bpe, &pool, docs, eot) } else { bpe.encode_with(&pool, &docs[0]) };
+                let ids = encode_documents(&bpe, &pool, docs, continues, ends.then_some(eot));
                 tokens += ids.len() as u64;
                 write_ids(&mut all, &ids, dtype).map_err(|e| format!("cannot write {}: {e}", all_path.display()))
             })?;
@@ -245,7 +266,7 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
         let mut all = all.into_inner().map_err(|e| format!("cannot write {}: {}", all_path.display(), e.error()))?;
         let val_tokens = (tokens as f64 * args.val_fraction).round() as u64;
         let train_tokens = tokens - val_tokens;
-        if train_tokens == 0 || (args.val_fraction > 0.0 && val_tokens == 0) {
+        if train_tokens == 0 || val_tokens == 0 {
             return Err(format!("the data has {tokens} tokens: too few for a train and a val split"));
         }
         let split_at = train_tokens * dtype.width() as u64;
@@ -333,7 +354,7 @@ pub struct Dataset {
 
 /// Maps `path` read-only.
 fn map(path: &Path) -> Result<Mmap, String> {
-    let file = File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let file = open_regular(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     // SAFETY: the map is read-only; a file changed under a running training is the user's
     // doing (as for nanoGPT's np.memmap) and can only change the ids read, which are checked.
     unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map {}: {e}", path.display()))
@@ -427,7 +448,7 @@ pub fn open(spec: &str, tokenizer: Option<Tokenizer>, par: &dyn Parallel) -> Res
     } else if dir.is_dir() {
         let meta_path = dir.join("meta.json");
         let (dtype, tokenizer) = if meta_path.exists() {
-            let meta: Value = fs::read_to_string(&meta_path)
+            let meta: Value = read_regular_string(&meta_path)
                 .map_err(|e| e.to_string())
                 .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
                 .map_err(|e| format!("{}: {e}", meta_path.display()))?;

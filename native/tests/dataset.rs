@@ -196,3 +196,40 @@ fn resident_memory_stays_bounded_on_a_dataset_larger_than_it() {
     assert!(peak_kib > 0 && peak_kib < 300 * 1024, "peak RssAnon {peak_kib} kB with a {size}-byte dataset");
     fs::remove_dir_all(&big).unwrap();
 }
+
+/// A stretch of text with no place to cut it longer than `prepare`'s 32 MiB blocks (one piece
+/// of letters here) is tokenized whole, as `tokenizer encode` does: the merge across the
+/// block's end ("t" + "h") is made, where a cut there would leave two tokens.
+#[test]
+fn prepare_never_cuts_a_piece_longer_than_its_blocks() {
+    let dir = workdir("dataset-long-piece");
+    tokenizer(&dir);
+    fs::write(dir.join("sample.txt"), "QthQ\n").unwrap();
+    let sample = encode(&dir, "sample.txt");
+    let (q, th, newline) = (sample[0], sample[1], sample[3]);
+    assert_eq!(sample, [q, th, q, newline], "the test needs Q to merge with nothing and t+h to merge");
+    let block = 32 << 20;
+    let text = ["Q".repeat(block - 1), "th".into(), "Q".repeat(10), "\n".into()].concat();
+    fs::write(dir.join("long.txt"), &text).unwrap();
+    assert_ok(&run(&dir, &["prepare", "--data", "long.txt", "--tokenizer", "tok.json", "--out", "ds"]));
+    let ids = [ids_of(&fs::read(dir.join("ds/train.bin")).unwrap()), ids_of(&fs::read(dir.join("ds/val.bin")).unwrap())].concat();
+    let want: Vec<u32> = [vec![q; block - 1], vec![th], vec![q; 10], vec![newline, 0]].concat();
+    assert!(ids == want, "{} ids, {} wanted; around the block's end: {:?}", ids.len(), want.len(), &ids[block - 3..(block + 3).min(ids.len())]);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `prepare` refuses what `train` could not use or what is not text: no validation split, a
+/// JSONL line holding an escaped lone surrogate (named by its line, and as what it is).
+#[test]
+fn prepare_refuses_an_empty_validation_split_and_lone_surrogates() {
+    let dir = workdir("dataset-refusals");
+    tokenizer(&dir);
+    expect_error(&dir, &["prepare", "--data", "text.txt", "--tokenizer", "tok.json", "--out", "ds", "--val-fraction", "0"], "--val-fraction must be above 0");
+    assert!(!dir.join("ds").exists());
+    fs::write(dir.join("s.jsonl"), "{\"text\": \"fine\"}\n{\"text\": \"fine too\"}\n{\"text\": \"a\\ud800\"}\n").unwrap();
+    expect_error(
+        &dir,
+        &["prepare", "--data", "s.jsonl", "--tokenizer", "tok.json", "--out", "ds"],
+        "line 3 is not JSON: column 18: a \\u escape of a lone UTF-16 surrogate",
+    );
+}
