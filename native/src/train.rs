@@ -400,6 +400,7 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
             return Err(format!("--tokenizer: --init-from {} brings its own tokenizer", from.display()));
         }
         let mut ck = checkpoint::load_weights(from)?;
+        keeps_model_shape(args, explicit, &ck.config, &format!("--init-from {} brings its own model", from.display()))?;
         let block = args.model.block.unwrap_or(ck.config.block_size);
         if block > ck.config.block_size {
             return Err(format!("--block {block} is larger than {}'s context of {} tokens", from.display(), ck.config.block_size));
@@ -416,24 +417,19 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
     if args.model.tokenizer.is_some() {
         return Err("--tokenizer: a resumed run keeps its checkpoint's tokenizer".into());
     }
-    if args.model.model.is_some() || explicit("vocab_pad") {
-        return Err(format!("--{}: a resumed run keeps its checkpoint's model", if explicit("vocab_pad") { "vocab-pad" } else { "model" }));
+    if explicit("vocab_pad") {
+        return Err("--vocab-pad: a resumed run keeps its checkpoint's model".into());
     }
     let Some((_, _, state)) = &ck.optimizer else {
         return Err(format!("checkpoint {} has no training state (no optimizer moments) and cannot be resumed", path.display()));
     };
     let c = ck.config;
-    for (flag, given, stored, name) in [
-        ("block", args.model.block(), c.block_size, "block size"),
-        ("layers", args.model.layers, c.n_layer, "number of layers"),
-        ("heads", args.model.heads, c.n_head, "number of heads"),
-        ("embd", args.model.embd, c.n_embd, "embedding width"),
-    ] {
-        if explicit(flag) && given != stored {
-            let rel = if given > stored { "is larger than" } else { "differs from" };
-            return Err(format!("--{flag} {given} {rel} the checkpoint's {name} {stored}; a resumed run keeps the checkpoint's model"));
-        }
+    if explicit("block") && args.model.block() != c.block_size {
+        let (given, stored) = (args.model.block(), c.block_size);
+        let rel = if given > stored { "is larger than" } else { "differs from" };
+        return Err(format!("--block {given} {rel} the checkpoint's block size {stored}; a resumed run keeps the checkpoint's model"));
     }
+    keeps_model_shape(args, explicit, &c, "a resumed run keeps the checkpoint's model")?;
     let mut s = state.settings.clone();
     macro_rules! take {
         ($($field:ident => $flag:literal),*) => {$( if explicit($flag) { s.$field = fresh_settings.$field.clone(); } )*};
@@ -443,6 +439,30 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
           weight_decay => "weight_decay", beta1 => "beta1", beta2 => "beta2", grad_clip => "grad_clip",
           grad_accum => "grad_accum", seed => "seed", dropout => "dropout");
     Ok(Run { config: c, settings: s, resume: Some(ck), init: None })
+}
+
+/// An error where a size flag given (`--layers`, `--heads`, `--embd`, `--model`) differs from
+/// the model of a checkpoint the run starts from, `config`; `why` says what decides instead.
+/// Flags that repeat the checkpoint's sizes (a run file of the same run) are fine.
+fn keeps_model_shape(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, config: &GptConfig, why: &str) -> Result<(), String> {
+    let shape = (config.n_layer, config.n_head, config.n_embd);
+    if let Some(model) = args.model.model.filter(|m| m.shape() != shape) {
+        let (layers, heads, embd) = model.shape();
+        return Err(format!(
+            "--model is {layers} layers, {heads} heads, {embd} wide, not the checkpoint's {} layers, {} heads, {} wide; {why}",
+            shape.0, shape.1, shape.2
+        ));
+    }
+    for (flag, given, stored, name) in [
+        ("layers", args.model.layers, config.n_layer, "number of layers"),
+        ("heads", args.model.heads, config.n_head, "number of heads"),
+        ("embd", args.model.embd, config.n_embd, "embedding width"),
+    ] {
+        if explicit(flag) && given != stored {
+            return Err(format!("--{flag} {given} differs from the checkpoint's {name} {stored}; {why}"));
+        }
+    }
+    Ok(())
 }
 
 /// A copy of the parameters and both AdamW moments (`--async-checkpoint`).
