@@ -162,22 +162,22 @@ export function render(root, data) {
   samples(root, runs);
 }
 
-/** Follows a live run: polls `url` for the records after those it has, every second, and
- * redraws when there are new ones; `root.dataset.steps` is the steps drawn (for tests). */
+/** Follows a live run: polls `url` every second for its records (the server keeps a bounded
+ * set, sent whole when it changed since the version the page has, else 204) and redraws when
+ * they changed; `root.dataset.steps` is the steps drawn (for tests). */
 async function follow(root, url) {
-  const records = [];
-  let drawn = -1;
+  let version = null;
   for (;;) {
     try {
-      const response = await fetch(`${url}?from=${records.length}`);
-      if (response.ok) for (const line of (await response.text()).split("\n")) if (line.trim()) records.push(JSON.parse(line));
+      const response = await fetch(version === null ? url : `${url}?since=${version}`);
+      if (response.status === 200) {
+        const records = (await response.text()).split("\n").filter((line) => line.trim()).map((line) => JSON.parse(line));
+        version = response.headers.get("X-Records-Version");
+        render(root, { runs: [{ name: "live", skipped: 0, records }], trace: null });
+        root.dataset.steps = String(records.filter((r) => r.type === "train").at(-1)?.step ?? -1);
+      }
     } catch {
       // The run has ended (its server with it): what came stays drawn.
-    }
-    if (records.length !== drawn) {
-      drawn = records.length;
-      render(root, { runs: [{ name: "live", skipped: 0, records }], trace: null });
-      root.dataset.steps = String(records.filter((r) => r.type === "train").at(-1)?.step ?? -1);
     }
     await new Promise((resolve) => setTimeout(resolve, 1000));
   }

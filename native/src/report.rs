@@ -50,12 +50,13 @@ pub fn run(args: &ReportArgs) -> Result<(), String> {
     }
     let mut runs = Vec::new();
     for path in &args.metrics {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read --metrics {}: {e}", path.display()))?;
-        runs.push(read_run(&run_name(path, &args.metrics), &text));
+        let file = crate::fsutil::open_regular(path).map_err(|e| format!("cannot read --metrics {}: {e}", path.display()))?;
+        let records = RunRecords::read(std::io::BufReader::new(file)).map_err(|e| format!("cannot read --metrics {}: {e}", path.display()))?;
+        runs.push(records.to_json(&run_name(path, &args.metrics)));
     }
     let trace = match &args.trace {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read --trace {}: {e}", path.display()))?;
+            let text = crate::fsutil::read_regular_string(path).map_err(|e| format!("cannot read --trace {}: {e}", path.display()))?;
             Some(summarize_trace(&text).map_err(|e| format!("--trace {}: {e}", path.display()))?)
         }
         None => None,
@@ -79,19 +80,177 @@ fn run_name(path: &Path, all: &[PathBuf]) -> String {
     }
 }
 
-/// A metrics file's records: `{name, skipped, records}`. Lines that are not JSON objects
-/// with a `type` (a run killed while writing one, or anything else) are skipped and counted;
-/// the page groups the records (`runFromRecords` in www/report.js, as it does live).
-pub fn read_run(name: &str, text: &str) -> Value {
-    let mut skipped = 0u64;
-    let mut records = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        match serde_json::from_str::<Map<String, Value>>(line) {
-            Ok(r) if r.get("type").is_some_and(Value::is_string) => records.push(Value::Object(r)),
-            _ => skipped += 1,
+/// Records of a series (`train`, `eval`) kept at most: a longer run's are thinned evenly.
+const SERIES_KEPT: usize = 2048;
+/// The latest samples kept.
+const SAMPLES_KEPT: usize = 16;
+/// The longest metrics line read (longer ones are skipped and counted).
+const MAX_LINE: usize = 1 << 20;
+
+/// One series of records (`train` or `eval`), thinned evenly to at most [`SERIES_KEPT`]: every
+/// `stride`-th record is kept, the stride doubling (every other kept one dropped) each time
+/// the series fills; the latest record is always shown. A dropped `train` record's
+/// `skipped_steps` (steps an f16 overflow skipped, counted per logged window) are added to the
+/// next record kept, so that their total stays exact.
+#[derive(Default)]
+struct Series {
+    kept: Vec<Value>,
+    /// Records seen; with `stride`, which are kept.
+    seen: u64,
+    stride: u64,
+    /// The newest record where it was not kept.
+    latest: Option<Value>,
+    /// `skipped_steps` of dropped records, not yet added to a kept one.
+    carried: u64,
+}
+
+impl Series {
+    fn push(&mut self, mut record: Value) {
+        let skipped = |r: &Value| r.get("skipped_steps").and_then(Value::as_u64);
+        // The latest record is superseded: its skipped steps go to this one.
+        if let Some(old) = self.latest.take() {
+            self.carried += skipped(&old).unwrap_or(0);
+        }
+        if let Some(n) = skipped(&record) {
+            record["skipped_steps"] = (n + std::mem::take(&mut self.carried)).into();
+        }
+        let stride = self.stride.max(1);
+        if self.seen.is_multiple_of(stride) {
+            self.kept.push(record);
+        } else {
+            self.latest = Some(record);
+        }
+        self.seen += 1;
+        if self.kept.len() > SERIES_KEPT {
+            // Every other record kept (the even ones, the last among them), each odd one's
+            // skipped steps going to the record after it.
+            let mut kept = Vec::with_capacity(SERIES_KEPT / 2 + 1);
+            let mut carry = 0;
+            for (i, mut r) in std::mem::take(&mut self.kept).into_iter().enumerate() {
+                if i % 2 == 1 {
+                    carry += skipped(&r).unwrap_or(0);
+                    continue;
+                }
+                if let Some(n) = skipped(&r) {
+                    r["skipped_steps"] = (n + std::mem::take(&mut carry)).into();
+                }
+                kept.push(r);
+            }
+            self.carried += carry;
+            self.kept = kept;
+            self.stride = stride * 2;
         }
     }
-    json!({ "name": name, "skipped": skipped, "records": records })
+
+    fn records(&self) -> impl Iterator<Item = &Value> {
+        self.kept.iter().chain(&self.latest)
+    }
+}
+
+/// A run's metrics records in bounded memory, whatever the run's length: what the report and
+/// the live dashboard draw (www/report.js). The first `start` record (it describes the run; a
+/// resumed run appends others), the `train` and `eval` series (each thinned evenly past
+/// [`SERIES_KEPT`] records, see [`Series`]) and the latest [`SAMPLES_KEPT`] samples; other
+/// records (saves) are not drawn and not kept. Lines that are not JSON objects with a `type`
+/// (a run killed while writing one, or anything else) are skipped and counted.
+#[derive(Default)]
+pub struct RunRecords {
+    start: Option<Value>,
+    train: Series,
+    eval: Series,
+    samples: std::collections::VecDeque<Value>,
+    skipped: u64,
+    /// Changes with every record pushed (the dashboard answers "nothing new" by it).
+    version: u64,
+}
+
+impl RunRecords {
+    /// Adds one line of a metrics file (or a record the run just wrote).
+    pub fn push_line(&mut self, line: &str) {
+        if line.trim().is_empty() {
+            return;
+        }
+        self.version += 1;
+        let record = match serde_json::from_str::<Map<String, Value>>(line) {
+            Ok(r) if r.get("type").is_some_and(Value::is_string) => r,
+            _ => {
+                self.skipped += 1;
+                return;
+            }
+        };
+        let kind = record["type"].as_str().unwrap_or_default().to_string();
+        let record = Value::Object(record);
+        match kind.as_str() {
+            "start" if self.start.is_none() => self.start = Some(record),
+            "train" => self.train.push(record),
+            "eval" => self.eval.push(record),
+            "sample" => {
+                if self.samples.len() == SAMPLES_KEPT {
+                    self.samples.pop_front();
+                }
+                self.samples.push_back(record);
+            }
+            _ => {}
+        }
+    }
+
+    /// Reads a metrics file line by line: memory stays bounded whatever its size (a line
+    /// longer than 1 MiB is skipped and counted).
+    pub fn read(mut reader: impl std::io::BufRead) -> std::io::Result<RunRecords> {
+        let mut records = RunRecords::default();
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let (mut too_long, mut ended) = (false, false);
+            // One line, at most MAX_LINE bytes of it kept.
+            loop {
+                let buf = reader.fill_buf()?;
+                if buf.is_empty() {
+                    ended = true;
+                    break;
+                }
+                let (take, newline) = match buf.iter().position(|&b| b == b'\n') {
+                    Some(i) => (i, true),
+                    None => (buf.len(), false),
+                };
+                if line.len() + take > MAX_LINE {
+                    too_long = true;
+                } else {
+                    line.extend_from_slice(&buf[..take]);
+                }
+                reader.consume(take + usize::from(newline));
+                if newline {
+                    break;
+                }
+            }
+            if too_long {
+                records.skipped += 1;
+            } else {
+                match std::str::from_utf8(&line) {
+                    Ok(text) => records.push_line(text),
+                    Err(_) => records.skipped += 1,
+                }
+            }
+            if ended {
+                return Ok(records);
+            }
+        }
+    }
+
+    /// The version of what is kept: it changes with every line pushed.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The records kept, each a JSON object, in the order the page reads them.
+    pub fn records(&self) -> impl Iterator<Item = &Value> {
+        self.start.iter().chain(self.train.records()).chain(self.eval.records()).chain(&self.samples)
+    }
+
+    /// `{name, skipped, records}`: a run of the report's data (see www/report.js).
+    pub fn to_json(&self, name: &str) -> Value {
+        json!({ "name": name, "skipped": self.skipped, "records": self.records().collect::<Vec<_>>() })
+    }
 }
 
 /// One op's or kernel's spans in a trace, summed.
@@ -221,14 +380,39 @@ mod tests {
             "\nnot json\n",
             r#"{"type":"eval","step":0,"train_loss":4.1,"val_loss":4.3}"#,
             "\n",
-            r#"{"type":"mystery"}"#,
+            r#"{"type":"save","step":0}"#,
             "\n",
             r#"{"type":"train","step":1,"lo"#,
         );
-        let run = read_run("r", text);
+        let run = RunRecords::read(text.as_bytes()).unwrap().to_json("r");
         assert_eq!(run["skipped"], 2);
         let types: Vec<&str> = run["records"].as_array().unwrap().iter().map(|r| r["type"].as_str().unwrap()).collect();
-        assert_eq!(types, ["start", "train", "eval", "mystery"]);
+        assert_eq!(types, ["start", "train", "eval"]);
+        let long = format!("{{\"type\":\"sample\",\"text\":\"{}\"}}\n{{\"type\":\"train\",\"step\":3}}", "x".repeat(MAX_LINE));
+        let run = RunRecords::read(long.as_bytes()).unwrap().to_json("r");
+        assert_eq!((run["skipped"].as_u64(), run["records"][0]["step"].as_u64()), (Some(1), Some(3)));
+    }
+
+    /// A million train records keep at most [`SERIES_KEPT`] (and the latest), evenly spread,
+    /// with every skipped step still counted.
+    #[test]
+    fn long_runs_are_thinned_evenly_and_keep_their_totals() {
+        let mut records = RunRecords::default();
+        for step in 0..1_000_000u64 {
+            records.push_line(&format!(r#"{{"type":"train","step":{step},"loss":1.0,"skipped_steps":{}}}"#, step % 3));
+            if step % 1000 == 0 {
+                records.push_line(&format!(r#"{{"type":"sample","step":{step},"text":"s"}}"#));
+            }
+        }
+        let kept: Vec<&Value> = records.records().collect();
+        let train: Vec<u64> = kept.iter().filter(|r| r["type"] == "train").map(|r| r["step"].as_u64().unwrap()).collect();
+        assert!(train.len() <= SERIES_KEPT + 1 && train.len() > SERIES_KEPT / 2, "{}", train.len());
+        assert_eq!((train[0], *train.last().unwrap()), (0, 999_999));
+        let gaps: Vec<u64> = train.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps[..gaps.len() - 1].iter().all(|&g| g == gaps[0]), "uneven thinning");
+        let skipped: u64 = kept.iter().filter_map(|r| r["skipped_steps"].as_u64()).sum();
+        assert_eq!(skipped, (0..1_000_000u64).map(|s| s % 3).sum::<u64>());
+        assert_eq!(kept.iter().filter(|r| r["type"] == "sample").count(), SAMPLES_KEPT);
     }
 
     #[test]

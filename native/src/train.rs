@@ -1042,7 +1042,7 @@ impl Metrics {
         record["time_s"] = json!(self.started.elapsed().as_secs_f64());
         let mut line = record.to_string();
         if let Some(live) = &self.live {
-            live.push(line.clone());
+            live.push(&line);
         }
         if let Some(f) = &mut self.file {
             line.push('\n');

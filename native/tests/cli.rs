@@ -901,13 +901,49 @@ fn report_survives_bad_metrics_and_refuses_to_replace_files() {
     assert!(!dir.join("x.html").exists());
 }
 
-/// `train --serve`: the live dashboard while the run trains: the page, the records as they
-/// come (from an index on), nothing else (`..` and absolute paths are 404), and a viewer that
-/// connects and says nothing does not hold the run.
+/// `report` streams its input: a metrics file of 300,000 train records (about 100 MB) is read
+/// in bounded memory (the charts keep an evenly thinned set, the latest record included).
 #[test]
-fn serve_shows_the_run_live_and_nothing_else() {
+fn report_reads_a_large_metrics_file_in_bounded_memory() {
+    use std::io::Write;
+    let dir = workdir("report-large");
+    let path = dir.join("big.jsonl");
+    {
+        let mut f = std::io::BufWriter::new(fs::File::create(&path).unwrap());
+        writeln!(f, r#"{{"type":"start","step":0,"params":1000,"settings":{{"batch":4,"grad_accum":1,"grad_clip":1.0}}}}"#).unwrap();
+        for step in 0..300_000u64 {
+            writeln!(
+                f,
+                r#"{{"type":"train","step":{step},"loss":{:.6},"lr":0.001,"grad_norm":0.5,"tokens_per_sec":123456.7,"ms_per_step":1.25,"ms":{{"data":0.01,"forward":0.4,"backward":0.7,"optimizer":0.1,"idle":0.04}},"device":"cpu","mfu":0.12,"hfu":0.12,"loss_scale":null,"skipped_steps":null,"time_s":{:.3}}}"#,
+                4.0 / (1.0 + step as f64 / 1e4),
+                step as f64 * 0.00125
+            )
+            .unwrap();
+        }
+    }
+    let size = fs::metadata(&path).unwrap().len();
+    assert!(size > 80_000_000, "{size}");
+    let started = std::time::Instant::now();
+    let (o, peak_kib) = run_measuring_memory(&dir, &["report", "--metrics", "big.jsonl", "--out", "r.html"]);
+    assert_ok(&o);
+    assert!(peak_kib < 100 * 1024, "report of a {size}-byte metrics file took {peak_kib} KiB");
+    let page = fs::read_to_string(dir.join("r.html")).unwrap();
+    assert!(page.contains("\"step\":299999"), "the latest record is drawn");
+    assert!(page.len() < 4 << 20, "the report holds {} bytes", page.len());
+    eprintln!("report of {size} bytes: {peak_kib} KiB, {:?}", started.elapsed());
+    fs::remove_file(&path).unwrap();
+}
+
+/// `train --serve`: the live dashboard while the run trains: the page, the records (whole
+/// when they changed since a version, else 204), nothing else (`..` and absolute paths are
+/// 404, a Host that is not the loopback 403). No client stalls another: while 100 idle
+/// connections and one that drips a byte every 400 ms are open, a viewer is answered within a
+/// second, the drip is cut at the request deadline, and the run keeps its step rate.
+#[test]
+fn serve_shows_the_run_live_and_no_client_stalls_it() {
     use std::io::{Read, Write};
     use std::net::TcpStream;
+    use std::time::{Duration, Instant};
     let dir = workdir("serve");
     text_file(&dir);
     let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--threads", "1", "--iters", "100000", "--log-interval", "10", "--serve", "127.0.0.1:0"];
@@ -919,30 +955,71 @@ fn serve_shows_the_run_live_and_nothing_else() {
     // The run's plain lines are read away, so that a full pipe never holds it.
     std::thread::spawn(move || lines.for_each(drop));
     let addr = first.strip_prefix("dashboard: http://").and_then(|a| a.strip_suffix('/')).unwrap_or_else(|| panic!("{first}")).to_string();
-    let get = |target: &str| {
+    let request = |target: &str, host: &str| {
         let mut s = TcpStream::connect(&addr).unwrap();
-        write!(s, "GET {target} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        write!(s, "GET {target} HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
         let mut answer = String::new();
         s.read_to_string(&mut answer).unwrap();
         answer
     };
-    // A silent viewer: the server waits for it (up to its time limit), the run does not.
-    let _silent = TcpStream::connect(&addr).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let get = |target: &str| request(target, &addr);
     let page = get("/");
     assert!(page.starts_with("HTTP/1.1 200 OK") && page.contains("data-live=\"/records\""), "{page}");
-    let records = get("/records?from=0");
+    std::thread::sleep(Duration::from_millis(500));
+    let records = get("/records");
     assert!(records.starts_with("HTTP/1.1 200 OK") && records.contains("\"type\":\"start\""), "{records}");
-    let steps = |answer: &str| answer.lines().filter(|l| l.contains("\"type\":\"train\"")).count();
-    let before = steps(&records);
-    assert!(before > 0, "the run logged nothing while a viewer stayed silent");
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let after = steps(&get("/records"));
-    assert!(after > before, "the records did not grow: {before} then {after}");
-    assert!(!get("/records?from=1").contains("\"type\":\"start\""));
+    let version = records.lines().find_map(|l| l.strip_prefix("X-Records-Version: ")).unwrap().to_string();
+    // (step, ms per step) of the train records.
+    let train_steps = |answer: &str| -> Vec<(u64, f64)> {
+        let records = answer.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+        records.filter(|r| r["type"] == "train").map(|r| (r["step"].as_u64().unwrap(), r["ms_per_step"].as_f64().unwrap())).collect()
+    };
+    let median = |xs: &[(u64, f64)]| {
+        let mut ms: Vec<f64> = xs.iter().map(|x| x.1).collect();
+        ms.sort_by(f64::total_cmp);
+        ms[ms.len() / 2]
+    };
+    let quiet = train_steps(&records);
+    let before = quiet.len();
+    assert!(before > 0, "the run logged nothing");
     for bad in ["/../etc/passwd", "/records/../../etc/passwd", "/etc/passwd", "http://localhost/etc/passwd", "//etc/passwd"] {
         assert!(get(bad).starts_with("HTTP/1.1 404"), "{bad}");
     }
+    assert!(request("/records", "attacker.example").starts_with("HTTP/1.1 403"), "a rebound DNS name was answered");
+
+    // 100 idle connections and a slow drip, then a viewer.
+    let idle: Vec<TcpStream> = (0..100).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let drip_addr = addr.clone();
+    let drip = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(&drip_addr).unwrap();
+        let started = Instant::now();
+        for b in b"GET /records HTTP/1.1\r\nHost: localhost\r\n\r\n" {
+            if s.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        (started.elapsed(), answer)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let asked = Instant::now();
+    let answer = get(&format!("/records?since={version}"));
+    let waited = asked.elapsed();
+    assert!(waited < Duration::from_secs(1), "a viewer waited {waited:?} behind idle and slow clients");
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "the records did not change since version {version}: {answer}");
+    let (dripped, cut) = drip.join().unwrap();
+    assert!(cut.starts_with("HTTP/1.1 408") && dripped < Duration::from_secs(5), "the slow drip got {cut:?} after {dripped:?}");
+    drop(idle);
+    let after = train_steps(&get("/records"));
+    assert!(after.len() > before + 2, "the run stopped logging while clients stalled: {before} then {}", after.len());
+    let (calm, stalled) = (median(&quiet[quiet.len() / 2..]), median(&after[before..]));
+    assert!(stalled < 2.0 * calm, "the step took {stalled:.2} ms while clients stalled, {calm:.2} ms before");
+    // Nothing changed in between: 204 and no records.
+    let version = get("/records").lines().find_map(|l| l.strip_prefix("X-Records-Version: ")).unwrap().to_string();
+    let unchanged = get(&format!("/records?since={version}"));
+    assert!(unchanged.starts_with("HTTP/1.1 204") || unchanged.starts_with("HTTP/1.1 200"), "{unchanged}");
     child.kill().unwrap();
     child.wait().unwrap();
 }
