@@ -8,8 +8,9 @@
 //! "chars": ...}`, or `{"type": "bpe", "tokenizer": {...}}` holding a Hugging Face
 //! `tokenizer.json`: a checkpoint needs no other file), and, for a resumable
 //! checkpoint, `train` (step, RNG state and the run's settings), and `crc32`: a JSON object
-//! giving every tensor's CRC-32 (IEEE) of its bytes, checked on every load (files written by
-//! other tools, without it, load unchecked).
+//! giving every tensor's CRC-32 (IEEE) of its bytes, checked on every load. Files of format
+//! `alpha-gpt/2` must carry it; those from before (`alpha-gpt/1`) and files without a format
+//! (other tools') load without it, as unverified ([`Checkpoint::verified`]).
 //!
 //! Saving streams: [`write()`] reads the arenas once for the checksums (refusing any value that
 //! is not finite), emits the header, then the tensors straight from the arenas in small
@@ -33,8 +34,21 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-/// Identifies the file layout in `__metadata__.format`.
-pub const FORMAT: &str = "alpha-gpt/1";
+/// Identifies the file layout in `__metadata__.format`: from version 2 on every file carries
+/// its tensors' checksums, and a file of this format without them is refused.
+pub const FORMAT: &str = "alpha-gpt/2";
+
+/// The format before checksums were required (files with or without `crc32`).
+const FORMAT_1: &str = "alpha-gpt/1";
+
+/// The largest header the safetensors readers accept (100 MB): a checkpoint whose header would
+/// be larger (a tokenizer of millions of long tokens) is refused before anything is written.
+pub const MAX_HEADER_BYTES: usize = 100_000_000;
+
+/// Room in the header for everything but the tokenizer: per tensor (name, dtype, shape,
+/// offsets, checksum), and for the config and the training state.
+const HEADER_BYTES_PER_TENSOR: usize = 320;
+const HEADER_BYTES_OTHER: usize = 16 << 10;
 
 /// `__metadata__.tokenizer`: the tokenizer as JSON.
 fn tokenizer_json(tokenizer: &Tokenizer) -> String {
@@ -100,11 +114,96 @@ pub struct TrainSettings {
     /// Dropout probability in training (0: none; older checkpoints have none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dropout: f64,
+    /// Activation checkpointing (each block's forward run again before its backward).
+    #[serde(default)]
+    pub recompute: bool,
+    /// Steps between evaluations (0: none). Checkpoints from before it was stored read the
+    /// default of [`crate::run::DEFAULT`], as the rest of the cadence.
+    #[serde(default = "default_eval_interval")]
+    pub eval_interval: u64,
+    /// Batches per split and evaluation.
+    #[serde(default = "default_eval_iters")]
+    pub eval_iters: usize,
+    /// Steps between samples (0: none).
+    #[serde(default = "default_sample_interval")]
+    pub sample_interval: u64,
+    /// Steps between checkpoints (0: only at the end).
+    #[serde(default = "default_checkpoint_interval")]
+    pub checkpoint_interval: u64,
+    /// Steps between logged records.
+    #[serde(default = "default_log_interval")]
+    pub log_interval: u64,
+    /// Which checkpoints the run writes.
+    #[serde(default)]
+    pub save: SavePolicy,
+    /// Checkpoints kept (the newest, and the last `keep` saves beside it where above 1).
+    #[serde(default = "one")]
+    pub keep: usize,
+    /// Whether checkpoints are written in the background.
+    #[serde(default)]
+    pub async_checkpoint: bool,
 }
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
+
+fn default_eval_interval() -> u64 {
+    crate::run::DEFAULT.eval_interval
+}
+
+fn default_eval_iters() -> usize {
+    crate::run::DEFAULT.eval_iters
+}
+
+fn default_sample_interval() -> u64 {
+    crate::run::DEFAULT.sample_interval
+}
+
+fn default_checkpoint_interval() -> u64 {
+    crate::run::DEFAULT.checkpoint_interval
+}
+
+fn default_log_interval() -> u64 {
+    crate::run::DEFAULT.log_interval
+}
+
+fn one() -> usize {
+    1
+}
+
+/// Which checkpoints a run writes (`train --save`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SavePolicy {
+    /// At every checkpoint interval, at the end and when the run is stopped.
+    #[default]
+    Always,
+    /// After each evaluation whose val loss is the lowest so far, only (nanoGPT's
+    /// `always_save_checkpoint = False`, for fine-tuning).
+    Best,
+}
+
+impl SavePolicy {
+    /// `"always"` or `"best"`, as the flag and the file spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SavePolicy::Always => "always",
+            SavePolicy::Best => "best",
+        }
+    }
+}
+
+impl core::fmt::Display for SavePolicy {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The most batches an evaluation may ask for (`eval_iters`).
+pub const MAX_EVAL_ITERS: usize = 1_000_000;
+/// The most checkpoints a run may keep (`keep`).
+pub const MAX_KEEP: usize = 1000;
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -131,13 +230,33 @@ impl TrainSettings {
             grad_accum: d.grad_accum,
             seed: d.seed,
             dropout: d.dropout,
+            recompute: false,
+            eval_interval: d.eval_interval,
+            eval_iters: d.eval_iters,
+            sample_interval: d.sample_interval,
+            checkpoint_interval: d.checkpoint_interval,
+            log_interval: d.log_interval,
+            save: SavePolicy::Always,
+            keep: 1,
+            async_checkpoint: false,
         }
     }
 
     /// The run's memory plan for `config` (whole blocks, batches of `batch`, its dropout
-    /// drawn from its seed), with activation checkpointing or not.
-    pub fn plan(&self, config: GptConfig, recompute: bool) -> Result<Plan, ConfigError> {
-        Plan::new(config, self.batch, config.block_size)?.with_recompute(recompute).with_dropout(self.dropout, self.seed)
+    /// drawn from its seed, activation checkpointing where it recomputes).
+    pub fn plan(&self, config: GptConfig) -> Result<Plan, ConfigError> {
+        Plan::new(config, self.batch, config.block_size)?.with_recompute(self.recompute).with_dropout(self.dropout, self.seed)
+    }
+
+    /// When the run evaluates, samples, saves and logs, up to its last step.
+    pub fn cadence(&self) -> crate::run::Cadence {
+        crate::run::Cadence {
+            iters: self.iters,
+            eval_interval: self.eval_interval,
+            sample_interval: self.sample_interval,
+            checkpoint_interval: self.checkpoint_interval,
+            log_interval: self.log_interval,
+        }
     }
 
     /// The optimisation settings of the run (AdamW eps 1e-8, as PyTorch's default).
@@ -176,6 +295,21 @@ impl TrainSettings {
         }
         if self.grad_accum > MAX_GRAD_ACCUM {
             return Err(format!("{} is {}, more than the largest allowed ({MAX_GRAD_ACCUM})", name("grad_accum"), self.grad_accum));
+        }
+        if !(1..=MAX_KEEP).contains(&self.keep) {
+            return Err(format!("{} must be 1 to {MAX_KEEP}, got {}", name("keep"), self.keep));
+        }
+        if self.save == SavePolicy::Best && self.eval_interval == 0 {
+            return Err(format!("{} best saves after evaluations; give an {}", name("save"), name("eval_interval")));
+        }
+        if self.eval_interval > 0 && self.eval_iters == 0 {
+            return Err(format!("{} must be at least 1 when {} is set", name("eval_iters"), name("eval_interval")));
+        }
+        if self.eval_iters > MAX_EVAL_ITERS {
+            return Err(format!("{} {} is more than {MAX_EVAL_ITERS}", name("eval_iters"), self.eval_iters));
+        }
+        if self.log_interval == 0 {
+            return Err(format!("{} must be at least 1", name("log_interval")));
         }
         Ok(())
     }
@@ -219,6 +353,9 @@ pub struct Checkpoint {
     pub params: Vec<f32>,
     /// AdamW moments `(exp_avg, exp_avg_sq)` in plan order, with the training state.
     pub optimizer: Option<(Vec<f32>, Vec<f32>, TrainState)>,
+    /// Whether every tensor read matched a checksum the file carries (false for files from
+    /// before checksums and other tools' files: nothing verified their bytes).
+    pub verified: bool,
 }
 
 /// Why bytes could not be loaded as a checkpoint.
@@ -268,6 +405,13 @@ pub enum SaveError<E> {
     },
     /// The arenas do not match the config (a caller's mistake).
     Shape(String),
+    /// The header would be larger than safetensors readers accept ([`MAX_HEADER_BYTES`]).
+    HeaderTooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The tokenizer's part of it.
+        tokenizer_bytes: usize,
+    },
     /// The sink failed.
     Write(E),
 }
@@ -277,6 +421,10 @@ impl<E: core::fmt::Display> core::fmt::Display for SaveError<E> {
         match self {
             SaveError::NonFinite { tensor, index, value } => write!(f, "the model is not finite ({tensor}[{index}] is {value})"),
             SaveError::Shape(why) => f.write_str(why),
+            SaveError::HeaderTooLarge { bytes, tokenizer_bytes } => write!(
+                f,
+                "a checkpoint's header would be {bytes} bytes ({tokenizer_bytes} of them the tokenizer), more than the {MAX_HEADER_BYTES} that safetensors readers accept: the tokenizer is too large to save with a model"
+            ),
             SaveError::Write(e) => write!(f, "{e}"),
         }
     }
@@ -330,6 +478,18 @@ pub fn write<E>(
     optimizer: Option<(&[f32], &[f32], &TrainState)>,
     sink: &mut dyn FnMut(&[u8]) -> Result<(), E>,
 ) -> Result<(), SaveError<E>> {
+    write_within(config, tokenizer, params, optimizer, sink, MAX_HEADER_BYTES)
+}
+
+/// [`write()`] with headers of at most `max_header` bytes.
+fn write_within<E>(
+    config: GptConfig,
+    tokenizer: &Tokenizer,
+    params: &[f32],
+    optimizer: Option<(&[f32], &[f32], &TrainState)>,
+    sink: &mut dyn FnMut(&[u8]) -> Result<(), E>,
+    max_header: usize,
+) -> Result<(), SaveError<E>> {
     // Any batch shape gives the parameter layout.
     let plan = Plan::new(config, 1, 1).map_err(|e| SaveError::Shape(e.to_string()))?;
     let mut arenas = vec![(ARENA_PREFIXES[0], params)];
@@ -371,6 +531,10 @@ pub fn write<E>(
     meta.insert("crc32".into(), to_json(&checksums).into());
     header.insert("__metadata__".into(), Value::Object(meta));
     let mut text = to_json(&header);
+    if text.len() > max_header {
+        let tokenizer_bytes = header["__metadata__"]["tokenizer"].to_string().len();
+        return Err(SaveError::HeaderTooLarge { bytes: text.len(), tokenizer_bytes });
+    }
     // safetensors pads the header with spaces so that the data starts 8-byte aligned.
     while !text.len().is_multiple_of(8) {
         text.push(' ');
@@ -381,6 +545,25 @@ pub fn write<E>(
         for info in plan.params() {
             le_chunks(&arena[info.span.range()], &mut *sink).map_err(SaveError::Write)?;
         }
+    }
+    Ok(())
+}
+
+/// Whether a checkpoint of `config` with `tokenizer` fits in a safetensors header: checked
+/// when a run starts, so that no run trains for hours toward a checkpoint it cannot write
+/// ([`write()`] checks the exact header again). The tokenizer is measured exactly, the rest
+/// bounded from above.
+pub fn check_header_room(config: GptConfig, tokenizer: &Tokenizer) -> Result<(), SaveError<core::convert::Infallible>> {
+    header_room(config, tokenizer, MAX_HEADER_BYTES)
+}
+
+/// [`check_header_room`] for headers of at most `max_header` bytes.
+fn header_room(config: GptConfig, tokenizer: &Tokenizer, max_header: usize) -> Result<(), SaveError<core::convert::Infallible>> {
+    let tokenizer_bytes = Value::String(tokenizer_json(tokenizer)).to_string().len();
+    let tensors = ARENA_PREFIXES.len() * (4 + LAYER_PARAMS.len() * config.n_layer);
+    let bytes = tokenizer_bytes.saturating_add(tensors.saturating_mul(HEADER_BYTES_PER_TENSOR)).saturating_add(HEADER_BYTES_OTHER);
+    if bytes > max_header {
+        return Err(SaveError::HeaderTooLarge { bytes, tokenizer_bytes });
     }
     Ok(())
 }
@@ -426,8 +609,14 @@ fn read(bytes: &[u8], with_state: bool) -> Result<Checkpoint, CheckpointError> {
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let meta = header.metadata().as_ref().ok_or_else(|| bad("no __metadata__ in the header".into()))?;
     let field = |key: &str| meta.get(key).ok_or_else(|| bad(format!("__metadata__ has no \"{key}\"")));
-    if let Some(format) = meta.get("format").filter(|f| *f != FORMAT) {
-        return Err(bad(format!("format {format:?} is not supported (only {FORMAT:?})")));
+    // From format 2 on a file carries its checksums; earlier and foreign files may not.
+    let checksums_required = match meta.get("format").map(String::as_str) {
+        Some(FORMAT) => true,
+        Some(FORMAT_1) | None => false,
+        Some(other) => return Err(bad(format!("format {other:?} is not supported ({FORMAT:?}, or {FORMAT_1:?} from before checksums were required)"))),
+    };
+    if checksums_required && !meta.contains_key("crc32") {
+        return Err(bad(format!("it has no crc32 (every tensor's checksum), which a file of format {FORMAT:?} carries: the header was altered")));
     }
     let config: GptConfig = serde_json::from_str(field("config")?).map_err(|e| bad(format!("config: {e}")))?;
     config.validate().map_err(|e| bad(format!("config: {e}")))?;
@@ -497,7 +686,7 @@ fn read(bytes: &[u8], with_state: bool) -> Result<Checkpoint, CheckpointError> {
         None => None,
         Some(state) => Some((read_arena(prefixes[1])?, read_arena(prefixes[2])?, state)),
     };
-    Ok(Checkpoint { config, tokenizer, params, optimizer })
+    Ok(Checkpoint { config, tokenizer, params, optimizer, verified: checksums.is_some() })
 }
 
 /// Whether `name` is a tensor of a model of `config` under one of `prefixes`, read from the
@@ -596,5 +785,67 @@ mod tests {
 
     fn settings() -> TrainSettings {
         TrainSettings { batch: 1, iters: 5, lr_decay_iters: 5, warmup: 0, seed: 1, ..TrainSettings::defaults("x") }
+    }
+
+    /// No header is written that the reader's limit refuses: the limit is the safetensors
+    /// reader's own, checked exactly by the writer (nothing written) and from above when a
+    /// run starts (the bound covers every save of the model).
+    #[test]
+    fn headers_past_the_readers_limit_are_never_written() {
+        let mut bytes = vec![b' '; 8 + MAX_HEADER_BYTES + 8];
+        bytes[..8].copy_from_slice(&((MAX_HEADER_BYTES + 8) as u64).to_le_bytes());
+        assert!(matches!(SafeTensors::read_metadata(&bytes), Err(safetensors::SafeTensorError::HeaderTooLarge)));
+        bytes[..8].copy_from_slice(&(MAX_HEADER_BYTES as u64).to_le_bytes());
+        assert!(!matches!(SafeTensors::read_metadata(&bytes[..8 + MAX_HEADER_BYTES]), Err(safetensors::SafeTensorError::HeaderTooLarge)));
+        drop(bytes);
+
+        let (config, params) = tiny();
+        let state = TrainState { step: 3, rng_state: "1".into(), settings: settings(), best_val_loss: None, loss_scale: None };
+        let mut written = 0;
+        let mut count = |b: &[u8]| -> Result<(), core::convert::Infallible> {
+            written += b.len();
+            Ok(())
+        };
+        let exact = to_bytes(config, &abc(), &params, Some((&params, &params, &state))).unwrap();
+        let header = u64::from_le_bytes(exact[..8].try_into().unwrap()) as usize;
+        // One byte less room than the header needs: refused, nothing written.
+        let err = write_within(config, &abc(), &params, Some((&params, &params, &state)), &mut count, header - 8).unwrap_err();
+        assert!(matches!(err, SaveError::HeaderTooLarge { .. }) && written == 0, "{err:?}");
+        // The bound at the start covers the header written: it refuses a limit the header
+        // passes.
+        assert!(matches!(header_room(config, &abc(), header - 8), Err(SaveError::HeaderTooLarge { .. })));
+        assert!(check_header_room(config, &abc()).is_ok());
+    }
+
+    /// From format 2 on the checksums are part of the format: a header without them (here
+    /// "crc32" spelled otherwise) is refused; a file of format 1 without them, or one without
+    /// a format (another tool's), loads, marked unverified.
+    #[test]
+    fn checksums_are_required_from_format_2() {
+        let (config, params) = tiny();
+        let bytes = to_bytes(config, &abc(), &params, None).unwrap();
+        assert!(from_bytes(&bytes).unwrap().verified);
+        let edit = |from: &str, to: &str| {
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header = core::str::from_utf8(&bytes[8..8 + n]).unwrap().replacen(from, to, 1);
+            let mut out = (header.len() as u64).to_le_bytes().to_vec();
+            out.extend(header.as_bytes());
+            out.extend(&bytes[8 + n..]);
+            out
+        };
+        let renamed = edit("\"crc32\"", "\"brc32\"");
+        let err = from_bytes(&renamed).unwrap_err().to_string();
+        assert!(err.contains("has no crc32"), "{err}");
+        let mut old = edit("alpha-gpt/2", "alpha-gpt/1");
+        old = {
+            let n = u64::from_le_bytes(old[..8].try_into().unwrap()) as usize;
+            let header = core::str::from_utf8(&old[8..8 + n]).unwrap().replacen("\"crc32\"", "\"brc32\"", 1);
+            [&(header.len() as u64).to_le_bytes()[..], header.as_bytes(), &old[8 + n..]].concat()
+        };
+        let loaded = from_bytes(&old).unwrap();
+        assert_eq!((loaded.params, loaded.verified), (params.clone(), false));
+        let foreign = edit("\"format\":\"alpha-gpt/2\",", "");
+        assert!(from_bytes(&foreign).unwrap().verified, "a file without a format but with checksums is checked");
+        assert!(from_bytes(&edit("alpha-gpt/2", "alpha-gpt/3")).unwrap_err().to_string().contains("not supported"));
     }
 }

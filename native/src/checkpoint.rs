@@ -2,7 +2,7 @@
 //! disk.
 
 use crate::fsutil::write_atomic_with;
-pub use alpha_core::checkpoint::{Checkpoint, SaveError, TrainSettings, TrainState, FORMAT};
+pub use alpha_core::checkpoint::{check_header_room, Checkpoint, SaveError, SavePolicy, TrainSettings, TrainState, FORMAT};
 use alpha_core::tokenizer::Tokenizer;
 use alpha_core::GptConfig;
 use std::io;
@@ -37,8 +37,9 @@ pub fn save(
 }
 
 /// Reads and validates a checkpoint: an Alpha checkpoint file (see
-/// [`alpha_core::checkpoint::from_bytes`]), a Hugging Face GPT-2 directory, or the name of one
-/// in the local Hugging Face cache (`gpt2`, `openai-community/gpt2-medium`; see
+/// [`alpha_core::checkpoint::from_bytes`]; one without checksums, from before Alpha required
+/// them, loads with a notice on stderr), a Hugging Face GPT-2 directory, or the name of one in
+/// the local Hugging Face cache (`gpt2`, `openai-community/gpt2-medium`; see
 /// [`hf_model`](crate::hf_model)).
 pub fn load(path: &Path) -> Result<Checkpoint, String> {
     load_parts(path, true)
@@ -69,5 +70,9 @@ fn load_parts(path: &Path, with_state: bool) -> Result<Checkpoint, String> {
     // the checksums then refuse.
     let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
     let read = if with_state { alpha_core::checkpoint::from_bytes } else { alpha_core::checkpoint::weights_from_bytes };
-    read(&bytes).map_err(|e| format!("checkpoint {} is {e}", path.display()))
+    let ck = read(&bytes).map_err(|e| format!("checkpoint {} is {e}", path.display()))?;
+    if !ck.verified {
+        eprintln!("note: {} carries no checksums (written before Alpha required them, or by another tool): nothing verifies its bytes", path.display());
+    }
+    Ok(ck)
 }

@@ -241,7 +241,8 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
             return Err(format!("{}: lm_head.weight is not the token embedding; Alpha's head is tied", dir.display()));
         }
     }
-    Ok(Checkpoint { config, tokenizer, params, optimizer: None })
+    // safetensors files carry no checksums.
+    Ok(Checkpoint { config, tokenizer, params, optimizer: None, verified: false })
 }
 
 /// The `tokenizer.json` of a character tokenizer: each character a word of a word-level

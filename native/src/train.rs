@@ -2,7 +2,7 @@
 //! samples, atomic checkpoints, exact resume, JSON Lines metrics and a progress bar.
 
 use crate::bench::{flops_per_token, recomputed_flops_per_token};
-use crate::checkpoint::{self, SaveError, TrainSettings, TrainState};
+use crate::checkpoint::{self, SaveError, SavePolicy, TrainSettings, TrainState};
 use crate::corpus;
 use crate::dataset::{self, Dataset};
 use crate::device::DeviceArgs;
@@ -15,10 +15,11 @@ use crate::trace::Trace;
 use alpha_core::data::Tokens;
 use alpha_core::parallel::Parallel;
 use alpha_core::rng::{derive_seed, stream};
-use alpha_core::run::{Action, Cadence, RunLoop, DEFAULT};
+use alpha_core::run::{Action, RunLoop, DEFAULT};
 use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::train::{Ranks, RunState};
 use alpha_core::{data, GptConfig, Plan, Rng};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use indicatif::{HumanDuration, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
@@ -113,8 +114,8 @@ pub struct TrainArgs {
     /// Which checkpoints the run writes: `always` (every --checkpoint-interval steps, at the end
     /// and on Ctrl-C), or `best` (only after an evaluation whose val loss is the lowest so far:
     /// nanoGPT's always_save_checkpoint=False, for fine-tuning).
-    #[arg(long, value_enum, default_value_t = SaveMode::Always)]
-    pub save: SaveMode,
+    #[arg(long, default_value = "always", value_parser = PossibleValuesParser::new(["always", "best"]).map(|s| if s == "best" { SavePolicy::Best } else { SavePolicy::Always }))]
+    pub save: SavePolicy,
     /// Checkpoints kept: DIR/ckpt.safetensors is the newest; with N above 1 the last N saves
     /// are also kept as DIR/ckpt-STEP.safetensors (1 to 1000).
     #[arg(long, default_value_t = 1)]
@@ -180,15 +181,6 @@ impl Gpt2Size {
             Gpt2Size::Gpt2Xl => (48, 25, 1600),
         }
     }
-}
-
-/// Which checkpoints a run writes (`--save`).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SaveMode {
-    /// At the checkpoint interval, at the end and on Ctrl-C.
-    Always,
-    /// After each evaluation with the lowest val loss so far, only.
-    Best,
 }
 
 /// The model and data flags `train`, `bench` and `info` share.
@@ -375,6 +367,8 @@ struct Run {
     resume: Option<checkpoint::Checkpoint>,
     /// `--init-from`'s weights, cropped to the run's context.
     init: Option<checkpoint::Checkpoint>,
+    /// The resumed run's settings the flags changed (`--lr 0.1 (was 0.001)`).
+    changed: Vec<String>,
 }
 
 fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, String> {
@@ -394,6 +388,15 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         grad_accum: args.grad_accum,
         seed: args.seed,
         dropout: args.model.dropout,
+        recompute: args.model.recompute,
+        eval_interval: args.eval_interval,
+        eval_iters: args.eval_iters,
+        sample_interval: args.sample_interval,
+        checkpoint_interval: args.checkpoint_interval,
+        log_interval: args.log_interval,
+        save: args.save,
+        keep: args.keep,
+        async_checkpoint: args.async_checkpoint,
     };
     if let Some(from) = &args.init_from {
         if args.model.tokenizer.is_some() {
@@ -408,10 +411,10 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         let to = GptConfig { block_size: block, vocab_size: args.model.padded_vocab(ck.config.vocab_size), ..ck.config };
         ck.params = resize_tables(&ck.params, ck.config, to)?;
         ck.config = to;
-        return Ok(Run { config: ck.config, settings: fresh_settings, resume: None, init: Some(ck) });
+        return Ok(Run { config: ck.config, settings: fresh_settings, resume: None, init: Some(ck), changed: Vec::new() });
     }
     let Some(path) = &args.resume else {
-        return Ok(Run { config: args.model.config(0), settings: fresh_settings, resume: None, init: None });
+        return Ok(Run { config: args.model.config(0), settings: fresh_settings, resume: None, init: None, changed: Vec::new() });
     };
     let ck = checkpoint::load(path)?;
     if args.model.tokenizer.is_some() {
@@ -430,15 +433,44 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         return Err(format!("--block {given} {rel} the checkpoint's block size {stored}; a resumed run keeps the checkpoint's model"));
     }
     keeps_model_shape(args, explicit, &c, "a resumed run keeps the checkpoint's model")?;
+    // The run's own settings come from the checkpoint; a flag given overrides one, and the
+    // run says which it changed.
     let mut s = state.settings.clone();
+    let mut changed = Vec::new();
     macro_rules! take {
-        ($($field:ident => $flag:literal),*) => {$( if explicit($flag) { s.$field = fresh_settings.$field.clone(); } )*};
+        ($($field:ident),*) => {$(
+            if explicit(stringify!($field)) && s.$field != fresh_settings.$field {
+                changed.push(format!("--{} {} (was {})", stringify!($field).replace('_', "-"), fresh_settings.$field, s.$field));
+                s.$field = fresh_settings.$field.clone();
+            }
+        )*};
     }
-    take!(data => "data", batch => "batch", iters => "iters", lr => "lr", lr_decay_iters => "lr_decay_iters",
-          min_lr => "min_lr", warmup => "warmup",
-          weight_decay => "weight_decay", beta1 => "beta1", beta2 => "beta2", grad_clip => "grad_clip",
-          grad_accum => "grad_accum", seed => "seed", dropout => "dropout");
-    Ok(Run { config: c, settings: s, resume: Some(ck), init: None })
+    take!(
+        data,
+        batch,
+        iters,
+        lr,
+        lr_decay_iters,
+        min_lr,
+        warmup,
+        weight_decay,
+        beta1,
+        beta2,
+        grad_clip,
+        grad_accum,
+        seed,
+        dropout,
+        recompute,
+        eval_interval,
+        eval_iters,
+        sample_interval,
+        checkpoint_interval,
+        log_interval,
+        save,
+        keep,
+        async_checkpoint
+    );
+    Ok(Run { config: c, settings: s, resume: Some(ck), init: None, changed })
 }
 
 /// An error where a size flag given (`--layers`, `--heads`, `--embd`, `--model`) differs from
@@ -527,29 +559,6 @@ fn resize_tables(params: &[f32], from: GptConfig, to: GptConfig) -> Result<Vec<f
         out[b.span.offset..b.span.offset + kept].copy_from_slice(&params[a.span.offset..a.span.offset + kept]);
     }
     Ok(out)
-}
-
-/// The most batches `--eval-iters` may ask for.
-const MAX_EVAL_ITERS: usize = 1_000_000;
-
-fn validate(args: &TrainArgs, s: &TrainSettings) -> Result<(), String> {
-    if !(1..=1000).contains(&args.keep) {
-        return Err(format!("--keep must be 1 to 1000, got {}", args.keep));
-    }
-    if args.save == SaveMode::Best && args.eval_interval == 0 {
-        return Err("--save best saves after evaluations; give an --eval-interval".into());
-    }
-    s.validate(|field| format!("--{}", field.replace('_', "-")))?;
-    if args.eval_interval > 0 && args.eval_iters == 0 {
-        return Err("--eval-iters must be at least 1 when --eval-interval is set".into());
-    }
-    if args.eval_iters > MAX_EVAL_ITERS {
-        return Err(format!("--eval-iters {} is more than {MAX_EVAL_ITERS}", args.eval_iters));
-    }
-    if args.log_interval == 0 {
-        return Err("--log-interval must be at least 1".into());
-    }
-    Ok(())
 }
 
 /// What rank 0 writes to while the run lasts (the other ranks have none of it).
@@ -666,7 +675,7 @@ pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), Stri
 fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> Result<(), String> {
     let root = group.is_root();
     let mut run = resolve(args, explicit)?;
-    validate(args, &run.settings)?;
+    run.settings.validate(|field| format!("--{}", field.replace('_', "-")))?;
     let s = run.settings.clone();
     let data_name = corpus::label(&s.data);
     let pool = args.device.pool()?;
@@ -675,6 +684,10 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         Some(ck) => Some(ck.tokenizer.clone()),
         None => args.model.tokenizer.as_deref().map(|p| crate::tokenizer::load(p).map(Tokenizer::from)).transpose()?,
     };
+    // Checked before any work: a run must be able to write its checkpoints.
+    if let Some(tokenizer) = &known {
+        checkpoint::check_header_room(run.config, tokenizer).map_err(|e| format!("the run could not save a checkpoint: {e}"))?;
+    }
     let (tokenizer, source) = if s.dataset {
         let d = dataset::open(&s.data, known, &pool)?;
         (d.tokenizer.clone(), TrainData::Dataset(d))
@@ -690,7 +703,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     }
     let block = run.config.block_size;
     // Checked first: it bounds the block size the message below computes with.
-    let plan = s.plan(run.config, args.model.recompute).and_then(|p| p.with_classes(tokenizer.vocab_size())).map_err(|e| e.to_string())?;
+    let plan = s.plan(run.config).and_then(|p| p.with_classes(tokenizer.vocab_size())).map_err(|e| e.to_string())?;
     let (train_segments, val_segments);
     let (train_tokens, val_tokens): (Tokens<'_>, Tokens<'_>) = match &source {
         TrainData::Text(tokens) => {
@@ -826,6 +839,9 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         },
         s.data
     ));
+    if !run.changed.is_empty() {
+        console.line(&format!("the flags change the checkpoint's settings: {}", run.changed.join(", ")));
+    }
     if let Some(gpu) = engine.gpu() {
         console.line(&device_args.precision_line(gpu, precision_from_checkpoint));
     }
@@ -856,7 +872,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     // thread is writing from it, joined (handing the snapshot back) before the next save and
     // at the end of the run, where its error (if any) stops the run.
     let buffer = || alpha_core::plan::try_vec("the checkpoint snapshot", plan.params_len(), f32::NAN).map_err(|e| format!("--async-checkpoint: {e}"));
-    let snapshot: RefCell<Option<Snapshot>> = RefCell::new(if args.async_checkpoint && root { Some([buffer()?, buffer()?, buffer()?]) } else { None });
+    let snapshot: RefCell<Option<Snapshot>> = RefCell::new(if s.async_checkpoint && root { Some([buffer()?, buffer()?, buffer()?]) } else { None });
     let pending: RefCell<Option<std::thread::JoinHandle<Result<Snapshot, String>>>> = RefCell::new(None);
     let finish_pending = || -> Result<(), String> {
         if let Some(writer) = pending.borrow_mut().take() {
@@ -877,8 +893,8 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         let loss_scale = engine.loss_scale()?;
         let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone(), best_val_loss, loss_scale };
         finish_pending()?;
-        let target = SaveTarget { path: ckpt_path.to_path_buf(), config: run.config, keep: args.keep, kept: kept(last_saved) };
-        if !args.async_checkpoint {
+        let target = SaveTarget { path: ckpt_path.to_path_buf(), config: run.config, keep: s.keep, kept: kept(last_saved) };
+        if !s.async_checkpoint {
             return target.write(&tokenizer, &params, &m, &v, &state);
         }
         let mut copy = snapshot.borrow_mut().take().expect("the writer handed the snapshot back");
@@ -892,21 +908,14 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         }));
         Ok(())
     };
-    let best_mode = args.save == SaveMode::Best;
+    let best_mode = s.save == SavePolicy::Best;
     let mut best_val_loss = resumed_best.filter(|_| best_mode);
     let tokens_per_step = (plan.tokens() * cfg.grad_accum) as f64;
     let mut window = Phases::default();
     let mut window_steps = 0u64;
     let mut window_start = Instant::now();
     let mut last_saved: Option<u64> = None;
-    let cadence = Cadence {
-        iters: s.iters,
-        eval_interval: args.eval_interval,
-        sample_interval: args.sample_interval,
-        checkpoint_interval: args.checkpoint_interval,
-        log_interval: args.log_interval,
-    };
-    let mut run_loop = RunLoop::new(cadence, start_step);
+    let mut run_loop = RunLoop::new(s.cadence(), start_step);
     let result = loop {
         let action = run_loop.next_action();
         let step = run_loop.step();
@@ -914,8 +923,8 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
             Action::Evaluate => {
                 let t = Instant::now();
                 let eval_rng = |split| Rng::new(derive_seed(s.seed, split, step));
-                let train_loss = engine.evaluate(train_tokens, args.eval_iters, &mut eval_rng(stream::EVAL_TRAIN))?;
-                let val_loss = engine.evaluate(val_tokens, args.eval_iters, &mut eval_rng(stream::EVAL_VAL))?;
+                let train_loss = engine.evaluate(train_tokens, s.eval_iters, &mut eval_rng(stream::EVAL_TRAIN))?;
+                let val_loss = engine.evaluate(val_tokens, s.eval_iters, &mut eval_rng(stream::EVAL_VAL))?;
                 window.eval += t.elapsed().as_secs_f64();
                 console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
                 metrics.write(json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
@@ -1086,16 +1095,16 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings, gp
         ("grad_clip", float(s.grad_clip)),
         ("seed", int(s.seed)),
         ("dropout", float(s.dropout)),
-        ("eval_interval", int(args.eval_interval)),
-        ("eval_iters", int(args.eval_iters as u64)),
-        ("sample_interval", int(args.sample_interval)),
-        ("checkpoint_interval", int(args.checkpoint_interval)),
-        ("log_interval", int(args.log_interval)),
-        ("save", runfile::string(if args.save == SaveMode::Best { "best" } else { "always" })),
-        ("keep", int(args.keep as u64)),
-        ("async_checkpoint", args.async_checkpoint.to_string()),
+        ("eval_interval", int(s.eval_interval)),
+        ("eval_iters", int(s.eval_iters as u64)),
+        ("sample_interval", int(s.sample_interval)),
+        ("checkpoint_interval", int(s.checkpoint_interval)),
+        ("log_interval", int(s.log_interval)),
+        ("save", runfile::string(s.save.name())),
+        ("keep", int(s.keep as u64)),
+        ("async_checkpoint", s.async_checkpoint.to_string()),
         ("zero", int(u64::from(args.zero))),
-        ("recompute", args.model.recompute.to_string()),
+        ("recompute", s.recompute.to_string()),
         ("vocab_pad", int(args.model.vocab_pad as u64)),
         ("backend", runfile::string(if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" })),
     ]);

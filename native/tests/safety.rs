@@ -74,6 +74,23 @@ fn a_flipped_byte_in_a_checkpoint_is_an_error_naming_file_and_tensor() {
         assert_one_line_error(&o, "checkpoint flip.safetensors is corrupt: tensor transformer.");
         assert!(String::from_utf8_lossy(&o.stderr).contains("does not match its checksum"), "{o:?}");
     }
+    // The checksums cannot be edited away: without "crc32" a file of this format is refused,
+    // its flipped byte with it.
+    fs::write(dir.join("renamed.safetensors"), edit_header(&bytes, "\"crc32\"", "\"brc32\"")).unwrap();
+    for args in [&["sample", "--checkpoint", "renamed.safetensors"][..], &train_args(&["--resume", "renamed.safetensors", "--out", "o3"])] {
+        assert_one_line_error(&run(&dir, args), "checkpoint renamed.safetensors is not a valid Alpha checkpoint: it has no crc32");
+    }
+    // A file from before checksums were required (format 1, none) still loads, saying that
+    // nothing verifies its bytes.
+    let v1 = edit_header(&edit_header(&fs::read(&ckpt).unwrap(), "alpha-gpt/2", "alpha-gpt/1"), "\"crc32\"", "\"brc32\"");
+    fs::write(dir.join("v1.safetensors"), v1).unwrap();
+    let o = run(&dir, &["sample", "--checkpoint", "v1.safetensors", "--tokens", "5"]);
+    assert_ok(&o);
+    let note = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        note.trim_end(),
+        "note: v1.safetensors carries no checksums (written before Alpha required them, or by another tool): nothing verifies its bytes"
+    );
 }
 
 /// A header whose config claims a billion layers (or a million, within the size limit) is an
@@ -251,6 +268,36 @@ fn resume_continues_in_the_checkpoints_directory_and_schedule() {
     for (step, lr) in lrs {
         assert!((lr - schedule.at(step)).abs() < 1e-12, "step {step}: lr {lr}, schedule {}", schedule.at(step));
     }
+}
+
+/// A resumed run keeps the run's own settings (save policy, keep, every interval, eval iters,
+/// recompute, async checkpointing): `--save best` survives a resume that gives only --iters and
+/// --lr, so a worse model never replaces the best checkpoint; a flag given on resume changes
+/// its setting, and the run says which it changed.
+#[test]
+fn a_resume_keeps_the_runs_own_settings() {
+    let dir = workdir("resume-settings");
+    let first = ["--iters", "40", "--save", "best", "--keep", "1", "--eval-interval", "20", "--eval-iters", "2", "--log-interval", "7", "--recompute"];
+    let ckpt = train(&dir, &first);
+    let before = checkpoint::load(&ckpt).unwrap().optimizer.unwrap().2;
+    let s = &before.settings;
+    assert_eq!((s.save, s.keep, s.eval_interval, s.eval_iters, s.log_interval, s.recompute), (checkpoint::SavePolicy::Best, 1, 20, 2, 7, true));
+    let best = before.best_val_loss.unwrap();
+    // A learning rate that wrecks the model: no evaluation beats the best, nothing is saved.
+    let o = run(&dir, &["train", "--resume", "out/ckpt.safetensors", "--iters", "80", "--lr", "0.5", "--threads", "2"]);
+    assert_ok(&o);
+    let out = stdout(&o);
+    assert!(out.contains("the flags change the checkpoint's settings: --iters 80 (was 40), --lr 0.5 (was 0.001)"), "{out}");
+    assert!(out.contains("step 60: train loss") && out.contains("step 80: train loss"), "the evaluations of the stored interval: {out}");
+    let after = checkpoint::load(&ckpt).unwrap().optimizer.unwrap().2;
+    assert!(after.best_val_loss.is_some_and(|b| b <= best), "the best checkpoint was replaced by a worse model: {:?} after {best}", after.best_val_loss);
+    assert_eq!(after.settings.save, checkpoint::SavePolicy::Best);
+    // A flag given on resume overrides the stored setting.
+    let o = run(&dir, &["train", "--resume", "out/ckpt.safetensors", "--iters", "90", "--save", "always", "--eval-interval", "0", "--threads", "2"]);
+    assert_ok(&o);
+    assert!(stdout(&o).contains("--eval-interval 0 (was 20), --save always (was best)"), "{}", stdout(&o));
+    let last = checkpoint::load(&ckpt).unwrap().optimizer.unwrap().2;
+    assert_eq!((last.step, last.settings.save, last.settings.eval_interval, last.settings.log_interval), (90, checkpoint::SavePolicy::Always, 0, 7));
 }
 
 /// SIGKILL at any moment leaves no stray temporary file once the next run in the directory

@@ -142,7 +142,7 @@ impl Trainer {
         };
         let config = opts.config(tok.vocab_size());
         let settings = opts.settings();
-        let plan = settings.plan(config, opts.recompute).map_err(js_error)?;
+        let plan = settings.plan(config).map_err(js_error)?;
         let tokens = tokenize(&tok, &text, opts.block)?;
         let start = RunState::fresh(&plan, opts.seed).map_err(js_error)?;
         Trainer::build(&opts, settings, tok, tokens, plan, start).await
@@ -192,7 +192,8 @@ impl Trainer {
         if opts.iters_given {
             settings.iters = opts.iters;
         }
-        let plan = settings.plan(ck.config, opts.recompute).map_err(js_error)?;
+        settings.recompute = opts.recompute;
+        let plan = settings.plan(ck.config).map_err(js_error)?;
         let tokens = tokenize(&tok, &text, ck.config.block_size)?;
         let start = RunState { params: ck.params, moments, step, rng };
         let mut trainer = Trainer::build(&opts, settings, tok, tokens, plan, start).await?;

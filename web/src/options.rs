@@ -1,7 +1,7 @@
 //! The options object `Trainer.create` takes: `alpha-native train`'s flags in camelCase,
 //! every field optional, the defaults `alpha_core::run::DEFAULT`'s.
 
-use alpha_core::checkpoint::TrainSettings;
+use alpha_core::checkpoint::{SavePolicy, TrainSettings};
 use alpha_core::run::{Cadence, DEFAULT};
 use alpha_core::GptConfig;
 use serde::{Deserialize, Serialize};
@@ -237,6 +237,15 @@ impl Options {
             grad_accum: r.grad_accum,
             seed: r.seed,
             dropout: r.dropout,
+            recompute: r.recompute,
+            eval_interval: r.eval_interval,
+            eval_iters: r.eval_iters,
+            sample_interval: r.sample_interval,
+            checkpoint_interval: r.checkpoint_interval,
+            log_interval: r.log_interval,
+            save: SavePolicy::Always,
+            keep: 1,
+            async_checkpoint: false,
         }
     }
 }

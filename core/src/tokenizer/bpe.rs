@@ -109,8 +109,10 @@ struct Scratch {
     heap: BinaryHeap<Reverse<(u32, u32)>>,
 }
 
-/// How many added tokens a tokenizer may have before their automaton is kept compact.
+/// How many added tokens (and bytes of them) a tokenizer may have before their automaton is
+/// kept compact.
 const MANY_ADDED: usize = 4096;
+const MANY_ADDED_BYTES: usize = 256 << 10;
 
 /// Finds added tokens in a text with one automaton (Aho-Corasick): one pass over the text
 /// whatever their number. Where several match, the first to start wins, the longest among
@@ -130,9 +132,11 @@ impl AddedMatcher {
         if tokens.clone().any(str::is_empty) {
             return Err(BpeError("an added token is empty".into()));
         }
-        // Beyond a few thousand tokens the automaton stays in its first, compact form (its
-        // faster forms would cost several times the tokens' own size to build).
-        let kind = (tokens.len() > MANY_ADDED).then_some(AhoCorasickKind::NoncontiguousNFA);
+        // Beyond a few thousand tokens (or a few hundred KB of them) the automaton stays in
+        // its first, compact form: its faster forms would cost several times the tokens' own
+        // size to build, a DFA hundreds of times.
+        let bytes: usize = tokens.clone().map(str::len).sum();
+        let kind = (tokens.len() > MANY_ADDED || bytes > MANY_ADDED_BYTES).then_some(AhoCorasickKind::NoncontiguousNFA);
         let automaton = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
             .kind(kind)
