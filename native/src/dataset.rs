@@ -7,7 +7,8 @@
 //! shards (a 256 x int32 header: magic 20240520, version 1, token count; then `uint16` ids).
 
 use crate::device::thread_pool;
-use crate::fsutil::{open_regular, read_regular_string, write_atomic};
+use crate::fsutil::{open_regular, read_regular_string, temp_path, write_atomic};
+use crate::interrupt::Interrupt;
 use crate::tokenizer::bar;
 use alpha_core::data::Segment;
 use alpha_core::parallel::{Parallel, ThreadPool};
@@ -249,6 +250,14 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
     let pool = thread_pool(args.threads)?;
     // Every token goes to one temporary file; its tail becomes val.bin at the end.
     let all_path = args.out.join(format!(".tokens.tmp-{}", std::process::id()));
+    // Ctrl-C or SIGTERM stops it after the block it is on, a second one at once: either way
+    // the temporary files go and nothing in --out changes.
+    let first = "stopping: prepare ends after this block and writes nothing (a second Ctrl-C or SIGTERM stops it at once)";
+    let interrupt = Interrupt::install(Some(first.into()))?;
+    for temp in [Some(all_path.clone()), temp_path(&val_path)].into_iter().flatten() {
+        interrupt.remove_on_stop(temp);
+    }
+    interrupt.set_kept(format!("nothing was written to {}", args.out.display()));
     let result = (|| {
         let file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&all_path);
         let mut all = BufWriter::with_capacity(1 << 22, file.map_err(|e| format!("cannot write {}: {e}", all_path.display()))?);
@@ -256,6 +265,9 @@ pub fn prepare(args: &PrepareArgs) -> Result<(), String> {
         let mut tokens = 0u64;
         for path in &args.data {
             read_documents(path, &bpe, &|n| reading.inc(n), &mut |docs, continues, ends| {
+                if interrupt.requested() {
+                    return Err(format!("interrupted: nothing was written to {}", args.out.display()));
+                }
                 // A part of a text file that does not end it gets no end-of-text token.
                 let ids = encode_documents(&bpe, &pool, docs, continues, ends.then_some(eot));
                 tokens += ids.len() as u64;

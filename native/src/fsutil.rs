@@ -63,8 +63,7 @@ pub fn read_regular_string(path: &Path) -> io::Result<String> {
 pub fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
     check_replaceable(path)?;
     let dir = parent_dir(path);
-    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
-    let tmp = dir.join(format!("{}{}", temp_prefix(&name.to_string_lossy()), std::process::id()));
+    let tmp = temp_path(path).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
     let result = (|| {
         let mut f = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
         fill(&mut f)?;
@@ -78,6 +77,13 @@ pub fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut dyn Write) -> io::R
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// The temporary file this process writes `path` through (see [`write_atomic_with`]):
+/// `.NAME.tmp-PID` beside it; `None` for a path without a file name.
+pub fn temp_path(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?;
+    Some(parent_dir(path).join(format!("{}{}", temp_prefix(&name.to_string_lossy()), std::process::id())))
 }
 
 /// Writes `bytes` to `path` atomically (see [`write_atomic_with`]).

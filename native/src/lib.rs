@@ -16,6 +16,7 @@ pub mod fsutil;
 pub mod hf_model;
 pub mod hugepages;
 pub mod info;
+pub mod interrupt;
 pub mod memory;
 pub mod peak;
 pub mod ranks;

@@ -7,7 +7,8 @@ use crate::corpus;
 use crate::dataset::{self, Dataset};
 use crate::device::DeviceArgs;
 use crate::engine::{Engine, Placement, StepError};
-use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, write_atomic, RunLock};
+use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, temp_path, write_atomic, RunLock};
+use crate::interrupt::Interrupt;
 use crate::ranks::{fingerprint, fingerprint_text, fingerprint_tokens, Group};
 use crate::runfile::{self, RUN_FILE};
 use crate::step::Phases;
@@ -27,8 +28,6 @@ use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Flags of `alpha-native train` (nanoGPT's names; defaults are its Shakespeare-char CPU run).
@@ -507,6 +506,8 @@ struct SaveTarget {
     keep: usize,
     /// What the run keeps if this save is refused (for the message).
     kept: String,
+    /// Told what is kept once the checkpoint is written.
+    interrupt: Interrupt,
 }
 
 impl SaveTarget {
@@ -517,6 +518,7 @@ impl SaveTarget {
             SaveError::NonFinite { .. } => format!("not saving step {step}: {e}; {}. Try a lower --lr or a smaller --grad-clip", self.kept),
             other => other.to_string(),
         })?;
+        self.interrupt.set_kept(format!("the last good checkpoint ({}, step {step}) is kept", self.path.display()));
         keep_last(&self.path, step, self.keep)
     }
 }
@@ -806,15 +808,14 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         write_atomic(&files.run_file, resolved.as_bytes()).map_err(|e| format!("cannot write {}: {e}", files.run_file.display()))?;
     }
 
-    let interrupted = Arc::new(AtomicBool::new(false));
-    {
-        let flag = Arc::clone(&interrupted);
-        // A second Ctrl-C exits at once; the checkpoint on disk is always a whole one.
-        let _ = ctrlc::set_handler(move || {
-            if flag.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-        });
+    // Ctrl-C and SIGTERM (on every rank under mpirun): the run stops at the end of its step and
+    // saves; a second signal stops it at once, the checkpoint on disk a whole one.
+    let first = "stopping: the run saves at the end of this step (a second Ctrl-C or SIGTERM stops it at once)";
+    let interrupt = Interrupt::install(root.then(|| first.to_string()))?;
+    if root {
+        for file in [ckpt_path, &files.run_file] {
+            interrupt.remove_on_stop(temp_path(file).expect("the outputs have file names"));
+        }
     }
 
     let console = Console::new(s.iters, start_step, root);
@@ -863,6 +864,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         Some(at) if ckpt_path.exists() => format!("the last good checkpoint ({}, step {at}) is kept", ckpt_path.display()),
         _ => "no checkpoint was written".into(),
     };
+    interrupt.set_kept(kept(None));
     let diverged = |e: StepError, last_saved: Option<u64>| match e {
         StepError::Diverged(msg) => format!("training diverged at {msg}; {}. Try a lower --lr or a smaller --grad-clip", kept(last_saved)),
         StepError::Device(msg) => msg,
@@ -893,7 +895,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         let loss_scale = engine.loss_scale()?;
         let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone(), best_val_loss, loss_scale };
         finish_pending()?;
-        let target = SaveTarget { path: ckpt_path.to_path_buf(), config: run.config, keep: s.keep, kept: kept(last_saved) };
+        let target = SaveTarget { path: ckpt_path.to_path_buf(), config: run.config, keep: s.keep, kept: kept(last_saved), interrupt: interrupt.clone() };
         if !s.async_checkpoint {
             return target.write(&tokenizer, &params, &m, &v, &state);
         }
@@ -949,7 +951,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                 metrics.write(json!({"type": "sample", "step": step, "text": text}))?;
             }
             Action::Finish => break Ok(false),
-            Action::Train { .. } if group.any(interrupted.load(Ordering::SeqCst)) => break Ok(true),
+            Action::Train { .. } if group.any(interrupt.requested()) => break Ok(true),
             Action::Train { log } => {
                 let done = step + 1;
                 let report = match engine.step(train_tokens, trace.as_mut(), log) {

@@ -233,3 +233,33 @@ fn prepare_refuses_an_empty_validation_split_and_lone_surrogates() {
         "line 3 is not JSON: column 18: a \\u escape of a lone UTF-16 surrogate",
     );
 }
+
+/// Ctrl-C or SIGTERM stops `prepare` after the block it is tokenizing, a second signal at
+/// once: either way its temporary file is gone and nothing is written to --out.
+#[test]
+fn prepare_stopped_by_a_signal_writes_nothing_and_leaves_no_temporary_file() {
+    let dir = workdir("dataset-signal");
+    tokenizer(&dir);
+    let corpus = include_str!("../../data/shakespeare.txt");
+    fs::write(dir.join("big.txt"), corpus.repeat(20)).unwrap();
+    for (signals, code) in [(&["TERM"][..], 1), (&["TERM", "INT"][..], 130)] {
+        let out = format!("ds-{}", signals.len());
+        let child = std::process::Command::new(BIN)
+            .args(["prepare", "--data", "big.txt", "--tokenizer", "tok.json", "--out", &out])
+            .current_dir(&dir)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        for signal in signals {
+            assert!(std::process::Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap().success());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{err}");
+        assert!(err.contains(&format!("nothing was written to {out}")), "{err}");
+        let left: Vec<_> = fs::read_dir(dir.join(&out)).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

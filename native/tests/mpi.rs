@@ -244,6 +244,62 @@ fn a_dead_rank_stops_the_run() {
     assert!(json_of(&o)["loss"].as_f64().unwrap().is_finite());
 }
 
+/// SIGTERM stops a run of ranks as it stops one process: every rank finishes the same step,
+/// rank 0 saves, and the job exits 0, whether the scheduler signals each rank (as Slurm's
+/// scancel does) or mpirun (which passes it on to the ranks after Open MPI's
+/// odls_base_sigkill_timeout, 1 s, and kills them one timeout later, as the README says; its
+/// own status then reports the signal).
+#[test]
+fn sigterm_stops_every_rank_at_one_step_and_saves() {
+    let dir = workdir("mpi-sigterm");
+    text_file(&dir);
+    let started = |out: &str, mpi_options: &[&str]| {
+        // Few lines: mpirun stops forwarding the ranks' output once it is signalled.
+        let args = train_args(&[
+            "--iters",
+            "1000000",
+            "--out",
+            out,
+            "--checkpoint-interval",
+            "0",
+            "--eval-interval",
+            "0",
+            "--sample-interval",
+            "0",
+            "--log-interval",
+            "1000",
+        ]);
+        let job = mpirun(&dir, 2, mpi_options, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let lock = dir.join(out).join("train.lock");
+        let since = Instant::now();
+        while !lock.exists() {
+            assert!(since.elapsed() < Duration::from_secs(60), "the run did not start within 60 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        job
+    };
+    let saved_step = |out: &str| alpha_native::checkpoint::load(&dir.join(out).join("ckpt.safetensors")).unwrap().optimizer.unwrap().2.step;
+    let term = |pid: u32| assert!(Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
+
+    let job = started("ranks", &[]);
+    for rank in 0..2 {
+        term(rank_pid(&dir, rank));
+    }
+    let o = job.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let step = saved_step("ranks");
+    assert!(step > 0 && stdout(&o).contains(&format!("interrupted: checkpoint at step {step} saved to ranks/ckpt.safetensors")), "{}", stdout(&o));
+
+    let job = started("launcher", &[]);
+    term(job.id());
+    let o = job.wait_with_output().unwrap();
+    let step = saved_step("launcher");
+    assert!(step > 0 && stdout(&o).contains(&format!("interrupted: checkpoint at step {step} saved to launcher/ckpt.safetensors")), "{}", stdout(&o));
+    let left: Vec<String> = std::fs::read_dir(dir.join("launcher")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(left.iter().all(|f| !f.contains(".tmp-")), "{left:?}");
+}
+
 /// The process id of the alpha-native process running in `dir` as rank `rank` (its
 /// environment says which).
 fn rank_pid(dir: &Path, rank: usize) -> u32 {

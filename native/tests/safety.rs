@@ -300,6 +300,53 @@ fn a_resume_keeps_the_runs_own_settings() {
     assert_eq!((last.step, last.settings.save, last.settings.eval_interval, last.settings.log_interval), (90, checkpoint::SavePolicy::Always, 0, 7));
 }
 
+/// Sends `signal` (e.g. "TERM") to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    assert!(Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().unwrap().success());
+}
+
+/// SIGTERM, as schedulers stop jobs, is Ctrl-C: the run saves at the end of its step and exits
+/// 0, saying where. A second signal stops it at once (status 130): the temporary file of a
+/// write in progress is removed and the run says which checkpoint is kept.
+#[test]
+fn sigterm_saves_the_run_and_a_second_signal_stops_it_at_once() {
+    let dir = workdir("sigterm");
+    text_file(&dir);
+    // About a third of a second per step on one thread.
+    let model = ["--layers", "2", "--heads", "2", "--embd", "128", "--block", "128", "--batch", "32", "--threads", "1"];
+    let start = |args: &[&str]| Command::new(BIN).args(args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut first = [&["train", "--data", "text.txt", "--out", "out", "--iters", "100000", "--log-interval", "1"][..], &model, QUIET].concat();
+    first.extend(["--checkpoint-interval", "0"]);
+    let child = start(&first);
+    let lock = dir.join("out/train.lock");
+    while !lock.exists() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(child.id(), "TERM");
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("stopping: the run saves at the end of this step"), "{o:?}");
+    let out = stdout(&o);
+    let step = checkpoint::load(&dir.join("out/ckpt.safetensors")).unwrap().optimizer.unwrap().2.step;
+    assert!(step > 0 && out.contains(&format!("interrupted: checkpoint at step {step} saved to out/ckpt.safetensors")), "{out}");
+
+    // Resumed, then stopped twice in one step, while (as far as it knows) a save is under way.
+    let child = start(&["train", "--resume", "out/ckpt.safetensors", "--iters", "100000", "--threads", "1"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let temp = dir.join(format!("out/.ckpt.safetensors.tmp-{}", child.id()));
+    fs::write(&temp, b"half a checkpoint").unwrap();
+    signal(child.id(), "TERM");
+    std::thread::sleep(Duration::from_millis(20));
+    signal(child.id(), "INT");
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains(&format!("interrupted again: stopped at once; the last good checkpoint (out/ckpt.safetensors, step {step}) is kept")), "{err}");
+    assert!(!temp.exists(), "the temporary file was left");
+    assert_eq!(checkpoint::load(&dir.join("out/ckpt.safetensors")).unwrap().optimizer.unwrap().2.step, step);
+}
+
 /// SIGKILL at any moment leaves no stray temporary file once the next run in the directory
 /// starts (the killed run's `.ckpt.safetensors.tmp-PID`).
 #[test]
