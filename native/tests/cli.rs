@@ -82,9 +82,28 @@ fn bad_training_input_is_a_clear_error() {
     assert!(!dir.join("never").exists());
     check(&["--data", "text.txt", "--grad-accum", "0"], "--grad-accum must be at least 1");
     check(&["--data", "text.txt", "--lr=-1"], "--lr must be a positive number");
+    // A negative number after a flag is its value, judged by the flag's range.
+    check(&["--data", "text.txt", "--lr", "-1"], "--lr must be a positive number, got -1");
     check(&["--data", "text.txt", "--beta2", "1"], "--beta1 and --beta2 must be below 1");
     check(&["--data", "text.txt", "--dropout", "1"], "--dropout must be at least 0 and below 1");
     check(&["--data", "text.txt", "--resume", "missing.safetensors"], "cannot read checkpoint missing.safetensors");
+}
+
+/// A command line missing required arguments names them, on one line (status 2).
+#[test]
+fn missing_arguments_are_named() {
+    let dir = workdir("missing-args");
+    for (args, names) in [
+        (&["sample"][..], "--checkpoint <FILE|DIR|NAME>"),
+        (&["eval", "--checkpoint", "x"], "--text <FILE>"),
+        (&["report", "--out", "x"], "--metrics <FILE>"),
+        (&["prepare", "--data", "x"], "--tokenizer <PATH>, --out <DIR>"),
+    ] {
+        let o = run(&dir, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.trim_end().lines().count() == 1 && err.contains(&format!("not provided: {names} (see --help)")), "{args:?}: {err:?}");
+    }
 }
 
 #[test]

@@ -252,7 +252,8 @@ fn prepare_stopped_by_a_signal_writes_nothing_and_leaves_no_temporary_file() {
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(700));
         for signal in signals {
-            assert!(std::process::Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap().success());
+            let kill = format!("kill -{signal} {}", child.id());
+            assert!(std::process::Command::new("sh").args(["-c", &kill]).status().unwrap().success());
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let o = child.wait_with_output().unwrap();
