@@ -195,6 +195,33 @@ struct TokenizerFile<'a> {
     decoder: Value,
 }
 
+/// A model's fields but its vocabulary and merges (skipped unread), as JSON.
+struct ModelHead(Value);
+
+impl<'de> Deserialize<'de> for ModelHead {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = ModelHead;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("a model object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<ModelHead, M::Error> {
+                let mut head = Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "vocab" || key == "merges" {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    } else {
+                        head.insert(key, map.next_value()?);
+                    }
+                }
+                Ok(ModelHead(Value::Object(head)))
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
 /// A BPE model's vocabulary and merges.
 #[derive(Deserialize)]
 struct BpeModel<'a> {
@@ -222,8 +249,7 @@ fn adds_nothing(template: &Value) -> bool {
 pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
     let root: TokenizerFile<'_> = serde_json::from_str(json).map_err(|e| BpeError(format!("tokenizer.json is not valid JSON: {e}")))?;
     let Some(model_text) = root.model else { return Err(error("the file has no model")) };
-    let model: Value = parse::<Map<String, Value>>(model_text.get(), "the model")
-        .map(|m| m.into_iter().filter(|(k, _)| k != "vocab" && k != "merges").collect::<Map<_, _>>().into())?;
+    let model = parse::<ModelHead>(model_text.get(), "the model")?.0;
     match kind(&model, "model")? {
         Some("BPE") => {}
         Some(other) => return Err(error(format_args!("the model is {other}"))),
