@@ -149,9 +149,9 @@ impl Series {
 
 /// A run's metrics records in bounded memory, whatever the run's length: what the report and
 /// the live dashboard draw (www/report.js). The first `start` record (it describes the run; a
-/// resumed run appends others), the `train` and `eval` series (each thinned evenly past
-/// [`SERIES_KEPT`] records, see [`Series`]) and the latest [`SAMPLES_KEPT`] samples; other
-/// records (saves) are not drawn and not kept. Lines that are not JSON objects with a `type`
+/// resumed run appends others), the `train` and `eval` series (each thinned evenly past 2048
+/// records, the latest always kept, the f16 skipped-step counts carried exactly) and the latest
+/// 16 samples; other records (saves) are not drawn and not kept. Lines that are not JSON objects with a `type`
 /// (a run killed while writing one, or anything else) are skipped and counted.
 #[derive(Default)]
 pub struct RunRecords {

@@ -6,7 +6,7 @@
 //!
 //! The training loop only adds each record to the shared set (a short lock). Each viewer's
 //! connection is served by a thread of its own, at most [`MAX_VIEWERS`] at once (more are
-//! answered `503` at once), and its request must arrive whole within [`REQUEST_DEADLINE`]:
+//! answered `503` at once), and its request must arrive whole within 2 seconds:
 //! a slow or idle client holds only its own thread, never the run or another viewer. Bound to
 //! the loopback, only requests whose `Host` names the loopback are answered (a page of another
 //! site cannot read the run through DNS rebinding).
