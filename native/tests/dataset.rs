@@ -241,7 +241,7 @@ fn prepare_stopped_by_a_signal_writes_nothing_and_leaves_no_temporary_file() {
     let dir = workdir("dataset-signal");
     tokenizer(&dir);
     let corpus = include_str!("../../data/shakespeare.txt");
-    fs::write(dir.join("big.txt"), corpus.repeat(20)).unwrap();
+    fs::write(dir.join("big.txt"), corpus.repeat(40)).unwrap();
     for (signals, code) in [(&["TERM"][..], 1), (&["TERM", "INT"][..], 130)] {
         let out = format!("ds-{}", signals.len());
         let child = std::process::Command::new(BIN)
@@ -251,11 +251,9 @@ fn prepare_stopped_by_a_signal_writes_nothing_and_leaves_no_temporary_file() {
             .spawn()
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(700));
-        for signal in signals {
-            let kill = format!("kill -{signal} {}", child.id());
-            assert!(std::process::Command::new("sh").args(["-c", &kill]).status().unwrap().success());
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        // Two signals are sent back to back, before the block in hand can end.
+        let kill: Vec<String> = signals.iter().map(|signal| format!("kill -{signal} {}", child.id())).collect();
+        assert!(std::process::Command::new("sh").args(["-c", &kill.join("; ")]).status().unwrap().success());
         let o = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(code), "{err}");

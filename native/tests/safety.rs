@@ -305,6 +305,11 @@ fn signal(pid: u32, signal: &str) {
     assert!(Command::new("sh").args(["-c", &format!("kill -{signal} {pid}")]).status().unwrap().success());
 }
 
+/// Sends SIGTERM and then SIGINT to process `pid` back to back (one shell, two kills).
+fn signal_twice(pid: u32) {
+    assert!(Command::new("sh").args(["-c", &format!("kill -TERM {pid}; kill -INT {pid}")]).status().unwrap().success());
+}
+
 /// SIGTERM, as schedulers stop jobs, is Ctrl-C: the run saves at the end of its step and exits
 /// 0, saying where. A second signal stops it at once (status 130): the temporary file of a
 /// write in progress is removed and the run says which checkpoint is kept.
@@ -336,9 +341,8 @@ fn sigterm_saves_the_run_and_a_second_signal_stops_it_at_once() {
     std::thread::sleep(Duration::from_millis(1500));
     let temp = dir.join(format!("out/.ckpt.safetensors.tmp-{}", child.id()));
     fs::write(&temp, b"half a checkpoint").unwrap();
-    signal(child.id(), "TERM");
-    std::thread::sleep(Duration::from_millis(20));
-    signal(child.id(), "INT");
+    // Two signals back to back, within the step in hand.
+    signal_twice(child.id());
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(130), "{err}");
