@@ -31,180 +31,136 @@ pub fn elements(bytes: u64) -> usize {
     usize::try_from(bytes / ELEMENT_BYTES as u64).unwrap_or(usize::MAX)
 }
 
-/// A WGSL entry point.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kernel {
-    /// Tiled GEMM with epilogues (matmul.wgsl).
-    Matmul,
-    /// The same GEMM over 128 x 128 tiles, for large products (matmul.wgsl).
-    MatmulWide,
-    /// `MatmulWide` on the tensor cores, in its place on a device opened with them
-    /// (matmul_tensor.wgsl; see [`Gpu::tensor_cores`]).
-    MatmulTensor,
-    /// GELU backward and bias column sums (matmul.wgsl).
-    BiasGrad,
-    /// Finishes column sums from row-block partials (row_blocks.wgsl).
-    AddPartials,
-    /// LayerNorm forward (layernorm.wgsl).
-    LayerNormForward,
-    /// LayerNorm input gradient (layernorm.wgsl).
-    LayerNormBackward,
-    /// LayerNorm weight/bias gradient partials (layernorm.wgsl).
-    LayerNormParamPartials,
-    /// Causal attention forward (attention.wgsl).
-    AttentionForward,
-    /// Row deltas for attention backward (attention.wgsl).
-    AttentionDelta,
-    /// Attention dQ (attention.wgsl).
-    AttentionBackwardQ,
-    /// Attention dK, dV (attention.wgsl).
-    AttentionBackwardKv,
-    /// One token's attention against the KV cache (attention.wgsl).
-    AttentionDecode,
-    /// Token + position embedding (embedding.wgsl).
-    EmbeddingForward,
-    /// Token embedding gradient (embedding.wgsl).
-    EmbeddingBackwardWte,
-    /// Position embedding gradient (embedding.wgsl).
-    EmbeddingBackwardWpe,
-    /// Fused softmax cross-entropy (cross_entropy.wgsl).
-    CrossEntropy,
-    /// Loss sum into the statistics buffer (cross_entropy.wgsl).
-    SumLosses,
-    /// Σ x² per chunk (grad_norm.wgsl).
-    SumSquaresPartials,
-    /// Σ of the chunks (grad_norm.wgsl).
-    SumSquaresFinish,
-    /// AdamW with clip (adamw.wgsl).
-    AdamW,
-    /// The dynamic loss scale's update after AdamW, under f16 products (adamw.wgsl).
-    LossScaleUpdate,
-    /// Dropout before a residual add, and its backward (dropout.wgsl).
-    Dropout,
-    /// The f16 copy of the weights that the products read, under f16 precision (adamw.wgsl).
-    HalfWeights,
-}
-
 /// Which tensors of a dispatch are f16: bit `i` for binding `i + 1`.
 pub type HalfSlots = u8;
 
-/// The f16 patterns each kernel is compiled for beside all-f32, on a device with f16
-/// precision: the products read f16 activations (binding 1, forward) and weight copies or
-/// activations (binding 2) and write qkv and the GELU output as f16 (binding 3); LayerNorm
-/// and attention write their outputs as f16 (binding 1), attention reads qkv as f16 (binding
-/// 2) and its delta pass reads its output (binding 3).
-pub const HALF_VARIANTS: [(Kernel, HalfSlots); 16] = [
-    (Kernel::Matmul, 0b011),
-    (Kernel::Matmul, 0b111),
-    (Kernel::Matmul, 0b010),
-    (Kernel::MatmulWide, 0b011),
-    (Kernel::MatmulWide, 0b111),
-    (Kernel::MatmulWide, 0b010),
-    (Kernel::MatmulTensor, 0b011),
-    (Kernel::MatmulTensor, 0b111),
-    (Kernel::MatmulTensor, 0b010),
-    (Kernel::LayerNormForward, 0b001),
-    (Kernel::AttentionForward, 0b011),
-    (Kernel::AttentionDecode, 0b011),
-    (Kernel::AttentionDelta, 0b100),
-    (Kernel::AttentionBackwardQ, 0b010),
-    (Kernel::AttentionBackwardKv, 0b010),
-    (Kernel::HalfWeights, 0b010),
-];
+/// Declares each WGSL file once: its name and the files compiled together (`common.wgsl` in
+/// front of all).
+macro_rules! shaders {
+    ($($shader:ident => [$($file:literal),+]),* $(,)?) => {
+        /// The WGSL files, each compiled with `common.wgsl` in front.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        enum Shader {
+            $($shader,)*
+        }
 
-/// The WGSL files, each compiled with `common.wgsl` in front.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Shader {
-    Matmul,
-    MatmulTensor,
-    RowBlocks,
-    LayerNorm,
-    Attention,
-    Embedding,
-    CrossEntropy,
-    GradNorm,
-    AdamW,
-    Dropout,
+        impl Shader {
+            fn source(self) -> &'static str {
+                match self {
+                    $(Shader::$shader => concat!($(include_str!(concat!("../../shaders/", $file)), "\n"),+),)*
+                }
+            }
+
+            /// Its file's name (the last of those compiled together), for messages.
+            fn name(self) -> &'static str {
+                match self {
+                    $(Shader::$shader => [$($file),+][[$($file),+].len() - 1],)*
+                }
+            }
+        }
+    };
 }
 
-impl Shader {
-    fn source(self) -> &'static str {
-        match self {
-            Shader::Matmul => include_str!("../../shaders/matmul.wgsl"),
-            Shader::MatmulTensor => concat!(include_str!("../../shaders/matmul.wgsl"), "\n", include_str!("../../shaders/matmul_tensor.wgsl")),
-            Shader::RowBlocks => include_str!("../../shaders/row_blocks.wgsl"),
-            Shader::LayerNorm => include_str!("../../shaders/layernorm.wgsl"),
-            Shader::Attention => include_str!("../../shaders/attention.wgsl"),
-            Shader::Embedding => include_str!("../../shaders/embedding.wgsl"),
-            Shader::CrossEntropy => include_str!("../../shaders/cross_entropy.wgsl"),
-            Shader::GradNorm => include_str!("../../shaders/grad_norm.wgsl"),
-            Shader::AdamW => include_str!("../../shaders/adamw.wgsl"),
-            Shader::Dropout => include_str!("../../shaders/dropout.wgsl"),
-        }
-    }
+shaders! {
+    Matmul => ["matmul.wgsl"],
+    MatmulTensor => ["matmul.wgsl", "matmul_tensor.wgsl"],
+    RowBlocks => ["row_blocks.wgsl"],
+    LayerNorm => ["layernorm.wgsl"],
+    Attention => ["attention.wgsl"],
+    Embedding => ["embedding.wgsl"],
+    CrossEntropy => ["cross_entropy.wgsl"],
+    GradNorm => ["grad_norm.wgsl"],
+    AdamW => ["adamw.wgsl"],
+    Dropout => ["dropout.wgsl"],
 }
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
-impl Kernel {
-    /// Every kernel, in declaration order.
-    pub const ALL: [Kernel; 24] = [
-        Kernel::Matmul,
-        Kernel::MatmulWide,
-        Kernel::MatmulTensor,
-        Kernel::BiasGrad,
-        Kernel::AddPartials,
-        Kernel::LayerNormForward,
-        Kernel::LayerNormBackward,
-        Kernel::LayerNormParamPartials,
-        Kernel::AttentionForward,
-        Kernel::AttentionDelta,
-        Kernel::AttentionBackwardQ,
-        Kernel::AttentionBackwardKv,
-        Kernel::AttentionDecode,
-        Kernel::EmbeddingForward,
-        Kernel::EmbeddingBackwardWte,
-        Kernel::EmbeddingBackwardWpe,
-        Kernel::CrossEntropy,
-        Kernel::SumLosses,
-        Kernel::SumSquaresPartials,
-        Kernel::SumSquaresFinish,
-        Kernel::AdamW,
-        Kernel::LossScaleUpdate,
-        Kernel::Dropout,
-        Kernel::HalfWeights,
-    ];
-
-    /// (shader file, entry point, tensors bound).
-    fn spec(self) -> (Shader, &'static str, usize) {
-        match self {
-            Kernel::Matmul => (Shader::Matmul, "matmul", 5),
-            Kernel::MatmulWide => (Shader::Matmul, "matmul_wide", 5),
-            Kernel::MatmulTensor => (Shader::MatmulTensor, "matmul_tensor", 5),
-            Kernel::BiasGrad => (Shader::Matmul, "bias_grad", 3),
-            Kernel::AddPartials => (Shader::RowBlocks, "add_partials", 3),
-            Kernel::LayerNormForward => (Shader::LayerNorm, "layernorm_forward", 6),
-            Kernel::LayerNormBackward => (Shader::LayerNorm, "layernorm_backward", 6),
-            Kernel::LayerNormParamPartials => (Shader::LayerNorm, "layernorm_param_partials", 5),
-            Kernel::AttentionForward => (Shader::Attention, "attention_forward", 6),
-            Kernel::AttentionDelta => (Shader::Attention, "attention_delta", 3),
-            Kernel::AttentionBackwardQ => (Shader::Attention, "attention_backward_q", 6),
-            Kernel::AttentionBackwardKv => (Shader::Attention, "attention_backward_kv", 6),
-            Kernel::AttentionDecode => (Shader::Attention, "attention_decode", 6),
-            Kernel::EmbeddingForward => (Shader::Embedding, "embedding_forward", 5),
-            Kernel::EmbeddingBackwardWte => (Shader::Embedding, "embedding_backward_wte", 4),
-            Kernel::EmbeddingBackwardWpe => (Shader::Embedding, "embedding_backward_wpe", 2),
-            Kernel::CrossEntropy => (Shader::CrossEntropy, "cross_entropy", 4),
-            Kernel::SumLosses => (Shader::CrossEntropy, "sum_losses", 2),
-            Kernel::SumSquaresPartials => (Shader::GradNorm, "sum_squares_partials", 2),
-            Kernel::SumSquaresFinish => (Shader::GradNorm, "sum_squares_finish", 2),
-            Kernel::AdamW => (Shader::AdamW, "adamw", 5),
-            Kernel::LossScaleUpdate => (Shader::AdamW, "loss_scale_update", 1),
-            Kernel::Dropout => (Shader::Dropout, "dropout", 4),
-            Kernel::HalfWeights => (Shader::AdamW, "half_weights", 2),
+/// Declares each kernel once: its doc, WGSL file, entry point, the tensors it binds, and the
+/// f16 patterns it is compiled for beside all-f32 (on a device with f16 precision). The enum,
+/// [`Kernel::ALL`], its spec and [`HALF_VARIANTS`] follow from this one table.
+macro_rules! kernels {
+    ($($(#[doc = $doc:literal])* $kernel:ident => ($shader:ident, $entry:literal, $tensors:literal $(, f16: [$($half:literal),*])?)),* $(,)?) => {
+        /// A WGSL entry point.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Kernel {
+            $($(#[doc = $doc])* $kernel,)*
         }
-    }
 
+        impl Kernel {
+            /// Every kernel, in declaration order.
+            pub const ALL: &'static [Kernel] = &[$(Kernel::$kernel),*];
+
+            /// (shader file, entry point, tensors bound).
+            fn spec(self) -> (Shader, &'static str, usize) {
+                match self {
+                    $(Kernel::$kernel => (Shader::$shader, $entry, $tensors),)*
+                }
+            }
+        }
+
+        /// The f16 patterns each kernel is compiled for beside all-f32, on a device with f16
+        /// precision: the products read f16 activations (binding 1, forward) and weight copies
+        /// or activations (binding 2) and write qkv and the GELU output as f16 (binding 3);
+        /// LayerNorm and attention write their outputs as f16 (binding 1), attention reads qkv
+        /// as f16 (binding 2) and its delta pass reads its output (binding 3).
+        pub const HALF_VARIANTS: &[(Kernel, HalfSlots)] = &[$($($((Kernel::$kernel, $half),)*)?)*];
+    };
+}
+
+kernels! {
+    /// Tiled GEMM with epilogues (matmul.wgsl).
+    Matmul => (Matmul, "matmul", 5, f16: [0b011, 0b111, 0b010]),
+    /// The same GEMM over 128 x 128 tiles, for large products (matmul.wgsl).
+    MatmulWide => (Matmul, "matmul_wide", 5, f16: [0b011, 0b111, 0b010]),
+    /// `MatmulWide` on the tensor cores, in its place on a device opened with them
+    /// (matmul_tensor.wgsl; see [`Gpu::tensor_cores`]).
+    MatmulTensor => (MatmulTensor, "matmul_tensor", 5, f16: [0b011, 0b111, 0b010]),
+    /// GELU backward and bias column sums (matmul.wgsl).
+    BiasGrad => (Matmul, "bias_grad", 3),
+    /// Finishes column sums from row-block partials (row_blocks.wgsl).
+    AddPartials => (RowBlocks, "add_partials", 3),
+    /// LayerNorm forward (layernorm.wgsl).
+    LayerNormForward => (LayerNorm, "layernorm_forward", 6, f16: [0b001]),
+    /// LayerNorm input gradient (layernorm.wgsl).
+    LayerNormBackward => (LayerNorm, "layernorm_backward", 6),
+    /// LayerNorm weight/bias gradient partials (layernorm.wgsl).
+    LayerNormParamPartials => (LayerNorm, "layernorm_param_partials", 5),
+    /// Causal attention forward (attention.wgsl).
+    AttentionForward => (Attention, "attention_forward", 6, f16: [0b011]),
+    /// Row deltas for attention backward (attention.wgsl).
+    AttentionDelta => (Attention, "attention_delta", 3, f16: [0b100]),
+    /// Attention dQ (attention.wgsl).
+    AttentionBackwardQ => (Attention, "attention_backward_q", 6, f16: [0b010]),
+    /// Attention dK, dV (attention.wgsl).
+    AttentionBackwardKv => (Attention, "attention_backward_kv", 6, f16: [0b010]),
+    /// One token's attention against the KV cache (attention.wgsl).
+    AttentionDecode => (Attention, "attention_decode", 6, f16: [0b011]),
+    /// Token + position embedding (embedding.wgsl).
+    EmbeddingForward => (Embedding, "embedding_forward", 5),
+    /// Token embedding gradient (embedding.wgsl).
+    EmbeddingBackwardWte => (Embedding, "embedding_backward_wte", 4),
+    /// Position embedding gradient (embedding.wgsl).
+    EmbeddingBackwardWpe => (Embedding, "embedding_backward_wpe", 2),
+    /// Fused softmax cross-entropy (cross_entropy.wgsl).
+    CrossEntropy => (CrossEntropy, "cross_entropy", 4),
+    /// Loss sum into the statistics buffer (cross_entropy.wgsl).
+    SumLosses => (CrossEntropy, "sum_losses", 2),
+    /// Σ x² per chunk (grad_norm.wgsl).
+    SumSquaresPartials => (GradNorm, "sum_squares_partials", 2),
+    /// Σ of the chunks (grad_norm.wgsl).
+    SumSquaresFinish => (GradNorm, "sum_squares_finish", 2),
+    /// AdamW with clip (adamw.wgsl).
+    AdamW => (AdamW, "adamw", 5),
+    /// The dynamic loss scale's update after AdamW, under f16 products (adamw.wgsl).
+    LossScaleUpdate => (AdamW, "loss_scale_update", 1),
+    /// Dropout before a residual add, and its backward (dropout.wgsl).
+    Dropout => (Dropout, "dropout", 4),
+    /// The f16 copy of the weights that the products read, under f16 precision (adamw.wgsl).
+    HalfWeights => (AdamW, "half_weights", 2, f16: [0b010]),
+}
+
+impl Kernel {
     /// The entry point's name (trace spans use it).
     pub fn name(self) -> &'static str {
         self.spec().1
@@ -331,23 +287,6 @@ fn prelude(shader: Shader, slots: HalfSlots, head_size: usize) -> String {
         text.push_str(&format!("const HS: u32 = {head_size}u;\n"));
     }
     text
-}
-
-impl Shader {
-    fn name(self) -> &'static str {
-        match self {
-            Shader::Matmul => "matmul.wgsl",
-            Shader::MatmulTensor => "matmul_tensor.wgsl",
-            Shader::RowBlocks => "row_blocks.wgsl",
-            Shader::LayerNorm => "layernorm.wgsl",
-            Shader::Attention => "attention.wgsl",
-            Shader::Embedding => "embedding.wgsl",
-            Shader::CrossEntropy => "cross_entropy.wgsl",
-            Shader::GradNorm => "grad_norm.wgsl",
-            Shader::AdamW => "adamw.wgsl",
-            Shader::Dropout => "dropout.wgsl",
-        }
-    }
 }
 
 /// A tensor: `len` elements of `buffer` from element `offset`, f32 (4 bytes each) or, where
@@ -636,7 +575,7 @@ impl Program {
 /// The kernels and f16 patterns a device compiles: every kernel in f32, the f16 patterns
 /// ([`HALF_VARIANTS`]) with `f16` precision, the tensor-core GEMM only with `tensor_cores`.
 pub(crate) fn compiled_variants(f16: bool, tensor_cores: bool) -> impl Iterator<Item = (Kernel, HalfSlots)> {
-    let variants = Kernel::ALL.iter().map(|&k| (k, 0)).chain(HALF_VARIANTS.into_iter().filter(move |_| f16));
+    let variants = Kernel::ALL.iter().map(|&k| (k, 0)).chain(HALF_VARIANTS.iter().copied().filter(move |_| f16));
     variants.filter(move |&(k, _)| k != Kernel::MatmulTensor || tensor_cores)
 }
 
@@ -657,13 +596,6 @@ pub fn rows_grid(cols_groups: usize, rows: usize) -> [u32; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `Kernel::ALL` names every kernel once (each is compiled from it).
-    #[test]
-    fn every_kernel_is_listed_once() {
-        assert!(Kernel::ALL.iter().enumerate().all(|(i, &k)| k as usize == i));
-        assert_eq!(Kernel::ALL.len(), Kernel::HalfWeights as usize + 1);
-    }
 
     /// Every module a device may compile, the f16 variants and the tensor-core GEMM included
     /// (Debian 12's lavapipe has no cooperative matrices; Mesa 26's runs that one, through
