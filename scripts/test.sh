@@ -7,7 +7,8 @@
 #   toolchain, scripts/setup-wasm-toolchain.sh; and pip's `tokenizers` in a virtual environment
 #   under target/ for the tokenizer parity test). Each step is skipped when already done, so a
 #   second run goes straight to the tests. Installing needs root (or sudo).
-#   Then: formatting (cargo fmt --check), unit tests and finite-difference gradient checks,
+#   Then: formatting (cargo fmt --check), no import circles (scripts/module_cycles.py), unit
+#   tests and finite-difference gradient checks,
 #   the zero-allocation test, end-to-end CLI tests (bad input, hostile files and flags, seeded
 #   mutations of every file Alpha reads, out of memory under ulimit, a 10,000-step soak),
 #   cross-crate tests, data parallelism over MPI (mpirun, 2 ranks), every GPU kernel and the
@@ -78,6 +79,10 @@ if cargo fmt --version >/dev/null 2>&1; then
 else
     echo "rustfmt is not installed (rustup component add rustfmt): formatting not checked"
 fi
+
+# No module imports another that imports it back, in any crate (docs/design.md).
+python3 scripts/module_cycles.py --self-test
+python3 scripts/module_cycles.py
 
 cargo test --workspace --profile test-opt
 # The tensor-core GEMM (and every other product) against the CPU on a lavapipe with

@@ -215,7 +215,7 @@ mod adamw_tests {
         adamw_step(&Serial, &plan, AdamWTensors { params: &mut whole, grads: &g, m: &mut m, v: &mut v, shard_start: 0 }, &cfg, 0.01, 3, 0.5);
         let mut sharded = start.clone();
         for rank in 0..3 {
-            let s = crate::train::shard(n, 3, rank);
+            let s = crate::parallel::shard(n, 3, rank);
             let (mut sm, mut sv) = (vec![0.1f32; s.len()], vec![0.2f32; s.len()]);
             let before = sharded.clone();
             let t = AdamWTensors { params: &mut sharded, grads: &g, m: &mut sm, v: &mut sv, shard_start: s.start };

@@ -52,6 +52,18 @@ pub fn split_range(n: usize, parts: usize, i: usize) -> core::ops::Range<usize> 
     start..start + base + usize::from(i < extra)
 }
 
+/// Rank `rank`'s part of `len` values split over `ranks` (ZeRO-1's shards of the parameters,
+/// gradients and AdamW moments): contiguous, in rank order, in whole blocks of
+/// [`SHARD_ALIGN`] values (a GPU binds each shard from an aligned offset) but for the end.
+pub fn shard(len: usize, ranks: usize, rank: usize) -> core::ops::Range<usize> {
+    let blocks = split_range(len.div_ceil(SHARD_ALIGN), ranks, rank);
+    (blocks.start * SHARD_ALIGN).min(len)..(blocks.end * SHARD_ALIGN).min(len)
+}
+
+/// Shards start at multiples of this many values (256 bytes of f32: wgpu's storage binding
+/// offset alignment).
+pub const SHARD_ALIGN: usize = 64;
+
 /// A raw pointer that may be shared between tasks that write disjoint ranges through it.
 #[derive(Clone, Copy)]
 pub(crate) struct SharedMut<T>(pub *mut T);

@@ -498,6 +498,26 @@ impl Plan {
         self.params_len
     }
 
+    /// Training FLOPs per token of the model at the plan's sequence length (nanoGPT's and
+    /// PaLM's count: 6 per parameter, and 12 · layers · T · C for attention), what MFU divides.
+    pub fn flops_per_token(&self) -> f64 {
+        let c = &self.config;
+        6.0 * self.num_params() as f64 + 12.0 * (c.n_layer * self.seq * c.n_embd) as f64
+    }
+
+    /// FLOPs per token that activation checkpointing adds: each block's forward runs again
+    /// before its backward (2 × the blocks' parameters + 4 × layers × T × C); 0 without it.
+    /// Hardware FLOPs (HFU's) are [`Plan::flops_per_token`] plus these.
+    pub fn recomputed_flops_per_token(&self) -> f64 {
+        let c = &self.config;
+        let tables_and_final_norm = (c.vocab_size + c.block_size + 2) * c.n_embd;
+        if self.recompute() {
+            2.0 * (self.params_len() - tables_and_final_norm) as f64 + 4.0 * (c.n_layer * self.seq * c.n_embd) as f64
+        } else {
+            0.0
+        }
+    }
+
     /// The embedding output (residual stream before block 0) `[N, C]`.
     pub fn encoded(&self) -> Span {
         Span { offset: 0, len: self.tokens() * self.config.n_embd }

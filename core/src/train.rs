@@ -7,7 +7,7 @@ use crate::data::{sample_batch, skip_batch, Tokens};
 use crate::float::Float;
 use crate::ops::grad_norm;
 use crate::optim::{adamw_step, AdamWConfig, AdamWTensors, LrSchedule};
-use crate::parallel::{split_range, Parallel, SharedMut};
+use crate::parallel::{shard, split_range, Parallel, SharedMut};
 #[cfg(feature = "alloc")]
 use crate::plan::try_vec;
 use crate::plan::Plan;
@@ -118,18 +118,6 @@ pub trait Ranks<T> {
     /// checkpoint); other ranks pass an empty `all`.
     fn collect_shards(&self, mine: &[T], all: &mut [T]);
 }
-
-/// Rank `rank`'s part of `len` values split over `ranks` (ZeRO-1's shards of the parameters,
-/// gradients and AdamW moments): contiguous, in rank order, in whole blocks of
-/// [`SHARD_ALIGN`] values (a GPU binds each shard from an aligned offset) but for the end.
-pub fn shard(len: usize, ranks: usize, rank: usize) -> core::ops::Range<usize> {
-    let blocks = split_range(len.div_ceil(SHARD_ALIGN), ranks, rank);
-    (blocks.start * SHARD_ALIGN).min(len)..(blocks.end * SHARD_ALIGN).min(len)
-}
-
-/// Shards start at multiples of this many values (256 bytes of f32: wgpu's storage binding
-/// offset alignment).
-pub const SHARD_ALIGN: usize = 64;
 
 /// A process training on its own: the whole step is its.
 pub struct OneRank;

@@ -3,115 +3,14 @@
 //! them; the program is built once and submitted every step.
 
 use crate::context::{Gpu, GpuError};
-use crate::forward::storage;
-use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
+use crate::kernels::{Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
+use crate::memory::{aligned, Activations, BatchSlot, LOSS_SCALE_SLOT};
 use crate::ops;
-use crate::readback::read;
-use crate::trainer::LOSS_SCALE_SLOT;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
 use alpha_core::plan::{Plan, Scratch, Span, ACT_ALIGN};
 use alpha_core::tape::{Op, Pass};
 use alpha_core::walk::{Arena, Executor};
-
-/// `n` rounded up to a whole number of [`ACT_ALIGN`] elements.
-pub(crate) fn aligned(n: usize) -> usize {
-    n.div_ceil(ACT_ALIGN) * ACT_ALIGN
-}
-
-/// Where one micro-batch's data live in a batch buffer (u32 elements): input and target
-/// token ids, for the embedding's backward the rows grouped by token, and its words: the
-/// dropout key (0..4: see [`alpha_core::ops::dropout::DropoutKey::words`]) and, decoding, the
-/// token's position (4).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BatchSlot {
-    pub tokens: Span,
-    pub targets: Span,
-    pub order: Span,
-    pub starts: Span,
-    pub words: Span,
-}
-
-impl BatchSlot {
-    /// Slot `index` for batches of `n` tokens over a vocabulary of `vocab`.
-    pub fn new(index: usize, n: usize, vocab: usize) -> BatchSlot {
-        let base = index * BatchSlot::len(n, vocab);
-        let s = |i: usize, len| Span { offset: base + i * aligned(n), len };
-        let words = Span { offset: base + 3 * aligned(n) + aligned(vocab + 1), len: 8 };
-        BatchSlot { tokens: s(0, n), targets: s(1, n), order: s(2, n), starts: s(3, vocab + 1), words }
-    }
-
-    /// Elements of one slot.
-    pub fn len(n: usize, vocab: usize) -> usize {
-        3 * aligned(n) + aligned(vocab + 1) + ACT_ALIGN
-    }
-}
-
-/// The activation arena on the device: one buffer, or where the arena is larger than the
-/// device's buffers (its `max_buffer_size`), several, each holding whole parts of it
-/// ([`Plan::arena_parts`]), so that every activation lies within one buffer.
-pub(crate) struct Activations {
-    /// Each buffer with the arena element it starts at, in order.
-    buffers: Vec<(usize, wgpu::Buffer)>,
-}
-
-impl Activations {
-    /// The arena elements at which `plan`'s buffers start on `gpu`: its parts in order, a new
-    /// buffer wherever the next part would take the current one past the device's largest.
-    /// An error names a part that no buffer can hold.
-    pub fn starts(gpu: &Gpu, plan: &Plan) -> Result<Vec<usize>, GpuError> {
-        let largest = elements(gpu.limits.max_buffer_size);
-        let mut starts = vec![0];
-        for (part, what) in plan.arena_parts() {
-            gpu.check_size(what, bytes(part.len), false, "the batch, block or model")?;
-            if starts.last().is_some_and(|&start| part.end() - start > largest) {
-                starts.push(part.offset);
-            }
-        }
-        Ok(starts)
-    }
-
-    /// The device buffers of `plan`'s activation arena (see [`Activations::starts`]).
-    pub fn new(gpu: &Gpu, plan: &Plan) -> Result<Activations, GpuError> {
-        let starts = Activations::starts(gpu, plan)?;
-        let ends = starts[1..].iter().copied().chain([plan.acts_len()]);
-        let buffers = starts.iter().zip(ends).map(|(&start, end)| Ok((start, storage(gpu, "activations", end - start)?))).collect::<Result<_, GpuError>>()?;
-        Ok(Activations { buffers })
-    }
-
-    /// The buffer that holds arena element `offset`, and the element's offset in it.
-    pub fn at(&self, offset: usize) -> (&wgpu::Buffer, usize) {
-        let (start, buffer) = &self.buffers[self.buffers.partition_point(|(start, _)| *start <= offset) - 1];
-        (buffer, offset - start)
-    }
-
-    /// Activation `span`, stored as f16 where `half` (see [`Plan::is_half`]).
-    pub fn view(&self, span: Span, half: bool) -> View<'_> {
-        let (buffer, offset) = self.at(span.offset);
-        let local = Span { offset, len: span.len };
-        if half {
-            View::half_span(buffer, local)
-        } else {
-            View::span(buffer, local)
-        }
-    }
-
-    /// Reads `len` elements from arena element `offset` (all in one part).
-    pub async fn read(&self, gpu: &Gpu, offset: usize, len: usize) -> Result<Vec<f32>, GpuError> {
-        let (buffer, at) = self.at(offset);
-        read(gpu, buffer, at, len).await
-    }
-
-    /// Its buffers' bytes.
-    pub fn device_bytes(&self) -> u64 {
-        self.buffers.iter().map(|(_, b)| b.size()).sum()
-    }
-
-    /// How many buffers it takes.
-    pub fn buffers(&self) -> usize {
-        self.buffers.len()
-    }
-}
 
 /// The device buffers a walk reads and writes.
 #[derive(Clone, Copy)]

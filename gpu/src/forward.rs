@@ -1,94 +1,13 @@
-//! [`GpuForward`], a model that only runs forward (evaluation over whole texts, sampling),
-//! and the device memory every GPU model shares: batch slots, checked storage buffers, the
-//! weights' f16 copy.
+//! [`GpuForward`], a model that only runs forward (evaluation over whole texts, sampling).
 
-use crate::context::{Gpu, GpuError, Precision};
-use crate::executor::{Activations, BatchSlot, DeviceArenas, KvCache, Recorder};
-use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
-use crate::layout::{DeviceLayout, PARAM_ALIGN};
-use crate::ops;
+use crate::context::{Gpu, GpuError};
+use crate::executor::{DeviceArenas, KvCache, Recorder};
+use crate::kernels::{Kernels, Program};
+use crate::layout::DeviceLayout;
+use crate::memory::{allocating, device_plan, storage, Activations, BatchSlot, HalfWeights};
 use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
 use alpha_core::plan::{Plan, ACT_ALIGN};
 use alpha_core::{tape, walk, Rng};
-use std::ops::Range;
-
-/// A storage buffer of `elements` 32-bit words (at least one aligned block, in whole 16-byte
-/// vec4s: see `View::binding_len`), checked against the device's limits.
-pub(crate) fn storage(gpu: &Gpu, label: &str, elements: usize) -> Result<wgpu::Buffer, GpuError> {
-    let size = bytes(elements.max(ACT_ALIGN)).checked_next_multiple_of(16).unwrap_or(u64::MAX);
-    gpu.check_size(label, size, false, "the batch, block or model")?;
-    Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    }))
-}
-
-/// `plan` as `gpu` runs it: with the linear layers' inputs stored as f16 under f16 precision
-/// (see [`Plan::with_half_activations`]).
-pub(crate) fn device_plan(gpu: &Gpu, plan: Plan) -> Plan {
-    plan.with_half_activations(gpu.precision == Precision::F16)
-}
-
-/// Under f16 precision, the f16 copy of a parameter arena (device layout) that the products
-/// read, and the program that makes it from the arena: run after every change to the
-/// parameters (an upload; a trainer's update ends with the same dispatches).
-pub(crate) struct HalfWeights {
-    pub buffer: wgpu::Buffer,
-    refresh: Program,
-}
-
-impl HalfWeights {
-    /// A copy of `params` (`len` elements) on a device with f16 precision, `None` on others;
-    /// made by the first [`HalfWeights::refresh`], once the parameters are written.
-    pub fn new(gpu: &Gpu, kernels: &Kernels, params: &wgpu::Buffer, len: usize) -> Result<Option<HalfWeights>, GpuError> {
-        if gpu.precision != Precision::F16 {
-            return Ok(None);
-        }
-        // f16: half as many arena elements (`len` is a multiple of PARAM_ALIGN).
-        HalfWeights::over(gpu, kernels, params, storage(gpu, "parameters' f16 copy", len / 2)?, len).map(Some)
-    }
-
-    /// `buffer` as the copy of `params` (`len` elements), with the program that makes it (a
-    /// model sharing a trainer's copy builds its own).
-    pub fn over(gpu: &Gpu, kernels: &Kernels, params: &wgpu::Buffer, buffer: wgpu::Buffer, len: usize) -> Result<HalfWeights, GpuError> {
-        let mut p = ProgramBuilder::for_gpu(gpu);
-        p.label("f16 weights");
-        HalfWeights::push(gpu, &mut p, params, &buffer, len);
-        let refresh = p.build(gpu, kernels)?;
-        Ok(HalfWeights { buffer, refresh })
-    }
-
-    /// Pushes the dispatches that make `copy` from `params` (`len` elements).
-    pub fn push<'a>(gpu: &Gpu, p: &mut ProgramBuilder<'a>, params: &'a wgpu::Buffer, copy: &'a wgpu::Buffer, len: usize) {
-        let whole = View::first(params, len);
-        ops::adamw::half_weights(p, whole, whole.in_half_copy(copy), &HalfWeights::pieces(gpu, len));
-    }
-
-    /// Binding pieces of `len` elements, each a multiple of [`PARAM_ALIGN`] long (its f16
-    /// part starts aligned).
-    fn pieces(gpu: &Gpu, len: usize) -> Vec<Range<usize>> {
-        let max = elements(gpu.limits.max_storage_buffer_binding_size) / PARAM_ALIGN * PARAM_ALIGN;
-        ops::binding_pieces(len, max)
-    }
-
-    /// Makes the copy again from the parameters (after an upload).
-    pub fn refresh(&self, gpu: &Gpu, kernels: &Kernels) {
-        self.refresh.submit(gpu, kernels);
-    }
-}
-
-/// Runs `make`, which creates device buffers, inside an out-of-memory error scope: a device
-/// that cannot give the memory is an error, not wgpu's panic on an uncaptured error.
-pub(crate) async fn allocating<T>(gpu: &Gpu, make: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
-    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-    let made = make()?;
-    match scope.pop().await {
-        Some(e) => Err(GpuError(format!("{} is out of memory for this model ({e}): use a smaller batch, block or model", gpu.adapter.name))),
-        None => Ok(made),
-    }
-}
 
 /// A model that only runs forward, batch by batch: the losses of given windows (`eval`) or
 /// the logits at one position (`sample`). Its parameters are its own or a trainer's.

@@ -25,6 +25,7 @@ mod executor;
 pub mod forward;
 pub mod kernels;
 pub mod layout;
+mod memory;
 pub mod ops;
 pub mod peak;
 pub mod profile;

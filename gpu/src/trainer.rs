@@ -5,40 +5,23 @@
 //! small statistics buffer until [`GpuTrainer::stats`] reads them.
 
 use crate::context::{Gpu, GpuError, Precision};
-use crate::executor::{aligned, Activations, BatchSlot, DeviceArenas, Recorder};
-use crate::forward::{allocating, device_plan, storage, GpuForward, HalfWeights};
+use crate::executor::{DeviceArenas, Recorder};
+use crate::forward::GpuForward;
 use crate::kernels::{bytes, elements, Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
+use crate::memory::{aligned, allocating, device_plan, storage, Activations, BatchSlot, HalfWeights};
+use crate::memory::{BAD_LOSS_SLOT, EVAL_SLOT, GOOD_STEPS_SLOT, LOSS_SCALE_SLOT, LOSS_SCALE_SLOTS, LOSS_SLOT, NORM_SLOT, SKIPPED_SLOT, USED_SCALE_SLOT};
 use crate::ops;
 use crate::profile::{KernelTime, Profiler};
 use crate::readback::{read, read_into, staging_buffer};
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
+use alpha_core::parallel::shard;
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 use alpha_core::tape;
-use alpha_core::train::{shard, LossScaleState, OneRank, Ranks, RunState, StepStats, TrainConfig};
+use alpha_core::train::{LossScaleState, OneRank, Ranks, RunState, StepStats, TrainConfig};
 use alpha_core::{walk, Rng};
 use std::ops::Range;
 
-/// Statistics buffer slots: the step's loss sum and squared gradient norm, the evaluation's
-/// loss sum, the count of steps whose update was skipped (not reset by a step), and the
-/// dynamic loss scaling's state (see [`LOSS_SCALE_SLOT`]).
-const LOSS_SLOT: usize = 0;
-const NORM_SLOT: usize = 1;
-const EVAL_SLOT: usize = 2;
-const SKIPPED_SLOT: usize = 3;
-/// The loss scale S that the cross-entropy's gradient is multiplied by and the update divides
-/// out: 1 with f32 products; with f16 products (`Precision::F16`) dynamic, as PyTorch's
-/// GradScaler: from 2^16, halved on a step whose f16 operands overflowed (its update
-/// skipped), doubled after [`GROWTH_INTERVAL`] good steps in a row.
-pub(crate) const LOSS_SCALE_SLOT: usize = 4;
-/// The scale the last step used (what its gradient norm is divided by).
-const USED_SCALE_SLOT: usize = 5;
-/// Good steps since the scale last changed.
-const GOOD_STEPS_SLOT: usize = 6;
-/// Steps with a non-finite loss since the last read (a divergence, not an overflow).
-const BAD_LOSS_SLOT: usize = 7;
-/// The loss scale update's slots (see `ops::adamw::loss_scale_words`).
-const LOSS_SCALE_SLOTS: [usize; 6] = [LOSS_SCALE_SLOT, USED_SCALE_SLOT, NORM_SLOT, GOOD_STEPS_SLOT, LOSS_SLOT, BAD_LOSS_SLOT];
 /// The first loss scale under f16 products (GradScaler's).
 pub const INITIAL_LOSS_SCALE: f32 = 65536.0;
 /// Good steps in a row that double the loss scale (GradScaler's `growth_interval`).

@@ -12,7 +12,7 @@ use crate::step::{bench_train_config, fresh_start, train_split, Phases};
 use crate::trace::Trace;
 use crate::train::ModelArgs;
 use alpha_core::parallel::Parallel;
-use alpha_core::{GptConfig, Plan};
+use alpha_core::GptConfig;
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
@@ -57,25 +57,6 @@ pub struct BenchArgs {
     pub no_phases: bool,
 }
 
-/// Training FLOPs per token of `plan`'s model at its sequence length.
-pub fn flops_per_token(plan: &Plan) -> f64 {
-    let c = &plan.config;
-    6.0 * plan.num_params() as f64 + 12.0 * (c.n_layer * plan.seq * c.n_embd) as f64
-}
-
-/// FLOPs per token that `--recompute` adds: each block's forward runs again before its
-/// backward (2 × the blocks' parameters + 4 × n_layer × T × C); 0 without it. Hardware FLOPs
-/// (HFU's) are [`flops_per_token`] plus these.
-pub fn recomputed_flops_per_token(plan: &Plan) -> f64 {
-    let c = &plan.config;
-    let tables_and_final_norm = (c.vocab_size + c.block_size + 2) * c.n_embd;
-    if plan.recompute() {
-        2.0 * (plan.params_len() - tables_and_final_norm) as f64 + 4.0 * (c.n_layer * plan.seq * c.n_embd) as f64
-    } else {
-        0.0
-    }
-}
-
 /// The most steps `--iters` and `--warmup` may ask for.
 const MAX_BENCH_STEPS: usize = 1_000_000;
 
@@ -112,7 +93,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let tokens_per_step = plan.tokens() * args.grad_accum;
     let tokens_per_sec = tokens_per_step as f64 / median * 1e3;
     let mean = ms.iter().sum::<f64>() / ms.len() as f64;
-    let fpt = flops_per_token(&plan);
+    let fpt = plan.flops_per_token();
     let achieved = fpt * tokens_per_sec / 1e9;
     let report = json!({
         "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },

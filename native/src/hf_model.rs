@@ -9,8 +9,8 @@
 //! `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` load; a character
 //! tokenizer becomes a `tokenizers` word-level model over single characters.
 
-use crate::checkpoint::Checkpoint;
 use crate::fsutil::{open_regular, read_regular_string};
+use alpha_core::checkpoint::Checkpoint;
 use alpha_core::plan::{ParamInfo, ParamKind, Plan};
 use alpha_core::tokenizer::Tokenizer;
 use alpha_core::GptConfig;

@@ -1,6 +1,5 @@
 //! `alpha-native info`: the machine and what a configuration will need, before a long run.
 
-use crate::bench::flops_per_token;
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::{Engine, StepError};
 use crate::peak::{fma_limit, gpu_peak, machine_json, measured_peak, simd_features};
@@ -161,7 +160,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "config": config,
         "batch": m.batch,
         "params": plan.num_params(),
-        "flops_per_token": flops_per_token(&plan),
+        "flops_per_token": plan.flops_per_token(),
         "recompute": plan.recompute(),
         "memory_mib": memory,
         "memory_error": fits.as_ref().err(),
@@ -201,7 +200,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         config.vocab_size,
         plan.num_params(),
         plan.num_params() as f64 / 1e6,
-        flops_per_token(&plan) / 1e6
+        plan.flops_per_token() / 1e6
     );
     let mm = &report["memory_mib"];
     println!(

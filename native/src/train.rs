@@ -1,7 +1,6 @@
 //! `alpha-native train`: nanoGPT's training loop on the CPU or a GPU, with evaluation,
 //! samples, atomic checkpoints, exact resume, JSON Lines metrics and a progress bar.
 
-use crate::bench::{flops_per_token, recomputed_flops_per_token};
 use crate::checkpoint::{self, SaveError, SavePolicy, TrainSettings, TrainState};
 use crate::corpus;
 use crate::dataset::{self, Dataset};
@@ -849,7 +848,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let device = engine.device_json();
     // MFU and HFU over each logged window, against the peak of every rank's device together.
     let peak = if root { Some(engine.peak(&pool, args.peak_gflops)?) } else { None };
-    let (model_flops, hardware_flops) = (flops_per_token(&plan), flops_per_token(&plan) + recomputed_flops_per_token(&plan));
+    let (model_flops, hardware_flops) = (plan.flops_per_token(), plan.flops_per_token() + plan.recomputed_flops_per_token());
     let utilisation = |tok_s: f64, flops: f64| peak.as_ref().map(|p| flops * tok_s / 1e9 / (p.gflops * group.ranks() as f64));
     metrics.write(json!({"type": "start", "step": start_step, "params": params_count,
         "config": run.config, "settings": s, "device": device, "ranks": group.ranks(),
