@@ -206,7 +206,8 @@ pub fn fingerprint_text(text: &str) -> u64 {
 #[cfg(feature = "mpi")]
 mod mpi_world {
     use super::Collectives;
-    use alpha_core::train::{shard, Ranks};
+    use alpha_core::parallel::shard;
+    use alpha_core::train::Ranks;
     use mpi::collective::SystemOperation;
     use mpi::datatype::PartitionMut;
     use mpi::environment::Universe;
