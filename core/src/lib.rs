@@ -9,7 +9,9 @@
 //!   hand-written kernels from [`ops`] (alpha-gpu's executor records GPU dispatches).
 //! - [`train::Trainer`] adds batching ([`data`]), gradient clipping and AdamW ([`optim`]).
 //! - [`tokenizer::CharTokenizer`] maps text to ids; [`model::generate`] samples.
-//! - [`run`]: the defaults, presets and loop of a training run, shared by every frontend.
+//! - [`run`]: the defaults, presets and loop of a training run, shared by every frontend;
+//!   `engine::Engine` (feature `alloc`): the one interface a run trains through, the CPU's
+//!   `engine::CpuEngine` and alpha-gpu's implementing it.
 //!
 //! Nothing allocates inside a training step. Features: `alloc` adds owned buffers
 //! ([`train::OwnedMemory`]) and building a vocabulary from text; `std` adds
@@ -25,6 +27,8 @@ pub mod checkpoint;
 pub mod config;
 pub mod cpu;
 pub mod data;
+#[cfg(feature = "alloc")]
+pub mod engine;
 pub mod float;
 pub mod gemm;
 pub mod model;

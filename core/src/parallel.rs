@@ -15,6 +15,27 @@ pub trait Parallel: Sync {
     fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync));
 }
 
+/// A borrowed pool runs tasks as the pool does.
+impl<P: Parallel + ?Sized> Parallel for &P {
+    fn threads(&self) -> usize {
+        (**self).threads()
+    }
+    fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        (**self).run(tasks, task)
+    }
+}
+
+/// An owned pool of any kind runs tasks as the pool does.
+#[cfg(feature = "alloc")]
+impl<P: Parallel + ?Sized> Parallel for alloc::boxed::Box<P> {
+    fn threads(&self) -> usize {
+        (**self).threads()
+    }
+    fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        (**self).run(tasks, task)
+    }
+}
+
 /// Runs every task on the calling thread.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Serial;

@@ -151,6 +151,10 @@ pub enum Phase {
     GradNorm,
     /// AdamW (with the clip factor folded in).
     Optimizer,
+    /// A device: drawing and writing the batches, encoding and submitting the step.
+    Submit,
+    /// A device: waiting for the step to finish and reading its results back.
+    DeviceWait,
 }
 
 impl Phase {
@@ -163,6 +167,8 @@ impl Phase {
             Phase::Allreduce => "allreduce",
             Phase::GradNorm => "grad_norm",
             Phase::Optimizer => "optimizer",
+            Phase::Submit => "submit",
+            Phase::DeviceWait => "device_wait",
         }
     }
 }
@@ -179,6 +185,33 @@ pub trait Observer {
     fn phase_begin(&mut self, _phase: Phase) {}
     /// A phase of a training step has finished.
     fn phase_end(&mut self, _phase: Phase) {}
+    /// Whether it wants the kernel times of a device's steps ([`Observer::kernel_times`]): a
+    /// device then times every kernel, which costs.
+    fn wants_kernel_times(&self) -> bool {
+        false
+    }
+    /// The kernels of the step just taken on a device, as the device timed them (after its
+    /// `DeviceWait` phase).
+    fn kernel_times(&mut self, _kernels: &[KernelTime]) {}
+}
+
+/// One kernel of a step on a device, as the device's timestamps measured it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KernelTime {
+    /// The part of the step: "forward", "backward" or "update".
+    pub pass: &'static str,
+    /// The tape op the kernel belongs to (e.g. "attention"), or the update's step.
+    pub op: &'static str,
+    /// The kernel's entry point.
+    pub kernel: &'static str,
+    /// Start, ns, on the device's clock from the step's first kernel.
+    pub start_ns: f64,
+    /// End, ns.
+    pub end_ns: f64,
+    /// Floating-point operations it did (a multiply-add is two), for its achieved FLOP/s.
+    pub flops: f64,
+    /// Bytes of the tensors it bound, for its achieved GB/s.
+    pub bytes: f64,
 }
 
 impl Observer for () {}

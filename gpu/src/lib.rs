@@ -13,7 +13,10 @@
 //! - [`layout`]: where each parameter lives on the device.
 //! - [`forward`]: a forward-only model, for evaluation and sampling ([`GpuForward`]).
 //! - [`trainer`]: the whole training step, one submission per step ([`GpuTrainer`]).
-//! - [`profile`]: timestamp queries around every kernel, for traces ([`KernelTime`]).
+//! - [`engine`]: the GPU's implementation of alpha-core's one training interface
+//!   ([`GpuEngine`]).
+//! - [`profile`]: timestamp queries around every kernel, for traces
+//!   (`alpha_core::tape::KernelTime`).
 //! - [`peak`]: the device's arithmetic limit in f32 and f16 ([`peak::FmaProbe`]), for MFU.
 //! - `driver_stats` (native): what the Vulkan driver's compiler made of each kernel
 //!   (registers, local memory), for `info --kernels`.
@@ -21,6 +24,7 @@
 pub mod context;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod driver_stats;
+pub mod engine;
 mod executor;
 pub mod forward;
 pub mod kernels;
@@ -33,7 +37,7 @@ mod readback;
 pub mod trainer;
 
 pub use context::{AdapterSummary, Gpu, GpuError, Precision, TensorCores};
+pub use engine::GpuEngine;
 pub use forward::GpuForward;
-pub use profile::KernelTime;
 pub use readback::{block_on, read};
 pub use trainer::{GpuStats, GpuTrainer};

@@ -5,23 +5,7 @@
 use crate::context::{Gpu, GpuError};
 use crate::kernels::Work;
 use crate::readback::read;
-
-/// One kernel's time on the device, in nanoseconds from the step's first timestamp.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KernelTime {
-    /// The part of the step: "forward", "backward" or "update".
-    pub pass: &'static str,
-    /// The tape op the kernel belongs to (e.g. "attention"), or the update's step.
-    pub op: &'static str,
-    /// The kernel's entry point.
-    pub kernel: &'static str,
-    /// Start, ns.
-    pub start_ns: f64,
-    /// End, ns.
-    pub end_ns: f64,
-    /// What the kernel did (for its achieved FLOP/s and GB/s).
-    pub work: Work,
-}
+use alpha_core::tape::KernelTime;
 
 /// A dispatch as traces name it: its pass, tape op, kernel and work.
 pub(crate) type DispatchName = (&'static str, &'static str, &'static str, Work);
@@ -101,7 +85,7 @@ impl Profiler {
             .names
             .iter()
             .zip(ticks.chunks_exact(2))
-            .map(|(&(pass, op, kernel, work), t)| KernelTime { pass, op, kernel, start_ns: ns(t[0]), end_ns: ns(t[1]), work })
+            .map(|(&(pass, op, kernel, work), t)| KernelTime { pass, op, kernel, start_ns: ns(t[0]), end_ns: ns(t[1]), flops: work.flops, bytes: work.bytes })
             .collect())
     }
 }

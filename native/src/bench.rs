@@ -6,17 +6,17 @@
 //! machine, measured by a calibrated GEMM run (see [`crate::peak`]) or given.
 
 use crate::device::{Backend, DeviceArgs};
-use crate::engine::{Engine, StepError};
+use crate::engine::Placement;
 use crate::fsutil::check_outputs_distinct;
-use crate::step::{bench_train_config, fresh_start, train_split, Phases};
+use crate::step::{bench_train_config, fresh_start, timed_step, train_split, Phases};
 use crate::trace::Trace;
 use crate::train::ModelArgs;
+use alpha_core::engine::{Engine, StepError};
 use alpha_core::parallel::Parallel;
 use alpha_core::GptConfig;
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
-use std::time::Instant;
 
 /// Flags of `alpha-native bench`.
 #[derive(Args, Debug, Clone)]
@@ -82,11 +82,12 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let start = fresh_start(&plan)?;
     let cfg = bench_train_config(args.grad_accum);
     let pool = args.device.pool()?;
-    let mut cpu_memory = None;
-    let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, cfg, start)?;
-    let peak = engine.peak(&pool, args.peak_gflops)?;
-    let (steps_ms, phases) = timed_steps(args, &mut engine, train, trace.as_mut())?;
-    let device = engine.device_json();
+    let opened = crate::engine::open(&args.device, &pool, plan, cfg, start, Placement::alone())?;
+    let mut engine = opened.engine;
+    let peak = crate::engine::peak(opened.gpu.as_ref(), &pool, args.peak_gflops)?;
+    let (steps_ms, phases) = timed_steps(args, &mut *engine, train, trace.as_mut())?;
+    let description = engine.describe();
+    let device = crate::engine::device_json(&description);
     let mut ms = steps_ms.clone();
     ms.sort_by(f64::total_cmp);
     let median = if ms.len() % 2 == 1 { ms[ms.len() / 2] } else { (ms[ms.len() / 2 - 1] + ms[ms.len() / 2]) / 2.0 };
@@ -96,8 +97,8 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let fpt = plan.flops_per_token();
     let achieved = fpt * tokens_per_sec / 1e9;
     let report = json!({
-        "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
-        "precision": engine.precision(),
+        "backend": description.backend,
+        "precision": description.precision,
         "device": device,
         "threads": pool.threads(),
         "config": config,
@@ -131,25 +132,15 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
 /// The timed steps (after the warm-up): each step's milliseconds and the summed phases. On
 /// the GPU each step ends with the read of its loss (what training does every log interval),
 /// so its time is submit to result.
-fn timed_steps(args: &BenchArgs, engine: &mut Engine<'_>, train: &[u32], mut trace: Option<&mut Trace>) -> Result<(Vec<f64>, Phases), String> {
+fn timed_steps(args: &BenchArgs, engine: &mut dyn Engine, train: &[u32], mut trace: Option<&mut Trace>) -> Result<(Vec<f64>, Phases), String> {
     let mut ms = Vec::with_capacity(args.iters);
     let mut phases = Phases::default();
     for i in 0..args.warmup + args.iters {
-        let diverged = |e: &dyn std::fmt::Display| format!("bench diverged at {e}");
-        let step = match engine {
-            Engine::Cpu { trainer, pool, .. } if args.no_phases => {
-                let start = Instant::now();
-                trainer.train_step(*pool, train).map_err(|e| diverged(&e))?;
-                Phases { total: start.elapsed().as_secs_f64(), ..Phases::default() }
-            }
-            _ => {
-                let traced = trace.as_deref_mut().filter(|_| i >= args.warmup);
-                match engine.step(train.into(), traced, true) {
-                    Ok(r) => r.phases,
-                    Err(StepError::Diverged(e)) => return Err(diverged(&e)),
-                    Err(StepError::Device(e)) => return Err(e),
-                }
-            }
+        let traced = trace.as_deref_mut().filter(|_| i >= args.warmup);
+        let step = match timed_step(engine, train.into(), true, traced, !args.no_phases) {
+            Ok((_, phases)) => phases,
+            Err(StepError::Diverged(e)) => return Err(format!("bench diverged at {e}")),
+            Err(StepError::Device(e)) => return Err(e),
         };
         if i >= args.warmup {
             ms.push(step.total * 1e3);

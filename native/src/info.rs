@@ -1,11 +1,12 @@
 //! `alpha-native info`: the machine and what a configuration will need, before a long run.
 
 use crate::device::{Backend, DeviceArgs};
-use crate::engine::{Engine, StepError};
+use crate::engine::Placement;
 use crate::peak::{fma_limit, gpu_peak, machine_json, measured_peak, simd_features};
-use crate::step::{bench_train_config, fresh_start, train_split};
+use crate::step::{bench_train_config, fresh_start, timed_step, train_split};
 use crate::train::ModelArgs;
 use alpha_core::config::MAX_DIM;
+use alpha_core::engine::StepError;
 use alpha_core::gemm::f32_kernel_name;
 use alpha_core::{GptConfig, Plan, Rng};
 use alpha_gpu::peak::Real;
@@ -118,25 +119,24 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let mut device = serde_json::Value::Null;
     if args.measure_steps > 0 && fits.is_ok() {
         let train = train_split(&plan, &ids)?;
-        let mut cpu_memory = None;
-        let mut engine = Engine::new(&args.device, &mut cpu_memory, &pool, plan, bench_train_config(1), fresh_start(&plan)?)?;
-        device = engine.device_json();
+        let mut engine = crate::engine::open(&args.device, &pool, plan, bench_train_config(1), fresh_start(&plan)?, Placement::alone())?.engine;
+        device = crate::engine::device_json(&engine.describe());
         let n = args.measure_steps;
         let failed = |e| match e {
             StepError::Diverged(e) => format!("diverged at {e}"),
             StepError::Device(e) => e,
         };
-        engine.step(train.into(), None, true).map_err(failed)?;
+        timed_step(&mut *engine, train.into(), true, None, true).map_err(failed)?;
         let t = Instant::now();
         let mut backward = 0.0;
         for _ in 0..n {
-            backward += engine.step(train.into(), None, true).map_err(failed)?.phases.backward;
+            backward += timed_step(&mut *engine, train.into(), true, None, true).map_err(failed)?.1.backward;
         }
         let ms_step = t.elapsed().as_secs_f64() * 1e3 / n as f64;
         // The GPU's steps are one submission: their backward is not timed apart.
         let ms_backward = (args.device.backend == Backend::Cpu).then_some(backward * 1e3 / n as f64);
         let t = Instant::now();
-        engine.evaluate(train.into(), n, &mut Rng::new(2))?;
+        block_on(engine.evaluate(train.into(), n, &mut Rng::new(2)))?;
         let ms_eval_batch = t.elapsed().as_secs_f64() * 1e3 / n as f64;
         // In f64: the planned run's counts may be as large as u64 allows.
         let evals = args.iters.checked_div(args.eval_interval).map_or(0.0, |e| e as f64 + 1.0);

@@ -3,9 +3,7 @@
 use crate::checkpoint;
 use crate::device::{Backend, DeviceArgs};
 use alpha_core::model::{Sampler, SamplingConfig};
-use alpha_core::parallel::ThreadPool;
-use alpha_core::run::SAMPLES;
-use alpha_core::tokenizer::{TextStream, Tokenizer};
+use alpha_core::tokenizer::TextStream;
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, GpuForward};
 use clap::Args;
@@ -120,12 +118,4 @@ pub fn context_len(requested: Option<usize>, block_size: usize) -> Result<usize,
         Some(b) => Ok(b),
         None => Ok(block_size),
     }
-}
-
-/// A sample for training logs (see [`alpha_core::run::SAMPLES`]) from `params`.
-pub fn training_sample(sampler: &mut Sampler<f32>, pool: &ThreadPool, params: &[f32], tok: &Tokenizer, seed: u64) -> String {
-    let (mut text, mut out) = (TextStream::default(), String::new());
-    let emit = |id| out.push_str(&text.push(&tok.token_bytes(id)));
-    sampler.generate(pool, params, &[tok.sample_start()], &SAMPLES, &mut Rng::new(seed), emit);
-    out + &text.finish()
 }

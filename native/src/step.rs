@@ -3,12 +3,14 @@
 
 use crate::trace::Trace;
 use alpha_core::data::Tokens;
+use alpha_core::engine::{Engine, StepError, StepReport};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
-use alpha_core::parallel::ThreadPool;
-use alpha_core::tape::{Observer, Op, Pass, Phase};
-use alpha_core::train::{NonFinite, Ranks, RunState, TrainConfig, Trainer};
+use alpha_core::tape::{KernelTime, Observer, Op, Pass, Phase};
+use alpha_core::train::{RunState, TrainConfig};
 use alpha_core::{data, Plan, Rng};
+use alpha_gpu::block_on;
 use serde_json::{json, Value};
+use std::ops::Range;
 use std::time::Instant;
 
 /// Seconds spent in each phase, summed over one or more steps. `idle` is the wall time no
@@ -93,27 +95,20 @@ impl Phases {
     }
 }
 
-/// The result of [`timed_step`].
-#[derive(Clone, Copy, Debug)]
-pub struct TimedStep {
-    /// Mean loss over the micro-batches.
-    pub loss: f64,
-    /// Gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Learning rate used.
-    pub lr: f64,
-    /// Where the time went.
-    pub phases: Phases,
-}
-
-/// Times each phase of a step into [`Phases`] and, while tracing, records phase and op spans.
-struct StepTimer<'t> {
+/// The clock of one step: times each phase into [`Phases`] and, while tracing, records phase
+/// and op spans and a device's kernels (an [`Observer`] the step is given); see
+/// [`StepClock::finish`].
+pub struct StepClock<'t> {
+    started: Instant,
     phases: Phases,
     phase_start: Instant,
+    /// A device's submit and the end of its wait, for placing its kernels on the trace.
+    submitted: Option<Range<Instant>>,
+    waited: Option<Instant>,
     trace: Option<&'t mut Trace>,
 }
 
-impl Observer for StepTimer<'_> {
+impl Observer for StepClock<'_> {
     fn begin(&mut self, pass: Pass, index: usize, op: &Op) {
         if let Some(t) = self.trace.as_mut() {
             t.begin(pass, index, op);
@@ -140,34 +135,65 @@ impl Observer for StepTimer<'_> {
             Phase::Allreduce => &mut ph.allreduce,
             Phase::GradNorm => &mut ph.grad_norm,
             Phase::Optimizer => &mut ph.optimizer,
+            Phase::Submit => &mut ph.submit,
+            Phase::DeviceWait => &mut ph.device_wait,
         };
         *slot += (end - self.phase_start).as_secs_f64();
+        match phase {
+            Phase::Submit => self.submitted = Some(self.phase_start..end),
+            Phase::DeviceWait => self.waited = Some(end),
+            _ => {}
+        }
         if let Some(t) = self.trace.as_mut() {
             t.span(phase.name(), self.phase_start, end, Value::Null);
         }
     }
+
+    fn wants_kernel_times(&self) -> bool {
+        self.trace.is_some()
+    }
+
+    fn kernel_times(&mut self, kernels: &[KernelTime]) {
+        if let (Some(t), Some(submitted), Some(waited)) = (self.trace.as_mut(), self.submitted.clone(), self.waited) {
+            t.gpu_kernels(submitted, waited, kernels);
+        }
+    }
 }
 
-/// One optimizer step ([`Trainer::train_step_ranked`], as one of `ranks`) with each phase timed, and traced
-/// (step, phases, ops) while `trace` is active (counting the step). A non-finite loss or norm
-/// is an error and the update is not applied.
-pub fn timed_step(
-    trainer: &mut Trainer<'_, f32>,
-    pool: &ThreadPool,
-    data: Tokens<'_>,
-    trace: Option<&mut Trace>,
-    ranks: &dyn Ranks<f32>,
-) -> Result<TimedStep, NonFinite> {
-    let start = Instant::now();
-    let step = trainer.step;
-    let mut timer = StepTimer { phases: Phases::default(), phase_start: start, trace: trace.filter(|t| t.active()) };
-    let stats = trainer.train_step_ranked(pool, data, &mut timer, ranks)?;
-    timer.phases.close(start.elapsed().as_secs_f64());
-    if let Some(t) = timer.trace {
-        t.span("step", start, Instant::now(), json!({"step": step, "loss": stats.loss}));
-        t.step_done();
+impl<'t> StepClock<'t> {
+    /// A clock started now, tracing into `trace` while it is active.
+    pub fn start(trace: Option<&'t mut Trace>) -> StepClock<'t> {
+        let now = Instant::now();
+        StepClock { started: now, phases: Phases::default(), phase_start: now, submitted: None, waited: None, trace: trace.filter(|t| t.active()) }
     }
-    Ok(TimedStep { loss: stats.loss, grad_norm: stats.grad_norm, lr: stats.lr, phases: timer.phases })
+
+    /// The phases of step `step`, which reported `report` (`total`: since [`StepClock::start`]);
+    /// while tracing, the step's span, and the step counted.
+    pub fn finish(mut self, step: u64, report: &StepReport) -> Phases {
+        self.phases.close(self.started.elapsed().as_secs_f64());
+        if let Some(t) = self.trace {
+            t.span("step", self.started, Instant::now(), json!({"step": step, "loss": report.stats.map(|s| s.loss)}));
+            t.step_done();
+        }
+        self.phases
+    }
+}
+
+/// One optimizer step of `engine` with each phase timed, and traced (step, phases, ops, a
+/// device's kernels) while `trace` is active (counting the step); `observed` false times the
+/// whole step only (no clock inside it). With `report` the step's statistics come back (a
+/// device waits for them). A non-finite loss or norm is an error and the update is not applied.
+pub fn timed_step(
+    engine: &mut dyn Engine,
+    data: Tokens<'_>,
+    report: bool,
+    trace: Option<&mut Trace>,
+    observed: bool,
+) -> Result<(StepReport, Phases), StepError> {
+    let step = engine.step_count();
+    let mut clock = StepClock::start(trace);
+    let report = if observed { block_on(engine.step(data, report, &mut clock))? } else { block_on(engine.step(data, report, &mut ()))? };
+    Ok((report, clock.finish(step, &report)))
 }
 
 /// The settings `bench` and `info` train with: nanoGPT's optimizer settings.

@@ -4,8 +4,7 @@
 //! kernel's time from timestamp queries.
 
 use crate::fsutil::{check_replaceable, write_atomic};
-use alpha_core::tape::{Observer, Op, Pass};
-use alpha_gpu::KernelTime;
+use alpha_core::tape::{KernelTime, Observer, Op, Pass};
 use serde_json::{json, Value};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -69,7 +68,7 @@ impl Trace {
         let busy_us = kernels.iter().map(|k| k.end_ns).fold(0.0, f64::max) / 1e3;
         let at = self.us(submit.end).min(self.us(read) - busy_us).max(self.us(submit.start));
         for k in kernels {
-            let args = json!({"pass": k.pass, "kernel": k.kernel, "op": k.op, "flops": k.work.flops, "bytes": k.work.bytes});
+            let args = json!({"pass": k.pass, "kernel": k.kernel, "op": k.op, "flops": k.flops, "bytes": k.bytes});
             let (ts, dur) = (at + k.start_ns / 1e3, (k.end_ns - k.start_ns) / 1e3);
             self.events.push(json!({"name": k.op, "ph": "X", "pid": 1, "tid": GPU_TRACK, "ts": ts, "dur": dur, "args": args}));
         }

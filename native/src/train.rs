@@ -5,20 +5,22 @@ use crate::checkpoint::{self, SaveError, SavePolicy, TrainSettings, TrainState};
 use crate::corpus;
 use crate::dataset::{self, Dataset};
 use crate::device::DeviceArgs;
-use crate::engine::{Engine, Placement, StepError};
+use crate::engine::Placement;
 use crate::fsutil::{check_outputs_distinct, check_replaceable, remove_stale_temps, same_file, temp_path, write_atomic, RunLock};
 use crate::interrupt::Interrupt;
 use crate::ranks::{fingerprint, fingerprint_text, fingerprint_tokens, Group};
 use crate::runfile::{self, RUN_FILE};
-use crate::step::Phases;
+use crate::step::{Phases, StepClock};
 use crate::trace::Trace;
 use alpha_core::data::Tokens;
+use alpha_core::engine::{Driver, Engine, Event, Splits, StepError};
 use alpha_core::parallel::Parallel;
 use alpha_core::rng::{derive_seed, stream};
-use alpha_core::run::{Action, RunLoop, DEFAULT};
+use alpha_core::run::DEFAULT;
 use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::train::{Ranks, RunState};
 use alpha_core::{data, GptConfig, Plan, Rng};
+use alpha_gpu::block_on;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use indicatif::{HumanDuration, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -784,23 +786,16 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let mut cfg = s.train_config();
     cfg.grad_accum *= group.ranks();
     cfg.validate().map_err(|e| format!("--grad-accum {} on {} ranks: {e}", s.grad_accum, group.ranks()))?;
-    let mut cpu_memory = None;
-    let mut engine = Engine::in_group(
-        &device_args,
-        &mut cpu_memory,
-        &pool,
-        plan,
-        cfg,
-        start,
-        Placement { ranks: group, local_rank: group.local_rank(), zero: args.zero == 1 },
-    )?;
+    let opened = crate::engine::open(&device_args, &pool, plan, cfg, start, Placement { ranks: group, local_rank: group.local_rank(), zero: args.zero == 1 })?;
+    let mut engine = opened.engine;
     if let Some(state) = resumed_loss_scale {
         engine.set_loss_scale(state);
     }
-    let resolved = resolved_run_file(args, &run.config, &s, engine.gpu());
+    let description = engine.describe();
+    let resolved = resolved_run_file(args, &run.config, &s, opened.gpu.as_ref());
     if group.ranks() > 1 {
         let (train_ids, val_ids) = (fingerprint_tokens(train_tokens), fingerprint_tokens(val_tokens));
-        let params = fingerprint(&engine.state()?.0, f32::to_bits);
+        let params = fingerprint(&block_on(engine.state())?.0, f32::to_bits);
         group.agree(&[("settings", fingerprint_text(&resolved)), ("training data", train_ids), ("validation data", val_ids), ("starting weights", params)])?;
     }
     if root {
@@ -834,26 +829,26 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         s.batch,
         s.grad_accum,
         match group.ranks() {
-            1 => engine.describe(),
-            n => format!("{n} MPI ranks of {} each", engine.describe()),
+            1 => description.summary.clone(),
+            n => format!("{n} MPI ranks of {} each", description.summary),
         },
         s.data
     ));
     if !run.changed.is_empty() {
         console.line(&format!("the flags change the checkpoint's settings: {}", run.changed.join(", ")));
     }
-    if let Some(gpu) = engine.gpu() {
+    if let Some(gpu) = &opened.gpu {
         console.line(&device_args.precision_line(gpu, precision_from_checkpoint));
     }
-    let device = engine.device_json();
+    let device = crate::engine::device_json(&description);
     // MFU and HFU over each logged window, against the peak of every rank's device together.
-    let peak = if root { Some(engine.peak(&pool, args.peak_gflops)?) } else { None };
+    let peak = if root { Some(crate::engine::peak(opened.gpu.as_ref(), &pool, args.peak_gflops)?) } else { None };
     let (model_flops, hardware_flops) = (plan.flops_per_token(), plan.flops_per_token() + plan.recomputed_flops_per_token());
     let utilisation = |tok_s: f64, flops: f64| peak.as_ref().map(|p| flops * tok_s / 1e9 / (p.gflops * group.ranks() as f64));
     metrics.write(json!({"type": "start", "step": start_step, "params": params_count,
         "config": run.config, "settings": s, "device": device, "ranks": group.ranks(),
-        "backend": if args.device.backend == crate::device::Backend::Gpu { "gpu" } else { "cpu" },
-        "precision": engine.precision(), "machine": crate::peak::machine_json(&pool), "recompute": plan.recompute(),
+        "backend": description.backend,
+        "precision": description.precision, "machine": crate::peak::machine_json(&pool), "recompute": plan.recompute(),
         "memory_mib": crate::memory::plan_json(&plan), "flops_per_token": model_flops, "hardware_flops_per_token": hardware_flops,
         "peak_gflops": peak.as_ref().map(|p| p.gflops), "peak_source": peak.as_ref().map(|p| p.source)}))?;
 
@@ -883,15 +878,15 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     };
     // Confirms every step was applied, then saves (or, with --async-checkpoint, copies the
     // state and saves in the background); a model that is not finite is never saved.
-    let save = |engine: &mut Engine<'_>, last_saved: Option<u64>, best_val_loss: Option<f64>| -> Result<(), String> {
-        engine.check().map_err(|e| diverged(e, last_saved))?;
+    let save = |engine: &mut dyn Engine, last_saved: Option<u64>, best_val_loss: Option<f64>| -> Result<(), String> {
+        block_on(engine.check()).map_err(|e| diverged(e, last_saved))?;
         // Every rank takes part (ZeRO-1's moments are collected on rank 0); rank 0 writes.
-        let (params, m, v) = engine.state()?;
+        let (params, m, v) = block_on(engine.state())?;
         if !root {
             return Ok(());
         }
         let step = engine.step_count();
-        let loss_scale = engine.loss_scale()?;
+        let loss_scale = block_on(engine.loss_scale())?;
         let state = TrainState { step, rng_state: engine.rng().state().to_string(), settings: s.clone(), best_val_loss, loss_scale };
         finish_pending()?;
         let target = SaveTarget { path: ckpt_path.to_path_buf(), config: run.config, keep: s.keep, kept: kept(last_saved), interrupt: interrupt.clone() };
@@ -916,23 +911,29 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let mut window_steps = 0u64;
     let mut window_start = Instant::now();
     let mut last_saved: Option<u64> = None;
-    let mut run_loop = RunLoop::new(s.cadence(), start_step);
+    let mut driver = Driver::new(s.cadence(), start_step, s.seed, s.eval_iters);
+    if !root {
+        // Rank 0 samples; sampling leaves the training state as it was.
+        driver = driver.without_samples();
+    }
+    let splits = Splits { train: train_tokens, val: val_tokens };
     let result = loop {
-        let action = run_loop.next_action();
-        let step = run_loop.step();
-        match action {
-            Action::Evaluate => {
-                let t = Instant::now();
-                let eval_rng = |split| Rng::new(derive_seed(s.seed, split, step));
-                let train_loss = engine.evaluate(train_tokens, s.eval_iters, &mut eval_rng(stream::EVAL_TRAIN))?;
-                let val_loss = engine.evaluate(val_tokens, s.eval_iters, &mut eval_rng(stream::EVAL_VAL))?;
+        let t = Instant::now();
+        let mut clock = StepClock::start(trace.as_mut());
+        let mut stop = || group.any(interrupt.requested());
+        let event = match block_on(driver.next(&mut *engine, splits, tokenizer.sample_start(), &mut clock, &mut stop)) {
+            Ok(event) => event,
+            Err(e) => break Err(diverged(e, last_saved)),
+        };
+        match event {
+            Event::Evaluated { step, train_loss, val_loss } => {
                 window.eval += t.elapsed().as_secs_f64();
                 console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
                 metrics.write(json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
                 if best_mode && best_val_loss.is_none_or(|b| val_loss < b) {
                     let t = Instant::now();
                     best_val_loss = Some(val_loss);
-                    if let Err(e) = save(&mut engine, last_saved, best_val_loss) {
+                    if let Err(e) = save(&mut *engine, last_saved, best_val_loss) {
                         break Err(e);
                     }
                     window.checkpoint += t.elapsed().as_secs_f64();
@@ -940,26 +941,20 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                     metrics.write(json!({"type": "save", "step": step}))?;
                 }
             }
-            // Rank 0 samples; sampling leaves the training state as it was.
-            Action::Sample if !root => {}
-            Action::Sample => {
-                let t = Instant::now();
-                let text = engine.sample(&tokenizer, derive_seed(s.seed, stream::SAMPLES, step))?;
+            Event::Sampled { .. } if !root => {}
+            Event::Sampled { step, ids } => {
                 window.sample += t.elapsed().as_secs_f64();
+                let text = tokenizer.decode_lossy(&ids);
                 console.line(&format!("--- sample at step {step} ---\n{text}\n---"));
                 metrics.write(json!({"type": "sample", "step": step, "text": text}))?;
             }
-            Action::Finish => break Ok(false),
-            Action::Train { .. } if group.any(interrupt.requested()) => break Ok(true),
-            Action::Train { log } => {
+            Event::Finished { stopped, .. } => break Ok(stopped),
+            Event::Trained { step, log, report } => {
                 let done = step + 1;
-                let report = match engine.step(train_tokens, trace.as_mut(), log) {
-                    Ok(r) => r,
-                    Err(e) => break Err(diverged(e, last_saved)),
-                };
-                window.add(&report.phases);
+                let phases = clock.finish(step, &report);
+                window.add(&phases);
                 window_steps += 1;
-                console.progress(done, s.iters, report.stats.map(|st| (st.loss, tokens_per_step / report.phases.total)));
+                console.progress(done, s.iters, report.stats.map(|st| (st.loss, tokens_per_step / phases.total)));
                 if let (true, Some(st)) = (log, report.stats) {
                     // Full-workflow accounting: the window's wall time, evaluations, samples and
                     // checkpoints included; idle is what no phase accounts for.
@@ -991,10 +986,10 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
                 }
             }
             // In --save best, only evaluations save.
-            Action::Save if best_mode => {}
-            Action::Save => {
+            Event::Save { .. } if best_mode => {}
+            Event::Save { step } => {
                 let t = Instant::now();
-                if let Err(e) = save(&mut engine, last_saved, None) {
+                if let Err(e) = save(&mut *engine, last_saved, None) {
                     break Err(e);
                 }
                 window.checkpoint += t.elapsed().as_secs_f64();
@@ -1011,7 +1006,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let interrupted = result?;
     written?;
     if last_saved != Some(engine.step_count()) && !best_mode {
-        save(&mut engine, last_saved, None)?;
+        save(&mut *engine, last_saved, None)?;
         finish_pending()?;
         metrics.write(json!({"type": "save", "step": engine.step_count()}))?;
     }

@@ -25,14 +25,14 @@ mod options;
 mod threads;
 
 use alpha_core::checkpoint::{self, TrainSettings, TrainState};
+use alpha_core::engine::{estimate_loss, Driver, Engine, Event, Splits};
 use alpha_core::rng::{derive_seed, stream};
-use alpha_core::run::{Action, RunLoop, PRESETS, SAMPLES};
+use alpha_core::run::PRESETS;
 use alpha_core::tokenizer::bpe::END_OF_TEXT;
 use alpha_core::tokenizer::train::WordCounts;
 use alpha_core::tokenizer::{self, hf, CharTokenizer, Tokenizer};
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
-use engine::Engine;
 use options::{camel, Options, Raw, TokenizerChoice};
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
@@ -80,11 +80,11 @@ pub struct Trainer {
     tok: Tokenizer,
     tokens: Vec<u32>,
     eval_iters: usize,
-    engine: Engine,
+    engine: Box<dyn Engine>,
     fallback: Option<String>,
     tokens_per_sec: Option<f64>,
     /// The run's loop (`next`).
-    run: RunLoop,
+    driver: Driver,
     /// The step of the last checkpoint `next` saved, and its bytes.
     saved: Option<(u64, Vec<u8>)>,
 }
@@ -205,10 +205,10 @@ impl Trainer {
 
     async fn build(opts: &Options, settings: TrainSettings, tok: Tokenizer, tokens: Vec<u32>, plan: Plan, start: RunState<f32>) -> Result<Trainer, JsError> {
         let cfg = settings.train_config();
-        let run = RunLoop::new(opts.cadence(settings.iters), start.step);
-        let (engine, fallback) = Engine::new(opts.backend, plan, cfg, start, opts.threads).await.map_err(js_error)?;
         let eval_iters = opts.eval_iters;
-        Ok(Trainer { config: plan.config, settings, tok, tokens, eval_iters, engine, fallback, tokens_per_sec: None, run, saved: None })
+        let driver = Driver::new(opts.cadence(settings.iters), start.step, settings.seed, eval_iters).reporting_every_step();
+        let (engine, fallback) = engine::open(opts.backend, plan, cfg, start, opts.threads).await.map_err(js_error)?;
+        Ok(Trainer { config: plan.config, settings, tok, tokens, eval_iters, engine, fallback, tokens_per_sec: None, driver, saved: None })
     }
 
     /// Carries out the run's next action (`alpha_core::run::RunLoop`, the loop of `alpha-native
@@ -219,41 +219,34 @@ impl Trainer {
     /// step }`. Rejects as `step` and `save` do.
     pub async fn next(&mut self) -> Result<JsValue, JsError> {
         let at = self.engine.step_count();
-        if self.run.taken() != at {
+        if self.driver.run_loop().taken() != at {
             // Steps taken with step(): the loop goes on from there.
-            self.run = RunLoop::new(self.run.cadence(), at);
+            let (cadence, seed) = (self.driver.run_loop().cadence(), self.settings.seed);
+            self.driver = Driver::new(cadence, at, seed, self.eval_iters).reporting_every_step();
         }
-        let action = self.run.next_action();
-        let step = self.run.step();
-        let record = match action {
-            Action::Evaluate => {
-                let (train, val) = self.evaluate_splits().await?;
-                Record::Eval { step, train, val }
-            }
-            Action::Sample => {
-                let seed = derive_seed(self.settings.seed, stream::SAMPLES, step);
-                let ids = self.engine.sample(&[self.tok.sample_start()], &SAMPLES, &mut Rng::new(seed)).await.map_err(js_error)?;
-                Record::Sample { step, text: self.tok.decode_lossy(&ids) }
-            }
-            Action::Train { .. } => {
-                let started = js_sys::Date::now();
-                let (train, _) = data::split(&self.tokens);
-                let loss = self.engine.step(train.into()).await.map_err(js_error)?;
+        let started = js_sys::Date::now();
+        let (train, val) = data::split(&self.tokens);
+        let splits = Splits { train: train.into(), val: val.into() };
+        let event = self.driver.next(&mut *self.engine, splits, self.tok.sample_start(), &mut (), &mut || false).await;
+        let record = match event.map_err(|e| js_error(format!("training diverged at {e}")))? {
+            Event::Evaluated { step, train_loss, val_loss } => Record::Eval { step, train: train_loss, val: val_loss },
+            Event::Sampled { step, ids } => Record::Sample { step, text: self.tok.decode_lossy(&ids) },
+            Event::Trained { step, report, .. } => {
                 let seconds = (js_sys::Date::now() - started) / 1e3;
                 if seconds > 0.0 {
                     self.tokens_per_sec = Some(self.tokens_per_step() as f64 / seconds);
                 }
-                Record::Train { step, loss }
+                Record::Train { step, loss: report.stats.map_or(f64::NAN, |s| s.loss) }
             }
-            Action::Save => {
+            Event::Save { step } => {
                 self.saved = Some((step, self.save().await?));
                 Record::Save { step }
             }
-            Action::Finish if self.saved.as_ref().map(|s| s.0) != Some(step) => {
+            Event::Finished { step, .. } if self.saved.as_ref().map(|s| s.0) != Some(step) => {
                 self.saved = Some((step, self.save().await?));
                 Record::Save { step }
             }
-            Action::Finish => Record::Done { step },
+            Event::Finished { step, .. } => Record::Done { step },
         };
         serde_wasm_bindgen::to_value(&record).map_err(js_error)
     }
@@ -272,7 +265,8 @@ impl Trainer {
         let started = js_sys::Date::now();
         let mut losses = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            losses.push(self.engine.step(train.into()).await.map_err(js_error)? as f32);
+            let report = self.engine.step(train.into(), true, &mut ()).await.map_err(|e| js_error(format!("training diverged at {e}")))?;
+            losses.push(report.stats.map_or(f32::NAN, |s| s.loss as f32));
         }
         let seconds = (js_sys::Date::now() - started) / 1e3;
         if n > 0 && seconds > 0.0 {
@@ -303,7 +297,8 @@ impl Trainer {
         let ids = self.tok.encode(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?;
         let seed = derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count());
         let cfg = alpha_core::model::SamplingConfig { temperature, ..alpha_core::model::SamplingConfig::new(count as usize) };
-        let generated = self.engine.sample(&ids, &cfg, &mut Rng::new(seed)).await.map_err(js_error)?;
+        let mut generated = Vec::with_capacity(cfg.tokens);
+        self.engine.sample(&ids, &cfg, &mut Rng::new(seed), &mut |id| generated.push(id)).await.map_err(js_error)?;
         Ok(self.tok.decode_lossy(&generated))
     }
 
@@ -315,15 +310,18 @@ impl Trainer {
     /// `tokensPerSec` of the last step).
     pub fn stats(&self) -> Result<JsValue, JsError> {
         let plan = self.engine.plan();
-        let (precision, precision_fallback) = self.engine.precision();
+        let d = self.engine.describe();
+        let adapter = d.device.as_ref().map(|dev| dev.adapter.clone());
+        let on_gpu = d.backend == "gpu";
         let stats = Stats {
-            backend: self.engine.backend_name(),
-            adapter: self.engine.adapter(),
-            kernel: self.engine.cpu_kernel(),
+            backend: if on_gpu { "webgpu" } else { "cpu" },
+            kernel: (!on_gpu).then(alpha_core::gemm::f32_kernel_name),
             fallback: self.fallback.clone(),
-            precision,
-            precision_fallback,
-            threads: self.engine.threads(),
+            precision: d.precision,
+            // On WebGPU in f32: the adapter lacks shader-f16.
+            precision_fallback: adapter.as_ref().filter(|_| d.precision == "f32").map(|a| format!("{a} lacks shader-f16")),
+            adapter,
+            threads: d.threads,
             step: self.engine.step_count(),
             iters: self.settings.iters,
             params: plan.num_params(),
@@ -344,7 +342,7 @@ impl Trainer {
             return Err(js_error(format!("iters must be a whole number of at least 1, got {iters}")));
         }
         self.settings.iters = iters as u64;
-        self.run.set_iters(self.settings.iters);
+        self.driver.run_loop_mut().set_iters(self.settings.iters);
         Ok(())
     }
 
@@ -365,12 +363,8 @@ impl Trainer {
     async fn evaluate_splits(&mut self) -> Result<(f64, f64), JsError> {
         let step = self.engine.step_count();
         let (train, val) = data::split(&self.tokens);
-        let mut losses = [0.0; 2];
-        for (loss, (split, stream)) in losses.iter_mut().zip([(train, stream::EVAL_TRAIN), (val, stream::EVAL_VAL)]) {
-            let mut rng = Rng::new(derive_seed(self.settings.seed, stream, step));
-            *loss = self.engine.evaluate(split.into(), self.eval_iters, &mut rng).await.map_err(js_error)?;
-        }
-        Ok((losses[0], losses[1]))
+        let splits = Splits { train: train.into(), val: val.into() };
+        estimate_loss(&mut *self.engine, splits, self.settings.seed, step, self.eval_iters).await.map_err(js_error)
     }
 
     fn tokens_per_step(&self) -> usize {
