@@ -18,12 +18,11 @@
 //! config before it allocates: a config that implies other tensors than the file holds is an
 //! error, so no header can make it allocate more than the file's own size.
 
-use crate::config::{ConfigError, MAX_GRAD_ACCUM};
-use crate::optim::{AdamWConfig, LrSchedule};
 use crate::plan::try_vec;
 use crate::plan::{ParamInfo, ParamKind, Plan, LAYER_PARAMS};
+use crate::settings::RunSettings;
 use crate::tokenizer::{hf, CharTokenizer, Tokenizer};
-use crate::train::{LossScaleState, TrainConfig};
+use crate::train::LossScaleState;
 use crate::GptConfig;
 use alloc::collections::BTreeMap;
 use alloc::format;
@@ -78,243 +77,6 @@ fn tokenizer_from_json(text: &str) -> Result<Tokenizer, String> {
     }
 }
 
-/// The settings of a training run, stored so `--resume` continues the same run.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainSettings {
-    /// Training text: a file path or `"<embedded shakespeare>"` (native), a label (browser);
-    /// with `dataset`, a prepared dataset's directory or shard pattern.
-    pub data: String,
-    /// Whether `data` names a prepared dataset (`train --dataset`) rather than a text.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub dataset: bool,
-    /// Sequences per micro-batch.
-    pub batch: usize,
-    /// Total optimizer steps of the run.
-    pub iters: u64,
-    /// Peak learning rate.
-    pub lr: f64,
-    /// Step at which the cosine decay reaches `min_lr`.
-    pub lr_decay_iters: u64,
-    /// Final learning rate.
-    pub min_lr: f64,
-    /// Warmup steps.
-    pub warmup: u64,
-    /// AdamW weight decay.
-    pub weight_decay: f64,
-    /// AdamW beta1.
-    pub beta1: f64,
-    /// AdamW beta2.
-    pub beta2: f64,
-    /// Global-norm clip (0 = off).
-    pub grad_clip: f64,
-    /// Micro-batches per step.
-    pub grad_accum: usize,
-    /// Seed of the run (initialisation, batches, evaluation, dropout masks).
-    pub seed: u64,
-    /// Dropout probability in training (0: none; older checkpoints have none).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub dropout: f64,
-    /// Activation checkpointing (each block's forward run again before its backward).
-    #[serde(default)]
-    pub recompute: bool,
-    /// Steps between evaluations (0: none). Checkpoints from before it was stored read the
-    /// default of [`crate::run::DEFAULT`], as the rest of the cadence.
-    #[serde(default = "default_eval_interval")]
-    pub eval_interval: u64,
-    /// Batches per split and evaluation.
-    #[serde(default = "default_eval_iters")]
-    pub eval_iters: usize,
-    /// Steps between samples (0: none).
-    #[serde(default = "default_sample_interval")]
-    pub sample_interval: u64,
-    /// Steps between checkpoints (0: only at the end).
-    #[serde(default = "default_checkpoint_interval")]
-    pub checkpoint_interval: u64,
-    /// Steps between logged records.
-    #[serde(default = "default_log_interval")]
-    pub log_interval: u64,
-    /// Which checkpoints the run writes.
-    #[serde(default)]
-    pub save: SavePolicy,
-    /// Checkpoints kept (the newest, and the last `keep` saves beside it where above 1).
-    #[serde(default = "one")]
-    pub keep: usize,
-    /// Whether checkpoints are written in the background.
-    #[serde(default)]
-    pub async_checkpoint: bool,
-}
-
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
-}
-
-fn default_eval_interval() -> u64 {
-    crate::run::DEFAULT.eval_interval
-}
-
-fn default_eval_iters() -> usize {
-    crate::run::DEFAULT.eval_iters
-}
-
-fn default_sample_interval() -> u64 {
-    crate::run::DEFAULT.sample_interval
-}
-
-fn default_checkpoint_interval() -> u64 {
-    crate::run::DEFAULT.checkpoint_interval
-}
-
-fn default_log_interval() -> u64 {
-    crate::run::DEFAULT.log_interval
-}
-
-fn one() -> usize {
-    1
-}
-
-/// Which checkpoints a run writes (`train --save`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SavePolicy {
-    /// At every checkpoint interval, at the end and when the run is stopped.
-    #[default]
-    Always,
-    /// After each evaluation whose val loss is the lowest so far, only (nanoGPT's
-    /// `always_save_checkpoint = False`, for fine-tuning).
-    Best,
-}
-
-impl SavePolicy {
-    /// `"always"` or `"best"`, as the flag and the file spell it.
-    pub fn name(self) -> &'static str {
-        match self {
-            SavePolicy::Always => "always",
-            SavePolicy::Best => "best",
-        }
-    }
-}
-
-impl core::fmt::Display for SavePolicy {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The most batches an evaluation may ask for (`eval_iters`).
-pub const MAX_EVAL_ITERS: usize = 1_000_000;
-/// The most checkpoints a run may keep (`keep`).
-pub const MAX_KEEP: usize = 1000;
-
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-
-impl TrainSettings {
-    /// The default run's settings ([`crate::run::DEFAULT`]) on `data`, the learning rate
-    /// decaying over the whole run.
-    pub fn defaults(data: impl Into<String>) -> TrainSettings {
-        let d = crate::run::DEFAULT;
-        TrainSettings {
-            data: data.into(),
-            dataset: false,
-            batch: d.batch,
-            iters: d.iters,
-            lr: d.lr,
-            lr_decay_iters: d.iters,
-            min_lr: d.min_lr,
-            warmup: d.warmup,
-            weight_decay: d.weight_decay,
-            beta1: d.beta1,
-            beta2: d.beta2,
-            grad_clip: d.grad_clip,
-            grad_accum: d.grad_accum,
-            seed: d.seed,
-            dropout: d.dropout,
-            recompute: false,
-            eval_interval: d.eval_interval,
-            eval_iters: d.eval_iters,
-            sample_interval: d.sample_interval,
-            checkpoint_interval: d.checkpoint_interval,
-            log_interval: d.log_interval,
-            save: SavePolicy::Always,
-            keep: 1,
-            async_checkpoint: false,
-        }
-    }
-
-    /// The run's memory plan for `config` (whole blocks, batches of `batch`, its dropout
-    /// drawn from its seed, activation checkpointing where it recomputes).
-    pub fn plan(&self, config: GptConfig) -> Result<Plan, ConfigError> {
-        Plan::new(config, self.batch, config.block_size)?.with_recompute(self.recompute).with_dropout(self.dropout, self.seed)
-    }
-
-    /// When the run evaluates, samples, saves and logs, up to its last step.
-    pub fn cadence(&self) -> crate::run::Cadence {
-        crate::run::Cadence {
-            iters: self.iters,
-            eval_interval: self.eval_interval,
-            sample_interval: self.sample_interval,
-            checkpoint_interval: self.checkpoint_interval,
-            log_interval: self.log_interval,
-        }
-    }
-
-    /// The optimisation settings of the run (AdamW eps 1e-8, as PyTorch's default).
-    pub fn train_config(&self) -> TrainConfig {
-        TrainConfig {
-            schedule: LrSchedule { max_lr: self.lr, min_lr: self.min_lr, warmup_iters: self.warmup, decay_iters: self.lr_decay_iters },
-            adamw: AdamWConfig { beta1: self.beta1, beta2: self.beta2, eps: 1e-8, weight_decay: self.weight_decay },
-            grad_clip: self.grad_clip,
-            grad_accum: self.grad_accum,
-        }
-    }
-
-    /// An error naming the first setting out of range; `name` spells a field (given in
-    /// snake_case, e.g. `"min_lr"`) the way the caller's users write it (`--min-lr`, `minLr`).
-    pub fn validate(&self, name: impl Fn(&str) -> String) -> Result<(), String> {
-        for (field, v) in [("lr", self.lr), ("beta1", self.beta1), ("beta2", self.beta2)] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{} must be a positive number, got {v}", name(field)));
-            }
-        }
-        for (field, v) in [("min_lr", self.min_lr), ("weight_decay", self.weight_decay), ("grad_clip", self.grad_clip)] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("{} must be a non-negative number, got {v}", name(field)));
-            }
-        }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return Err(format!("{} must be at least 0 and below 1, got {}", name("dropout"), self.dropout));
-        }
-        if self.beta1 >= 1.0 || self.beta2 >= 1.0 {
-            return Err(format!("{} and {} must be below 1", name("beta1"), name("beta2")));
-        }
-        for (field, v) in [("iters", self.iters), ("grad_accum", self.grad_accum as u64)] {
-            if v == 0 {
-                return Err(format!("{} must be at least 1", name(field)));
-            }
-        }
-        if self.grad_accum > MAX_GRAD_ACCUM {
-            return Err(format!("{} is {}, more than the largest allowed ({MAX_GRAD_ACCUM})", name("grad_accum"), self.grad_accum));
-        }
-        if !(1..=MAX_KEEP).contains(&self.keep) {
-            return Err(format!("{} must be 1 to {MAX_KEEP}, got {}", name("keep"), self.keep));
-        }
-        if self.save == SavePolicy::Best && self.eval_interval == 0 {
-            return Err(format!("{} best saves after evaluations; give an {}", name("save"), name("eval_interval")));
-        }
-        if self.eval_interval > 0 && self.eval_iters == 0 {
-            return Err(format!("{} must be at least 1 when {} is set", name("eval_iters"), name("eval_interval")));
-        }
-        if self.eval_iters > MAX_EVAL_ITERS {
-            return Err(format!("{} {} is more than {MAX_EVAL_ITERS}", name("eval_iters"), self.eval_iters));
-        }
-        if self.log_interval == 0 {
-            return Err(format!("{} must be at least 1", name("log_interval")));
-        }
-        Ok(())
-    }
-}
-
 /// `__metadata__.train`: where a run stands.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainState {
@@ -323,7 +85,7 @@ pub struct TrainState {
     /// The batch generator's state, as a decimal string (exact in any JSON reader).
     pub rng_state: String,
     /// The run's settings.
-    pub settings: TrainSettings,
+    pub settings: RunSettings,
     /// The lowest validation loss so far, where the run keeps its best checkpoint only
     /// (`train --save best`): a resumed run saves again only below it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -627,7 +389,9 @@ fn read(bytes: &[u8], with_state: bool) -> Result<Checkpoint, CheckpointError> {
     let state = match meta.get("train") {
         None => None,
         Some(train) => {
-            let state: TrainState = serde_json::from_str(train).map_err(|e| bad(format!("train: {e}")))?;
+            let mut state: TrainState = serde_json::from_str(train).map_err(|e| bad(format!("train: {e}")))?;
+            // The model is the file's (older files store no shape in their settings).
+            state.settings = state.settings.with_model(config);
             state.rng()?;
             state.settings.validate(|f| format!("train.settings.{f}")).map_err(bad)?;
             Some(state)
@@ -783,8 +547,8 @@ mod tests {
         assert_eq!(written, 0, "nothing is written before every value is checked");
     }
 
-    fn settings() -> TrainSettings {
-        TrainSettings { batch: 1, iters: 5, lr_decay_iters: 5, warmup: 0, seed: 1, ..TrainSettings::defaults("x") }
+    fn settings() -> RunSettings {
+        RunSettings { batch: 1, iters: 5, lr_decay_iters: 5, warmup: 0, seed: 1, ..RunSettings::defaults("x") }
     }
 
     /// No header is written that the reader's limit refuses: the limit is the safetensors

@@ -38,6 +38,8 @@ pub mod parallel;
 pub mod plan;
 pub mod rng;
 pub mod run;
+#[cfg(all(feature = "alloc", feature = "serde"))]
+pub mod settings;
 pub mod simd;
 pub mod tape;
 pub mod tokenizer;

@@ -1,8 +1,8 @@
-//! A training run's defaults, presets and loop, written once for every frontend: the CLI
-//! (`alpha-native train`, blocking) and the page (alpha-web, async) read their defaults from
-//! [`DEFAULT`], their presets from [`PRESETS`], and drive the same [`RunLoop`], which says
-//! what comes next (evaluate, sample, train a step, save, finish); each frontend only carries
-//! the actions out on its engine and reports them as records.
+//! A training run's presets and loop, written once for every frontend: the CLI
+//! (`alpha-native train`, blocking) and the page (alpha-web, async) read their presets from
+//! [`PRESETS`] (their defaults: `settings::DEFAULT`) and drive the same [`RunLoop`], which
+//! says what comes next (evaluate, sample, train a step, save, finish); each frontend only
+//! carries the actions out on its engine and reports them as records.
 //!
 //! ```
 //! use alpha_core::run::{Action, Cadence, RunLoop};
@@ -27,81 +27,6 @@ use crate::model::SamplingConfig;
 /// How a run's samples are drawn: 200 tokens from a newline (see [`Tokenizer::sample_start`](crate::tokenizer::Tokenizer::sample_start)) at
 /// temperature 0.8 and top-k 200 (nanoGPT's `sample.py` defaults).
 pub const SAMPLES: SamplingConfig = SamplingConfig::new(200);
-
-/// The default run: nanoGPT's Shakespeare-char run sized for a CPU (4 layers, 4 heads, 128
-/// wide, block 64, batch 12, 2000 steps). The CLI's flags and the page's options default to
-/// these values; presets ([`PRESETS`]) change some of them.
-pub const DEFAULT: Defaults = Defaults {
-    layers: 4,
-    heads: 4,
-    embd: 128,
-    block: 64,
-    batch: 12,
-    iters: 2000,
-    lr: 1e-3,
-    min_lr: 1e-4,
-    warmup: 100,
-    weight_decay: 0.1,
-    beta1: 0.9,
-    beta2: 0.99,
-    grad_clip: 1.0,
-    grad_accum: 1,
-    seed: 1337,
-    dropout: 0.0,
-    eval_interval: 250,
-    eval_iters: 20,
-    sample_interval: 500,
-    checkpoint_interval: 500,
-    log_interval: 10,
-};
-
-/// The default value of every setting of a run (see [`DEFAULT`]); the names are the CLI's
-/// flags (and run files' keys) with `_` for `-`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Defaults {
-    /// Transformer blocks.
-    pub layers: usize,
-    /// Attention heads per block.
-    pub heads: usize,
-    /// Embedding width.
-    pub embd: usize,
-    /// Context length (the model's block size).
-    pub block: usize,
-    /// Sequences per micro-batch.
-    pub batch: usize,
-    /// Optimizer steps of the run.
-    pub iters: u64,
-    /// Peak learning rate.
-    pub lr: f64,
-    /// Final learning rate of the cosine decay.
-    pub min_lr: f64,
-    /// Linear warmup steps.
-    pub warmup: u64,
-    /// AdamW decoupled weight decay.
-    pub weight_decay: f64,
-    /// AdamW beta1.
-    pub beta1: f64,
-    /// AdamW beta2.
-    pub beta2: f64,
-    /// Global gradient-norm clip (0: none).
-    pub grad_clip: f64,
-    /// Micro-batches per optimizer step.
-    pub grad_accum: usize,
-    /// Seed of initialisation, batches, evaluation, samples and dropout masks.
-    pub seed: u64,
-    /// Dropout probability in training (nanoGPT's `dropout`; 0: none).
-    pub dropout: f64,
-    /// Steps between evaluations (0: none).
-    pub eval_interval: u64,
-    /// Batches per split and evaluation.
-    pub eval_iters: usize,
-    /// Steps between samples (0: none).
-    pub sample_interval: u64,
-    /// Steps between checkpoints (0: only at the end).
-    pub checkpoint_interval: u64,
-    /// Steps between logged records.
-    pub log_interval: u64,
-}
 
 /// A preset: a run file in the repository's `config/` directory (as nanoGPT's `config/*.py`),
 /// built into the library so that every frontend offers the same ones.

@@ -2,7 +2,7 @@
 //! disk.
 
 use crate::fsutil::write_atomic_with;
-pub use alpha_core::checkpoint::{check_header_room, Checkpoint, SaveError, SavePolicy, TrainSettings, TrainState, FORMAT};
+pub use alpha_core::checkpoint::{check_header_room, Checkpoint, SaveError, TrainState, FORMAT};
 use alpha_core::tokenizer::Tokenizer;
 use alpha_core::GptConfig;
 use std::io;

@@ -1,7 +1,7 @@
 //! `alpha-native train`: nanoGPT's training loop on the CPU or a GPU, with evaluation,
 //! samples, atomic checkpoints, exact resume, JSON Lines metrics and a progress bar.
 
-use crate::checkpoint::{self, SaveError, SavePolicy, TrainSettings, TrainState};
+use crate::checkpoint::{self, SaveError, TrainState};
 use crate::corpus;
 use crate::dataset::{self, Dataset};
 use crate::device::DeviceArgs;
@@ -16,7 +16,7 @@ use alpha_core::data::Tokens;
 use alpha_core::engine::{Driver, Engine, Event, Splits, StepError};
 use alpha_core::parallel::Parallel;
 use alpha_core::rng::{derive_seed, stream};
-use alpha_core::run::DEFAULT;
+use alpha_core::settings::{RunSettings, SavePolicy, DEFAULT};
 use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::train::{Ranks, RunState};
 use alpha_core::{data, GptConfig, Plan, Rng};
@@ -118,7 +118,7 @@ pub struct TrainArgs {
     pub save: SavePolicy,
     /// Checkpoints kept: DIR/ckpt.safetensors is the newest; with N above 1 the last N saves
     /// are also kept as DIR/ckpt-STEP.safetensors (1 to 1000).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = DEFAULT.keep)]
     pub keep: usize,
     /// Write checkpoints in the background: the run pauses only to copy its state (one
     /// snapshot of the parameters and AdamW moments in memory while it is written).
@@ -151,6 +151,42 @@ pub struct TrainArgs {
     /// run writes its resolved configuration to DIR/run.toml, which repeats it.
     #[arg(long, value_name = "FILE|PRESET")]
     pub config: Option<PathBuf>,
+}
+
+impl TrainArgs {
+    /// The run the flags describe, as a fresh run would take it: every field of
+    /// [`RunSettings`] from its one flag (the model's shape from `--model` where given).
+    pub fn settings(&self) -> RunSettings {
+        let m = &self.model;
+        let config = m.config(0);
+        RunSettings {
+            data: m.data_name(),
+            dataset: m.dataset.is_some(),
+            batch: m.batch,
+            iters: self.iters,
+            lr: self.lr,
+            lr_decay_iters: self.lr_decay_iters.unwrap_or(self.iters),
+            min_lr: self.min_lr,
+            warmup: self.warmup,
+            weight_decay: self.weight_decay,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            grad_clip: self.grad_clip,
+            grad_accum: self.grad_accum,
+            seed: self.seed,
+            dropout: m.dropout,
+            recompute: m.recompute,
+            eval_interval: self.eval_interval,
+            eval_iters: self.eval_iters,
+            sample_interval: self.sample_interval,
+            checkpoint_interval: self.checkpoint_interval,
+            log_interval: self.log_interval,
+            save: self.save,
+            keep: self.keep,
+            async_checkpoint: self.async_checkpoint,
+            ..RunSettings::default().with_model(config)
+        }
+    }
 }
 
 /// GPT-2's vocabulary: 50,000 merges, 256 bytes and `<|endoftext|>`.
@@ -363,7 +399,7 @@ impl Console {
 /// Resolved run: model, settings and where it starts.
 struct Run {
     config: GptConfig,
-    settings: TrainSettings,
+    settings: RunSettings,
     resume: Option<checkpoint::Checkpoint>,
     /// `--init-from`'s weights, cropped to the run's context.
     init: Option<checkpoint::Checkpoint>,
@@ -372,32 +408,7 @@ struct Run {
 }
 
 fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, String> {
-    let fresh_settings = TrainSettings {
-        data: args.model.data_name(),
-        dataset: args.model.dataset.is_some(),
-        batch: args.model.batch,
-        iters: args.iters,
-        lr: args.lr,
-        lr_decay_iters: args.lr_decay_iters.unwrap_or(args.iters),
-        min_lr: args.min_lr,
-        warmup: args.warmup,
-        weight_decay: args.weight_decay,
-        beta1: args.beta1,
-        beta2: args.beta2,
-        grad_clip: args.grad_clip,
-        grad_accum: args.grad_accum,
-        seed: args.seed,
-        dropout: args.model.dropout,
-        recompute: args.model.recompute,
-        eval_interval: args.eval_interval,
-        eval_iters: args.eval_iters,
-        sample_interval: args.sample_interval,
-        checkpoint_interval: args.checkpoint_interval,
-        log_interval: args.log_interval,
-        save: args.save,
-        keep: args.keep,
-        async_checkpoint: args.async_checkpoint,
-    };
+    let fresh_settings = args.settings();
     if let Some(from) = &args.init_from {
         if args.model.tokenizer.is_some() {
             return Err(format!("--tokenizer: --init-from {} brings its own tokenizer", from.display()));
@@ -411,10 +422,11 @@ fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, Str
         let to = GptConfig { block_size: block, vocab_size: args.model.padded_vocab(ck.config.vocab_size), ..ck.config };
         ck.params = resize_tables(&ck.params, ck.config, to)?;
         ck.config = to;
-        return Ok(Run { config: ck.config, settings: fresh_settings, resume: None, init: Some(ck), changed: Vec::new() });
+        return Ok(Run { config: ck.config, settings: fresh_settings.with_model(ck.config), resume: None, init: Some(ck), changed: Vec::new() });
     }
     let Some(path) = &args.resume else {
-        return Ok(Run { config: args.model.config(0), settings: fresh_settings, resume: None, init: None, changed: Vec::new() });
+        let config = args.model.config(0);
+        return Ok(Run { config, settings: fresh_settings.with_model(config), resume: None, init: None, changed: Vec::new() });
     };
     let ck = checkpoint::load(path)?;
     if args.model.tokenizer.is_some() {
@@ -1065,7 +1077,7 @@ const RUN_FILE_HEADER: &str = "# The resolved configuration of the run in this d
 /// cadence and backend as resolved from the defaults, --config, the checkpoint resumed and the
 /// flags; on a GPU (`gpu`), the precision and tensor-core use it resolved to, so that a repeat
 /// on another device runs the same arithmetic or says why it cannot.
-fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings, gpu: Option<&alpha_gpu::Gpu>) -> String {
+fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &RunSettings, gpu: Option<&alpha_gpu::Gpu>) -> String {
     let (int, float) = (|v: u64| v.to_string(), |v: f64| format!("{v:?}"));
     let mut entries = Vec::new();
     if s.data != corpus::EMBEDDED {
@@ -1109,4 +1121,43 @@ fn resolved_run_file(args: &TrainArgs, config: &GptConfig, s: &TrainSettings, gp
         entries.push((key, runfile::string(&value)));
     }
     runfile::write(RUN_FILE_HEADER, &entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::FromArgMatches;
+    use serde_json::Value;
+
+    /// Every setting of a run has exactly one flag of `train`, defaulting to the settings'
+    /// own default ([`DEFAULT`]), and a run of the default flags has the default settings.
+    #[test]
+    fn every_setting_has_one_flag_and_its_default() {
+        let command = crate::cli::command();
+        let train = command.find_subcommand("train").expect("train");
+        let Value::Object(defaults) = serde_json::to_value(DEFAULT).unwrap() else { panic!("settings serialise to an object") };
+        // Flags whose default is derived, not a value of their own: the text (--data, or
+        // --dataset, which `dataset` records), the decay's end (--iters), the block (64, or
+        // GPT-2's 1024 with --model).
+        let derived = ["data", "dataset", "lr_decay_iters", "block"];
+        for (field, default) in &defaults {
+            let long = field.replace('_', "-");
+            let flags: Vec<_> = train.get_arguments().filter(|a| a.get_long() == Some(long.as_str())).collect();
+            assert_eq!(flags.len(), 1, "setting {field} has {} flags --{long}", flags.len());
+            if derived.contains(&field.as_str()) {
+                continue;
+            }
+            let given: Vec<String> = flags[0].get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+            let same = match default {
+                Value::Number(n) => given.len() == 1 && given[0].parse::<f64>().ok() == n.as_f64(),
+                Value::Bool(b) => given.is_empty() && !b || given == [b.to_string()],
+                Value::String(s) => given == [s.clone()],
+                _ => false,
+            };
+            assert!(same, "--{long} defaults to {given:?}, the setting to {default}");
+        }
+        let matches = train.clone().try_get_matches_from(["train"]).unwrap();
+        let args = TrainArgs::from_arg_matches(&matches).unwrap();
+        assert_eq!(RunSettings { data: String::new(), ..args.settings() }, DEFAULT);
+    }
 }

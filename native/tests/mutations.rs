@@ -7,7 +7,8 @@
 
 mod common;
 
-use alpha_core::checkpoint::{self, TrainSettings, TrainState};
+use alpha_core::checkpoint::{self, TrainState};
+use alpha_core::settings::RunSettings;
 use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::{GptConfig, Plan, Rng};
 use common::*;
@@ -35,7 +36,7 @@ fn base_checkpoint(resumable: bool) -> Vec<u8> {
     let mut rng = Rng::new(1);
     let mut arena = || (0..plan.params_len()).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
     let (params, m, v) = (arena(), arena(), arena().iter().map(|x| x * x).collect::<Vec<f32>>());
-    let settings = TrainSettings { batch: 2, iters: 10, lr_decay_iters: 10, warmup: 2, seed: 7, ..TrainSettings::defaults("text.txt") };
+    let settings = RunSettings { batch: 2, iters: 10, lr_decay_iters: 10, warmup: 2, seed: 7, ..RunSettings::defaults("text.txt") };
     let state = TrainState { step: 3, rng_state: "12345".into(), settings, best_val_loss: None, loss_scale: None };
     let tokenizer = Tokenizer::from(CharTokenizer::new(CHARS.chars().collect()).unwrap());
     checkpoint::to_bytes(CONFIG, &tokenizer, &params, resumable.then_some((&m[..], &v[..], &state))).unwrap()

@@ -4,6 +4,7 @@
 
 mod common;
 
+use alpha_core::settings::SavePolicy;
 use alpha_native::checkpoint;
 use common::*;
 use std::fs;
@@ -281,7 +282,7 @@ fn a_resume_keeps_the_runs_own_settings() {
     let ckpt = train(&dir, &first);
     let before = checkpoint::load(&ckpt).unwrap().optimizer.unwrap().2;
     let s = &before.settings;
-    assert_eq!((s.save, s.keep, s.eval_interval, s.eval_iters, s.log_interval, s.recompute), (checkpoint::SavePolicy::Best, 1, 20, 2, 7, true));
+    assert_eq!((s.save, s.keep, s.eval_interval, s.eval_iters, s.log_interval, s.recompute), (SavePolicy::Best, 1, 20, 2, 7, true));
     let best = before.best_val_loss.unwrap();
     // A learning rate that wrecks the model: no evaluation beats the best, nothing is saved.
     let o = run(&dir, &["train", "--resume", "out/ckpt.safetensors", "--iters", "80", "--lr", "0.5", "--threads", "2"]);
@@ -291,13 +292,13 @@ fn a_resume_keeps_the_runs_own_settings() {
     assert!(out.contains("step 60: train loss") && out.contains("step 80: train loss"), "the evaluations of the stored interval: {out}");
     let after = checkpoint::load(&ckpt).unwrap().optimizer.unwrap().2;
     assert!(after.best_val_loss.is_some_and(|b| b <= best), "the best checkpoint was replaced by a worse model: {:?} after {best}", after.best_val_loss);
-    assert_eq!(after.settings.save, checkpoint::SavePolicy::Best);
+    assert_eq!(after.settings.save, SavePolicy::Best);
     // A flag given on resume overrides the stored setting.
     let o = run(&dir, &["train", "--resume", "out/ckpt.safetensors", "--iters", "90", "--save", "always", "--eval-interval", "0", "--threads", "2"]);
     assert_ok(&o);
     assert!(stdout(&o).contains("--eval-interval 0 (was 20), --save always (was best)"), "{}", stdout(&o));
     let last = checkpoint::load(&ckpt).unwrap().optimizer.unwrap().2;
-    assert_eq!((last.step, last.settings.save, last.settings.eval_interval, last.settings.log_interval), (90, checkpoint::SavePolicy::Always, 0, 7));
+    assert_eq!((last.step, last.settings.save, last.settings.eval_interval, last.settings.log_interval), (90, SavePolicy::Always, 0, 7));
 }
 
 /// Sends `signal` (e.g. "TERM") to process `pid` (the shell's builtin kill: no procps needed).

@@ -3,10 +3,11 @@
 //! `lm_head.weight`), and a save/load round trip must be bit-exact.
 
 use alpha_core::model::init_params;
+use alpha_core::settings::RunSettings;
 use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::train::LossScaleState;
 use alpha_core::{GptConfig, Plan, Rng};
-use alpha_native::checkpoint::{self, TrainSettings, TrainState};
+use alpha_native::checkpoint::{self, TrainState};
 use safetensors::SafeTensors;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,8 +20,8 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-fn settings() -> TrainSettings {
-    TrainSettings { batch: 2, iters: 10, lr_decay_iters: 10, warmup: 2, seed: 7, ..TrainSettings::defaults("x.txt") }
+fn settings() -> RunSettings {
+    RunSettings { batch: 2, iters: 10, lr_decay_iters: 10, warmup: 2, seed: 7, ..RunSettings::defaults("x.txt") }
 }
 
 /// nanoGPT's `GPT.state_dict()` keys and shapes for `CFG` (with bias=True), `lm_head` left out.

@@ -24,16 +24,17 @@ mod options;
 #[cfg(target_feature = "atomics")]
 mod threads;
 
-use alpha_core::checkpoint::{self, TrainSettings, TrainState};
+use alpha_core::checkpoint::{self, TrainState};
 use alpha_core::engine::{estimate_loss, Driver, Engine, Event, Splits};
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::run::PRESETS;
+use alpha_core::settings::RunSettings;
 use alpha_core::tokenizer::bpe::END_OF_TEXT;
 use alpha_core::tokenizer::train::WordCounts;
 use alpha_core::tokenizer::{self, hf, CharTokenizer, Tokenizer};
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
-use options::{camel, Options, Raw, TokenizerChoice};
+use options::{camel, Options, TokenizerChoice};
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
 
@@ -76,7 +77,7 @@ struct Stats {
 #[wasm_bindgen]
 pub struct Trainer {
     config: GptConfig,
-    settings: TrainSettings,
+    settings: RunSettings,
     tok: Tokenizer,
     tokens: Vec<u32>,
     eval_iters: usize,
@@ -140,11 +141,11 @@ impl Trainer {
             }
             TokenizerChoice::Json(json) => hf::from_tokenizer_json(json).map_err(|e| js_error(format!("tokenizerJson: {e}")))?.into(),
         };
-        let config = opts.config(tok.vocab_size());
-        let settings = opts.settings();
+        let config = opts.settings.config(tok.vocab_size());
+        let settings = opts.settings.clone();
         let plan = settings.plan(config).map_err(js_error)?;
-        let tokens = tokenize(&tok, &text, opts.block)?;
-        let start = RunState::fresh(&plan, opts.seed).map_err(js_error)?;
+        let tokens = tokenize(&tok, &text, settings.block)?;
+        let start = RunState::fresh(&plan, settings.seed).map_err(js_error)?;
         Trainer::build(&opts, settings, tok, tokens, plan, start).await
     }
 
@@ -154,7 +155,7 @@ impl Trainer {
     pub fn presets() -> Result<js_sys::Array, JsError> {
         let out = js_sys::Array::new();
         for p in PRESETS {
-            let options = Raw::defaults_object()?;
+            let options = Options::defaults_object()?;
             let table: toml::Table = p.toml.parse().map_err(|e: toml::de::Error| js_error(format!("preset {}: {}", p.name, e.message())))?;
             for (key, value) in table {
                 let value = match value {
@@ -187,12 +188,12 @@ impl Trainer {
         let (moments, step, rng, mut settings, loss_scale) = match ck.optimizer {
             Some((m, v, state)) => (Some((m, v)), state.step, state.rng().map_err(js_error)?, state.settings, state.loss_scale),
             // Weights only: a fresh optimizer with this page's settings.
-            None => (None, 0, Rng::new(derive_seed(opts.seed, stream::BATCHES, 0)), opts.settings(), None),
+            None => (None, 0, Rng::new(derive_seed(opts.settings.seed, stream::BATCHES, 0)), opts.settings.clone().with_model(ck.config), None),
         };
-        if opts.iters_given {
-            settings.iters = opts.iters;
+        if opts.gave("iters") {
+            settings.iters = opts.settings.iters;
         }
-        settings.recompute = opts.recompute;
+        settings.recompute = opts.settings.recompute;
         let plan = settings.plan(ck.config).map_err(js_error)?;
         let tokens = tokenize(&tok, &text, ck.config.block_size)?;
         let start = RunState { params: ck.params, moments, step, rng };
@@ -203,10 +204,11 @@ impl Trainer {
         Ok(trainer)
     }
 
-    async fn build(opts: &Options, settings: TrainSettings, tok: Tokenizer, tokens: Vec<u32>, plan: Plan, start: RunState<f32>) -> Result<Trainer, JsError> {
+    async fn build(opts: &Options, settings: RunSettings, tok: Tokenizer, tokens: Vec<u32>, plan: Plan, start: RunState<f32>) -> Result<Trainer, JsError> {
         let cfg = settings.train_config();
-        let eval_iters = opts.eval_iters;
-        let driver = Driver::new(opts.cadence(settings.iters), start.step, settings.seed, eval_iters).reporting_every_step();
+        let eval_iters = opts.settings.eval_iters;
+        let cadence = alpha_core::run::Cadence { iters: settings.iters, ..opts.settings.cadence() };
+        let driver = Driver::new(cadence, start.step, settings.seed, eval_iters).reporting_every_step();
         let (engine, fallback) = engine::open(opts.backend, plan, cfg, start, opts.threads).await.map_err(js_error)?;
         Ok(Trainer { config: plan.config, settings, tok, tokens, eval_iters, engine, fallback, tokens_per_sec: None, driver, saved: None })
     }

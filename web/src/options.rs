@@ -1,10 +1,11 @@
-//! The options object `Trainer.create` takes: `alpha-native train`'s flags in camelCase,
-//! every field optional, the defaults `alpha_core::run::DEFAULT`'s.
+//! The options object `Trainer.create` takes: alpha-core's [`RunSettings`] in camelCase
+//! (`alpha-native train`'s flags), every field optional, the defaults
+//! `alpha_core::settings::DEFAULT`'s; and the page's own: `backend`, `threads`, `vocabSize`,
+//! `tokenizerJson`.
 
-use alpha_core::checkpoint::{SavePolicy, TrainSettings};
-use alpha_core::run::{Cadence, DEFAULT};
-use alpha_core::GptConfig;
+use alpha_core::settings::{RunSettings, DEFAULT};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use wasm_bindgen::prelude::*;
 
 /// Where to train.
@@ -19,86 +20,12 @@ pub enum BackendChoice {
     Cpu,
 }
 
-/// The fields of the options object.
-#[derive(Debug, Deserialize, Serialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
-pub struct Raw {
-    layers: usize,
-    heads: usize,
-    embd: usize,
-    block: usize,
-    batch: usize,
-    lr: f64,
-    min_lr: f64,
-    warmup: u64,
-    iters: Option<u64>,
-    lr_decay_iters: Option<u64>,
-    weight_decay: f64,
-    beta1: f64,
-    beta2: f64,
-    grad_clip: f64,
-    grad_accum: usize,
-    seed: u64,
-    eval_iters: usize,
-    eval_interval: u64,
-    sample_interval: u64,
-    checkpoint_interval: u64,
-    log_interval: u64,
-    backend: BackendChoice,
-    recompute: bool,
-    dropout: f64,
-    /// CPU threads (the threads build; others run one). Default: the browser's
-    /// `navigator.hardwareConcurrency`.
-    threads: Option<usize>,
-    /// Learn a byte-level BPE tokenizer of this many tokens from the text, in the page
-    /// (`alpha-native tokenizer train`'s). Default: the text's characters.
-    vocab_size: Option<usize>,
-    /// A Hugging Face tokenizer.json (its text) to encode the text with.
-    tokenizer_json: Option<String>,
-}
+/// Settings of a run the page has no use for (it writes no files, its text is given): not
+/// options of the page.
+const NOT_IN_THE_PAGE: [&str; 5] = ["data", "dataset", "save", "keep", "async_checkpoint"];
 
-impl Default for Raw {
-    fn default() -> Self {
-        let d = DEFAULT;
-        Raw {
-            layers: d.layers,
-            heads: d.heads,
-            embd: d.embd,
-            block: d.block,
-            batch: d.batch,
-            lr: d.lr,
-            min_lr: d.min_lr,
-            warmup: d.warmup,
-            iters: None,
-            lr_decay_iters: None,
-            weight_decay: d.weight_decay,
-            beta1: d.beta1,
-            beta2: d.beta2,
-            grad_clip: d.grad_clip,
-            grad_accum: d.grad_accum,
-            seed: d.seed,
-            eval_iters: d.eval_iters,
-            eval_interval: d.eval_interval,
-            sample_interval: d.sample_interval,
-            checkpoint_interval: d.checkpoint_interval,
-            log_interval: d.log_interval,
-            backend: BackendChoice::Auto,
-            recompute: false,
-            dropout: d.dropout,
-            threads: None,
-            vocab_size: None,
-            tokenizer_json: None,
-        }
-    }
-}
-
-impl Raw {
-    /// Every option at its default (the run's length too) as a JS object: a preset's base.
-    pub fn defaults_object() -> Result<JsValue, JsError> {
-        let raw = Raw { iters: Some(DEFAULT.iters), ..Raw::default() };
-        serde_wasm_bindgen::to_value(&raw).map_err(|e| JsError::new(&e.to_string()))
-    }
-}
+/// What the page's text is recorded as in a checkpoint's settings.
+const BROWSER_TEXT: &str = "<browser text>";
 
 /// The most CPU threads the page uses.
 const MAX_THREADS: usize = 64;
@@ -112,22 +39,14 @@ fn hardware_concurrency() -> usize {
 
 /// Validated options.
 pub struct Options {
-    raw: Raw,
-    /// Model and batch shape.
-    pub block: usize,
-    /// Seed of the run.
-    pub seed: u64,
-    /// Steps of the run (the end of the learning-rate schedule).
-    pub iters: u64,
-    /// Whether `iters` was given.
-    pub iters_given: bool,
-    /// Batches per split and evaluation.
-    pub eval_iters: usize,
+    /// The run's settings (model, optimizer, schedule, intervals, dropout, recompute).
+    pub settings: RunSettings,
+    /// The settings the object gave (snake_case): a loaded checkpoint keeps the others.
+    given: Vec<String>,
     /// Where to train.
     pub backend: BackendChoice,
-    /// Activation checkpointing ([`alpha_core::Plan::with_recompute`]).
-    pub recompute: bool,
-    /// CPU threads (see [`Raw`]'s `threads`).
+    /// CPU threads (the threads build; others run one). Default: the browser's
+    /// `navigator.hardwareConcurrency`.
     pub threads: usize,
     /// How the text becomes tokens.
     pub tokenizer: TokenizerChoice,
@@ -137,9 +56,9 @@ pub struct Options {
 pub enum TokenizerChoice {
     /// One token per character of the text.
     Chars,
-    /// Byte-level BPE of this many tokens, learned from the text.
+    /// Byte-level BPE of this many tokens, learned from the text (`vocabSize`).
     Learn(usize),
-    /// A Hugging Face tokenizer.json's text.
+    /// A Hugging Face tokenizer.json's text (`tokenizerJson`).
     Json(String),
 }
 
@@ -160,102 +79,105 @@ pub fn camel(field: &str) -> String {
     out
 }
 
+/// `camelCase` as the settings spell it.
+fn snake(field: &str) -> String {
+    let mut out = String::new();
+    for ch in field.chars() {
+        if ch.is_ascii_uppercase() {
+            out.push('_');
+            out.push(ch.to_ascii_lowercase());
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+fn error(msg: impl core::fmt::Display) -> JsError {
+    JsError::new(&msg.to_string())
+}
+
+/// The settings the page offers, at their defaults, by their snake_case names.
+fn page_settings() -> Map<String, Value> {
+    let Ok(Value::Object(mut all)) = serde_json::to_value(DEFAULT) else { unreachable!("settings serialise to an object") };
+    all.retain(|k, _| !NOT_IN_THE_PAGE.contains(&k.as_str()));
+    all
+}
+
+/// Takes the page's own option `key` out of `object`.
+fn take<T: serde::de::DeserializeOwned>(object: &mut Map<String, Value>, key: &str) -> Result<Option<T>, JsError> {
+    object.remove(key).filter(|v| !v.is_null()).map(|v| serde_json::from_value(v).map_err(|e| error(format!("{key}: {e}")))).transpose()
+}
+
 impl Options {
     /// Reads and checks an options object (`undefined` and `null` mean all defaults).
     pub fn from_js(value: JsValue) -> Result<Options, JsError> {
-        let raw: Raw = if value.is_undefined() || value.is_null() {
-            Raw::default()
+        let mut object: Map<String, Value> = if value.is_undefined() || value.is_null() {
+            Map::new()
         } else {
-            serde_wasm_bindgen::from_value(value).map_err(|e| JsError::new(&format!("options: {e}")))?
+            serde_wasm_bindgen::from_value(value).map_err(|e| error(format!("options: {e}")))?
         };
-        if raw.eval_iters == 0 {
-            return Err(JsError::new("evalIters must be at least 1"));
-        }
-        if raw.log_interval == 0 {
-            return Err(JsError::new("logInterval must be at least 1"));
-        }
-        let iters = raw.iters.unwrap_or(DEFAULT.iters);
-        let options = Options {
-            block: raw.block,
-            seed: raw.seed,
-            iters,
-            iters_given: raw.iters.is_some(),
-            eval_iters: raw.eval_iters,
-            backend: raw.backend,
-            recompute: raw.recompute,
-            threads: match raw.threads {
-                Some(0) => return Err(JsError::new("threads must be at least 1")),
-                Some(n) => n.min(MAX_THREADS),
-                None => hardware_concurrency().min(MAX_THREADS),
-            },
-            tokenizer: match (raw.vocab_size, &raw.tokenizer_json) {
-                (Some(_), Some(_)) => return Err(JsError::new("give vocabSize (learn a tokenizer) or tokenizerJson (use one), not both")),
-                (Some(n), None) => TokenizerChoice::Learn(n),
-                (None, Some(json)) => TokenizerChoice::Json(json.clone()),
-                (None, None) => TokenizerChoice::Chars,
-            },
-            raw,
+        let backend = take(&mut object, "backend")?.unwrap_or(BackendChoice::Auto);
+        let threads = match take::<usize>(&mut object, "threads")? {
+            Some(0) => return Err(error("threads must be at least 1")),
+            Some(n) => n.min(MAX_THREADS),
+            None => hardware_concurrency().min(MAX_THREADS),
         };
-        options.settings().validate(camel).map_err(|e| JsError::new(&e))?;
-        Ok(options)
-    }
-
-    /// When the run evaluates, samples, saves and logs, up to step `iters`.
-    pub fn cadence(&self, iters: u64) -> Cadence {
-        let r = &self.raw;
-        Cadence {
-            iters,
-            eval_interval: r.eval_interval,
-            sample_interval: r.sample_interval,
-            checkpoint_interval: r.checkpoint_interval,
-            log_interval: r.log_interval,
+        let tokenizer = match (take(&mut object, "vocabSize")?, take(&mut object, "tokenizerJson")?) {
+            (Some(_), Some(_)) => return Err(error("give vocabSize (learn a tokenizer) or tokenizerJson (use one), not both")),
+            (Some(n), None) => TokenizerChoice::Learn(n),
+            (None, Some(json)) => TokenizerChoice::Json(json),
+            (None, None) => TokenizerChoice::Chars,
+        };
+        let mut settings = page_settings();
+        let mut given = Vec::new();
+        // An option given as undefined or null is not given.
+        for (key, value) in object.into_iter().filter(|(_, v)| !v.is_null()) {
+            let field = snake(&key);
+            if !settings.contains_key(&field) {
+                return Err(error(format!("options: unknown option `{key}`")));
+            }
+            settings.insert(field.clone(), value);
+            given.push(field);
         }
-    }
-
-    /// The model for a vocabulary of `vocab_size`.
-    pub fn config(&self, vocab_size: usize) -> GptConfig {
-        let r = &self.raw;
-        GptConfig { vocab_size, block_size: r.block, n_layer: r.layers, n_head: r.heads, n_embd: r.embd }
-    }
-
-    /// The run's settings, as a checkpoint stores them.
-    pub fn settings(&self) -> TrainSettings {
-        let r = &self.raw;
-        TrainSettings {
-            data: "<browser text>".into(),
-            dataset: false,
-            batch: r.batch,
-            iters: self.iters,
-            lr: r.lr,
-            lr_decay_iters: r.lr_decay_iters.unwrap_or(self.iters),
-            min_lr: r.min_lr,
-            warmup: r.warmup,
-            weight_decay: r.weight_decay,
-            beta1: r.beta1,
-            beta2: r.beta2,
-            grad_clip: r.grad_clip,
-            grad_accum: r.grad_accum,
-            seed: r.seed,
-            dropout: r.dropout,
-            recompute: r.recompute,
-            eval_interval: r.eval_interval,
-            eval_iters: r.eval_iters,
-            sample_interval: r.sample_interval,
-            checkpoint_interval: r.checkpoint_interval,
-            log_interval: r.log_interval,
-            save: SavePolicy::Always,
-            keep: 1,
-            async_checkpoint: false,
+        // The learning rate decays over the whole run unless told otherwise.
+        if !given.iter().any(|g| g == "lr_decay_iters") {
+            settings.insert("lr_decay_iters".into(), settings["iters"].clone());
         }
+        let settings: RunSettings = serde_json::from_value(Value::Object(settings)).map_err(|e| error(format!("options: {e}")))?;
+        let settings = RunSettings { data: BROWSER_TEXT.into(), ..settings };
+        // The page's evaluate() draws evalIters batches whatever the interval.
+        if settings.eval_iters == 0 {
+            return Err(error("evalIters must be at least 1"));
+        }
+        settings.validate(camel).map_err(error)?;
+        Ok(Options { settings, given, backend, threads, tokenizer })
+    }
+
+    /// Whether the object gave `field` (snake_case).
+    pub fn gave(&self, field: &str) -> bool {
+        self.given.iter().any(|g| g == field)
+    }
+
+    /// Every option at its default (the run's length too) as a JS object: a preset's base.
+    pub fn defaults_object() -> Result<JsValue, JsError> {
+        let mut object = Map::new();
+        // Without lrDecayIters: the decay follows the run's length.
+        for (key, value) in page_settings().into_iter().filter(|(k, _)| k != "lr_decay_iters") {
+            object.insert(camel(&key), value);
+        }
+        object.insert("backend".into(), Value::String("auto".into()));
+        object.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).map_err(error)
     }
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn camel_case_field_names() {
-        assert_eq!(super::camel("min_lr"), "minLr");
-        assert_eq!(super::camel("grad_accum"), "gradAccum");
-        assert_eq!(super::camel("lr"), "lr");
+    fn names_convert_both_ways() {
+        for (snake, camel) in [("min_lr", "minLr"), ("grad_accum", "gradAccum"), ("lr", "lr"), ("lr_decay_iters", "lrDecayIters")] {
+            assert_eq!(super::camel(snake), camel);
+            assert_eq!(super::snake(camel), snake);
+        }
     }
 }
