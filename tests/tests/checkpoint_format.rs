@@ -62,7 +62,7 @@ fn tensors_are_nanogpt_state_dict_and_round_trip_exactly() {
     let v: Vec<f32> = (0..params.len()).map(|i| (i as f32).sqrt()).collect();
     // A GPU run's loss scaling state (f16 products) round-trips too.
     let loss_scale = Some(LossScaleState { scale: 32768.0, good_steps: 17 });
-    let state = TrainState { step: 42, rng_state: u64::MAX.to_string(), settings: settings(), best_val_loss: None, loss_scale };
+    let state = TrainState { step: 42, rng_state: u64::MAX.to_string(), settings: settings().with_model(CFG), best_val_loss: None, loss_scale };
     let tokenizer = Tokenizer::from(CharTokenizer::new(vec!['\n', ' ', 'a', 'b', 'é']).unwrap());
     let path = tmp("roundtrip.safetensors");
     checkpoint::save(&path, CFG, &tokenizer, &params, Some((&m, &v, &state))).unwrap();
