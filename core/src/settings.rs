@@ -40,7 +40,7 @@ pub struct RunSettings {
     /// default text.
     pub data: String,
     /// Whether `data` names a prepared dataset (`train --dataset`) rather than a text.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default)]
     pub dataset: bool,
     /// Sequences per micro-batch.
     pub batch: usize,
@@ -67,7 +67,7 @@ pub struct RunSettings {
     /// Seed of the run (initialisation, batches, evaluation, dropout masks).
     pub seed: u64,
     /// Dropout probability in training (0: none; older checkpoints have none).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default)]
     pub dropout: f64,
     /// Activation checkpointing (each block's forward run again before its backward).
     #[serde(default)]
@@ -97,10 +97,6 @@ pub struct RunSettings {
     /// Whether checkpoints are written in the background.
     #[serde(default)]
     pub async_checkpoint: bool,
-}
-
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
 }
 
 fn default_eval_interval() -> u64 {
@@ -159,10 +155,6 @@ impl core::fmt::Display for SavePolicy {
 pub const MAX_EVAL_ITERS: usize = 1_000_000;
 /// The most checkpoints a run may keep (`keep`).
 pub const MAX_KEEP: usize = 1000;
-
-fn is_false(b: &bool) -> bool {
-    !*b
-}
 
 /// The default run: nanoGPT's Shakespeare-char run sized for a CPU (4 layers, 4 heads, 128
 /// wide, block 64, batch 12, 2000 steps, the learning rate decaying over all of them). The

@@ -97,11 +97,15 @@ fn error(msg: impl core::fmt::Display) -> JsError {
     JsError::new(&msg.to_string())
 }
 
-/// The settings the page offers, at their defaults, by their snake_case names.
-fn page_settings() -> Map<String, Value> {
-    let Ok(Value::Object(mut all)) = serde_json::to_value(DEFAULT) else { unreachable!("settings serialise to an object") };
-    all.retain(|k, _| !NOT_IN_THE_PAGE.contains(&k.as_str()));
+/// Every setting at its default, by its snake_case name.
+fn default_settings() -> Map<String, Value> {
+    let Ok(Value::Object(all)) = serde_json::to_value(DEFAULT) else { unreachable!("settings serialise to an object") };
     all
+}
+
+/// Whether the page offers setting `field` (snake_case) as an option.
+fn offered(field: &str) -> bool {
+    default_settings().contains_key(field) && !NOT_IN_THE_PAGE.contains(&field)
 }
 
 /// Takes the page's own option `key` out of `object`.
@@ -129,12 +133,12 @@ impl Options {
             (None, Some(json)) => TokenizerChoice::Json(json),
             (None, None) => TokenizerChoice::Chars,
         };
-        let mut settings = page_settings();
+        let mut settings = default_settings();
         let mut given = Vec::new();
         // An option given as undefined or null is not given.
         for (key, value) in object.into_iter().filter(|(_, v)| !v.is_null()) {
             let field = snake(&key);
-            if !settings.contains_key(&field) {
+            if !offered(&field) {
                 return Err(error(format!("options: unknown option `{key}`")));
             }
             settings.insert(field.clone(), value);
@@ -159,14 +163,19 @@ impl Options {
         self.given.iter().any(|g| g == field)
     }
 
-    /// Every option at its default (the run's length too) as a JS object: a preset's base.
+    /// Every option at its default (the run's length too; `null` where the default is
+    /// chosen at the start: threads, tokenizer) as a JS object: a preset's base.
     pub fn defaults_object() -> Result<JsValue, JsError> {
         let mut object = Map::new();
         // Without lrDecayIters: the decay follows the run's length.
-        for (key, value) in page_settings().into_iter().filter(|(k, _)| k != "lr_decay_iters") {
+        for (key, value) in default_settings().into_iter().filter(|(k, _)| offered(k) && k != "lr_decay_iters") {
             object.insert(camel(&key), value);
         }
         object.insert("backend".into(), Value::String("auto".into()));
+        // The page's own options without a fixed default (null: not given).
+        for key in ["threads", "vocabSize", "tokenizerJson"] {
+            object.insert(key.into(), Value::Null);
+        }
         object.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).map_err(error)
     }
 }
