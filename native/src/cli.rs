@@ -1,6 +1,8 @@
 //! The command line: `alpha-native`'s subcommands, parsed by clap, and its errors as one line.
 
-use crate::{bench, dataset, eval, export, info, report, runfile, sample, tokenizer, train};
+use crate::cmd::{bench, eval, export, info, prepare, report, sample, tokenizer, train};
+use crate::run::args::TrainArgs;
+use crate::runfile;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::ffi::OsString;
@@ -16,7 +18,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Train a GPT (default: nanoGPT's Shakespeare-char CPU run on the embedded corpus).
-    Train(Box<train::TrainArgs>),
+    Train(Box<TrainArgs>),
     /// Generate text from a checkpoint.
     Sample(sample::SampleArgs),
     /// Print the mean cross-entropy of a checkpoint on a text file as one JSON line.
@@ -30,7 +32,7 @@ enum Command {
     /// Write a model as a Hugging Face GPT-2 directory (transformers' from_pretrained loads it).
     Export(export::ExportArgs),
     /// Tokenize text or JSONL into a dataset for `train --dataset` (nanoGPT's train.bin/val.bin).
-    Prepare(dataset::PrepareArgs),
+    Prepare(prepare::PrepareArgs),
     /// Train, apply and inspect byte-level BPE tokenizers (Hugging Face tokenizer.json).
     #[command(subcommand)]
     Tokenizer(tokenizer::TokenizerCommand),
@@ -89,7 +91,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), String> {
         Command::Info(args) => info::run(args),
         Command::Report(args) => report::run(args),
         Command::Tokenizer(command) => tokenizer::run(command),
-        Command::Prepare(args) => dataset::prepare(args),
+        Command::Prepare(args) => prepare::run(args),
         Command::Export(args) => export::run(args),
     }
 }

@@ -1,30 +1,29 @@
 //! # alpha-native
 //!
-//! The Alpha command line (`alpha-native train | sample | eval | bench | info | report | export | prepare | tokenizer`) as a library: the commands,
-//! the checkpoint format and the file helpers they share.
+//! The Alpha command line (`alpha-native train | sample | eval | bench | info | report |
+//! export | prepare | tokenizer`) as a library: the commands ([`cmd`], one file each), the
+//! arguments they share ([`args`]), the parts of a training run ([`run`]), and the services
+//! beneath them (checkpoints, datasets, devices, files, ranks, reports, tokenizers).
 
-pub mod bench;
+pub mod args;
 pub mod checkpoint;
 pub mod cli;
+pub mod cmd;
 pub mod corpus;
 pub mod dataset;
 pub mod device;
 pub mod engine;
-pub mod eval;
-pub mod export;
 pub mod fsutil;
 pub mod hf_model;
 pub mod hugepages;
-pub mod info;
 pub mod interrupt;
 pub mod memory;
 pub mod peak;
 pub mod ranks;
 pub mod report;
+pub mod run;
 pub mod runfile;
-pub mod sample;
 pub mod serve;
 pub mod step;
 pub mod tokenizer;
 pub mod trace;
-pub mod train;

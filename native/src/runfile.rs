@@ -4,7 +4,12 @@
 //! repository's `config/`) are run files built into the binary. Each run writes its resolved
 //! configuration, a run file that repeats it, beside its checkpoint.
 
+use crate::corpus;
+use crate::device::Backend;
+use crate::run::args::TrainArgs;
 use alpha_core::run::{preset, PRESETS};
+use alpha_core::settings::RunSettings;
+use alpha_core::GptConfig;
 use std::ffi::OsString;
 use std::path::Path;
 
@@ -95,6 +100,59 @@ pub fn write(header: &str, entries: &[(&str, String)]) -> String {
 /// `s` as a TOML basic string (JSON's escapes are TOML's).
 pub fn string(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
+}
+
+/// The first line of every run file a run writes (the mark that it may replace it).
+pub const RUN_FILE_HEADER: &str = "# The resolved configuration of the run in this directory: `alpha-native train --config\n# THIS_FILE --out NEW_DIR` repeats it; keys are train's flags with `_` for `-`.\n";
+
+/// The run file that repeats this run (`train --config DIR/run.toml`): its model, settings,
+/// cadence and backend as resolved from the defaults, --config, the checkpoint resumed and the
+/// flags; on a GPU (`gpu`), the precision and tensor-core use it resolved to, so that a repeat
+/// on another device runs the same arithmetic or says why it cannot.
+pub fn resolved(args: &TrainArgs, config: &GptConfig, s: &RunSettings, gpu: Option<&alpha_gpu::Gpu>) -> String {
+    let (int, float) = (|v: u64| v.to_string(), |v: f64| format!("{v:?}"));
+    let mut entries = Vec::new();
+    if s.data != corpus::EMBEDDED {
+        entries.push((if s.dataset { "dataset" } else { "data" }, string(&s.data)));
+    }
+    entries.extend(args.model.tokenizer.as_ref().map(|t| ("tokenizer", string(&t.to_string_lossy()))));
+    entries.extend(args.init_from.as_ref().map(|p| ("init_from", string(&p.to_string_lossy()))));
+    entries.extend([
+        ("layers", int(config.n_layer as u64)),
+        ("heads", int(config.n_head as u64)),
+        ("embd", int(config.n_embd as u64)),
+        ("block", int(config.block_size as u64)),
+        ("batch", int(s.batch as u64)),
+        ("grad_accum", int(s.grad_accum as u64)),
+        ("iters", int(s.iters)),
+        ("lr", float(s.lr)),
+        ("lr_decay_iters", int(s.lr_decay_iters)),
+        ("min_lr", float(s.min_lr)),
+        ("warmup", int(s.warmup)),
+        ("weight_decay", float(s.weight_decay)),
+        ("beta1", float(s.beta1)),
+        ("beta2", float(s.beta2)),
+        ("grad_clip", float(s.grad_clip)),
+        ("seed", int(s.seed)),
+        ("dropout", float(s.dropout)),
+        ("eval_interval", int(s.eval_interval)),
+        ("eval_iters", int(s.eval_iters as u64)),
+        ("sample_interval", int(s.sample_interval)),
+        ("checkpoint_interval", int(s.checkpoint_interval)),
+        ("log_interval", int(s.log_interval)),
+        ("save", string(s.save.name())),
+        ("keep", int(s.keep as u64)),
+        ("async_checkpoint", s.async_checkpoint.to_string()),
+        ("zero", int(u64::from(args.zero))),
+        ("recompute", s.recompute.to_string()),
+        ("vocab_pad", int(args.model.vocab_pad as u64)),
+        ("backend", string(if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" })),
+    ]);
+    entries.extend(args.device.adapter.as_deref().map(|a| ("adapter", string(a))));
+    for (key, value) in gpu.map(crate::device::arithmetic_flags).into_iter().flatten() {
+        entries.push((key, string(&value)));
+    }
+    write(RUN_FILE_HEADER, &entries)
 }
 
 #[cfg(test)]

@@ -284,7 +284,7 @@ fn mutated_texts_load_or_are_one_line_errors_naming_the_file() {
         let path = dir.join("text.txt");
         fs::write(&path, &b).unwrap();
         let name = path.to_string_lossy().into_owned();
-        match alpha_native::train::load_corpus(&name, None, &alpha_core::Serial) {
+        match alpha_native::args::load_corpus(&name, None, &alpha_core::Serial) {
             Ok((tok, ids)) => {
                 assert_eq!(ids.len(), std::str::from_utf8(&b).unwrap().chars().count());
                 assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));

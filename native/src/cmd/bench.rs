@@ -5,12 +5,12 @@
 //! T × C (attention scores and weighted sums). MFU = achieved FLOP/s ÷ the peak of this
 //! machine, measured by a calibrated GEMM run (see [`crate::peak`]) or given.
 
+use crate::args::ModelArgs;
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::Placement;
 use crate::fsutil::check_outputs_distinct;
 use crate::step::{bench_train_config, fresh_start, timed_step, train_split, Phases};
 use crate::trace::Trace;
-use crate::train::ModelArgs;
 use alpha_core::engine::{Engine, StepError};
 use alpha_core::parallel::Parallel;
 use alpha_core::GptConfig;

@@ -2,9 +2,9 @@
 //! non-overlapping window (window `i`: inputs `ids[i*T..(i+1)*T]`, targets shifted by one).
 
 use crate::checkpoint;
+use crate::cmd::sample::context_len;
 use crate::corpus::read_text;
 use crate::device::{Backend, DeviceArgs};
-use crate::sample::context_len;
 use alpha_core::cpu::{Batch, CpuExecutor};
 use alpha_core::data::Tokens;
 use alpha_core::parallel::ThreadPool;

@@ -1,18 +1,20 @@
 //! `alpha-native info`: the machine and what a configuration will need, before a long run.
 
+use crate::args::ModelArgs;
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::Placement;
 use crate::peak::{fma_limit, gpu_peak, machine_json, measured_peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, timed_step, train_split};
-use crate::train::ModelArgs;
 use alpha_core::config::MAX_DIM;
 use alpha_core::engine::StepError;
 use alpha_core::gemm::f32_kernel_name;
+use alpha_core::parallel::ThreadPool;
 use alpha_core::{GptConfig, Plan, Rng};
+use alpha_gpu::driver_stats::KernelStatistics;
 use alpha_gpu::peak::Real;
 use alpha_gpu::{block_on, AdapterSummary, Gpu, GpuTrainer};
 use clap::Args;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::Instant;
 
 /// Flags of `alpha-native info`.
@@ -65,33 +67,13 @@ const MAX_MEASURE_STEPS: usize = 1000;
 
 /// Runs `info`.
 pub fn run(args: &InfoArgs) -> Result<(), String> {
-    if args.measure_steps > MAX_MEASURE_STEPS {
-        return Err(format!("--measure-steps {} is more than {MAX_MEASURE_STEPS}", args.measure_steps));
-    }
-    if !(args.link_gbps.is_finite() && args.link_gbps > 0.0) {
-        return Err(format!("--link-gbps must be a positive number of Gbit/s, not {}", args.link_gbps));
-    }
-    if args.kernels && args.device.backend != Backend::Gpu {
-        return Err("--kernels needs --backend gpu".into());
-    }
+    check(args)?;
     let m = &args.model;
     let (tok, ids) = m.sample_tokens(&alpha_core::Serial)?;
     let config = m.config(tok.vocab_size());
     let plan = m.plan(config, tok.vocab_size(), m.batch)?;
     args.device.check()?;
     let pool = args.device.pool()?;
-    let peak = measured_peak(&pool, args.peak_gflops)?;
-    let fma = fma_limit(&pool);
-    let bandwidth = crate::peak::memory_bandwidth(&pool);
-    let adapters = block_on(alpha_gpu::context::adapters());
-    let mib = |bytes: u128| bytes as f64 / (1024.0 * 1024.0);
-    let (p, activations, batch) = crate::memory::arena_bytes(&plan);
-    // The other choice of --recompute, for comparison.
-    let (_, other_activations, _) = crate::memory::arena_bytes(&plan.with_recompute(!plan.recompute()));
-    let (plain, recomputed) = if plan.recompute() { (other_activations, activations) } else { (activations, other_activations) };
-    let mut memory = crate::memory::plan_json(&plan);
-    memory["activations_plain"] = json!(mib(plain));
-    memory["activations_recompute"] = json!(mib(recomputed));
     // A run that cannot fit is described, not measured.
     let fits = crate::memory::check(&plan, args.device.backend);
     let gpu = match args.device.backend {
@@ -102,58 +84,19 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         Some(g) if args.kernels => Some(driver_statistics(g, config.n_embd / config.n_head)?),
         _ => None,
     };
-    // The GPU's FMA limits, f32 and (where it has shader-f16) f16, and where the f16 products
-    // run on the tensor cores theirs: the MFU denominators.
-    let gpu_peaks = match &gpu {
-        Some(g) => {
-            let f16 = g.adapter.features.contains(&"shader-f16");
-            let measure = |real, given| gpu_peak(g, real, given, true).map(|p| p.gflops);
-            let tensor = if g.tensor_cores() { Some(measure(Real::Tensor, None)?) } else { None };
-            json!({"f32": measure(Real::F32, args.peak_gflops)?, "f16": if f16 { Some(measure(Real::F16, None)?) } else { None }, "tensor": tensor})
-        }
-        None => serde_json::Value::Null,
-    };
+    let (estimate, device) = if args.measure_steps > 0 && fits.is_ok() { measure(args, &pool, plan, &ids)? } else { (Value::Null, Value::Null) };
+    let (p, activations, batch) = crate::memory::arena_bytes(&plan);
+    let total = 4 * p + activations + batch;
+    let data_parallel = (args.ranks > 1).then(|| data_parallel_plan(&plan, args.ranks as usize, args.link_gbps, estimate["ms_backward"].as_f64(), total));
+    let peak = measured_peak(&pool, args.peak_gflops)?;
+    let bandwidth = crate::peak::memory_bandwidth(&pool);
+    let adapters = block_on(alpha_gpu::context::adapters());
     let largest = |recompute| largest_batch(config, recompute, args.device.backend, gpu.as_ref());
-    let largest_batch = json!({"without_recompute": largest(false), "with_recompute": largest(true)});
-    let mut estimate = serde_json::Value::Null;
-    let mut device = serde_json::Value::Null;
-    if args.measure_steps > 0 && fits.is_ok() {
-        let train = train_split(&plan, &ids)?;
-        let mut engine = crate::engine::open(&args.device, &pool, plan, bench_train_config(1), fresh_start(&plan)?, Placement::alone())?.engine;
-        device = crate::engine::device_json(&engine.describe());
-        let n = args.measure_steps;
-        let failed = |e| match e {
-            StepError::Diverged(e) => format!("diverged at {e}"),
-            StepError::Device(e) => e,
-        };
-        timed_step(&mut *engine, train.into(), true, None, true).map_err(failed)?;
-        let t = Instant::now();
-        let mut backward = 0.0;
-        for _ in 0..n {
-            backward += timed_step(&mut *engine, train.into(), true, None, true).map_err(failed)?.1.backward;
-        }
-        let ms_step = t.elapsed().as_secs_f64() * 1e3 / n as f64;
-        // The GPU's steps are one submission: their backward is not timed apart.
-        let ms_backward = (args.device.backend == Backend::Cpu).then_some(backward * 1e3 / n as f64);
-        let t = Instant::now();
-        block_on(engine.evaluate(train.into(), n, &mut Rng::new(2)))?;
-        let ms_eval_batch = t.elapsed().as_secs_f64() * 1e3 / n as f64;
-        // In f64: the planned run's counts may be as large as u64 allows.
-        let evals = args.iters.checked_div(args.eval_interval).map_or(0.0, |e| e as f64 + 1.0);
-        let eval_ms = evals * 2.0 * args.eval_iters as f64 * ms_eval_batch;
-        estimate = json!({
-            "measured_steps": n, "ms_per_iter": ms_step, "ms_backward": ms_backward, "ms_per_eval_batch": ms_eval_batch,
-            "training_s": ms_step * args.iters as f64 / 1e3, "evaluation_s": eval_ms / 1e3,
-            "run_s": (ms_step * args.iters as f64 + eval_ms) / 1e3,
-        });
-    }
-    let data_parallel =
-        (args.ranks > 1).then(|| data_parallel_plan(&plan, args.ranks as usize, args.link_gbps, estimate["ms_backward"].as_f64(), 4 * p + activations + batch));
     let mut report = json!({
         "data_parallel": data_parallel,
         "peak_gflops": peak.gflops,
         "peak_source": peak.source,
-        "fma_limit_gflops": fma,
+        "fma_limit_gflops": fma_limit(&pool),
         "memory_bandwidth_gbs": bandwidth,
         // Sampling one token with the KV cache reads every weight once: this is its floor.
         "weights_read_ms": (plan.num_params() * 4) as f64 / bandwidth / 1e6,
@@ -162,83 +105,160 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "params": plan.num_params(),
         "flops_per_token": plan.flops_per_token(),
         "recompute": plan.recompute(),
-        "memory_mib": memory,
+        "memory_mib": memory_json(&plan),
         "memory_error": fits.as_ref().err(),
-        "largest_batch": largest_batch,
+        "largest_batch": {"without_recompute": largest(false), "with_recompute": largest(true)},
         "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
         "device": device,
         "estimate": estimate,
         "gpu_adapters": adapters.iter().map(adapter_json).collect::<Vec<_>>(),
-        "gpu_peak_gflops": gpu_peaks,
+        "gpu_peak_gflops": gpu.as_ref().map(|g| gpu_peaks(g, args.peak_gflops)).transpose()?,
         "gpu_kernels": kernels.as_ref().map(|k| k.iter().map(|s| json!({"kernel": s.kernel, "statistics": s.statistics})).collect::<Vec<_>>()),
     });
     // The machine's keys (cpu, cores, threads, simd, gemm_kernel) beside the rest.
-    if let (Some(r), serde_json::Value::Object(machine)) = (report.as_object_mut(), machine_json(&pool)) {
+    if let (Some(r), Value::Object(machine)) = (report.as_object_mut(), machine_json(&pool)) {
         r.extend(machine);
     }
     if args.json {
         println!("{report}");
         return Ok(());
     }
-    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    print_machine(&report);
+    print_plan(&report, gpu.as_ref());
+    print_gpu(&report, gpu.as_ref(), kernels.as_deref());
+    print_estimate(args, &report);
+    print_adapters(&adapters);
+    Ok(())
+}
+
+/// Refuses flags out of their ranges.
+fn check(args: &InfoArgs) -> Result<(), String> {
+    if args.measure_steps > MAX_MEASURE_STEPS {
+        return Err(format!("--measure-steps {} is more than {MAX_MEASURE_STEPS}", args.measure_steps));
+    }
+    if !(args.link_gbps.is_finite() && args.link_gbps > 0.0) {
+        return Err(format!("--link-gbps must be a positive number of Gbit/s, not {}", args.link_gbps));
+    }
+    if args.kernels && args.device.backend != Backend::Gpu {
+        return Err("--kernels needs --backend gpu".into());
+    }
+    Ok(())
+}
+
+/// The plan's memory in MiB, with the activations both without and with recompute.
+fn memory_json(plan: &Plan) -> Value {
+    let mib = |bytes: u128| bytes as f64 / (1024.0 * 1024.0);
+    let (_, activations, _) = crate::memory::arena_bytes(plan);
+    // The other choice of --recompute, for comparison.
+    let (_, other_activations, _) = crate::memory::arena_bytes(&plan.with_recompute(!plan.recompute()));
+    let (plain, recomputed) = if plan.recompute() { (other_activations, activations) } else { (activations, other_activations) };
+    let mut memory = crate::memory::plan_json(plan);
+    memory["activations_plain"] = json!(mib(plain));
+    memory["activations_recompute"] = json!(mib(recomputed));
+    memory
+}
+
+/// The GPU's FMA limits, f32 and (where it has shader-f16) f16, and where the f16 products
+/// run on the tensor cores theirs: the MFU denominators.
+fn gpu_peaks(g: &Gpu, given: Option<f64>) -> Result<Value, String> {
+    let f16 = g.adapter.features.contains(&"shader-f16");
+    let measure = |real, given| gpu_peak(g, real, given, true).map(|p| p.gflops);
+    let tensor = if g.tensor_cores() { Some(measure(Real::Tensor, None)?) } else { None };
+    Ok(json!({"f32": measure(Real::F32, given)?, "f16": if f16 { Some(measure(Real::F16, None)?) } else { None }, "tensor": tensor}))
+}
+
+/// Times `--measure-steps` steps of `plan` on `ids` and as many evaluation batches: the run's
+/// estimate and the device, as JSON.
+fn measure(args: &InfoArgs, pool: &ThreadPool, plan: Plan, ids: &[u32]) -> Result<(Value, Value), String> {
+    let train = train_split(&plan, ids)?;
+    let mut engine = crate::engine::open(&args.device, pool, plan, bench_train_config(1), fresh_start(&plan)?, Placement::alone())?.engine;
+    let device = crate::engine::device_json(&engine.describe());
+    let n = args.measure_steps;
+    let failed = |e| match e {
+        StepError::Diverged(e) => format!("diverged at {e}"),
+        StepError::Device(e) => e,
+    };
+    timed_step(&mut *engine, train.into(), true, None, true).map_err(failed)?;
+    let t = Instant::now();
+    let mut backward = 0.0;
+    for _ in 0..n {
+        backward += timed_step(&mut *engine, train.into(), true, None, true).map_err(failed)?.1.backward;
+    }
+    let ms_step = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+    // The GPU's steps are one submission: their backward is not timed apart.
+    let ms_backward = (args.device.backend == Backend::Cpu).then_some(backward * 1e3 / n as f64);
+    let t = Instant::now();
+    block_on(engine.evaluate(train.into(), n, &mut Rng::new(2)))?;
+    let ms_eval_batch = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+    // In f64: the planned run's counts may be as large as u64 allows.
+    let evals = args.iters.checked_div(args.eval_interval).map_or(0.0, |e| e as f64 + 1.0);
+    let eval_ms = evals * 2.0 * args.eval_iters as f64 * ms_eval_batch;
+    let estimate = json!({
+        "measured_steps": n, "ms_per_iter": ms_step, "ms_backward": ms_backward, "ms_per_eval_batch": ms_eval_batch,
+        "training_s": ms_step * args.iters as f64 / 1e3, "evaluation_s": eval_ms / 1e3,
+        "run_s": (ms_step * args.iters as f64 + eval_ms) / 1e3,
+    });
+    Ok((estimate, device))
+}
+
+/// A number of the report (NaN where it has none).
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// The text's lines on the machine: CPU, SIMD, peaks, memory bandwidth.
+fn print_machine(report: &Value) {
     println!("CPU        {} ({} cores; threads used: {})", report["cpu"].as_str().unwrap_or("?"), report["cores"], report["threads"]);
     println!("SIMD       {} (GEMM kernel: {})", simd_features().join(" "), f32_kernel_name());
-    println!("peak       {:.1} GFLOP/s ({})", peak.gflops, peak.source);
-    if let Some(fma) = fma {
+    println!("peak       {:.1} GFLOP/s ({})", num(&report["peak_gflops"]), report["peak_source"].as_str().unwrap_or("?"));
+    if let Some(fma) = report["fma_limit_gflops"].as_f64() {
         println!("FMA limit  {fma:.1} GFLOP/s (independent vector FMAs on registers: no GEMM passes it at the same clock)");
     }
     println!(
-        "memory     {bandwidth:.1} GB/s read, all threads: {:.2} ms to read the weights once (a sampled token's floor with the KV cache)",
-        f(&report["weights_read_ms"])
+        "memory     {:.1} GB/s read, all threads: {:.2} ms to read the weights once (a sampled token's floor with the KV cache)",
+        num(&report["memory_bandwidth_gbs"]),
+        num(&report["weights_read_ms"])
     );
+}
+
+/// The text's lines on the configuration: the model, its memory, what fits.
+fn print_plan(report: &Value, gpu: Option<&Gpu>) {
+    let c = &report["config"];
+    let params = report["params"].as_u64().unwrap_or(0);
     println!(
-        "model      {} layers, {} heads, {} embd, block {}, vocab {}: {} parameters ({:.2}M), {:.2}M FLOPs/token",
-        config.n_layer,
-        config.n_head,
-        config.n_embd,
-        config.block_size,
-        config.vocab_size,
-        plan.num_params(),
-        plan.num_params() as f64 / 1e6,
-        plan.flops_per_token() / 1e6
+        "model      {} layers, {} heads, {} embd, block {}, vocab {}: {params} parameters ({:.2}M), {:.2}M FLOPs/token",
+        c["n_layer"],
+        c["n_head"],
+        c["n_embd"],
+        c["block_size"],
+        c["vocab_size"],
+        params as f64 / 1e6,
+        num(&report["flops_per_token"]) / 1e6
     );
     let mm = &report["memory_mib"];
     println!(
         "memory     params {:.2} MiB, grads {:.2}, AdamW m {:.2}, v {:.2}, activations {:.2} (batch {}; {:.2} without --recompute, {:.2} with), total {:.2} MiB",
-        f(&mm["params"]),
-        f(&mm["grads"]),
-        f(&mm["adam_m"]),
-        f(&mm["adam_v"]),
-        f(&mm["activations"]),
-        m.batch,
-        f(&mm["activations_plain"]),
-        f(&mm["activations_recompute"]),
-        f(&mm["total"])
+        num(&mm["params"]),
+        num(&mm["grads"]),
+        num(&mm["adam_m"]),
+        num(&mm["adam_v"]),
+        num(&mm["activations"]),
+        report["batch"],
+        num(&mm["activations_plain"]),
+        num(&mm["activations_recompute"]),
+        num(&mm["total"])
     );
     let limit = if gpu.is_some() { "this machine's memory and the adapter's limits" } else { "this machine's memory" };
-    println!(
-        "fits       batch up to {} of {} tokens, {} with --recompute ({limit})",
-        largest_batch["without_recompute"], config.block_size, largest_batch["with_recompute"]
-    );
-    if let Err(e) = &fits {
+    let largest = &report["largest_batch"];
+    println!("fits       batch up to {} of {} tokens, {} with --recompute ({limit})", largest["without_recompute"], c["block_size"], largest["with_recompute"]);
+    if let Some(e) = report["memory_error"].as_str() {
         println!("estimate   not measured: {e}");
     }
-    if let Some(g) = &gpu {
-        let f16 = match gpu_peaks["f16"].as_f64() {
-            Some(h) => format!(", f16 {h:.1}"),
-            None => " (no shader-f16)".into(),
-        };
-        let tensor = gpu_peaks["tensor"].as_f64().map_or(String::new(), |t| format!(", tensor cores (f16 products, f32 sums) {t:.1}"));
-        println!("GPU peak   {}: f32 {:.1}{f16}{tensor} GFLOP/s (independent FMAs on registers: the MFU denominators)", g.adapter.name, f(&gpu_peaks["f32"]));
-    }
-    if let Some(kernels) = &kernels {
-        println!("kernels    as the driver compiled them (VK_KHR_pipeline_executable_properties):");
-        let width = kernels.iter().map(|k| k.kernel.len()).max().unwrap_or(0);
-        for k in kernels {
-            let stats: Vec<String> = k.statistics.iter().map(|(name, value)| format!("{name} {value}")).collect();
-            println!("  {:<width$}  {}", k.kernel, stats.join("; "));
-        }
-    }
+}
+
+/// The text's lines on the measured steps (their device, the run's estimate) and the ranks.
+fn print_estimate(args: &InfoArgs, report: &Value) {
+    let device = &report["device"];
     if !device.is_null() {
         let buffers = device["activation_buffers"].as_u64().unwrap_or(1);
         let split = if buffers > 1 { format!(" (the activations in {buffers} buffers: the arena is past the device's largest)") } else { String::new() };
@@ -246,23 +266,25 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             "GPU run    {} ({}): {:.2} MiB of device memory{split}, {} kernels and 1 submit per step",
             device["adapter"].as_str().unwrap_or("?"),
             device["backend"].as_str().unwrap_or("?"),
-            f(&device["device_memory_mib"]),
+            num(&device["device_memory_mib"]),
             device["kernels_per_step"]
         );
     }
+    let estimate = &report["estimate"];
     if !estimate.is_null() {
         println!(
             "estimate   {:.1} ms/iter on the {} (measured over {} steps); {} iters: {:.0} s training + {:.0} s evaluation = {:.1} min",
-            f(&estimate["ms_per_iter"]),
+            num(&estimate["ms_per_iter"]),
             report["backend"].as_str().unwrap_or("?"),
             args.measure_steps,
             args.iters,
-            f(&estimate["training_s"]),
-            f(&estimate["evaluation_s"]),
-            f(&estimate["run_s"]) / 60.0
+            num(&estimate["training_s"]),
+            num(&estimate["evaluation_s"]),
+            num(&estimate["run_s"]) / 60.0
         );
     }
-    if let Some(dp) = &data_parallel {
+    let dp = &report["data_parallel"];
+    if !dp.is_null() {
         let hidden = match dp["exposed_ms"].as_f64() {
             Some(exposed) => format!("{exposed:.1} ms of it left after the backward hides what it can"),
             None => "how much the backward hides needs a measured step (--measure-steps)".into(),
@@ -270,18 +292,43 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         println!(
             "{} ranks   ring all-reduce of {:.1} MiB of gradients: {:.1} MiB sent per rank per step, {:.1} ms at {} Gbit/s ({hidden}); memory per rank {:.1} MiB, {:.1} MiB with --zero 1",
             dp["ranks"],
-            f(&dp["gradient_mib"]),
-            f(&dp["sent_mib_per_rank"]),
-            f(&dp["allreduce_ms"]),
+            num(&dp["gradient_mib"]),
+            num(&dp["sent_mib_per_rank"]),
+            num(&dp["allreduce_ms"]),
             args.link_gbps,
-            f(&dp["memory_mib_per_rank"]),
-            f(&dp["memory_mib_per_rank_zero1"])
+            num(&dp["memory_mib_per_rank"]),
+            num(&dp["memory_mib_per_rank_zero1"])
         );
     }
+}
+
+/// The text's lines on the GPU used: its peaks, its kernels' statistics.
+fn print_gpu(report: &Value, gpu: Option<&Gpu>, kernels: Option<&[KernelStatistics]>) {
+    let peaks = &report["gpu_peak_gflops"];
+    if let Some(g) = gpu {
+        let f16 = match peaks["f16"].as_f64() {
+            Some(h) => format!(", f16 {h:.1}"),
+            None => " (no shader-f16)".into(),
+        };
+        let tensor = peaks["tensor"].as_f64().map_or(String::new(), |t| format!(", tensor cores (f16 products, f32 sums) {t:.1}"));
+        println!("GPU peak   {}: f32 {:.1}{f16}{tensor} GFLOP/s (independent FMAs on registers: the MFU denominators)", g.adapter.name, num(&peaks["f32"]));
+    }
+    if let Some(kernels) = kernels {
+        println!("kernels    as the driver compiled them (VK_KHR_pipeline_executable_properties):");
+        let width = kernels.iter().map(|k| k.kernel.len()).max().unwrap_or(0);
+        for k in kernels {
+            let stats: Vec<String> = k.statistics.iter().map(|(name, value)| format!("{name} {value}")).collect();
+            println!("  {:<width$}  {}", k.kernel, stats.join("; "));
+        }
+    }
+}
+
+/// The text's lines on every adapter found.
+fn print_adapters(adapters: &[AdapterSummary]) {
     if adapters.is_empty() {
         println!("GPUs       none found (on Linux, a Vulkan driver is needed: mesa-vulkan-drivers gives lavapipe)");
     }
-    for a in &adapters {
+    for a in adapters {
         println!(
             "GPU {:<6} {} ({}, {}; {}); features: {}; max buffer {:.0} MiB, max storage binding {:.0} MiB; cooperative matrices: {}; tensor cores: {}",
             a.index,
@@ -296,7 +343,6 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             a.no_tensor_cores.as_ref().map_or("yes (f16 products)".to_string(), |why| format!("no ({why})"))
         );
     }
-    Ok(())
 }
 
 /// The communication and memory of a data-parallel run of `plan` on `ranks` ranks joined by
@@ -333,7 +379,7 @@ fn data_parallel_plan(plan: &Plan, ranks: usize, link_gbps: f64, backward_ms: Op
 
 /// What the Vulkan driver of `gpu` makes of each kernel a run on it compiles, attention's for
 /// heads of `head_size` (`--kernels`).
-fn driver_statistics(gpu: &Gpu, head_size: usize) -> Result<Vec<alpha_gpu::driver_stats::KernelStatistics>, String> {
+fn driver_statistics(gpu: &Gpu, head_size: usize) -> Result<Vec<KernelStatistics>, String> {
     if gpu.adapter.backend != "Vulkan" {
         return Err(format!("--kernels reads Vulkan drivers' statistics; {} runs on {}", gpu.adapter.name, gpu.adapter.backend));
     }
