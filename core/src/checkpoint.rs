@@ -153,6 +153,8 @@ impl core::fmt::Display for CheckpointError {
     }
 }
 
+impl core::error::Error for CheckpointError {}
+
 /// Why a checkpoint was not written.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SaveError<E> {
@@ -191,6 +193,8 @@ impl<E: core::fmt::Display> core::fmt::Display for SaveError<E> {
         }
     }
 }
+
+impl<E: core::fmt::Display + core::fmt::Debug> core::error::Error for SaveError<E> {}
 
 fn shape_of(info: &ParamInfo) -> Vec<usize> {
     if info.ndim() == 2 {

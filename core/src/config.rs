@@ -94,6 +94,8 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl core::error::Error for ConfigError {}
+
 /// The largest value of every size of a model and a batch (vocabulary, block, layers, heads,
 /// width, batch, sequence): 2^24. Each is far beyond any model that trains on one machine,
 /// and with every size bounded the memory plan's sums and products can be checked exactly

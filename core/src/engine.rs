@@ -89,6 +89,8 @@ impl core::fmt::Display for StepError {
     }
 }
 
+impl core::error::Error for StepError {}
+
 /// Where and how an engine trains, for messages and records.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Description {

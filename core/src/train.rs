@@ -72,6 +72,8 @@ impl fmt::Display for NonFinite {
     }
 }
 
+impl core::error::Error for NonFinite {}
+
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepStats {

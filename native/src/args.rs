@@ -8,6 +8,7 @@ use alpha_core::parallel::Parallel;
 use alpha_core::settings::DEFAULT;
 use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
 use alpha_core::{GptConfig, Plan};
+use anyhow::{anyhow, Result};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -107,7 +108,7 @@ impl ModelArgs {
 
     /// The tokenizer and token ids `bench` and `info` run on: all of `--data`'s, or the first
     /// [`DATASET_SAMPLE`] of `--dataset`'s train split.
-    pub fn sample_tokens(&self, par: &dyn Parallel) -> Result<(Tokenizer, Vec<u32>), String> {
+    pub fn sample_tokens(&self, par: &dyn Parallel) -> Result<(Tokenizer, Vec<u32>)> {
         let tokenizer = self.tokenizer.as_deref().map(|p| crate::tokenizer::load(p).map(Tokenizer::from)).transpose()?;
         let Some(spec) = &self.dataset else { return load_corpus(&self.data_name(), tokenizer, par) };
         let d = dataset::open(spec, tokenizer, par)?;
@@ -143,24 +144,24 @@ impl ModelArgs {
     /// The memory plan of `config` for a tokenizer of `classes` tokens and batches of `batch`
     /// whole blocks, with `--recompute` and `--dropout` (for `bench` and `info`; a run's is its
     /// settings').
-    pub fn plan(&self, config: GptConfig, classes: usize, batch: usize) -> Result<Plan, String> {
+    pub fn plan(&self, config: GptConfig, classes: usize, batch: usize) -> Result<Plan> {
         let plan = Plan::new(config, batch, config.block_size)
             .and_then(|p| p.with_recompute(self.recompute).with_dropout(self.dropout, DEFAULT.seed))
             .and_then(|p| p.with_classes(classes));
-        plan.map_err(|e| e.to_string())
+        Ok(plan?)
     }
 }
 
 /// The text named by `--data` as token ids, with `tokenizer` (`None`: the text's characters),
 /// encoded on `par`'s threads.
-pub fn load_corpus(data: &str, tokenizer: Option<Tokenizer>, par: &dyn Parallel) -> Result<(Tokenizer, Vec<u32>), String> {
+pub fn load_corpus(data: &str, tokenizer: Option<Tokenizer>, par: &dyn Parallel) -> Result<(Tokenizer, Vec<u32>)> {
     let text = corpus::training_text(data)?;
     let name = corpus::label(data);
     let tok = match tokenizer {
         Some(t) => t,
-        None => CharTokenizer::from_text(&text).map_err(|e| format!("{name}: {e}"))?.into(),
+        None => CharTokenizer::from_text(&text).map_err(|e| anyhow!("{name}: {e}"))?.into(),
     };
-    let ids = crate::tokenizer::encode_with_progress(&tok, par, &text).map_err(|e| format!("{name}: {e}"))?;
+    let ids = crate::tokenizer::encode_with_progress(&tok, par, &text).map_err(|e| anyhow!("{name}: {e}"))?;
     Ok((tok, ids))
 }
 

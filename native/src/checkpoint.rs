@@ -5,6 +5,7 @@ use crate::fsutil::write_atomic_with;
 pub use alpha_core::checkpoint::{check_header_room, Checkpoint, SaveError, TrainState, FORMAT};
 use alpha_core::tokenizer::Tokenizer;
 use alpha_core::GptConfig;
+use anyhow::{anyhow, Result};
 use std::io;
 use std::path::Path;
 
@@ -41,22 +42,22 @@ pub fn save(
 /// them, loads with a notice on stderr), a Hugging Face GPT-2 directory, or the name of one in
 /// the local Hugging Face cache (`gpt2`, `openai-community/gpt2-medium`; see
 /// [`hf_model`](crate::hf_model)).
-pub fn load(path: &Path) -> Result<Checkpoint, String> {
+pub fn load(path: &Path) -> Result<Checkpoint> {
     load_parts(path, true)
 }
 
 /// [`load`] without the training state (see
 /// [`alpha_core::checkpoint::weights_from_bytes`]): for eval, sample, export and fine-tuning.
-pub fn load_weights(path: &Path) -> Result<Checkpoint, String> {
+pub fn load_weights(path: &Path) -> Result<Checkpoint> {
     load_parts(path, false)
 }
 
-fn load_parts(path: &Path, with_state: bool) -> Result<Checkpoint, String> {
+fn load_parts(path: &Path, with_state: bool) -> Result<Checkpoint> {
     if crate::hf_model::is_model_dir(path) {
         return crate::hf_model::load(path);
     }
     if path.is_dir() {
-        return Err(format!("{} is a directory without config.json: neither a Hugging Face model directory nor an Alpha checkpoint", path.display()));
+        return Err(anyhow!("{} is a directory without config.json: neither a Hugging Face model directory nor an Alpha checkpoint", path.display()));
     }
     let name = path.to_string_lossy();
     if !path.exists() && (crate::hf_model::GPT2_NAMES.contains(&name.as_ref()) || name.matches('/').count() == 1 && !name.ends_with(".safetensors")) {
@@ -65,12 +66,12 @@ fn load_parts(path: &Path, with_state: bool) -> Result<Checkpoint, String> {
     // Read through a memory map: the parameters are copied once, into their arena, not first
     // into a buffer the size of the file (at gpt2-xl size, 18 GB with the AdamW moments). The
     // header's sizes are checked against the file's before any tensor is read.
-    let file = crate::fsutil::open_regular(path).map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
+    let file = crate::fsutil::open_regular(path).map_err(|e| anyhow!("cannot read checkpoint {}: {e}", path.display()))?;
     // SAFETY: read-only; a file changed while it loads can only change the values read, which
     // the checksums then refuse.
-    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot read checkpoint {}: {e}", path.display()))?;
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| anyhow!("cannot read checkpoint {}: {e}", path.display()))?;
     let read = if with_state { alpha_core::checkpoint::from_bytes } else { alpha_core::checkpoint::weights_from_bytes };
-    let ck = read(&bytes).map_err(|e| format!("checkpoint {} is {e}", path.display()))?;
+    let ck = read(&bytes).map_err(|e| anyhow!("checkpoint {} is {e}", path.display()))?;
     if !ck.verified {
         eprintln!("note: {} carries no checksums (written before Alpha required them, or by another tool): nothing verifies its bytes", path.display());
     }

@@ -3,6 +3,7 @@
 use crate::cmd::{bench, eval, export, info, prepare, report, sample, tokenizer, train};
 use crate::run::args::TrainArgs;
 use crate::runfile;
+use anyhow::Result;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::ffi::OsString;
@@ -62,7 +63,7 @@ fn one_line(e: &clap::Error) -> String {
 /// Parses `args` (a whole command line, the program's name first) and runs the command:
 /// `Err` holds a command's error (for `error: ...` and exit status 1). A command-line error
 /// exits at once with one line and status 2; help and the version are printed, status 0.
-pub fn run(args: Vec<OsString>) -> Result<(), String> {
+pub fn run(args: Vec<OsString>) -> Result<()> {
     use clap::error::ErrorKind;
     let exit_with = |e: clap::Error| -> ! {
         if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {

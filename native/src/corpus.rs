@@ -1,5 +1,6 @@
 //! Training and evaluation text: the embedded default corpus and user files.
 
+use anyhow::{anyhow, Result};
 use std::borrow::Cow;
 use std::path::Path;
 
@@ -10,12 +11,12 @@ pub const EMBEDDED: &str = "<embedded shakespeare>";
 pub static SHAKESPEARE: &str = include_str!("../../data/shakespeare.txt");
 
 /// Reads a UTF-8 text file (a regular file: see [`crate::fsutil::open_regular`]); `what` names it in errors ("data file", "text file").
-pub fn read_text(path: &Path, what: &str) -> Result<String, String> {
-    let bytes = crate::fsutil::read_regular(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+pub fn read_text(path: &Path, what: &str) -> Result<String> {
+    let bytes = crate::fsutil::read_regular(path).map_err(|e| anyhow!("cannot read {what} {}: {e}", path.display()))?;
     if bytes.is_empty() {
-        return Err(format!("{what} {} is empty", path.display()));
+        return Err(anyhow!("{what} {} is empty", path.display()));
     }
-    String::from_utf8(bytes).map_err(|e| format!("{what} {} is not valid UTF-8 (invalid byte at offset {})", path.display(), e.utf8_error().valid_up_to()))
+    String::from_utf8(bytes).map_err(|e| anyhow!("{what} {} is not valid UTF-8 (invalid byte at offset {})", path.display(), e.utf8_error().valid_up_to()))
 }
 
 /// How errors name the text `data`: the embedded corpus, or `data file PATH`.
@@ -28,7 +29,7 @@ pub fn label(data: &str) -> String {
 }
 
 /// The training text named by `data`: [`EMBEDDED`] or a path.
-pub fn training_text(data: &str) -> Result<Cow<'static, str>, String> {
+pub fn training_text(data: &str) -> Result<Cow<'static, str>> {
     if data == EMBEDDED {
         Ok(Cow::Borrowed(SHAKESPEARE))
     } else {

@@ -7,6 +7,7 @@ use crate::fsutil::{open_regular, read_regular_string};
 use alpha_core::data::Segment;
 use alpha_core::parallel::Parallel;
 use alpha_core::tokenizer::{hf, Tokenizer};
+use anyhow::{anyhow, Result};
 use memmap2::Mmap;
 use serde_json::Value;
 use std::fs;
@@ -53,11 +54,11 @@ impl Dtype {
         }
     }
 
-    fn parse(name: &str) -> Result<Dtype, String> {
+    fn parse(name: &str) -> Result<Dtype> {
         match name {
             "uint16" => Ok(Dtype::U16),
             "uint32" => Ok(Dtype::U32),
-            other => Err(format!("dtype {other:?} is not uint16 or uint32")),
+            other => Err(anyhow!("dtype {other:?} is not uint16 or uint32")),
         }
     }
 }
@@ -108,47 +109,47 @@ pub struct Dataset {
 }
 
 /// Maps `path` read-only.
-fn map(path: &Path) -> Result<Mmap, String> {
-    let file = open_regular(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn map(path: &Path) -> Result<Mmap> {
+    let file = open_regular(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
     // SAFETY: the map is read-only; a file changed under a running training is the user's
     // doing (as for nanoGPT's np.memmap) and can only change the ids read, which are checked.
-    unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map {}: {e}", path.display()))
+    unsafe { Mmap::map(&file) }.map_err(|e| anyhow!("cannot map {}: {e}", path.display()))
 }
 
 /// A shard of nanoGPT's layout (ids from byte 0): its size must be whole ids.
-fn plain_shard(path: &Path, dtype: Dtype) -> Result<Shard, String> {
+fn plain_shard(path: &Path, dtype: Dtype) -> Result<Shard> {
     let map = map(path)?;
     if !map.len().is_multiple_of(dtype.width()) {
-        return Err(format!("{} has {} bytes, not a whole number of {} ids", path.display(), map.len(), dtype.name()));
+        return Err(anyhow!("{} has {} bytes, not a whole number of {} ids", path.display(), map.len(), dtype.name()));
     }
     Ok(Shard { map, start: 0 })
 }
 
 /// An llm.c shard: header checked, then `uint16` ids.
-fn llmc_shard(path: &Path) -> Result<Shard, String> {
+fn llmc_shard(path: &Path) -> Result<Shard> {
     let map = map(path)?;
     let word = |i: usize| i32::from_le_bytes(map[4 * i..4 * i + 4].try_into().expect("4 bytes"));
     if map.len() < LLMC_HEADER_BYTES || word(0) != LLMC_MAGIC {
-        return Err(format!("{} is not an llm.c shard (no header with magic {LLMC_MAGIC})", path.display()));
+        return Err(anyhow!("{} is not an llm.c shard (no header with magic {LLMC_MAGIC})", path.display()));
     }
     if word(1) != 1 {
-        return Err(format!("{}: llm.c shard version {} is not supported (version 1: uint16 ids)", path.display(), word(1)));
+        return Err(anyhow!("{}: llm.c shard version {} is not supported (version 1: uint16 ids)", path.display(), word(1)));
     }
     let count = word(2);
     let body = map.len() - LLMC_HEADER_BYTES;
     if count < 0 || body != 2 * count as usize {
-        return Err(format!("{}: the header says {count} tokens, the file holds {} bytes of them", path.display(), body));
+        return Err(anyhow!("{}: the header says {count} tokens, the file holds {} bytes of them", path.display(), body));
     }
     Ok(Shard { map, start: LLMC_HEADER_BYTES })
 }
 
 /// Files matching `pattern`, whose file name may hold `*` (any characters), sorted.
-fn matching(pattern: &str) -> Result<Vec<PathBuf>, String> {
+fn matching(pattern: &str) -> Result<Vec<PathBuf>> {
     let path = Path::new(pattern);
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| format!("--dataset {pattern}: no file name pattern"))?;
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| anyhow!("--dataset {pattern}: no file name pattern"))?;
     if dir.to_string_lossy().contains('*') {
-        return Err(format!("--dataset {pattern}: only the file name may hold *"));
+        return Err(anyhow!("--dataset {pattern}: only the file name may hold *"));
     }
     let parts: Vec<&str> = name.split('*').collect();
     let matches = |candidate: &str| {
@@ -165,7 +166,7 @@ fn matching(pattern: &str) -> Result<Vec<PathBuf>, String> {
         }
         true
     };
-    let entries = fs::read_dir(dir).map_err(|e| format!("--dataset {pattern}: cannot read {}: {e}", dir.display()))?;
+    let entries = fs::read_dir(dir).map_err(|e| anyhow!("--dataset {pattern}: cannot read {}: {e}", dir.display()))?;
     let mut found: Vec<PathBuf> =
         entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(matches)).collect();
     found.sort();
@@ -174,24 +175,24 @@ fn matching(pattern: &str) -> Result<Vec<PathBuf>, String> {
 
 /// `tokenizer` (`--tokenizer`, or a resumed checkpoint's), required where the dataset does
 /// not record its own.
-fn named_tokenizer(tokenizer: Option<Tokenizer>, what: &str) -> Result<Tokenizer, String> {
-    tokenizer.ok_or_else(|| format!("{what} does not record its tokenizer: name it with --tokenizer"))
+fn named_tokenizer(tokenizer: Option<Tokenizer>, what: &str) -> Result<Tokenizer> {
+    tokenizer.ok_or_else(|| anyhow!("{what} does not record its tokenizer: name it with --tokenizer"))
 }
 
 /// Opens `--dataset`: a directory (Alpha's `prepare`, or nanoGPT's with `tokenizer`) or a
 /// pattern of llm.c train shards, with `tokenizer` where it records none (one it records must
 /// equal a given one); checks every id against the vocabulary on `par`'s threads.
-pub fn open(spec: &str, tokenizer: Option<Tokenizer>, par: &dyn Parallel) -> Result<Dataset, String> {
+pub fn open(spec: &str, tokenizer: Option<Tokenizer>, par: &dyn Parallel) -> Result<Dataset> {
     let dir = Path::new(spec);
     let dataset = if spec.contains('*') {
         let train_files = matching(spec)?;
         let val_pattern = spec
             .rsplit_once("train")
             .map(|(a, b)| format!("{a}val{b}"))
-            .ok_or_else(|| format!("--dataset {spec}: the pattern must name train shards (\"train\" in it)"))?;
+            .ok_or_else(|| anyhow!("--dataset {spec}: the pattern must name train shards (\"train\" in it)"))?;
         let val_files = matching(&val_pattern)?;
         if train_files.is_empty() || val_files.is_empty() {
-            return Err(format!(
+            return Err(anyhow!(
                 "--dataset {spec}: {} train shards and {} val shards ({val_pattern}) match; both need at least one",
                 train_files.len(),
                 val_files.len()
@@ -203,15 +204,14 @@ pub fn open(spec: &str, tokenizer: Option<Tokenizer>, par: &dyn Parallel) -> Res
     } else if dir.is_dir() {
         let meta_path = dir.join("meta.json");
         let (dtype, tokenizer) = if meta_path.exists() {
-            let meta: Value = read_regular_string(&meta_path)
-                .map_err(|e| e.to_string())
-                .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-                .map_err(|e| format!("{}: {e}", meta_path.display()))?;
-            let dtype = Dtype::parse(meta.get("dtype").and_then(Value::as_str).unwrap_or("")).map_err(|e| format!("{}: {e}", meta_path.display()))?;
-            let spec_json = meta.get("tokenizer").ok_or_else(|| format!("{} has no tokenizer", meta_path.display()))?;
-            let recorded = Tokenizer::from(hf::from_tokenizer_json(&spec_json.to_string()).map_err(|e| format!("{}: tokenizer: {e}", meta_path.display()))?);
+            let in_meta = |e: &dyn std::fmt::Display| anyhow!("{}: {e}", meta_path.display());
+            let text = read_regular_string(&meta_path).map_err(|e| in_meta(&e))?;
+            let meta: Value = serde_json::from_str(&text).map_err(|e| in_meta(&e))?;
+            let dtype = Dtype::parse(meta.get("dtype").and_then(Value::as_str).unwrap_or("")).map_err(|e| anyhow!("{}: {e}", meta_path.display()))?;
+            let spec_json = meta.get("tokenizer").ok_or_else(|| anyhow!("{} has no tokenizer", meta_path.display()))?;
+            let recorded = Tokenizer::from(hf::from_tokenizer_json(&spec_json.to_string()).map_err(|e| anyhow!("{}: tokenizer: {e}", meta_path.display()))?);
             if tokenizer.is_some_and(|t| t != recorded) {
-                return Err(format!("dataset {spec} was prepared with another tokenizer than the one given (its meta.json records it)"));
+                return Err(anyhow!("dataset {spec} was prepared with another tokenizer than the one given (its meta.json records it)"));
             }
             (dtype, recorded)
         } else {
@@ -220,18 +220,18 @@ pub fn open(spec: &str, tokenizer: Option<Tokenizer>, par: &dyn Parallel) -> Res
         let shard = |name: &str| plain_shard(&dir.join(name), dtype);
         Dataset { train: Split { shards: vec![shard("train.bin")?], dtype }, val: Split { shards: vec![shard("val.bin")?], dtype }, tokenizer }
     } else {
-        return Err(format!("--dataset {spec} is neither a directory nor a pattern of llm.c shards"));
+        return Err(anyhow!("--dataset {spec} is neither a directory nor a pattern of llm.c shards"));
     };
     let vocab = dataset.tokenizer.vocab_size();
     if dataset.train.dtype == Dtype::U16 && vocab > 1 << 16 {
-        return Err(format!("--dataset {spec} holds uint16 ids, but the tokenizer has {vocab} tokens: ids past 65535 cannot be stored (prepare it again)"));
+        return Err(anyhow!("--dataset {spec} holds uint16 ids, but the tokenizer has {vocab} tokens: ids past 65535 cannot be stored (prepare it again)"));
     }
     for (name, split) in [("train", &dataset.train), ("val", &dataset.val)] {
         if split.is_empty() {
-            return Err(format!("--dataset {spec}: the {name} split is empty"));
+            return Err(anyhow!("--dataset {spec}: the {name} split is empty"));
         }
         if let Some((id, at)) = first_out_of_vocab(&split.segments(), vocab, par) {
-            return Err(format!("--dataset {spec}: the {name} split holds token id {id} at token {at}, past the tokenizer's {vocab} tokens"));
+            return Err(anyhow!("--dataset {spec}: the {name} split holds token id {id} at token {at}, past the tokenizer's {vocab} tokens"));
         }
     }
     Ok(dataset)

@@ -3,20 +3,21 @@
 
 use alpha_core::parallel::ThreadPool;
 use alpha_gpu::{block_on, Gpu, Precision, TensorCores};
+use anyhow::{anyhow, Result};
 use clap::{Args, ValueEnum};
 
 /// The most threads `--threads` may ask for.
 pub const MAX_THREADS: usize = 1024;
 
 /// A thread pool of `threads` threads (`None`: one per available core).
-pub fn thread_pool(threads: Option<usize>) -> Result<ThreadPool, String> {
+pub fn thread_pool(threads: Option<usize>) -> Result<ThreadPool> {
     let n = match threads {
-        Some(0) => return Err("--threads must be at least 1".into()),
-        Some(n) if n > MAX_THREADS => return Err(format!("--threads {n} is more than {MAX_THREADS}")),
+        Some(0) => return Err(anyhow!("--threads must be at least 1")),
+        Some(n) if n > MAX_THREADS => return Err(anyhow!("--threads {n} is more than {MAX_THREADS}")),
         Some(n) => n,
         None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     };
-    ThreadPool::try_new(n).map_err(|e| format!("cannot start {n} threads: {e}"))
+    ThreadPool::try_new(n).map_err(|e| anyhow!("cannot start {n} threads: {e}"))
 }
 
 /// Where the model runs.
@@ -107,18 +108,18 @@ pub enum PrecisionArg {
 
 impl DeviceArgs {
     /// The CPU thread pool (`--threads`).
-    pub fn pool(&self) -> Result<ThreadPool, String> {
+    pub fn pool(&self) -> Result<ThreadPool> {
         thread_pool(self.threads)
     }
 
     /// Opens the GPU `--adapter` names.
-    pub fn open_gpu(&self) -> Result<Gpu, String> {
+    pub fn open_gpu(&self) -> Result<Gpu> {
         self.open_gpu_local(0)
     }
 
     /// Opens the GPU `--adapter` names for data-parallel rank `local` of this machine's
     /// ranks: without `--adapter`, its own of the machine's GPUs (see [`Gpu::open_local`]).
-    pub fn open_gpu_local(&self, local: usize) -> Result<Gpu, String> {
+    pub fn open_gpu_local(&self, local: usize) -> Result<Gpu> {
         let precision = match self.precision {
             PrecisionArg::F32 => Some(Precision::F32),
             PrecisionArg::F16 => Some(Precision::F16),
@@ -129,7 +130,7 @@ impl DeviceArgs {
             TensorCoresArg::On => TensorCores::On,
             TensorCoresArg::Off => TensorCores::Off,
         };
-        block_on(Gpu::open_local(self.adapter.as_deref(), local, precision, tensor_cores)).map_err(|e| e.to_string())
+        Ok(block_on(Gpu::open_local(self.adapter.as_deref(), local, precision, tensor_cores))?)
     }
 
     /// Which precision `gpu` (opened from these flags) runs, and what `auto` chose and why,
@@ -157,15 +158,15 @@ impl DeviceArgs {
     }
 
     /// An error if `--adapter` is given without `--backend gpu` (it would be ignored).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<()> {
         if self.backend == Backend::Cpu && self.adapter.is_some() {
-            return Err("--adapter selects a GPU; add --backend gpu".into());
+            return Err(anyhow!("--adapter selects a GPU; add --backend gpu"));
         }
         if self.backend == Backend::Cpu && self.tensor_cores == TensorCoresArg::On {
-            return Err("--tensor-cores runs products on a GPU; add --backend gpu".into());
+            return Err(anyhow!("--tensor-cores runs products on a GPU; add --backend gpu"));
         }
         if self.backend == Backend::Cpu && self.precision == PrecisionArg::F16 {
-            return Err("--precision f16 runs on a GPU; add --backend gpu (the CPU computes in f32)".into());
+            return Err(anyhow!("--precision f16 runs on a GPU; add --backend gpu (the CPU computes in f32)"));
         }
         Ok(())
     }

@@ -12,6 +12,7 @@ use alpha_core::train::{OneRank, Ranks, RunState, TrainConfig};
 use alpha_core::Plan;
 use alpha_gpu::peak::Real;
 use alpha_gpu::{block_on, Gpu, GpuEngine, GpuTrainer};
+use anyhow::Result;
 use serde_json::{json, Value};
 
 /// Where an engine trains in a data-parallel run.
@@ -40,25 +41,18 @@ pub struct Opened<'m> {
 }
 
 /// Opens the engine `device` chooses for `plan`, continuing `start`; the CPU's runs on `pool`.
-pub fn open<'m>(
-    device: &DeviceArgs,
-    pool: &'m ThreadPool,
-    plan: Plan,
-    cfg: TrainConfig,
-    start: RunState<f32>,
-    placement: Placement<'m>,
-) -> Result<Opened<'m>, String> {
+pub fn open<'m>(device: &DeviceArgs, pool: &'m ThreadPool, plan: Plan, cfg: TrainConfig, start: RunState<f32>, placement: Placement<'m>) -> Result<Opened<'m>> {
     let Placement { ranks, local_rank, zero } = placement;
     match device.backend {
         Backend::Cpu => {
-            let engine = CpuEngine::in_group(pool, ranks, zero, plan, cfg, start).map_err(|e| e.to_string())?;
+            let engine = CpuEngine::in_group(pool, ranks, zero, plan, cfg, start)?;
             Ok(Opened { engine: Box::new(engine), gpu: None })
         }
         Backend::Gpu => {
             let gpu = device.open_gpu_local(local_rank)?;
             let sharding: &dyn Ranks<f32> = if zero { ranks } else { &OneRank };
-            let trainer = block_on(GpuTrainer::resume_sharded(gpu.clone(), plan, cfg, &start, sharding)).map_err(|e| e.to_string())?;
-            let engine = GpuEngine::new(trainer, ranks).map_err(|e| e.to_string())?;
+            let trainer = block_on(GpuTrainer::resume_sharded(gpu.clone(), plan, cfg, &start, sharding))?;
+            let engine = GpuEngine::new(trainer, ranks)?;
             Ok(Opened { engine: Box::new(engine), gpu: Some(gpu) })
         }
     }
@@ -69,7 +63,7 @@ pub fn open<'m>(
 /// products run (measured on the engine's own device): the tensor cores' where its products
 /// run there, else the f32 FMA limit (f16 products on the SIMT kernels round their operands
 /// but multiply and sum in f32). Each is measured once and cached.
-pub fn peak(gpu: Option<&Gpu>, pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
+pub fn peak(gpu: Option<&Gpu>, pool: &ThreadPool, given: Option<f64>) -> Result<Peak> {
     match gpu {
         None => crate::peak::peak(pool, given),
         Some(gpu) => gpu_peak(gpu, if gpu.tensor_cores() { Real::Tensor } else { Real::F32 }, given, false),

@@ -1,6 +1,7 @@
 //! File helpers that never leave a half-written file behind and never replace what they
 //! should not: atomic writes, the run directory's lock, and checks of output paths.
 
+use anyhow::{anyhow, Result};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -123,11 +124,11 @@ pub struct RunLock {
 
 impl RunLock {
     /// Locks `dir` (which must exist), or says which process holds it.
-    pub fn acquire(dir: &Path) -> Result<RunLock, String> {
+    pub fn acquire(dir: &Path) -> Result<RunLock> {
         let path = dir.join(LOCK_FILE);
-        check_replaceable(&path).map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+        check_replaceable(&path).map_err(|e| anyhow!("cannot lock {}: {e}", path.display()))?;
         let mut file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| anyhow!("cannot open {}: {e}", path.display()))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
@@ -135,16 +136,16 @@ impl RunLock {
                 let _ = file.read_to_string(&mut holder);
                 let holder = holder.trim();
                 let who = if holder.is_empty() { "another process".to_string() } else { format!("process {holder}") };
-                return Err(format!("{} is in use by {who} (it holds {}); wait for that run to end or choose another --out", dir.display(), path.display()));
+                return Err(anyhow!("{} is in use by {who} (it holds {}); wait for that run to end or choose another --out", dir.display(), path.display()));
             }
-            Err(fs::TryLockError::Error(e)) => return Err(format!("cannot lock {}: {e}", path.display())),
+            Err(fs::TryLockError::Error(e)) => return Err(anyhow!("cannot lock {}: {e}", path.display())),
         }
         let write_pid = |f: &mut File| -> io::Result<()> {
             f.set_len(0)?;
             f.rewind()?;
             writeln!(f, "{}", std::process::id())
         };
-        write_pid(&mut file).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        write_pid(&mut file).map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
         Ok(RunLock { _file: file })
     }
 }
@@ -169,11 +170,11 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 /// An error if one of `outputs` (a flag and the file it names, if given) is the same file as
 /// one of `taken` (what the run reads or writes otherwise, by how errors name it) or as an
 /// earlier output.
-pub fn check_outputs_distinct<'a>(mut taken: Vec<(&'a str, &'a Path)>, outputs: &[(&'a str, Option<&'a Path>)]) -> Result<(), String> {
+pub fn check_outputs_distinct<'a>(mut taken: Vec<(&'a str, &'a Path)>, outputs: &[(&'a str, Option<&'a Path>)]) -> Result<()> {
     for &(flag, path) in outputs {
         let Some(path) = path else { continue };
         if let Some((other, _)) = taken.iter().find(|(_, p)| same_file(p, path)) {
-            return Err(format!("{flag} {} is the same file as {other}; choose another file", path.display()));
+            return Err(anyhow!("{flag} {} is the same file as {other}; choose another file", path.display()));
         }
         taken.push((flag, path));
     }
@@ -241,7 +242,7 @@ mod tests {
         let d = dir("lock");
         let held = RunLock::acquire(&d).unwrap();
         assert_eq!(fs::read_to_string(d.join(LOCK_FILE)).unwrap().trim(), std::process::id().to_string());
-        let err = RunLock::acquire(&d).err().unwrap();
+        let err = RunLock::acquire(&d).err().unwrap().to_string();
         assert!(err.contains("is in use by process") && err.contains(&std::process::id().to_string()), "{err}");
         drop(held);
         let again = RunLock::acquire(&d);

@@ -14,6 +14,7 @@ use alpha_core::checkpoint::Checkpoint;
 use alpha_core::plan::{ParamInfo, ParamKind, Plan};
 use alpha_core::tokenizer::Tokenizer;
 use alpha_core::GptConfig;
+use anyhow::{anyhow, Result};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::Value;
@@ -31,12 +32,12 @@ pub const GPT2_NAMES: [&str; 4] = ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl
 /// The directory a model name (`gpt2`, `openai-community/gpt2`, any `org/name`) has in the
 /// local Hugging Face cache (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`):
 /// its newest snapshot. Nothing is downloaded; the error says where it looked.
-pub fn find_cached(name: &str) -> Result<PathBuf, String> {
+pub fn find_cached(name: &str) -> Result<PathBuf> {
     let hub = match (std::env::var_os("HF_HUB_CACHE"), std::env::var_os("HF_HOME"), std::env::var_os("HOME")) {
         (Some(cache), _, _) => PathBuf::from(cache),
         (None, Some(home), _) => PathBuf::from(home).join("hub"),
         (None, None, Some(home)) => PathBuf::from(home).join(".cache/huggingface/hub"),
-        (None, None, None) => return Err(format!("{name}: no Hugging Face cache (set HF_HOME)")),
+        (None, None, None) => return Err(anyhow!("{name}: no Hugging Face cache (set HF_HOME)")),
     };
     // GPT-2's models moved to openai-community/; the cache keeps either name.
     let mut repos = vec![name.replace('/', "--")];
@@ -53,18 +54,18 @@ pub fn find_cached(name: &str) -> Result<PathBuf, String> {
             return Ok(dir.path());
         }
     }
-    Err(format!(
+    Err(anyhow!(
         "model {name} is not in the local Hugging Face cache (looked in {}); download it there first (huggingface-cli download {name}), or give its directory",
         looked.join(" and ")
     ))
 }
 
 /// `config.json` as Alpha's model; what Alpha's GPT does not compute is an error.
-fn config(dir: &Path) -> Result<GptConfig, String> {
+fn config(dir: &Path) -> Result<GptConfig> {
     let path = dir.join("config.json");
-    let text = read_regular_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let c: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
-    let bad = |what: String| format!("{}: {what}; Alpha runs GPT-2 (model_type gpt2, gelu_new, LayerNorm eps 1e-5, tied head)", path.display());
+    let text = read_regular_string(&path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
+    let c: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{} is not valid JSON: {e}", path.display()))?;
+    let bad = |what: String| anyhow!("{}: {what}; Alpha runs GPT-2 (model_type gpt2, gelu_new, LayerNorm eps 1e-5, tied head)", path.display());
     let size =
         |key: &str| c.get(key).and_then(Value::as_u64).and_then(|v| usize::try_from(v).ok()).ok_or_else(|| bad(format!("{key} is missing or not a size")));
     if let Some(kind) = c.get("model_type").and_then(Value::as_str).filter(|k| *k != "gpt2") {
@@ -95,31 +96,31 @@ fn config(dir: &Path) -> Result<GptConfig, String> {
 }
 
 /// The weight files: `model.safetensors`, or the shards its index names.
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let single = dir.join("model.safetensors");
     if single.is_file() {
         return Ok(vec![single]);
     }
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
-        let text = read_regular_string(&index).map_err(|e| format!("cannot read {}: {e}", index.display()))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", index.display()))?;
-        let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| format!("{} has no weight_map", index.display()))?;
+        let text = read_regular_string(&index).map_err(|e| anyhow!("cannot read {}: {e}", index.display()))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{} is not valid JSON: {e}", index.display()))?;
+        let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| anyhow!("{} has no weight_map", index.display()))?;
         let mut files: Vec<String> = map.values().filter_map(Value::as_str).map(str::to_string).collect();
         files.sort();
         files.dedup();
         if files.iter().any(|f| f.contains('/') || f.contains('\\') || f == "..") {
-            return Err(format!("{} names a shard outside its directory", index.display()));
+            return Err(anyhow!("{} names a shard outside its directory", index.display()));
         }
         return Ok(files.iter().map(|f| dir.join(f)).collect());
     }
     if dir.join("pytorch_model.bin").is_file() {
-        return Err(format!(
+        return Err(anyhow!(
             "{} has only pytorch_model.bin, a pickle, which Alpha never loads; convert it once with: python -c \"from transformers import GPT2LMHeadModel as M; M.from_pretrained('{0}').save_pretrained('{0}')\" (writes model.safetensors)",
             dir.display()
         ));
     }
-    Err(format!("{} has no model.safetensors (nor a sharded model.safetensors.index.json)", dir.display()))
+    Err(anyhow!("{} has no model.safetensors (nor a sharded model.safetensors.index.json)", dir.display()))
 }
 
 /// Whether the tensor is stored as `[in, out]` (Conv1D) in `transformers`.
@@ -133,13 +134,13 @@ fn alpha_shape(info: &ParamInfo) -> Vec<usize> {
 }
 
 /// A tensor's values as f32 (F32, F16 or BF16, little-endian).
-fn values(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>, String> {
+fn values(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>> {
     let data = t.data();
     Ok(match t.dtype() {
         Dtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
         Dtype::F16 => data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
         Dtype::BF16 => data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        other => return Err(format!("tensor {name} is {other:?}; Alpha reads F32, F16 and BF16")),
+        other => return Err(anyhow!("tensor {name} is {other:?}; Alpha reads F32, F16 and BF16")),
     })
 }
 
@@ -148,7 +149,7 @@ fn values(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>, String> {
 /// (with or without the `transformer.` prefix, once), the tied head, or the causal mask that
 /// older `transformers` saved per layer (`attn.bias`, `attn.masked_bias`). A config that
 /// understates `n_layer` would otherwise drop the layers past it without a word.
-fn account_for_every_tensor(dir: &Path, config: &GptConfig, plan: &Plan, files: &[PathBuf], shards: &[SafeTensors<'_>]) -> Result<(), String> {
+fn account_for_every_tensor(dir: &Path, config: &GptConfig, plan: &Plan, files: &[PathBuf], shards: &[SafeTensors<'_>]) -> Result<()> {
     let weights: std::collections::HashSet<String> = plan.params().map(|i| i.to_string().trim_start_matches("transformer.").to_string()).collect();
     let mask = |name: &str| {
         let Some((layer, buffer)) = name.strip_prefix("h.").and_then(|r| r.split_once('.')) else { return false };
@@ -162,7 +163,7 @@ fn account_for_every_tensor(dir: &Path, config: &GptConfig, plan: &Plan, files: 
             let short = name.strip_prefix("transformer.").unwrap_or(name);
             let explained = weights.contains(short) || short == "lm_head.weight" || mask(short);
             if !explained {
-                return Err(format!(
+                return Err(anyhow!(
                     "{}: {} holds tensor {name}, which a GPT-2 of config.json's {} layers, {} wide, does not have (does config.json describe these weights?)",
                     dir.display(),
                     file.file_name().unwrap_or_default().to_string_lossy(),
@@ -171,7 +172,7 @@ fn account_for_every_tensor(dir: &Path, config: &GptConfig, plan: &Plan, files: 
                 ));
             }
             if !seen.insert(short.to_string()) {
-                return Err(format!("{}: tensor {short} is in the weights twice", dir.display()));
+                return Err(anyhow!("{}: tensor {short} is in the weights twice", dir.display()));
             }
         }
     }
@@ -179,43 +180,43 @@ fn account_for_every_tensor(dir: &Path, config: &GptConfig, plan: &Plan, files: 
 }
 
 /// Reads a Hugging Face GPT-2 directory as a checkpoint of weights (no optimizer state).
-pub fn load(dir: &Path) -> Result<Checkpoint, String> {
+pub fn load(dir: &Path) -> Result<Checkpoint> {
     let config = config(dir)?;
     let tokenizer = Tokenizer::from(crate::tokenizer::load(dir)?);
     // A larger vocabulary is padding (`Plan::with_classes`).
     if tokenizer.vocab_size() > config.vocab_size {
-        return Err(format!("{}: config.json's vocab_size is {} but the tokenizer has {} tokens", dir.display(), config.vocab_size, tokenizer.vocab_size()));
+        return Err(anyhow!("{}: config.json's vocab_size is {} but the tokenizer has {} tokens", dir.display(), config.vocab_size, tokenizer.vocab_size()));
     }
     let files = weight_files(dir)?;
     let maps = files
         .iter()
         .map(|p| {
-            let f = open_regular(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let f = open_regular(p).map_err(|e| anyhow!("cannot read {}: {e}", p.display()))?;
             // SAFETY: read-only; a file changed while it loads can only change the values read.
-            unsafe { Mmap::map(&f) }.map_err(|e| format!("cannot map {}: {e}", p.display()))
+            unsafe { Mmap::map(&f) }.map_err(|e| anyhow!("cannot map {}: {e}", p.display()))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let shards = maps
         .iter()
         .zip(&files)
-        .map(|(m, p)| SafeTensors::deserialize(m).map_err(|e| format!("{} is not a valid safetensors file: {e}", p.display())))
+        .map(|(m, p)| SafeTensors::deserialize(m).map_err(|e| anyhow!("{} is not a valid safetensors file: {e}", p.display())))
         .collect::<Result<Vec<_>, _>>()?;
     let find = |name: &str| -> Option<TensorView<'_>> {
         let short = name.strip_prefix("transformer.").unwrap_or(name);
         shards.iter().find_map(|s| s.tensor(name).or_else(|_| s.tensor(short)).ok())
     };
-    let plan = Plan::new(config, 1, 1).map_err(|e| e.to_string())?;
+    let plan = Plan::new(config, 1, 1)?;
     account_for_every_tensor(dir, &config, &plan, &files, &shards)?;
-    let mut params = alpha_core::plan::try_vec("parameters", plan.params_len(), 0f32).map_err(|e| e.to_string())?;
+    let mut params = alpha_core::plan::try_vec("parameters", plan.params_len(), 0f32)?;
     for info in plan.params() {
         let name = info.to_string();
-        let t = find(&name).ok_or_else(|| format!("{}: the weights have no tensor {name}", dir.display()))?;
+        let t = find(&name).ok_or_else(|| anyhow!("{}: the weights have no tensor {name}", dir.display()))?;
         let mut want = alpha_shape(&info);
         if is_conv1d(info.kind) {
             want.reverse();
         }
         if t.shape() != want.as_slice() {
-            return Err(format!("{}: tensor {name} is {:?}, the config implies {want:?}", dir.display(), t.shape()));
+            return Err(anyhow!("{}: tensor {name} is {:?}, the config implies {want:?}", dir.display(), t.shape()));
         }
         let v = values(&name, &t)?;
         let dst = &mut params[info.span.range()];
@@ -231,14 +232,14 @@ pub fn load(dir: &Path) -> Result<Checkpoint, String> {
             dst.copy_from_slice(&v);
         }
         if let Some(index) = dst.iter().position(|x| !x.is_finite()) {
-            return Err(format!("{}: tensor {name} holds {} at index {index}", dir.display(), dst[index]));
+            return Err(anyhow!("{}: tensor {name} holds {} at index {index}", dir.display(), dst[index]));
         }
     }
     // An untied head would be a different model.
     if let Some(head) = find("lm_head.weight") {
         let wte = plan.params().find(|i| i.kind == ParamKind::Wte).expect("a GPT has a token embedding");
         if head.shape() != [config.vocab_size, config.n_embd] || values("lm_head.weight", &head)? != params[wte.span.range()] {
-            return Err(format!("{}: lm_head.weight is not the token embedding; Alpha's head is tied", dir.display()));
+            return Err(anyhow!("{}: lm_head.weight is not the token embedding; Alpha's head is tied", dir.display()));
         }
     }
     // safetensors files carry no checksums.
@@ -263,8 +264,8 @@ fn char_tokenizer_json(chars: &[char]) -> Value {
 /// (metadata `format: pt`, as `transformers` expects; the head tied, so omitted),
 /// `tokenizer.json`, `tokenizer_config.json` and `generation_config.json`, each atomically.
 /// A padded vocabulary (`train --vocab-pad`) is cut to the tokenizer's.
-pub fn save(ck: &Checkpoint, dir: &Path) -> Result<(), String> {
-    let plan = Plan::new(ck.config, 1, 1).map_err(|e| e.to_string())?;
+pub fn save(ck: &Checkpoint, dir: &Path) -> Result<()> {
+    let plan = Plan::new(ck.config, 1, 1)?;
     let c = GptConfig { vocab_size: ck.tokenizer.vocab_size(), ..ck.config };
     let eot = ck.tokenizer.end_of_text();
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -285,13 +286,9 @@ pub fn save(ck: &Checkpoint, dir: &Path) -> Result<(), String> {
         };
         tensors.push((info.to_string(), shape, bytes));
     }
-    let views = tensors
-        .iter()
-        .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+    let views = tensors.iter().map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v))).collect::<Result<Vec<_>, _>>()?;
     let meta = [("format".to_string(), "pt".to_string())].into_iter().collect();
-    let weights = safetensors::serialize(views, Some(meta)).map_err(|e| e.to_string())?;
+    let weights = safetensors::serialize(views, Some(meta))?;
     let config = serde_json::json!({
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": null,
@@ -317,7 +314,7 @@ pub fn save(ck: &Checkpoint, dir: &Path) -> Result<(), String> {
         tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast".into();
     }
     let generation = serde_json::json!({"bos_token_id": eot, "eos_token_id": eot});
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| anyhow!("cannot create {}: {e}", dir.display()))?;
     let files: [(&str, Vec<u8>); 5] = [
         ("config.json", format!("{config:#}\n").into_bytes()),
         ("model.safetensors", weights),
@@ -327,7 +324,7 @@ pub fn save(ck: &Checkpoint, dir: &Path) -> Result<(), String> {
     ];
     for (name, bytes) in files {
         let path = dir.join(name);
-        crate::fsutil::write_atomic(&path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        crate::fsutil::write_atomic(&path, &bytes).map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())
 }

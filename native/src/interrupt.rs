@@ -4,6 +4,7 @@
 //! a second stops the process at once (status 130), removing the temporary files the command
 //! named and saying what is kept.
 
+use anyhow::{anyhow, Result};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,7 +28,7 @@ pub struct Interrupt {
 impl Interrupt {
     /// Installs the handler (once per process). `first` is printed on the first signal (to
     /// stderr; `None`: nothing, as on the ranks other than 0).
-    pub fn install(first: Option<String>) -> Result<Interrupt, String> {
+    pub fn install(first: Option<String>) -> Result<Interrupt> {
         let interrupt = Interrupt { requested: Arc::new(AtomicBool::new(false)), shared: Arc::default() };
         let handler = interrupt.clone();
         ctrlc::set_handler(move || {
@@ -44,7 +45,7 @@ impl Interrupt {
             eprintln!("interrupted again: stopped at once; {}", shared.kept);
             std::process::exit(130);
         })
-        .map_err(|e| format!("cannot handle Ctrl-C and SIGTERM: {e}"))?;
+        .map_err(|e| anyhow!("cannot handle Ctrl-C and SIGTERM: {e}"))?;
         Ok(interrupt)
     }
 

@@ -6,7 +6,7 @@ static ALLOCATOR: alpha_native::hugepages::HugePageAlloc = alpha_native::hugepag
 
 fn main() {
     if let Err(msg) = alpha_native::cli::run(std::env::args_os().collect()) {
-        eprintln!("error: {msg}");
+        eprintln!("error: {msg:#}");
         std::process::exit(1);
     }
 }

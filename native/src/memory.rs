@@ -4,6 +4,7 @@
 
 use crate::device::Backend;
 use alpha_core::Plan;
+use anyhow::{anyhow, Result};
 
 /// Bytes of host memory a run of `plan` needs, split as (model state, activations and batch).
 /// Model state: the parameters, their gradients and both AdamW moments, plus up to three
@@ -47,14 +48,14 @@ fn available_bytes() -> Option<u128> {
 
 /// An error saying what a run of `plan` needs and what the machine has, when the first is
 /// larger; `Ok` where the available memory is unknown.
-pub fn check(plan: &Plan, backend: Backend) -> Result<(), String> {
+pub fn check(plan: &Plan, backend: Backend) -> Result<()> {
     match available_bytes() {
         Some(available) => check_against(plan, backend, available),
         None => Ok(()),
     }
 }
 
-fn check_against(plan: &Plan, backend: Backend, available: u128) -> Result<(), String> {
+fn check_against(plan: &Plan, backend: Backend, available: u128) -> Result<()> {
     let (state, activations) = host_bytes(plan, backend);
     let need = state + activations;
     if need <= available {
@@ -64,7 +65,7 @@ fn check_against(plan: &Plan, backend: Backend, available: u128) -> Result<(), S
         Backend::Cpu => format!("model state {}, activations {} for a batch of {} x {} tokens", size(state), size(activations), plan.batch, plan.seq),
         Backend::Gpu => "the run state and checkpoint copies of the model".to_string(),
     };
-    Err(format!("this run needs {} of memory ({detail}) but this machine has {} available; use a smaller batch, block or model", size(need), size(available)))
+    Err(anyhow!("this run needs {} of memory ({detail}) but this machine has {} available; use a smaller batch, block or model", size(need), size(available)))
 }
 
 /// The largest batch in `1..=max` for which `fits` holds (`fits` true up to some batch and
@@ -124,8 +125,8 @@ mod tests {
         let p = plan(4);
         let (state, acts) = host_bytes(&p, Backend::Cpu);
         assert!(state > 0 && acts > 0);
-        assert_eq!(check_against(&p, Backend::Cpu, state + acts), Ok(()));
-        let err = check_against(&p, Backend::Cpu, state + acts - 1).unwrap_err();
+        assert!(check_against(&p, Backend::Cpu, state + acts).is_ok());
+        let err = check_against(&p, Backend::Cpu, state + acts - 1).unwrap_err().to_string();
         assert!(err.contains(&format!("needs {}", size(state + acts))) && err.contains("for a batch of 4 x 64 tokens"), "{err}");
         // On a GPU the activations are on the device.
         assert_eq!(host_bytes(&p, Backend::Gpu).1, 0);

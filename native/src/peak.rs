@@ -7,6 +7,7 @@ use alpha_core::gemm::{f32_kernel_name, gemm, Rows, RowsMut, Shape, Strided};
 use alpha_core::parallel::{Parallel, ThreadPool};
 use alpha_gpu::peak::{FmaProbe, Real};
 use alpha_gpu::{block_on, Gpu};
+use anyhow::{anyhow, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -71,18 +72,18 @@ fn cache_file() -> Option<PathBuf> {
 }
 
 /// The peak for `pool`: `given`, else the cached measurement, else a new one (then cached).
-pub fn peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
+pub fn peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak> {
     cached_peak(pool, given, false)
 }
 
 /// [`peak`], measured again even when cached (`info`): the cache keeps the highest
 /// measurement, so one taken while other work shared the cores (too low, and every MFU after
 /// it too high) is replaced by the next one on a quiet machine.
-pub fn measured_peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak, String> {
+pub fn measured_peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak> {
     cached_peak(pool, given, true)
 }
 
-fn cached_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> Result<Peak, String> {
+fn cached_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> Result<Peak> {
     let key = format!("{} | {} threads | {}", cpu_model(), pool.threads(), f32_kernel_name());
     cached(&key, given, remeasure, || Ok(measure(pool)))
 }
@@ -90,7 +91,7 @@ fn cached_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> Result
 /// The arithmetic limit of `gpu`'s FMA units in GFLOP/s for `real` (f32: the MFU
 /// denominator of f32 runs): `given`, else the cached measurement for this adapter and driver
 /// (measured again with `remeasure`, as [`measured_peak`]), else a new one (then cached).
-pub fn gpu_peak(gpu: &Gpu, real: Real, given: Option<f64>, remeasure: bool) -> Result<Peak, String> {
+pub fn gpu_peak(gpu: &Gpu, real: Real, given: Option<f64>, remeasure: bool) -> Result<Peak> {
     // "all lanes": the probe since every lane of its chains is read (earlier probes' cached
     // figures counted lanes the compiler had dropped, and stay unread).
     let key = format!("gpu {} | {} | {real:?} FMA all lanes", gpu.adapter.name, gpu.adapter.driver);
@@ -99,11 +100,11 @@ pub fn gpu_peak(gpu: &Gpu, real: Real, given: Option<f64>, remeasure: bool) -> R
 
 /// GFLOP/s of [`FmaProbe`] on `gpu`: workgroups, then rounds, grown fourfold until one
 /// dispatch takes 50 ms (those runs also warm the device up), then the best of three.
-fn measure_gpu(gpu: &Gpu, real: Real) -> Result<f64, String> {
-    let probe = block_on(FmaProbe::new(gpu, real)).map_err(|e| e.to_string())?;
-    let timed = |workgroups: u32, reps: u32| -> Result<f64, String> {
+fn measure_gpu(gpu: &Gpu, real: Real) -> Result<f64> {
+    let probe = block_on(FmaProbe::new(gpu, real))?;
+    let timed = |workgroups: u32, reps: u32| -> Result<f64> {
         let t = Instant::now();
-        let flops = probe.run(gpu, workgroups, reps).map_err(|e| e.to_string())?;
+        let flops = probe.run(gpu, workgroups, reps)?;
         Ok(flops / t.elapsed().as_secs_f64().max(1e-9) / 1e9)
     };
     let (mut workgroups, mut reps) = (64u32, 64u32);
@@ -124,7 +125,7 @@ fn measure_gpu(gpu: &Gpu, real: Real) -> Result<f64, String> {
 
 /// `given`, else the peak cached under `key`, else (or with `remeasure`) `measure()`'s, which
 /// the cache keeps when it is the highest so far.
-fn cached(key: &str, given: Option<f64>, remeasure: bool, measure: impl FnOnce() -> Result<f64, String>) -> Result<Peak, String> {
+fn cached(key: &str, given: Option<f64>, remeasure: bool, measure: impl FnOnce() -> Result<f64>) -> Result<Peak> {
     if let Some(p) = peak_given(given)? {
         return Ok(p);
     }
@@ -146,9 +147,9 @@ fn cached(key: &str, given: Option<f64>, remeasure: bool, measure: impl FnOnce()
 }
 
 /// The peak `--peak-gflops` gives, if any (an error unless it is a positive number).
-fn peak_given(given: Option<f64>) -> Result<Option<Peak>, String> {
+fn peak_given(given: Option<f64>) -> Result<Option<Peak>> {
     match given {
-        Some(g) if !(g.is_finite() && g > 0.0) => Err(format!("--peak-gflops must be a positive number, got {g}")),
+        Some(g) if !(g.is_finite() && g > 0.0) => Err(anyhow!("--peak-gflops must be a positive number, got {g}")),
         Some(gflops) => Ok(Some(Peak { gflops, source: "given" })),
         None => Ok(None),
     }

@@ -15,6 +15,7 @@
 
 use alpha_core::data::Tokens;
 use alpha_core::train::{OneRank, Ranks};
+use anyhow::{anyhow, Result};
 use std::hash::{DefaultHasher, Hasher};
 
 /// Environment variables an MPI launcher sets to the number of processes it started
@@ -48,14 +49,14 @@ impl Group {
     /// The group this process was launched in: its MPI world under `mpirun` (or another MPI
     /// launcher), else a group of one. An error when a launcher started several processes
     /// but this build has no MPI (each would train alone, into the same files).
-    pub fn launched() -> Result<Group, String> {
+    pub fn launched() -> Result<Group> {
         let launched = LAUNCHER_SIZE.iter().find_map(|v| std::env::var(v).ok()).and_then(|n| n.parse::<usize>().ok());
         match launched {
             None | Some(0..=1) => Ok(Group::alone()),
             #[cfg(feature = "mpi")]
             Some(_) => Ok(Group { world: Some(Box::new(mpi_world::World::init()?)) }),
             #[cfg(not(feature = "mpi"))]
-            Some(n) => Err(format!(
+            Some(n) => Err(anyhow!(
                 "launched as one of {n} MPI processes, but this alpha-native was built without MPI: build it with `cargo build --release -p alpha-native --features mpi`"
             )),
         }
@@ -87,7 +88,7 @@ impl Group {
     /// Checks that every rank has the same `facts` (name, fingerprint) as rank 0: on a
     /// mismatch rank 0 returns an error naming the ranks and what differs, and the others
     /// wait to be stopped.
-    pub fn agree(&self, facts: &[(&str, u64)]) -> Result<(), String> {
+    pub fn agree(&self, facts: &[(&str, u64)]) -> Result<()> {
         let Some(world) = &self.world else { return Ok(()) };
         let mine: Vec<u64> = facts.iter().map(|f| f.1).collect();
         let differ = disagreements(facts, &world.gather_all(&mine));
@@ -98,7 +99,7 @@ impl Group {
             // Rank 0 reports and stops every rank ([`Group::fail`]).
             world.barrier();
         }
-        Err(format!("the ranks do not train the same run: {} differ from rank 0's; give every rank the same flags, files and build", differ.join(", ")))
+        Err(anyhow!("the ranks do not train the same run: {} differ from rank 0's; give every rank the same flags, files and build", differ.join(", ")))
     }
 
     /// Stops every rank after this one's error, which it prints (prefixed with its rank
@@ -208,6 +209,7 @@ mod mpi_world {
     use super::Collectives;
     use alpha_core::parallel::shard;
     use alpha_core::train::Ranks;
+    use anyhow::{anyhow, Result};
     use mpi::collective::SystemOperation;
     use mpi::datatype::PartitionMut;
     use mpi::environment::Universe;
@@ -249,8 +251,8 @@ mod mpi_world {
 
     impl World {
         /// Initialises MPI (only the main thread calls it).
-        pub fn init() -> Result<World, String> {
-            let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled).ok_or("MPI was initialised twice")?;
+        pub fn init() -> Result<World> {
+            let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled).ok_or_else(|| anyhow!("MPI was initialised twice"))?;
             let world = universe.world();
             let (rank, ranks) = (world.rank() as usize, world.size() as usize);
             // The ranks that share this machine's memory, in rank order.

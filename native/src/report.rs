@@ -3,6 +3,7 @@
 //! [`html`] (the page: `www/charts.js` and `www/report.js` compiled in). Lines of a metrics
 //! file that are not whole JSON records (a run killed while writing one) are skipped and counted.
 
+use anyhow::{anyhow, Result};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -194,9 +195,9 @@ struct OpTotals {
 /// The figures a trace gives the report: traced steps and their mean time, the ops (CPU
 /// track, with their pass) and kernels (GPU track) by total time with their share of the
 /// steps' time, dispatches per step, and the GPU's busy time against the steps' wall time.
-pub fn summarize_trace(text: &str) -> Result<Value, String> {
-    let doc: Value = serde_json::from_str(text).map_err(|e| format!("not a JSON trace: {e}"))?;
-    let events = doc["traceEvents"].as_array().ok_or("no traceEvents array: not a trace Alpha wrote")?;
+pub fn summarize_trace(text: &str) -> Result<Value> {
+    let doc: Value = serde_json::from_str(text).map_err(|e| anyhow!("not a JSON trace: {e}"))?;
+    let events = doc["traceEvents"].as_array().ok_or_else(|| anyhow!("no traceEvents array: not a trace Alpha wrote"))?;
     let spans = events.iter().filter(|e| e["ph"] == "X");
     let dur_ms = |e: &Value| e["dur"].as_f64().unwrap_or(0.0) / 1e3;
     let (mut steps, mut wall_ms, mut busy_ms, mut dispatches) = (0u64, 0.0, 0.0, 0u64);
@@ -233,7 +234,7 @@ pub fn summarize_trace(text: &str) -> Result<Value, String> {
         entry.bytes += e["args"]["bytes"].as_f64().unwrap_or(0.0);
     }
     if steps == 0 {
-        return Err("it holds no step spans: not a trace of training steps".into());
+        return Err(anyhow!("it holds no step spans: not a trace of training steps"));
     }
     let mut top: Vec<Value> = ops
         .into_iter()

@@ -10,6 +10,7 @@ use crate::run::args::TrainArgs;
 use alpha_core::run::{preset, PRESETS};
 use alpha_core::settings::RunSettings;
 use alpha_core::GptConfig;
+use anyhow::{anyhow, Result};
 use std::ffi::OsString;
 use std::path::Path;
 
@@ -19,7 +20,7 @@ pub const RUN_FILE: &str = "run.toml";
 /// `args` (a whole command line) with the keys of the run file that train's `--config` names
 /// inserted as flags right after the subcommand, so that the command line's own flags, which
 /// come later, override them. Other command lines come back as they are.
-pub fn expand(args: Vec<OsString>, train: &clap::Command) -> Result<Vec<OsString>, String> {
+pub fn expand(args: Vec<OsString>, train: &clap::Command) -> Result<Vec<OsString>> {
     // The subcommand comes first: the program takes no options of its own before it.
     let sub = 1;
     if args.get(sub).is_none_or(|a| a != "train") {
@@ -28,7 +29,7 @@ pub fn expand(args: Vec<OsString>, train: &clap::Command) -> Result<Vec<OsString
     let mut config = None;
     for (i, a) in args.iter().enumerate().skip(sub + 1) {
         match a.to_str() {
-            Some("--config") => config = Some(args.get(i + 1).ok_or("--config needs a file or a preset name")?.clone()),
+            Some("--config") => config = Some(args.get(i + 1).ok_or_else(|| anyhow!("--config needs a file or a preset name"))?.clone()),
             Some(s) if s.starts_with("--config=") => config = Some(OsString::from(&s["--config=".len()..])),
             Some("--") => break,
             _ => {}
@@ -44,9 +45,9 @@ pub fn expand(args: Vec<OsString>, train: &clap::Command) -> Result<Vec<OsString
 }
 
 /// The run file `config` names: a file, else a preset; its name for messages and its text.
-fn read(config: &Path) -> Result<(String, String), String> {
+fn read(config: &Path) -> Result<(String, String)> {
     if config.exists() {
-        let text = crate::fsutil::read_regular_string(config).map_err(|e| format!("cannot read run file {}: {e}", config.display()))?;
+        let text = crate::fsutil::read_regular_string(config).map_err(|e| anyhow!("cannot read run file {}: {e}", config.display()))?;
         return Ok((config.display().to_string(), text));
     }
     let name = config.to_string_lossy();
@@ -54,19 +55,19 @@ fn read(config: &Path) -> Result<(String, String), String> {
         Some(p) => Ok((format!("preset {name}"), p.toml.to_string())),
         None => {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-            Err(format!("--config {name}: no such file, nor a preset ({})", names.join(", ")))
+            Err(anyhow!("--config {name}: no such file, nor a preset ({})", names.join(", ")))
         }
     }
 }
 
 /// The flags the run file `text` sets, checked against `train`'s arguments.
-fn flags_of(name: &str, text: &str, train: &clap::Command) -> Result<Vec<OsString>, String> {
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| format!("{name}: {}", e.message()))?;
+fn flags_of(name: &str, text: &str, train: &clap::Command) -> Result<Vec<OsString>> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| anyhow!("{name}: {}", e.message()))?;
     let mut flags = Vec::new();
     for (key, value) in table {
         let long = key.replace('_', "-");
         let arg = train.get_arguments().find(|a| a.get_long() == Some(long.as_str()) && long != "config");
-        let Some(arg) = arg else { return Err(format!("{name}: `{key}` is not a flag of alpha-native train (see train --help)")) };
+        let Some(arg) = arg else { return Err(anyhow!("{name}: `{key}` is not a flag of alpha-native train (see train --help)")) };
         let switch = matches!(arg.get_action(), clap::ArgAction::SetTrue);
         let text = match value {
             toml::Value::Boolean(true) if switch => None,
@@ -76,7 +77,7 @@ fn flags_of(name: &str, text: &str, train: &clap::Command) -> Result<Vec<OsStrin
             toml::Value::Float(f) if !switch => Some(f.to_string()),
             other => {
                 let want = if switch { "true or false" } else { "a number or a string" };
-                return Err(format!("{name}: `{key}` must be {want}, not {}", other.type_str()));
+                return Err(anyhow!("{name}: `{key}` must be {want}, not {}", other.type_str()));
             }
         };
         flags.push(OsString::from(match text {
@@ -179,7 +180,7 @@ mod tests {
             ("recompute = 1", "`recompute` must be true or false"),
             ("lr = ", "f: "),
         ] {
-            let err = flags_of("f", bad, &train()).unwrap_err();
+            let err = flags_of("f", bad, &train()).unwrap_err().to_string();
             assert!(err.contains(needle), "{bad}: {err}");
         }
         let args = ["alpha-native", "train", "--config", "tiny", "--lr", "1"].map(OsString::from).to_vec();
@@ -192,7 +193,7 @@ mod tests {
         // Another subcommand's argument that reads "train" is not the subcommand.
         let other = ["alpha-native", "sample", "--prompt", "train", "--config", "x"].map(OsString::from).to_vec();
         assert_eq!(expand(other.clone(), &train()).unwrap(), other);
-        let err = expand(["alpha-native", "train", "--config=nope"].map(OsString::from).to_vec(), &train()).unwrap_err();
+        let err = expand(["alpha-native", "train", "--config=nope"].map(OsString::from).to_vec(), &train()).unwrap_err().to_string();
         assert!(err.contains("no such file, nor a preset (tiny, small, shakespeare_char, baby)"), "{err}");
     }
 

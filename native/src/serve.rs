@@ -12,6 +12,7 @@
 //! site cannot read the run through DNS rebinding).
 
 use crate::report::RunRecords;
+use anyhow::{anyhow, Result};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -57,10 +58,10 @@ impl Records {
 /// Binds `addr` and serves the dashboard of `records` from a background thread; returns the
 /// address bound (port 0 picks a free one). A warning goes to stderr when the address is not
 /// the loopback: anyone who can reach it sees the run.
-pub fn start(addr: &str, records: Records) -> Result<SocketAddr, String> {
-    let wanted: Vec<SocketAddr> = addr.to_socket_addrs().map_err(|e| format!("--serve {addr}: not an address to listen on ({e})"))?.collect();
-    let listener = TcpListener::bind(&wanted[..]).map_err(|e| format!("--serve {addr}: cannot listen there: {e}"))?;
-    let bound = listener.local_addr().map_err(|e| format!("--serve {addr}: {e}"))?;
+pub fn start(addr: &str, records: Records) -> Result<SocketAddr> {
+    let wanted: Vec<SocketAddr> = addr.to_socket_addrs().map_err(|e| anyhow!("--serve {addr}: not an address to listen on ({e})"))?.collect();
+    let listener = TcpListener::bind(&wanted[..]).map_err(|e| anyhow!("--serve {addr}: cannot listen there: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| anyhow!("--serve {addr}: {e}"))?;
     let loopback_only = bound.ip().is_loopback();
     if !loopback_only {
         eprintln!("warning: --serve {bound} is reachable from other machines: anyone who can connect sees this run's metrics and samples");
@@ -88,7 +89,7 @@ pub fn start(addr: &str, records: Records) -> Result<SocketAddr, String> {
                 }
             }
         })
-        .map_err(|e| format!("--serve: cannot start the server thread: {e}"))?;
+        .map_err(|e| anyhow!("--serve: cannot start the server thread: {e}"))?;
     Ok(bound)
 }
 

@@ -9,6 +9,7 @@ use alpha_core::tape::{KernelTime, Observer, Op, Pass, Phase};
 use alpha_core::train::{RunState, TrainConfig};
 use alpha_core::{data, Plan, Rng};
 use alpha_gpu::block_on;
+use anyhow::{anyhow, Result};
 use serde_json::{json, Value};
 use std::ops::Range;
 use std::time::Instant;
@@ -207,15 +208,15 @@ pub fn bench_train_config(grad_accum: usize) -> TrainConfig {
 }
 
 /// The training split of `ids`, or an error if it is too short for `plan`'s blocks.
-pub fn train_split<'a>(plan: &Plan, ids: &'a [u32]) -> Result<&'a [u32], String> {
+pub fn train_split<'a>(plan: &Plan, ids: &'a [u32]) -> Result<&'a [u32]> {
     let (train, _) = data::split(ids);
     if train.len() <= plan.seq {
-        return Err(format!("the training text has {} tokens; a block of {} needs more", train.len(), plan.seq));
+        return Err(anyhow!("the training text has {} tokens; a block of {} needs more", train.len(), plan.seq));
     }
     Ok(train)
 }
 
 /// Where `bench` and `info` start: GPT-2 initialisation with seed 1337, batches from seed 1.
-pub fn fresh_start(plan: &Plan) -> Result<RunState<f32>, String> {
-    Ok(RunState { rng: Rng::new(1), ..RunState::fresh(plan, 1337).map_err(|e| e.to_string())? })
+pub fn fresh_start(plan: &Plan) -> Result<RunState<f32>> {
+    Ok(RunState { rng: Rng::new(1), ..RunState::fresh(plan, 1337)? })
 }

@@ -4,6 +4,7 @@
 use alpha_core::parallel::Parallel;
 use alpha_core::tokenizer::bpe::Bpe;
 use alpha_core::tokenizer::{hf, TokenizeError, Tokenizer};
+use anyhow::{anyhow, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::Path;
 
@@ -28,9 +29,9 @@ pub fn encode_with_progress(tok: &Tokenizer, par: &dyn Parallel, text: &str) -> 
 }
 
 /// Reads a tokenizer: a tokenizer.json, or a directory with one or with vocab.json + merges.txt.
-pub fn load(path: &Path) -> Result<Bpe, String> {
-    let read = |p: &Path| crate::fsutil::read_regular_string(p).map_err(|e| format!("cannot read tokenizer file {}: {e}", p.display()));
-    let in_error = |p: &Path, e: alpha_core::tokenizer::bpe::BpeError| format!("tokenizer {}: {e}", p.display());
+pub fn load(path: &Path) -> Result<Bpe> {
+    let read = |p: &Path| crate::fsutil::read_regular_string(p).map_err(|e| anyhow!("cannot read tokenizer file {}: {e}", p.display()));
+    let in_error = |p: &Path, e: alpha_core::tokenizer::bpe::BpeError| anyhow!("tokenizer {}: {e}", p.display());
     if path.is_dir() {
         let json = path.join("tokenizer.json");
         if json.is_file() {
@@ -40,7 +41,7 @@ pub fn load(path: &Path) -> Result<Bpe, String> {
         if vocab.is_file() && merges.is_file() {
             return hf::from_vocab_merges(&read(&vocab)?, &read(&merges)?).map_err(|e| in_error(path, e));
         }
-        return Err(format!("tokenizer directory {} has neither tokenizer.json nor vocab.json and merges.txt", path.display()));
+        return Err(anyhow!("tokenizer directory {} has neither tokenizer.json nor vocab.json and merges.txt", path.display()));
     }
     hf::from_tokenizer_json(&read(path)?).map_err(|e| in_error(path, e))
 }

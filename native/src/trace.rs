@@ -5,6 +5,7 @@
 
 use crate::fsutil::{check_replaceable, write_atomic};
 use alpha_core::tape::{KernelTime, Observer, Op, Pass};
+use anyhow::{anyhow, Result};
 use serde_json::{json, Value};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -32,13 +33,13 @@ pub const MAX_TRACE_STEPS: u64 = 1000;
 impl Trace {
     /// A trace of the next `steps` steps, to be written to `path`, which must be absent (or,
     /// with `overwrite`, a regular file).
-    pub fn new(path: &Path, steps: u64, overwrite: bool) -> Result<Self, String> {
+    pub fn new(path: &Path, steps: u64, overwrite: bool) -> Result<Self> {
         if !(1..=MAX_TRACE_STEPS).contains(&steps) {
-            return Err(format!("--trace-steps must be between 1 and {MAX_TRACE_STEPS}, got {steps}"));
+            return Err(anyhow!("--trace-steps must be between 1 and {MAX_TRACE_STEPS}, got {steps}"));
         }
-        check_replaceable(path).map_err(|e| format!("--trace {}: {e}", path.display()))?;
+        check_replaceable(path).map_err(|e| anyhow!("--trace {}: {e}", path.display()))?;
         if path.exists() && !overwrite {
-            return Err(format!("--trace {} already exists; choose another file, or pass --overwrite to replace it", path.display()));
+            return Err(anyhow!("--trace {} already exists; choose another file, or pass --overwrite to replace it", path.display()));
         }
         let track = |tid: u32, name: &str| json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}});
         let events = vec![track(CPU_TRACK, "CPU"), track(GPU_TRACK, "GPU")];
@@ -95,9 +96,9 @@ impl Trace {
 
     /// Writes what was collected if that has not happened yet (a run that ends early writes a
     /// shorter trace) and reports a failed write.
-    pub fn finish(&mut self) -> Result<(), String> {
+    pub fn finish(&mut self) -> Result<()> {
         self.write();
-        self.error.take().map_or(Ok(()), Err)
+        self.error.take().map_or(Ok(()), |e| Err(anyhow!(e)))
     }
 }
 

@@ -228,6 +228,7 @@ fn mutated_checkpoints_load_consistently_or_are_one_line_errors() {
             let path = dir.join(format!("case{case}.safetensors"));
             fs::write(&path, &bytes).unwrap();
             if let Err(e) = alpha_native::checkpoint::load(&path) {
+                let e = format!("{e:#}");
                 assert!(e.starts_with(&format!("checkpoint {} is ", path.display())) && !e.contains('\n'), "case {case} ({what}): {e}");
             }
             if case % BINARY_EVERY == 0 {
@@ -289,7 +290,10 @@ fn mutated_texts_load_or_are_one_line_errors_naming_the_file() {
                 assert_eq!(ids.len(), std::str::from_utf8(&b).unwrap().chars().count());
                 assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));
             }
-            Err(e) => assert!(e.contains(&name) && !e.contains('\n'), "case {case}: {e}"),
+            Err(e) => {
+                let e = format!("{e:#}");
+                assert!(e.contains(&name) && !e.contains('\n'), "case {case}: {e}");
+            }
         }
         // A resumed run encodes the text with the checkpoint's vocabulary.
         if let Ok(text) = std::str::from_utf8(&b) {

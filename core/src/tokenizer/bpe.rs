@@ -43,6 +43,8 @@ impl fmt::Display for BpeError {
     }
 }
 
+impl core::error::Error for BpeError {}
+
 /// A token matched in the text before pre-tokenization (Hugging Face's added tokens), such as
 /// `<|endoftext|>`: its text always becomes its id.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -41,6 +41,8 @@ impl fmt::Display for TokenizeError {
     }
 }
 
+impl core::error::Error for TokenizeError {}
+
 /// Why a list of characters is not a vocabulary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VocabError {
@@ -58,6 +60,8 @@ impl fmt::Display for VocabError {
         }
     }
 }
+
+impl core::error::Error for VocabError {}
 
 const NO_ID: u16 = u16::MAX;
 

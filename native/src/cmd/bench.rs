@@ -14,6 +14,7 @@ use crate::trace::Trace;
 use alpha_core::engine::{Engine, StepError};
 use alpha_core::parallel::Parallel;
 use alpha_core::GptConfig;
+use anyhow::{anyhow, Result};
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
@@ -61,10 +62,10 @@ pub struct BenchArgs {
 const MAX_BENCH_STEPS: usize = 1_000_000;
 
 /// Runs `bench`.
-pub fn run(args: &BenchArgs) -> Result<(), String> {
+pub fn run(args: &BenchArgs) -> Result<()> {
     for (flag, value, min) in [("--iters", args.iters, 1), ("--warmup", args.warmup, 0)] {
         if !(min..=MAX_BENCH_STEPS).contains(&value) {
-            return Err(format!("{flag} must be between {min} and {MAX_BENCH_STEPS}, got {value}"));
+            return Err(anyhow!("{flag} must be between {min} and {MAX_BENCH_STEPS}, got {value}"));
         }
     }
     let m = &args.model;
@@ -76,7 +77,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     args.device.check()?;
     crate::memory::check(&plan, args.device.backend)?;
     if args.device.backend == Backend::Gpu && args.no_phases {
-        return Err("--no-phases measures the CPU's phase clocks; a GPU step has none inside it".into());
+        return Err(anyhow!("--no-phases measures the CPU's phase clocks; a GPU step has none inside it"));
     }
     let train = train_split(&plan, &ids)?;
     let start = fresh_start(&plan)?;
@@ -132,15 +133,15 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
 /// The timed steps (after the warm-up): each step's milliseconds and the summed phases. On
 /// the GPU each step ends with the read of its loss (what training does every log interval),
 /// so its time is submit to result.
-fn timed_steps(args: &BenchArgs, engine: &mut dyn Engine, train: &[u32], mut trace: Option<&mut Trace>) -> Result<(Vec<f64>, Phases), String> {
+fn timed_steps(args: &BenchArgs, engine: &mut dyn Engine, train: &[u32], mut trace: Option<&mut Trace>) -> Result<(Vec<f64>, Phases)> {
     let mut ms = Vec::with_capacity(args.iters);
     let mut phases = Phases::default();
     for i in 0..args.warmup + args.iters {
         let traced = trace.as_deref_mut().filter(|_| i >= args.warmup);
         let step = match timed_step(engine, train.into(), true, traced, !args.no_phases) {
             Ok((_, phases)) => phases,
-            Err(StepError::Diverged(e)) => return Err(format!("bench diverged at {e}")),
-            Err(StepError::Device(e)) => return Err(e),
+            Err(StepError::Diverged(e)) => return Err(anyhow!("bench diverged at {e}")),
+            Err(StepError::Device(e)) => return Err(anyhow!(e)),
         };
         if i >= args.warmup {
             ms.push(step.total * 1e3);
@@ -206,8 +207,8 @@ fn print_table(r: &serde_json::Value) {
 }
 
 /// The trace's summary ([`crate::report::summarize_trace`]) of the file bench just wrote.
-fn trace_summary(path: &std::path::Path) -> Result<serde_json::Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read back --trace {}: {e}", path.display()))?;
+fn trace_summary(path: &std::path::Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow!("cannot read back --trace {}: {e}", path.display()))?;
     crate::report::summarize_trace(&text)
 }
 

@@ -11,6 +11,7 @@ use alpha_core::parallel::ThreadPool;
 use alpha_core::train::OwnedMemory;
 use alpha_core::{walk, Plan};
 use alpha_gpu::{block_on, GpuForward};
+use anyhow::{anyhow, Result};
 use clap::Args;
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -54,12 +55,12 @@ pub struct EvalResult {
 }
 
 /// Evaluates `checkpoint` on the text file at `text`.
-pub fn evaluate(args: &EvalArgs) -> Result<EvalResult, String> {
+pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
     let EvalArgs { checkpoint, block, batch, device, .. } = args;
     let batch = *batch;
     device.check()?;
     if batch == 0 {
-        return Err("--batch must be at least 1".into());
+        return Err(anyhow!("--batch must be at least 1"));
     }
     let ck = checkpoint::load_weights(checkpoint)?;
     let t = context_len(*block, ck.config.block_size)?;
@@ -70,7 +71,7 @@ pub fn evaluate(args: &EvalArgs) -> Result<EvalResult, String> {
     let tokens: Tokens<'_> = match (&args.text, &args.dataset) {
         (Some(text), _) => {
             let content = read_text(text, "text file")?;
-            ids = tok.encode_with(&pool, &content).map_err(|e| format!("text file {}: {e}", text.display()))?;
+            ids = tok.encode_with(&pool, &content).map_err(|e| anyhow!("text file {}: {e}", text.display()))?;
             what = format!("text file {}", text.display());
             Tokens::Ids(&ids)
         }
@@ -80,14 +81,14 @@ pub fn evaluate(args: &EvalArgs) -> Result<EvalResult, String> {
             what = format!("dataset {spec}'s val split");
             Tokens::Stream(&segments)
         }
-        (None, None) => return Err("give --text or --dataset".into()),
+        (None, None) => return Err(anyhow!("give --text or --dataset")),
     };
     let windows = tokens.len().saturating_sub(1) / t;
     if windows == 0 {
-        return Err(format!("{what} has {} tokens; a window of {t} needs at least {}", tokens.len(), t + 1));
+        return Err(anyhow!("{what} has {} tokens; a window of {t} needs at least {}", tokens.len(), t + 1));
     }
     let b = batch.min(windows);
-    let plan = Plan::new(ck.config, b, t).and_then(|p| p.with_classes(tok.vocab_size())).map_err(|e| e.to_string())?;
+    let plan = Plan::new(ck.config, b, t).and_then(|p| p.with_classes(tok.vocab_size()))?;
     crate::memory::check(&plan, device.backend)?;
     let mut model = Forward::new(device, plan, ck.params)?;
     let (mut x, mut y) = (vec![0; plan.tokens()], vec![0; plan.tokens()]);
@@ -114,28 +115,28 @@ enum Forward {
 }
 
 impl Forward {
-    fn new(device: &DeviceArgs, plan: Plan, params: Vec<f32>) -> Result<Forward, String> {
+    fn new(device: &DeviceArgs, plan: Plan, params: Vec<f32>) -> Result<Forward> {
         Ok(match device.backend {
-            Backend::Cpu => Forward::Cpu { pool: device.pool()?, plan, mem: OwnedMemory::new(&plan).map_err(|e| e.to_string())?, params },
-            Backend::Gpu => Forward::Gpu(block_on(GpuForward::new(device.open_gpu()?, plan, &params)).map_err(|e| e.to_string())?),
+            Backend::Cpu => Forward::Cpu { pool: device.pool()?, plan, mem: OwnedMemory::new(&plan)?, params },
+            Backend::Gpu => Forward::Gpu(block_on(GpuForward::new(device.open_gpu()?, plan, &params))?),
         })
     }
 
     /// The loss at every position of `x` predicting `y`.
-    fn losses(&mut self, x: &[u32], y: &[u32]) -> Result<Cow<'_, [f32]>, String> {
+    fn losses(&mut self, x: &[u32], y: &[u32]) -> Result<Cow<'_, [f32]>> {
         match self {
             Forward::Cpu { pool, plan, mem, params } => {
                 let batch = Batch { tokens: x, targets: Some(y) };
                 walk::forward(&mut CpuExecutor::new(pool, plan, params, &mut mem.acts, batch), &mem.tape, None);
                 Ok(Cow::Borrowed(&mem.acts[plan.head_acts().losses.range()]))
             }
-            Forward::Gpu(m) => block_on(m.losses(x, y)).map(Cow::Owned).map_err(|e| e.to_string()),
+            Forward::Gpu(m) => Ok(block_on(m.losses(x, y)).map(Cow::Owned)?),
         }
     }
 }
 
 /// Runs `eval` and prints `{"loss": L, "windows": n, "tokens": n*T, "bpb": B}`.
-pub fn run(args: &EvalArgs) -> Result<(), String> {
+pub fn run(args: &EvalArgs) -> Result<()> {
     let r = evaluate(args)?;
     println!("{}", serde_json::json!({"loss": r.loss, "windows": r.windows, "tokens": r.tokens, "bpb": r.bpb}));
     Ok(())

@@ -2,6 +2,7 @@
 //! framework's layout; today Hugging Face `transformers`' (see [`crate::hf_model::save`]).
 
 use crate::checkpoint;
+use anyhow::{anyhow, Result};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
@@ -30,12 +31,12 @@ pub struct ExportArgs {
 }
 
 /// Runs `export`.
-pub fn run(args: &ExportArgs) -> Result<(), String> {
+pub fn run(args: &ExportArgs) -> Result<()> {
     if args.out.exists() && !args.out.is_dir() {
-        return Err(format!("--out {} exists and is not a directory", args.out.display()));
+        return Err(anyhow!("--out {} exists and is not a directory", args.out.display()));
     }
     if !args.force && std::fs::read_dir(&args.out).is_ok_and(|mut d| d.next().is_some()) {
-        return Err(format!("--out {} is not empty; pass --force to write into it", args.out.display()));
+        return Err(anyhow!("--out {} is not empty; pass --force to write into it", args.out.display()));
     }
     let ck = checkpoint::load_weights(&args.checkpoint)?;
     match args.format {

@@ -13,6 +13,7 @@ use alpha_core::{GptConfig, Plan, Rng};
 use alpha_gpu::driver_stats::KernelStatistics;
 use alpha_gpu::peak::Real;
 use alpha_gpu::{block_on, AdapterSummary, Gpu, GpuTrainer};
+use anyhow::{anyhow, Error, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -66,7 +67,7 @@ pub struct InfoArgs {
 const MAX_MEASURE_STEPS: usize = 1000;
 
 /// Runs `info`.
-pub fn run(args: &InfoArgs) -> Result<(), String> {
+pub fn run(args: &InfoArgs) -> Result<()> {
     check(args)?;
     let m = &args.model;
     let (tok, ids) = m.sample_tokens(&alpha_core::Serial)?;
@@ -106,7 +107,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         "flops_per_token": plan.flops_per_token(),
         "recompute": plan.recompute(),
         "memory_mib": memory_json(&plan),
-        "memory_error": fits.as_ref().err(),
+        "memory_error": fits.as_ref().err().map(|e| format!("{e:#}")),
         "largest_batch": {"without_recompute": largest(false), "with_recompute": largest(true)},
         "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
         "device": device,
@@ -132,15 +133,15 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
 }
 
 /// Refuses flags out of their ranges.
-fn check(args: &InfoArgs) -> Result<(), String> {
+fn check(args: &InfoArgs) -> Result<()> {
     if args.measure_steps > MAX_MEASURE_STEPS {
-        return Err(format!("--measure-steps {} is more than {MAX_MEASURE_STEPS}", args.measure_steps));
+        return Err(anyhow!("--measure-steps {} is more than {MAX_MEASURE_STEPS}", args.measure_steps));
     }
     if !(args.link_gbps.is_finite() && args.link_gbps > 0.0) {
-        return Err(format!("--link-gbps must be a positive number of Gbit/s, not {}", args.link_gbps));
+        return Err(anyhow!("--link-gbps must be a positive number of Gbit/s, not {}", args.link_gbps));
     }
     if args.kernels && args.device.backend != Backend::Gpu {
-        return Err("--kernels needs --backend gpu".into());
+        return Err(anyhow!("--kernels needs --backend gpu"));
     }
     Ok(())
 }
@@ -160,7 +161,7 @@ fn memory_json(plan: &Plan) -> Value {
 
 /// The GPU's FMA limits, f32 and (where it has shader-f16) f16, and where the f16 products
 /// run on the tensor cores theirs: the MFU denominators.
-fn gpu_peaks(g: &Gpu, given: Option<f64>) -> Result<Value, String> {
+fn gpu_peaks(g: &Gpu, given: Option<f64>) -> Result<Value> {
     let f16 = g.adapter.features.contains(&"shader-f16");
     let measure = |real, given| gpu_peak(g, real, given, true).map(|p| p.gflops);
     let tensor = if g.tensor_cores() { Some(measure(Real::Tensor, None)?) } else { None };
@@ -169,14 +170,14 @@ fn gpu_peaks(g: &Gpu, given: Option<f64>) -> Result<Value, String> {
 
 /// Times `--measure-steps` steps of `plan` on `ids` and as many evaluation batches: the run's
 /// estimate and the device, as JSON.
-fn measure(args: &InfoArgs, pool: &ThreadPool, plan: Plan, ids: &[u32]) -> Result<(Value, Value), String> {
+fn measure(args: &InfoArgs, pool: &ThreadPool, plan: Plan, ids: &[u32]) -> Result<(Value, Value)> {
     let train = train_split(&plan, ids)?;
     let mut engine = crate::engine::open(&args.device, pool, plan, bench_train_config(1), fresh_start(&plan)?, Placement::alone())?.engine;
     let device = crate::engine::device_json(&engine.describe());
     let n = args.measure_steps;
     let failed = |e| match e {
-        StepError::Diverged(e) => format!("diverged at {e}"),
-        StepError::Device(e) => e,
+        StepError::Diverged(e) => anyhow!("diverged at {e}"),
+        StepError::Device(e) => anyhow!(e),
     };
     timed_step(&mut *engine, train.into(), true, None, true).map_err(failed)?;
     let t = Instant::now();
@@ -188,7 +189,7 @@ fn measure(args: &InfoArgs, pool: &ThreadPool, plan: Plan, ids: &[u32]) -> Resul
     // The GPU's steps are one submission: their backward is not timed apart.
     let ms_backward = (args.device.backend == Backend::Cpu).then_some(backward * 1e3 / n as f64);
     let t = Instant::now();
-    block_on(engine.evaluate(train.into(), n, &mut Rng::new(2)))?;
+    block_on(engine.evaluate(train.into(), n, &mut Rng::new(2))).map_err(Error::msg)?;
     let ms_eval_batch = t.elapsed().as_secs_f64() * 1e3 / n as f64;
     // In f64: the planned run's counts may be as large as u64 allows.
     let evals = args.iters.checked_div(args.eval_interval).map_or(0.0, |e| e as f64 + 1.0);
@@ -379,12 +380,12 @@ fn data_parallel_plan(plan: &Plan, ranks: usize, link_gbps: f64, backward_ms: Op
 
 /// What the Vulkan driver of `gpu` makes of each kernel a run on it compiles, attention's for
 /// heads of `head_size` (`--kernels`).
-fn driver_statistics(gpu: &Gpu, head_size: usize) -> Result<Vec<KernelStatistics>, String> {
+fn driver_statistics(gpu: &Gpu, head_size: usize) -> Result<Vec<KernelStatistics>> {
     if gpu.adapter.backend != "Vulkan" {
-        return Err(format!("--kernels reads Vulkan drivers' statistics; {} runs on {}", gpu.adapter.name, gpu.adapter.backend));
+        return Err(anyhow!("--kernels reads Vulkan drivers' statistics; {} runs on {}", gpu.adapter.name, gpu.adapter.backend));
     }
     let f16 = gpu.precision == alpha_gpu::Precision::F16;
-    alpha_gpu::driver_stats::kernel_statistics(&gpu.adapter.name, head_size, f16, gpu.tensor_cores()).map_err(|e| format!("--kernels: {e}"))
+    alpha_gpu::driver_stats::kernel_statistics(&gpu.adapter.name, head_size, f16, gpu.tensor_cores()).map_err(|e| anyhow!("--kernels: {e}"))
 }
 
 fn adapter_json(a: &AdapterSummary) -> serde_json::Value {

@@ -11,6 +11,7 @@ use crate::tokenizer::bar;
 use alpha_core::parallel::{Parallel, ThreadPool};
 use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
 use alpha_core::tokenizer::hf;
+use anyhow::{anyhow, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use std::fs::{self, File};
@@ -66,21 +67,21 @@ fn encode_documents(bpe: &Bpe, pool: &ThreadPool, docs: &[String], continues: bo
 
 /// Receives blocks of documents: `(documents, whether the first continues a text, whether
 /// the last one ends there)`.
-type DocumentSink<'a> = dyn FnMut(&[String], bool, bool) -> Result<(), String> + 'a;
+type DocumentSink<'a> = dyn FnMut(&[String], bool, bool) -> Result<()> + 'a;
 
 /// Calls `each` with the documents of `path` in blocks of about [`BLOCK_BYTES`], and
 /// `progress` with the bytes read. A text file is one document, read in parts cut where
 /// `bpe` allows (see [`Bpe::next_cut`]: the parts' ids are the whole text's), the last part
 /// ending the document; a stretch with no such place is read whole, however long.
-fn read_documents(path: &Path, bpe: &Bpe, progress: &dyn Fn(u64), each: &mut DocumentSink<'_>) -> Result<(), String> {
+fn read_documents(path: &Path, bpe: &Bpe, progress: &dyn Fn(u64), each: &mut DocumentSink<'_>) -> Result<()> {
     let name = path.display();
-    let file = open_regular(path).map_err(|e| format!("cannot read data file {name}: {e}"))?;
+    let file = open_regular(path).map_err(|e| anyhow!("cannot read data file {name}: {e}"))?;
     let mut reader = BufReader::with_capacity(1 << 20, file);
     if path.extension().is_some_and(|e| e == "jsonl") {
         let (mut docs, mut bytes, mut line, mut number) = (Vec::new(), 0, String::new(), 0);
         loop {
             line.clear();
-            let n = reader.read_line(&mut line).map_err(|e| format!("data file {name}: line {}: {e}", number + 1))?;
+            let n = reader.read_line(&mut line).map_err(|e| anyhow!("data file {name}: line {}: {e}", number + 1))?;
             if n == 0 {
                 break;
             }
@@ -89,8 +90,8 @@ fn read_documents(path: &Path, bpe: &Bpe, progress: &dyn Fn(u64), each: &mut Doc
             if line.trim().is_empty() {
                 continue;
             }
-            let value: Value = serde_json::from_str(&line).map_err(|e| format!("data file {name}: line {number} is not JSON: {}", json_line_error(&e)))?;
-            let text = value.get("text").and_then(Value::as_str).ok_or_else(|| format!("data file {name}: line {number} has no \"text\" string"))?;
+            let value: Value = serde_json::from_str(&line).map_err(|e| anyhow!("data file {name}: line {number} is not JSON: {}", json_line_error(&e)))?;
+            let text = value.get("text").and_then(Value::as_str).ok_or_else(|| anyhow!("data file {name}: line {number} has no \"text\" string"))?;
             bytes += text.len();
             docs.push(text.to_string());
             if bytes >= BLOCK_BYTES {
@@ -105,7 +106,7 @@ fn read_documents(path: &Path, bpe: &Bpe, progress: &dyn Fn(u64), each: &mut Doc
     loop {
         let start = pending.len();
         pending.resize(start + BLOCK_BYTES, 0);
-        let n = read_full(&mut reader, &mut pending[start..]).map_err(|e| format!("cannot read data file {name}: {e}"))?;
+        let n = read_full(&mut reader, &mut pending[start..]).map_err(|e| anyhow!("cannot read data file {name}: {e}"))?;
         pending.truncate(start + n);
         progress(n as u64);
         let at_end = n == 0 || pending.len() < start + BLOCK_BYTES;
@@ -114,7 +115,7 @@ fn read_documents(path: &Path, bpe: &Bpe, progress: &dyn Fn(u64), each: &mut Doc
         let valid = match std::str::from_utf8(&pending) {
             Ok(_) => pending.len(),
             Err(e) if e.error_len().is_none() && !at_end => e.valid_up_to(),
-            Err(e) => return Err(format!("data file {name} is not valid UTF-8 (invalid byte at offset {})", offset + e.valid_up_to() as u64)),
+            Err(e) => return Err(anyhow!("data file {name} is not valid UTF-8 (invalid byte at offset {})", offset + e.valid_up_to() as u64)),
         };
         let text = std::str::from_utf8(&pending[..valid]).expect("checked");
         // The bytes kept from before hold no cut: the search starts at their last one.
@@ -173,27 +174,27 @@ fn last_cut(bpe: &Bpe, text: &str, from: usize) -> usize {
 }
 
 /// Runs `prepare`.
-pub fn run(args: &PrepareArgs) -> Result<(), String> {
+pub fn run(args: &PrepareArgs) -> Result<()> {
     // `train` evaluates on val.bin: a dataset needs one.
     if !(args.val_fraction.is_finite() && args.val_fraction > 0.0 && args.val_fraction < 1.0) {
-        return Err(format!("--val-fraction must be above 0 and below 1 (train evaluates on val.bin), got {}", args.val_fraction));
+        return Err(anyhow!("--val-fraction must be above 0 and below 1 (train evaluates on val.bin), got {}", args.val_fraction));
     }
     let bpe = crate::tokenizer::load(&args.tokenizer)?;
-    let eot = bpe.added_id(END_OF_TEXT).ok_or_else(|| format!("tokenizer {} has no {END_OF_TEXT} token to end documents with", args.tokenizer.display()))?;
+    let eot = bpe.added_id(END_OF_TEXT).ok_or_else(|| anyhow!("tokenizer {} has no {END_OF_TEXT} token to end documents with", args.tokenizer.display()))?;
     let dtype = Dtype::for_vocab(bpe.vocab_size());
     let (train_path, val_path, meta_path) = (args.out.join("train.bin"), args.out.join("val.bin"), args.out.join("meta.json"));
     for p in [&train_path, &val_path, &meta_path] {
         if p.exists() && !args.force {
-            return Err(format!("{} exists; pass --force to replace it", p.display()));
+            return Err(anyhow!("{} exists; pass --force to replace it", p.display()));
         }
-        crate::fsutil::check_replaceable(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        crate::fsutil::check_replaceable(p).map_err(|e| anyhow!("{}: {e}", p.display()))?;
     }
     let total: u64 = args
         .data
         .iter()
-        .map(|p| open_regular(p).and_then(|f| f.metadata()).map(|m| m.len()).map_err(|e| format!("cannot read data file {}: {e}", p.display())))
+        .map(|p| open_regular(p).and_then(|f| f.metadata()).map(|m| m.len()).map_err(|e| anyhow!("cannot read data file {}: {e}", p.display())))
         .sum::<Result<_, _>>()?;
-    fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    fs::create_dir_all(&args.out).map_err(|e| anyhow!("cannot create {}: {e}", args.out.display()))?;
     let pool = thread_pool(args.threads)?;
     // Every token goes to one temporary file; its tail becomes val.bin at the end.
     let all_path = args.out.join(format!(".tokens.tmp-{}", std::process::id()));
@@ -207,39 +208,39 @@ pub fn run(args: &PrepareArgs) -> Result<(), String> {
     interrupt.set_kept(format!("nothing was written to {}", args.out.display()));
     let result = (|| {
         let file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&all_path);
-        let mut all = BufWriter::with_capacity(1 << 22, file.map_err(|e| format!("cannot write {}: {e}", all_path.display()))?);
+        let mut all = BufWriter::with_capacity(1 << 22, file.map_err(|e| anyhow!("cannot write {}: {e}", all_path.display()))?);
         let reading = bar(total, "tokenizing {bytes}/{total_bytes} {wide_bar} {elapsed} (eta {eta})");
         let mut tokens = 0u64;
         for path in &args.data {
             read_documents(path, &bpe, &|n| reading.inc(n), &mut |docs, continues, ends| {
                 if interrupt.requested() {
-                    return Err(format!("interrupted: nothing was written to {}", args.out.display()));
+                    return Err(anyhow!("interrupted: nothing was written to {}", args.out.display()));
                 }
                 // A part of a text file that does not end it gets no end-of-text token.
                 let ids = encode_documents(&bpe, &pool, docs, continues, ends.then_some(eot));
                 tokens += ids.len() as u64;
-                write_ids(&mut all, &ids, dtype).map_err(|e| format!("cannot write {}: {e}", all_path.display()))
+                write_ids(&mut all, &ids, dtype).map_err(|e| anyhow!("cannot write {}: {e}", all_path.display()))
             })?;
         }
         reading.finish_and_clear();
-        let mut all = all.into_inner().map_err(|e| format!("cannot write {}: {}", all_path.display(), e.error()))?;
+        let mut all = all.into_inner().map_err(|e| anyhow!("cannot write {}: {}", all_path.display(), e.error()))?;
         let val_tokens = (tokens as f64 * args.val_fraction).round() as u64;
         let train_tokens = tokens - val_tokens;
         if train_tokens == 0 || val_tokens == 0 {
-            return Err(format!("the data has {tokens} tokens: too few for a train and a val split"));
+            return Err(anyhow!("the data has {tokens} tokens: too few for a train and a val split"));
         }
         let split_at = train_tokens * dtype.width() as u64;
-        copy_tail(&mut all, split_at, &val_path).map_err(|e| format!("cannot write {}: {e}", val_path.display()))?;
-        all.set_len(split_at).and_then(|_| all.sync_all()).map_err(|e| format!("cannot write {}: {e}", all_path.display()))?;
+        copy_tail(&mut all, split_at, &val_path).map_err(|e| anyhow!("cannot write {}: {e}", val_path.display()))?;
+        all.set_len(split_at).and_then(|_| all.sync_all()).map_err(|e| anyhow!("cannot write {}: {e}", all_path.display()))?;
         drop(all);
-        fs::rename(&all_path, &train_path).map_err(|e| format!("cannot write {}: {e}", train_path.display()))?;
+        fs::rename(&all_path, &train_path).map_err(|e| anyhow!("cannot write {}: {e}", train_path.display()))?;
         let spec: Value = serde_json::from_str(&hf::to_tokenizer_json(&bpe)).expect("the writer writes JSON");
         let sources: Vec<String> = args.data.iter().map(|p| p.to_string_lossy().into_owned()).collect();
         let meta = json!({
             "format": FORMAT, "dtype": dtype.name(), "vocab_size": bpe.vocab_size(), "eot": eot,
             "train_tokens": train_tokens, "val_tokens": val_tokens, "sources": sources, "tokenizer": spec,
         });
-        write_atomic(&meta_path, format!("{meta:#}\n").as_bytes()).map_err(|e| format!("cannot write {}: {e}", meta_path.display()))?;
+        write_atomic(&meta_path, format!("{meta:#}\n").as_bytes()).map_err(|e| anyhow!("cannot write {}: {e}", meta_path.display()))?;
         eprintln!("{train_tokens} train and {val_tokens} val tokens ({}) written to {}", dtype.name(), args.out.display());
         Ok(())
     })();

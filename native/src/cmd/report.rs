@@ -15,6 +15,7 @@
 
 use crate::fsutil::{check_outputs_distinct, check_replaceable, write_atomic};
 use crate::report::{html, summarize_trace, RunRecords};
+use anyhow::{anyhow, Result};
 use clap::Args;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -37,29 +38,29 @@ pub struct ReportArgs {
 }
 
 /// Runs `report`.
-pub fn run(args: &ReportArgs) -> Result<(), String> {
+pub fn run(args: &ReportArgs) -> Result<()> {
     let mut inputs: Vec<(&str, &Path)> = args.metrics.iter().map(|m| ("--metrics", m.as_path())).collect();
     inputs.extend(args.trace.as_deref().map(|t| ("--trace", t)));
     check_outputs_distinct(inputs, &[("--out", Some(&args.out))])?;
-    check_replaceable(&args.out).map_err(|e| format!("--out {}: {e}", args.out.display()))?;
+    check_replaceable(&args.out).map_err(|e| anyhow!("--out {}: {e}", args.out.display()))?;
     if args.out.exists() && !args.overwrite {
-        return Err(format!("--out {} already exists; choose another file, or pass --overwrite to replace it", args.out.display()));
+        return Err(anyhow!("--out {} already exists; choose another file, or pass --overwrite to replace it", args.out.display()));
     }
     let mut runs = Vec::new();
     for path in &args.metrics {
-        let file = crate::fsutil::open_regular(path).map_err(|e| format!("cannot read --metrics {}: {e}", path.display()))?;
-        let records = RunRecords::read(std::io::BufReader::new(file)).map_err(|e| format!("cannot read --metrics {}: {e}", path.display()))?;
+        let file = crate::fsutil::open_regular(path).map_err(|e| anyhow!("cannot read --metrics {}: {e}", path.display()))?;
+        let records = RunRecords::read(std::io::BufReader::new(file)).map_err(|e| anyhow!("cannot read --metrics {}: {e}", path.display()))?;
         runs.push(records.to_json(&run_name(path, &args.metrics)));
     }
     let trace = match &args.trace {
         Some(path) => {
-            let text = crate::fsutil::read_regular_string(path).map_err(|e| format!("cannot read --trace {}: {e}", path.display()))?;
-            Some(summarize_trace(&text).map_err(|e| format!("--trace {}: {e}", path.display()))?)
+            let text = crate::fsutil::read_regular_string(path).map_err(|e| anyhow!("cannot read --trace {}: {e}", path.display()))?;
+            Some(summarize_trace(&text).map_err(|e| anyhow!("--trace {}: {e}", path.display()))?)
         }
         None => None,
     };
     let data = json!({ "runs": runs, "trace": trace });
-    write_atomic(&args.out, html(Some(&data)).as_bytes()).map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
+    write_atomic(&args.out, html(Some(&data)).as_bytes()).map_err(|e| anyhow!("cannot write {}: {e}", args.out.display()))?;
     let skipped: u64 = runs.iter().map(|r| r["skipped"].as_u64().unwrap_or(0)).sum();
     let note = if skipped > 0 { format!(" ({skipped} malformed metrics lines skipped)") } else { String::new() };
     println!("wrote {}{note}", args.out.display());

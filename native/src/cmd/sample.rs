@@ -6,6 +6,7 @@ use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::tokenizer::TextStream;
 use alpha_core::{Plan, Rng};
 use alpha_gpu::{block_on, GpuForward};
+use anyhow::{anyhow, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -52,24 +53,24 @@ pub struct SampleArgs {
 }
 
 /// Runs `sample`, writing the prompt and the generated text to stdout.
-pub fn run(args: &SampleArgs) -> Result<(), String> {
+pub fn run(args: &SampleArgs) -> Result<()> {
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
-        return Err(format!("--temperature must be a non-negative number, got {}", args.temperature));
+        return Err(anyhow!("--temperature must be a non-negative number, got {}", args.temperature));
     }
     if !(args.top_p > 0.0 && args.top_p <= 1.0) {
-        return Err(format!("--top-p must be above 0 and at most 1, got {}", args.top_p));
+        return Err(anyhow!("--top-p must be above 0 and at most 1, got {}", args.top_p));
     }
     let prompt_text = match &args.prompt_file {
         Some(path) => crate::corpus::read_text(path, "prompt file")?,
         None => args.prompt.clone(),
     };
     if prompt_text.is_empty() {
-        return Err("--prompt is empty; give at least one character".into());
+        return Err(anyhow!("--prompt is empty; give at least one character"));
     }
     let ck = checkpoint::load_weights(&args.checkpoint)?;
     let block = context_len(args.block, ck.config.block_size)?;
     let tok = &ck.tokenizer;
-    let prompt = tok.encode(&prompt_text).map_err(|e| format!("--prompt: {e}"))?;
+    let prompt = tok.encode(&prompt_text).map_err(|e| anyhow!("--prompt: {e}"))?;
     args.device.check()?;
     let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, tokens: args.tokens, stop: tok.end_of_text() };
     let stdout = std::io::stdout();
@@ -91,17 +92,17 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
     match args.device.backend {
         Backend::Cpu => {
             let pool = args.device.pool()?;
-            let mut sampler = Sampler::new(ck.config, tok.vocab_size(), block).map_err(|e| e.to_string())?;
+            let mut sampler = Sampler::new(ck.config, tok.vocab_size(), block)?;
             sampler.generate(&pool, &ck.params, &prompt, &cfg, &mut Rng::new(args.seed), &mut emit);
         }
         Backend::Gpu => {
-            let plan = Plan::new(ck.config, 1, block).and_then(|p| p.with_classes(tok.vocab_size())).map_err(|e| e.to_string())?;
-            let mut model = block_on(GpuForward::new(args.device.open_gpu()?, plan, &ck.params)).map_err(|e| e.to_string())?;
-            block_on(model.generate(&prompt, &cfg, &mut Rng::new(args.seed), &mut emit)).map_err(|e| e.to_string())?;
+            let plan = Plan::new(ck.config, 1, block).and_then(|p| p.with_classes(tok.vocab_size()))?;
+            let mut model = block_on(GpuForward::new(args.device.open_gpu()?, plan, &ck.params))?;
+            block_on(model.generate(&prompt, &cfg, &mut Rng::new(args.seed), &mut emit))?;
         }
     }
     let rest = text.finish();
-    result.and_then(|_| writeln!(out, "{rest}")).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))?;
+    result.and_then(|_| writeln!(out, "{rest}")).and_then(|_| out.flush()).map_err(|e| anyhow!("cannot write to stdout: {e}"))?;
     if let (true, (Some(first), last, tokens)) = (args.stats, timing) {
         let after = tokens.saturating_sub(1);
         let per_token = if after > 0 { (last - first).as_secs_f64() * 1e3 / after as f64 } else { f64::NAN };
@@ -111,10 +112,10 @@ pub fn run(args: &SampleArgs) -> Result<(), String> {
 }
 
 /// The context length to use: `requested` (at most the checkpoint's) or the checkpoint's.
-pub fn context_len(requested: Option<usize>, block_size: usize) -> Result<usize, String> {
+pub fn context_len(requested: Option<usize>, block_size: usize) -> Result<usize> {
     match requested {
-        Some(0) => Err("--block must be at least 1".into()),
-        Some(b) if b > block_size => Err(format!("--block {b} is larger than the checkpoint's block size {block_size}")),
+        Some(0) => Err(anyhow!("--block must be at least 1")),
+        Some(b) if b > block_size => Err(anyhow!("--block {b} is larger than the checkpoint's block size {block_size}")),
         Some(b) => Ok(b),
         None => Ok(block_size),
     }

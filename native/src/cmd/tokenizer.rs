@@ -9,6 +9,7 @@ use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
 use alpha_core::tokenizer::byte_level::byte_char;
 use alpha_core::tokenizer::hf;
 use alpha_core::tokenizer::train::{check_request, train, WordCounts};
+use anyhow::{anyhow, Result};
 use clap::{Args, Subcommand};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -86,7 +87,7 @@ pub struct TokenizerArg {
 }
 
 /// Runs a tokenizer subcommand.
-pub fn run(command: &TokenizerCommand) -> Result<(), String> {
+pub fn run(command: &TokenizerCommand) -> Result<()> {
     match command {
         TokenizerCommand::Train(args) => run_train(args),
         TokenizerCommand::Encode(args) => {
@@ -98,19 +99,19 @@ pub fn run(command: &TokenizerCommand) -> Result<(), String> {
             let ids = bpe.encode_to_vec(&text);
             let mut out = std::io::stdout().lock();
             let line = serde_json::json!({ "ids": ids }).to_string();
-            writeln!(out, "{line}").and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
+            writeln!(out, "{line}").and_then(|_| out.flush()).map_err(|e| anyhow!("cannot write to stdout: {e}"))
         }
         TokenizerCommand::Decode(args) => {
             let bpe = load(&args.tokenizer)?;
             let ids = parse_ids(&read_stdin()?)?;
-            let bytes = bpe.decode(&ids).map_err(|e| e.to_string())?;
+            let bytes = bpe.decode(&ids)?;
             let mut out = std::io::stdout().lock();
-            out.write_all(&bytes).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
+            out.write_all(&bytes).and_then(|_| out.flush()).map_err(|e| anyhow!("cannot write to stdout: {e}"))
         }
         TokenizerCommand::Info(args) => {
             let bpe = load(&args.tokenizer)?;
             let mut out = std::io::stdout().lock();
-            out.write_all(describe(&bpe).as_bytes()).and_then(|_| out.flush()).map_err(|e| format!("cannot write to stdout: {e}"))
+            out.write_all(describe(&bpe).as_bytes()).and_then(|_| out.flush()).map_err(|e| anyhow!("cannot write to stdout: {e}"))
         }
         TokenizerCommand::Bench(args) => {
             let bpe = load(&args.encode.tokenizer.tokenizer)?;
@@ -136,25 +137,25 @@ pub fn run(command: &TokenizerCommand) -> Result<(), String> {
     }
 }
 
-fn read_stdin() -> Result<String, String> {
+fn read_stdin() -> Result<String> {
     let mut bytes = Vec::new();
-    std::io::stdin().read_to_end(&mut bytes).map_err(|e| format!("cannot read standard input: {e}"))?;
-    String::from_utf8(bytes).map_err(|e| format!("standard input is not valid UTF-8 (invalid byte at offset {})", e.utf8_error().valid_up_to()))
+    std::io::stdin().read_to_end(&mut bytes).map_err(|e| anyhow!("cannot read standard input: {e}"))?;
+    String::from_utf8(bytes).map_err(|e| anyhow!("standard input is not valid UTF-8 (invalid byte at offset {})", e.utf8_error().valid_up_to()))
 }
 
 /// Ids from `{"ids": [...]}`, `[...]`, or numbers separated by spaces or commas. An id that
 /// is not one is named as the input writes it (`1e23`, not the float it parses to).
-fn parse_ids(input: &str) -> Result<Vec<u32>, String> {
+fn parse_ids(input: &str) -> Result<Vec<u32>> {
     use serde_json::value::RawValue;
     let trimmed = input.trim();
     let items: Vec<&str> = if trimmed.starts_with('{') || trimmed.starts_with('[') {
         let list: Vec<&RawValue> = if trimmed.starts_with('{') {
             let fields: std::collections::BTreeMap<String, &RawValue> =
-                serde_json::from_str(trimmed).map_err(|e| format!("the input is not valid JSON: {e}"))?;
-            let ids = fields.get("ids").ok_or("the input's JSON object has no \"ids\" array")?;
-            serde_json::from_str(ids.get()).map_err(|_| "the input's \"ids\" is not an array".to_string())?
+                serde_json::from_str(trimmed).map_err(|e| anyhow!("the input is not valid JSON: {e}"))?;
+            let ids = fields.get("ids").ok_or_else(|| anyhow!("the input's JSON object has no \"ids\" array"))?;
+            serde_json::from_str(ids.get()).map_err(|_| anyhow!("the input's \"ids\" is not an array"))?
         } else {
-            serde_json::from_str(trimmed).map_err(|e| format!("the input is not valid JSON: {e}"))?
+            serde_json::from_str(trimmed).map_err(|e| anyhow!("the input is not valid JSON: {e}"))?
         };
         list.into_iter().map(RawValue::get).collect()
     } else {
@@ -165,7 +166,7 @@ fn parse_ids(input: &str) -> Result<Vec<u32>, String> {
         .map(|item| {
             // A JSON string of digits is an id too ("5"), as bare words are.
             let digits = serde_json::from_str::<String>(item).ok();
-            digits.as_deref().unwrap_or(item).parse::<u32>().map_err(|_| format!("{item} is not a token id (a whole number from 0 to {})", u32::MAX))
+            digits.as_deref().unwrap_or(item).parse::<u32>().map_err(|_| anyhow!("{item} is not a token id (a whole number from 0 to {})", u32::MAX))
         })
         .collect()
 }
@@ -202,20 +203,20 @@ pub fn describe(bpe: &Bpe) -> String {
     )
 }
 
-fn run_train(args: &TrainArgs) -> Result<(), String> {
+fn run_train(args: &TrainArgs) -> Result<()> {
     if !args.force && args.out.exists() {
-        return Err(format!("--out {} exists; pass --force to replace it", args.out.display()));
+        return Err(anyhow!("--out {} exists; pass --force to replace it", args.out.display()));
     }
-    crate::fsutil::check_replaceable(&args.out).map_err(|e| format!("--out {}: {e}", args.out.display()))?;
+    crate::fsutil::check_replaceable(&args.out).map_err(|e| anyhow!("--out {}: {e}", args.out.display()))?;
     let pool = thread_pool(args.threads)?;
     let specials: Vec<&str> = args.specials.iter().map(String::as_str).collect();
-    check_request(args.vocab_size, &specials).map_err(|e| e.to_string())?;
+    check_request(args.vocab_size, &specials)?;
     let started = Instant::now();
     let mut words = WordCounts::new();
     let counting = bar(args.data.len() as u64, "counting {pos}/{len} files {wide_bar} {elapsed}");
     for path in &args.data {
         let text = read_text(path, "data file")?;
-        words.add(&pool, &text, &specials).map_err(|e| e.to_string())?;
+        words.add(&pool, &text, &specials)?;
         counting.inc(1);
     }
     counting.finish_and_clear();
@@ -223,10 +224,9 @@ fn run_train(args: &TrainArgs) -> Result<(), String> {
     let bpe = train(&words, args.vocab_size, &specials, &mut |done, of| {
         merging.set_length(of as u64);
         merging.set_position(done as u64);
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     merging.finish_and_clear();
-    write_atomic(&args.out, hf::to_tokenizer_json(&bpe).as_bytes()).map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
+    write_atomic(&args.out, hf::to_tokenizer_json(&bpe).as_bytes()).map_err(|e| anyhow!("cannot write {}: {e}", args.out.display()))?;
     eprintln!(
         "{} tokens ({} merges) from {} distinct pieces in {:.2} s; written to {}",
         bpe.vocab_size(),

@@ -18,23 +18,24 @@ use alpha_core::parallel::ThreadPool;
 use alpha_core::train::Ranks;
 use alpha_core::Plan;
 use alpha_gpu::block_on;
+use anyhow::{anyhow, Error, Result};
 use serde_json::{json, Value};
 
 /// Runs `train`. `explicit(flag)` tells whether a flag (clap id, e.g. `"min_lr"`) was given on
 /// the command line, which decides what a resumed run takes from its checkpoint.
-pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<(), String> {
+pub fn run(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<()> {
     let group = Group::launched()?;
     if group.ranks() == 1 {
         return run_in(args, explicit, &group);
     }
     // One rank's error stops them all (the others would wait for it forever).
-    run_in(args, explicit, &group).unwrap_or_else(|e| group.fail(&e));
+    run_in(args, explicit, &group).unwrap_or_else(|e| group.fail(&format!("{e:#}")));
     Ok(())
 }
 
 /// [`run`] as one rank of `group`: rank 0 writes everything (console, metrics, samples,
 /// checkpoints, the run file, the trace); every rank trains its share of each step.
-fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> Result<(), String> {
+fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> Result<()> {
     let root = group.is_root();
     let mut run = setup::resolve(args, explicit)?;
     let pool = args.device.pool()?;
@@ -43,7 +44,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let splits = inputs.data.splits(&streams, run.config.block_size, &corpus::label(&run.settings.data))?;
     args.device.check()?;
     if args.trace.is_some() && group.ranks() > 1 && args.device.backend == crate::device::Backend::Gpu {
-        return Err("--trace times one process's GPU kernels; GPU ranks split each step in two submissions: trace a run of one process".into());
+        return Err(anyhow!("--trace times one process's GPU kernels; GPU ranks split each step in two submissions: trace a run of one process"));
     }
     crate::memory::check(&inputs.plan, args.device.backend)?;
     let s = run.settings.clone();
@@ -58,7 +59,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
         agree(group, &mut *engine, &resolved, splits)?;
     }
     if root {
-        write_atomic(&files.run_file, resolved.as_bytes()).map_err(|e| format!("cannot write {}: {e}", files.run_file.display()))?;
+        write_atomic(&files.run_file, resolved.as_bytes()).map_err(|e| anyhow!("cannot write {}: {e}", files.run_file.display()))?;
     }
     // Ctrl-C and SIGTERM (on every rank under mpirun): the run stops at the end of its step and
     // saves; a second signal stops it at once, the checkpoint on disk a whole one.
@@ -119,9 +120,9 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
 
 /// The ranks of a data-parallel run agree on their settings (the run file each resolved),
 /// data and starting weights, or stop saying which differ.
-fn agree(group: &Group, engine: &mut dyn Engine, resolved: &str, splits: Splits<'_>) -> Result<(), String> {
+fn agree(group: &Group, engine: &mut dyn Engine, resolved: &str, splits: Splits<'_>) -> Result<()> {
     let (train_ids, val_ids) = (fingerprint_tokens(splits.train), fingerprint_tokens(splits.val));
-    let params = fingerprint(&block_on(engine.state())?.0, f32::to_bits);
+    let params = fingerprint(&block_on(engine.state()).map_err(Error::msg)?.0, f32::to_bits);
     group.agree(&[("settings", fingerprint_text(resolved)), ("training data", train_ids), ("validation data", val_ids), ("starting weights", params)])
 }
 

@@ -10,6 +10,7 @@ use alpha_core::settings::RunSettings;
 use alpha_core::tokenizer::Tokenizer;
 use alpha_core::{GptConfig, Plan};
 use alpha_gpu::block_on;
+use anyhow::{anyhow, Error, Result};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
@@ -29,11 +30,11 @@ struct SaveTarget {
 
 impl SaveTarget {
     /// Writes a checkpoint of `state` and the arenas; a model that is not finite is refused.
-    fn write(&self, tokenizer: &Tokenizer, params: &[f32], m: &[f32], v: &[f32], state: &TrainState) -> Result<(), String> {
+    fn write(&self, tokenizer: &Tokenizer, params: &[f32], m: &[f32], v: &[f32], state: &TrainState) -> Result<()> {
         let step = state.step;
         checkpoint::save(&self.path, self.config, tokenizer, params, Some((m, v, state))).map_err(|e| match e {
-            SaveError::NonFinite { .. } => format!("not saving step {step}: {e}; {}. Try a lower --lr or a smaller --grad-clip", self.kept),
-            other => other.to_string(),
+            SaveError::NonFinite { .. } => anyhow!("not saving step {step}: {e}; {}. Try a lower --lr or a smaller --grad-clip", self.kept),
+            other => anyhow!(other),
         })?;
         self.interrupt.set_kept(format!("the last good checkpoint ({}, step {step}) is kept", self.path.display()));
         keep_last(&self.path, step, self.keep)
@@ -43,16 +44,16 @@ impl SaveTarget {
 /// With `keep` above 1, keeps the checkpoint just saved at `path` (step `step`) as
 /// `ckpt-STEP.safetensors` beside it too (a hard link where the file system has them) and
 /// removes such files beyond the newest `keep`.
-fn keep_last(path: &Path, step: u64, keep: usize) -> Result<(), String> {
+fn keep_last(path: &Path, step: u64, keep: usize) -> Result<()> {
     if keep <= 1 {
         return Ok(());
     }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let stamped = dir.join(format!("ckpt-{step:08}.safetensors"));
     let _ = std::fs::remove_file(&stamped);
-    std::fs::hard_link(path, &stamped).or_else(|_| std::fs::copy(path, &stamped).map(|_| ())).map_err(|e| format!("cannot keep {}: {e}", stamped.display()))?;
+    std::fs::hard_link(path, &stamped).or_else(|_| std::fs::copy(path, &stamped).map(|_| ())).map_err(|e| anyhow!("cannot keep {}: {e}", stamped.display()))?;
     let mut kept: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .map_err(|e| anyhow!("cannot read {}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.file_name()
@@ -62,7 +63,7 @@ fn keep_last(path: &Path, step: u64, keep: usize) -> Result<(), String> {
         .collect();
     kept.sort();
     for old in &kept[..kept.len().saturating_sub(keep)] {
-        std::fs::remove_file(old).map_err(|e| format!("cannot remove {}: {e}", old.display()))?;
+        std::fs::remove_file(old).map_err(|e| anyhow!("cannot remove {}: {e}", old.display()))?;
     }
     Ok(())
 }
@@ -86,7 +87,7 @@ pub struct Checkpointer<'t> {
     /// start (its page faults cost the start, not a save's pause) and handed to the writer.
     snapshot: Option<Snapshot>,
     /// The background write under way, which hands the snapshot back.
-    pending: Option<JoinHandle<Result<Snapshot, String>>>,
+    pending: Option<JoinHandle<Result<Snapshot>>>,
 }
 
 impl<'t> Checkpointer<'t> {
@@ -101,8 +102,8 @@ impl<'t> Checkpointer<'t> {
         root: bool,
         interrupt: Interrupt,
         resumed_at: Option<u64>,
-    ) -> Result<Self, String> {
-        let buffer = || alpha_core::plan::try_vec("the checkpoint snapshot", plan.params_len(), f32::NAN).map_err(|e| format!("--async-checkpoint: {e}"));
+    ) -> Result<Self> {
+        let buffer = || alpha_core::plan::try_vec("the checkpoint snapshot", plan.params_len(), f32::NAN).map_err(|e| anyhow!("--async-checkpoint: {e}"));
         let snapshot = if settings.async_checkpoint && root { Some([buffer()?, buffer()?, buffer()?]) } else { None };
         let me = Checkpointer { path, config, settings: settings.clone(), tokenizer, root, interrupt, resumed_at, last_saved: None, snapshot, pending: None };
         me.interrupt.set_kept(me.kept());
@@ -119,24 +120,24 @@ impl<'t> Checkpointer<'t> {
     }
 
     /// A failed step's message: a divergence says what is kept and what to try.
-    pub fn failed(&self, e: StepError) -> String {
+    pub fn failed(&self, e: StepError) -> Error {
         match e {
-            StepError::Diverged(msg) => format!("training diverged at {msg}; {}. Try a lower --lr or a smaller --grad-clip", self.kept()),
-            StepError::Device(msg) => msg,
+            StepError::Diverged(msg) => anyhow!("training diverged at {msg}; {}. Try a lower --lr or a smaller --grad-clip", self.kept()),
+            StepError::Device(msg) => anyhow!(msg),
         }
     }
 
     /// Confirms every step was applied, then saves `engine`'s state at `step` (with
     /// `--async-checkpoint`, copies it and saves in the background); `best_val_loss` is
     /// a `--save best` run's.
-    pub fn save(&mut self, engine: &mut dyn Engine, step: u64, best_val_loss: Option<f64>) -> Result<(), String> {
+    pub fn save(&mut self, engine: &mut dyn Engine, step: u64, best_val_loss: Option<f64>) -> Result<()> {
         block_on(engine.check()).map_err(|e| self.failed(e))?;
-        let (params, m, v) = block_on(engine.state())?;
+        let (params, m, v) = block_on(engine.state()).map_err(Error::msg)?;
         if !self.root {
             self.last_saved = Some(step);
             return Ok(());
         }
-        let loss_scale = block_on(engine.loss_scale())?;
+        let loss_scale = block_on(engine.loss_scale()).map_err(Error::msg)?;
         let state =
             TrainState { step: engine.step_count(), rng_state: engine.rng().state().to_string(), settings: self.settings.clone(), best_val_loss, loss_scale };
         self.finish()?;
@@ -160,9 +161,9 @@ impl<'t> Checkpointer<'t> {
     }
 
     /// Waits for a checkpoint being written in the background; its error, if any.
-    pub fn finish(&mut self) -> Result<(), String> {
+    pub fn finish(&mut self) -> Result<()> {
         if let Some(writer) = self.pending.take() {
-            self.snapshot = Some(writer.join().unwrap_or_else(|_| Err("the checkpoint writer panicked".into()))?);
+            self.snapshot = Some(writer.join().unwrap_or_else(|_| Err(anyhow!("the checkpoint writer panicked")))?);
         }
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! A run's metrics: JSON Lines records to the `--metrics` file and the live dashboard.
 
+use anyhow::{anyhow, Result};
 use serde_json::json;
 use std::fs::File;
 use std::io::Write;
@@ -26,7 +27,7 @@ impl Metrics {
     }
 
     /// Appends `record` (an object) with its `time_s`, as one line.
-    pub fn write(&mut self, mut record: serde_json::Value) -> Result<(), String> {
+    pub fn write(&mut self, mut record: serde_json::Value) -> Result<()> {
         if self.file.is_none() && self.live.is_none() {
             return Ok(());
         }
@@ -38,7 +39,7 @@ impl Metrics {
         if let Some(f) = &mut self.file {
             line.push('\n');
             // One write per record, so a reader never sees half a line from a live run.
-            f.write_all(line.as_bytes()).map_err(|e| format!("cannot write metrics: {e}"))?;
+            f.write_all(line.as_bytes()).map_err(|e| anyhow!("cannot write metrics: {e}"))?;
         }
         Ok(())
     }

@@ -9,6 +9,7 @@ use crate::run::metrics::Metrics;
 use crate::runfile::{RUN_FILE, RUN_FILE_HEADER};
 use crate::trace::Trace;
 use alpha_core::settings::RunSettings;
+use anyhow::{anyhow, Result};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
@@ -54,7 +55,7 @@ impl<'a> Files<'a> {
 
     /// Rank 0 ([`Files::prepare`], then the dashboard of `--serve`); the other ranks neither
     /// check nor touch the outputs.
-    pub fn open(&self, args: &TrainArgs, root: bool) -> Result<Outputs, String> {
+    pub fn open(&self, args: &TrainArgs, root: bool) -> Result<Outputs> {
         if !root {
             return Ok(Outputs { trace: None, _lock: None, metrics: Metrics::new(None, None) });
         }
@@ -69,15 +70,15 @@ impl<'a> Files<'a> {
     /// Refuses outputs that would replace what the run reads or another of its outputs, an
     /// existing trace without --overwrite, and outputs that are not regular files where they
     /// would be replaced. Nothing is written yet.
-    pub fn check(&self, args: &TrainArgs) -> Result<(), String> {
+    pub fn check(&self, args: &TrainArgs) -> Result<()> {
         if self.out.exists() && !self.out.is_dir() {
-            return Err(format!("--out {} exists and is not a directory", self.out.display()));
+            return Err(anyhow!("--out {} exists and is not a directory", self.out.display()));
         }
         for output in [&self.checkpoint, &self.run_file] {
-            check_replaceable(output).map_err(|e| format!("{}: {e}", output.display()))?;
+            check_replaceable(output).map_err(|e| anyhow!("{}: {e}", output.display()))?;
         }
         if let Some(data) = self.data.filter(|d| same_file(d, &self.checkpoint)) {
-            return Err(format!("the checkpoint {} would replace --data {}; choose another --out", self.checkpoint.display(), data.display()));
+            return Err(anyhow!("the checkpoint {} would replace --data {}; choose another --out", self.checkpoint.display(), data.display()));
         }
         // The checkpoint may replace the one resumed (resuming in place), nothing else.
         let mut taken: Vec<(&str, &Path)> = vec![("the checkpoint", &self.checkpoint)];
@@ -85,7 +86,7 @@ impl<'a> Files<'a> {
         taken.extend(self.resume.map(|p| ("--resume", p)));
         taken.extend(self.config.map(|p| ("--config", p)));
         if let Some((what, _)) = taken.iter().find(|(_, p)| same_file(p, &self.run_file)) {
-            return Err(format!("the run's resolved configuration {} would replace {what}; choose another --out", self.run_file.display()));
+            return Err(anyhow!("the run's resolved configuration {} would replace {what}; choose another --out", self.run_file.display()));
         }
         taken.push(("the run file", &self.run_file));
         check_outputs_distinct(taken, &[("--metrics", args.metrics.as_deref()), ("--trace", args.trace.as_deref())])
@@ -94,24 +95,24 @@ impl<'a> Files<'a> {
     /// Checks the outputs ([`Files::check`]), opens the trace, creates the output directory
     /// and locks it, clears stale temporary files, refuses to replace a checkpoint or a run
     /// file that is not this run's, and opens the metrics: rank 0's set-up of the outputs.
-    fn prepare(&self, args: &TrainArgs) -> Result<Outputs, String> {
+    fn prepare(&self, args: &TrainArgs) -> Result<Outputs> {
         self.check(args)?;
         let trace = args.trace.as_deref().map(|p| Trace::new(p, args.trace_steps, args.overwrite)).transpose()?;
-        std::fs::create_dir_all(&self.out).map_err(|e| format!("cannot create {}: {e}", self.out.display()))?;
+        std::fs::create_dir_all(&self.out).map_err(|e| anyhow!("cannot create {}: {e}", self.out.display()))?;
         // Held until the run ends; a second run into this directory stops here.
         let lock = RunLock::acquire(&self.out)?;
         for output in [&self.checkpoint, &self.run_file] {
-            remove_stale_temps(output).map_err(|e| format!("cannot clean up {}: {e}", self.out.display()))?;
+            remove_stale_temps(output).map_err(|e| anyhow!("cannot clean up {}: {e}", self.out.display()))?;
         }
         let resuming_in_place = args.resume.as_ref().is_some_and(|r| same_file(r, &self.checkpoint));
         if self.checkpoint.exists() && !resuming_in_place && !args.overwrite {
             let ckpt = self.checkpoint.display();
-            return Err(format!("{ckpt} already exists; resume it with --resume {ckpt}, choose another --out, or pass --overwrite"));
+            return Err(anyhow!("{ckpt} already exists; resume it with --resume {ckpt}, choose another --out, or pass --overwrite"));
         }
         // The run file beside the checkpoint is replaced when it is one this program wrote.
         let ours = std::fs::read_to_string(&self.run_file).is_ok_and(|t| t.starts_with(RUN_FILE_HEADER));
         if self.run_file.exists() && !ours && !args.overwrite {
-            return Err(format!("{} exists and is not a run file alpha-native wrote; choose another --out, or pass --overwrite", self.run_file.display()));
+            return Err(anyhow!("{} exists and is not a run file alpha-native wrote; choose another --out, or pass --overwrite", self.run_file.display()));
         }
         let metrics = args.metrics.as_deref().map(|p| self.open_metrics(p, args.resume.is_some(), args.overwrite)).transpose()?;
         Ok(Outputs { trace, _lock: Some(lock), metrics: Metrics::new(metrics, None) })
@@ -119,14 +120,14 @@ impl<'a> Files<'a> {
 
     /// The metrics file: a fresh run starts it (an existing one only with --overwrite), a
     /// resumed run appends to it.
-    fn open_metrics(&self, path: &Path, resumed: bool, overwrite: bool) -> Result<File, String> {
+    fn open_metrics(&self, path: &Path, resumed: bool, overwrite: bool) -> Result<File> {
         let meta = std::fs::metadata(path).ok();
         if meta.as_ref().is_some_and(|m| m.is_dir()) {
-            return Err(format!("--metrics {} is a directory", path.display()));
+            return Err(anyhow!("--metrics {} is a directory", path.display()));
         }
         let existing_file = meta.as_ref().is_some_and(|m| m.is_file());
         if existing_file && !resumed && !overwrite {
-            return Err(format!(
+            return Err(anyhow!(
                 "--metrics {} already exists; a new run does not append to another run's metrics: choose another file, or pass --overwrite to start it anew",
                 path.display()
             ));
@@ -137,6 +138,6 @@ impl<'a> Files<'a> {
         } else {
             options.create(true).append(true);
         }
-        options.open(path).map_err(|e| format!("cannot open metrics file {}: {e}", path.display()))
+        options.open(path).map_err(|e| anyhow!("cannot open metrics file {}: {e}", path.display()))
     }
 }

@@ -17,6 +17,7 @@ use alpha_core::settings::RunSettings;
 use alpha_core::tokenizer::Tokenizer;
 use alpha_core::train::{LossScaleState, Ranks, RunState, TrainConfig};
 use alpha_core::{GptConfig, Plan, Rng};
+use anyhow::{anyhow, Error, Result};
 
 /// What a run trains on: a text's ids in memory, or a prepared dataset's memory maps.
 pub enum TrainData {
@@ -43,23 +44,23 @@ pub struct Run {
 /// The run the flags describe (`explicit(flag)`: whether the command line gave `flag`): a
 /// fresh one, one that continues `--resume`'s checkpoint with its own settings (a flag given
 /// overriding one), or one that starts from `--init-from`'s weights; its settings checked.
-pub fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, String> {
+pub fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run> {
     let run = resolve_unchecked(args, explicit)?;
-    run.settings.validate(|field| format!("--{}", field.replace('_', "-")))?;
+    run.settings.validate(|field| format!("--{}", field.replace('_', "-"))).map_err(Error::msg)?;
     Ok(run)
 }
 
-fn resolve_unchecked(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run, String> {
+fn resolve_unchecked(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run> {
     let fresh_settings = args.settings();
     if let Some(from) = &args.init_from {
         if args.model.tokenizer.is_some() {
-            return Err(format!("--tokenizer: --init-from {} brings its own tokenizer", from.display()));
+            return Err(anyhow!("--tokenizer: --init-from {} brings its own tokenizer", from.display()));
         }
         let mut ck = checkpoint::load_weights(from)?;
         keeps_model_shape(args, explicit, &ck.config, &format!("--init-from {} brings its own model", from.display()))?;
         let block = args.model.block.unwrap_or(ck.config.block_size);
         if block > ck.config.block_size {
-            return Err(format!("--block {block} is larger than {}'s context of {} tokens", from.display(), ck.config.block_size));
+            return Err(anyhow!("--block {block} is larger than {}'s context of {} tokens", from.display(), ck.config.block_size));
         }
         let to = GptConfig { block_size: block, vocab_size: args.model.padded_vocab(ck.config.vocab_size), ..ck.config };
         ck.params = resize_tables(&ck.params, ck.config, to)?;
@@ -72,19 +73,19 @@ fn resolve_unchecked(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Resul
     };
     let ck = checkpoint::load(path)?;
     if args.model.tokenizer.is_some() {
-        return Err("--tokenizer: a resumed run keeps its checkpoint's tokenizer".into());
+        return Err(anyhow!("--tokenizer: a resumed run keeps its checkpoint's tokenizer"));
     }
     if explicit("vocab_pad") {
-        return Err("--vocab-pad: a resumed run keeps its checkpoint's model".into());
+        return Err(anyhow!("--vocab-pad: a resumed run keeps its checkpoint's model"));
     }
     let Some((_, _, state)) = &ck.optimizer else {
-        return Err(format!("checkpoint {} has no training state (no optimizer moments) and cannot be resumed", path.display()));
+        return Err(anyhow!("checkpoint {} has no training state (no optimizer moments) and cannot be resumed", path.display()));
     };
     let c = ck.config;
     if explicit("block") && args.model.block() != c.block_size {
         let (given, stored) = (args.model.block(), c.block_size);
         let rel = if given > stored { "is larger than" } else { "differs from" };
-        return Err(format!("--block {given} {rel} the checkpoint's block size {stored}; a resumed run keeps the checkpoint's model"));
+        return Err(anyhow!("--block {given} {rel} the checkpoint's block size {stored}; a resumed run keeps the checkpoint's model"));
     }
     keeps_model_shape(args, explicit, &c, "a resumed run keeps the checkpoint's model")?;
     // The run's own settings come from the checkpoint; a flag given overrides one, and the
@@ -130,13 +131,15 @@ fn resolve_unchecked(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Resul
 /// An error where a size flag given (`--layers`, `--heads`, `--embd`, `--model`) differs from
 /// the model of a checkpoint the run starts from, `config`; `why` says what decides instead.
 /// Flags that repeat the checkpoint's sizes (a run file of the same run) are fine.
-fn keeps_model_shape(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, config: &GptConfig, why: &str) -> Result<(), String> {
+fn keeps_model_shape(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, config: &GptConfig, why: &str) -> Result<()> {
     let shape = (config.n_layer, config.n_head, config.n_embd);
     if let Some(model) = args.model.model.filter(|m| m.shape() != shape) {
         let (layers, heads, embd) = model.shape();
-        return Err(format!(
+        return Err(anyhow!(
             "--model is {layers} layers, {heads} heads, {embd} wide, not the checkpoint's {} layers, {} heads, {} wide; {why}",
-            shape.0, shape.1, shape.2
+            shape.0,
+            shape.1,
+            shape.2
         ));
     }
     for (flag, given, stored, name) in [
@@ -145,7 +148,7 @@ fn keeps_model_shape(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, config: 
         ("embd", args.model.embd, config.n_embd, "embedding width"),
     ] {
         if explicit(flag) && given != stored {
-            return Err(format!("--{flag} {given} differs from the checkpoint's {name} {stored}; {why}"));
+            return Err(anyhow!("--{flag} {given} differs from the checkpoint's {name} {stored}; {why}"));
         }
     }
     Ok(())
@@ -154,8 +157,8 @@ fn keeps_model_shape(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, config: 
 /// `params` of a model of `from` as a model of `to`, which differs in its tables' rows: the
 /// position table cut to a shorter context (nanoGPT's `crop_block_size`), the token table
 /// padded with zero rows (`--vocab-pad`); every other tensor as it is.
-fn resize_tables(params: &[f32], from: GptConfig, to: GptConfig) -> Result<Vec<f32>, String> {
-    let (from, to) = (Plan::new(from, 1, 1).map_err(|e| e.to_string())?, Plan::new(to, 1, 1).map_err(|e| e.to_string())?);
+fn resize_tables(params: &[f32], from: GptConfig, to: GptConfig) -> Result<Vec<f32>> {
+    let (from, to) = (Plan::new(from, 1, 1)?, Plan::new(to, 1, 1)?);
     let mut out = vec![0f32; to.params_len()];
     for (a, b) in from.params().zip(to.params()) {
         let kept = a.span.len.min(b.span.len);
@@ -178,14 +181,14 @@ pub struct Inputs {
 /// data (a text or a prepared dataset, encoded on `pool`'s threads), sets a fresh run's
 /// vocabulary and plans its memory. A run that could not write its checkpoints (a header
 /// past the format's limit) stops before any work.
-pub fn inputs(args: &TrainArgs, run: &mut Run, pool: &dyn Parallel) -> Result<Inputs, String> {
+pub fn inputs(args: &TrainArgs, run: &mut Run, pool: &dyn Parallel) -> Result<Inputs> {
     // A resumed or initialised run keeps its checkpoint's tokenizer.
     let known = match run.resume.as_ref().or(run.init.as_ref()) {
         Some(ck) => Some(ck.tokenizer.clone()),
         None => args.model.tokenizer.as_deref().map(|p| crate::tokenizer::load(p).map(Tokenizer::from)).transpose()?,
     };
     if let Some(tokenizer) = &known {
-        checkpoint::check_header_room(run.config, tokenizer).map_err(|e| format!("the run could not save a checkpoint: {e}"))?;
+        checkpoint::check_header_room(run.config, tokenizer).map_err(|e| anyhow!("the run could not save a checkpoint: {e}"))?;
     }
     let s = &run.settings;
     let (tokenizer, data) = if s.dataset {
@@ -197,11 +200,11 @@ pub fn inputs(args: &TrainArgs, run: &mut Run, pool: &dyn Parallel) -> Result<In
     };
     if run.resume.is_none() && run.init.is_none() {
         if args.model.model.is_some() && tokenizer.vocab_size() != GPT2_VOCAB {
-            return Err(format!("--model has GPT-2's {GPT2_VOCAB} tokens, but the tokenizer has {}: train it with GPT-2's tokenizer (--tokenizer), or give --layers, --heads and --embd", tokenizer.vocab_size()));
+            return Err(anyhow!("--model has GPT-2's {GPT2_VOCAB} tokens, but the tokenizer has {}: train it with GPT-2's tokenizer (--tokenizer), or give --layers, --heads and --embd", tokenizer.vocab_size()));
         }
         run.config.vocab_size = args.model.config(tokenizer.vocab_size()).vocab_size;
     }
-    let plan = run.settings.plan(run.config).and_then(|p| p.with_classes(tokenizer.vocab_size())).map_err(|e| e.to_string())?;
+    let plan = run.settings.plan(run.config).and_then(|p| p.with_classes(tokenizer.vocab_size()))?;
     Ok(Inputs { tokenizer, data, plan })
 }
 
@@ -222,12 +225,12 @@ impl TrainData {
 
     /// The train and val splits (a text's last tenth is val), each checked to hold more than
     /// a block of `block` tokens; `name` is the data in messages.
-    pub fn splits<'a>(&'a self, streams: &'a Streams<'a>, block: usize, name: &str) -> Result<Splits<'a>, String> {
+    pub fn splits<'a>(&'a self, streams: &'a Streams<'a>, block: usize, name: &str) -> Result<Splits<'a>> {
         match self {
             TrainData::Text(tokens) => {
                 let (train, val) = data::split(tokens);
                 if val.len() <= block {
-                    return Err(format!(
+                    return Err(anyhow!(
                         "{name} is too short: {} tokens, but a block of {block} needs at least {} so that the 10% validation split holds {} tokens",
                         tokens.len(),
                         (block + 1) * 10,
@@ -239,7 +242,7 @@ impl TrainData {
             TrainData::Dataset(d) => {
                 for (split, tokens) in [("train", &d.train), ("val", &d.val)] {
                     if tokens.len() <= block {
-                        return Err(format!("dataset {name}: the {split} split has {} tokens; a block of {block} needs at least {}", tokens.len(), block + 1));
+                        return Err(anyhow!("dataset {name}: the {split} split has {} tokens; a block of {block} needs at least {}", tokens.len(), block + 1));
                     }
                 }
                 Ok(Splits { train: Tokens::Stream(&streams.train), val: Tokens::Stream(&streams.val) })
@@ -259,17 +262,17 @@ pub struct Carried {
 
 /// Where the run starts: the resumed checkpoint's state, `--init-from`'s weights with a fresh
 /// optimizer and the run's batch stream, or a fresh model of `plan`.
-pub fn start(run: &mut Run, plan: &Plan) -> Result<(RunState<f32>, Carried), String> {
+pub fn start(run: &mut Run, plan: &Plan) -> Result<(RunState<f32>, Carried)> {
     if let Some(ck) = run.resume.take() {
         let (m, v, state) = ck.optimizer.expect("resolve() checked the training state");
-        let rng = state.rng().map_err(|e| e.to_string())?;
+        let rng = state.rng()?;
         let carried = Carried { best_val_loss: state.best_val_loss, loss_scale: state.loss_scale };
         return Ok((RunState { params: ck.params, moments: Some((m, v)), step: state.step, rng }, carried));
     }
     let seed = run.settings.seed;
     let start = match run.init.take() {
         Some(ck) => RunState { params: ck.params, moments: None, step: 0, rng: Rng::new(derive_seed(seed, stream::BATCHES, 0)) },
-        None => RunState::fresh(plan, seed).map_err(|e| e.to_string())?,
+        None => RunState::fresh(plan, seed)?,
     };
     Ok((start, Carried::default()))
 }
@@ -297,14 +300,14 @@ pub fn open_engine<'m>(
     s: &RunSettings,
     (start, carried): (RunState<f32>, &Carried),
     group: &'m Group,
-) -> Result<Engine<'m>, String> {
+) -> Result<Engine<'m>> {
     // f16 where the adapter has it, as `auto` picks.
     let precision_from_checkpoint = carried.loss_scale.is_some() && !explicit("precision") && args.device.backend == Backend::Gpu;
     let device = DeviceArgs { precision: if precision_from_checkpoint { PrecisionArg::Auto } else { args.device.precision }, ..args.device.clone() };
     // N ranks of --grad-accum G take the step one process of --grad-accum N*G takes.
     let mut config = s.train_config();
     config.grad_accum *= group.ranks();
-    config.validate().map_err(|e| format!("--grad-accum {} on {} ranks: {e}", s.grad_accum, group.ranks()))?;
+    config.validate().map_err(|e| anyhow!("--grad-accum {} on {} ranks: {e}", s.grad_accum, group.ranks()))?;
     let placement = Placement { ranks: group, local_rank: group.local_rank(), zero: args.zero == 1 };
     let mut opened = crate::engine::open(&device, pool, plan, config, start, placement)?;
     if let Some(state) = carried.loss_scale {

@@ -13,6 +13,7 @@ use alpha_core::engine::{Driver, Engine, Event, Splits, StepReport};
 use alpha_core::settings::SavePolicy;
 use alpha_core::tokenizer::Tokenizer;
 use alpha_gpu::block_on;
+use anyhow::Result;
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -80,14 +81,7 @@ impl Training<'_> {
     /// Runs `driver` over `splits` until the run ends or a signal stops every rank of `group`
     /// (`requested`), then saves its last step: whether it was stopped. The trace is written
     /// whatever ended the run.
-    pub fn run(
-        &mut self,
-        mut driver: Driver,
-        splits: Splits<'_>,
-        mut trace: Option<Trace>,
-        group: &Group,
-        requested: &dyn Fn() -> bool,
-    ) -> Result<bool, String> {
+    pub fn run(&mut self, mut driver: Driver, splits: Splits<'_>, mut trace: Option<Trace>, group: &Group, requested: &dyn Fn() -> bool) -> Result<bool> {
         let mut window = Window::new();
         let result = loop {
             let t = Instant::now();
@@ -137,7 +131,7 @@ impl Training<'_> {
     }
 
     /// Saves at `step` (a `--save best` run's `best_val_loss`) and records it.
-    fn saved(&mut self, step: u64, best_val_loss: Option<f64>, window: &mut Window) -> Result<(), String> {
+    fn saved(&mut self, step: u64, best_val_loss: Option<f64>, window: &mut Window) -> Result<()> {
         let t = Instant::now();
         self.checkpointer.save(&mut *self.engine, step, best_val_loss)?;
         window.phases.checkpoint += t.elapsed().as_secs_f64();
@@ -145,7 +139,7 @@ impl Training<'_> {
     }
 
     /// Prints and records an evaluation; in `--save best`, saves a new best.
-    fn evaluated(&mut self, step: u64, train_loss: f64, val_loss: f64, window: &mut Window) -> Result<(), String> {
+    fn evaluated(&mut self, step: u64, train_loss: f64, val_loss: f64, window: &mut Window) -> Result<()> {
         self.console.line(&format!("step {step}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
         self.metrics.write(json!({"type": "eval", "step": step, "train_loss": train_loss, "val_loss": val_loss}))?;
         if self.save == SavePolicy::Best && self.best_val_loss.is_none_or(|b| val_loss < b) {
@@ -158,7 +152,7 @@ impl Training<'_> {
     /// Moves the progress bar; at a logged step, prints (without a bar) and records the
     /// window's full-workflow accounting: its wall time, evaluations, samples and checkpoints
     /// included; idle is what no phase accounts for.
-    fn trained(&mut self, step: u64, log: bool, report: &StepReport, phases: Phases, window: &mut Window) -> Result<(), String> {
+    fn trained(&mut self, step: u64, log: bool, report: &StepReport, phases: Phases, window: &mut Window) -> Result<()> {
         let tokens_per_step = self.throughput.tokens_per_step;
         window.phases.add(&phases);
         window.steps += 1;
