@@ -53,7 +53,7 @@ impl<'a> Files<'a> {
         Files { data, resume: args.resume.as_deref(), config, checkpoint, run_file, out }
     }
 
-    /// Rank 0 ([`Files::prepare`], then the dashboard of `--serve`); the other ranks neither
+    /// Rank 0 (`Files::prepare`, then the dashboard of `--serve`); the other ranks neither
     /// check nor touch the outputs.
     pub fn open(&self, args: &TrainArgs, root: bool) -> Result<Outputs> {
         if !root {
