@@ -6,11 +6,11 @@
 
 use crate::corpus;
 use crate::device::Backend;
-use crate::run::args::TrainArgs;
+use crate::run::args::{fields_in_order, TrainArgs};
 use alpha_core::run::{preset, PRESETS};
 use alpha_core::settings::RunSettings;
-use alpha_core::GptConfig;
 use anyhow::{anyhow, Result};
+use serde_json::Value;
 use std::ffi::OsString;
 use std::path::Path;
 
@@ -90,10 +90,10 @@ fn flags_of(name: &str, text: &str, train: &clap::Command) -> Result<Vec<OsStrin
 
 /// A run file setting `entries` (keys and their values, already in TOML) after `header`
 /// (comment lines).
-pub fn write(header: &str, entries: &[(&str, String)]) -> String {
+pub fn write(header: &str, entries: &[(impl AsRef<str>, String)]) -> String {
     let mut out = header.to_string();
     for (key, value) in entries {
-        out.push_str(&format!("{key} = {value}\n"));
+        out.push_str(&format!("{} = {value}\n", key.as_ref()));
     }
     out
 }
@@ -110,48 +110,31 @@ pub const RUN_FILE_HEADER: &str = "# The resolved configuration of the run in th
 /// cadence and backend as resolved from the defaults, --config, the checkpoint resumed and the
 /// flags; on a GPU (`gpu`), the precision and tensor-core use it resolved to, so that a repeat
 /// on another device runs the same arithmetic or says why it cannot.
-pub fn resolved(args: &TrainArgs, config: &GptConfig, s: &RunSettings, gpu: Option<&alpha_gpu::Gpu>) -> String {
-    let (int, float) = (|v: u64| v.to_string(), |v: f64| format!("{v:?}"));
-    let mut entries = Vec::new();
+pub fn resolved(args: &TrainArgs, s: &RunSettings, gpu: Option<&alpha_gpu::Gpu>) -> String {
+    let mut entries: Vec<(String, String)> = Vec::new();
     if s.data != corpus::EMBEDDED {
-        entries.push((if s.dataset { "dataset" } else { "data" }, string(&s.data)));
+        entries.push((if s.dataset { "dataset" } else { "data" }.into(), string(&s.data)));
     }
-    entries.extend(args.model.tokenizer.as_ref().map(|t| ("tokenizer", string(&t.to_string_lossy()))));
-    entries.extend(args.init_from.as_ref().map(|p| ("init_from", string(&p.to_string_lossy()))));
+    entries.extend(args.model.tokenizer.as_ref().map(|t| ("tokenizer".into(), string(&t.to_string_lossy()))));
+    entries.extend(args.init_from.as_ref().map(|p| ("init_from".into(), string(&p.to_string_lossy()))));
+    // Every setting but the data (above) under its flag's name, in the settings' order.
+    for (key, value) in fields_in_order(s).into_iter().filter(|(k, _)| k != "data" && k != "dataset") {
+        let value = match value {
+            Value::String(s) => string(&s),
+            Value::Number(n) if !n.is_f64() => n.to_string(),
+            Value::Number(n) => format!("{:?}", n.as_f64().unwrap_or(f64::NAN)),
+            other => other.to_string(),
+        };
+        entries.push((key, value));
+    }
     entries.extend([
-        ("layers", int(config.n_layer as u64)),
-        ("heads", int(config.n_head as u64)),
-        ("embd", int(config.n_embd as u64)),
-        ("block", int(config.block_size as u64)),
-        ("batch", int(s.batch as u64)),
-        ("grad_accum", int(s.grad_accum as u64)),
-        ("iters", int(s.iters)),
-        ("lr", float(s.lr)),
-        ("lr_decay_iters", int(s.lr_decay_iters)),
-        ("min_lr", float(s.min_lr)),
-        ("warmup", int(s.warmup)),
-        ("weight_decay", float(s.weight_decay)),
-        ("beta1", float(s.beta1)),
-        ("beta2", float(s.beta2)),
-        ("grad_clip", float(s.grad_clip)),
-        ("seed", int(s.seed)),
-        ("dropout", float(s.dropout)),
-        ("eval_interval", int(s.eval_interval)),
-        ("eval_iters", int(s.eval_iters as u64)),
-        ("sample_interval", int(s.sample_interval)),
-        ("checkpoint_interval", int(s.checkpoint_interval)),
-        ("log_interval", int(s.log_interval)),
-        ("save", string(s.save.name())),
-        ("keep", int(s.keep as u64)),
-        ("async_checkpoint", s.async_checkpoint.to_string()),
-        ("zero", int(u64::from(args.zero))),
-        ("recompute", s.recompute.to_string()),
-        ("vocab_pad", int(args.model.vocab_pad as u64)),
-        ("backend", string(if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" })),
+        ("zero".into(), u64::from(args.zero).to_string()),
+        ("vocab_pad".into(), args.model.vocab_pad.to_string()),
+        ("backend".into(), string(if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" })),
     ]);
-    entries.extend(args.device.adapter.as_deref().map(|a| ("adapter", string(a))));
+    entries.extend(args.device.adapter.as_deref().map(|a| ("adapter".into(), string(a))));
     for (key, value) in gpu.map(crate::device::arithmetic_flags).into_iter().flatten() {
-        entries.push((key, string(&value)));
+        entries.push((key.into(), string(&value)));
     }
     write(RUN_FILE_HEADER, &entries)
 }

@@ -54,7 +54,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let start_step = start.step;
     let opened = setup::open_engine(args, explicit, &pool, inputs.plan, &s, (start, &carried), group)?;
     let mut engine = opened.opened.engine;
-    let resolved = runfile::resolved(args, &run.config, &s, opened.opened.gpu.as_ref());
+    let resolved = runfile::resolved(args, &s, opened.opened.gpu.as_ref());
     if group.ranks() > 1 {
         agree(group, &mut *engine, &resolved, splits)?;
     }

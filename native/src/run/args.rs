@@ -5,6 +5,7 @@ use crate::device::DeviceArgs;
 use alpha_core::settings::{RunSettings, SavePolicy, DEFAULT};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Args;
+use serde_json::Value;
 use std::path::PathBuf;
 
 /// Flags of `alpha-native train` (nanoGPT's names; defaults are its Shakespeare-char CPU run).
@@ -163,6 +164,33 @@ impl TrainArgs {
             ..RunSettings::default().with_model(config)
         }
     }
+}
+
+/// The fields of `settings` with their values, in the order the struct declares them (a JSON
+/// object of them would sort them).
+pub fn fields_in_order(settings: &RunSettings) -> Vec<(String, Value)> {
+    struct Fields(Vec<(String, Value)>);
+    impl<'de> serde::Deserialize<'de> for Fields {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Fields;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> std::result::Result<Fields, M::Error> {
+                    let mut out = Vec::new();
+                    while let Some(entry) = map.next_entry()? {
+                        out.push(entry);
+                    }
+                    Ok(Fields(out))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+    let text = serde_json::to_string(settings).expect("settings serialise");
+    serde_json::from_str::<Fields>(&text).expect("settings serialise to an object").0
 }
 
 #[cfg(test)]

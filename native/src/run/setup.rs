@@ -8,7 +8,7 @@ use crate::dataset::{self, Dataset};
 use crate::device::{Backend, DeviceArgs, PrecisionArg};
 use crate::engine::{Opened, Placement};
 use crate::ranks::Group;
-use crate::run::args::TrainArgs;
+use crate::run::args::{fields_in_order, TrainArgs};
 use alpha_core::data::{self, Segment, Tokens};
 use alpha_core::engine::Splits;
 use alpha_core::parallel::{Parallel, ThreadPool};
@@ -18,6 +18,7 @@ use alpha_core::tokenizer::Tokenizer;
 use alpha_core::train::{LossScaleState, Ranks, RunState, TrainConfig};
 use alpha_core::{GptConfig, Plan, Rng};
 use anyhow::{anyhow, Error, Result};
+use serde_json::Value;
 
 /// What a run trains on: a text's ids in memory, or a prepared dataset's memory maps.
 pub enum TrainData {
@@ -88,44 +89,32 @@ fn resolve_unchecked(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Resul
         return Err(anyhow!("--block {given} {rel} the checkpoint's block size {stored}; a resumed run keeps the checkpoint's model"));
     }
     keeps_model_shape(args, explicit, &c, "a resumed run keeps the checkpoint's model")?;
-    // The run's own settings come from the checkpoint; a flag given overrides one, and the
-    // run says which it changed.
-    let mut s = state.settings.clone();
+    let (settings, changed) = overridden(&state.settings, &fresh_settings, explicit)?;
+    Ok(Run { config: c, settings, resume: Some(ck), init: None, changed })
+}
+
+/// Settings that are the model's shape, which a resumed run takes from its checkpoint (the
+/// flags that would change them are refused), and `dataset`, which goes with `data`.
+const MODEL_SHAPE: [&str; 5] = ["layers", "heads", "embd", "block", "dataset"];
+
+/// A resumed run's settings: the checkpoint's (`stored`), each that a flag given (`explicit`)
+/// sets otherwise taken from `given`; and the changes, as `--lr 0.1 (was 0.001)`.
+fn overridden(stored: &RunSettings, given: &RunSettings, explicit: &dyn Fn(&str) -> bool) -> Result<(RunSettings, Vec<String>)> {
+    let Ok(Value::Object(mut settings)) = serde_json::to_value(stored) else { unreachable!("settings serialise to an object") };
+    let shown = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.as_u64().map_or_else(|| n.as_f64().unwrap_or(f64::NAN).to_string(), |u| u.to_string()),
+        other => other.to_string(),
+    };
     let mut changed = Vec::new();
-    macro_rules! take {
-        ($($field:ident),*) => {$(
-            if explicit(stringify!($field)) && s.$field != fresh_settings.$field {
-                changed.push(format!("--{} {} (was {})", stringify!($field).replace('_', "-"), fresh_settings.$field, s.$field));
-                s.$field = fresh_settings.$field.clone();
-            }
-        )*};
+    for (field, value) in fields_in_order(given) {
+        let was = &settings[&field];
+        if explicit(&field) && !MODEL_SHAPE.contains(&field.as_str()) && *was != value {
+            changed.push(format!("--{} {} (was {})", field.replace('_', "-"), shown(&value), shown(was)));
+            settings.insert(field, value);
+        }
     }
-    take!(
-        data,
-        batch,
-        iters,
-        lr,
-        lr_decay_iters,
-        min_lr,
-        warmup,
-        weight_decay,
-        beta1,
-        beta2,
-        grad_clip,
-        grad_accum,
-        seed,
-        dropout,
-        recompute,
-        eval_interval,
-        eval_iters,
-        sample_interval,
-        checkpoint_interval,
-        log_interval,
-        save,
-        keep,
-        async_checkpoint
-    );
-    Ok(Run { config: c, settings: s, resume: Some(ck), init: None, changed })
+    Ok((serde_json::from_value(Value::Object(settings))?, changed))
 }
 
 /// An error where a size flag given (`--layers`, `--heads`, `--embd`, `--model`) differs from
