@@ -61,15 +61,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     if root {
         write_atomic(&files.run_file, resolved.as_bytes()).map_err(|e| anyhow!("cannot write {}: {e}", files.run_file.display()))?;
     }
-    // Ctrl-C and SIGTERM (on every rank under mpirun): the run stops at the end of its step and
-    // saves; a second signal stops it at once, the checkpoint on disk a whole one.
-    let first = "stopping: the run saves at the end of this step (a second Ctrl-C or SIGTERM stops it at once)";
-    let interrupt = Interrupt::install(root.then(|| first.to_string()))?;
-    if root {
-        for file in [&files.checkpoint, &files.run_file] {
-            interrupt.remove_on_stop(temp_path(file).expect("the outputs have file names"));
-        }
-    }
+    let interrupt = interrupt(root, &files)?;
     let console = Console::new(s.iters, start_step, root);
     let description = engine.describe();
     console.line(&introduction(args, &run, &inputs.plan, start_step, &description, group.ranks()));
@@ -82,14 +74,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let plan = &inputs.plan;
     // MFU and HFU over each logged window, against the peak of every rank's device together.
     let peak = if root { Some(crate::engine::peak(opened.opened.gpu.as_ref(), &pool, args.peak_gflops)?) } else { None };
-    let tokens_per_step = (plan.tokens() * opened.config.grad_accum) as f64;
-    let throughput = Throughput {
-        tokens_per_step,
-        model_flops: plan.flops_per_token(),
-        hardware_flops: plan.flops_per_token() + plan.recomputed_flops_per_token(),
-        peak,
-        ranks: group.ranks(),
-    };
+    let throughput = Throughput::new(plan, opened.config.grad_accum, peak, group.ranks());
     let device = crate::engine::device_json(&description);
     outputs.metrics.write(start_record(&run, plan, start_step, &description, &throughput, &pool))?;
     let resumed_at = args.resume.as_ref().map(|_| start_step);
@@ -116,6 +101,20 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let stopped = training.run(driver, splits, outputs.trace.take(), group, &|| interrupt.requested())?;
     training.end(stopped);
     Ok(())
+}
+
+/// Ctrl-C and SIGTERM (on every rank under mpirun): the run stops at the end of its step and
+/// saves; a second signal stops it at once, the checkpoint on disk a whole one (rank 0 removes
+/// the temporary files of `files` it was writing).
+fn interrupt(root: bool, files: &Files) -> Result<Interrupt> {
+    let first = "stopping: the run saves at the end of this step (a second Ctrl-C or SIGTERM stops it at once)";
+    let interrupt = Interrupt::install(root.then(|| first.to_string()))?;
+    if root {
+        for file in [&files.checkpoint, &files.run_file] {
+            interrupt.remove_on_stop(temp_path(file).expect("the outputs have file names"));
+        }
+    }
+    Ok(interrupt)
 }
 
 /// The ranks of a data-parallel run agree on their settings (the run file each resolved),

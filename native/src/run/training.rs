@@ -12,6 +12,7 @@ use crate::trace::Trace;
 use alpha_core::engine::{Driver, Engine, Event, Splits, StepReport};
 use alpha_core::settings::SavePolicy;
 use alpha_core::tokenizer::Tokenizer;
+use alpha_core::Plan;
 use alpha_gpu::block_on;
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -32,6 +33,13 @@ pub struct Throughput {
 }
 
 impl Throughput {
+    /// The work of a step of `plan` times `grad_accum` (over all `ranks`), against `peak`.
+    pub fn new(plan: &Plan, grad_accum: usize, peak: Option<Peak>, ranks: usize) -> Throughput {
+        let model_flops = plan.flops_per_token();
+        let tokens_per_step = (plan.tokens() * grad_accum) as f64;
+        Throughput { tokens_per_step, model_flops, hardware_flops: model_flops + plan.recomputed_flops_per_token(), peak, ranks }
+    }
+
     /// The share of the devices' peak that `tok_s` tokens/s of `flops` per token use.
     fn utilisation(&self, tok_s: f64, flops: f64) -> Option<f64> {
         self.peak.as_ref().map(|p| flops * tok_s / 1e9 / (p.gflops * self.ranks as f64))
