@@ -52,9 +52,9 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let mut outputs = files.open(args, root)?;
     let (start, carried) = setup::start(&mut run, &inputs.plan)?;
     let start_step = start.step;
-    let opened = setup::open_engine(args, explicit, &pool, inputs.plan, &s, (start, &carried), group)?;
-    let mut engine = opened.opened.engine;
-    let resolved = runfile::resolved(args, &s, opened.opened.gpu.as_ref());
+    let started = setup::open_engine(args, explicit, &pool, inputs.plan, &s, (start, &carried), group)?;
+    let (mut engine, gpu) = (started.opened.engine, started.opened.gpu);
+    let resolved = runfile::resolved(args, &s, gpu.as_ref());
     if group.ranks() > 1 {
         agree(group, &mut *engine, &resolved, splits)?;
     }
@@ -68,13 +68,13 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     if !run.changed.is_empty() {
         console.line(&format!("the flags change the checkpoint's settings: {}", run.changed.join(", ")));
     }
-    if let Some(gpu) = &opened.opened.gpu {
-        console.line(&opened.device.precision_line(gpu, opened.precision_from_checkpoint));
+    if let Some(gpu) = &gpu {
+        console.line(&started.device.precision_line(gpu, started.precision_from_checkpoint));
     }
     let plan = &inputs.plan;
     // MFU and HFU over each logged window, against the peak of every rank's device together.
-    let peak = if root { Some(crate::engine::peak(opened.opened.gpu.as_ref(), &pool, args.peak_gflops)?) } else { None };
-    let throughput = Throughput::new(plan, opened.config.grad_accum, peak, group.ranks());
+    let peak = if root { Some(crate::engine::peak(gpu.as_ref(), &pool, args.peak_gflops)?) } else { None };
+    let throughput = Throughput::new(plan, started.config.grad_accum, peak, group.ranks());
     let device = crate::engine::device_json(&description);
     outputs.metrics.write(start_record(&run, plan, start_step, &description, &throughput, &pool))?;
     let resumed_at = args.resume.as_ref().map(|_| start_step);

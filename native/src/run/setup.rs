@@ -267,7 +267,7 @@ pub fn start(run: &mut Run, plan: &Plan) -> Result<(RunState<f32>, Carried)> {
 }
 
 /// The engine a run trains with and what chose it.
-pub struct Engine<'m> {
+pub struct Started<'m> {
     /// The engine and its GPU, if it has one.
     pub opened: Opened<'m>,
     /// The device flags it was opened with (`--precision` as the run resolved it).
@@ -289,7 +289,7 @@ pub fn open_engine<'m>(
     s: &RunSettings,
     (start, carried): (RunState<f32>, &Carried),
     group: &'m Group,
-) -> Result<Engine<'m>> {
+) -> Result<Started<'m>> {
     // f16 where the adapter has it, as `auto` picks.
     let precision_from_checkpoint = carried.loss_scale.is_some() && !explicit("precision") && args.device.backend == Backend::Gpu;
     let device = DeviceArgs { precision: if precision_from_checkpoint { PrecisionArg::Auto } else { args.device.precision }, ..args.device.clone() };
@@ -302,5 +302,5 @@ pub fn open_engine<'m>(
     if let Some(state) = carried.loss_scale {
         opened.engine.set_loss_scale(state);
     }
-    Ok(Engine { opened, device, precision_from_checkpoint, config })
+    Ok(Started { opened, device, precision_from_checkpoint, config })
 }
