@@ -7,7 +7,7 @@
 #                    rebuilt with them, -Zbuild-std), so the CPU engine runs on every core;
 #                    the page loads it where it is cross-origin isolated (serve.mjs sends the
 #                    headers) and the browser validates relaxed SIMD.
-# Needs the wasm32-unknown-unknown target and wasm-pack (README, "In the browser").
+# Needs the wasm32-unknown-unknown target and wasm-pack (docs/guide.md, "In the browser").
 set -euo pipefail
 cd "$(dirname "$0")/../web"
 wasm-pack --quiet build --target web --release --out-dir ../www/pkg --no-pack

@@ -15,7 +15,8 @@
 #   whole model against the CPU (on any Vulkan adapter; without a GPU, lavapipe), the products
 #   again on the tensor-core kernel (on Mesa 26's lavapipe, scripts/lavapipe-coop.sh: curl and
 #   xz-utils fetch it), byte-level BPE against Hugging Face `tokenizers` both ways
-#   (scripts/tokenizer_parity.py), the embedding example, the API docs (rustdoc warnings
+#   (scripts/tokenizer_parity.py), the docs (scripts/check_docs.py: links, the README's
+#   commands), the embedding example, the API docs (rustdoc warnings
 #   are errors), the cargo-fuzz target's build, alpha-core's no_std builds, the GEMM tests
 #   again on the WebAssembly kernel (both builds), and the browser demo (alpha-web's two builds
 #   from scripts/build-web.sh, then tested in Debian's Chromium through playwright-core: WebGPU
@@ -95,11 +96,13 @@ CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/lavapipe-coop.sh" ALP
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 cargo test --profile test-opt -p alpha-native --features mpi --test mpi
 cargo build -q --profile test-opt -p alpha-native
 "$parity_venv/bin/python" scripts/tokenizer_parity.py target/test-opt/alpha-native
+# The docs: every relative link resolves and every README command that runs offline exits 0.
+python3 scripts/check_docs.py target/test-opt/alpha-native
 cargo run --profile test-opt -p alpha-core --example tiny --features alloc
 # The API docs (the crates are meant to be embedded): no broken or private links, no stray HTML.
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps
 # The fuzz target builds (a plain build: libFuzzer without coverage instrumentation; longer
-# runs by hand with cargo-fuzz, see the README).
+# runs by hand with cargo-fuzz, see docs/guide.md).
 cargo build -q --manifest-path fuzz/Cargo.toml
 
 if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then

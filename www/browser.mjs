@@ -1,5 +1,5 @@
 // Shared by the browser tests and the benchmark: the demo server and Debian's Chromium with
-// WebGPU on SwiftShader (flags as in the README; never a downloaded browser).
+// WebGPU on SwiftShader (the flags below; never a downloaded browser).
 
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";

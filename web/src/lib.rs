@@ -128,7 +128,7 @@ fn tokenize(tok: &Tokenizer, text: &str, block: usize) -> Result<Vec<u32>, JsErr
 
 #[wasm_bindgen]
 impl Trainer {
-    /// A new model for `options` (see the README for the fields and defaults) trained on
+    /// A new model for `options` (see docs/guide.md, "In the browser", for the fields and defaults) trained on
     /// `text`: GPT-2 initialisation from `options.seed`, the vocabulary of `text`.
     pub async fn create(options: JsValue, text: String) -> Result<Trainer, JsError> {
         let opts = Options::from_js(options)?;
