@@ -198,8 +198,8 @@ fn whole_block(i0: u32, limit: u32, i_stride: u32, k_stride: u32, k0: u32, k_end
 }
 
 // tile_vec4's elements of a whole block (see whole_block): one vec4 load with no checks, so
-// that a block's loads have no branches between them and issue back to back. On an H200 the
-// f32 products ran 4% faster and the tensor-core products 20% (docs/performance.md).
+// that a block's loads have no branches between them and issue back to back
+// (docs/performance.md, "Kernel choices").
 fn whole_vec4(op: u32, t: vec2<u32>, i0: u32, i_stride: u32, k_stride: u32, k0: u32) -> vec4<f32> {
     let at = (i0 + t.x) * i_stride + (k0 + t.y) * k_stride;
     if (op == 0u) {
@@ -256,8 +256,7 @@ struct WideBlock {
 
 // Thread `lid`'s place t in the 16 x 16 grid of blocks. Each subgroup of 32 takes 8 x 4 of
 // them (32 rows by 64 columns of c), so that at each depth its reads of a's tile touch 4 vec4s
-// and of b's 8, one pass over the banks each, where a row of 16 blocks read 2 and 16 (0.7%
-// faster on an H200, docs/performance.md).
+// and of b's 8, one pass over the banks each, where a row of 16 blocks reads 2 and 16.
 fn wide_block(lid: u32) -> vec2<u32> {
     return vec2<u32>((lid & 7u) | (((lid >> 5u) & 1u) << 3u), ((lid >> 3u) & 3u) | ((lid >> 6u) << 2u));
 }
@@ -297,8 +296,8 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     for (var k0 = p.k_begin; k0 < p.k_end; k0 += WIDE_BK) {
         let other = WIDE_BUFFER - buf;
         // The next depth block goes into the other buffer before this one is multiplied:
-        // nothing is held in registers across the multiply-adds (the products 3-9% faster on
-        // an H200 than holding the loads until after them; docs/performance.md).
+        // nothing is held in registers across the multiply-adds (docs/performance.md,
+        // "Kernel choices").
         if (k0 + WIDE_BK < p.k_end) {
             let next = wide_loads(p, row0, col0, k0 + WIDE_BK, lid);
             wide_store(0u, other, p.a_cs == 1u, next.a, lid);

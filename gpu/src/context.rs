@@ -45,8 +45,7 @@ pub struct AdapterSummary {
 }
 
 /// Whether f16 products run on the tensor cores (`matmul_tensor.wgsl`) or on the SIMT
-/// kernels (`matmul_wide`). On an H200 the tensor cores ran the baby model's f16 step in 38.9
-/// ms against 59.4 (docs/performance.md).
+/// kernels (`matmul_wide`); docs/performance.md has what each runs at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorCores {
     /// Where the products are f16 and the adapter has what the tensor-core GEMM needs

@@ -2,8 +2,8 @@
 //! more (the arenas: parameters, gradients, AdamW moments, activations) are 2 MiB-aligned
 //! and advised to the kernel as transparent huge pages (`madvise(MADV_HUGEPAGE)` on Linux,
 //! whose default THP mode, `madvise`, backs nothing else with them). A training step walks
-//! tens of MiB of arenas, far more than the TLB covers in 4 KiB pages (nanoGPT's CPU config,
-//! one thread, Xeon VM: the step 12% faster with huge pages).
+//! tens of MiB of arenas, far more than the TLB covers in 4 KiB pages (docs/performance.md,
+//! "Kernel choices").
 
 use std::alloc::{GlobalAlloc, Layout, System};
 

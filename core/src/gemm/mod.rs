@@ -6,21 +6,17 @@
 //! K blocks of the kernel's depth ([`Kernel::kc`]) → row blocks of A (equal, at most [`MC`]
 //! rows) → column panels of `NR` columns of B, packed contiguously and zero-padded (the panel
 //! stays in L1 or L2 while every micro-panel of A streams past it; a whole panel for a
-//! product of at most `MC / 2` rows is read in place instead, where packing it cost more
-//! than it saved: attention's blocks of query rows ran 4-6% faster; a B that many calls
-//! share, a layer's weight, is packed into panels once by [`pack_panels`] and read by
+//! product of at most `MC / 2` rows is read in place instead, where packing it costs more
+//! than it saves (attention's blocks of query rows); a B that many calls share, a layer's weight, is packed into panels once by [`pack_panels`] and read by
 //! [`gemm_packed`]) → micro-kernel, which keeps an `MR x NR` tile of C in registers and
 //! broadcasts one element of A against `NR` elements of B per step, then stores the tile
 //! (adding `beta·C` and, for [`gemm_packed`], a bias row).
-//! K blocks are deep ([`KC`]) because C is read and written once per K block: with 128, the
-//! large products of the baby config ran ~8% slower (C of `16384 x 1536` streamed through
-//! memory up to twelve times), and 512 rather than 384 takes nanoGPT's K = 512 products in
-//! one block (its MLP projection's forward 2.3% faster in the step on Zen 1, where a 16-column
-//! B panel of 512 rows, 32 KiB, is the whole L1). AVX-512's are shallower, so that its wider
-//! B panel stays in L1.
+//! K blocks are deep ([`KC`]) because C is read and written once per K block (a large C
+//! streams through memory once per block), and 512 takes nanoGPT's K = 512 products in one
+//! block (a 16-column B panel of 512 rows, 32 KiB, is a whole L1). AVX-512's are shallower,
+//! so that its wider B panel stays in L1. Measured: (docs/performance.md, "Kernel choices").
 //!
-//! A is read where it lies (packing row-major A was a copy of every row through L1: 4.6% of
-//! a training step): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
+//! A is read where it lies (packing row-major A would copy every row through L1): row-major A as `MR` rows, transposed (column-major) A as `kc` groups of
 //! `MR` consecutive values, one group per step, where a K block of its columns spans little
 //! enough memory (see `IN_PLACE_GROUP_SPAN`; else it is packed a row block at a time). A last
 //! micro-tile of fewer rows (an edge) runs a kernel compiled for that many rows, which reads
@@ -36,8 +32,7 @@
 //! do not depend on where tile edges fall, nor on how callers split rows across tasks.
 //!
 //! A product whose A is zero outside a band (attention's causal ones: [`gemm_banded`]) runs
-//! each micro-tile over only the depth some row of it needs (attention's forward 3% and
-//! backward 5% faster on nanoGPT's CPU config, Zen 1).
+//! each micro-tile over only the depth some row of it needs.
 //!
 //! Each layout of A (row-major, groups in place, packed groups) has its own compiled loops
 //! and stack frame: `NR x depth` elements (32 KiB for f32 with AVX2, 24 KiB with AVX-512), or
@@ -70,16 +65,14 @@ pub const MAX_MR: usize = 12;
 /// Depth of one K block: the deepest any kernel takes (see [`Kernel::kc`]).
 pub const KC: usize = 512;
 /// Depth of the AVX-512 kernel's K blocks: its 32-column B panel of a 384-deep block is
-/// 48 KiB, an L1 cache's worth on the CPUs that have it; with 192 (24 KiB) the small config's
-/// backward products, whose weight gradients are 384 deep, ran 3.5-6.4% faster (Sapphire
-/// Rapids VM, one thread), its forward ones unchanged.
+/// 48 KiB, an L1 cache's worth on the CPUs that have it; 192 (24 KiB) leaves room beside it
+/// for the tile's A and C (docs/performance.md, "Kernel choices").
 #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
 const AVX512_KC: usize = 192;
 
 /// Rows per row block of A in a product of `m` rows on a kernel of `mr`-row tiles: blocks of
-/// equal size (whole micro-panels, at most [`MC`]), since a short last block packed every B
-/// panel for a few tiles (weight gradients of 128 rows as 96 + 32 ran 10% slower than as
-/// 66 + 62). The weight gradients split their rows across tasks at these blocks: the same
+/// equal size (whole micro-panels, at most [`MC`]), since a short last block would pack every
+/// B panel for a few tiles. The weight gradients split their rows across tasks at these blocks: the same
 /// work as one product.
 pub fn row_block(m: usize, mr: usize) -> usize {
     m.div_ceil(m.div_ceil(MC)).next_multiple_of(mr)
@@ -328,9 +321,8 @@ pub enum BLayout {
 /// Packs B `[k x n]` into the panels this CPU's kernel reads: for every `NR` columns of B,
 /// `k` rows of `NR` values (zero past `n`). A B that many products use (every row block of
 /// a layer's tokens) is packed once instead of once per product; [`gemm_packed`] reads it.
-/// The panels are split across `par`'s threads (with the weights packed on the calling
-/// thread alone, nanoGPT's CPU config ran 3-6% slower at two threads); the bits do not
-/// depend on the split.
+/// The panels are split across `par`'s threads (packing is a step's work too); the bits do
+/// not depend on the split.
 ///
 /// # Panics
 /// If `b` holds fewer than `k * n` or `dst` fewer than [`panels_len`]`(n, k)` elements.
@@ -442,11 +434,7 @@ const GROUPS_PACKED: usize = 2;
 /// to be read in place: a group per column, columns `s` bytes apart, so `kc · s` bytes, whose
 /// lines fall into only `64 / (s / 64)` of a 32 KiB, 8-way L1's 64 sets (`s` a multiple of
 /// 64). Past an L1's worth they evict each other within the micro-panel and every tile reads
-/// its A from L2. The small config's weight gradients (columns 512 bytes apart, 384 deep)
-/// alone: the MLP projection's 7-9% and the LM head's 4% faster packed, the attention
-/// projection's within ±3% (Zen 3); in the step the MLP projection's backward -2.8%, the
-/// attention projection's +1.3%. The baby config's, columns 4.5-6 KiB apart, ran 20% faster
-/// packed (Zen 1). Attention's `Pᵀ` and `dSᵀ`, a block of 24 query rows deep with columns
+/// its A from L2 (docs/performance.md, "Kernel choices"). Attention's `Pᵀ` and `dSᵀ`, a block of 24 query rows deep with columns
 /// `T` floats apart, stay in place up to T = 341.
 const IN_PLACE_GROUP_SPAN: usize = 32 * 1024;
 

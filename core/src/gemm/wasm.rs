@@ -7,7 +7,7 @@ use super::*;
 /// Rows and columns of the WebAssembly SIMD kernel's tile. Engines keep v128 values in
 /// x86-64's 16 vector registers (V8 allocates 15), and LLVM's wasm output holds every
 /// broadcast of A live across the B vectors: 8 accumulators, two B vectors and four
-/// broadcasts fit; 6 x 8 spilled (tiny preset in Chromium: 3.0 ms per step against 2.4).
+/// broadcasts fit; 6 x 8 spills (docs/performance.md, "Kernel choices").
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 const WASM_MR: usize = 4;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -68,8 +68,8 @@ unsafe fn tile_wasm<const R: usize>(kc: usize, a: Strided<f32>, b: Rows<f32>, be
 }
 
 /// The GEMM on the WebAssembly SIMD kernel. Unlike [`gemm_blocked`] it packs only edge panels
-/// of B (zero-padded): the products a browser trains stay in cache as they lie, and packing them
-/// cost more than it saved (tiny preset in Chromium: 2.27 ms per step packed, 2.23 in place).
+/// of B (zero-padded): the products a browser trains stay in cache as they lie, so packing them
+/// costs more than it saves (docs/performance.md, "Kernel choices").
 /// K blocks as in [`gemm_blocked`], so both sum in the same order.
 ///
 /// # Safety

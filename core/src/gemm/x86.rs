@@ -31,11 +31,9 @@ macro_rules! x86_kernel {
                 // SAFETY: features enabled by the attribute; pointers inside the tile (caller).
                 unsafe {
                     // The tile's lines of C are fetched while the loop runs, not when it stores:
-                    // a training step's C is rarely in L1 (2-8% per product on nanoGPT's CPU
-                    // config, forward attention and QKV the most; without it the AVX-512 step
-                    // took 30% longer on a Xeon VM). AVX-512's 36 prefetches at once stalled
-                    // the tile's start there, one row per step of its first R steps made the
-                    // step 3% faster; AVX2's 12 did not (1-2% slower spread, same VM).
+                    // a training step's C is rarely in L1. AVX-512's 36 lines are fetched one
+                    // row per step of the first R steps (all at once stalled the tile's start);
+                    // AVX2's 12 at once. Measured: docs/performance.md, "Kernel choices".
                     let prefetch_row = |i: usize| {
                         let row = c.add(i * ldc);
                         for j in (0..$vecs * $lanes).step_by(16) {

@@ -38,10 +38,9 @@ impl AttentionShape {
 
 /// Query rows per block, rounded up to whole micro-tiles of the GEMM kernel's rows. Block
 /// `[q0, q1)` scores keys `..q1` only, so smaller blocks skip more of the masked triangle
-/// but make more GEMM calls; whole tiles keep edge tiles out. 24: two 12-row AVX-512 tiles
-/// ran attention 7% faster than four on nanoGPT's CPU config (T = 64) and 2-4% at T = 256;
-/// four 6-row AVX2 tiles 4-5% faster than three (Zen 3, T = 64). 16 in WebAssembly: four
-/// 4-row tiles are what the page's tiny preset ran fastest (against 64).
+/// but make more GEMM calls; whole tiles keep edge tiles out. 24 (two 12-row AVX-512 tiles,
+/// four 6-row AVX2 ones) and 16 in WebAssembly (four 4-row tiles) ran fastest
+/// (docs/performance.md, "Kernel choices").
 const QUERY_BLOCK_ROWS: usize = if cfg!(target_arch = "wasm32") { 16 } else { 24 };
 /// The most query rows per block, whatever the kernel (for sizing scratch).
 const MAX_QUERY_BLOCK: usize = QUERY_BLOCK_ROWS + MAX_MR - 1;
@@ -92,8 +91,7 @@ impl<T> Head<'_, T> {
 
 /// `row[j] = exp(row[j]·scale − shift)` for the first `live` entries and 0 after them. The
 /// exponentials run over whole 8-lane chunks (past `live` they are computed, then zeroed), so
-/// short causal rows vectorise too; 16-lane chunks computed 10% more of them, for a block of
-/// attention's forward and backward 1-2% slower (nanoGPT's CPU config, Zen 1).
+/// short causal rows vectorise too; 16-lane chunks would compute more of them past `live`.
 #[inline(always)]
 fn exp_causal_row<T: Float>(row: &mut [T], live: usize, scale: T, shift: T) {
     let padded = live.next_multiple_of(8).min(row.len());

@@ -115,8 +115,7 @@ fn gelu_slope<T: Float>(x: T, s: T) -> T {
 /// Elements GELU's forward steps through together (see [`gelu_chunks`]): four AVX2 vectors.
 const GELU_LANES: usize = 32;
 /// [`GELU_LANES`] with AVX-512: six vectors, whose 32 registers keep more of the exps'
-/// chains in flight (Sapphire Rapids VM, with the slope: 0.69-0.81 ns per element against
-/// 1.08-1.14 for 32 lanes and 0.84-1.07 for 64; the MLP's forward 5.8% faster in the step).
+/// chains in flight (docs/performance.md, "Kernel choices").
 const GELU_LANES_AVX512: usize = 96;
 
 /// `out = gelu(pre)`; with `slope`, also `pre = gelu'(pre)` (one exp for both): whole chunks
@@ -202,11 +201,9 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mu
     }
     // Where w is the larger operand (more outputs per row than rows: the LM head, or a
     // prompt's few rows), tasks take chunks of columns over all rows, so that each part of
-    // w's panels streams from memory once and stays in L2 while x passes it (GPT-2's LM head
-    // forward, 1024 rows x 50257 columns: 316 ms against 495 in row blocks, which streamed
-    // all 154 MB of panels once per block); else blocks of rows over all columns, which
-    // stream x once (the baby config's 16384-row products ran 1.3-1.5x slower in column
-    // chunks).
+    // w's panels streams from memory once and stays in L2 while x passes it (row blocks would
+    // stream all of w's panels once per block); else blocks of rows over all columns, which
+    // stream x once. Measured: docs/performance.md, "Kernel choices".
     forward_tiles(par, Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m }, wt, m > n);
 }
 
@@ -342,8 +339,8 @@ wide_dispatch!(
 /// forward left in its `pre`), `dout` holds the gradient of the GELU output and is turned
 /// into the pre-activation gradient in place.
 /// `partials` is scratch of at least [`row_blocks::blocks`]`(N) * M` elements (for `db`),
-/// `scratch` of at least [`scratch_len`]: w packed into the GEMM's panels once for `dx` (the
-/// baby config's `dx` products ran 4-10% faster than packing w per block of 96 rows), then in
+/// `scratch` of at least [`scratch_len`]: w packed into the GEMM's panels once for `dx` (not
+/// once per block of rows), then in
 /// the same place `x` in panels for `dw` (see `weight_gradient`), and beside it the second
 /// half of `dw`'s sum over the N rows, which is added after the first.
 pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, partials: &mut [T], scratch: &mut [T]) {
