@@ -93,7 +93,7 @@ fn lanes_sum(acc: vec4<f32>) -> f32 {
 // multiply-adds of a thread's block; with a thread per row (the kernels before) one vec4 fed four,
 // which caps a kernel at a quarter of the FMA peak on NVIDIA (a subgroup's 128-bit load holds the
 // shared-memory pipe four clocks, in which the four schedulers could issue sixteen FMA
-// instructions; docs/performance.md). Rows past T and head dimensions past HS are zeros; each
+// instructions; docs/performance.md, "Kernel choices"). Rows past T and head dimensions past HS are zeros; each
 // workgroup takes 64 of the head's dimensions (grid z), recomputing the pairwise blocks where HS
 // is larger.
 

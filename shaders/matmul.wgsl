@@ -263,8 +263,8 @@ fn wide_block(lid: u32) -> vec2<u32> {
 
 // Depth `k` of the tiles in buffer `buf` (0 or WIDE_BUFFER) into thread t's block: two vec4s
 // of a's tile and two of b's for 64 FMAs. matmul_wide calls it once per depth with `k`
-// written out: NVIDIA's Vulkan compiler does not unroll the loop over a block's depths, which
-// cost the products 9-13% on an H200 (docs/performance.md).
+// written out: NVIDIA's Vulkan compiler does not unroll the loop over a block's depths
+// (docs/performance.md, "Kernel choices").
 fn wide_depth(c: ptr<function, WideBlock>, buf: u32, k: u32, t: vec2<u32>) {
     let a0 = wide_tiles[buf + k * WIDE_PITCH + t.y];
     let a1 = wide_tiles[buf + k * WIDE_PITCH + 16u + t.y];
