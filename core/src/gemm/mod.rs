@@ -353,15 +353,14 @@ fn pack_panels_for<T: Float>(par: &dyn Parallel, nr: usize, b: &[T], layout: BLa
 
 /// Panels `panels` of [`pack_panels_for`] into `dst` (which starts at the first of them),
 /// with the width a constant, so that B's rows are copied as fixed-size moves (copies of a
-/// run-time length were a `memmove` call per row: 1.2% of a training step).
+/// run-time length are a `memmove` call per row).
 fn pack_panels_nr<T: Float, const NR: usize>(b: &[T], layout: BLayout, k: usize, n: usize, panels: Range<usize>, dst: &mut [T]) {
     let width = |j: usize| NR.min(n - j * NR);
     match layout {
         // Row by row, each row of B read in order into its place in every panel: a weight
         // gradient's `x`, written long before, comes from L3 or memory, where reading it a
-        // panel (a strip of columns) at a time ran at half the speed (Zen 3: 384 x 512 from
-        // L3 in 151 us against 83) and the small config's backward products took 1.4-4.3%
-        // longer in the step.
+        // panel (a strip of columns) at a time runs at half the speed (docs/performance.md,
+        // "Kernel choices").
         BLayout::Rows => {
             for p in 0..k {
                 for (j, panel) in panels.clone().zip(dst.chunks_exact_mut(NR * k)) {
@@ -598,8 +597,7 @@ unsafe fn bias_panel<T: Float, const NR: usize>(bias: *const T, jc: usize, w: us
 /// tile, else `edge(rows, c)` (`rows` rows of `NR` columns; `whole` for `MR`) in place where
 /// the columns are whole, or on a zero-padded copy in `c_edge` (row stride `NR`), so edge
 /// elements see the same arithmetic as the rest. The copy is cleared only when
-/// it is used: clearing it once per call was 1% of a training step, mostly in attention's
-/// small products.
+/// it is used (clearing it once per call costs attention's small products most).
 ///
 /// # Safety
 /// The `rows x w` block at `ct` must be inside C; `c_edge` must be valid for `rows x NR`

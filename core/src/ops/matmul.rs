@@ -190,8 +190,7 @@ fn backward_panels_len(k: usize, m: usize) -> usize {
 
 /// Forward: `out = epilogue(x·wᵀ + bias)`; rows (or columns, see below) split across tasks.
 /// `wt` is scratch of at least [`scratch_len`] elements: wᵀ is packed there once into the
-/// GEMM's panels, which every task reads (packing them per row block cost 5% of
-/// forward's time).
+/// GEMM's panels, which every task reads (not once per row block).
 pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mut [T]) {
     let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
     let n = x.len() / k;
