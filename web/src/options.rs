@@ -103,9 +103,10 @@ fn default_settings() -> Map<String, Value> {
     all
 }
 
-/// Whether the page offers setting `field` (snake_case) as an option.
+/// Whether the page offers setting `field` (snake_case, a key of [`default_settings`]) as
+/// an option.
 fn offered(field: &str) -> bool {
-    default_settings().contains_key(field) && !NOT_IN_THE_PAGE.contains(&field)
+    !NOT_IN_THE_PAGE.contains(&field)
 }
 
 /// Takes the page's own option `key` out of `object`.
@@ -138,7 +139,7 @@ impl Options {
         // An option given as undefined or null is not given.
         for (key, value) in object.into_iter().filter(|(_, v)| !v.is_null()) {
             let field = snake(&key);
-            if !offered(&field) {
+            if !settings.contains_key(&field) || !offered(&field) {
                 return Err(error(format!("options: unknown option `{key}`")));
             }
             settings.insert(field.clone(), value);

@@ -133,22 +133,26 @@ impl<'t> Checkpointer<'t> {
     pub fn save(&mut self, engine: &mut dyn Engine, step: u64, best_val_loss: Option<f64>) -> Result<()> {
         block_on(engine.check()).map_err(|e| self.failed(e))?;
         let (params, m, v) = block_on(engine.state()).map_err(Error::msg)?;
-        if !self.root {
-            self.last_saved = Some(step);
-            return Ok(());
+        if self.root {
+            let loss_scale = block_on(engine.loss_scale()).map_err(Error::msg)?;
+            let rng_state = engine.rng().state().to_string();
+            let state = TrainState { step: engine.step_count(), rng_state, settings: self.settings.clone(), best_val_loss, loss_scale };
+            self.write([&params, &m, &v], state)?;
         }
-        let loss_scale = block_on(engine.loss_scale()).map_err(Error::msg)?;
-        let state =
-            TrainState { step: engine.step_count(), rng_state: engine.rng().state().to_string(), settings: self.settings.clone(), best_val_loss, loss_scale };
+        self.last_saved = Some(step);
+        Ok(())
+    }
+
+    /// Writes `state` with the arenas (parameters and both moments) after the write under
+    /// way, if any: here, or from the snapshot by a thread of its own.
+    fn write(&mut self, [params, m, v]: [&[f32]; 3], state: TrainState) -> Result<()> {
         self.finish()?;
         let target =
             SaveTarget { path: self.path.clone(), config: self.config, keep: self.settings.keep, kept: self.kept(), interrupt: self.interrupt.clone() };
         let Some(mut copy) = self.snapshot.take() else {
-            target.write(self.tokenizer, &params, &m, &v, &state)?;
-            self.last_saved = Some(step);
-            return Ok(());
+            return target.write(self.tokenizer, params, m, v, &state);
         };
-        for (dst, src) in copy.iter_mut().zip([&params, &m, &v]) {
+        for (dst, src) in copy.iter_mut().zip([params, m, v]) {
             dst.copy_from_slice(src);
         }
         let tokenizer = self.tokenizer.clone();
@@ -156,7 +160,6 @@ impl<'t> Checkpointer<'t> {
             target.write(&tokenizer, &copy[0], &copy[1], &copy[2], &state)?;
             Ok(copy)
         }));
-        self.last_saved = Some(step);
         Ok(())
     }
 

@@ -70,7 +70,7 @@ impl<'a> Files<'a> {
     /// Refuses outputs that would replace what the run reads or another of its outputs, an
     /// existing trace without --overwrite, and outputs that are not regular files where they
     /// would be replaced. Nothing is written yet.
-    pub fn check(&self, args: &TrainArgs) -> Result<()> {
+    fn check(&self, args: &TrainArgs) -> Result<()> {
         if self.out.exists() && !self.out.is_dir() {
             return Err(anyhow!("--out {} exists and is not a directory", self.out.display()));
         }
