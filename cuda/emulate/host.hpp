@@ -1,0 +1,170 @@
+// The CUDA kernels on the host, for alpha-cuda's tests without a GPU (the `emulate`
+// feature): each kernel file compiles as C++ after this header, and `emu_launch` runs a
+// launch's blocks one after another on the calling thread, each block's threads as fibers
+// (started with ucontext, switched with _setjmp/_longjmp, which save no signal mask: no
+// system call per switch) that switch only where CUDA threads wait for one another:
+// __syncthreads (the block) and the warps' shuffles (the warp); a launch's fibers run its
+// blocks one after another. Slow, and only as exact as the kernels' own
+// arithmetic on this CPU: a check of the kernels' logic (indexing, reductions, masks,
+// barriers), not of the device's rounding or speed.
+#include <algorithm>
+#include <cmath>
+#include <csetjmp>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <ucontext.h>
+#include <utility>
+#include <vector>
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+struct float4 {
+    float x, y, z, w;
+};
+
+// Per OS thread: tests launch from several at once.
+static thread_local dim3 threadIdx, blockIdx;
+static thread_local dim3 blockDim, gridDim;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+// One block runs at a time on a thread: a thread-local static is the block's shared memory.
+#define __shared__ static thread_local
+
+
+// A CUDA thread of the running block.
+struct Fiber {
+    enum State { Runnable, AtWarp, AtBlock, Done } state;
+    bool started;
+    ucontext_t context;
+    std::jmp_buf jump;
+};
+static thread_local std::vector<Fiber> fibers;
+static thread_local std::vector<char> stacks;
+static const std::size_t STACK = 64 * 1024;
+static thread_local std::jmp_buf scheduler;
+static thread_local Fiber* current;
+static thread_local void (*running_entry)(void**);
+static thread_local void** running_args;
+static thread_local float warp_values[32][32];
+
+// The running fiber waits (in `state`) until the scheduler lets it go on.
+inline void wait_as(Fiber::State state) {
+    current->state = state;
+    if (!_setjmp(current->jump)) _longjmp(scheduler, 1);
+}
+
+inline void __syncthreads() { wait_as(Fiber::AtBlock); }
+
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    warp_values[warp][lane] = v;
+    wait_as(Fiber::AtWarp);
+    float other = warp_values[warp][lane ^ lane_mask];
+    wait_as(Fiber::AtWarp);
+    return other;
+}
+
+// A fiber's life: the kernel once per block, waiting as Done between blocks.
+static void fiber_main() {
+    for (;;) {
+        running_entry(running_args);
+        wait_as(Fiber::Done);
+    }
+}
+
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+// Calls `kernel` with the arguments `args` points to, as cuLaunchKernel's kernelParams.
+template <typename... A, std::size_t... I>
+void call_unpacked(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
+    kernel(*static_cast<A*>(args[I])...);
+}
+template <typename... A>
+void call_with(void (*kernel)(A...), void** args) {
+    call_unpacked(kernel, args, std::index_sequence_for<A...>{});
+}
+
+// Kernel `NAME` as `emu_NAME(void** args)`, for emu_launch.
+#define EMULATE(NAME) \
+    extern "C" void emu_##NAME(void** args) { call_with(NAME, args); }
+
+// Resumes thread `t` of the block (starting its fiber the first time).
+static void resume(unsigned t) {
+    current = &fibers[t];
+    threadIdx.x = t;
+    if (_setjmp(scheduler)) return;
+    if (current->started) _longjmp(current->jump, 1);
+    current->started = true;
+    ucontext_t from;
+    swapcontext(&from, &current->context);
+}
+
+// Runs the block's threads until each is done or waits at __syncthreads: warp by warp, the
+// lanes of a warp taking turns until all of them wait at a shuffle, which then lets them on.
+static void run_to_block_barrier(unsigned block) {
+    for (unsigned w = 0; w * 32 < block; ++w) {
+        unsigned first = 32 * w, last = std::min(block, first + 32);
+        for (;;) {
+            for (unsigned t = first; t < last; ++t)
+                if (fibers[t].state == Fiber::Runnable) resume(t);
+            bool at_warp = false, all_at_warp = true;
+            for (unsigned t = first; t < last; ++t) {
+                at_warp |= fibers[t].state == Fiber::AtWarp;
+                all_at_warp &= fibers[t].state == Fiber::AtWarp || fibers[t].state == Fiber::Done;
+            }
+            if (!at_warp) break;
+            if (!all_at_warp) {
+                // Some lanes wait at a shuffle, others at __syncthreads: not a valid kernel.
+                std::abort();
+            }
+            for (unsigned t = first; t < last; ++t)
+                if (fibers[t].state == Fiber::AtWarp) fibers[t].state = Fiber::Runnable;
+        }
+    }
+}
+
+// Runs `entry` (an emu_ wrapper) over `grid` blocks of `block` threads, now.
+extern "C" void emu_launch(void (*entry)(void**), unsigned grid, unsigned block, void** args) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    running_entry = entry;
+    running_args = args;
+    fibers.assign(block, Fiber{});
+    stacks.resize(block * STACK);
+    for (unsigned t = 0; t < block; ++t) {
+        Fiber& f = fibers[t];
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = &stacks[t * STACK];
+        f.context.uc_stack.ss_size = STACK;
+        f.context.uc_link = nullptr;
+        makecontext(&f.context, fiber_main, 0);
+    }
+    for (unsigned b = 0; b < grid; ++b) {
+        blockIdx.x = b;
+        for (auto& f : fibers) f.state = Fiber::Runnable;
+        for (;;) {
+            run_to_block_barrier(block);
+            bool waiting = false;
+            for (auto& f : fibers)
+                if (f.state == Fiber::AtBlock) {
+                    f.state = Fiber::Runnable;
+                    waiting = true;
+                }
+            if (!waiting) break;
+        }
+    }
+}

@@ -1,0 +1,94 @@
+// Prepended to every kernel file of alpha-cuda (the twin of shaders/common.wgsl): warp
+// reductions, bf16 rounding, GELU and the Philox dropout masks, in the CPU's formulas.
+// Tensors are f32 unless named `*_bf16` (bf16 as its 16 bits). Lengths and indices are
+// 32-bit where a tensor fits 2^31 elements (the plan checks it), 64-bit for dropout counters.
+
+#define WARP 32
+#define NEG_INF __int_as_float(0xff800000)
+
+// The sum of `v` over the warp, in every lane (a fixed butterfly: the same bits every run).
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The sum of `v` over a block of `blockDim.x` threads (a multiple of 32, at most 1024), in
+// every thread; `shared` holds 32 floats. A fixed order: deterministic.
+__device__ float block_sum(float v, float* shared) {
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = lane < warps ? shared[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ float block_max(float v, float* shared) {
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = lane < warps ? shared[lane] : NEG_INF;
+    return warp_max(v);
+}
+
+// f32 to bf16 bits, rounding to nearest even (NaN stays NaN), as `half::bf16::from_f32`.
+__device__ __forceinline__ unsigned short to_bf16(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// GELU, tanh approximation, as core/src/ops/matmul.rs: x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3).
+#define GELU_SCALE 0.7978845608028654f
+#define GELU_CUBIC 0.044715f
+
+__device__ __forceinline__ float gelu_sigmoid(float x) {
+    float u = GELU_SCALE * (x + GELU_CUBIC * x * x * x);
+    return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+// GELU's slope at x given s = gelu_sigmoid(x).
+__device__ __forceinline__ float gelu_slope(float x, float s) {
+    float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * x * x);
+    return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+// Philox4x32-10 (core/src/ops/dropout.rs): word `idx % 4` at counter
+// [idx / 4, site, draw_lo, draw_hi] and key [seed_lo, seed_hi] decides element idx.
+struct DropoutKey {
+    unsigned int seed_lo, seed_hi, draw_lo, draw_hi;
+};
+
+__device__ __forceinline__ unsigned int philox_word(unsigned long long idx, unsigned int site, DropoutKey key) {
+    unsigned int c0 = (unsigned int)(idx / 4), c1 = site, c2 = key.draw_lo, c3 = key.draw_hi;
+    unsigned int k0 = key.seed_lo, k1 = key.seed_hi;
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        unsigned long long p0 = 0xD2511F53ull * c0;
+        unsigned long long p1 = 0xCD9E8D57ull * c2;
+        unsigned int n0 = (unsigned int)(p1 >> 32) ^ c1 ^ k0;
+        unsigned int n1 = (unsigned int)p1;
+        unsigned int n2 = (unsigned int)(p0 >> 32) ^ c3 ^ k1;
+        unsigned int n3 = (unsigned int)p0;
+        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    }
+    unsigned int w = (unsigned int)(idx % 4);
+    return w == 0 ? c0 : w == 1 ? c1 : w == 2 ? c2 : c3;
+}
+
+// What dropout multiplies element idx by: 0 where dropped, else `scale` (1 / (1 - p)).
+__device__ __forceinline__ float dropout_factor(unsigned long long idx, unsigned int site, unsigned int threshold, float scale, DropoutKey key) {
+    return philox_word(idx, site, key) >= threshold ? scale : 0.0f;
+}

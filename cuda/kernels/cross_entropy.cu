@@ -1,0 +1,26 @@
+// Fused softmax cross-entropy (core/src/ops/cross_entropy.rs, shaders/cross_entropy.wgsl):
+// one block per row; the softmax over the first `classes` logits, the padding after them
+// gets no probability and a zero gradient.
+
+// losses[row] = logsumexp(row[..classes]) - row[target]; with `write_grad`, the row replaced
+// by grad_scale * (softmax(row) - onehot(target)).
+extern "C" __global__ void cross_entropy(float* losses, float* logits, const unsigned int* targets, int v, int classes, int write_grad, float grad_scale) {
+    __shared__ float shared[32];
+    float* x = logits + (long long)blockIdx.x * v;
+    int target = targets[blockIdx.x];
+    float target_logit = x[target];
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < classes; j += blockDim.x) m = fmaxf(m, x[j]);
+    m = block_max(m, shared);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < classes; j += blockDim.x) s += expf(x[j] - m);
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) losses[blockIdx.x] = m + logf(s) - target_logit;
+    if (!write_grad) return;
+    float to_grad = grad_scale / s;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        float g = j < classes ? expf(x[j] - m) * to_grad : 0.0f;
+        if (j == target) g -= grad_scale;
+        x[j] = g;
+    }
+}

@@ -1,0 +1,42 @@
+// The linear layer's kernels beside its cuBLASLt products (core/src/ops/matmul.rs,
+// shaders/matmul.wgsl): the epilogues, GELU's backward, the bias gradient and the operands'
+// rounding to bf16.
+
+// After the product `acc [n, m]` (in `acc`): acc + bias (+ residual) in place; with
+// `gelu_out`, acc holds the pre-activation: gelu_out = gelu(acc + bias), and acc becomes the
+// slope GELU's backward needs where `save_slope`, else the pre-activation.
+extern "C" __global__ void matmul_epilogue(float* acc, float* gelu_out, const float* bias, const float* residual, int n, int m, int save_slope) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)n * m) return;
+    float v = acc[idx];
+    if (bias) v += bias[idx % m];
+    if (residual) v = residual[idx] + v;
+    if (gelu_out) {
+        float s = gelu_sigmoid(v);
+        gelu_out[idx] = v * s;
+        acc[idx] = save_slope ? gelu_slope(v, s) : v;
+    } else {
+        acc[idx] = v;
+    }
+}
+
+// GELU's backward given its saved slope: dout *= slope.
+extern "C" __global__ void gelu_backward(float* dout, const float* slope, long long len) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < len) dout[idx] *= slope[idx];
+}
+
+// dbias += column sums of dout [n, m]: one thread per column, rows in order.
+extern "C" __global__ void bias_grad(float* dbias, const float* dout, int n, int m) {
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= m) return;
+    float s = 0.0f;
+    for (int i = 0; i < n; ++i) s += dout[(long long)i * m + col];
+    dbias[col] += s;
+}
+
+// A product's operand rounded to bf16 (--precision bf16).
+extern "C" __global__ void round_to_bf16(unsigned short* out_bf16, const float* x, long long len) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < len) out_bf16[idx] = to_bf16(x[idx]);
+}

@@ -1,0 +1,115 @@
+//! The CUDA C kernels (`cuda/kernels/*.cu`, one file per op family named like its WGSL twin,
+//! each compiled with `common.cuh` before it) and their compilation by NVRTC to a cubin for
+//! the device's architecture, cached on disk keyed by the source's hash, NVRTC's version and
+//! the architecture, so that a run compiles each kernel once per machine.
+
+use crate::error::CudaError;
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use std::ffi::{c_char, CString};
+use std::path::PathBuf;
+
+/// What every kernel file starts with.
+const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// The kernel files: (name, source).
+pub const SOURCES: [(&str, &str); 9] = [
+    ("embedding", include_str!("../kernels/embedding.cu")),
+    ("layernorm", include_str!("../kernels/layernorm.cu")),
+    ("matmul", include_str!("../kernels/matmul.cu")),
+    ("attention", include_str!("../kernels/attention.cu")),
+    ("cross_entropy", include_str!("../kernels/cross_entropy.cu")),
+    ("dropout", include_str!("../kernels/dropout.cu")),
+    ("adamw", include_str!("../kernels/adamw.cu")),
+    ("grad_norm", include_str!("../kernels/grad_norm.cu")),
+    ("peak", include_str!("../kernels/peak.cu")),
+];
+
+/// The whole source NVRTC compiles for kernel file `source`.
+pub fn full_source(source: &str) -> String {
+    format!("{COMMON}\n{source}")
+}
+
+/// NVRTC's version (major, minor).
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-parameters.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| CudaError::new(format!("NVRTC: {e:?}")))?;
+    Ok((major, minor))
+}
+
+/// Compiles kernel file `name` for `arch` (`"sm_90"`): a cubin for a real architecture,
+/// PTX for a virtual one (`"compute_90"`). A compile error carries NVRTC's log.
+pub fn compile(name: &str, source: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
+    let src = CString::new(full_source(source)).expect("kernel sources hold no NUL");
+    let file = CString::new(format!("{name}.cu")).expect("kernel names hold no NUL");
+    let fail = |what: &str, e: nvrtc::NvrtcError| CudaError::new(format!("NVRTC {what} {name}.cu: {e:?}"));
+    let prog = nvrtc::create_program(&src, Some(&file)).map_err(|e| fail("could not create", e))?;
+    let options = [format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "--fmad=true".to_string()];
+    // SAFETY: `prog` lives until destroyed below; the out-buffers are sized as NVRTC says.
+    let result = unsafe {
+        match nvrtc::compile_program(prog, &options) {
+            Err(e) => {
+                let log = nvrtc::get_program_log(prog).map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>()).unwrap_or_default();
+                Err(CudaError::new(format!("NVRTC could not compile {name}.cu for {arch} ({e:?}):\n{}", log.trim_end_matches('\0'))))
+            }
+            Ok(()) if arch.starts_with("sm_") => binary(prog, nvrtc_sys::nvrtcGetCUBINSize, nvrtc_sys::nvrtcGetCUBIN).map_err(|e| fail("gave no cubin for", e)),
+            Ok(()) => binary(prog, nvrtc_sys::nvrtcGetPTXSize, nvrtc_sys::nvrtcGetPTX).map_err(|e| fail("gave no PTX for", e)),
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { nvrtc::destroy_program(prog) };
+    result
+}
+
+type SizeFn = unsafe fn(nvrtc_sys::nvrtcProgram, *mut usize) -> nvrtc_sys::nvrtcResult;
+type CopyFn = unsafe fn(nvrtc_sys::nvrtcProgram, *mut c_char) -> nvrtc_sys::nvrtcResult;
+
+/// # Safety
+/// `prog` was compiled and not destroyed.
+unsafe fn binary(prog: nvrtc_sys::nvrtcProgram, size: SizeFn, copy: CopyFn) -> Result<Vec<u8>, nvrtc::NvrtcError> {
+    let mut len = 0;
+    // SAFETY: forwarded to the caller; the buffer has the size NVRTC gave.
+    unsafe {
+        size(prog, &mut len).result()?;
+        let mut out = vec![0u8; len];
+        copy(prog, out.as_mut_ptr() as *mut c_char).result()?;
+        Ok(out)
+    }
+}
+
+/// Where compiled kernels are kept: `$ALPHA_CUDA_CACHE`, else `$XDG_CACHE_HOME/alpha/cuda`,
+/// else `~/.cache/alpha/cuda`.
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("ALPHA_CUDA_CACHE") {
+        return Some(PathBuf::from(dir));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("alpha").join("cuda"))
+}
+
+/// FNV-1a over the bytes: the cache key of a source (not a defence against tampering: the
+/// cache is the user's own).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Kernel file `name`'s cubin for `arch`, from the cache or compiled now (and cached: written
+/// to a temporary file and renamed, so a reader never sees half of one; a cache that cannot be
+/// written only costs the compile next time).
+pub fn cubin(name: &str, source: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
+    let (major, minor) = nvrtc_version()?;
+    let key = format!("{name}-{:016x}-nvrtc{major}.{minor}-{arch}.cubin", fnv1a(full_source(source).as_bytes()));
+    let path = cache_dir().map(|d| d.join(key));
+    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        return Ok(bytes);
+    }
+    let bytes = compile(name, source, arch)?;
+    if let Some(path) = path {
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        let written = path.parent().is_some_and(|d| std::fs::create_dir_all(d).is_ok()) && std::fs::write(&tmp, &bytes).is_ok();
+        if !(written && std::fs::rename(&tmp, &path).is_ok()) {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(bytes)
+}

@@ -1,0 +1,271 @@
+//! The device a CUDA engine runs on ([`Device`]): the driver's context on one GPU, the
+//! compiled kernels and the cuBLASLt handle, and the checks that turn a missing driver,
+//! library or device into a one-line error before cudarc would panic.
+
+use crate::compile;
+use crate::error::CudaError;
+use cudarc::cublaslt::{result as lt, sys as lt_sys};
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+
+/// The libraries a CUDA run loads: what `--backend cuda` needs installed.
+const LIBRARIES: [(&str, &str); 3] = [("cuda", "the NVIDIA driver"), ("nvrtc", "NVRTC (the CUDA toolkit's runtime compiler)"), ("cublasLt", "cuBLASLt")];
+
+/// An error naming the first library CUDA runs need (the driver, NVRTC, cuBLASLt) that cannot be loaded: the file names
+/// looked for, and where (the loader's path).
+pub fn check_libraries() -> Result<(), CudaError> {
+    // SAFETY: each check only tries to open the library.
+    let present = unsafe { [drv_sys::is_culib_present(), cudarc::nvrtc::sys::is_culib_present(), lt_sys::is_culib_present()] };
+    match LIBRARIES.iter().zip(present).find(|(_, present)| !present) {
+        None => Ok(()),
+        Some(((lib, what), _)) => {
+            let names = cudarc::get_lib_name_candidates(lib);
+            let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+            Err(CudaError::new(format!(
+                "CUDA is not usable here: {what} was not found (looked for {} on the loader's path: the system's library directories and LD_LIBRARY_PATH={path:?})",
+                names.first().map(String::as_str).unwrap_or(lib)
+            )))
+        }
+    }
+}
+
+/// The CUDA devices present (0 where the driver is missing or finds none).
+pub fn device_count() -> usize {
+    if check_libraries().is_err() || drv::init().is_err() {
+        return 0;
+    }
+    drv::device::get_count().map_or(0, |n| n.max(0) as usize)
+}
+
+/// What a device is, for messages, records and `info`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceInfo {
+    /// Its ordinal among the process's CUDA devices.
+    pub ordinal: usize,
+    /// The device's name ("NVIDIA H200").
+    pub name: String,
+    /// Compute capability (9, 0).
+    pub capability: (i32, i32),
+    /// Streaming multiprocessors.
+    pub multiprocessors: i32,
+    /// Total and free memory, bytes (free when opened).
+    pub total_memory: usize,
+    /// Free when it was opened.
+    pub free_memory: usize,
+    /// The driver's CUDA version (13000 for 13.0).
+    pub driver_version: i32,
+}
+
+impl DeviceInfo {
+    /// The architecture NVRTC compiles for: `sm_90`.
+    pub fn arch(&self) -> String {
+        format!("sm_{}{}", self.capability.0, self.capability.1)
+    }
+
+    /// Whether its tensor cores multiply bf16 (sm_80 and later).
+    pub fn has_bf16(&self) -> bool {
+        self.capability.0 >= 8
+    }
+}
+
+/// One GPU opened for a run: its context (current on the thread that opened it), the kernels
+/// compiled for it, and a cuBLASLt handle. Work is queued in order on the legacy default
+/// stream; reads wait for it. (With the `emulate` feature, for tests without a GPU, it may
+/// instead be the host running the same kernels: [`Device::emulated`].)
+pub struct Device {
+    /// What it is.
+    pub info: DeviceInfo,
+    pub(crate) inner: Inner,
+}
+
+/// A real device, or the host emulating one.
+pub(crate) enum Inner {
+    Cuda(Cuda),
+    #[cfg(feature = "emulate")]
+    Host(crate::emulate::Host),
+}
+
+/// A real device's handles.
+pub(crate) struct Cuda {
+    ctx: Arc<CudaContext>,
+    functions: HashMap<&'static str, drv_sys::CUfunction>,
+    modules: Vec<drv_sys::CUmodule>,
+    blas: lt_sys::cublasLtHandle_t,
+}
+
+/// The kernels' entry points, by file.
+pub(crate) const ENTRY_POINTS: [(&str, &[&str]); 9] = [
+    ("embedding", &["embedding_forward", "embedding_backward"]),
+    ("layernorm", &["layernorm_forward", "layernorm_backward_input", "layernorm_backward_params"]),
+    ("matmul", &["matmul_epilogue", "gelu_backward", "bias_grad", "round_to_bf16"]),
+    ("attention", &["attention_forward", "attention_backward_query", "attention_backward_key_value", "attention_decode"]),
+    ("cross_entropy", &["cross_entropy"]),
+    ("dropout", &["dropout"]),
+    ("adamw", &["adamw"]),
+    ("grad_norm", &["sum_squares_partials"]),
+    ("peak", &["copy_bandwidth"]),
+];
+
+/// A driver error as a one-line message about `what`.
+pub(crate) fn driver(what: &str) -> impl FnOnce(drv::DriverError) -> CudaError + '_ {
+    move |e| {
+        let name = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{e:?}"));
+        CudaError::new(format!("CUDA: {what}: {name}"))
+    }
+}
+
+impl Device {
+    /// Opens device `ordinal` and compiles (or loads from the cache) every kernel for it.
+    pub fn open(ordinal: usize) -> Result<Device, CudaError> {
+        check_libraries()?;
+        drv::init().map_err(driver("the driver did not start"))?;
+        let count = drv::device::get_count().map_err(driver("counting devices"))?.max(0) as usize;
+        if count == 0 {
+            return Err(CudaError::new("CUDA finds no device on this machine (the driver is installed; is a GPU visible, CUDA_VISIBLE_DEVICES?)".into()));
+        }
+        if ordinal >= count {
+            return Err(CudaError::new(format!(
+                "--device {ordinal}: this machine has {count} CUDA device{} (0..={})",
+                if count == 1 { "" } else { "s" },
+                count - 1
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver("opening the device"))?;
+        let attr = |a| ctx.attribute(a).map_err(driver("reading the device's attributes"));
+        use drv_sys::CUdevice_attribute_enum as A;
+        let (free_memory, total_memory) = ctx.mem_get_info().map_err(driver("reading the device's memory"))?;
+        let mut driver_version = 0;
+        // SAFETY: one out-parameter.
+        unsafe { drv_sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(driver("reading the driver's version"))?;
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().map_err(driver("reading the device's name"))?,
+            capability: (attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?),
+            multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            total_memory,
+            free_memory,
+            driver_version,
+        };
+        let blas = lt::create_handle().map_err(|e| CudaError::new(format!("cuBLASLt did not start: {e}")))?;
+        let mut cuda = Cuda { ctx, functions: HashMap::new(), modules: Vec::new(), blas };
+        cuda.load_kernels(&info.arch())?;
+        Ok(Device { info, inner: Inner::Cuda(cuda) })
+    }
+
+    /// The host running the kernels in place of a device (the `emulate` feature: tests
+    /// without a GPU; see `cuda/emulate/host.hpp`), as an sm_90 device.
+    #[cfg(feature = "emulate")]
+    pub fn emulated() -> Result<Device, CudaError> {
+        let info = DeviceInfo {
+            ordinal: 0,
+            name: "the host, emulating a CUDA device".into(),
+            capability: (9, 0),
+            multiprocessors: 1,
+            total_memory: 1 << 34,
+            free_memory: 1 << 34,
+            driver_version: 0,
+        };
+        Ok(Device { info, inner: Inner::Host(crate::emulate::Host::new()?) })
+    }
+
+    /// Makes the device's context current on this thread (a thread that did not open it).
+    pub fn bind(&self) -> Result<(), CudaError> {
+        match &self.inner {
+            Inner::Cuda(c) => c.ctx.bind_to_thread().map_err(driver("binding the context")),
+            #[cfg(feature = "emulate")]
+            Inner::Host(_) => Ok(()),
+        }
+    }
+
+    /// Queues kernel `name` over `grid` blocks of `block` threads with `args` (pointers to
+    /// each argument, in the kernel's order and types).
+    ///
+    /// # Safety
+    /// `args` match the kernel's parameters, and the memory they point to is valid for what
+    /// the kernel reads and writes.
+    pub(crate) unsafe fn launch(&self, name: &str, grid: u32, block: u32, args: &mut [*mut c_void]) -> Result<(), CudaError> {
+        match &self.inner {
+            Inner::Cuda(c) => {
+                let f = *c.functions.get(name).unwrap_or_else(|| panic!("kernel {name} is not in ENTRY_POINTS"));
+                // SAFETY: forwarded to the caller; the legacy default stream.
+                unsafe { drv::launch_kernel(f, (grid.max(1), 1, 1), (block, 1, 1), 0, std::ptr::null_mut(), args) }.map_err(driver(name))
+            }
+            #[cfg(feature = "emulate")]
+            // SAFETY: forwarded to the caller.
+            Inner::Host(h) => unsafe { h.launch(name, grid.max(1), block, args) },
+        }
+    }
+
+    /// Waits for everything queued; an error a kernel hit surfaces here.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        match &self.inner {
+            Inner::Cuda(c) => c.ctx.synchronize().map_err(driver("running the queued kernels")),
+            #[cfg(feature = "emulate")]
+            Inner::Host(_) => Ok(()),
+        }
+    }
+
+    /// Free and total device memory now, bytes.
+    pub fn memory(&self) -> Result<(usize, usize), CudaError> {
+        match &self.inner {
+            Inner::Cuda(c) => c.ctx.mem_get_info().map_err(driver("reading the device's memory")),
+            #[cfg(feature = "emulate")]
+            Inner::Host(_) => Ok((self.info.free_memory, self.info.total_memory)),
+        }
+    }
+
+    /// The cuBLASLt handle (a real device's).
+    pub(crate) fn blas(&self) -> lt_sys::cublasLtHandle_t {
+        match &self.inner {
+            Inner::Cuda(c) => c.blas,
+            #[cfg(feature = "emulate")]
+            Inner::Host(_) => unreachable!("the host runs its products itself"),
+        }
+    }
+
+    /// Whether the host emulates this device (its memory is host memory).
+    pub(crate) fn is_host(&self) -> bool {
+        !matches!(self.inner, Inner::Cuda(_))
+    }
+}
+
+impl Cuda {
+    fn load_kernels(&mut self, arch: &str) -> Result<(), CudaError> {
+        for ((name, source), (file, entries)) in compile::SOURCES.iter().zip(ENTRY_POINTS) {
+            debug_assert_eq!(*name, file);
+            let image = compile::cubin(name, source, arch)?;
+            // SAFETY: a cubin NVRTC made for this device's architecture.
+            let module = unsafe { drv::module::load_data(image.as_ptr() as *const c_void) }.map_err(driver("loading a kernel"))?;
+            self.modules.push(module);
+            for entry in entries {
+                let c_name = CString::new(*entry).expect("entry names hold no NUL");
+                // SAFETY: `module` is loaded; the name is one of its extern "C" kernels.
+                let f = unsafe { drv::module::get_function(module, c_name) }.map_err(driver(entry))?;
+                self.functions.insert(entry, f);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        // SAFETY: created in `open`, released once; the context is still alive (held).
+        unsafe {
+            let _ = lt::destroy_handle(self.blas);
+            for &m in &self.modules {
+                let _ = drv::module::unload(m);
+            }
+        }
+    }
+}
+
+/// Kernel arguments as the driver wants them: a pointer to each value.
+macro_rules! args {
+    ($($arg:expr),* $(,)?) => {
+        [$(&$arg as *const _ as *mut ::std::ffi::c_void),*]
+    };
+}
+pub(crate) use args;

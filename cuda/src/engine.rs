@@ -1,0 +1,560 @@
+//! The CUDA [`Engine`] (alpha-core's one interface a run trains through): the step of
+//! alpha-core's [`Trainer`](alpha_core::train::Trainer), phase by phase, over device arenas.
+//! Micro-batches are drawn on the host and copied over; each forward and backward is the
+//! core's walk through the CUDA executor; the losses, the gradient norm's partials (and, in
+//! a data-parallel run, the gradients) come back to the host, which checks the step, sums
+//! in f64 and hands AdamW its constants. Every sum runs in a fixed order: the same bits on
+//! every run.
+
+use crate::blas::{Arithmetic, Products};
+use crate::device::{args, Device};
+use crate::error::CudaError;
+use crate::executor::{Arenas, CudaExecutor, Decoding};
+use crate::memory::Buffer;
+use alpha_core::data::{sample_batch, skip_batch, Tokens};
+use alpha_core::engine::{Description, DeviceDescription, Engine, HostState, Pending, StepError, StepReport};
+use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
+use alpha_core::ops::grad_norm::clip_factor;
+use alpha_core::parallel::shard;
+use alpha_core::tape::{self, Observer, Op, Phase};
+use alpha_core::train::{LossScaleState, Ranks, RunState, StepStats, TrainConfig};
+use alpha_core::{walk, Plan, Rng};
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// Blocks of the gradient norm's partial sums (grad_norm.cu): a fixed grid, so a fixed order.
+const NORM_BLOCKS: usize = 1024;
+
+/// A model training on one CUDA device, one of `ranks` in a data-parallel run.
+pub struct CudaEngine<'r> {
+    device: Device,
+    products: Products,
+    plan: Plan,
+    tape: Vec<Op>,
+    cfg: TrainConfig,
+    ranks: &'r dyn Ranks<f32>,
+    params: Buffer,
+    /// The weights' bf16 copy under bf16 products (AdamW keeps it current).
+    params_bf16: Option<Buffer>,
+    grads: Buffer,
+    /// AdamW's moments of `shard` of the parameters (all, or a ZeRO-1 rank's).
+    adam_m: Buffer,
+    adam_v: Buffer,
+    shard: Range<usize>,
+    acts: Buffer,
+    tokens: Buffer,
+    targets: Buffer,
+    operands_bf16: Option<(Buffer, Buffer)>,
+    norm_partials: Buffer,
+    host_batch: Vec<u32>,
+    step: u64,
+    rng: Rng,
+    /// Batch-1 memory for samples, made at the first.
+    sampler: Option<Sampler>,
+    /// Kernels and products the last step queued.
+    kernels_per_step: usize,
+}
+
+/// The device memory of one plan's forward: activations and token ids (and targets).
+struct ForwardMemory {
+    plan: Plan,
+    acts: Buffer,
+    tokens: Buffer,
+}
+
+impl ForwardMemory {
+    fn new(device: &Device, plan: Plan) -> Result<ForwardMemory, CudaError> {
+        Ok(ForwardMemory {
+            plan,
+            acts: Buffer::f32s(device, "sampling activations", plan.acts_len())?,
+            tokens: Buffer::zeroed(device, "sampling tokens", plan.tokens(), 4)?,
+        })
+    }
+}
+
+/// What sampling needs: a one-token plan against a KV cache of the window's positions, and a
+/// whole window's plan for when the window slides.
+struct Sampler {
+    decode: ForwardMemory,
+    window: ForwardMemory,
+    cache: Buffer,
+}
+
+impl<'r> CudaEngine<'r> {
+    /// An engine for `plan` on `device` with products in `arithmetic`, continuing `start`, one
+    /// of `ranks`; with `zero` it holds and updates only its rank's shard of the moments.
+    pub fn new(
+        device: Device,
+        arithmetic: Arithmetic,
+        plan: Plan,
+        cfg: TrainConfig,
+        start: &RunState<f32>,
+        ranks: &'r dyn Ranks<f32>,
+        zero: bool,
+    ) -> Result<CudaEngine<'r>, CudaError> {
+        let p = plan.params_len();
+        if start.params.len() != p {
+            return Err(CudaError::new(format!("{} parameters given, the model has {p}", start.params.len())));
+        }
+        cfg.validate().map_err(|e| CudaError::new(e.to_string()))?;
+        let needed = CudaEngine::memory_needed(&plan, arithmetic, if zero { ranks.ranks() } else { 1 });
+        let (free, _) = device.memory()?;
+        if needed > free as u64 {
+            let mib = |b: u64| b / (1 << 20);
+            return Err(CudaError::new(format!(
+                "the model needs {} MiB of device memory and {} has {} MiB free: try a smaller --batch, --recompute or --grad-accum",
+                mib(needed),
+                device.info.name,
+                mib(free as u64)
+            )));
+        }
+        let shard = if zero { shard(p, ranks.ranks(), ranks.rank()) } else { 0..p };
+        let products = Products::new(&device, arithmetic)?;
+        let bf16 = arithmetic == Arithmetic::Bf16;
+        let n = plan.tokens();
+        let operand_len = n * plan.config.vocab_size.max(4 * plan.config.n_embd);
+        let engine = CudaEngine {
+            params: Buffer::f32s(&device, "the parameters", p)?,
+            params_bf16: if bf16 { Some(Buffer::zeroed(&device, "the weights' bf16 copy", p, 2)?) } else { None },
+            grads: Buffer::f32s(&device, "the gradients", p)?,
+            adam_m: Buffer::f32s(&device, "AdamW's first moments", shard.len())?,
+            adam_v: Buffer::f32s(&device, "AdamW's second moments", shard.len())?,
+            acts: Buffer::f32s(&device, "the activations", plan.acts_len())?,
+            tokens: Buffer::zeroed(&device, "the batch's tokens", n, 4)?,
+            targets: Buffer::zeroed(&device, "the batch's targets", n, 4)?,
+            operands_bf16: if bf16 {
+                Some((Buffer::zeroed(&device, "bf16 operands", operand_len, 2)?, Buffer::zeroed(&device, "bf16 operands", operand_len, 2)?))
+            } else {
+                None
+            },
+            norm_partials: Buffer::zeroed(&device, "the gradient norm's partials", NORM_BLOCKS, 8)?,
+            host_batch: vec![0; 2 * n],
+            tape: tape::record_to_vec(&plan),
+            device,
+            products,
+            plan,
+            cfg,
+            ranks,
+            shard,
+            step: start.step,
+            rng: start.rng,
+            sampler: None,
+            kernels_per_step: 0,
+        };
+        engine.upload_state(start)?;
+        Ok(engine)
+    }
+
+    /// Device bytes an engine for `plan` takes (a ZeRO-1 run's moments split `moment_shards`
+    /// ways), before the kernels and cuBLASLt's workspace.
+    pub fn memory_needed(plan: &Plan, arithmetic: Arithmetic, moment_shards: usize) -> u64 {
+        let p = plan.params_len() as u64;
+        let n = plan.tokens() as u64;
+        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64) + 8 * n;
+        if arithmetic == Arithmetic::Bf16 {
+            bytes += 2 * p + 2 * 2 * n * plan.config.vocab_size.max(4 * plan.config.n_embd) as u64;
+        }
+        bytes
+    }
+
+    fn upload_state(&self, start: &RunState<f32>) -> Result<(), CudaError> {
+        self.params.upload(0, &start.params)?;
+        if let Some((m, v)) = &start.moments {
+            self.adam_m.upload(0, &m[self.shard.clone()])?;
+            self.adam_v.upload(0, &v[self.shard.clone()])?;
+        }
+        self.refresh_bf16_weights()
+    }
+
+    /// Rounds the parameters into their bf16 copy (after an upload or a gather).
+    fn refresh_bf16_weights(&self) -> Result<(), CudaError> {
+        if let Some(copy) = &self.params_bf16 {
+            let len = self.params.len();
+            let (out, x) = (copy.tensor().ptr, self.params.tensor().ptr);
+            // SAFETY: both hold the parameters.
+            unsafe { self.device.launch("round_to_bf16", len.div_ceil(256) as u32, 256, &mut args![out, x, len as i64]) }?;
+        }
+        Ok(())
+    }
+
+    /// The device it trains on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The arithmetic of its products.
+    pub fn arithmetic(&self) -> Arithmetic {
+        self.products.arithmetic()
+    }
+
+    fn arenas(&self, backward: bool) -> Arenas {
+        Arenas {
+            params: self.params.tensor(),
+            params_bf16: self.params_bf16.as_ref().map(Buffer::tensor),
+            grads: backward.then(|| self.grads.tensor()),
+            acts: self.acts.tensor(),
+            tokens: self.tokens.tensor(),
+            targets: Some(self.targets.tensor()),
+            operands_bf16: self.operands_bf16.as_ref().map(|(a, b)| (a.tensor(), b.tensor())),
+        }
+    }
+
+    /// Draws the next batch of `data` with `rng` and copies it to the device.
+    fn load_batch(&mut self, data: Tokens<'_>, rng: &mut Rng) -> Result<(), CudaError> {
+        let n = self.plan.tokens();
+        let (x, y) = self.host_batch.split_at_mut(n);
+        sample_batch(rng, data, self.plan.seq, x, y);
+        self.tokens.upload(0, x)?;
+        self.targets.upload(0, y)
+    }
+
+    /// The mean of the last forward's losses, summed in f64 in index order as the CPU does.
+    fn mean_loss(&self, acts: &Buffer, plan: &Plan) -> Result<f64, CudaError> {
+        let losses = plan.head_acts().losses;
+        let mut host = vec![0f32; losses.len];
+        acts.download(losses.offset, &mut host)?;
+        Ok(host.iter().map(|&l| l as f64).sum::<f64>() / host.len() as f64)
+    }
+
+    /// A training forward and backward of micro-batch `micro` (loaded); its mean loss.
+    fn forward_backward(&mut self, micro: usize, observer: &mut dyn Observer) -> Result<f64, CudaError> {
+        let key = self.plan.dropout_key(self.step * self.cfg.grad_accum as u64 + micro as u64);
+        let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
+        observer.phase_begin(Phase::Forward);
+        let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, self.arenas(false)).with_dropout_key(key);
+        walk::forward(&mut exec, &self.tape, Some(scale));
+        let mut launches = exec.finish()?;
+        let loss = self.mean_loss(&self.acts, &self.plan)?;
+        observer.phase_end(Phase::Forward);
+        observer.phase_begin(Phase::Backward);
+        self.acts.clear(self.plan.scratch().dres.range())?;
+        let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, self.arenas(true)).with_dropout_key(key);
+        walk::backward(&mut exec, &self.plan, &self.tape);
+        launches += exec.finish()?;
+        self.kernels_per_step = launches;
+        self.device.synchronize()?;
+        observer.phase_end(Phase::Backward);
+        Ok(loss)
+    }
+
+    /// The sum of squares of the gradients `range`, in f64 (a fixed order).
+    fn sum_squares(&self, range: Range<usize>) -> Result<f64, CudaError> {
+        let x = self.grads.tensor().part(range.start, range.len());
+        let partials = self.norm_partials.tensor().ptr;
+        // SAFETY: NORM_BLOCKS partials, `x.len` gradients.
+        unsafe { self.device.launch("sum_squares_partials", NORM_BLOCKS as u32, 256, &mut args![partials, x.ptr, x.len as i64]) }?;
+        let mut host = vec![0f64; NORM_BLOCKS];
+        self.norm_partials.download(0, &mut host)?;
+        Ok(host.iter().sum())
+    }
+
+    /// AdamW over the moments' shard with the clip factor for `grad_norm`; advances the step.
+    fn apply(&mut self, grad_norm: f64) -> Result<(), CudaError> {
+        let c = &self.cfg;
+        let clip = if c.grad_clip > 0.0 { clip_factor(grad_norm, c.grad_clip) } else { 1.0 };
+        let lr = c.schedule.at(self.step);
+        self.step += 1;
+        let a = c.adamw;
+        let bc1 = 1.0 - a.beta1.powf(self.step as f64);
+        let bc2_sqrt = (1.0 - a.beta2.powf(self.step as f64)).sqrt();
+        let (one_m_b1, b2, one_m_b2) = ((1.0 - a.beta1) as f32, a.beta2 as f32, (1.0 - a.beta2) as f32);
+        let (bc2_sqrt, eps, step_size, scale) = (bc2_sqrt as f32, a.eps as f32, (lr / bc1) as f32, clip as f32);
+        let matrix_decay = (1.0 - lr * a.weight_decay) as f32;
+        for info in self.plan.params() {
+            let lo = info.span.offset.max(self.shard.start);
+            let hi = info.span.end().min(self.shard.end);
+            if lo >= hi {
+                continue;
+            }
+            let len = hi - lo;
+            let decay = if info.kind.is_matrix() { matrix_decay } else { 1.0 };
+            let p = self.params.tensor().part(lo, len).ptr;
+            let g = self.grads.tensor().part(lo, len).ptr;
+            let m = self.adam_m.tensor().part(lo - self.shard.start, len).ptr;
+            let v = self.adam_v.tensor().part(lo - self.shard.start, len).ptr;
+            let p_bf16 = self.params_bf16.as_ref().map_or(0, |b| b.tensor().ptr + 2 * lo as u64);
+            // SAFETY: `len` elements of each, p_bf16 the same parameters' copy.
+            unsafe {
+                self.device.launch(
+                    "adamw",
+                    len.div_ceil(256) as u32,
+                    256,
+                    &mut args![p, m, v, g, p_bf16, len as i64, scale, decay, one_m_b1, b2, one_m_b2, bc2_sqrt, eps, step_size],
+                )
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Sums (or, with ZeRO-1, reduces this rank's shard of) the gradients over the ranks
+    /// through host memory.
+    fn sum_gradients(&mut self) -> Result<(), CudaError> {
+        let mut host = vec![0f32; self.grads.len()];
+        self.grads.download(0, &mut host)?;
+        if self.sharded() {
+            self.ranks.sum_shard(&mut host);
+        } else {
+            self.ranks.sum(&mut host);
+        }
+        self.grads.upload(0, &host)
+    }
+
+    fn sharded(&self) -> bool {
+        self.shard.len() < self.plan.params_len()
+    }
+
+    /// [`Trainer::train_step_ranked`](alpha_core::train::Trainer::train_step_ranked) on the device.
+    fn train_step(&mut self, data: Tokens<'_>, observer: &mut dyn Observer) -> Result<StepStats, StepError> {
+        let device = |e: CudaError| StepError::Device(e.to_string());
+        let (rank, ranks) = (self.ranks.rank(), self.ranks.ranks());
+        self.grads.clear(0..self.grads.len()).map_err(device)?;
+        let mut loss = 0.0;
+        for micro in 0..self.cfg.grad_accum {
+            observer.phase_begin(Phase::Data);
+            let mut rng = self.rng;
+            if micro % ranks != rank {
+                skip_batch(&mut rng, data, self.plan.seq, self.plan.batch);
+                self.rng = rng;
+                observer.phase_end(Phase::Data);
+                continue;
+            }
+            self.load_batch(data, &mut rng).map_err(device)?;
+            self.rng = rng;
+            observer.phase_end(Phase::Data);
+            loss += self.forward_backward(micro, observer).map_err(device)?;
+        }
+        if ranks > 1 {
+            observer.phase_begin(Phase::Allreduce);
+            self.sum_gradients().map_err(device)?;
+            loss = self.ranks.sum_f64(loss);
+            observer.phase_end(Phase::Allreduce);
+        }
+        loss /= self.cfg.grad_accum as f64;
+        observer.phase_begin(Phase::GradNorm);
+        let grad_norm = if self.sharded() {
+            self.ranks.sum_f64(self.sum_squares(self.shard.clone()).map_err(device)?).sqrt()
+        } else {
+            self.sum_squares(0..self.plan.params_len()).map_err(device)?.sqrt()
+        };
+        observer.phase_end(Phase::GradNorm);
+        if !(loss.is_finite() && grad_norm.is_finite()) {
+            return Err(StepError::Diverged(format!(
+                "step {}: the loss or gradient norm was not finite (loss {loss}, gradient norm {grad_norm}); the update was not applied",
+                self.step
+            )));
+        }
+        let lr = self.cfg.schedule.at(self.step);
+        observer.phase_begin(Phase::Optimizer);
+        self.apply(grad_norm).map_err(device)?;
+        self.device.synchronize().map_err(device)?;
+        observer.phase_end(Phase::Optimizer);
+        if self.sharded() {
+            observer.phase_begin(Phase::Allreduce);
+            self.gather_params().map_err(device)?;
+            observer.phase_end(Phase::Allreduce);
+        }
+        Ok(StepStats { loss, grad_norm, lr })
+    }
+
+    /// ZeRO-1: every rank's updated shard of the parameters to every rank.
+    fn gather_params(&mut self) -> Result<(), CudaError> {
+        let mut host = vec![0f32; self.params.len()];
+        self.params.download(0, &mut host)?;
+        self.ranks.gather_shards(&mut host);
+        self.params.upload(0, &host)?;
+        self.refresh_bf16_weights()
+    }
+
+    /// The loss at every position of `tokens` `[B * T]` predicting `targets` (a forward of the
+    /// engine's plan; for `eval`).
+    pub fn losses(&mut self, tokens: &[u32], targets: &[u32]) -> Result<Vec<f32>, CudaError> {
+        let n = self.plan.tokens();
+        if tokens.len() != n || targets.len() != n {
+            return Err(CudaError::new(format!("a batch of this model has {n} tokens, got {}", tokens.len())));
+        }
+        self.tokens.upload(0, tokens)?;
+        self.targets.upload(0, targets)?;
+        let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, self.arenas(false));
+        walk::forward(&mut exec, &self.tape, None);
+        exec.finish()?;
+        let mut losses = vec![0f32; n];
+        self.acts.download(self.plan.head_acts().losses.offset, &mut losses)?;
+        Ok(losses)
+    }
+
+    /// nanoGPT's `estimate_loss` over `iters` batches drawn with `rng` (rank r evaluates
+    /// batches r, r + ranks, ...).
+    fn evaluate_batches(&mut self, data: Tokens<'_>, iters: usize, rng: &mut Rng) -> Result<f64, CudaError> {
+        let mut total = 0.0;
+        for i in 0..iters {
+            if i % self.ranks.ranks() != self.ranks.rank() {
+                skip_batch(rng, data, self.plan.seq, self.plan.batch);
+                continue;
+            }
+            self.load_batch(data, rng)?;
+            let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, self.arenas(false));
+            walk::forward(&mut exec, &self.tape, None);
+            exec.finish()?;
+            total += self.mean_loss(&self.acts, &self.plan)?;
+        }
+        Ok(self.ranks.sum_f64(total) / iters.max(1) as f64)
+    }
+
+    fn sampler(&mut self) -> Result<&Sampler, CudaError> {
+        if self.sampler.is_none() {
+            let c = self.plan.config;
+            let with_classes = |p: Plan| p.with_classes(self.plan.classes()).map_err(|e| CudaError::new(e.to_string()));
+            let decode = with_classes(Plan::new(c, 1, 1).map_err(|e| CudaError::new(e.to_string()))?)?;
+            let window = with_classes(Plan::new(c, 1, c.block_size).map_err(|e| CudaError::new(e.to_string()))?)?;
+            let cache = Buffer::f32s(&self.device, "the KV cache", 2 * c.n_layer * c.block_size * c.n_embd)?;
+            self.sampler = Some(Sampler { decode: ForwardMemory::new(&self.device, decode)?, window: ForwardMemory::new(&self.device, window)?, cache });
+        }
+        Ok(self.sampler.as_ref().expect("made above"))
+    }
+
+    /// A forward of `mem`'s plan over its tokens (uploaded), decoding against the cache where
+    /// `decoding`; the logits in use at row `row`.
+    fn forward_logits(&self, mem: &ForwardMemory, decoding: Option<Decoding>, row: usize) -> Result<Vec<f32>, CudaError> {
+        let arenas = Arenas { acts: mem.acts.tensor(), tokens: mem.tokens.tensor(), targets: None, grads: None, ..self.arenas(false) };
+        let mut exec = CudaExecutor::new(&self.device, &self.products, &mem.plan, arenas);
+        if let Some(d) = decoding {
+            exec = exec.decoding(d);
+        }
+        walk::forward(&mut exec, &tape::record_to_vec(&mem.plan), None);
+        exec.finish()?;
+        let mut logits = vec![0f32; mem.plan.classes()];
+        mem.acts.download(mem.plan.head_acts().logits.offset + row * mem.plan.config.vocab_size, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`alpha_core::model::generate`]'s draws on the device: within the window each token is
+    /// one token's forward against the KV cache (the prompt's one by one); once the window
+    /// slides, a whole window's forward.
+    fn generate(&mut self, context: &[u32], cfg: &SamplingConfig, rng: &mut Rng, emit: &mut dyn FnMut(u32)) -> Result<(), CudaError> {
+        self.sampler()?;
+        let s = self.sampler.as_ref().expect("made above");
+        let block = self.plan.config.block_size;
+        let mut scratch = vec![0; block];
+        let mut window = ContextWindow::new(&mut scratch, context);
+        let mut cached = Some(0);
+        for _ in 0..cfg.tokens {
+            let last = window.last();
+            let mut logits = match cached {
+                Some(done) => {
+                    let mut logits = Vec::new();
+                    for position in done..=last {
+                        s.decode.tokens.upload(0, &window.tokens()[position..=position])?;
+                        logits = self.forward_logits(&s.decode, Some(Decoding { cache: s.cache.tensor(), len: block, position }), 0)?;
+                    }
+                    cached = Some(last + 1);
+                    logits
+                }
+                None => {
+                    s.window.tokens.upload(0, window.tokens())?;
+                    self.forward_logits(&s.window, None, last)?
+                }
+            };
+            let next = sample_token(&mut logits, cfg, rng);
+            if cfg.stop == Some(next) {
+                break;
+            }
+            emit(next);
+            if window.push(next) {
+                cached = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Parameters and moments on the host (with ZeRO-1 rank 0 collects the moments).
+    fn download_state(&self) -> Result<HostState<'static>, CudaError> {
+        let p = self.plan.params_len();
+        let mut params = vec![0f32; p];
+        self.params.download(0, &mut params)?;
+        let mut mine = (vec![0f32; self.shard.len()], vec![0f32; self.shard.len()]);
+        self.adam_m.download(0, &mut mine.0)?;
+        self.adam_v.download(0, &mut mine.1)?;
+        if !self.sharded() {
+            return Ok((Cow::Owned(params), Cow::Owned(mine.0), Cow::Owned(mine.1)));
+        }
+        let len = if self.ranks.rank() == 0 { p } else { 0 };
+        let (mut m, mut v) = (vec![0f32; len], vec![0f32; len]);
+        self.ranks.collect_shards(&mine.0, &mut m);
+        self.ranks.collect_shards(&mine.1, &mut v);
+        Ok((Cow::Owned(params), Cow::Owned(m), Cow::Owned(v)))
+    }
+}
+
+/// The arithmetic's name in records and messages.
+pub fn precision_name(arithmetic: Arithmetic) -> &'static str {
+    match arithmetic {
+        Arithmetic::F32 => "f32",
+        Arithmetic::Tf32 => "tf32",
+        Arithmetic::Bf16 => "bf16",
+    }
+}
+
+impl Engine for CudaEngine<'_> {
+    fn step<'a>(&'a mut self, data: Tokens<'a>, _report: bool, observer: &'a mut dyn Observer) -> Pending<'a, Result<StepReport, StepError>> {
+        let stats = self.train_step(data, observer);
+        Box::pin(std::future::ready(stats.map(|s| StepReport { stats: Some(s), loss_scaling: None })))
+    }
+
+    fn check(&mut self) -> Pending<'_, Result<(), StepError>> {
+        // Every step is checked as it ends.
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn evaluate<'a>(&'a mut self, data: Tokens<'a>, iters: usize, rng: &'a mut Rng) -> Pending<'a, Result<f64, String>> {
+        Box::pin(std::future::ready(self.evaluate_batches(data, iters, rng).map_err(|e| e.to_string())))
+    }
+
+    fn sample<'a>(&'a mut self, prompt: &'a [u32], cfg: &'a SamplingConfig, rng: &'a mut Rng, emit: &'a mut dyn FnMut(u32)) -> Pending<'a, Result<(), String>> {
+        Box::pin(std::future::ready(self.generate(prompt, cfg, rng, emit).map_err(|e| e.to_string())))
+    }
+
+    fn state(&self) -> Pending<'_, Result<HostState<'_>, String>> {
+        Box::pin(std::future::ready(self.download_state().map_err(|e| e.to_string())))
+    }
+
+    fn loss_scale(&self) -> Pending<'_, Result<Option<LossScaleState>, String>> {
+        // bf16 and f32 products need no loss scaling.
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    fn set_loss_scale(&mut self, _state: LossScaleState) {}
+
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    fn rng(&self) -> Rng {
+        self.rng
+    }
+
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn describe(&self) -> Description {
+        let info = &self.device.info;
+        let bytes = [&self.params, &self.grads, &self.adam_m, &self.adam_v, &self.acts].iter().map(|b| b.bytes() as u64).sum::<u64>()
+            + self.params_bf16.as_ref().map_or(0, |b| b.bytes() as u64)
+            + self.operands_bf16.as_ref().map_or(0, |(a, b)| (a.bytes() + b.bytes()) as u64);
+        Description {
+            backend: "cuda",
+            summary: format!("CUDA device {} ({}, {})", info.ordinal, info.name, info.arch()),
+            precision: precision_name(self.arithmetic()),
+            threads: 1,
+            device: Some(DeviceDescription {
+                adapter: info.name.clone(),
+                platform: "CUDA".into(),
+                device_type: "discrete".into(),
+                kernels_per_step: self.kernels_per_step,
+                submits_per_step: 0,
+                memory_bytes: bytes,
+                activation_buffers: 1,
+            }),
+        }
+    }
+}

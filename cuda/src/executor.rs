@@ -1,0 +1,351 @@
+//! The CUDA executor of alpha-core's [walk](alpha_core::walk): each op's kernels and
+//! cuBLASLt products are queued on the device as the walk reaches the op (nothing is recorded
+//! for later, unlike wgpu's programs). An error is kept and returned after the walk
+//! ([`CudaExecutor::finish`]), since the walk's calls return nothing.
+
+use crate::blas::{Arithmetic, Product, Products};
+use crate::device::{args, Device};
+use crate::error::CudaError;
+use crate::memory::Tensor;
+use alpha_core::ops::dropout::{DropoutKey, Site};
+use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
+use alpha_core::plan::{Plan, Span};
+use alpha_core::tape::{Op, Pass};
+use alpha_core::walk::{Arena, Executor};
+
+/// Threads per block of the element-wise, per-column and per-row kernels.
+const BLOCK: u32 = 256;
+/// Warps per block of the kernels that give each row a warp.
+const WARPS: u32 = BLOCK / 32;
+
+/// Blocks of [`BLOCK`] threads covering `n` threads.
+fn blocks(n: usize) -> u32 {
+    n.div_ceil(BLOCK as usize) as u32
+}
+
+/// Blocks of [`WARPS`] warps covering `rows` warps.
+fn warp_blocks(rows: usize) -> u32 {
+    rows.div_ceil(WARPS as usize) as u32
+}
+
+/// Device memory a walk reads and writes.
+#[derive(Clone, Copy)]
+pub(crate) struct Arenas {
+    /// Parameters, in plan order.
+    pub params: Tensor,
+    /// Under bf16 products, their bf16 copy (same offsets, 2 bytes each).
+    pub params_bf16: Option<Tensor>,
+    /// Their gradients (backward walks).
+    pub grads: Option<Tensor>,
+    /// Activations and backward scratch, in the plan's layout.
+    pub acts: Tensor,
+    /// Token ids `[N]`, u32.
+    pub tokens: Tensor,
+    /// Targets `[N]`, u32 (walks with a loss).
+    pub targets: Option<Tensor>,
+    /// Under bf16 products, two bf16 scratch tensors for the operands the walk rounds (an
+    /// input, a gradient), each as large as the largest.
+    pub operands_bf16: Option<(Tensor, Tensor)>,
+}
+
+/// Decoding one token against a KV cache: per layer keys then values, `[len, C]` each.
+#[derive(Clone, Copy)]
+pub(crate) struct Decoding {
+    pub cache: Tensor,
+    /// Positions the cache holds.
+    pub len: usize,
+    /// The token's position.
+    pub position: usize,
+}
+
+/// The kernels' view of a dropout site (attention.cu's `Dropout`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DropoutArgs {
+    on: i32,
+    site: u32,
+    threshold: u32,
+    scale: f32,
+    key: [u32; 4],
+}
+
+impl DropoutArgs {
+    fn new(site: Option<Site>, key: Option<DropoutKey>) -> DropoutArgs {
+        match (site, key) {
+            (Some(s), Some(k)) => DropoutArgs { on: 1, site: s.id, threshold: s.threshold, scale: s.scale() as f32, key: k.words() },
+            (Some(_), None) => panic!("dropout needs the micro-batch's key"),
+            (None, _) => DropoutArgs { on: 0, site: 0, threshold: 0, scale: 1.0, key: [0; 4] },
+        }
+    }
+}
+
+/// Queues a walk's ops on a [`Device`].
+pub(crate) struct CudaExecutor<'a> {
+    device: &'a Device,
+    products: &'a Products,
+    arenas: Arenas,
+    plan: Plan,
+    key: Option<DropoutKey>,
+    decoding: Option<Decoding>,
+    /// The block of the op being queued.
+    layer: usize,
+    /// Kernels and products queued.
+    launches: usize,
+    error: Option<CudaError>,
+}
+
+impl<'a> CudaExecutor<'a> {
+    /// An executor of `plan`'s tape over `arenas`.
+    pub fn new(device: &'a Device, products: &'a Products, plan: &Plan, arenas: Arenas) -> Self {
+        CudaExecutor { device, products, arenas, plan: *plan, key: None, decoding: None, layer: 0, launches: 0, error: None }
+    }
+
+    /// Dropout masks of micro-batch `key`.
+    pub fn with_dropout_key(self, key: DropoutKey) -> Self {
+        CudaExecutor { key: Some(key), ..self }
+    }
+
+    /// One token's forward (a batch-1, sequence-1 plan) against `decoding`'s cache.
+    pub fn decoding(self, decoding: Decoding) -> Self {
+        CudaExecutor { decoding: Some(decoding), ..self }
+    }
+
+    /// The kernels and products the walk queued, or the first error any op met.
+    pub fn finish(self) -> Result<usize, CudaError> {
+        self.error.map_or(Ok(self.launches), Err)
+    }
+
+    /// Keeps the first error.
+    fn keep(&mut self, r: Result<(), CudaError>) {
+        self.launches += 1;
+        if let (Err(e), None) = (r, &self.error) {
+            self.error = Some(e);
+        }
+    }
+
+    /// Queues kernel `name`.
+    ///
+    /// # Safety
+    /// As [`Device::launch`].
+    unsafe fn launch(&mut self, name: &str, grid: u32, block: u32, args: &mut [*mut std::ffi::c_void]) {
+        // SAFETY: forwarded to the caller.
+        let r = unsafe { self.device.launch(name, grid, block, args) };
+        self.keep(r);
+    }
+
+    /// `x` rounded to bf16 into scratch operand `which` (0 or 1).
+    fn rounded(&mut self, x: Tensor, which: usize) -> u64 {
+        let (a, b) = self.arenas.operands_bf16.expect("bf16 products need the operands' scratch");
+        let out = if which == 0 { a } else { b };
+        assert!(x.len <= out.len, "an operand larger than the bf16 scratch");
+        // SAFETY: both hold x.len elements.
+        unsafe { self.launch("round_to_bf16", blocks(x.len), BLOCK, &mut args![out.ptr, x.ptr, x.len as i64]) };
+        out.ptr
+    }
+
+    /// The products' operand for weight `w`: its bf16 copy under bf16 products.
+    fn weight(&self, w: Tensor) -> u64 {
+        match self.arenas.params_bf16 {
+            Some(copy) => copy.ptr + (w.ptr - self.arenas.params.ptr) / 2,
+            None => w.ptr,
+        }
+    }
+
+    /// The products' operand for activation `x`: rounded to bf16 under bf16 products.
+    fn operand(&mut self, x: Tensor, which: usize) -> u64 {
+        if self.products.arithmetic() == Arithmetic::Bf16 {
+            self.rounded(x, which)
+        } else {
+            x.ptr
+        }
+    }
+
+    fn product(&mut self, p: Product, a: u64, b: u64, d: u64) {
+        // SAFETY: the walk's tensors of this op, of the shapes `p` names.
+        let r = unsafe { self.products.run(self.device, p, a, b, d) };
+        self.keep(r);
+    }
+}
+
+impl Executor for CudaExecutor<'_> {
+    type Write = Tensor;
+    type Read = Tensor;
+
+    unsafe fn write(&self, arena: Arena, span: Span) -> Tensor {
+        let base = match arena {
+            Arena::Acts => self.arenas.acts,
+            Arena::Params => self.arenas.params,
+            Arena::Grads => self.arenas.grads.expect("a backward walk needs the gradients"),
+        };
+        base.part(span.offset, span.len)
+    }
+
+    unsafe fn read(&self, arena: Arena, span: Span) -> Tensor {
+        // SAFETY: views are handles; the device runs the queued work in order.
+        unsafe { self.write(arena, span) }
+    }
+
+    fn begin(&mut self, _pass: Pass, index: usize, _op: &Op) {
+        self.layer = alpha_core::tape::block_of(index, self.plan.config.n_layer).unwrap_or(self.layer);
+    }
+
+    fn embedding_forward(&mut self, a: embedding::Forward<Tensor, Tensor>) {
+        let c = self.plan.config.n_embd;
+        let n = a.out.len / c;
+        let first = self.decoding.map_or(0, |d| d.position) as i32;
+        let tokens = self.arenas.tokens.ptr;
+        // SAFETY: out [n, C], the tables, n token ids.
+        unsafe {
+            self.launch("embedding_forward", blocks(n * c), BLOCK, &mut args![a.out.ptr, a.wte.ptr, a.wpe.ptr, tokens, n as i32, c as i32, a.seq as i32, first])
+        }
+    }
+
+    fn embedding_backward(&mut self, a: embedding::Backward<Tensor, Tensor>) {
+        let c = self.plan.config.n_embd;
+        let n = a.dout.len / c;
+        let tokens = self.arenas.tokens.ptr;
+        // SAFETY: as forward.
+        unsafe { self.launch("embedding_backward", blocks(c), BLOCK, &mut args![a.dwte.ptr, a.dwpe.ptr, a.dout.ptr, tokens, n as i32, c as i32, a.seq as i32]) }
+    }
+
+    fn layernorm_forward(&mut self, a: layernorm::Forward<Tensor, Tensor>) {
+        let (n, c) = (a.mean.len, a.weight.len);
+        // SAFETY: rows of C, n of them.
+        unsafe {
+            self.launch(
+                "layernorm_forward",
+                warp_blocks(n),
+                BLOCK,
+                &mut args![a.out.ptr, a.mean.ptr, a.rstd.ptr, a.x.ptr, a.weight.ptr, a.bias.ptr, n as i32, c as i32],
+            )
+        }
+    }
+
+    fn layernorm_backward(&mut self, a: layernorm::Backward<Tensor, Tensor>) {
+        let (n, c) = (a.mean.len, a.weight.len);
+        let (dout, x, mean, rstd) = (a.dout.ptr, a.x.ptr, a.mean.ptr, a.rstd.ptr);
+        // SAFETY: rows of C, n of them.
+        unsafe {
+            self.launch("layernorm_backward_input", warp_blocks(n), BLOCK, &mut args![a.dx.ptr, dout, x, mean, rstd, a.weight.ptr, n as i32, c as i32]);
+            self.launch("layernorm_backward_params", blocks(c), BLOCK, &mut args![a.dweight.ptr, a.dbias.ptr, dout, x, mean, rstd, n as i32, c as i32]);
+        }
+    }
+
+    fn matmul_forward(&mut self, a: matmul::Forward<Tensor, Tensor>) {
+        let (k, m) = (a.k, a.m);
+        let n = a.x.len / k;
+        let (target, gelu_out, residual) = match a.epilogue {
+            matmul::Epilogue::None => (a.out, 0, 0),
+            matmul::Epilogue::Gelu { pre } => (pre, a.out.ptr, 0),
+            matmul::Epilogue::Residual { input } => (a.out, 0, input.ptr),
+        };
+        // out [N, M] = x [N, K] · w [M, K]ᵀ, column-major: outᵀ [M, N] = (wᵀ stored [K, M])ᵀ · xᵀ [K, N].
+        let (w, x) = (self.weight(a.weight), self.operand(a.x, 0));
+        self.product(Product { transpose_a: true, transpose_b: false, m, n, k, accumulate: false }, w, x, target.ptr);
+        let bias = a.bias.map_or(0, |b| b.ptr);
+        if bias != 0 || gelu_out != 0 || residual != 0 {
+            let slope = a.save_slope as i32;
+            // SAFETY: target (and gelu_out, residual) [N, M], bias [M].
+            unsafe { self.launch("matmul_epilogue", blocks(n * m), BLOCK, &mut args![target.ptr, gelu_out, bias, residual, n as i32, m as i32, slope]) }
+        }
+    }
+
+    fn matmul_backward(&mut self, a: matmul::Backward<Tensor, Tensor>) {
+        let (k, m) = (a.k, a.m);
+        let n = a.x.len / k;
+        if let Some(slope) = a.gelu_slope {
+            // SAFETY: both [N, M].
+            unsafe { self.launch("gelu_backward", blocks(n * m), BLOCK, &mut args![a.dout.ptr, slope.ptr, (n * m) as i64]) }
+        }
+        if let Some(db) = a.dbias {
+            // SAFETY: dbias [M], dout [N, M].
+            unsafe { self.launch("bias_grad", blocks(m), BLOCK, &mut args![db.ptr, a.dout.ptr, n as i32, m as i32]) }
+        }
+        let dout = self.operand(a.dout, 1);
+        if let Some(dx) = a.dx {
+            // dx [N, K] = dout [N, M] · w [M, K]; column-major: dxᵀ [K, N] = wᵀ [K, M] · doutᵀ [M, N].
+            let w = self.weight(a.weight);
+            self.product(Product { transpose_a: false, transpose_b: false, m: k, n, k: m, accumulate: false }, w, dout, dx.ptr);
+        }
+        // dw [M, K] += doutᵀ · x; column-major: dwᵀ [K, M] += xᵀ [K, N] · (doutᵀ stored [M, N])ᵀ.
+        let x = self.operand(a.x, 0);
+        self.product(Product { transpose_a: false, transpose_b: true, m: k, n: m, k: n, accumulate: true }, x, dout, a.dweight.ptr);
+    }
+
+    fn attention_forward(&mut self, a: attention::Forward<Tensor, Tensor>) {
+        let s = a.shape;
+        let scale = (1.0 / (s.head_size as f64).sqrt()) as f32;
+        let (heads, hs) = (s.heads as i32, s.head_size as i32);
+        match self.decoding {
+            Some(d) => {
+                let c = self.plan.config.n_embd;
+                let keys = d.cache.part(2 * self.layer * d.len * c, d.len * c);
+                let values = d.cache.part((2 * self.layer + 1) * d.len * c, d.len * c);
+                let pos = d.position as i32;
+                // SAFETY: one token's qkv [3C], out [C], lse [NH]; the layer's cache.
+                unsafe {
+                    self.launch(
+                        "attention_decode",
+                        warp_blocks(s.heads),
+                        BLOCK,
+                        &mut args![a.out.ptr, a.lse.ptr, keys.ptr, values.ptr, a.qkv.ptr, pos, heads, hs, scale],
+                    )
+                }
+            }
+            None => {
+                let drop = DropoutArgs::new(a.dropout, self.key);
+                let rows = s.batch * s.heads * s.seq;
+                let (b, t) = (s.batch as i32, s.seq as i32);
+                // SAFETY: qkv [B, T, 3C], out [B, T, C], lse [B, NH, T].
+                unsafe { self.launch("attention_forward", warp_blocks(rows), BLOCK, &mut args![a.out.ptr, a.lse.ptr, a.qkv.ptr, b, t, heads, hs, scale, drop]) }
+            }
+        }
+    }
+
+    fn attention_backward(&mut self, a: attention::Backward<Tensor, Tensor>) {
+        let s = a.shape;
+        let scale = (1.0 / (s.head_size as f64).sqrt()) as f32;
+        let drop = DropoutArgs::new(a.dropout, self.key);
+        let rows = s.batch * s.heads * s.seq;
+        let delta = self.arenas.acts.part(self.plan.scratch().attention.offset, rows);
+        let (b, t, heads, hs) = (s.batch as i32, s.seq as i32, s.heads as i32, s.head_size as i32);
+        // SAFETY: as forward; delta [B, NH, T] in the attention scratch.
+        unsafe {
+            let (dqkv, dout, qkv, lse) = (a.dqkv.ptr, a.dout.ptr, a.qkv.ptr, a.lse.ptr);
+            self.launch(
+                "attention_backward_query",
+                warp_blocks(rows),
+                BLOCK,
+                &mut args![dqkv, delta.ptr, dout, qkv, a.out.ptr, lse, b, t, heads, hs, scale, drop],
+            );
+            self.launch("attention_backward_key_value", warp_blocks(rows), BLOCK, &mut args![dqkv, dout, qkv, lse, delta.ptr, b, t, heads, hs, scale, drop]);
+        }
+    }
+
+    fn cross_entropy(&mut self, a: cross_entropy::Forward<Tensor>) {
+        let n = a.losses.len;
+        let v = a.logits.len / n;
+        // Without targets (sampling) there is no loss: the logits are the output.
+        let Some(targets) = self.arenas.targets.map(|t| t.ptr) else { return };
+        let (write_grad, scale) = (a.grad_scale.is_some() as i32, a.grad_scale.unwrap_or(0.0) as f32);
+        // SAFETY: logits [N, V], losses and targets [N].
+        unsafe { self.launch("cross_entropy", n as u32, BLOCK, &mut args![a.losses.ptr, a.logits.ptr, targets, v as i32, a.classes as i32, write_grad, scale]) }
+    }
+
+    fn dropout_forward(&mut self, a: dropout::Forward<Tensor, Tensor>) {
+        let key = self.key.expect("dropout needs the micro-batch's key").words();
+        let residual = a.residual.map_or(0, |r| r.ptr);
+        let (site, len) = (a.site, a.out.len);
+        let scale = site.scale() as f32;
+        // SAFETY: out, y (and residual) of `len` elements.
+        unsafe { self.launch("dropout", blocks(len), BLOCK, &mut args![a.out.ptr, a.y.ptr, residual, len as i64, site.id, site.threshold, scale, key]) }
+    }
+
+    fn dropout_backward(&mut self, a: dropout::Backward<Tensor, Tensor>) {
+        let key = self.key.expect("dropout needs the micro-batch's key").words();
+        let (site, len) = (a.site, a.dy.len);
+        let scale = site.scale() as f32;
+        // SAFETY: dy and dout of `len` elements.
+        unsafe { self.launch("dropout", blocks(len), BLOCK, &mut args![a.dy.ptr, a.dout.ptr, 0u64, len as i64, site.id, site.threshold, scale, key]) }
+    }
+}
