@@ -73,7 +73,7 @@ impl DeviceInfo {
 /// One GPU opened for a run: its context (current on the thread that opened it), the kernels
 /// compiled for it, and a cuBLASLt handle. Work is queued in order on the legacy default
 /// stream; reads wait for it. (With the `emulate` feature, for tests without a GPU, it may
-/// instead be the host running the same kernels: [`Device::emulated`].)
+/// instead be the host running the same kernels: `Device::emulated`.)
 pub struct Device {
     /// What it is.
     pub info: DeviceInfo,
