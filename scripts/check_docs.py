@@ -9,7 +9,7 @@
 3. Every command in the README's `sh` blocks runs and exits 0, in order, in a scratch
    directory holding the repository's `data/` (so later commands find what earlier ones
    wrote), `alpha-native` being the binary given, except those that need what this machine
-   may lack: a GPU (`--backend gpu`),
+   may lack: a GPU (`--backend gpu`, `cuda` or `auto`),
    MPI (`mpirun`), a model in the Hugging Face cache (`gpt2`), a port (`--serve`), or a
    build (`cargo`, `scripts/`). Each is given 120 s.
 
@@ -26,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(ROOT, "docs"))) if f.endswith(".md")]
 # What a README command needs that CI may not have, and why it is not run here.
-NEEDS = [("--backend gpu", "a GPU"), ("mpirun", "MPI"), ("gpt2", "a model in the Hugging Face cache"),
+NEEDS = [("--backend gpu", "a GPU"), ("--backend cuda", "an NVIDIA GPU"), ("--backend auto", "a GPU"), ("mpirun", "MPI"), ("gpt2", "a model in the Hugging Face cache"),
          ("--serve", "a port"), ("cargo ", "a build"), ("scripts/", "a build"), ("npm ", "a build")]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```(\w*)\s*$")

@@ -9,7 +9,7 @@ Configurations:
          50257, block 256, batch 4
 
   python3 scripts/compare_pytorch.py [--configs small baby] [--threads 1 2] [--rounds N]
-                                     [--backend cpu|gpu] [--peers eager compile ...]
+                                     [--backend cpu|gpu|cuda] [--peers eager compile ...]
 
 Alpha runs `alpha-native bench --json` (steady state: training steps only); PyTorch runs the
 same model and step (AdamW, clip 1.0) from scripts/nanogpt_reference.py. Both report every
@@ -26,8 +26,9 @@ On the CPU a roofline line per row follows: the step's necessary matmul FLOPs (s
 the rate no GEMM passes at the same clock) give the fastest step possible; each side's median is shown as a
 fraction of it, and PyTorch's median over it is the largest ratio any implementation could
 reach in that run.
-`--backend gpu` runs Alpha with `--backend gpu` and PyTorch on CUDA (both wait for each
-step's end; gpt2 at block 1024, batch 8 there); the thread count does not apply there.
+`--backend gpu` (or `cuda`) runs Alpha with `--backend gpu` (wgpu; or `cuda`, a build with
+`--features cuda`) and PyTorch on CUDA (both wait for each step's end; gpt2 at block 1024,
+batch 8 there); the thread count does not apply there.
 `--peers` picks the PyTorch sides, each timed in the same alternating rounds and shown in a row
 of its own: `eager` (fp32 eager, the default), `compile` (torch.compile, fp32), `eager-bf16`
 and `compile-bf16` (bf16 autocast, as nanoGPT on a GPU). `--alpha-flags` passes more flags to
@@ -73,7 +74,7 @@ def model_flags(c, side="alpha"):
 
 
 def alpha_steps(c, threads, backend, flags):
-    device = ["--backend", "gpu"] if backend == "gpu" else ["--threads", str(threads), "--peak-gflops", "1"]
+    device = ["--backend", backend] if backend != "cpu" else ["--threads", str(threads), "--peak-gflops", "1"]
     out = subprocess.run([ALPHA, "bench", "--json", "--iters", str(c["iters"]), "--warmup", str(c["warmup"])]
                          + device + model_flags(c) + flags, check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
@@ -83,7 +84,7 @@ def alpha_steps(c, threads, backend, flags):
 def pytorch_steps(c, threads, backend, peer):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "nanogpt_reference.py"), "bench",
                           "--data", os.path.join(ROOT, "data", "shakespeare.txt"), "--threads", str(threads),
-                          "--device", "cuda" if backend == "gpu" else "cpu",
+                          "--device", "cpu" if backend == "cpu" else "cuda",
                           "--iters", str(c["iters"]), "--warmup", str(c["warmup"])] + PEERS[peer] + model_flags(c, "pytorch"),
                          check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
@@ -124,20 +125,20 @@ def main():
     p.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["small", "baby"])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--rounds", type=int, help="alternating rounds per row (default: 10 for small, 3 for baby)")
-    p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--backend", choices=["cpu", "gpu", "cuda"], default="cpu")
     p.add_argument("--peers", nargs="+", choices=list(PEERS), default=["eager"], help="PyTorch sides (default: eager)")
     p.add_argument("--alpha", default=ALPHA, help="the alpha-native binary (default: target/release/alpha-native)")
     p.add_argument("--alpha-flags", default="", help="more flags for Alpha's bench, split at spaces (e.g. --tensor-cores)")
     args = p.parse_args()
     ALPHA = args.alpha
-    threads_list = [1] if args.backend == "gpu" else args.threads
+    threads_list = args.threads if args.backend == "cpu" else [1]
     print("| config | threads | PyTorch side | Alpha ms/iter | Alpha tok/s | PyTorch ms/iter | PyTorch tok/s |"
           " Alpha speed vs PyTorch | per-round ratios | ratio of p10 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     impls, on = {}, "cpu"
     scaling, plans, roofline = [], [], []
     for name in args.configs:
-        gpu = args.backend == "gpu"
+        gpu = args.backend != "cpu"
         c = {**CONFIGS[name], **GPU_STEPS, **GPU_SHAPES.get(name, {})} if gpu else CONFIGS[name]
         rounds = args.rounds or c["rounds"]
         plans.append(f"{name} {rounds} x {c['iters']} steps")

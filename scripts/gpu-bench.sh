@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Alpha's whole GPU measurement in one command, within 10 minutes on an H100: build,
+# (with a CUDA build: the CUDA device's peaks, CUDA-against-CPU parity and `bench --backend
+# cuda` in f32 and bf16 against PyTorch eager),
 # CPU-against-GPU parity, the GPU's FMA limits (and the tensor cores'), what its driver's
 # compiler made of each kernel (registers, local memory), `bench --backend gpu`
 # for the small, baby and GPT-2 124M configs against PyTorch on the same card (eager and
@@ -46,10 +48,12 @@ for c in "${configs[@]}"; do
 done
 started=$SECONDS
 stage() { echo "== $1 ($((SECONDS - started)) s)" >&2; }
+# The GPU backend parity() trains on.
+parity_backend=gpu
 
 stage "build"
 if command -v cargo >/dev/null; then
-    cargo build --release -q -p alpha-native
+    cargo build --release -q -p alpha-native --features cuda
     alpha=target/release/alpha-native
 else
     alpha=${ALPHA_NATIVE:-target/release/alpha-native}
@@ -106,7 +110,8 @@ PY
     echo >> "$summary"
 done
 
-# 20 training steps of one model on the CPU and of the same model on the GPU with GPU_FLAGS,
+# 20 training steps of one model on the CPU and of the same model on the GPU with GPU_FLAGS
+# (on $parity_backend: gpu, or cuda),
 # their losses within TOLERANCE relative per step (a line for the summary, or a failure).
 # Usage: parity NAME LABEL TOLERANCE MODEL_FLAGS -- GPU_FLAGS (NAME names its files).
 parity() {
@@ -118,7 +123,7 @@ parity() {
     gpu=("$@")
     for run in cpu gpu; do
         local flags=(--backend cpu)
-        [ $run = gpu ] && flags=(--backend gpu "${gpu[@]}")
+        [ $run = gpu ] && flags=(--backend "$parity_backend" "${gpu[@]}")
         rm -rf "$out/parity-$name-$run" "$out/parity-$name-$run.jsonl"
         "$alpha" train "${model[@]}" "${flags[@]}" --iters 20 --log-interval 1 --eval-interval 0 --sample-interval 0 \
             --metrics "$out/parity-$name-$run.jsonl" --out "$out/parity-$name-$run" > /dev/null
@@ -136,6 +141,35 @@ if len(cpu) != len(gpu) or len(cpu) < 20 or worst > tolerance:
     sys.exit(f"parity failed ({label}): {len(cpu)} CPU and {len(gpu)} GPU steps, worst relative difference {worst:.2e} (at most {tolerance:g})")
 PY
 }
+
+# The CUDA executor (a build with --features cuda): the device, its measured peaks, 20
+# steps against the CPU in f32 (TF32 off) and bf16, and each config in f32 and bf16 against
+# PyTorch eager fp32 and bf16 autocast (1 round each: GPU rounds agree within 1%).
+if "$alpha" info --backend cuda --json --measure-steps 0 > "$out/info-cuda.json" 2> "$out/info-cuda.err"; then
+    stage "CUDA: parity and bench"
+    python3 - "$out/info-cuda.json" >> "$summary" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["cuda"]
+bf16 = "%.0f" % (c["peak_bf16_gflops"] / 1e3) if c["peak_bf16_gflops"] else "-"
+print(f"CUDA: {c['name']} ({c['arch']}, driver {c['driver_version']}); cuBLASLt 8192^3 products: f32 {c['peak_f32_gflops'] / 1e3:.1f}"
+      f" TFLOP/s, TF32 {c['peak_tf32_gflops'] / 1e3:.0f}, bf16 {bf16}; copy bandwidth {c['bandwidth_gbs']:.0f} GB/s.\n")
+PY
+    parity_backend=cuda
+    parity cuda-f32 "the default model in f32 on CUDA" 1e-5 -- >> "$summary" || echo "Parity on CUDA in f32: FAILED" | tee -a "$summary"
+    parity cuda-bf16 "2L/256E, block 128, batch 32 in bf16 on CUDA" 2e-2 --layers 2 --heads 4 --embd 256 --block 128 --batch 32 -- --precision bf16 >> "$summary" \
+        || echo "Parity on CUDA in bf16: FAILED" | tee -a "$summary"
+    parity_backend=gpu
+    if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+        python3 scripts/compare_pytorch.py --alpha "$alpha" --backend cuda --configs "${configs[@]}" --rounds 1 --peers eager | tee -a "$summary"
+        echo >> "$summary"
+        python3 scripts/compare_pytorch.py --alpha "$alpha" --alpha-flags="--precision bf16" --backend cuda --configs "${configs[@]}" --rounds 1 \
+            --peers eager-bf16 | tee -a "$summary"
+        echo >> "$summary"
+    fi
+else
+    echo "No CUDA rows: $(tail -n 1 "$out/info-cuda.err")" >> "$summary"
+    echo >> "$summary"
+fi
 
 stage "parity: 20 training steps on the CPU and on the GPU"
 parity f32 "the default model in f32" 1e-5 -- >> "$summary"

@@ -5,13 +5,15 @@
 #   the fuzz target's libFuzzer, Open MPI (and libclang for its bindings) for the data-parallel
 #   tests, Debian's rustc-web for the no_std builds, Chromium for the browser tests; then the offline wasm
 #   toolchain, scripts/setup-wasm-toolchain.sh; and pip's `tokenizers` in a virtual environment
-#   under target/ for the tokenizer parity test). Each step is skipped when already done, so a
+#   under target/ for the tokenizer parity test, and PyPI's NVRTC for compiling the CUDA kernels). Each step is skipped when already done, so a
 #   second run goes straight to the tests. Installing needs root (or sudo).
 #   Then: formatting (cargo fmt --check), no import circles (scripts/module_cycles.py), unit
 #   tests and finite-difference gradient checks,
 #   the zero-allocation test, end-to-end CLI tests (bad input, hostile files and flags, seeded
 #   mutations of every file Alpha reads, out of memory under ulimit, a 10,000-step soak),
-#   cross-crate tests, data parallelism over MPI (mpirun, 2 ranks), every GPU kernel and the
+#   cross-crate tests, every CUDA kernel compiled by NVRTC and the CLI built with CUDA (no GPU
+#   needed; the CUDA tests themselves: scripts/cuda-check.sh on a GPU), data parallelism over
+#   MPI (mpirun, 2 ranks), every GPU kernel and the
 #   whole model against the CPU (on any Vulkan adapter; without a GPU, lavapipe), the products
 #   again on the tensor-core kernel (on Mesa 26's lavapipe, scripts/lavapipe-coop.sh: curl and
 #   xz-utils fetch it), byte-level BPE against Hugging Face `tokenizers` both ways
@@ -68,6 +70,15 @@ if ! "$parity_venv/bin/python" -c "import tokenizers" 2>/dev/null; then
     "$parity_venv/bin/pip" install -q --disable-pip-version-check tokenizers
 fi
 
+# NVRTC from PyPI, pinned to the lent GPU machines' CUDA 13.0, so that every CUDA kernel is
+# compiled here (no GPU needed), in a virtual environment of its own.
+nvrtc_venv=target/nvrtc-venv
+if ! compgen -G "$nvrtc_venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13" >/dev/null; then
+    python3 -m venv "$nvrtc_venv"
+    "$nvrtc_venv/bin/pip" install -q --disable-pip-version-check nvidia-cuda-nvrtc==13.0.88
+fi
+nvrtc_lib=$(dirname "$(compgen -G "$PWD/$nvrtc_venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13")")
+
 # Mesa wants a private runtime directory; without one it warns on every device it opens.
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     XDG_RUNTIME_DIR="$(mktemp -d)"
@@ -86,6 +97,10 @@ python3 scripts/module_cycles.py --self-test
 python3 scripts/module_cycles.py
 
 cargo test --workspace --profile test-opt
+# The CUDA executor without a GPU: every kernel compiles with NVRTC (a missing library fails),
+# and the CLI builds with it (its GPU tests: scripts/cuda-check.sh on a lent GPU).
+LD_LIBRARY_PATH="$nvrtc_lib" ALPHA_REQUIRE_NVRTC=1 cargo test --profile test-opt -p alpha-cuda --test kernels_compile
+cargo build -q --profile test-opt -p alpha-native --features cuda
 # The tensor-core GEMM (and every other product) against the CPU on a lavapipe with
 # cooperative matrices: Mesa 26's, which scripts/lavapipe-coop.sh unpacks from Debian 13's
 # backports under target/ (Debian 12's has none).

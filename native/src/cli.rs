@@ -39,6 +39,20 @@ enum Command {
     Tokenizer(tokenizer::TokenizerCommand),
 }
 
+impl Command {
+    /// The flags choosing where the command runs, where it has them.
+    fn device_mut(&mut self) -> Option<&mut crate::device::DeviceArgs> {
+        match self {
+            Command::Train(a) => Some(&mut a.device),
+            Command::Sample(a) => Some(&mut a.device),
+            Command::Eval(a) => Some(&mut a.device),
+            Command::Bench(a) => Some(&mut a.device),
+            Command::Info(a) => Some(&mut a.device),
+            Command::Report(_) | Command::Export(_) | Command::Prepare(_) | Command::Tokenizer(_) => None,
+        }
+    }
+}
+
 /// The whole command line's definition: every subcommand, each of whose values may be a
 /// negative number (`--temperature -1` is the value -1, which the command then judges).
 pub fn command() -> clap::Command {
@@ -79,7 +93,10 @@ pub fn run(args: Vec<OsString>) -> Result<()> {
         std::process::exit(2);
     });
     let matches = command().try_get_matches_from(args).unwrap_or_else(|e| exit_with(e));
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| exit_with(e));
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| exit_with(e));
+    if let Some(device) = cli.command.device_mut() {
+        device.resolve();
+    }
     match &cli.command {
         Command::Train(args) => {
             let sub = matches.subcommand_matches("train").expect("the train subcommand matched");

@@ -27,14 +27,68 @@ pub enum Backend {
     Cpu,
     /// alpha-gpu's WGSL kernels through wgpu (Vulkan, Metal, DX12).
     Gpu,
+    /// alpha-cuda: cuBLASLt and CUDA C kernels on an NVIDIA GPU (a build with `--features cuda`).
+    Cuda,
+    /// CUDA where a device is found, else wgpu where a hardware adapter is, else the CPU.
+    Auto,
+}
+
+impl Backend {
+    /// Its name in records and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Gpu => "gpu",
+            Backend::Cuda => "cuda",
+            Backend::Auto => "auto",
+        }
+    }
+}
+
+/// Whether this build has the CUDA backend.
+pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+
+/// The error where `--backend cuda` meets a build without it.
+fn cuda_not_built() -> anyhow::Error {
+    anyhow!("this alpha-native was built without CUDA; build it with `cargo build --release -p alpha-native --features cuda`")
+}
+
+/// What `--backend auto` picks here, and why (for the run's first lines).
+fn pick_backend() -> (Backend, String) {
+    #[cfg(feature = "cuda")]
+    {
+        match alpha_cuda::device::check_libraries() {
+            Ok(()) => match alpha_cuda::device::device_count() {
+                0 => {}
+                n => return (Backend::Cuda, format!("auto: {n} CUDA device{} found", if n == 1 { "" } else { "s" })),
+            },
+            Err(e) => eprintln!("note: {e}"),
+        }
+    }
+    let adapters = block_on(alpha_gpu::context::adapters());
+    let hardware = adapters.iter().find(|a| a.device_type != "Cpu");
+    match hardware {
+        Some(a) => (Backend::Gpu, format!("auto: {}{}", a.name, if CUDA_BUILT { " (no CUDA device)" } else { " (a build without CUDA)" })),
+        None => (Backend::Cpu, "auto: no CUDA device and no hardware GPU adapter".to_string()),
+    }
 }
 
 /// The flags that choose where a command runs.
 #[derive(Args, Debug, Clone)]
 pub struct DeviceArgs {
-    /// Where to run.
+    /// Where to run: cpu; gpu (wgpu: Vulkan, Metal, DX12); cuda (NVIDIA, a build with
+    /// --features cuda); auto (cuda where a device is found, else gpu where a hardware adapter
+    /// is, else cpu; it says which).
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
+    /// CUDA device (--backend cuda): its ordinal. Default: 0, and under mpirun each rank on a
+    /// machine its own (the local rank's).
+    #[arg(long)]
+    pub device: Option<usize>,
+    /// Lets CUDA's f32 products run on the tensor cores in TF32 (--backend cuda, --precision
+    /// f32; PyTorch's `allow_tf32`): faster, to about 1e-3 relative.
+    #[arg(long)]
+    pub tf32: bool,
     /// Worker threads (CPU backend; the GPU backend's host work is one thread). Default: one
     /// per core.
     #[arg(long)]
@@ -43,10 +97,11 @@ pub struct DeviceArgs {
     /// Default: the high-performance adapter.
     #[arg(long)]
     pub adapter: Option<String>,
-    /// The GPU's arithmetic (--backend gpu): f32; f16 mixed precision (every matrix
-    /// product's operands rounded to f16, sums and everything else f32, dynamic loss scaling:
-    /// needs shader-f16); auto: f16 where the adapter has shader-f16, else f32. A resumed
-    /// run without this flag keeps its checkpoint's precision (f16 where the adapter has it).
+    /// The products' operands (sums in f32, master weights and AdamW in f32 on every
+    /// backend): f32; f16 (--backend gpu, needs shader-f16, with dynamic loss scaling); bf16
+    /// (--backend cuda, sm_80 and later); auto: bf16 on CUDA sm_80+, f16 on a wgpu adapter
+    /// with shader-f16, else f32. A resumed wgpu run without this flag keeps its checkpoint's
+    /// precision (f16 where the adapter has it).
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     pub precision: PrecisionArg,
     /// The large f16 matrix products on the GPU's tensor cores (Vulkan cooperative matrices
@@ -100,9 +155,11 @@ fn value_name(value: impl ValueEnum) -> String {
 pub enum PrecisionArg {
     /// f32 throughout.
     F32,
-    /// f16 products with loss scaling.
+    /// f16 products with loss scaling (wgpu).
     F16,
-    /// f16 where the adapter has shader-f16, else f32.
+    /// bf16 products (CUDA).
+    Bf16,
+    /// The fastest the device has: bf16 on CUDA sm_80+, f16 on wgpu with shader-f16, else f32.
     Auto,
 }
 
@@ -123,6 +180,7 @@ impl DeviceArgs {
         let precision = match self.precision {
             PrecisionArg::F32 => Some(Precision::F32),
             PrecisionArg::F16 => Some(Precision::F16),
+            PrecisionArg::Bf16 => return Err(anyhow!("--precision bf16 runs on CUDA (--backend cuda); wgpu's products are f32 or f16")),
             PrecisionArg::Auto => None,
         };
         let tensor_cores = match self.tensor_cores {
@@ -157,8 +215,71 @@ impl DeviceArgs {
         }
     }
 
-    /// An error if `--adapter` is given without `--backend gpu` (it would be ignored).
+    /// Opens the CUDA device for data-parallel rank `local` of this machine's ranks
+    /// (`--device`, else the local rank's) and the arithmetic its products run, saying which
+    /// `auto` chose and why.
+    #[cfg(feature = "cuda")]
+    pub fn open_cuda_local(&self, local: usize) -> Result<(alpha_cuda::Device, alpha_cuda::Arithmetic, String)> {
+        use alpha_cuda::Arithmetic;
+        let device = alpha_cuda::Device::open(self.device.unwrap_or(local))?;
+        let (arithmetic, why) = match (self.precision, self.tf32) {
+            (PrecisionArg::F32, false) => (Arithmetic::F32, String::new()),
+            (PrecisionArg::F32, true) => (Arithmetic::Tf32, " (--tf32)".to_string()),
+            (PrecisionArg::Bf16, _) => (Arithmetic::Bf16, String::new()),
+            (PrecisionArg::Auto, _) if device.info.has_bf16() => (Arithmetic::Bf16, format!(" (auto: {} is {})", device.info.name, device.info.arch())),
+            (PrecisionArg::Auto, _) => (Arithmetic::F32, format!(" (auto: {} is {}, before bf16's sm_80)", device.info.name, device.info.arch())),
+            (PrecisionArg::F16, _) => return Err(anyhow!("--precision f16 runs on wgpu (--backend gpu); CUDA's products are f32 or bf16")),
+        };
+        let line = format!("precision: {}{why}", alpha_cuda::engine::precision_name(arithmetic));
+        Ok((device, arithmetic, line))
+    }
+
+    /// `--backend cuda` in a build without it.
+    #[cfg(not(feature = "cuda"))]
+    pub fn open_cuda_local(&self, _local: usize) -> Result<std::convert::Infallible> {
+        Err(cuda_not_built())
+    }
+
+    /// Resolves `--backend auto` to the backend it picks, saying which and why on stderr
+    /// (the command line does it before a command runs).
+    pub fn resolve(&mut self) {
+        if self.backend == Backend::Auto {
+            let (backend, why) = pick_backend();
+            eprintln!("backend: {} ({why})", backend.name());
+            self.backend = backend;
+        }
+    }
+
+    /// Checks the flags against the backend: an error where a flag would be ignored or the
+    /// backend cannot do what is asked.
     pub fn check(&self) -> Result<()> {
+        if self.backend == Backend::Auto {
+            return Err(anyhow!("--backend auto is resolved by the command line before a command runs"));
+        }
+        if self.backend == Backend::Cuda && !CUDA_BUILT {
+            return Err(cuda_not_built());
+        }
+        if self.backend != Backend::Cuda && self.device.is_some() {
+            return Err(anyhow!("--device selects a CUDA device; add --backend cuda (--adapter selects a wgpu adapter)"));
+        }
+        if self.backend != Backend::Cuda && self.tf32 {
+            return Err(anyhow!("--tf32 lets CUDA's f32 products use TF32; add --backend cuda"));
+        }
+        if self.backend == Backend::Cuda && self.tf32 && self.precision != PrecisionArg::F32 {
+            return Err(anyhow!("--tf32 applies to f32 products; drop it or use --precision f32"));
+        }
+        if self.backend == Backend::Cuda && (self.adapter.is_some() || self.tensor_cores == TensorCoresArg::On) {
+            return Err(anyhow!("--adapter and --tensor-cores are wgpu's (--backend gpu); CUDA's products always run on the tensor cores except in f32, and --device picks the GPU"));
+        }
+        if self.backend == Backend::Cuda && self.precision == PrecisionArg::F16 {
+            return Err(anyhow!("--precision f16 runs on wgpu (--backend gpu); CUDA's products are f32 or bf16"));
+        }
+        if self.backend == Backend::Gpu && self.precision == PrecisionArg::Bf16 {
+            return Err(anyhow!("--precision bf16 runs on CUDA (--backend cuda); wgpu's products are f32 or f16"));
+        }
+        if self.backend == Backend::Cpu && self.precision == PrecisionArg::Bf16 {
+            return Err(anyhow!("--precision bf16 runs on CUDA; add --backend cuda (the CPU computes in f32)"));
+        }
         if self.backend == Backend::Cpu && self.adapter.is_some() {
             return Err(anyhow!("--adapter selects a GPU; add --backend gpu"));
         }

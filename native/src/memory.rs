@@ -14,8 +14,8 @@ use anyhow::{anyhow, Result};
 fn host_bytes(plan: &Plan, backend: Backend) -> (u128, u128) {
     let (p, activations, batch) = arena_bytes(plan);
     match backend {
-        Backend::Cpu => (7 * p, activations + batch),
-        Backend::Gpu => (4 * p, 0),
+        Backend::Cpu | Backend::Auto => (7 * p, activations + batch),
+        Backend::Gpu | Backend::Cuda => (4 * p, 0),
     }
 }
 
@@ -62,8 +62,10 @@ fn check_against(plan: &Plan, backend: Backend, available: u128) -> Result<()> {
         return Ok(());
     }
     let detail = match backend {
-        Backend::Cpu => format!("model state {}, activations {} for a batch of {} x {} tokens", size(state), size(activations), plan.batch, plan.seq),
-        Backend::Gpu => "the run state and checkpoint copies of the model".to_string(),
+        Backend::Cpu | Backend::Auto => {
+            format!("model state {}, activations {} for a batch of {} x {} tokens", size(state), size(activations), plan.batch, plan.seq)
+        }
+        Backend::Gpu | Backend::Cuda => "the run state and checkpoint copies of the model".to_string(),
     };
     Err(anyhow!("this run needs {} of memory ({detail}) but this machine has {} available; use a smaller batch, block or model", size(need), size(available)))
 }

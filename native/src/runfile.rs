@@ -5,7 +5,6 @@
 //! configuration, a run file that repeats it, beside its checkpoint.
 
 use crate::corpus;
-use crate::device::Backend;
 use crate::run::args::{fields_in_order, TrainArgs};
 use alpha_core::run::{preset, PRESETS};
 use alpha_core::settings::RunSettings;
@@ -109,8 +108,9 @@ pub const RUN_FILE_HEADER: &str = "# The resolved configuration of the run in th
 /// The run file that repeats this run (`train --config DIR/run.toml`): its model, settings,
 /// cadence and backend as resolved from the defaults, --config, the checkpoint resumed and the
 /// flags; on a GPU (`gpu`), the precision and tensor-core use it resolved to, so that a repeat
-/// on another device runs the same arithmetic or says why it cannot.
-pub fn resolved(args: &TrainArgs, s: &RunSettings, gpu: Option<&alpha_gpu::Gpu>) -> String {
+/// on another device runs the same arithmetic or says why it cannot; likewise on a CUDA
+/// device (`cuda`).
+pub fn resolved(args: &TrainArgs, s: &RunSettings, gpu: Option<&alpha_gpu::Gpu>, cuda: Option<&crate::engine::CudaOpened>) -> String {
     let mut entries: Vec<(String, String)> = Vec::new();
     if s.data != corpus::EMBEDDED {
         entries.push((if s.dataset { "dataset" } else { "data" }.into(), string(&s.data)));
@@ -130,9 +130,14 @@ pub fn resolved(args: &TrainArgs, s: &RunSettings, gpu: Option<&alpha_gpu::Gpu>)
     entries.extend([
         ("zero".into(), u64::from(args.zero).to_string()),
         ("vocab_pad".into(), args.model.vocab_pad.to_string()),
-        ("backend".into(), string(if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" })),
+        ("backend".into(), string(args.device.backend.name())),
     ]);
     entries.extend(args.device.adapter.as_deref().map(|a| ("adapter".into(), string(a))));
+    entries.extend(args.device.device.map(|d| ("device".into(), d.to_string())));
+    if let Some(c) = cuda {
+        entries.push(("precision".into(), string(c.precision)));
+        entries.extend(c.tf32.then(|| ("tf32".into(), "true".to_string())));
+    }
     for (key, value) in gpu.map(crate::device::arithmetic_flags).into_iter().flatten() {
         entries.push((key.into(), string(&value)));
     }

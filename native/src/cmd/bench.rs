@@ -84,8 +84,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let cfg = bench_train_config(args.grad_accum);
     let pool = args.device.pool()?;
     let opened = crate::engine::open(&args.device, &pool, plan, cfg, start, Placement::alone())?;
+    let peak = crate::engine::peak(&opened, &pool, args.peak_gflops)?;
     let mut engine = opened.engine;
-    let peak = crate::engine::peak(opened.gpu.as_ref(), &pool, args.peak_gflops)?;
     let (steps_ms, phases) = timed_steps(args, &mut *engine, train, trace.as_mut())?;
     let description = engine.describe();
     let device = crate::engine::device_json(&description);

@@ -110,8 +110,15 @@ pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
 /// A model that runs forward only, on the CPU or a GPU (one per evaluation).
 #[allow(clippy::large_enum_variant)]
 enum Forward {
-    Cpu { pool: ThreadPool, plan: Plan, mem: OwnedMemory<f32>, params: Vec<f32> },
+    Cpu {
+        pool: ThreadPool,
+        plan: Plan,
+        mem: OwnedMemory<f32>,
+        params: Vec<f32>,
+    },
     Gpu(GpuForward),
+    #[cfg(feature = "cuda")]
+    Cuda(alpha_cuda::CudaEngine<'static>),
 }
 
 impl Forward {
@@ -119,7 +126,19 @@ impl Forward {
         Ok(match device.backend {
             Backend::Cpu => Forward::Cpu { pool: device.pool()?, plan, mem: OwnedMemory::new(&plan)?, params },
             Backend::Gpu => Forward::Gpu(block_on(GpuForward::new(device.open_gpu()?, plan, &params))?),
+            Backend::Cuda => Forward::cuda(device, plan, params)?,
+            Backend::Auto => unreachable!("the command line resolves --backend auto"),
         })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(device: &DeviceArgs, plan: Plan, params: Vec<f32>) -> Result<Forward> {
+        Ok(Forward::Cuda(crate::engine::cuda_model(device, plan, params)?))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn cuda(device: &DeviceArgs, _plan: Plan, _params: Vec<f32>) -> Result<Forward> {
+        match device.open_cuda_local(0)? {}
     }
 
     /// The loss at every position of `x` predicting `y`.
@@ -131,6 +150,8 @@ impl Forward {
                 Ok(Cow::Borrowed(&mem.acts[plan.head_acts().losses.range()]))
             }
             Forward::Gpu(m) => Ok(block_on(m.losses(x, y)).map(Cow::Owned)?),
+            #[cfg(feature = "cuda")]
+            Forward::Cuda(m) => Ok(m.losses(x, y).map(Cow::Owned)?),
         }
     }
 }

@@ -79,8 +79,9 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     let fits = crate::memory::check(&plan, args.device.backend);
     let gpu = match args.device.backend {
         Backend::Gpu => Some(args.device.open_gpu()?),
-        Backend::Cpu => None,
+        Backend::Cpu | Backend::Cuda | Backend::Auto => None,
     };
+    let cuda = if args.device.backend == Backend::Cuda { Some(cuda_json(&args.device, &plan)?) } else { None };
     let kernels = match &gpu {
         Some(g) if args.kernels => Some(driver_statistics(g, config.n_embd / config.n_head)?),
         _ => None,
@@ -109,7 +110,8 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         "memory_mib": memory_json(&plan),
         "memory_error": fits.as_ref().err().map(|e| format!("{e:#}")),
         "largest_batch": {"without_recompute": largest(false), "with_recompute": largest(true)},
-        "backend": if args.device.backend == Backend::Gpu { "gpu" } else { "cpu" },
+        "backend": args.device.backend.name(),
+        "cuda": cuda,
         "device": device,
         "estimate": estimate,
         "gpu_adapters": adapters.iter().map(adapter_json).collect::<Vec<_>>(),
@@ -127,6 +129,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     print_machine(&report);
     print_plan(&report, gpu.as_ref());
     print_gpu(&report, gpu.as_ref(), kernels.as_deref());
+    print_cuda(&report["cuda"]);
     print_estimate(args, &report);
     print_adapters(&adapters);
     Ok(())
@@ -394,6 +397,70 @@ fn adapter_json(a: &AdapterSummary) -> serde_json::Value {
         "features": a.features, "max_buffer_bytes": a.max_buffer, "max_storage_binding_bytes": a.max_storage_binding,
         "cooperative_matrices": a.cooperative_matrices, "no_tensor_cores": a.no_tensor_cores,
     })
+}
+
+/// The CUDA device `device` opens: its name, architecture and memory, its measured product
+/// peaks (f32, TF32, bf16 where it has them: square cuBLASLt products) and copy bandwidth, and
+/// whether `plan`'s training fits its free memory.
+#[cfg(feature = "cuda")]
+fn cuda_json(device: &DeviceArgs, plan: &Plan) -> Result<Value> {
+    use alpha_cuda::{peak, Arithmetic, CudaEngine};
+    let (dev, arithmetic, _) = device.open_cuda_local(0)?;
+    let i = &dev.info;
+    let gflops = |a| peak::product_gflops(&dev, a, 8192);
+    let needed = CudaEngine::memory_needed(plan, arithmetic, 1);
+    let (free, total) = dev.memory()?;
+    Ok(json!({
+        "device": i.ordinal,
+        "name": i.name,
+        "arch": i.arch(),
+        "multiprocessors": i.multiprocessors,
+        "driver_version": i.driver_version,
+        "memory_total_mib": total as f64 / 1048576.0,
+        "memory_free_mib": free as f64 / 1048576.0,
+        "peak_f32_gflops": gflops(Arithmetic::F32)?,
+        "peak_tf32_gflops": gflops(Arithmetic::Tf32)?,
+        "peak_bf16_gflops": if i.has_bf16() { Some(gflops(Arithmetic::Bf16)?) } else { None },
+        "bandwidth_gbs": peak::bandwidth_gbs(&dev, 1 << 30)?,
+        "precision": alpha_cuda::engine::precision_name(arithmetic),
+        "training_needs_mib": needed as f64 / 1048576.0,
+        "fits": needed <= free as u64,
+    }))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_json(device: &DeviceArgs, _plan: &Plan) -> Result<Value> {
+    match device.open_cuda_local(0)? {}
+}
+
+/// The CUDA device's lines of `info --backend cuda`.
+fn print_cuda(c: &Value) {
+    if c.is_null() {
+        return;
+    }
+    println!(
+        "CUDA device {}: {} ({}, {} SMs, driver {})",
+        c["device"],
+        c["name"].as_str().unwrap_or("?"),
+        c["arch"].as_str().unwrap_or("?"),
+        c["multiprocessors"],
+        c["driver_version"]
+    );
+    println!("  memory: {:.0} MiB free of {:.0} MiB", c["memory_free_mib"].as_f64().unwrap_or(0.0), c["memory_total_mib"].as_f64().unwrap_or(0.0));
+    let tflops = |k: &str| c[k].as_f64().map_or("-".to_string(), |g| format!("{:.1}", g / 1e3));
+    println!(
+        "  products (cuBLASLt, 8192^3): f32 {} TFLOP/s, TF32 {}, bf16 {}",
+        tflops("peak_f32_gflops"),
+        tflops("peak_tf32_gflops"),
+        tflops("peak_bf16_gflops")
+    );
+    println!("  memory bandwidth (a copy): {:.0} GB/s", c["bandwidth_gbs"].as_f64().unwrap_or(0.0));
+    let fits = if c["fits"].as_bool() == Some(true) { "fits" } else { "does not fit" };
+    println!(
+        "  this run in {} needs {:.0} MiB on the device: it {fits}",
+        c["precision"].as_str().unwrap_or("?"),
+        c["training_needs_mib"].as_f64().unwrap_or(0.0)
+    );
 }
 
 /// The largest batch of whole blocks a training run of `config` fits on `backend` (with

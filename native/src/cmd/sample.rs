@@ -100,6 +100,12 @@ pub fn run(args: &SampleArgs) -> Result<()> {
             let mut model = block_on(GpuForward::new(args.device.open_gpu()?, plan, &ck.params))?;
             block_on(model.generate(&prompt, &cfg, &mut Rng::new(args.seed), &mut emit))?;
         }
+        Backend::Cuda => {
+            let plan = Plan::new(ck.config, 1, block).and_then(|p| p.with_classes(tok.vocab_size()))?;
+            let mut model = crate::engine::cuda_sampler(&args.device, plan, ck.params.clone())?;
+            block_on(model.sample(&prompt, &cfg, &mut Rng::new(args.seed), &mut emit)).map_err(anyhow::Error::msg)?;
+        }
+        Backend::Auto => unreachable!("the command line resolves --backend auto"),
     }
     let rest = text.finish();
     result.and_then(|_| writeln!(out, "{rest}")).and_then(|_| out.flush()).map_err(|e| anyhow!("cannot write to stdout: {e}"))?;

@@ -53,8 +53,9 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let (start, carried) = setup::start(&mut run, &inputs.plan)?;
     let start_step = start.step;
     let started = setup::open_engine(args, explicit, &pool, inputs.plan, &s, (start, &carried), group)?;
-    let (mut engine, gpu) = (started.opened.engine, started.opened.gpu);
-    let resolved = runfile::resolved(args, &s, gpu.as_ref());
+    let peak = if root { Some(crate::engine::peak(&started.opened, &pool, args.peak_gflops)?) } else { None };
+    let (mut engine, gpu, cuda) = (started.opened.engine, started.opened.gpu, started.opened.cuda);
+    let resolved = runfile::resolved(args, &s, gpu.as_ref(), cuda.as_ref());
     if group.ranks() > 1 {
         agree(group, &mut *engine, &resolved, splits)?;
     }
@@ -71,9 +72,11 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     if let Some(gpu) = &gpu {
         console.line(&started.device.precision_line(gpu, started.precision_from_checkpoint));
     }
+    if let Some(cuda) = &cuda {
+        console.line(&cuda.precision_line);
+    }
     let plan = &inputs.plan;
     // MFU and HFU over each logged window, against the peak of every rank's device together.
-    let peak = if root { Some(crate::engine::peak(gpu.as_ref(), &pool, args.peak_gflops)?) } else { None };
     let throughput = Throughput::new(plan, started.config.grad_accum, peak, group.ranks());
     let device = crate::engine::device_json(&description);
     outputs.metrics.write(start_record(&run, plan, start_step, &description, &throughput, &pool))?;
