@@ -103,7 +103,8 @@ pub fn cuda_model(device: &DeviceArgs, plan: Plan, params: Vec<f32>) -> Result<a
     Ok(alpha_cuda::CudaEngine::new(dev, arithmetic, plan, cfg, &start, &OneRank, false)?)
 }
 
-/// [`cuda_model`] as any engine, to sample from (an error in a build without CUDA).
+/// A CUDA model (as `cuda_model` makes) as any engine, to sample from (an error in a build
+/// without CUDA).
 pub fn cuda_sampler(device: &DeviceArgs, plan: Plan, params: Vec<f32>) -> Result<Box<dyn Engine>> {
     #[cfg(feature = "cuda")]
     return Ok(Box::new(cuda_model(device, plan, params)?));
