@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Every CUDA test, on a lent GPU, within 3 minutes of device time: each kernel file compiles
-# with the machine's NVRTC; the CUDA engine against the CPU's (cuda/tests/parity.rs: 20 f32
-# steps within 1e-5 relative with TF32 off, dropout's masks, bf16 within 2e-2 of f32,
-# --recompute and resume bit for bit, evaluation, greedy samples past the window); then the
-# CLI: a checkpoint trained on CUDA resumed on the CPU and on CUDA (the same losses within
-# 1e-5), and with mpirun, 2 ranks on the one GPU against one process with --grad-accum 2.
+# with the machine's NVRTC; every kernel against its CPU op (cuda/src/kernel_tests.rs); the
+# CUDA engine against the CPU's (cuda/tests/parity.rs: 20 f32 steps within 1e-5 relative with
+# TF32 off, dropout's masks, bf16 within 2e-2 of f32, --recompute and resume bit for bit,
+# evaluation, greedy samples past the window); 2 ranks against --grad-accum 2
+# (cuda/tests/ranks.rs); then the CLI: a checkpoint trained on CUDA resumed on the CPU and on
+# CUDA (the same losses within 1e-5), and with mpirun, 2 ranks on the one GPU against one
+# process with --grad-accum 2.
 #
 #   scripts/cuda-check.sh --build   here, with Rust (no GPU needed): builds the test binaries
 #                                   and alpha-native (--features cuda, and cuda,mpi where Open
@@ -18,8 +20,10 @@ dir=target/cuda-check
 if [ "${1:-}" = --build ]; then
     rm -rf "$dir"
     mkdir -p "$dir"
-    for test in kernels_compile parity; do
-        bin=$(cargo test --profile test-opt -p alpha-cuda --test "$test" --no-run --message-format=json 2>/dev/null \
+    for test in kernels kernels_compile parity ranks; do
+        target=(--test "$test")
+        [ "$test" = kernels ] && target=(--lib)
+        bin=$(cargo test --profile test-opt -p alpha-cuda "${target[@]}" --no-run --message-format=json 2>/dev/null \
             | python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
         cp "$bin" "$dir/$test"
     done
@@ -39,8 +43,12 @@ started=$SECONDS
 stage() { echo "== $1 ($((SECONDS - started)) s)" >&2; }
 stage "every kernel compiles with this machine's NVRTC"
 "$dir/kernels_compile" --test-threads 1
+stage "every kernel against its CPU op"
+"$dir/kernels" --test-threads 1
 stage "the CUDA engine against the CPU's"
 "$dir/parity" --test-threads 1
+stage "2 ranks against --grad-accum 2"
+"$dir/ranks"
 alpha="$dir/alpha-native"
 work=$(mktemp -d)
 common=(--layers 2 --heads 2 --embd 96 --block 32 --batch 8 --log-interval 1 --eval-interval 0 --sample-interval 0)

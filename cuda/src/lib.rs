@@ -50,6 +50,8 @@ mod emulate;
 pub mod engine;
 mod error;
 mod executor;
+#[cfg(test)]
+mod kernel_tests;
 mod memory;
 pub mod peak;
 

@@ -1,0 +1,317 @@
+//! Every kernel against its CPU op (alpha_core::ops), through the executor, on random inputs
+//! with odd shapes (rows past a warp's 32 lanes, head sizes past 32 dimensions), forward and
+//! backward: on a CUDA device where there is one (`ALPHA_REQUIRE_CUDA=1` makes it required),
+//! else on the host's emulation. The products' operands are f32 here (bf16: the engine's test).
+
+use crate::blas::{Arithmetic, Products};
+use crate::device::Device;
+use crate::executor::{Arenas, CudaExecutor, Decoding};
+use crate::memory::{Buffer, Tensor};
+use alpha_core::ops::attention::{AttentionShape, KvCache};
+use alpha_core::ops::dropout::{DropoutKey, Site};
+use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
+use alpha_core::walk::Executor;
+use alpha_core::{GptConfig, Plan, Rng, Serial};
+
+fn device() -> Device {
+    match crate::device::check_libraries().and_then(|()| Device::open(0)) {
+        Ok(d) => d,
+        Err(why) if std::env::var_os("ALPHA_REQUIRE_CUDA").is_some() => panic!("ALPHA_REQUIRE_CUDA is set: {why}"),
+        Err(_) => Device::emulated().expect("the host's emulation needs a C++20 compiler"),
+    }
+}
+
+fn random(rng: &mut Rng, len: usize, scale: f32) -> Vec<f32> {
+    (0..len).map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale).collect()
+}
+
+/// `got` within `tol` of `want`, relative to 1 or the value.
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * w.abs().max(1.0), "{what}[{i}]: {g} vs the CPU's {w}");
+    }
+}
+
+/// A device, its products, and the tensors of one test.
+struct Rig {
+    device: Device,
+    products: Products,
+    plan: Plan,
+    acts: Buffer,
+    tokens: Buffer,
+    targets: Buffer,
+    buffers: Vec<Buffer>,
+}
+
+impl Rig {
+    /// A rig for ops of `plan`'s shapes, its batch's tokens and targets `ids`.
+    fn new(plan: Plan, ids: &[u32]) -> Rig {
+        let device = device();
+        let products = Products::new(&device, Arithmetic::F32).unwrap();
+        let acts = Buffer::f32s(&device, "activations", plan.acts_len()).unwrap();
+        let (tokens, targets) = (Buffer::zeroed(&device, "tokens", ids.len(), 4).unwrap(), Buffer::zeroed(&device, "targets", ids.len(), 4).unwrap());
+        tokens.upload(0, ids).unwrap();
+        targets.upload(0, ids).unwrap();
+        Rig { device, products, plan, acts, tokens, targets, buffers: Vec::new() }
+    }
+
+    /// `data` on the device.
+    fn put(&mut self, data: &[f32]) -> Tensor {
+        let b = Buffer::f32s(&self.device, "a test tensor", data.len()).unwrap();
+        b.upload(0, data).unwrap();
+        self.buffers.push(b);
+        self.buffers.last().unwrap().tensor()
+    }
+
+    /// A tensor's elements, after the queued work.
+    fn get(&self, t: Tensor) -> Vec<f32> {
+        let b = self.buffers.iter().find(|b| b.tensor() == t).expect("a tensor of this rig");
+        let mut out = vec![0f32; t.len];
+        b.download(0, &mut out).unwrap();
+        out
+    }
+
+    fn exec(&self) -> CudaExecutor<'_> {
+        let t = self.acts.tensor();
+        let arenas = Arenas {
+            params: t,
+            params_bf16: None,
+            grads: None,
+            acts: t,
+            tokens: self.tokens.tensor(),
+            targets: Some(self.targets.tensor()),
+            operands_bf16: None,
+        };
+        CudaExecutor::new(&self.device, &self.products, &self.plan, arenas)
+    }
+
+    /// Runs `f` on an executor (with dropout `key`) and checks that it queued no error.
+    fn run(&self, key: Option<DropoutKey>, f: impl FnOnce(&mut CudaExecutor<'_>)) {
+        let mut e = self.exec();
+        if let Some(k) = key {
+            e = e.with_dropout_key(k);
+        }
+        f(&mut e);
+        e.finish().unwrap();
+        self.device.synchronize().unwrap();
+    }
+}
+
+fn plan(vocab: usize, batch: usize, seq: usize, heads: usize, embd: usize) -> Plan {
+    Plan::new(GptConfig { vocab_size: vocab, block_size: seq, n_layer: 1, n_head: heads, n_embd: embd }, batch, seq).unwrap()
+}
+
+#[test]
+fn embedding_matches_the_cpu() {
+    let (b, t, c, v) = (2, 5, 37, 11);
+    let mut rng = Rng::new(1);
+    let ids: Vec<u32> = (0..b * t).map(|i| (i * 7 % v) as u32).collect();
+    let mut rig = Rig::new(plan(v, b, t, 1, c), &ids);
+    let (wte, wpe, dout) = (random(&mut rng, v * c, 1.0), random(&mut rng, t * c, 1.0), random(&mut rng, b * t * c, 1.0));
+    let (dwte0, dwpe0) = (random(&mut rng, v * c, 1.0), random(&mut rng, t * c, 1.0));
+    let (g_out, g_wte, g_wpe) = (rig.put(&vec![0f32; b * t * c]), rig.put(&wte), rig.put(&wpe));
+    let (g_dwte, g_dwpe, g_dout) = (rig.put(&dwte0), rig.put(&dwpe0), rig.put(&dout));
+    rig.run(None, |e| {
+        e.embedding_forward(embedding::Forward { out: g_out, wte: g_wte, wpe: g_wpe, seq: t });
+        e.embedding_backward(embedding::Backward { dwte: g_dwte, dwpe: g_dwpe, dout: g_dout, seq: t });
+    });
+    let mut out = vec![0f32; b * t * c];
+    embedding::forward(&Serial, embedding::Forward { out: &mut out, wte: &wte, wpe: &wpe, seq: t }, &ids);
+    let (mut dwte, mut dwpe) = (dwte0, dwpe0);
+    embedding::backward(&Serial, embedding::Backward { dwte: &mut dwte, dwpe: &mut dwpe, dout: &dout, seq: t }, &ids);
+    // The same sums in the same order: the same bits.
+    assert_eq!(rig.get(g_out), out);
+    assert_eq!((rig.get(g_dwte), rig.get(g_dwpe)), (dwte, dwpe));
+}
+
+#[test]
+fn layernorm_matches_the_cpu() {
+    let (n, c) = (13, 70);
+    let mut rng = Rng::new(2);
+    let mut rig = Rig::new(plan(5, 1, n, 1, c), &vec![0; n]);
+    let (x, w, bias, dout, dx0) =
+        (random(&mut rng, n * c, 2.0), random(&mut rng, c, 1.0), random(&mut rng, c, 1.0), random(&mut rng, n * c, 1.0), random(&mut rng, n * c, 1.0));
+    let (dw0, db0) = (random(&mut rng, c, 1.0), random(&mut rng, c, 1.0));
+    let (g_out, g_mean, g_rstd) = (rig.put(&vec![0f32; n * c]), rig.put(&vec![0f32; n]), rig.put(&vec![0f32; n]));
+    let (g_x, g_w, g_b, g_dout) = (rig.put(&x), rig.put(&w), rig.put(&bias), rig.put(&dout));
+    let (g_dx, g_dw, g_db) = (rig.put(&dx0), rig.put(&dw0), rig.put(&db0));
+    rig.run(None, |e| {
+        e.layernorm_forward(layernorm::Forward { out: g_out, mean: g_mean, rstd: g_rstd, x: g_x, weight: g_w, bias: g_b });
+        let a = layernorm::Backward { dx: g_dx, dweight: g_dw, dbias: g_db, dout: g_dout, x: g_x, mean: g_mean, rstd: g_rstd, weight: g_w };
+        e.layernorm_backward(a);
+    });
+    let (mut out, mut mean, mut rstd) = (vec![0f32; n * c], vec![0f32; n], vec![0f32; n]);
+    layernorm::forward(&Serial, layernorm::Forward { out: &mut out, mean: &mut mean, rstd: &mut rstd, x: &x, weight: &w, bias: &bias });
+    let (mut dx, mut dw, mut db) = (dx0, dw0, db0);
+    let mut partials = vec![0f32; alpha_core::ops::row_blocks::blocks(n) * 2 * c];
+    let a = layernorm::Backward {
+        dx: &mut dx[..],
+        dweight: &mut dw[..],
+        dbias: &mut db[..],
+        dout: &dout[..],
+        x: &x[..],
+        mean: &mean[..],
+        rstd: &rstd[..],
+        weight: &w[..],
+    };
+    layernorm::backward(&Serial, a, &mut partials);
+    for (what, g, want) in
+        [("out", g_out, &out), ("mean", g_mean, &mean), ("rstd", g_rstd, &rstd), ("dx", g_dx, &dx), ("dweight", g_dw, &dw), ("dbias", g_db, &db)]
+    {
+        assert_close(what, &rig.get(g), want, 1e-5);
+    }
+}
+
+#[test]
+fn matmul_and_its_epilogues_match_the_cpu() {
+    let (n, k, m) = (19, 37, 45);
+    for kind in ["none", "gelu", "residual"] {
+        for with_bias in [true, false] {
+            let what = format!("{kind}, bias {with_bias}");
+            let mut rng = Rng::new(3);
+            let mut rig = Rig::new(plan(5, 1, n, 1, k), &vec![0; n]);
+            let (x, w, bias, res) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * k, 1.0), random(&mut rng, m, 1.0), random(&mut rng, n * m, 1.0));
+            let (dout, dw0, db0) = (random(&mut rng, n * m, 1.0), random(&mut rng, m * k, 1.0), random(&mut rng, m, 1.0));
+            let (g_out, g_pre, g_x, g_w, g_b, g_res) =
+                (rig.put(&vec![0f32; n * m]), rig.put(&vec![0f32; n * m]), rig.put(&x), rig.put(&w), rig.put(&bias), rig.put(&res));
+            let (g_dout, g_dx, g_dw, g_db) = (rig.put(&dout), rig.put(&vec![0f32; n * k]), rig.put(&dw0), rig.put(&db0));
+            let gpu_epilogue = match kind {
+                "gelu" => matmul::Epilogue::Gelu { pre: g_pre },
+                "residual" => matmul::Epilogue::Residual { input: g_res },
+                _ => matmul::Epilogue::None,
+            };
+            rig.run(None, |e| {
+                let bias = with_bias.then_some(g_b);
+                e.matmul_forward(matmul::Forward { out: g_out, x: g_x, weight: g_w, bias, epilogue: gpu_epilogue, save_slope: true, k, m });
+                let gelu_slope = (kind == "gelu").then_some(g_pre);
+                let dbias = with_bias.then_some(g_db);
+                e.matmul_backward(matmul::Backward { dx: Some(g_dx), dweight: g_dw, dbias, dout: g_dout, x: g_x, weight: g_w, gelu_slope, k, m });
+            });
+            let (mut out, mut pre) = (vec![0f32; n * m], vec![0f32; n * m]);
+            let epilogue = match kind {
+                "gelu" => matmul::Epilogue::Gelu { pre: &mut pre[..] },
+                "residual" => matmul::Epilogue::Residual { input: &res[..] },
+                _ => matmul::Epilogue::None,
+            };
+            let a = matmul::Forward { out: &mut out[..], x: &x[..], weight: &w[..], bias: with_bias.then_some(&bias[..]), epilogue, save_slope: true, k, m };
+            matmul::forward(&Serial, a, &mut vec![0f32; matmul::scratch_len(k, m)]);
+            let (mut d, mut dx, mut dw, mut db) = (dout.clone(), vec![0f32; n * k], dw0, db0);
+            let a = matmul::Backward {
+                dx: Some(&mut dx[..]),
+                dweight: &mut dw[..],
+                dbias: with_bias.then_some(&mut db[..]),
+                dout: &mut d[..],
+                x: &x[..],
+                weight: &w[..],
+                gelu_slope: (kind == "gelu").then_some(&pre[..]),
+                k,
+                m,
+            };
+            let mut partials = vec![0f32; alpha_core::ops::row_blocks::blocks(n) * m];
+            matmul::backward(&Serial, a, &mut partials, &mut vec![0f32; matmul::scratch_len(k, m)]);
+            assert_close(&format!("{what}: out"), &rig.get(g_out), &out, 1e-5);
+            if kind == "gelu" {
+                assert_close(&format!("{what}: gelu slope"), &rig.get(g_pre), &pre, 1e-5);
+            }
+            assert_close(&format!("{what}: d(pre)"), &rig.get(g_dout), &d, 1e-5);
+            assert_close(&format!("{what}: dx"), &rig.get(g_dx), &dx, 1e-5);
+            assert_close(&format!("{what}: dweight"), &rig.get(g_dw), &dw, 1e-5);
+            if with_bias {
+                assert_close(&format!("{what}: dbias"), &rig.get(g_db), &db, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_matches_the_cpu_with_and_without_dropout() {
+    let s = AttentionShape { batch: 2, seq: 7, heads: 3, head_size: 40 };
+    let c = s.heads * s.head_size;
+    for (site, key) in [(None, None), (Some(Site { id: 4, threshold: 1 << 30 }), Some(DropoutKey { seed: 11, draw: 3 }))] {
+        let mut rng = Rng::new(4);
+        let n = s.batch * s.seq;
+        let mut rig = Rig::new(plan(5, s.batch, s.seq, s.heads, c), &vec![0; n]);
+        let (qkv, dout) = (random(&mut rng, n * 3 * c, 1.0), random(&mut rng, n * c, 1.0));
+        let lse_len = s.batch * s.heads * s.seq;
+        let (g_out, g_lse, g_qkv, g_dout, g_dqkv) =
+            (rig.put(&vec![0f32; n * c]), rig.put(&vec![0f32; lse_len]), rig.put(&qkv), rig.put(&dout), rig.put(&vec![0f32; n * 3 * c]));
+        rig.run(key, |e| {
+            e.attention_forward(attention::Forward { out: g_out, lse: g_lse, qkv: g_qkv, shape: s, dropout: site });
+            e.attention_backward(attention::Backward { dqkv: g_dqkv, dout: g_dout, qkv: g_qkv, out: g_out, lse: g_lse, shape: s, dropout: site });
+        });
+        let (mut out, mut lse, mut dqkv) = (vec![0f32; n * c], vec![0f32; lse_len], vec![0f32; n * 3 * c]);
+        let mut scratch = vec![0f32; s.scratch_len()];
+        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout: site }, &mut scratch, key);
+        let a = attention::Backward { dqkv: &mut dqkv[..], dout: &dout[..], qkv: &qkv[..], out: &out[..], lse: &lse[..], shape: s, dropout: site };
+        attention::backward(&Serial, a, &mut scratch, key);
+        let what = if site.is_some() { "with dropout" } else { "without dropout" };
+        assert_close(&format!("{what}: out"), &rig.get(g_out), &out, 1e-5);
+        assert_close(&format!("{what}: lse"), &rig.get(g_lse), &lse, 1e-5);
+        assert_close(&format!("{what}: dqkv"), &rig.get(g_dqkv), &dqkv, 1e-5);
+    }
+}
+
+#[test]
+fn decoding_matches_the_cpus_decoding() {
+    let (heads, hs, len) = (3, 40, 6);
+    let c = heads * hs;
+    let s = AttentionShape { batch: 1, seq: 1, heads, head_size: hs };
+    let mut rng = Rng::new(5);
+    let mut rig = Rig::new(plan(5, 1, 1, heads, c), &[0]);
+    let cache = rig.put(&vec![0f32; 2 * len * c]);
+    let mut cpu_cache = vec![0f32; 2 * len * c];
+    for pos in 0..len {
+        let qkv = random(&mut rng, 3 * c, 1.0);
+        let (g_out, g_lse, g_qkv) = (rig.put(&vec![0f32; c]), rig.put(&vec![0f32; heads]), rig.put(&qkv));
+        let mut e = rig.exec().decoding(Decoding { cache, len, position: pos });
+        e.attention_forward(attention::Forward { out: g_out, lse: g_lse, qkv: g_qkv, shape: s, dropout: None });
+        e.finish().unwrap();
+        let (mut out, mut lse) = (vec![0f32; c], vec![0f32; heads]);
+        let a = attention::Forward { out: &mut out[..], lse: &mut lse[..], qkv: &qkv[..], shape: s, dropout: None };
+        attention::decode(&Serial, a, KvCache { rows: &mut cpu_cache[..], len }, pos);
+        assert_close(&format!("position {pos}: out"), &rig.get(g_out), &out, 1e-5);
+        assert_close(&format!("position {pos}: lse"), &rig.get(g_lse), &lse, 1e-5);
+    }
+    assert_eq!(rig.get(cache), cpu_cache, "the caches' keys and values");
+}
+
+#[test]
+fn cross_entropy_matches_the_cpu_with_padding() {
+    let (n, v, classes) = (6, 300, 257);
+    let mut rng = Rng::new(6);
+    let targets: Vec<u32> = vec![0, 256, 17, 100, 100, 3];
+    for grad_scale in [None, Some(0.25)] {
+        let mut rig = Rig::new(plan(v, 1, n, 1, 4), &targets);
+        let logits = random(&mut rng, n * v, 5.0);
+        let (g_losses, g_logits) = (rig.put(&vec![0f32; n]), rig.put(&logits));
+        rig.run(None, |e| e.cross_entropy(cross_entropy::Forward { losses: g_losses, logits: g_logits, grad_scale, classes }));
+        let (mut losses, mut grad) = (vec![0f32; n], logits.clone());
+        cross_entropy::forward(&Serial, cross_entropy::Forward { losses: &mut losses, logits: &mut grad, grad_scale, classes }, &targets);
+        assert_close("losses", &rig.get(g_losses), &losses, 1e-5);
+        assert_close("logits or their gradient", &rig.get(g_logits), &grad, 1e-5);
+    }
+}
+
+#[test]
+fn dropout_draws_the_cpus_masks() {
+    let len = 1000;
+    let site = Site::new(7, 0.3);
+    let key = DropoutKey { seed: 99, draw: 5 };
+    let mut rng = Rng::new(7);
+    let mut rig = Rig::new(plan(5, 1, 1, 1, 4), &[0]);
+    let (y, res, dout) = (random(&mut rng, len, 1.0), random(&mut rng, len, 1.0), random(&mut rng, len, 1.0));
+    let (g_out, g_plain, g_y, g_res, g_dy, g_dout) =
+        (rig.put(&vec![0f32; len]), rig.put(&vec![0f32; len]), rig.put(&y), rig.put(&res), rig.put(&vec![0f32; len]), rig.put(&dout));
+    rig.run(Some(key), |e| {
+        e.dropout_forward(dropout::Forward { out: g_out, y: g_y, residual: Some(g_res), site });
+        e.dropout_forward(dropout::Forward { out: g_plain, y: g_y, residual: None, site });
+        e.dropout_backward(dropout::Backward { dy: g_dy, dout: g_dout, site });
+    });
+    let (mut out, mut plain, mut dy) = (vec![0f32; len], vec![0f32; len], vec![0f32; len]);
+    dropout::forward(&Serial, dropout::Forward { out: &mut out, y: &y, residual: Some(&res), site }, key);
+    dropout::forward(&Serial, dropout::Forward { out: &mut plain, y: &y, residual: None, site }, key);
+    dropout::backward(&Serial, dropout::Backward { dy: &mut dy, dout: &dout, site }, key);
+    // The same masks and the same arithmetic: the same bits.
+    assert_eq!((rig.get(g_out), rig.get(g_plain), rig.get(g_dy)), (out, plain, dy));
+}
