@@ -97,7 +97,7 @@ impl Products {
         #[cfg(feature = "emulate")]
         if device.is_host() {
             // SAFETY: forwarded to the caller (host pointers).
-            unsafe { crate::emulate::product(p, self.arithmetic == Arithmetic::Bf16, a, b, d) };
+            unsafe { host_product(p, self.arithmetic == Arithmetic::Bf16, a, b, d) };
             return Ok(());
         }
         let handle = device.blas();
@@ -186,6 +186,39 @@ impl Drop for Products {
                     let _ = lt::destroy_matrix_layout(l);
                 }
             }
+        }
+    }
+}
+
+#[cfg(feature = "emulate")]
+/// `p` on host pointers: column-major `D = op(A)·op(B) (+ D)`, summed in f64; the operands
+/// bf16 (as their 16 bits) where `bf16`, else f32.
+///
+/// # Safety
+/// The pointers hold `p`'s operands (host memory), `d` apart from them.
+unsafe fn host_product(p: Product, bf16: bool, a: u64, b: u64, d: u64) {
+    let read = |ptr: u64, i: usize| -> f64 {
+        // SAFETY: in bounds of an operand, as the caller promises.
+        unsafe {
+            if bf16 {
+                f32::from_bits((*(ptr as *const u16).add(i) as u32) << 16) as f64
+            } else {
+                *(ptr as *const f32).add(i) as f64
+            }
+        }
+    };
+    let (m, n, k) = (p.m, p.n, p.k);
+    for j in 0..n {
+        for i in 0..m {
+            let mut sum = 0.0;
+            for l in 0..k {
+                let x = if p.transpose_a { read(a, l + i * k) } else { read(a, i + l * m) };
+                let y = if p.transpose_b { read(b, j + l * n) } else { read(b, l + j * k) };
+                sum += x * y;
+            }
+            // SAFETY: D is m x n, as the caller promises.
+            let out = unsafe { &mut *(d as *mut f32).add(i + j * m) };
+            *out = if p.accumulate { (*out as f64 + sum) as f32 } else { sum as f32 };
         }
     }
 }

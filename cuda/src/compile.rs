@@ -24,6 +24,19 @@ pub const SOURCES: [(&str, &str); 9] = [
     ("peak", include_str!("../kernels/peak.cu")),
 ];
 
+/// The kernels' entry points, by file.
+pub const ENTRY_POINTS: [(&str, &[&str]); 9] = [
+    ("embedding", &["embedding_forward", "embedding_backward"]),
+    ("layernorm", &["layernorm_forward", "layernorm_backward_input", "layernorm_backward_params"]),
+    ("matmul", &["matmul_epilogue", "gelu_backward", "bias_grad", "round_to_bf16"]),
+    ("attention", &["attention_forward", "attention_backward_query", "attention_backward_key_value", "attention_decode"]),
+    ("cross_entropy", &["cross_entropy"]),
+    ("dropout", &["dropout"]),
+    ("adamw", &["adamw"]),
+    ("grad_norm", &["sum_squares_partials"]),
+    ("peak", &["copy_bandwidth"]),
+];
+
 /// The whole source NVRTC compiles for kernel file `source`.
 pub fn full_source(source: &str) -> String {
     format!("{COMMON}\n{source}")

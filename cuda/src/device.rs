@@ -95,19 +95,6 @@ pub(crate) struct Cuda {
     blas: lt_sys::cublasLtHandle_t,
 }
 
-/// The kernels' entry points, by file.
-pub(crate) const ENTRY_POINTS: [(&str, &[&str]); 9] = [
-    ("embedding", &["embedding_forward", "embedding_backward"]),
-    ("layernorm", &["layernorm_forward", "layernorm_backward_input", "layernorm_backward_params"]),
-    ("matmul", &["matmul_epilogue", "gelu_backward", "bias_grad", "round_to_bf16"]),
-    ("attention", &["attention_forward", "attention_backward_query", "attention_backward_key_value", "attention_decode"]),
-    ("cross_entropy", &["cross_entropy"]),
-    ("dropout", &["dropout"]),
-    ("adamw", &["adamw"]),
-    ("grad_norm", &["sum_squares_partials"]),
-    ("peak", &["copy_bandwidth"]),
-];
-
 /// A driver error as a one-line message about `what`.
 pub(crate) fn driver(what: &str) -> impl FnOnce(drv::DriverError) -> CudaError + '_ {
     move |e| {
@@ -188,7 +175,7 @@ impl Device {
     pub(crate) unsafe fn launch(&self, name: &str, grid: u32, block: u32, args: &mut [*mut c_void]) -> Result<(), CudaError> {
         match &self.inner {
             Inner::Cuda(c) => {
-                let f = *c.functions.get(name).unwrap_or_else(|| panic!("kernel {name} is not in ENTRY_POINTS"));
+                let f = *c.functions.get(name).unwrap_or_else(|| panic!("kernel {name} is not in compile::ENTRY_POINTS"));
                 // SAFETY: forwarded to the caller; the legacy default stream.
                 unsafe { drv::launch_kernel(f, (grid.max(1), 1, 1), (block, 1, 1), 0, std::ptr::null_mut(), args) }.map_err(driver(name))
             }
@@ -233,7 +220,7 @@ impl Device {
 
 impl Cuda {
     fn load_kernels(&mut self, arch: &str) -> Result<(), CudaError> {
-        for ((name, source), (file, entries)) in compile::SOURCES.iter().zip(ENTRY_POINTS) {
+        for ((name, source), (file, entries)) in compile::SOURCES.iter().zip(compile::ENTRY_POINTS) {
             debug_assert_eq!(*name, file);
             let image = compile::cubin(name, source, arch)?;
             // SAFETY: a cubin NVRTC made for this device's architecture.

@@ -1,13 +1,11 @@
 //! The host in place of a CUDA device, for tests without a GPU (the `emulate` feature): the
 //! kernel files compiled by the system's C++ compiler after `cuda/emulate/host.hpp` (one
 //! shared library per file, cached under the temporary directory by the sources' hash) and
-//! run block by block on OS threads; the products as plain sums in f64. It checks the
-//! kernels' and the executor's logic against the CPU; the device's own rounding and speed
-//! are the lent GPU's to check (scripts/cuda-check.sh).
+//! run block by block, threads as fibers (see host.hpp); the products are `blas`'s plain
+//! host sums in f64. It checks the kernels' and the executor's logic against the CPU; the
+//! device's own rounding and speed are the lent GPU's to check (scripts/cuda-check.sh).
 
-use crate::blas::Product;
-use crate::compile::{full_source, SOURCES};
-use crate::device::ENTRY_POINTS;
+use crate::compile::{full_source, ENTRY_POINTS, SOURCES};
 use crate::error::CudaError;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -66,7 +64,7 @@ impl Host {
     /// # Safety
     /// As [`crate::device::Device::launch`], with host pointers.
     pub unsafe fn launch(&self, name: &str, grid: u32, block: u32, args: &mut [*mut c_void]) -> Result<(), CudaError> {
-        let (launch, entry) = *self.entries.get(name).unwrap_or_else(|| panic!("kernel {name} is not in ENTRY_POINTS"));
+        let (launch, entry) = *self.entries.get(name).unwrap_or_else(|| panic!("kernel {name} is not in compile::ENTRY_POINTS"));
         // SAFETY: forwarded to the caller.
         unsafe { launch(entry, grid, block, args.as_mut_ptr()) };
         Ok(())
@@ -97,36 +95,4 @@ fn build(compiler: &str, dir: &Path, name: &str, text: &str) -> Result<std::path
     }
     std::fs::rename(&tmp, &library).map_err(|e| CudaError::new(format!("cannot keep {}: {e}", library.display())))?;
     Ok(library)
-}
-
-/// `p` on host pointers: column-major `D = op(A)·op(B) (+ D)`, summed in f64; the operands
-/// bf16 (as their 16 bits) where `bf16`, else f32.
-///
-/// # Safety
-/// The pointers hold `p`'s operands (host memory), `d` apart from them.
-pub(crate) unsafe fn product(p: Product, bf16: bool, a: u64, b: u64, d: u64) {
-    let read = |ptr: u64, i: usize| -> f64 {
-        // SAFETY: in bounds of an operand, as the caller promises.
-        unsafe {
-            if bf16 {
-                f32::from_bits((*(ptr as *const u16).add(i) as u32) << 16) as f64
-            } else {
-                *(ptr as *const f32).add(i) as f64
-            }
-        }
-    };
-    let (m, n, k) = (p.m, p.n, p.k);
-    for j in 0..n {
-        for i in 0..m {
-            let mut sum = 0.0;
-            for l in 0..k {
-                let x = if p.transpose_a { read(a, l + i * k) } else { read(a, i + l * m) };
-                let y = if p.transpose_b { read(b, j + l * n) } else { read(b, l + j * k) };
-                sum += x * y;
-            }
-            // SAFETY: D is m x n, as the caller promises.
-            let out = unsafe { &mut *(d as *mut f32).add(i + j * m) };
-            *out = if p.accumulate { (*out as f64 + sum) as f32 } else { sum as f32 };
-        }
-    }
 }
