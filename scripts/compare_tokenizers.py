@@ -10,6 +10,8 @@ the same tokenizer and text, alternated in rounds; prints medians and ratios.
 - Encoding, one thread: `alpha-native tokenizer bench` (the median of its timed encodings of
   the whole text), tiktoken's `encode` with an Encoding built from the same ranks (GPT-2's
   pattern, no download) and `tokenizers`' `encode`, on the tokenizer Alpha trained; MB/s.
+  Then the same on Llama 3's shape (a tokenizer.json `tokenizers` trains with Llama 3's Split
+  pattern, ByteLevel without its own, ignore_merges; tiktoken with the same pattern).
   tiktoken merges any pair whose bytes are a token, so its ids may differ from the other two
   in a few places: the speed is what is compared.
 Needs a release build (cargo build --release) and: pip install tokenizers tiktoken
@@ -27,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHA = os.path.join(ROOT, "target", "release", "alpha-native")
 EOT = "<|endoftext|>"
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 HF_TRAIN = """
 import sys, time
@@ -58,7 +61,19 @@ def hf_train(text, vocab, out, threads):
     return time.perf_counter() - started
 
 
-def encoders(tokenizer_json):
+def llama3_shaped(text, vocab, out):
+    """A tokenizer.json of Llama 3's shape, trained by tokenizers on `text`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train([text], trainer)
+    tok.save(out)
+
+
+def encoders(tokenizer_json, pattern=GPT2_PATTERN):
     import tiktoken
     from tokenizers import Tokenizer
     with open(tokenizer_json, encoding="utf-8") as f:
@@ -73,7 +88,7 @@ def encoders(tokenizer_json):
             byte_of[chr(256 + n)] = b
             n += 1
     ranks = {bytes(byte_of[c] for c in token): rank for token, rank in spec["model"]["vocab"].items() if token != EOT}
-    tiktoken_enc = tiktoken.Encoding("alpha-trained", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT: spec["model"]["vocab"][EOT]})
+    tiktoken_enc = tiktoken.Encoding("alpha-trained", pat_str=pattern, mergeable_ranks=ranks, special_tokens={EOT: spec["model"]["vocab"][EOT]})
     hf = Tokenizer.from_file(tokenizer_json)
     return tiktoken_enc, hf
 
@@ -110,6 +125,15 @@ def main():
             enc["alpha"].append(json.loads(out.stdout)["seconds"])
             enc["tiktoken"].append(timed(lambda t: tiktoken_enc.encode(t, allowed_special="all"), text))
             enc["hf"].append(timed(lambda t: hf.encode(t), text))
+        llama3_json = os.path.join(tmp, "llama3.json")
+        llama3_shaped(args.text, args.vocab_size, llama3_json)
+        tiktoken_llama3, hf_llama3 = encoders(llama3_json, LLAMA3_PATTERN)
+        for _ in range(args.rounds):
+            out = subprocess.run([ALPHA, "tokenizer", "bench", "--tokenizer", llama3_json, "--text", args.text, "--rounds", "3"],
+                                 check=True, capture_output=True, text=True)
+            enc["alpha-llama3"] = enc.get("alpha-llama3", []) + [json.loads(out.stdout)["seconds"]]
+            enc["tiktoken-llama3"] = enc.get("tiktoken-llama3", []) + [timed(lambda t: tiktoken_llama3.encode(t, allowed_special="all"), text)]
+            enc["hf-llama3"] = enc.get("hf-llama3", []) + [timed(lambda t: hf_llama3.encode(t), text)]
     med = {k: statistics.median(v) for k, v in {**{f"train-{s}-{t}": v for (s, t), v in train.items()}, **{f"enc-{k}": v for k, v in enc.items()}}.items()}
     cores = os.cpu_count()
     print(f"text: {args.text} ({mb:.2f} MB), vocabulary {args.vocab_size}, {args.rounds} rounds, medians")
@@ -117,6 +141,8 @@ def main():
     print("|---|---|---|---|---|---|")
     a, t, h = med["enc-alpha"], med["enc-tiktoken"], med["enc-hf"]
     print(f"| encode, 1 thread (MB/s) | {mb / a:.1f} | {mb / t:.1f} | {mb / h:.1f} | {t / a:.2f}x | {h / a:.2f}x |")
+    a, t, h = med["enc-alpha-llama3"], med["enc-tiktoken-llama3"], med["enc-hf-llama3"]
+    print(f"| encode, Llama 3's shape, 1 thread (MB/s) | {mb / a:.1f} | {mb / t:.1f} | {mb / h:.1f} | {t / a:.2f}x | {h / a:.2f}x |")
     for threads, label in ((1, "1 thread"), (0, f"all {cores} threads")):
         a, h = med[f"train-alpha-{threads}"], med[f"train-hf-{threads}"]
         print(f"| train, {label} (s) | {a:.2f} | - | {h:.2f} | - | {h / a:.2f}x |")

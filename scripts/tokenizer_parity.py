@@ -13,6 +13,15 @@
 4. A character-level model exported by `alpha-native export --format hf`: `tokenizers` loads its
    tokenizer.json and gives every character its id in the checkpoint's vocabulary (the index in
    its sorted characters), decodes them back, and refuses a character outside it.
+5. The shapes of modern small models' tokenizer.json files, each built here by `tokenizers`
+   (trained on the corpus; the machines cannot download the models' own files): Llama 3's
+   (Split with its pattern, then ByteLevel without one; ignore_merges; a template adding
+   <|begin_of_text|>), Qwen2's (NFC, Split with its pattern, ByteLevel), SmolLM2's (Digits
+   one by one, then ByteLevel with GPT-2's pattern). On the texts of 3, ids equal with and
+   without special tokens, and Alpha's decode equal to `tokenizers`' (the text itself where
+   the shape is lossless); `alpha-native prepare` writes the corpus as `tokenizers` encodes it
+   (then the end token), and the tokenizer.json it writes into meta.json, loaded by
+   `tokenizers`, gives the same ids.
 Needs: pip install tokenizers
 """
 import json
@@ -21,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+import unicodedata
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "data", "shakespeare.txt")
@@ -56,6 +67,104 @@ def hf_trained(tmp):
     with open(prefixed, "w", encoding="utf-8") as f:
         json.dump(spec, f)
     return path, gpt2_dir, prefixed
+
+
+LLAMA3 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
+def modern_shapes(tmp):
+    """(name, path, lossless) of each modern shape, trained by tokenizers on the corpus and on
+    the tricky strings (repeated, so that merges reach into them: numbers, scripts, spaces)."""
+    tricky_copies = os.path.join(tmp, "tricky-copies.txt")
+    with open(TRICKY, encoding="utf-8", newline="") as f:
+        tricky = f.read()
+    with open(tricky_copies, "w", encoding="utf-8", newline="") as f:
+        f.write(tricky * 200)
+
+    def build(name, specials, ignore_merges=False, normalizer=None, pre=None, template_bos=None):
+        tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+        if normalizer is not None:
+            tok.normalizer = normalizer
+        tok.pre_tokenizer = pre
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train([CORPUS, tricky_copies], trainer)
+        byte_level = processors.ByteLevel(trim_offsets=False)
+        if template_bos:
+            bos = (template_bos, tok.token_to_id(template_bos))
+            template = processors.TemplateProcessing(single=f"{template_bos} $A", pair=f"{template_bos} $A {template_bos} $B", special_tokens=[bos])
+            tok.post_processor = processors.Sequence([byte_level, template])
+        else:
+            tok.post_processor = byte_level
+        path = os.path.join(tmp, f"{name}.json")
+        tok.save(path)
+        return path
+    no_regex = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    return [
+        ("Llama 3's shape", build("llama3", ["<|begin_of_text|>", "<|end_of_text|>"], ignore_merges=True,
+                                  pre=pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3), "isolated"), no_regex]), template_bos="<|begin_of_text|>"), True),
+        ("Qwen2's shape", build("qwen2", [EOT, "<|im_start|>", "<|im_end|>"], normalizer=normalizers.NFC(),
+                                pre=pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2), "isolated"), no_regex])), False),
+        ("SmolLM2's shape", build("smollm2", [EOT, "<|im_start|>", "<|im_end|>"],
+                                  pre=pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])), True),
+    ]
+
+
+def check_modern(alpha, tmp):
+    """Part 5 (see the module docs); the number of texts checked."""
+    text_path = os.path.join(tmp, "modern.txt")
+    checked = 0
+    for case, path, lossless in modern_shapes(tmp):
+        hf = Tokenizer.from_file(path)
+        for name, text in texts():
+            with open(text_path, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+            for special in (True, False):
+                flags = [] if special else ["--no-special-tokens"]
+                ids = json.loads(run(alpha, ["encode", "--tokenizer", path, "--text", text_path] + flags))["ids"]
+                want = hf.encode(text, add_special_tokens=special).ids
+                if ids != want:
+                    at = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+                    sys.exit(f"{case}, {name}, special tokens {special}: ids differ from tokenizers' at token {at}: Alpha {ids[at:at + 8]}, tokenizers {want[at:at + 8]}")
+            decoded = run(alpha, ["decode", "--tokenizer", path], stdin=json.dumps({"ids": ids}).encode())
+            if decoded != hf.decode(ids, skip_special_tokens=False).encode("utf-8"):
+                sys.exit(f"{case}, {name}: Alpha's decode differs from tokenizers'")
+            if lossless and decoded != text.encode("utf-8"):
+                sys.exit(f"{case}, {name}: decode(encode(text)) is not the text")
+            if not lossless and decoded != unicodedata.normalize("NFC", text).encode("utf-8") and EOT not in text:
+                sys.exit(f"{case}, {name}: decode(encode(text)) is not the text's NFC")
+            checked += 1
+        check_prepare(alpha, tmp, case, path, hf)
+    return checked
+
+
+def check_prepare(alpha, tmp, case, path, hf):
+    """`prepare` on a slice of the corpus: ids as tokenizers encodes it (with special tokens), the
+    end token after; its meta.json's tokenizer, loaded by tokenizers, encodes as the original."""
+    with open(CORPUS, encoding="utf-8", newline="") as f:
+        text = f.read()[:300_000]
+    data, out = os.path.join(tmp, "prepare.txt"), os.path.join(tmp, "prepared")
+    with open(data, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    subprocess.run([alpha, "prepare", "--data", data, "--tokenizer", path, "--out", out, "--force"], check=True, capture_output=True)
+    with open(os.path.join(out, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    ids = []
+    for split in ("train.bin", "val.bin"):
+        with open(os.path.join(out, split), "rb") as f:
+            raw = f.read()
+        width = 2 if meta["dtype"] == "uint16" else 4
+        ids += [int.from_bytes(raw[i:i + width], "little") for i in range(0, len(raw), width)]
+    if ids != hf.encode(text).ids + [meta["eot"]]:
+        sys.exit(f"{case}: prepare's ids are not tokenizers' encoding of the text and the end token")
+    written = os.path.join(tmp, "written.json")
+    with open(written, "w", encoding="utf-8") as f:
+        json.dump(meta["tokenizer"], f)
+    again = Tokenizer.from_file(written)
+    for name, sample in texts():
+        if again.encode(sample).ids != hf.encode(sample).ids:
+            sys.exit(f"{case}, {name}: the tokenizer.json Alpha wrote encodes otherwise in tokenizers")
 
 
 def texts():
@@ -99,7 +208,9 @@ def main():
                     sys.exit(f"{case}, {name}: decode(encode(text)) is not the text")
                 checked += 1
         check_char_export(alpha, tmp)
-        print(f"tokenizer parity: {checked} texts x tokenizers, ids equal to tokenizers {__import__('tokenizers').__version__}; decode(encode(x)) == x; a character model's export splits as Alpha does")
+        modern = check_modern(alpha, tmp)
+        print(f"tokenizer parity: {checked} texts x tokenizers, ids equal to tokenizers {__import__('tokenizers').__version__}; decode(encode(x)) == x; a character model's export splits as Alpha does;"
+              f" {modern} texts x Llama 3's, Qwen2's and SmolLM2's shapes, with and without special tokens, decode as tokenizers', prepare and the written file too")
 
 
 def check_char_export(alpha, tmp):

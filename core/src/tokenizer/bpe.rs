@@ -2,6 +2,8 @@
 //! into pieces by GPT-2's pattern ([`Gpt2Split`]), each piece's bytes start as one token each,
 //! and adjacent tokens are merged, the lowest-ranked merge first (leftmost among equals), until
 //! no merge applies: the ids of Hugging Face `tokenizers` and of `tiktoken` for the same files.
+//! Llama 3's, Qwen2's and SmolLM2's tokenizers are this with a [`Pipeline`] around it (a
+//! normalizer, other pre-tokenizers before the byte-level step, special tokens around a text).
 //!
 //! ```
 //! use alpha_core::tokenizer::bpe::{AddedToken, Bpe, Options};
@@ -17,9 +19,11 @@
 //! assert_eq!(bpe.decode(&ids).unwrap(), b"hey<|endoftext|>he");
 //! ```
 
+use super::pipeline::{Behavior, Pattern, Pipeline, Stage};
 use super::pretokenize::{next_cut, Gpt2Split};
 use crate::parallel::{Parallel, SharedMut};
 use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use alloc::boxed::Box;
 use alloc::collections::BinaryHeap;
 use alloc::format;
 use alloc::string::String;
@@ -32,6 +36,10 @@ use hashbrown::HashMap;
 /// GPT-2's end-of-text token: the special token `tokenizer train` learns by default, which
 /// ends every document of a prepared dataset.
 pub const END_OF_TEXT: &str = "<|endoftext|>";
+
+/// The tokens that end a text in the tokenizers Alpha reads, in the order they are looked for:
+/// GPT-2's (also Qwen2's and SmolLM2's), Llama 3's, SentencePiece's.
+pub const END_TOKENS: [&str; 3] = [END_OF_TEXT, "<|end_of_text|>", "</s>"];
 
 /// Why a tokenizer could not be built, loaded or used (one line).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,7 +65,8 @@ pub struct AddedToken {
     pub special: bool,
 }
 
-/// The switches of Hugging Face's `ByteLevel` pre-tokenizer and `BPE` model that change ids.
+/// The switches of Hugging Face's `ByteLevel` pre-tokenizer and `BPE` model that change ids
+/// (with a [`Pipeline`], of its last pre-tokenizer, the `ByteLevel` one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     /// Put a space before each text (between added tokens) that does not start with one.
@@ -192,20 +201,22 @@ pub struct Bpe {
     /// Finds the added tokens in a text.
     matcher: AddedMatcher,
     options: Options,
+    /// What it does beyond GPT-2's tokenizer, if anything.
+    pipeline: Option<Box<Pipeline>>,
 }
 
 impl fmt::Debug for Bpe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Bpe {{ {} tokens, {} merges, added {:?}, {:?} }}", self.vocab_size(), self.merge_list.len(), self.added, self.options)
+        write!(f, "Bpe {{ {} tokens, {} merges, added {:?}, {:?}, {:?} }}", self.vocab_size(), self.merge_list.len(), self.added, self.options, self.pipeline)
     }
 }
 
 /// Two tokenizers are equal when they give every text the same ids: the same tokens, merges,
-/// added tokens and options (the maps follow from those).
+/// added tokens, options and pipeline (the maps follow from those).
 impl PartialEq for Bpe {
     fn eq(&self, other: &Self) -> bool {
-        (&self.bytes, &self.offsets, &self.merge_list, &self.added, self.options)
-            == (&other.bytes, &other.offsets, &other.merge_list, &other.added, other.options)
+        (&self.bytes, &self.offsets, &self.merge_list, &self.added, self.options, &self.pipeline)
+            == (&other.bytes, &other.offsets, &other.merge_list, &other.added, other.options, &other.pipeline)
     }
 }
 
@@ -263,7 +274,7 @@ impl Bpe {
             merge_list.push((l, r));
         }
         let matcher = AddedMatcher::new(added.iter().map(|a| a.content.as_str()))?;
-        let mut bpe = Bpe { bytes, offsets, ids, byte_ids, merges: merge_map, merge_list, whole: Vec::new(), added, matcher, options };
+        let mut bpe = Bpe { bytes, offsets, ids, byte_ids, merges: merge_map, merge_list, whole: Vec::new(), added, matcher, options, pipeline: None };
         let mut scratch = Scratch::default();
         let mut out = Vec::new();
         bpe.whole = (0..size as u32)
@@ -302,9 +313,50 @@ impl Bpe {
         self.options
     }
 
+    /// This tokenizer with `pipeline` around its BPE (an error where its special tokens are
+    /// past the vocabulary).
+    pub fn with_pipeline(mut self, pipeline: Pipeline) -> Result<Self, BpeError> {
+        if let Some(t) = &pipeline.template {
+            if let Some(&id) = t.prefix.iter().chain(&t.suffix).find(|&&id| id as usize >= self.vocab_size()) {
+                return Err(BpeError(format!("the post-processor adds token id {id}, past the vocabulary ({} tokens)", self.vocab_size())));
+            }
+        }
+        self.pipeline = Some(Box::new(pipeline));
+        Ok(self)
+    }
+
+    /// What it does beyond GPT-2's tokenizer, if anything.
+    pub fn pipeline(&self) -> Option<&Pipeline> {
+        self.pipeline.as_deref()
+    }
+
+    /// The ids its post-processor puts before and after a text encoded with special tokens
+    /// (Llama 3's BOS before; none for GPT-2's).
+    pub fn special_tokens_around(&self) -> (&[u32], &[u32]) {
+        match self.pipeline.as_ref().and_then(|p| p.template.as_ref()) {
+            Some(t) => (&t.prefix, &t.suffix),
+            None => (&[], &[]),
+        }
+    }
+
+    /// The ids of `text` as `tokenizers` encodes it by default (`add_special_tokens=True`):
+    /// with the post-processor's special tokens around them.
+    pub fn encode_with_special_tokens(&self, text: &str) -> Vec<u32> {
+        let (before, after) = self.special_tokens_around();
+        let mut out = before.to_vec();
+        self.encode(text, &mut out);
+        out.extend_from_slice(after);
+        out
+    }
+
     /// The id of an added token's text.
     pub fn added_id(&self, content: &str) -> Option<u32> {
         self.added.iter().find(|a| a.content == content).map(|a| a.id)
+    }
+
+    /// The token that ends a text (the first of [`END_TOKENS`] it has): its text and id.
+    pub fn end_of_text(&self) -> Option<(&str, u32)> {
+        END_TOKENS.iter().find_map(|&name| self.added_id(name).map(|id| (name, id)))
     }
 
     /// Appends the ids of `text` to `out`.
@@ -330,10 +382,19 @@ impl Bpe {
     /// none or the tokenizer allows no cut (without GPT-2's pattern a text is one piece; an
     /// added token with a newline in it could straddle a cut).
     pub fn next_cut(&self, text: &str, from: usize) -> usize {
-        if !self.options.use_regex || self.added.iter().any(|a| a.content.contains('\n')) {
+        if self.added.iter().any(|a| a.content.contains('\n')) {
             return text.len();
         }
-        next_cut(text, from)
+        let word_split = |pattern: &Pattern| matches!(pattern, Pattern::Llama3 | Pattern::Qwen2);
+        match self.pipeline.as_ref().map(|p| &p.stages[..]) {
+            None | Some([]) if self.options.use_regex => next_cut(text, from),
+            // Digits cut anywhere alike; then GPT-2's pattern.
+            Some([Stage::Digits { .. }]) if self.options.use_regex => next_cut(text, from),
+            Some([Stage::Split { pattern, behavior: Behavior::Isolated, invert: false }]) if word_split(pattern) && !self.options.use_regex => {
+                super::split::next_cut(text, from)
+            }
+            _ => text.len(),
+        }
     }
 
     /// The ids of `part` of a longer text cut at [`Bpe::next_cut`], on `par`'s threads;
@@ -382,6 +443,20 @@ impl Bpe {
     /// Text with no added token in it; `starts` when it starts a text between added tokens
     /// (not a part that continues one), where `add_prefix_space` may put a space before it.
     fn encode_plain(&self, text: &str, starts: bool, out: &mut Vec<u32>, scratch: &mut Scratch) {
+        if text.is_empty() {
+            return;
+        }
+        match &self.pipeline {
+            None => self.byte_level(text, starts, out, scratch),
+            // Every piece of the stages before it meets the `ByteLevel` step as a text of its own.
+            Some(p) if !p.stages.is_empty() => p.pieces(&p.normalize(text), &mut |piece| self.byte_level(piece, true, out, scratch)),
+            Some(p) => self.byte_level(&p.normalize(text), starts, out, scratch),
+        }
+    }
+
+    /// The `ByteLevel` pre-tokenizer's step on `text` (a space before it where it `starts` and
+    /// `add_prefix_space` says so; GPT-2's pattern where `use_regex`), then BPE on each piece.
+    fn byte_level(&self, text: &str, starts: bool, out: &mut Vec<u32>, scratch: &mut Scratch) {
         if text.is_empty() {
             return;
         }
@@ -525,7 +600,14 @@ mod tests {
         let with = |options: Options| Bpe { options, ..gpt2.clone() };
         let prefixed = Options { add_prefix_space: true, ..Options::default() };
         let one_piece = Options { use_regex: false, ..Options::default() };
-        for t in [with(Options::default()), with(prefixed), with(one_piece)] {
+        let staged = |options: Options, stage: Stage| {
+            let pipeline =
+                Pipeline { normalizers: vec![super::super::pipeline::Normalizer::Nfc], stages: vec![stage], template: None, json: Default::default() };
+            with(options).with_pipeline(pipeline).unwrap()
+        };
+        let llama3 = staged(one_piece, Stage::Split { pattern: Pattern::Llama3, behavior: Behavior::Isolated, invert: false });
+        let smollm2 = staged(Options::default(), Stage::Digits { individual: true });
+        for t in [with(Options::default()), with(prefixed), with(one_piece), llama3, smollm2] {
             let whole = t.encode_to_vec(&text);
             assert_eq!(t.encode_with(&crate::parallel::ReversedThreads(3), &text), whole, "{:?}", t.options);
             // Cut where the tokenizer allows, each part encoded alone.

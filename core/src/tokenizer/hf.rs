@@ -1,7 +1,8 @@
 //! Hugging Face's tokenizer files for byte-level BPE: `tokenizer.json` (read and written) and
-//! GPT-2's `vocab.json` + `merges.txt` (read). What Alpha does not implement (WordPiece,
-//! Unigram, normalizers, other pre-tokenizers, BPE dropout) is an error naming what is
-//! supported, never a tokenizer that would give other ids.
+//! GPT-2's `vocab.json` + `merges.txt` (read). Beyond GPT-2's layout it reads what Llama 3's,
+//! Qwen2's and SmolLM2's files hold (see [`super::pipeline`]). What Alpha does not implement
+//! (WordPiece, Unigram, other normalizers and pre-tokenizers, BPE dropout) is an error naming
+//! the component, never a tokenizer that would give other ids.
 //!
 //! ```
 //! use alpha_core::tokenizer::hf;
@@ -13,6 +14,8 @@
 
 use super::bpe::{AddedToken, Bpe, BpeError, Options};
 use super::byte_level::{byte_char, char_byte};
+use super::pipeline::{Behavior, Normalizer, Pattern, Pipeline, Stage, Template, GPT2_PATTERN};
+use super::split::{LLAMA3_PATTERN, QWEN2_PATTERN};
 use alloc::borrow::{Cow, ToOwned};
 use alloc::format;
 use alloc::string::String;
@@ -22,7 +25,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 /// What Alpha reads, for error messages.
-const SUPPORTED: &str = "Alpha supports byte-level BPE (GPT-2 style: a BPE model with the ByteLevel pre-tokenizer and decoder)";
+const SUPPORTED: &str = "Alpha supports byte-level BPE (a BPE model, a ByteLevel pre-tokenizer last and decoder, as GPT-2's, Llama 3's, Qwen2's and SmolLM2's)";
 
 fn error(what: impl core::fmt::Display) -> BpeError {
     BpeError(format!("{what}; {SUPPORTED}"))
@@ -236,15 +239,6 @@ fn parse<'a, T: Deserialize<'a>>(text: &'a str, what: &str) -> Result<T, BpeErro
     serde_json::from_str(text).map_err(|e| BpeError(format!("tokenizer.json: {what}: {e}")))
 }
 
-/// Whether a `TemplateProcessing` post-processor adds no token to a single text: its `single`
-/// template is the text alone (as `transformers` writes GPT-2's on `save_pretrained`).
-fn adds_nothing(template: &Value) -> bool {
-    match field(template, "single").as_array().map(|a| &a[..]) {
-        Some([only]) => field(field(only, "Sequence"), "id").as_str() == Some("A"),
-        _ => false,
-    }
-}
-
 /// A tokenizer from the text of a Hugging Face `tokenizer.json`.
 pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
     let root: TokenizerFile<'_> = serde_json::from_str(json).map_err(|e| BpeError(format!("tokenizer.json is not valid JSON: {e}")))?;
@@ -266,15 +260,8 @@ pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
             return Err(error(format_args!("{affix} is set")));
         }
     }
-    if let Some(normalizer) = kind(&root.normalizer, "normalizer")? {
-        return Err(error(format_args!("the file has a {normalizer} normalizer")));
-    }
-    let pre = &root.pre_tokenizer;
-    match kind(pre, "pre-tokenizer")? {
-        Some("ByteLevel") => {}
-        Some(other) => return Err(error(format_args!("the pre-tokenizer is {other}"))),
-        None => return Err(error("the file has no pre-tokenizer")),
-    }
+    let normalizers = normalizers(&root.normalizer)?;
+    let (stages, byte_level) = pre_tokenizers(&root.pre_tokenizer)?;
     match kind(&root.decoder, "decoder")? {
         Some("ByteLevel") | None => {}
         Some(other) => return Err(error(format_args!("the decoder is {other}"))),
@@ -285,15 +272,10 @@ pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
             return Err(BpeError(format!("tokenizer.json sets {key} (it {what}); Alpha gives every text all its ids: set \"{key}\" to null")));
         }
     }
-    // GPT-2's post-processor (ByteLevel) only trims offsets; one that adds tokens would change ids.
-    match kind(&root.post_processor, "post-processor")? {
-        Some("ByteLevel") | None => {}
-        Some("TemplateProcessing") if adds_nothing(&root.post_processor) => {}
-        Some(other) => return Err(error(format_args!("the post-processor is {other} (it adds tokens)"))),
-    }
+    let template = post_processor(&root.post_processor)?;
     let options = Options {
-        add_prefix_space: flag(pre, "add_prefix_space", false)?,
-        use_regex: flag(pre, "use_regex", true)?,
+        add_prefix_space: flag(byte_level, "add_prefix_space", false)?,
+        use_regex: flag(byte_level, "use_regex", true)?,
         ignore_merges: flag(&model, "ignore_merges", false)?,
     };
     let added = match root.added_tokens {
@@ -319,7 +301,131 @@ pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
         }
     }
     let merges = merges.iter().enumerate().map(|(rank, m)| m.pair(rank)).collect::<Result<Vec<_>, _>>()?;
-    Bpe::new(tokens, &merges, added, options)
+    let bpe = Bpe::new(tokens, &merges, added, options)?;
+    if normalizers.is_empty() && stages.is_empty() && template.is_none() {
+        return Ok(bpe);
+    }
+    let json = [root.normalizer, root.pre_tokenizer, root.post_processor, root.decoder];
+    bpe.with_pipeline(Pipeline { normalizers, stages, template, json })
+}
+
+/// The normalizers of a `normalizer` component: none, `NFC`, or a `Sequence` of them.
+fn normalizers(component: &Value) -> Result<Vec<Normalizer>, BpeError> {
+    match kind(component, "normalizer")? {
+        None => Ok(Vec::new()),
+        Some("NFC") => Ok(alloc::vec![Normalizer::Nfc]),
+        Some("Sequence") => {
+            let list =
+                field(component, "normalizers").as_array().ok_or_else(|| BpeError("tokenizer.json: a Sequence normalizer has no normalizers list".into()))?;
+            list.iter().map(normalizers).collect::<Result<Vec<_>, _>>().map(|v| v.concat())
+        }
+        Some(other) => Err(error(format_args!("the file has a {other} normalizer"))),
+    }
+}
+
+/// The stages before the `ByteLevel` pre-tokenizer, and that one (last, alone or in a
+/// `Sequence`).
+fn pre_tokenizers(component: &Value) -> Result<(Vec<Stage>, &Value), BpeError> {
+    let list: Vec<&Value> = match kind(component, "pre-tokenizer")? {
+        None => return Err(error("the file has no pre-tokenizer")),
+        Some("Sequence") => field(component, "pretokenizers")
+            .as_array()
+            .ok_or_else(|| BpeError("tokenizer.json: a Sequence pre-tokenizer has no pretokenizers list".into()))?
+            .iter()
+            .collect(),
+        Some(_) => alloc::vec![component],
+    };
+    let Some((last, before)) = list.split_last() else { return Err(error("the pre-tokenizer is an empty Sequence")) };
+    if kind(last, "pre-tokenizer")? != Some("ByteLevel") {
+        return Err(error(format_args!("the last pre-tokenizer is {}", kind(last, "pre-tokenizer")?.unwrap_or("null"))));
+    }
+    let stages = before.iter().map(|c| stage(c)).collect::<Result<Vec<_>, _>>()?;
+    Ok((stages, last))
+}
+
+/// A pre-tokenizer before the `ByteLevel` one: `Split` or `Digits`.
+fn stage(component: &Value) -> Result<Stage, BpeError> {
+    match kind(component, "pre-tokenizer")? {
+        Some("Digits") => Ok(Stage::Digits { individual: flag(component, "individual_digits", false)? }),
+        Some("Split") => {
+            let pattern = field(component, "pattern");
+            let pattern = match (field(pattern, "Regex").as_str(), field(pattern, "String").as_str()) {
+                (Some(LLAMA3_PATTERN), _) => Pattern::Llama3,
+                (Some(QWEN2_PATTERN), _) => Pattern::Qwen2,
+                (Some(GPT2_PATTERN), _) => Pattern::Gpt2,
+                (Some(regex), _) => {
+                    return Err(error(format_args!("the Split pre-tokenizer's pattern {regex:?} is none Alpha knows (Llama 3's, Qwen2's, GPT-2's)")))
+                }
+                (None, Some(literal)) => Pattern::Literal(literal.into()),
+                (None, None) => return Err(BpeError("tokenizer.json: a Split pre-tokenizer has no pattern".into())),
+            };
+            let behavior = match field(component, "behavior").as_str() {
+                Some("Removed") => Behavior::Removed,
+                Some("Isolated") => Behavior::Isolated,
+                Some("MergedWithPrevious") => Behavior::MergedWithPrevious,
+                Some("MergedWithNext") => Behavior::MergedWithNext,
+                Some("Contiguous") => Behavior::Contiguous,
+                other => return Err(BpeError(format!("tokenizer.json: a Split pre-tokenizer's behavior is {other:?}"))),
+            };
+            Ok(Stage::Split { pattern, behavior, invert: flag(component, "invert", false)? })
+        }
+        Some("ByteLevel") => Err(error("a ByteLevel pre-tokenizer comes before others")),
+        Some(other) => Err(error(format_args!("the pre-tokenizer is {other}"))),
+        None => Err(error("a pre-tokenizer is null")),
+    }
+}
+
+/// The special tokens a post-processor puts around one text: `ByteLevel` (none: it only trims
+/// offsets), `TemplateProcessing` (its `single` template), or a `Sequence` of them.
+fn post_processor(component: &Value) -> Result<Option<Template>, BpeError> {
+    match kind(component, "post-processor")? {
+        None | Some("ByteLevel") => Ok(None),
+        Some("TemplateProcessing") => template(component).map(|t| Some(t).filter(|t| !(t.prefix.is_empty() && t.suffix.is_empty()))),
+        Some("Sequence") => {
+            let list =
+                field(component, "processors").as_array().ok_or_else(|| BpeError("tokenizer.json: a Sequence post-processor has no processors list".into()))?;
+            let mut found = None;
+            for p in list {
+                if let Some(t) = post_processor(p)? {
+                    if found.replace(t).is_some() {
+                        return Err(error("the post-processor adds special tokens twice"));
+                    }
+                }
+            }
+            Ok(found)
+        }
+        Some(other) => Err(error(format_args!("the post-processor is {other} (it adds tokens)"))),
+    }
+}
+
+/// A `TemplateProcessing`'s ids before and after the text (`$A`) in its `single` template.
+fn template(component: &Value) -> Result<Template, BpeError> {
+    let bad = |what: &str| BpeError(format!("tokenizer.json: the TemplateProcessing post-processor's {what}"));
+    let single = field(component, "single").as_array().ok_or_else(|| bad("single template is not a list"))?;
+    let (mut prefix, mut suffix, mut seen_text) = (Vec::new(), Vec::new(), false);
+    for item in single {
+        if let Some(sequence) = item.get("Sequence") {
+            if field(sequence, "id").as_str() != Some("A") || seen_text {
+                return Err(bad("single template names a sequence other than one A"));
+            }
+            seen_text = true;
+        } else if let Some(special) = item.get("SpecialToken") {
+            let name = field(special, "id").as_str().ok_or_else(|| bad("single template has a special token without an id"))?;
+            let ids = field(field(field(component, "special_tokens"), name), "ids")
+                .as_array()
+                .ok_or_else(|| bad(&format!("special_tokens lack {name:?}")))?
+                .iter()
+                .map(|id| id.as_u64().and_then(|i| u32::try_from(i).ok()).ok_or_else(|| bad(&format!("ids of {name:?} are not token ids"))))
+                .collect::<Result<Vec<u32>, _>>()?;
+            (if seen_text { &mut suffix } else { &mut prefix }).extend(ids);
+        } else {
+            return Err(bad("single template has an item that is neither Sequence nor SpecialToken"));
+        }
+    }
+    if !seen_text {
+        return Err(bad("single template has no $A"));
+    }
+    Ok(Template { prefix, suffix })
 }
 
 /// A tokenizer from GPT-2's `vocab.json` and `merges.txt` (as OpenAI and Hugging Face's
@@ -364,15 +470,20 @@ pub fn to_tokenizer_json(bpe: &Bpe) -> String {
     let o = bpe.options();
     let byte_level =
         |trim_offsets: bool| json!({"type": "ByteLevel", "add_prefix_space": o.add_prefix_space, "trim_offsets": trim_offsets, "use_regex": o.use_regex});
+    // A pipeline's components as the file it came from wrote them; else GPT-2's.
+    let [normalizer, pre_tokenizer, post_processor, decoder] = match bpe.pipeline() {
+        Some(p) => p.json.clone(),
+        None => [Value::Null, byte_level(true), byte_level(false), byte_level(true)],
+    };
     let root = json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
         "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": byte_level(true),
-        "post_processor": byte_level(false),
-        "decoder": byte_level(true),
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": decoder,
         "model": {
             "type": "BPE",
             "dropout": null,
@@ -416,8 +527,14 @@ mod tests {
         let wordpiece = r#"{"model": {"type": "WordPiece", "vocab": {}}, "pre_tokenizer": null}"#;
         let e = from_tokenizer_json(wordpiece).err().unwrap().to_string();
         assert!(e.contains("WordPiece") && e.contains("byte-level BPE"), "{e}");
-        let nfc = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "normalizer": {"type": "NFC"}, "pre_tokenizer": {"type": "ByteLevel"}}"#;
-        assert!(from_tokenizer_json(nfc).err().unwrap().to_string().contains("NFC normalizer"));
+        let lowercase = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "ByteLevel"}}"#;
+        assert!(from_tokenizer_json(lowercase).err().unwrap().to_string().contains("Lowercase normalizer"));
+        let metaspace = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Metaspace"}}"#;
+        assert!(from_tokenizer_json(metaspace).err().unwrap().to_string().contains("last pre-tokenizer is Metaspace"));
+        let regex = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "[0-9]+"}, "behavior": "Isolated", "invert": false}, {"type": "ByteLevel"}]}}"#;
+        let e = from_tokenizer_json(regex).err().unwrap().to_string();
+        assert!(e.contains("Split pre-tokenizer's pattern") && e.contains("is none Alpha knows"), "{e}");
         assert!(from_tokenizer_json("{").err().unwrap().to_string().contains("not valid JSON"));
     }
 }

@@ -12,7 +12,11 @@ pub mod byte_level;
 #[cfg(feature = "bpe")]
 pub mod hf;
 #[cfg(feature = "bpe")]
+pub mod pipeline;
+#[cfg(feature = "bpe")]
 pub mod pretokenize;
+#[cfg(feature = "bpe")]
+pub mod split;
 #[cfg(feature = "bpe")]
 pub mod train;
 

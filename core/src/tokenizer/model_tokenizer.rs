@@ -94,12 +94,22 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// The id of `<|endoftext|>` ([`END_OF_TEXT`](super::bpe::END_OF_TEXT)), where the
-    /// tokenizer has it: the token that ends documents and samples.
+    /// The id of the token that ends a text (the first of
+    /// [`END_TOKENS`](super::bpe::END_TOKENS) the tokenizer has): what ends documents and
+    /// samples.
     pub fn end_of_text(&self) -> Option<u32> {
         match self {
-            Tokenizer::Bpe(t) => t.added_id(super::bpe::END_OF_TEXT),
+            Tokenizer::Bpe(t) => t.end_of_text().map(|(_, id)| id),
             Tokenizer::Char(_) => None,
+        }
+    }
+
+    /// The ids a text encoded with special tokens has before and after its own (Llama 3's
+    /// BOS; none for GPT-2's and character tokenizers).
+    pub fn special_tokens_around(&self) -> (&[u32], &[u32]) {
+        match self {
+            Tokenizer::Bpe(t) => t.special_tokens_around(),
+            Tokenizer::Char(_) => (&[], &[]),
         }
     }
 

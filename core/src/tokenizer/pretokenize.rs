@@ -16,7 +16,7 @@ use unicode_properties::{GeneralCategoryGroup, UnicodeGeneralCategory};
 
 /// The classes the pattern tells apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Class {
+pub(crate) enum Class {
     /// `\p{L}`.
     Letter,
     /// `\p{N}`.
@@ -28,7 +28,7 @@ enum Class {
 }
 
 /// The class of each ASCII byte.
-const ASCII: [Class; 128] = {
+pub(crate) const ASCII: [Class; 128] = {
     let mut table = [Class::Other; 128];
     let mut b = 0;
     while b < 128 {
@@ -48,7 +48,8 @@ fn is_white_space(c: char) -> bool {
     matches!(c, '\t'..='\r' | ' ' | '\u{85}' | '\u{A0}' | '\u{1680}' | '\u{2000}'..='\u{200A}' | '\u{2028}' | '\u{2029}' | '\u{202F}' | '\u{205F}' | '\u{3000}')
 }
 
-fn class_of(c: char) -> Class {
+/// The class of a character.
+pub(crate) fn class_of(c: char) -> Class {
     if c.is_ascii() {
         return ASCII[c as usize];
     }

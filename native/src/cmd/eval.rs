@@ -71,7 +71,17 @@ pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
     let tokens: Tokens<'_> = match (&args.text, &args.dataset) {
         (Some(text), _) => {
             let content = read_text(text, "text file")?;
-            ids = tok.encode_with(&pool, &content).map_err(|e| anyhow!("text file {}: {e}", text.display()))?;
+            // As `tokenizers` encodes a text: with the special tokens its post-processor adds.
+            let (before, after) = tok.special_tokens_around();
+            let body = tok.encode_with(&pool, &content).map_err(|e| anyhow!("text file {}: {e}", text.display()))?;
+            if !(before.is_empty() && after.is_empty()) {
+                eprintln!(
+                    "note: the text is encoded with the tokenizer's special tokens ({} before, {} after), as tokenizers encodes it",
+                    before.len(),
+                    after.len()
+                );
+            }
+            ids = [before, &body, after].concat();
             what = format!("text file {}", text.display());
             Tokens::Ids(&ids)
         }

@@ -9,7 +9,7 @@ use crate::fsutil::{open_regular, temp_path, write_atomic};
 use crate::interrupt::Interrupt;
 use crate::tokenizer::bar;
 use alpha_core::parallel::{Parallel, ThreadPool};
-use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
+use alpha_core::tokenizer::bpe::{Bpe, END_TOKENS};
 use alpha_core::tokenizer::hf;
 use anyhow::{anyhow, Result};
 use clap::Args;
@@ -47,22 +47,43 @@ pub struct PrepareArgs {
     pub force: bool,
 }
 
-/// The token ids of `docs`, each followed by `eot` where given, encoded on `pool`'s threads
-/// (each document on one thread, long ones on all: the same ids either way). One document may
-/// be a part of a text that `continues` it (see [`Bpe::encode_part`]).
-fn encode_documents(bpe: &Bpe, pool: &ThreadPool, docs: &[String], continues: bool, eot: Option<u32>) -> Vec<u32> {
+/// The token ids of `docs` as `tokenizers` encodes each with its special tokens (Llama 3's
+/// BOS before it; none for GPT-2's), each followed by `eot` (unless those tokens end with
+/// it), encoded on `pool`'s threads (each document on one thread, long ones on all: the same
+/// ids either way). The first document may be a part of a text that `continues` it (see
+/// [`Bpe::encode_part`]; no special tokens before it then), the last one a part that does not
+/// end it unless `ends` (nothing after it then).
+fn encode_documents(bpe: &Bpe, pool: &ThreadPool, docs: &[String], continues: bool, ends: bool, eot: u32) -> Vec<u32> {
+    let (before, after) = bpe.special_tokens_around();
+    let last = docs.len().saturating_sub(1);
+    let around = |i: usize, ids: Vec<u32>| {
+        let mut out = if i > 0 || !continues { before.to_vec() } else { Vec::new() };
+        out.extend(ids);
+        if i < last || ends {
+            out.extend_from_slice(after);
+            if after.last() != Some(&eot) {
+                out.push(eot);
+            }
+        }
+        out
+    };
     if let [doc] = docs {
-        let mut ids = bpe.encode_part(pool, doc, continues);
-        ids.extend(eot);
-        return ids;
+        return around(0, bpe.encode_part(pool, doc, continues));
     }
     let outs: Vec<Mutex<Vec<u32>>> = docs.iter().map(|_| Mutex::new(Vec::new())).collect();
     pool.run(docs.len(), &|i| {
-        let mut ids = bpe.encode_to_vec(&docs[i]);
-        ids.extend(eot);
-        *outs[i].lock().expect("no task panics") = ids;
+        *outs[i].lock().expect("no task panics") = around(i, bpe.encode_to_vec(&docs[i]));
     });
     outs.into_iter().flat_map(|m| m.into_inner().expect("no task panics")).collect()
+}
+
+/// How `prepare` encodes a document with `bpe`, for its last line.
+fn documents_line(bpe: &Bpe, eot_name: &str) -> String {
+    let name = |ids: &[u32]| ids.iter().map(|&id| String::from_utf8_lossy(bpe.token_bytes(id).unwrap_or_default()).into_owned()).collect::<Vec<_>>().join("");
+    match bpe.special_tokens_around() {
+        ([], []) => format!("its ids, then {eot_name}"),
+        (before, after) => format!("its ids with the tokenizer's special tokens ({:?} before, {:?} after), then {eot_name}", name(before), name(after)),
+    }
 }
 
 /// Receives blocks of documents: `(documents, whether the first continues a text, whether
@@ -180,7 +201,8 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         return Err(anyhow!("--val-fraction must be above 0 and below 1 (train evaluates on val.bin), got {}", args.val_fraction));
     }
     let bpe = crate::tokenizer::load(&args.tokenizer)?;
-    let eot = bpe.added_id(END_OF_TEXT).ok_or_else(|| anyhow!("tokenizer {} has no {END_OF_TEXT} token to end documents with", args.tokenizer.display()))?;
+    let (eot_name, eot) =
+        bpe.end_of_text().ok_or_else(|| anyhow!("tokenizer {} has none of {END_TOKENS:?} to end documents with", args.tokenizer.display()))?;
     let dtype = Dtype::for_vocab(bpe.vocab_size());
     let (train_path, val_path, meta_path) = (args.out.join("train.bin"), args.out.join("val.bin"), args.out.join("meta.json"));
     for p in [&train_path, &val_path, &meta_path] {
@@ -217,7 +239,7 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
                     return Err(anyhow!("interrupted: nothing was written to {}", args.out.display()));
                 }
                 // A part of a text file that does not end it gets no end-of-text token.
-                let ids = encode_documents(&bpe, &pool, docs, continues, ends.then_some(eot));
+                let ids = encode_documents(&bpe, &pool, docs, continues, ends, eot);
                 tokens += ids.len() as u64;
                 write_ids(&mut all, &ids, dtype).map_err(|e| anyhow!("cannot write {}: {e}", all_path.display()))
             })?;
@@ -237,11 +259,12 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         let spec: Value = serde_json::from_str(&hf::to_tokenizer_json(&bpe)).expect("the writer writes JSON");
         let sources: Vec<String> = args.data.iter().map(|p| p.to_string_lossy().into_owned()).collect();
         let meta = json!({
-            "format": FORMAT, "dtype": dtype.name(), "vocab_size": bpe.vocab_size(), "eot": eot,
+            "format": FORMAT, "dtype": dtype.name(), "vocab_size": bpe.vocab_size(), "eot": eot, "eot_token": eot_name,
             "train_tokens": train_tokens, "val_tokens": val_tokens, "sources": sources, "tokenizer": spec,
         });
         write_atomic(&meta_path, format!("{meta:#}\n").as_bytes()).map_err(|e| anyhow!("cannot write {}: {e}", meta_path.display()))?;
         eprintln!("{train_tokens} train and {val_tokens} val tokens ({}) written to {}", dtype.name(), args.out.display());
+        eprintln!("each document: {}", documents_line(&bpe, eot_name));
         Ok(())
     })();
     if result.is_err() {

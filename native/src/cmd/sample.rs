@@ -70,7 +70,9 @@ pub fn run(args: &SampleArgs) -> Result<()> {
     let ck = checkpoint::load_weights(&args.checkpoint)?;
     let block = context_len(args.block, ck.config.block_size)?;
     let tok = &ck.tokenizer;
-    let prompt = tok.encode(&prompt_text).map_err(|e| anyhow!("--prompt: {e}"))?;
+    // The prompt starts as the texts the model learned from did: after the special tokens the
+    // tokenizer puts before a text (Llama 3's BOS), where it has any.
+    let prompt = [tok.special_tokens_around().0, &tok.encode(&prompt_text).map_err(|e| anyhow!("--prompt: {e}"))?].concat();
     args.device.check()?;
     let cfg = SamplingConfig { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, tokens: args.tokens, stop: tok.end_of_text() };
     let stdout = std::io::stdout();

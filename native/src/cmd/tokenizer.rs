@@ -75,6 +75,10 @@ pub struct EncodeArgs {
     /// The UTF-8 text to encode. Default: standard input.
     #[arg(long, value_name = "FILE")]
     pub text: Option<PathBuf>,
+    /// Without the special tokens the tokenizer's post-processor puts around a text (Llama 3's
+    /// <|begin_of_text|>); by default they are added, as `tokenizers` encodes.
+    #[arg(long)]
+    pub no_special_tokens: bool,
 }
 
 /// The tokenizer a command reads.
@@ -96,7 +100,7 @@ pub fn run(command: &TokenizerCommand) -> Result<()> {
                 Some(path) => read_text(path, "text file")?,
                 None => read_stdin()?,
             };
-            let ids = bpe.encode_to_vec(&text);
+            let ids = if args.no_special_tokens { bpe.encode_to_vec(&text) } else { bpe.encode_with_special_tokens(&text) };
             let mut out = std::io::stdout().lock();
             let line = serde_json::json!({ "ids": ids }).to_string();
             writeln!(out, "{line}").and_then(|_| out.flush()).map_err(|e| anyhow!("cannot write to stdout: {e}"))
@@ -192,8 +196,22 @@ pub fn describe(bpe: &Bpe) -> String {
             None => bpe.token_bytes(id).unwrap_or_default().iter().map(|&b| byte_char(b)).collect(),
         })
         .collect();
+    let name = |id: &u32| bpe.added_tokens().iter().find(|a| a.id == *id).map_or_else(|| id.to_string(), |a| a.content.clone());
+    let pipeline = match bpe.pipeline() {
+        None => "GPT-2's (the ByteLevel pre-tokenizer alone)".to_string(),
+        Some(p) => {
+            let (before, after) = bpe.special_tokens_around();
+            format!(
+                "normalizers {:?}; pre-tokenizers {:?} before ByteLevel; special tokens around a text: {:?} before, {:?} after",
+                p.normalizers,
+                p.stages,
+                before.iter().map(name).collect::<Vec<_>>(),
+                after.iter().map(name).collect::<Vec<_>>()
+            )
+        }
+    };
     format!(
-        "byte-level BPE: {} tokens, {} merges\nadded tokens: {}\noptions: add_prefix_space {}, use_regex {}, ignore_merges {}\nsample: {sample:?}\ntokens: {tokens:?}\nids: {ids:?}\n",
+        "byte-level BPE: {} tokens, {} merges\nadded tokens: {}\noptions: add_prefix_space {}, use_regex {}, ignore_merges {}\npipeline: {pipeline}\nsample: {sample:?}\ntokens: {tokens:?}\nids: {ids:?}\n",
         bpe.vocab_size(),
         bpe.merges().len(),
         if specials.is_empty() { "none".to_string() } else { specials.join(", ") },

@@ -1,0 +1,271 @@
+//! What Hugging Face's byte-level tokenizers do around BPE beyond GPT-2's `ByteLevel`
+//! pre-tokenizer: a normalizer (NFC, as Qwen2's), pre-tokenizers before the `ByteLevel` one
+//! (`Split` with Llama 3's, Qwen2's or GPT-2's pattern or a literal, as `tokenizers` defines
+//! `behavior` and `invert`; `Digits`, as SmolLM2's), and a post-processor that adds special
+//! tokens (`TemplateProcessing`, as Llama 3's BOS). A [`Pipeline`] holds them with the JSON
+//! they were read from, which a written `tokenizer.json` repeats.
+//!
+//! ```
+//! use alpha_core::tokenizer::pipeline::{Behavior, Pattern, Stage};
+//! let digits = Stage::Digits { individual: true };
+//! let mut pieces = Vec::new();
+//! digits.split("in 2026!", &mut |p| pieces.push(p.to_string()));
+//! assert_eq!(pieces, ["in ", "2", "0", "2", "6", "!"]);
+//! let split = Stage::Split { pattern: Pattern::Literal("-".into()), behavior: Behavior::MergedWithNext, invert: false };
+//! pieces.clear();
+//! split.split("a-b--c", &mut |p| pieces.push(p.to_string()));
+//! assert_eq!(pieces, ["a", "-b", "-", "-c"]);
+//! ```
+
+use super::pretokenize::Gpt2Split;
+use super::split::WordSplit;
+use alloc::borrow::Cow;
+use alloc::string::String;
+use alloc::vec::Vec;
+use serde_json::Value;
+use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
+
+/// GPT-2's pattern, as tokenizer.json files write it in a `Split` (the `ByteLevel`
+/// pre-tokenizer's own).
+pub const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// A normalizer, applied to text between added tokens before it is pre-tokenized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Normalizer {
+    /// Unicode's canonical composition (NFC).
+    Nfc,
+}
+
+/// What a `Split` pre-tokenizer cuts at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// Llama 3's regular expression ([`super::split::LLAMA3_PATTERN`]).
+    Llama3,
+    /// Qwen2's ([`super::split::QWEN2_PATTERN`]).
+    Qwen2,
+    /// GPT-2's ([`GPT2_PATTERN`]).
+    Gpt2,
+    /// A literal string.
+    Literal(String),
+}
+
+/// What a split does with what its pattern matches (Hugging Face's `SplitDelimiterBehavior`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behavior {
+    /// Matches are dropped.
+    Removed,
+    /// Each match is a piece of its own.
+    Isolated,
+    /// Each match joins the piece before it.
+    MergedWithPrevious,
+    /// Each match joins the piece after it.
+    MergedWithNext,
+    /// Consecutive matches form one piece.
+    Contiguous,
+}
+
+/// A pre-tokenizer before the `ByteLevel` one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// `Split`: pieces at a pattern's matches.
+    Split {
+        /// What it matches.
+        pattern: Pattern,
+        /// What becomes of the matches.
+        behavior: Behavior,
+        /// Matches and the text between them swap roles.
+        invert: bool,
+    },
+    /// `Digits`: numbers (Unicode's `Nd`, `Nl`, `No`) apart from the rest, each one alone
+    /// (`individual`) or in runs.
+    Digits {
+        /// Each digit a piece of its own.
+        individual: bool,
+    },
+}
+
+/// `(start, end, is_match)` spans of a piece, in order, covering it (Hugging Face's
+/// `find_matches`: the text between matches is a span too).
+fn spans(text: &str, matches: impl Iterator<Item = (usize, usize)>) -> Vec<(usize, usize, bool)> {
+    let mut out = Vec::new();
+    let mut prev = 0;
+    for (start, end) in matches {
+        if prev != start {
+            out.push((prev, start, false));
+        }
+        out.push((start, end, true));
+        prev = end;
+    }
+    if prev != text.len() {
+        out.push((prev, text.len(), false));
+    }
+    out
+}
+
+/// `spans` (flipped where `invert`) combined as `behavior` says, each non-empty piece given to
+/// `f` (Hugging Face's `NormalizedString::split`).
+fn emit(text: &str, mut spans: Vec<(usize, usize, bool)>, behavior: Behavior, invert: bool, f: &mut dyn FnMut(&str)) {
+    if invert {
+        spans.iter_mut().for_each(|s| s.2 = !s.2);
+    }
+    let mut pieces: Vec<(usize, usize, bool)> = Vec::with_capacity(spans.len());
+    let mut previous_match = false;
+    match behavior {
+        Behavior::Removed => pieces.extend(spans.into_iter().filter(|s| !s.2)),
+        Behavior::Isolated => pieces = spans,
+        Behavior::MergedWithPrevious => {
+            for (start, end, is_match) in spans {
+                match pieces.last_mut() {
+                    Some(last) if is_match && !previous_match => last.1 = end,
+                    _ => pieces.push((start, end, is_match)),
+                }
+                previous_match = is_match;
+            }
+        }
+        Behavior::MergedWithNext => {
+            for (start, end, is_match) in spans.into_iter().rev() {
+                match pieces.last_mut() {
+                    Some(last) if is_match && !previous_match => last.0 = start,
+                    _ => pieces.push((start, end, is_match)),
+                }
+                previous_match = is_match;
+            }
+            pieces.reverse();
+        }
+        Behavior::Contiguous => {
+            for (start, end, is_match) in spans {
+                match pieces.last_mut() {
+                    Some(last) if is_match == previous_match => last.1 = end,
+                    _ => pieces.push((start, end, is_match)),
+                }
+                previous_match = is_match;
+            }
+        }
+    }
+    for (start, end, _) in pieces {
+        if start < end {
+            f(&text[start..end]);
+        }
+    }
+}
+
+/// The ranges of a scanner's pieces in `text` (which they tile).
+fn tiles<'t>(text: &'t str, pieces: impl Iterator<Item = &'t str> + 't) -> impl Iterator<Item = (usize, usize)> + 't {
+    let base = text.as_ptr() as usize;
+    pieces.map(move |p| {
+        let start = p.as_ptr() as usize - base;
+        (start, start + p.len())
+    })
+}
+
+impl Stage {
+    /// Gives `f` the pieces of `piece`, in order.
+    pub fn split(&self, piece: &str, f: &mut dyn FnMut(&str)) {
+        match self {
+            Stage::Split { pattern, behavior: Behavior::Isolated, invert: false } if !matches!(pattern, Pattern::Literal(_)) => match pattern {
+                // The patterns match every character: their pieces are the pieces.
+                Pattern::Llama3 => WordSplit::llama3(piece).for_each(f),
+                Pattern::Qwen2 => WordSplit::qwen2(piece).for_each(f),
+                _ => Gpt2Split::new(piece).for_each(f),
+            },
+            Stage::Split { pattern, behavior, invert } => {
+                let spans = match pattern {
+                    Pattern::Llama3 => spans(piece, tiles(piece, WordSplit::llama3(piece))),
+                    Pattern::Qwen2 => spans(piece, tiles(piece, WordSplit::qwen2(piece))),
+                    Pattern::Gpt2 => spans(piece, tiles(piece, Gpt2Split::new(piece))),
+                    Pattern::Literal(s) if s.is_empty() => spans(piece, core::iter::empty()),
+                    Pattern::Literal(s) => spans(piece, piece.match_indices(s.as_str()).map(|(i, m)| (i, i + m.len()))),
+                };
+                emit(piece, spans, *behavior, *invert, f)
+            }
+            Stage::Digits { individual } => {
+                let digits = piece.char_indices().filter(|(_, c)| c.is_numeric()).map(|(i, c)| (i, i + c.len_utf8()));
+                let behavior = if *individual { Behavior::Isolated } else { Behavior::Contiguous };
+                emit(piece, spans(piece, digits), behavior, false, f)
+            }
+        }
+    }
+}
+
+/// A `TemplateProcessing` post-processor's effect on one text: ids before and after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Template {
+    /// Ids before the text's (Llama 3's BOS).
+    pub prefix: Vec<u32>,
+    /// Ids after them.
+    pub suffix: Vec<u32>,
+}
+
+/// Everything a byte-level tokenizer does beyond GPT-2's (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pipeline {
+    /// Applied in order to the text between added tokens.
+    pub normalizers: Vec<Normalizer>,
+    /// Pre-tokenizers before the `ByteLevel` one, in order.
+    pub stages: Vec<Stage>,
+    /// Special tokens around a text encoded with them.
+    pub template: Option<Template>,
+    /// The `normalizer`, `pre_tokenizer`, `post_processor` and `decoder` of the
+    /// tokenizer.json they were read from, which a written one repeats.
+    pub json: [Value; 4],
+}
+
+impl Pipeline {
+    /// `text` normalized (borrowed where normalizing changes nothing).
+    pub fn normalize<'t>(&self, text: &'t str) -> Cow<'t, str> {
+        let mut text = Cow::Borrowed(text);
+        for n in &self.normalizers {
+            match n {
+                Normalizer::Nfc if is_nfc_quick(text.chars()) == IsNormalized::Yes => {}
+                Normalizer::Nfc => text = Cow::Owned(text.nfc().collect()),
+            }
+        }
+        text
+    }
+
+    /// Gives `f` the pieces `text` (normalized) has after every stage, in order.
+    pub fn pieces(&self, text: &str, f: &mut dyn FnMut(&str)) {
+        fn run(stages: &[Stage], piece: &str, f: &mut dyn FnMut(&str)) {
+            match stages.split_first() {
+                None => f(piece),
+                Some((stage, rest)) => stage.split(piece, &mut |sub| run(rest, sub, f)),
+            }
+        }
+        run(&self.stages, text, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+
+    fn split(stage: &Stage, text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        stage.split(text, &mut |p| out.push(p.to_string()));
+        out
+    }
+
+    fn literal(behavior: Behavior, invert: bool) -> Stage {
+        Stage::Split { pattern: Pattern::Literal("-".into()), behavior, invert }
+    }
+
+    /// Each behavior on "a-b--c", as `tokenizers` splits it.
+    #[test]
+    fn behaviors_split_as_tokenizers_does() {
+        assert_eq!(split(&literal(Behavior::Removed, false), "a-b--c"), ["a", "b", "c"]);
+        assert_eq!(split(&literal(Behavior::Isolated, false), "a-b--c"), ["a", "-", "b", "-", "-", "c"]);
+        assert_eq!(split(&literal(Behavior::MergedWithPrevious, false), "a-b--c"), ["a-", "b-", "-", "c"]);
+        assert_eq!(split(&literal(Behavior::MergedWithNext, false), "a-b--c"), ["a", "-b", "-", "-c"]);
+        assert_eq!(split(&literal(Behavior::Contiguous, false), "a-b--c"), ["a", "-", "b", "--", "c"]);
+        assert_eq!(split(&literal(Behavior::Removed, true), "a-b--c"), ["-", "-", "-"]);
+        assert_eq!(split(&Stage::Digits { individual: false }, "x123y4"), ["x", "123", "y", "4"]);
+    }
+
+    #[test]
+    fn nfc_composes() {
+        let p = Pipeline { normalizers: alloc::vec![Normalizer::Nfc], stages: Vec::new(), template: None, json: Default::default() };
+        assert_eq!(p.normalize("e\u{301}"), "\u{e9}");
+        assert!(matches!(p.normalize("plain"), Cow::Borrowed(_)));
+    }
+}
