@@ -84,6 +84,25 @@ impl Default for Options {
     }
 }
 
+/// What a piece's tokens are before any merge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Alphabet {
+    /// Byte-level: each byte a token (GPT-2's, Llama 3's, Qwen2's, SmolLM2's).
+    Bytes,
+    /// SentencePiece style (TinyLlama's, Mistral's): each character its token where the
+    /// vocabulary has it, else its UTF-8 bytes as `<0xNN>` tokens where `byte_fallback` (and
+    /// all of them are tokens), else `unk` (one for a run of them where `fuse_unk`), else
+    /// nothing (as `tokenizers` drops it).
+    Chars {
+        /// The unknown token.
+        unk: Option<u32>,
+        /// A run of unknown characters is one unknown token.
+        fuse_unk: bool,
+        /// Unknown characters as their bytes' `<0xNN>` tokens.
+        byte_fallback: bool,
+    },
+}
+
 /// A merge of two adjacent tokens.
 #[derive(Clone, Copy, Debug)]
 struct Merge {
@@ -203,6 +222,11 @@ pub struct Bpe {
     options: Options,
     /// What it does beyond GPT-2's tokenizer, if anything.
     pipeline: Option<Box<Pipeline>>,
+    /// What a piece's tokens are before merges.
+    alphabet: Alphabet,
+    /// With a character alphabet, each id's decoded bytes (as `bytes`/`offsets`), which
+    /// [`Bpe::token_bytes`] gives; `bytes` holds the tokens' text then.
+    decoded: Option<Box<(Vec<u8>, Vec<u32>)>>,
 }
 
 impl fmt::Debug for Bpe {
@@ -211,12 +235,25 @@ impl fmt::Debug for Bpe {
     }
 }
 
+/// The byte of a SentencePiece byte token's text (`<0x41>`), if it is one.
+fn byte_of_token(text: &[u8]) -> Option<u8> {
+    match text {
+        [b'<', b'0', b'x', hi, lo, b'>'] => {
+            let digit = |c: u8| (c as char).to_digit(16);
+            let b = (digit(*hi)? * 16 + digit(*lo)?) as u8;
+            // As `tokenizers` writes them: upper-case digits.
+            (format!("<0x{b:02X}>").as_bytes() == text).then_some(b)
+        }
+        _ => None,
+    }
+}
+
 /// Two tokenizers are equal when they give every text the same ids: the same tokens, merges,
 /// added tokens, options and pipeline (the maps follow from those).
 impl PartialEq for Bpe {
     fn eq(&self, other: &Self) -> bool {
-        (&self.bytes, &self.offsets, &self.merge_list, &self.added, self.options, &self.pipeline)
-            == (&other.bytes, &other.offsets, &other.merge_list, &other.added, other.options, &other.pipeline)
+        (&self.bytes, &self.offsets, &self.merge_list, &self.added, self.options, &self.pipeline, self.alphabet)
+            == (&other.bytes, &other.offsets, &other.merge_list, &other.added, other.options, &other.pipeline, other.alphabet)
     }
 }
 
@@ -226,6 +263,45 @@ impl Bpe {
     /// tokens. Ids must run from 0 without gaps, every byte must be a token, and merges must
     /// name tokens; anything else is an error that says what is wrong.
     pub fn new(vocab: Vec<(Vec<u8>, u32)>, merges: &[(Vec<u8>, Vec<u8>)], added: Vec<AddedToken>, options: Options) -> Result<Self, BpeError> {
+        Bpe::build(vocab, merges, added, options, Alphabet::Bytes)
+    }
+
+    /// A SentencePiece-style tokenizer (see [`Alphabet::Chars`]): its vocabulary is the
+    /// tokens' text, its merges pairs of those; `decoder` says how ids become text. An
+    /// `<0xNN>` token that `alphabet` needs and the vocabulary lacks is an error.
+    pub fn with_chars(
+        vocab: Vec<(String, u32)>,
+        merges: &[(String, String)],
+        added: Vec<AddedToken>,
+        alphabet: Alphabet,
+        decoder: &super::pipeline::CharDecoder,
+    ) -> Result<Self, BpeError> {
+        let vocab = vocab.into_iter().map(|(t, id)| (t.into_bytes(), id)).collect();
+        let merges: Vec<(Vec<u8>, Vec<u8>)> = merges.iter().map(|(l, r)| (l.as_bytes().to_vec(), r.as_bytes().to_vec())).collect();
+        let mut bpe = Bpe::build(vocab, &merges, added, Options::default(), alphabet)?;
+        let (mut bytes, mut offsets) = (Vec::new(), vec![0u32]);
+        for id in 0..bpe.vocab_size() as u32 {
+            let text = bpe.token_text(id).expect("ids run to vocab_size");
+            match (decoder.byte_fallback, byte_of_token(text)) {
+                (true, Some(b)) => bytes.push(b),
+                _ => match (&decoder.replace, core::str::from_utf8(text)) {
+                    (Some((pattern, content)), Ok(t)) => bytes.extend_from_slice(t.replace(pattern.as_str(), content).as_bytes()),
+                    _ => bytes.extend_from_slice(text),
+                },
+            }
+            offsets.push(u32::try_from(bytes.len()).map_err(|_| BpeError("the vocabulary's tokens exceed 4 GiB".into()))?);
+        }
+        bpe.decoded = Some(Box::new((bytes, offsets)));
+        Ok(bpe)
+    }
+
+    fn build(
+        vocab: Vec<(Vec<u8>, u32)>,
+        merges: &[(Vec<u8>, Vec<u8>)],
+        added: Vec<AddedToken>,
+        options: Options,
+        alphabet: Alphabet,
+    ) -> Result<Self, BpeError> {
         let size = vocab.iter().map(|(_, id)| id).chain(added.iter().map(|a| &a.id)).max().map_or(0, |&m| m as usize + 1);
         // Checked before the table of ids is allocated: a file may claim any id.
         if size > vocab.len() + added.len() {
@@ -257,9 +333,13 @@ impl Bpe {
         let ids: HashMap<Vec<u8>, u32> = vocab.into_iter().collect();
         let mut byte_ids = [NONE; 256];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
-            *slot = *ids.get(&[b as u8][..]).ok_or_else(|| {
-                BpeError(format!("the vocabulary has no token for the byte 0x{b:02x}: byte-level BPE needs all 256 (train with the full byte alphabet)"))
-            })?;
+            *slot = match alphabet {
+                Alphabet::Bytes => *ids.get(&[b as u8][..]).ok_or_else(|| {
+                    BpeError(format!("the vocabulary has no token for the byte 0x{b:02x}: byte-level BPE needs all 256 (train with the full byte alphabet)"))
+                })?,
+                // SentencePiece's byte tokens, where it has them.
+                Alphabet::Chars { .. } => ids.get(format!("<0x{b:02X}>").as_bytes()).copied().unwrap_or(NONE),
+            };
         }
         let token = |bytes: &[u8], rank: usize| {
             ids.get(bytes).copied().ok_or_else(|| BpeError(format!("merge {rank}: {:?} is not in the vocabulary", String::from_utf8_lossy(bytes))))
@@ -274,13 +354,27 @@ impl Bpe {
             merge_list.push((l, r));
         }
         let matcher = AddedMatcher::new(added.iter().map(|a| a.content.as_str()))?;
-        let mut bpe = Bpe { bytes, offsets, ids, byte_ids, merges: merge_map, merge_list, whole: Vec::new(), added, matcher, options, pipeline: None };
+        let mut bpe = Bpe {
+            bytes,
+            offsets,
+            ids,
+            byte_ids,
+            merges: merge_map,
+            merge_list,
+            whole: Vec::new(),
+            added,
+            matcher,
+            options,
+            pipeline: None,
+            alphabet,
+            decoded: None,
+        };
         let mut scratch = Scratch::default();
         let mut out = Vec::new();
         bpe.whole = (0..size as u32)
             .map(|id| {
                 out.clear();
-                bpe.merge(bpe.token_bytes(id).unwrap_or_default(), &mut out, &mut scratch);
+                bpe.merge(bpe.token_text(id).unwrap_or_default(), &mut out, &mut scratch);
                 out == [id]
             })
             .collect();
@@ -292,10 +386,23 @@ impl Bpe {
         self.offsets.len() - 1
     }
 
-    /// The bytes of token `id` (an added token's text), or `None` past the vocabulary.
+    /// The bytes token `id` decodes to (an added token's text), or `None` past the vocabulary.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         let id = id as usize;
+        let (bytes, offsets) = self.decoded.as_deref().map_or((&self.bytes, &self.offsets), |(b, o)| (b, o));
+        (id + 1 < offsets.len()).then(|| &bytes[offsets[id] as usize..offsets[id + 1] as usize])
+    }
+
+    /// Token `id` as the vocabulary has it: its bytes (byte-level), or its text (SentencePiece
+    /// style, `▁` and `<0xNN>` as written).
+    pub fn token_text(&self, id: u32) -> Option<&[u8]> {
+        let id = id as usize;
         (id + 1 < self.offsets.len()).then(|| &self.bytes[self.offsets[id] as usize..self.offsets[id + 1] as usize])
+    }
+
+    /// What a piece's tokens are before merges.
+    pub fn alphabet(&self) -> Alphabet {
+        self.alphabet
     }
 
     /// The added tokens.
@@ -362,8 +469,8 @@ impl Bpe {
     /// Appends the ids of `text` to `out`.
     pub fn encode(&self, text: &str, out: &mut Vec<u32>) {
         let mut scratch = Scratch::default();
-        for (plain, added) in self.matcher.split(text) {
-            self.encode_plain(plain, true, out, &mut scratch);
+        for (n, (plain, added)) in self.matcher.split(text).enumerate() {
+            self.encode_plain(plain, true, n == 0, out, &mut scratch);
             if let Some(i) = added {
                 out.push(self.added[i].id);
             }
@@ -382,7 +489,8 @@ impl Bpe {
     /// none or the tokenizer allows no cut (without GPT-2's pattern a text is one piece; an
     /// added token with a newline in it could straddle a cut).
     pub fn next_cut(&self, text: &str, from: usize) -> usize {
-        if self.added.iter().any(|a| a.content.contains('\n')) {
+        // SentencePiece style: a text between added tokens is one piece (or cut at its `▁`s).
+        if self.added.iter().any(|a| a.content.contains('\n')) || self.alphabet != Alphabet::Bytes {
             return text.len();
         }
         let word_split = |pattern: &Pattern| matches!(pattern, Pattern::Llama3 | Pattern::Qwen2);
@@ -404,7 +512,7 @@ impl Bpe {
         /// A stretch of plain text (whether it starts a text between added tokens), or one
         /// added token.
         enum Piece<'t> {
-            Plain(&'t str, bool),
+            Plain(&'t str, bool, bool),
             Added(u32),
         }
         let mut pieces: Vec<Piece<'_>> = Vec::new();
@@ -412,7 +520,7 @@ impl Bpe {
             let mut start = 0;
             while start < plain.len() {
                 let end = self.next_cut(plain, (start + PART_BYTES).min(plain.len()));
-                pieces.push(Piece::Plain(&plain[start..end], start == 0 && (n > 0 || !continues)));
+                pieces.push(Piece::Plain(&plain[start..end], start == 0 && (n > 0 || !continues), start == 0 && n == 0 && !continues));
                 start = end;
             }
             pieces.extend(added.map(|i| Piece::Added(self.added[i].id)));
@@ -423,9 +531,9 @@ impl Bpe {
             // SAFETY: task `i` alone writes output `i`.
             let out = unsafe { &mut outs_p.slice(i, 1)[0] };
             match pieces[i] {
-                Piece::Plain(plain, starts) => {
+                Piece::Plain(plain, starts, first) => {
                     out.reserve(plain.len() / 3);
-                    self.encode_plain(plain, starts, out, &mut Scratch::default());
+                    self.encode_plain(plain, starts, first, out, &mut Scratch::default());
                 }
                 Piece::Added(id) => out.push(id),
             }
@@ -441,10 +549,17 @@ impl Bpe {
     }
 
     /// Text with no added token in it; `starts` when it starts a text between added tokens
-    /// (not a part that continues one), where `add_prefix_space` may put a space before it.
-    fn encode_plain(&self, text: &str, starts: bool, out: &mut Vec<u32>, scratch: &mut Scratch) {
+    /// (not a part that continues one), where `add_prefix_space` may put a space before it;
+    /// `first` when it starts the whole text (where `Metaspace` may put its `▁`).
+    fn encode_plain(&self, text: &str, starts: bool, first: bool, out: &mut Vec<u32>, scratch: &mut Scratch) {
         if text.is_empty() {
             return;
+        }
+        if let Alphabet::Chars { .. } = self.alphabet {
+            return match &self.pipeline {
+                None => self.encode_piece(text.as_bytes(), out, scratch),
+                Some(p) => p.metaspace_pieces(&p.normalize(text), first, &mut |piece| self.encode_piece(piece.as_bytes(), out, scratch)),
+            };
         }
         match &self.pipeline {
             None => self.byte_level(text, starts, out, scratch),
@@ -479,7 +594,7 @@ impl Bpe {
 
     #[inline]
     fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>, scratch: &mut Scratch) {
-        if let [b] = piece {
+        if let ([b], Alphabet::Bytes) = (piece, self.alphabet) {
             return out.push(self.byte_ids[*b as usize]);
         }
         if let Some(&id) = self.ids.get(piece) {
@@ -496,14 +611,9 @@ impl Bpe {
         let Scratch { symbols, heap } = scratch;
         symbols.clear();
         heap.clear();
-        let n = piece.len() as u32;
-        symbols.extend(piece.iter().enumerate().map(|(i, &b)| Symbol {
-            id: self.byte_ids[b as usize],
-            prev: if i == 0 { NONE } else { i as u32 - 1 },
-            next: if i as u32 + 1 == n { NONE } else { i as u32 + 1 },
-        }));
+        self.initial_symbols(piece, symbols);
         let rank_of = |left: u32, right: u32| self.merges.get(&pair(left, right));
-        for i in 1..piece.len() {
+        for i in 1..symbols.len() {
             if let Some(m) = rank_of(symbols[i - 1].id, symbols[i].id) {
                 heap.push(Reverse((m.rank, i as u32 - 1)));
             }
@@ -538,6 +648,40 @@ impl Bpe {
         }
     }
 
+    /// A piece's tokens before merges (see [`Alphabet`]), linked in order.
+    fn initial_symbols(&self, piece: &[u8], symbols: &mut Vec<Symbol>) {
+        let mut push = |id: u32| {
+            let i = symbols.len() as u32;
+            if let Some(last) = symbols.last_mut() {
+                last.next = i;
+            }
+            symbols.push(Symbol { id, prev: if i == 0 { NONE } else { i - 1 }, next: NONE });
+        };
+        match self.alphabet {
+            Alphabet::Bytes => piece.iter().for_each(|&b| push(self.byte_ids[b as usize])),
+            Alphabet::Chars { unk, fuse_unk, byte_fallback } => {
+                let text = core::str::from_utf8(piece).expect("a character alphabet's pieces are text");
+                let mut after_unk = false;
+                for c in text.chars() {
+                    let mut buf = [0u8; 4];
+                    let bytes = c.encode_utf8(&mut buf).as_bytes();
+                    if let Some(&id) = self.ids.get(bytes) {
+                        push(id);
+                    } else if byte_fallback && bytes.iter().all(|&b| self.byte_ids[b as usize] != NONE) {
+                        bytes.iter().for_each(|&b| push(self.byte_ids[b as usize]));
+                    } else if let Some(unk) = unk {
+                        if !(fuse_unk && after_unk) {
+                            push(unk);
+                        }
+                        after_unk = true;
+                        continue;
+                    }
+                    after_unk = false;
+                }
+            }
+        }
+    }
+
     /// The bytes of `ids` (added tokens as their text): the text they encode, or part of one.
     pub fn decode(&self, ids: &[u32]) -> Result<Vec<u8>, BpeError> {
         let mut out = Vec::new();
@@ -546,6 +690,10 @@ impl Bpe {
                 self.token_bytes(id).ok_or_else(|| BpeError(format!("token id {id} is past the vocabulary ({} tokens)", self.vocab_size())))?,
             );
         }
+        // A SentencePiece decoder's `Strip`: the text's leading spaces it removes.
+        let strip = self.pipeline.as_ref().map_or(0, |p| p.decoder.strip_start);
+        let leading = out.iter().take(strip).take_while(|&&b| b == b' ').count();
+        out.drain(..leading);
         Ok(out)
     }
 }
@@ -601,8 +749,7 @@ mod tests {
         let prefixed = Options { add_prefix_space: true, ..Options::default() };
         let one_piece = Options { use_regex: false, ..Options::default() };
         let staged = |options: Options, stage: Stage| {
-            let pipeline =
-                Pipeline { normalizers: vec![super::super::pipeline::Normalizer::Nfc], stages: vec![stage], template: None, json: Default::default() };
+            let pipeline = Pipeline { normalizers: vec![super::super::pipeline::Normalizer::Nfc], stages: vec![stage], ..Pipeline::default() };
             with(options).with_pipeline(pipeline).unwrap()
         };
         let llama3 = staged(one_piece, Stage::Split { pattern: Pattern::Llama3, behavior: Behavior::Isolated, invert: false });
@@ -619,6 +766,25 @@ mod tests {
             }
             assert_eq!(ids, whole, "{:?}", t.options);
         }
+    }
+
+    /// SentencePiece style: characters the vocabulary lacks fall back to their bytes' tokens,
+    /// or to one unknown token for a run of them; decoding undoes the byte fallback.
+    #[test]
+    fn characters_fall_back_to_bytes_or_the_unknown_token() {
+        use super::super::pipeline::CharDecoder;
+        let text = |v: &[(&str, u32)]| v.iter().map(|&(t, id)| (t.to_string(), id)).collect::<Vec<_>>();
+        let merges = [("a".to_string(), "b".to_string())];
+        let decoder = CharDecoder { byte_fallback: true, ..CharDecoder::default() };
+        let bytes = Alphabet::Chars { unk: None, fuse_unk: false, byte_fallback: true };
+        let t = Bpe::with_chars(text(&[("a", 0), ("b", 1), ("ab", 2), ("<0xC3>", 3), ("<0xA9>", 4)]), &merges, Vec::new(), bytes, &decoder).unwrap();
+        assert_eq!(t.encode_to_vec("abé"), [2, 3, 4]);
+        assert_eq!(t.decode(&[2, 3, 4]).unwrap(), "abé".as_bytes());
+        // No token for the euro sign's bytes: the unknown token, once for the run.
+        let unk = AddedToken { content: "<unk>".into(), id: 3, special: true };
+        let fused = Alphabet::Chars { unk: Some(3), fuse_unk: true, byte_fallback: true };
+        let t = Bpe::with_chars(text(&[("a", 0), ("b", 1), ("ab", 2)]), &merges, vec![unk], fused, &decoder).unwrap();
+        assert_eq!(t.encode_to_vec("a€€b ab"), [0, 3, 1, 3, 2]);
     }
 
     #[test]

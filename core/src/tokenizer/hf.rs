@@ -12,9 +12,9 @@
 //! assert!(err.to_string().contains("no token for the byte 0x00"));
 //! ```
 
-use super::bpe::{AddedToken, Bpe, BpeError, Options};
+use super::bpe::{AddedToken, Alphabet, Bpe, BpeError, Options};
 use super::byte_level::{byte_char, char_byte};
-use super::pipeline::{Behavior, Normalizer, Pattern, Pipeline, Stage, Template, GPT2_PATTERN};
+use super::pipeline::{Behavior, CharDecoder, Metaspace, Normalizer, Pattern, Pipeline, PrependScheme, Stage, Template, GPT2_PATTERN};
 use super::split::{LLAMA3_PATTERN, QWEN2_PATTERN};
 use alloc::borrow::{Cow, ToOwned};
 use alloc::format;
@@ -121,13 +121,19 @@ enum MergeEntry<'a> {
 }
 
 impl MergeEntry<'_> {
-    /// The two tokens' bytes; merge `rank` in errors.
-    fn pair(&self, rank: usize) -> Result<(Vec<u8>, Vec<u8>), BpeError> {
+    /// The two tokens as written; merge `rank` in errors.
+    fn texts(&self, rank: usize) -> Result<(String, String), BpeError> {
         let (left, right) = match self {
             MergeEntry::Joined(s) => s.split_once(' ').ok_or_else(|| BpeError(format!("merge {rank} ({s:?}) is not two tokens")))?,
             MergeEntry::Pair(l, r) => (&**l, &**r),
         };
-        Ok((token_bytes(left)?, token_bytes(right)?))
+        Ok((left.into(), right.into()))
+    }
+
+    /// The two tokens' bytes; merge `rank` in errors.
+    fn pair(&self, rank: usize) -> Result<(Vec<u8>, Vec<u8>), BpeError> {
+        let (left, right) = self.texts(rank)?;
+        Ok((token_bytes(&left)?, token_bytes(&right)?))
     }
 }
 
@@ -252,19 +258,10 @@ pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
     if !field(&model, "dropout").is_null() {
         return Err(error("BPE dropout is set (it draws different ids at each encoding)"));
     }
-    if flag(&model, "byte_fallback", false)? {
-        return Err(error("byte_fallback is set (SentencePiece-style BPE)"));
-    }
     for affix in ["continuing_subword_prefix", "end_of_word_suffix"] {
         if field(&model, affix).as_str().is_some_and(|s| !s.is_empty()) {
             return Err(error(format_args!("{affix} is set")));
         }
-    }
-    let normalizers = normalizers(&root.normalizer)?;
-    let (stages, byte_level) = pre_tokenizers(&root.pre_tokenizer)?;
-    match kind(&root.decoder, "decoder")? {
-        Some("ByteLevel") | None => {}
-        Some(other) => return Err(error(format_args!("the decoder is {other}"))),
     }
     // Truncation and padding change the ids of every encoding (and would corrupt a corpus).
     for (key, value, what) in [("truncation", &root.truncation, "cuts encodings to a length"), ("padding", &root.padding, "pads encodings with a token")] {
@@ -272,41 +269,138 @@ pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
             return Err(BpeError(format!("tokenizer.json sets {key} (it {what}); Alpha gives every text all its ids: set \"{key}\" to null")));
         }
     }
+    let normalizers = normalizers(&root.normalizer)?;
     let template = post_processor(&root.post_processor)?;
-    let options = Options {
-        add_prefix_space: flag(byte_level, "add_prefix_space", false)?,
-        use_regex: flag(byte_level, "use_regex", true)?,
-        ignore_merges: flag(&model, "ignore_merges", false)?,
-    };
     let added = match root.added_tokens {
         Some(text) => parse::<AddedList>(text.get(), "added_tokens")?.0,
         None => Vec::new(),
     };
     let BpeModel { vocab, merges } = parse(model_text.get(), "the BPE model")?;
+    // SentencePiece style: no pre-tokenizer, or Metaspace; else byte-level (ByteLevel last).
+    let metaspace = match kind(&root.pre_tokenizer, "pre-tokenizer")? {
+        None => Some(None),
+        Some("Metaspace") => Some(Some(metaspace(&root.pre_tokenizer)?)),
+        Some(_) => None,
+    };
+    let tokens = vocabulary(vocab, &added)?;
+    let Some(metaspace) = metaspace else {
+        if flag(&model, "byte_fallback", false)? {
+            return Err(error("byte_fallback is set with a ByteLevel pre-tokenizer"));
+        }
+        let (stages, byte_level) = pre_tokenizers(&root.pre_tokenizer)?;
+        match kind(&root.decoder, "decoder")? {
+            Some("ByteLevel") | None => {}
+            Some(other) => return Err(error(format_args!("the decoder is {other}"))),
+        }
+        let options = Options {
+            add_prefix_space: flag(byte_level, "add_prefix_space", false)?,
+            use_regex: flag(byte_level, "use_regex", true)?,
+            ignore_merges: flag(&model, "ignore_merges", false)?,
+        };
+        let tokens = tokens.into_iter().map(|(t, id)| Ok((token_bytes(&t)?, id))).collect::<Result<Vec<_>, BpeError>>()?;
+        let merges = merges.iter().enumerate().map(|(rank, m)| m.pair(rank)).collect::<Result<Vec<_>, _>>()?;
+        let bpe = Bpe::new(tokens, &merges, added, options)?;
+        if normalizers.is_empty() && stages.is_empty() && template.is_none() {
+            return Ok(bpe);
+        }
+        let json = [root.normalizer, root.pre_tokenizer, root.post_processor, root.decoder];
+        return bpe.with_pipeline(Pipeline { normalizers, stages, template, json, ..Pipeline::default() });
+    };
+    if flag(&model, "ignore_merges", false)? {
+        return Err(error("ignore_merges is set without a ByteLevel pre-tokenizer"));
+    }
+    let decoder = char_decoder(&root.decoder)?;
+    let unk = match field(&model, "unk_token").as_str() {
+        None => None,
+        Some(name) => Some(
+            tokens
+                .iter()
+                .find(|(t, _)| t == name)
+                .map(|&(_, id)| id)
+                .or_else(|| added.iter().find(|a| a.content == name).map(|a| a.id))
+                .ok_or_else(|| BpeError(format!("tokenizer.json: the unknown token {name:?} is not in the vocabulary")))?,
+        ),
+    };
+    let alphabet = Alphabet::Chars { unk, fuse_unk: flag(&model, "fuse_unk", false)?, byte_fallback: flag(&model, "byte_fallback", false)? };
+    let tokens: Vec<(String, u32)> = tokens.into_iter().map(|(t, id)| (t.into_owned(), id)).collect();
+    let merges = merges.iter().enumerate().map(|(rank, m)| m.texts(rank)).collect::<Result<Vec<_>, _>>()?;
+    let bpe = Bpe::with_chars(tokens, &merges, added, alphabet, &decoder)?;
+    let json = [root.normalizer, root.pre_tokenizer, root.post_processor, root.decoder];
+    bpe.with_pipeline(Pipeline { normalizers, template, json, metaspace, decoder, ..Pipeline::default() })
+}
+
+/// The vocabulary's entries but the added tokens it holds (at the added tokens' ids, as
+/// `tokenizers` gives an added token whose text the vocabulary holds the vocabulary's id).
+fn vocabulary<'a>(vocab: Vocab<'a>, added: &[AddedToken]) -> Result<Vec<(Cow<'a, str>, u32)>, BpeError> {
+    let added_ids: hashbrown::HashMap<&str, u32> = added.iter().map(|a| (a.content.as_str(), a.id)).collect();
     let mut tokens = Vec::with_capacity(vocab.0.len());
-    {
-        // `tokenizers` gives an added token whose text the vocabulary holds the vocabulary's id.
-        let added_ids: hashbrown::HashMap<&str, u32> = added.iter().map(|a| (a.content.as_str(), a.id)).collect();
-        for (token, id) in vocab.0 {
-            match added_ids.get(&*token) {
-                // An added token may be in the vocabulary too (GPT-2's <|endoftext|>), as its text.
-                Some(&added_id) if added_id == id => {}
-                Some(&added_id) => {
-                    return Err(BpeError(format!(
-                        "tokenizer.json: added token {token:?} has id {added_id}, but the vocabulary gives its text id {id} (which Hugging Face would use); give both the same id"
-                    )))
-                }
-                None => tokens.push((token_bytes(&token)?, id)),
+    for (token, id) in vocab.0 {
+        match added_ids.get(&*token) {
+            // An added token may be in the vocabulary too (GPT-2's <|endoftext|>), as its text.
+            Some(&added_id) if added_id == id => {}
+            Some(&added_id) => {
+                return Err(BpeError(format!(
+                    "tokenizer.json: added token {token:?} has id {added_id}, but the vocabulary gives its text id {id} (which Hugging Face would use); give both the same id"
+                )))
             }
+            None => tokens.push((token, id)),
         }
     }
-    let merges = merges.iter().enumerate().map(|(rank, m)| m.pair(rank)).collect::<Result<Vec<_>, _>>()?;
-    let bpe = Bpe::new(tokens, &merges, added, options)?;
-    if normalizers.is_empty() && stages.is_empty() && template.is_none() {
-        return Ok(bpe);
+    Ok(tokens)
+}
+
+/// A `Metaspace` pre-tokenizer.
+fn metaspace(component: &Value) -> Result<Metaspace, BpeError> {
+    let replacement = field(component, "replacement").as_str().and_then(|r| {
+        let mut chars = r.chars();
+        chars.next().filter(|_| chars.next().is_none())
+    });
+    let replacement = replacement.ok_or_else(|| BpeError("tokenizer.json: the Metaspace pre-tokenizer's replacement is not one character".into()))?;
+    // Older files say add_prefix_space where newer ones say prepend_scheme.
+    let prepend = match (field(component, "prepend_scheme").as_str(), flag(component, "add_prefix_space", true)?) {
+        (Some("always"), _) => PrependScheme::Always,
+        (Some("first"), _) => PrependScheme::First,
+        (Some("never"), _) => PrependScheme::Never,
+        (Some(other), _) => return Err(BpeError(format!("tokenizer.json: the Metaspace pre-tokenizer's prepend_scheme is {other:?}"))),
+        (None, true) => PrependScheme::Always,
+        (None, false) => PrependScheme::Never,
+    };
+    Ok(Metaspace { replacement, prepend, split: flag(component, "split", true)? })
+}
+
+/// A SentencePiece-style `decoder`: `Replace` (a literal), `ByteFallback`, `Fuse`, `Strip`
+/// (of leading spaces), `Metaspace`, or a `Sequence` of them.
+fn char_decoder(component: &Value) -> Result<CharDecoder, BpeError> {
+    let mut decoder = CharDecoder::default();
+    let list: Vec<&Value> = match kind(component, "decoder")? {
+        None => Vec::new(),
+        Some("Sequence") => {
+            field(component, "decoders").as_array().ok_or_else(|| BpeError("tokenizer.json: a Sequence decoder has no decoders list".into()))?.iter().collect()
+        }
+        Some(_) => alloc::vec![component],
+    };
+    for d in list {
+        match kind(d, "decoder")? {
+            Some("Replace") => {
+                let (pattern, content) = (field(field(d, "pattern"), "String").as_str(), field(d, "content").as_str());
+                let (Some(pattern), Some(content)) = (pattern, content) else { return Err(error("a Replace decoder's pattern is not a string")) };
+                decoder.replace = Some((pattern.into(), content.into()));
+            }
+            Some("ByteFallback") => decoder.byte_fallback = true,
+            Some("Fuse") => {}
+            Some("Strip") if field(d, "content").as_str() == Some(" ") && field(d, "stop").as_u64() == Some(0) => {
+                decoder.strip_start = field(d, "start").as_u64().unwrap_or(0) as usize;
+            }
+            Some("Metaspace") => {
+                let m = metaspace(d)?;
+                decoder.replace = Some((m.replacement.into(), " ".into()));
+                decoder.strip_start = usize::from(m.prepend != PrependScheme::Never);
+            }
+            Some(other) => return Err(error(format_args!("the decoder is {other}"))),
+            None => {}
+        }
     }
-    let json = [root.normalizer, root.pre_tokenizer, root.post_processor, root.decoder];
-    bpe.with_pipeline(Pipeline { normalizers, stages, template, json })
+    Ok(decoder)
 }
 
 /// The normalizers of a `normalizer` component: none, `NFC`, or a `Sequence` of them.
@@ -314,6 +408,14 @@ fn normalizers(component: &Value) -> Result<Vec<Normalizer>, BpeError> {
     match kind(component, "normalizer")? {
         None => Ok(Vec::new()),
         Some("NFC") => Ok(alloc::vec![Normalizer::Nfc]),
+        Some("Prepend") => match field(component, "prepend").as_str() {
+            Some(p) => Ok(alloc::vec![Normalizer::Prepend(p.into())]),
+            None => Err(BpeError("tokenizer.json: a Prepend normalizer has no prepend string".into())),
+        },
+        Some("Replace") => match (field(field(component, "pattern"), "String").as_str(), field(component, "content").as_str()) {
+            (Some(pattern), Some(content)) => Ok(alloc::vec![Normalizer::Replace { pattern: pattern.into(), content: content.into() }]),
+            _ => Err(error("a Replace normalizer's pattern is not a string")),
+        },
         Some("Sequence") => {
             let list =
                 field(component, "normalizers").as_array().ok_or_else(|| BpeError("tokenizer.json: a Sequence normalizer has no normalizers list".into()))?;
@@ -455,7 +557,15 @@ pub fn from_vocab_merges(vocab_json: &str, merges_txt: &str) -> Result<Bpe, BpeE
 /// encodes with the same ids. Added tokens are in the vocabulary too, as their text (as GPT-2's
 /// `<|endoftext|>`): `tokenizers` keeps the vocabulary's id for an added token it finds there.
 pub fn to_tokenizer_json(bpe: &Bpe) -> String {
-    let token = |id: u32| token_string(bpe.token_bytes(id).expect("merges name tokens"));
+    let text = |id: u32| bpe.token_text(id).expect("merges name tokens");
+    let token = |id: u32| match bpe.alphabet() {
+        Alphabet::Bytes => token_string(text(id)),
+        Alphabet::Chars { .. } => String::from_utf8_lossy(text(id)).into_owned(),
+    };
+    let (unk, fuse_unk, byte_fallback) = match bpe.alphabet() {
+        Alphabet::Bytes => (None, false, false),
+        Alphabet::Chars { unk, fuse_unk, byte_fallback } => (unk.map(token), fuse_unk, byte_fallback),
+    };
     let mut vocab = Map::new();
     for id in 0..bpe.vocab_size() as u32 {
         let key = bpe.added_tokens().iter().find(|a| a.id == id).map_or_else(|| token(id), |a| a.content.clone());
@@ -487,11 +597,11 @@ pub fn to_tokenizer_json(bpe: &Bpe) -> String {
         "model": {
             "type": "BPE",
             "dropout": null,
-            "unk_token": null,
+            "unk_token": unk,
             "continuing_subword_prefix": null,
             "end_of_word_suffix": null,
-            "fuse_unk": false,
-            "byte_fallback": false,
+            "fuse_unk": fuse_unk,
+            "byte_fallback": byte_fallback,
             "ignore_merges": o.ignore_merges,
             "vocab": vocab,
             "merges": merges,
@@ -529,8 +639,8 @@ mod tests {
         assert!(e.contains("WordPiece") && e.contains("byte-level BPE"), "{e}");
         let lowercase = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "ByteLevel"}}"#;
         assert!(from_tokenizer_json(lowercase).err().unwrap().to_string().contains("Lowercase normalizer"));
-        let metaspace = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Metaspace"}}"#;
-        assert!(from_tokenizer_json(metaspace).err().unwrap().to_string().contains("last pre-tokenizer is Metaspace"));
+        let whitespace = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "WhitespaceSplit"}}"#;
+        assert!(from_tokenizer_json(whitespace).err().unwrap().to_string().contains("last pre-tokenizer is WhitespaceSplit"));
         let regex = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": "[0-9]+"}, "behavior": "Isolated", "invert": false}, {"type": "ByteLevel"}]}}"#;
         let e = from_tokenizer_json(regex).err().unwrap().to_string();

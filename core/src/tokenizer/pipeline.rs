@@ -1,9 +1,10 @@
-//! What Hugging Face's byte-level tokenizers do around BPE beyond GPT-2's `ByteLevel`
-//! pre-tokenizer: a normalizer (NFC, as Qwen2's), pre-tokenizers before the `ByteLevel` one
-//! (`Split` with Llama 3's, Qwen2's or GPT-2's pattern or a literal, as `tokenizers` defines
-//! `behavior` and `invert`; `Digits`, as SmolLM2's), and a post-processor that adds special
-//! tokens (`TemplateProcessing`, as Llama 3's BOS). A [`Pipeline`] holds them with the JSON
-//! they were read from, which a written `tokenizer.json` repeats.
+//! What Hugging Face's tokenizers do around BPE beyond GPT-2's `ByteLevel` pre-tokenizer:
+//! normalizers (NFC, as Qwen2's; SentencePiece's `Prepend` and `Replace`), pre-tokenizers
+//! before the `ByteLevel` one (`Split` with Llama 3's, Qwen2's or GPT-2's pattern or a literal,
+//! as `tokenizers` defines `behavior` and `invert`; `Digits`, as SmolLM2's) or SentencePiece's
+//! `Metaspace`, a post-processor that adds special tokens (`TemplateProcessing`, as Llama 3's
+//! BOS), and SentencePiece's decoders. A [`Pipeline`] holds them with the JSON they were read
+//! from, which a written `tokenizer.json` repeats.
 //!
 //! ```
 //! use alpha_core::tokenizer::pipeline::{Behavior, Pattern, Stage};
@@ -30,10 +31,56 @@ use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 pub const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// A normalizer, applied to text between added tokens before it is pre-tokenized.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Normalizer {
     /// Unicode's canonical composition (NFC).
     Nfc,
+    /// `Prepend`: this string before a text that is not empty (SentencePiece's `▁`).
+    Prepend(String),
+    /// `Replace` with a literal pattern: every `pattern` becomes `content`.
+    Replace {
+        /// What is replaced.
+        pattern: String,
+        /// What replaces it.
+        content: String,
+    },
+}
+
+/// When `Metaspace` puts its replacement before a text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrependScheme {
+    /// Before every text (between added tokens) that does not start with it.
+    Always,
+    /// Before the first text only (the one at the start of the input).
+    First,
+    /// Never.
+    Never,
+}
+
+/// SentencePiece's pre-tokenizer (`Metaspace`): spaces become `replacement` (`▁`), which is
+/// put before a text as `prepend` says; with `split`, a piece starts at each replacement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metaspace {
+    /// What spaces become.
+    pub replacement: char,
+    /// When it goes before a text.
+    pub prepend: PrependScheme,
+    /// Pieces start at each replacement (else the text is one piece).
+    pub split: bool,
+}
+
+/// How a SentencePiece-style tokenizer's ids become text (its `decoder`): each token's text
+/// with `replace` applied (`▁` to a space), `<0xNN>` tokens as their byte (`ByteFallback`),
+/// joined (`Fuse`), and `strip_start` leading spaces removed (`Strip`, or `Metaspace`'s
+/// prefix).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CharDecoder {
+    /// A pattern and what each token's text has in its place.
+    pub replace: Option<(String, String)>,
+    /// `<0xNN>` tokens decode to their byte.
+    pub byte_fallback: bool,
+    /// Leading spaces the decoded text loses.
+    pub strip_start: usize,
 }
 
 /// What a `Split` pre-tokenizer cuts at.
@@ -196,8 +243,8 @@ pub struct Template {
     pub suffix: Vec<u32>,
 }
 
-/// Everything a byte-level tokenizer does beyond GPT-2's (see the module docs).
-#[derive(Clone, Debug, PartialEq)]
+/// Everything a tokenizer does beyond GPT-2's (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pipeline {
     /// Applied in order to the text between added tokens.
     pub normalizers: Vec<Normalizer>,
@@ -205,6 +252,10 @@ pub struct Pipeline {
     pub stages: Vec<Stage>,
     /// Special tokens around a text encoded with them.
     pub template: Option<Template>,
+    /// With a character alphabet (SentencePiece style), its pre-tokenizer if it has one.
+    pub metaspace: Option<Metaspace>,
+    /// With a character alphabet, how ids become text.
+    pub decoder: CharDecoder,
     /// The `normalizer`, `pre_tokenizer`, `post_processor` and `decoder` of the
     /// tokenizer.json they were read from, which a written one repeats.
     pub json: [Value; 4],
@@ -218,9 +269,37 @@ impl Pipeline {
             match n {
                 Normalizer::Nfc if is_nfc_quick(text.chars()) == IsNormalized::Yes => {}
                 Normalizer::Nfc => text = Cow::Owned(text.nfc().collect()),
+                Normalizer::Prepend(p) if !text.is_empty() => text = Cow::Owned([p.as_str(), &text].concat()),
+                Normalizer::Prepend(_) => {}
+                Normalizer::Replace { pattern, content } if !pattern.is_empty() && text.contains(pattern.as_str()) => {
+                    text = Cow::Owned(text.replace(pattern.as_str(), content))
+                }
+                Normalizer::Replace { .. } => {}
             }
         }
         text
+    }
+
+    /// With a character alphabet: gives `f` the pieces of `text` (normalized) after the
+    /// `Metaspace` pre-tokenizer, if there is one (`first`: the text starts the input).
+    pub fn metaspace_pieces(&self, text: &str, first: bool, f: &mut dyn FnMut(&str)) {
+        let Some(m) = self.metaspace else { return f(text) };
+        let mut spaced = String::with_capacity(text.len() + 3);
+        let prepend = match m.prepend {
+            PrependScheme::Always => true,
+            PrependScheme::First => first,
+            PrependScheme::Never => false,
+        };
+        if prepend && !text.starts_with(m.replacement) && !text.starts_with(' ') {
+            spaced.push(m.replacement);
+        }
+        spaced.extend(text.chars().map(|c| if c == ' ' { m.replacement } else { c }));
+        if !m.split {
+            return f(&spaced);
+        }
+        let mut buf = [0u8; 4];
+        let marks = spaced.match_indices(&*m.replacement.encode_utf8(&mut buf)).map(|(i, r)| (i, i + r.len()));
+        emit(&spaced, spans(&spaced, marks), Behavior::MergedWithNext, false, f)
     }
 
     /// Gives `f` the pieces `text` (normalized) has after every stage, in order.
@@ -264,7 +343,7 @@ mod tests {
 
     #[test]
     fn nfc_composes() {
-        let p = Pipeline { normalizers: alloc::vec![Normalizer::Nfc], stages: Vec::new(), template: None, json: Default::default() };
+        let p = Pipeline { normalizers: alloc::vec![Normalizer::Nfc], ..Pipeline::default() };
         assert_eq!(p.normalize("e\u{301}"), "\u{e9}");
         assert!(matches!(p.normalize("plain"), Cow::Borrowed(_)));
     }

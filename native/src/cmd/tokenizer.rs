@@ -5,7 +5,7 @@ use crate::corpus::read_text;
 use crate::device::thread_pool;
 use crate::fsutil::write_atomic;
 use crate::tokenizer::{bar, load};
-use alpha_core::tokenizer::bpe::{Bpe, END_OF_TEXT};
+use alpha_core::tokenizer::bpe::{Alphabet, Bpe, END_OF_TEXT};
 use alpha_core::tokenizer::byte_level::byte_char;
 use alpha_core::tokenizer::hf;
 use alpha_core::tokenizer::train::{check_request, train, WordCounts};
@@ -193,7 +193,10 @@ pub fn describe(bpe: &Bpe) -> String {
         .iter()
         .map(|&id| match bpe.added_tokens().iter().find(|a| a.id == id) {
             Some(a) => a.content.clone(),
-            None => bpe.token_bytes(id).unwrap_or_default().iter().map(|&b| byte_char(b)).collect(),
+            None => match bpe.alphabet() {
+                Alphabet::Bytes => bpe.token_text(id).unwrap_or_default().iter().map(|&b| byte_char(b)).collect(),
+                Alphabet::Chars { .. } => String::from_utf8_lossy(bpe.token_text(id).unwrap_or_default()).into_owned(),
+            },
         })
         .collect();
     let name = |id: &u32| bpe.added_tokens().iter().find(|a| a.id == *id).map_or_else(|| id.to_string(), |a| a.content.clone());
@@ -211,7 +214,8 @@ pub fn describe(bpe: &Bpe) -> String {
         }
     };
     format!(
-        "byte-level BPE: {} tokens, {} merges\nadded tokens: {}\noptions: add_prefix_space {}, use_regex {}, ignore_merges {}\npipeline: {pipeline}\nsample: {sample:?}\ntokens: {tokens:?}\nids: {ids:?}\n",
+        "{} BPE: {} tokens, {} merges\nadded tokens: {}\noptions: add_prefix_space {}, use_regex {}, ignore_merges {}\npipeline: {pipeline}\nsample: {sample:?}\ntokens: {tokens:?}\nids: {ids:?}\n",
+        if bpe.alphabet() == Alphabet::Bytes { "byte-level" } else { "SentencePiece-style" },
         bpe.vocab_size(),
         bpe.merges().len(),
         if specials.is_empty() { "none".to_string() } else { specials.join(", ") },
