@@ -18,7 +18,8 @@
    (Split with its pattern, then ByteLevel without one; ignore_merges; a template adding
    <|begin_of_text|>), Qwen2's (NFC, Split with its pattern, ByteLevel), SmolLM2's (Digits
    one by one, then ByteLevel with GPT-2's pattern), TinyLlama's and Mistral's
-   (SentencePiece style: Prepend and Replace, or Metaspace; byte fallback; <s> before a text). On the texts of 3, ids equal with and
+   (SentencePiece style: Prepend and Replace, or Metaspace; byte fallback; <s> before a text),
+   and a Split with tiktoken's o200k pattern (none of Alpha's scanners: the regex engine). On the texts of 3, ids equal with and
    without special tokens, and Alpha's decode equal to `tokenizers`' (the text itself where
    the shape is lossless); `alpha-native prepare` writes the corpus as `tokenizers` encodes it
    (then the end token), and the tokenizer.json it writes into meta.json, loaded by
@@ -71,6 +72,8 @@ def hf_trained(tmp):
 
 
 LLAMA3 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+# tiktoken's o200k pattern: none of Alpha's scanners, so it runs through the regex engine.
+O200K = r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 QWEN2 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
@@ -138,6 +141,8 @@ def modern_shapes(tmp):
         ("Qwen2's shape", build("qwen2", [EOT, "<|im_start|>", "<|im_end|>"], normalizer=normalizers.NFC(),
                                 pre=pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2), "isolated"), no_regex])),
          lambda text: None if EOT in text else unicodedata.normalize("NFC", text)),
+        ("a Split with o200k's pattern (the regex engine)", build("o200k", [EOT], pre=pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(O200K), "isolated"), no_regex])),
+         lambda text: text),
         ("SmolLM2's shape", build("smollm2", [EOT, "<|im_start|>", "<|im_end|>"],
                                   pre=pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])),
          lambda text: text),
@@ -244,7 +249,7 @@ def main():
         check_char_export(alpha, tmp)
         modern = check_modern(alpha, tmp)
         print(f"tokenizer parity: {checked} texts x tokenizers, ids equal to tokenizers {__import__('tokenizers').__version__}; decode(encode(x)) == x; a character model's export splits as Alpha does;"
-              f" {modern} texts x Llama 3's, Qwen2's, SmolLM2's, TinyLlama's and Mistral's shapes, with and without special tokens, decode as tokenizers', prepare and the written file too")
+              f" {modern} texts x Llama 3's, Qwen2's, SmolLM2's, TinyLlama's and Mistral's shapes and o200k's pattern, with and without special tokens, decode as tokenizers', prepare and the written file too")
 
 
 def check_char_export(alpha, tmp):

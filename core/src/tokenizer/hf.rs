@@ -455,8 +455,16 @@ fn stage(component: &Value) -> Result<Stage, BpeError> {
                 (Some(LLAMA3_PATTERN), _) => Pattern::Llama3,
                 (Some(QWEN2_PATTERN), _) => Pattern::Qwen2,
                 (Some(GPT2_PATTERN), _) => Pattern::Gpt2,
+                #[cfg(feature = "regex")]
+                (Some(regex), _) => Pattern::Regex(
+                    super::pipeline::RegexPattern::new(regex)
+                        .map_err(|e| BpeError(format!("tokenizer.json: the Split pre-tokenizer's pattern {regex:?}: {e}")))?,
+                ),
+                #[cfg(not(feature = "regex"))]
                 (Some(regex), _) => {
-                    return Err(error(format_args!("the Split pre-tokenizer's pattern {regex:?} is none Alpha knows (Llama 3's, Qwen2's, GPT-2's)")))
+                    return Err(error(format_args!(
+                        "the Split pre-tokenizer's pattern {regex:?} is none Alpha knows (Llama 3's, Qwen2's, GPT-2's; others with alpha-core's regex feature)"
+                    )))
                 }
                 (None, Some(literal)) => Pattern::Literal(literal.into()),
                 (None, None) => return Err(BpeError("tokenizer.json: a Split pre-tokenizer has no pattern".into())),
@@ -642,9 +650,10 @@ mod tests {
         let whitespace = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "WhitespaceSplit"}}"#;
         assert!(from_tokenizer_json(whitespace).err().unwrap().to_string().contains("last pre-tokenizer is WhitespaceSplit"));
         let regex = r#"{"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": "[0-9]+"}, "behavior": "Isolated", "invert": false}, {"type": "ByteLevel"}]}}"#;
+            {"type": "Split", "pattern": {"Regex": "([0-9]"}, "behavior": "Isolated", "invert": false}, {"type": "ByteLevel"}]}}"#;
         let e = from_tokenizer_json(regex).err().unwrap().to_string();
-        assert!(e.contains("Split pre-tokenizer's pattern") && e.contains("is none Alpha knows"), "{e}");
+        // Unknown without the regex feature, not a regular expression with it.
+        assert!(e.contains("Split pre-tokenizer's pattern \"([0-9]\""), "{e}");
         assert!(from_tokenizer_json("{").err().unwrap().to_string().contains("not valid JSON"));
     }
 }

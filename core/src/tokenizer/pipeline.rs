@@ -94,7 +94,42 @@ pub enum Pattern {
     Gpt2,
     /// A literal string.
     Literal(String),
+    /// Any other regular expression (the `regex` feature: a backtracking engine, for
+    /// look-ahead as `tokenizers`' Oniguruma has it).
+    #[cfg(feature = "regex")]
+    Regex(RegexPattern),
 }
+
+/// A compiled regular expression, equal to another with the same source.
+#[cfg(feature = "regex")]
+#[derive(Clone, Debug)]
+pub struct RegexPattern(fancy_regex::Regex);
+
+#[cfg(feature = "regex")]
+impl RegexPattern {
+    /// `pattern` compiled, or why it cannot be.
+    pub fn new(pattern: &str) -> Result<RegexPattern, String> {
+        // A backtracking limit no pre-tokenization pattern nears: past it a text would be
+        // cut where the engine gave up, which `tokenizers` would not do.
+        let compiled = fancy_regex::RegexBuilder::new(pattern).backtrack_limit(usize::MAX).build().map_err(|e| alloc::format!("{e}"))?;
+        Ok(RegexPattern(compiled))
+    }
+
+    /// Its source.
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+#[cfg(feature = "regex")]
+impl PartialEq for RegexPattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+#[cfg(feature = "regex")]
+impl Eq for RegexPattern {}
 
 /// What a split does with what its pattern matches (Hugging Face's `SplitDelimiterBehavior`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,12 +244,14 @@ impl Stage {
     /// Gives `f` the pieces of `piece`, in order.
     pub fn split(&self, piece: &str, f: &mut dyn FnMut(&str)) {
         match self {
-            Stage::Split { pattern, behavior: Behavior::Isolated, invert: false } if !matches!(pattern, Pattern::Literal(_)) => match pattern {
-                // The patterns match every character: their pieces are the pieces.
-                Pattern::Llama3 => WordSplit::llama3(piece).for_each(f),
-                Pattern::Qwen2 => WordSplit::qwen2(piece).for_each(f),
-                _ => Gpt2Split::new(piece).for_each(f),
-            },
+            Stage::Split { pattern: pattern @ (Pattern::Llama3 | Pattern::Qwen2 | Pattern::Gpt2), behavior: Behavior::Isolated, invert: false } => {
+                match pattern {
+                    // The patterns match every character: their pieces are the pieces.
+                    Pattern::Llama3 => WordSplit::llama3(piece).for_each(f),
+                    Pattern::Qwen2 => WordSplit::qwen2(piece).for_each(f),
+                    _ => Gpt2Split::new(piece).for_each(f),
+                }
+            }
             Stage::Split { pattern, behavior, invert } => {
                 let spans = match pattern {
                     Pattern::Llama3 => spans(piece, tiles(piece, WordSplit::llama3(piece))),
@@ -222,6 +259,11 @@ impl Stage {
                     Pattern::Gpt2 => spans(piece, tiles(piece, Gpt2Split::new(piece))),
                     Pattern::Literal(s) if s.is_empty() => spans(piece, core::iter::empty()),
                     Pattern::Literal(s) => spans(piece, piece.match_indices(s.as_str()).map(|(i, m)| (i, i + m.len()))),
+                    #[cfg(feature = "regex")]
+                    Pattern::Regex(re) => {
+                        let found = re.0.find_iter(piece).map(|m| m.expect("no backtracking limit to reach")).map(|m| (m.start(), m.end()));
+                        spans(piece, found)
+                    }
                 };
                 emit(piece, spans, *behavior, *invert, f)
             }
