@@ -6,38 +6,38 @@
 #define WARP 32
 #define NEG_INF __int_as_float(0xff800000)
 
-// The sum of `v` over the warp, in every lane (a fixed butterfly: the same bits every run).
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+struct Sum {
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// `v` reduced by `op` over the warp, in every lane (a fixed butterfly: the same bits every run).
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, Sum()); }
 
-// The sum of `v` over a block of `blockDim.x` threads (a multiple of 32, at most 1024), in
-// every thread; `shared` holds 32 floats. A fixed order: deterministic.
-__device__ float block_sum(float v, float* shared) {
+// `v` reduced by `op` over a block of `blockDim.x` threads (a multiple of 32, at most 1024),
+// in every thread; `shared` holds 32 floats, `identity` is what an absent warp contributes.
+// A fixed order: deterministic.
+template <typename Op>
+__device__ float block_reduce(float v, float* shared, float identity, Op op) {
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     __syncthreads();
     if (lane == 0) shared[warp] = v;
     __syncthreads();
-    v = lane < warps ? shared[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < warps ? shared[lane] : identity;
+    return warp_reduce(v, op);
 }
 
-__device__ float block_max(float v, float* shared) {
-    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    v = lane < warps ? shared[lane] : NEG_INF;
-    return warp_max(v);
-}
+__device__ float block_sum(float v, float* shared) { return block_reduce(v, shared, 0.0f, Sum()); }
+__device__ float block_max(float v, float* shared) { return block_reduce(v, shared, NEG_INF, Max()); }
 
 // f32 to bf16 bits, rounding to nearest even (NaN stays NaN), as `half::bf16::from_f32`.
 __device__ __forceinline__ unsigned short to_bf16(float x) {

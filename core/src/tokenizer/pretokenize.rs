@@ -63,6 +63,62 @@ pub(crate) fn class_of(c: char) -> Class {
     }
 }
 
+/// A text as the pattern scanners read it (here and in [`super::split`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Scan<'a>(pub &'a str);
+
+impl Scan<'_> {
+    /// The character at byte `i` (a boundary inside the text): its class, length and value.
+    #[inline(always)]
+    pub(crate) fn char_at(self, i: usize) -> (Class, usize, char) {
+        let b = self.0.as_bytes()[i];
+        if b < 128 {
+            return (ASCII[b as usize], 1, b as char);
+        }
+        let c = self.0[i..].chars().next().expect("a character boundary inside the text");
+        (class_of(c), c.len_utf8(), c)
+    }
+
+    /// The end of the run of `class` characters from byte `i`.
+    #[inline(always)]
+    pub(crate) fn run_end(self, mut i: usize, class: Class) -> usize {
+        while i < self.0.len() {
+            let (c, len, _) = self.char_at(i);
+            if c != class {
+                break;
+            }
+            i += len;
+        }
+        i
+    }
+
+    /// The end of a piece of whitespace from `start` whose run ends at `end`: `\s+(?!\S)`,
+    /// the run less its last character where a non-space follows (that one may lead the next
+    /// piece); `\s+`, the run, where that leaves nothing.
+    pub(crate) fn whitespace_end(self, start: usize, end: usize) -> usize {
+        if end == self.0.len() {
+            return end;
+        }
+        let last = self.0[..end].char_indices().next_back().map_or(start, |(i, _)| i);
+        if last > start {
+            last
+        } else {
+            end
+        }
+    }
+
+    /// The piece from `*pos` that `piece_end` ends, advancing `*pos` past it.
+    #[inline]
+    pub(crate) fn next_piece<'t>(text: &'t str, pos: &mut usize, piece_end: impl FnOnce(usize) -> usize) -> Option<&'t str> {
+        if *pos >= text.len() {
+            return None;
+        }
+        let start = *pos;
+        *pos = piece_end(start);
+        Some(&text[start..*pos])
+    }
+}
+
 /// The pieces of a text, in order (an iterator of `&str`: together they are the text).
 pub struct Gpt2Split<'a> {
     text: &'a str,
@@ -75,68 +131,34 @@ impl<'a> Gpt2Split<'a> {
         Gpt2Split { text, pos: 0 }
     }
 
-    /// The class and byte length of the character at byte `i` (a character boundary).
-    #[inline(always)]
-    fn char_at(&self, i: usize) -> (Class, usize) {
-        let b = self.text.as_bytes()[i];
-        if b < 128 {
-            return (ASCII[b as usize], 1);
-        }
-        let c = self.text[i..].chars().next().expect("a character boundary inside the text");
-        (class_of(c), c.len_utf8())
-    }
-
-    /// The end of the run of `class` characters from byte `i`.
-    #[inline(always)]
-    fn run_end(&self, mut i: usize, class: Class) -> usize {
-        while i < self.text.len() {
-            let (c, len) = self.char_at(i);
-            if c != class {
-                break;
-            }
-            i += len;
-        }
-        i
-    }
-
-    /// The length of a contraction (`'s 't 're 've 'm 'll 'd`) at byte `i`, or 0.
-    fn contraction_at(&self, i: usize) -> usize {
-        match self.text.as_bytes()[i..] {
+    /// The length of a contraction (`'s 't 're 've 'm 'll 'd`) at byte `i` of `text`, or 0.
+    fn contraction_at(text: &str, i: usize) -> usize {
+        match text.as_bytes()[i..] {
             [b'\'', b's' | b't' | b'm' | b'd', ..] => 2,
             [b'\'', b'r' | b'v', b'e', ..] | [b'\'', b'l', b'l', ..] => 3,
             _ => 0,
         }
     }
 
-    /// The end of the piece starting at byte `start`.
-    fn piece_end(&self, start: usize) -> usize {
-        let contraction = self.contraction_at(start);
+    /// The end of the piece of `text` starting at byte `start`.
+    fn piece_end(text: &str, start: usize) -> usize {
+        let contraction = Gpt2Split::contraction_at(text, start);
         if contraction > 0 {
             return start + contraction;
         }
-        let (class, len) = self.char_at(start);
+        let scan = Scan(text);
+        let (class, len, _) = scan.char_at(start);
         // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: one space may lead a run.
-        if self.text.as_bytes()[start] == b' ' && start + 1 < self.text.len() {
-            let (next, next_len) = self.char_at(start + 1);
+        if text.as_bytes()[start] == b' ' && start + 1 < text.len() {
+            let (next, next_len, _) = scan.char_at(start + 1);
             if next != Class::Space {
-                return self.run_end(start + 1 + next_len, next);
+                return scan.run_end(start + 1 + next_len, next);
             }
         }
         if class != Class::Space {
-            return self.run_end(start + len, class);
+            return scan.run_end(start + len, class);
         }
-        // `\s+(?!\S)`: the whitespace run, less its last character where a non-space follows
-        // (that character may lead the next piece); `\s+` where that leaves nothing.
-        let end = self.run_end(start + len, Class::Space);
-        if end == self.text.len() {
-            return end;
-        }
-        let last = self.text[..end].char_indices().next_back().map_or(start, |(i, _)| i);
-        if last > start {
-            last
-        } else {
-            end
-        }
+        scan.whitespace_end(start, scan.run_end(start + len, Class::Space))
     }
 }
 
@@ -145,12 +167,8 @@ impl<'a> Iterator for Gpt2Split<'a> {
 
     #[inline]
     fn next(&mut self) -> Option<&'a str> {
-        if self.pos >= self.text.len() {
-            return None;
-        }
-        let start = self.pos;
-        self.pos = self.piece_end(start);
-        Some(&self.text[start..self.pos])
+        let text = self.text;
+        Scan::next_piece(text, &mut self.pos, |start| Gpt2Split::piece_end(text, start))
     }
 }
 

@@ -13,7 +13,7 @@
 //! assert_eq!(pieces, ["Hello", " world", "'s", " ", "123", "45", "\n\n", " ", " ok"]);
 //! ```
 
-use super::pretokenize::{class_of, Class, ASCII};
+use super::pretokenize::{class_of, Class, Scan};
 
 /// Llama 3's pattern, as tokenizer.json files write it.
 pub const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -40,34 +40,10 @@ impl<'a> WordSplit<'a> {
         WordSplit { text, pos: 0, digits: 1 }
     }
 
-    /// The character at byte `i` (a boundary inside the text): its class, length, and value.
-    #[inline(always)]
-    fn char_at(&self, i: usize) -> (Class, usize, char) {
-        let b = self.text.as_bytes()[i];
-        if b < 128 {
-            return (ASCII[b as usize], 1, b as char);
-        }
-        let c = self.text[i..].chars().next().expect("a character boundary inside the text");
-        (class_of(c), c.len_utf8(), c)
-    }
-
-    /// The end of the run of `class` characters from byte `i`.
-    #[inline(always)]
-    fn run_end(&self, mut i: usize, class: Class) -> usize {
-        while i < self.text.len() {
-            let (c, len, _) = self.char_at(i);
-            if c != class {
-                break;
-            }
-            i += len;
-        }
-        i
-    }
-
-    /// The byte length of a contraction at `i` (`'s 't 're 've 'm 'll 'd`, any case; `ſ`,
-    /// the long s, folds to s), or 0.
-    fn contraction_at(&self, i: usize) -> usize {
-        let rest = &self.text.as_bytes()[i..];
+    /// The byte length of a contraction at byte `i` of `text` (`'s 't 're 've 'm 'll 'd`, any
+    /// case; `ſ`, the long s, folds to s), or 0.
+    fn contraction_at(text: &str, i: usize) -> usize {
+        let rest = &text.as_bytes()[i..];
         let lower = |k: usize| rest.get(k).map(|b| b.to_ascii_lowercase());
         if rest.first() != Some(&b'\'') {
             return 0;
@@ -80,29 +56,31 @@ impl<'a> WordSplit<'a> {
         }
     }
 
-    /// The end of the piece starting at byte `start`.
-    fn piece_end(&self, start: usize) -> usize {
-        let contraction = self.contraction_at(start);
+    /// The end of the piece of `text` starting at byte `start`, numbers in runs of up to
+    /// `digits`.
+    fn piece_end(text: &str, digits: usize, start: usize) -> usize {
+        let contraction = WordSplit::contraction_at(text, start);
         if contraction > 0 {
             return start + contraction;
         }
-        let len = self.text.len();
-        let (class, c_len, c) = self.char_at(start);
-        let next = (start + c_len < len).then(|| self.char_at(start + c_len));
+        let scan = Scan(text);
+        let len = text.len();
+        let (class, c_len, c) = scan.char_at(start);
+        let next = (start + c_len < len).then(|| scan.char_at(start + c_len));
         // `[^\r\n\p{L}\p{N}]?\p{L}+`.
         if class == Class::Letter {
-            return self.run_end(start + c_len, Class::Letter);
+            return scan.run_end(start + c_len, Class::Letter);
         }
         if class != Class::Number && c != '\r' && c != '\n' {
             if let Some((Class::Letter, n_len, _)) = next {
-                return self.run_end(start + c_len + n_len, Class::Letter);
+                return scan.run_end(start + c_len + n_len, Class::Letter);
             }
         }
         // `\p{N}{1,3}` (Qwen2: `\p{N}`).
         if class == Class::Number {
             let mut end = start + c_len;
-            for _ in 1..self.digits {
-                match (end < len).then(|| self.char_at(end)) {
+            for _ in 1..digits {
+                match (end < len).then(|| scan.char_at(end)) {
                     Some((Class::Number, l, _)) => end += l,
                     _ => break,
                 }
@@ -116,25 +94,15 @@ impl<'a> WordSplit<'a> {
             _ => None,
         };
         if let Some(from) = other_from {
-            let end = self.run_end(from, Class::Other);
-            return end + self.text.as_bytes()[end..].iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+            let end = scan.run_end(from, Class::Other);
+            return end + text.as_bytes()[end..].iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
         }
         // Whitespace. `\s*[\r\n]+`: up to the run's last line break, where it has one.
-        let end = self.run_end(start, Class::Space);
-        if let Some(last) = self.text.as_bytes()[start..end].iter().rposition(|&b| b == b'\r' || b == b'\n') {
+        let end = scan.run_end(start, Class::Space);
+        if let Some(last) = text.as_bytes()[start..end].iter().rposition(|&b| b == b'\r' || b == b'\n') {
             return start + last + 1;
         }
-        // `\s+(?!\S)`: the run, less its last character where a non-space follows (that one
-        // may lead the next piece); `\s+` where that leaves nothing.
-        if end == len {
-            return end;
-        }
-        let last = self.text[..end].char_indices().next_back().map_or(start, |(i, _)| i);
-        if last > start {
-            last
-        } else {
-            end
-        }
+        scan.whitespace_end(start, end)
     }
 }
 
@@ -143,12 +111,8 @@ impl<'a> Iterator for WordSplit<'a> {
 
     #[inline]
     fn next(&mut self) -> Option<&'a str> {
-        if self.pos >= self.text.len() {
-            return None;
-        }
-        let start = self.pos;
-        self.pos = self.piece_end(start);
-        Some(&self.text[start..self.pos])
+        let (text, digits) = (self.text, self.digits);
+        Scan::next_piece(text, &mut self.pos, |start| WordSplit::piece_end(text, digits, start))
     }
 }
 
