@@ -86,13 +86,14 @@ def modern_shapes(tmp):
     with open(tricky_copies, "w", encoding="utf-8", newline="") as f:
         f.write(tricky * 200)
 
-    def build(name, specials, ignore_merges=False, normalizer=None, pre=None, template_bos=None):
-        tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    def build(name, specials, ignore_merges=False, normalizer=None, pre=None, template_bos=None, suffix=None):
+        affix = {"end_of_word_suffix": suffix} if suffix else {}
+        tok = Tokenizer(models.BPE(ignore_merges=ignore_merges, **affix))
         if normalizer is not None:
             tok.normalizer = normalizer
         tok.pre_tokenizer = pre
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False, **affix)
         tok.train([CORPUS, tricky_copies], trainer)
         byte_level = processors.ByteLevel(trim_offsets=False)
         if template_bos:
@@ -104,6 +105,17 @@ def modern_shapes(tmp):
         path = os.path.join(tmp, f"{name}.json")
         tok.save(path)
         return path
+    def subword_prefix(name):
+        """Metaspace pieces, BPE whose continuing characters carry "##" (continuing_subword_prefix)."""
+        tok = Tokenizer(models.BPE(unk_token="<unk>", continuing_subword_prefix="##"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "</s>"], continuing_subword_prefix="##", show_progress=False)
+        tok.train([CORPUS, tricky_copies], trainer)
+        path = os.path.join(tmp, f"{name}.json")
+        tok.save(path)
+        return path
+
     def sentencepiece(name, metaspace):
         """TinyLlama's shape (Prepend and Replace normalizers, no pre-tokenizer) or Mistral's
         (Metaspace, the first text prefixed, no split): BPE over characters, an alphabet kept
@@ -141,6 +153,9 @@ def modern_shapes(tmp):
         ("Qwen2's shape", build("qwen2", [EOT, "<|im_start|>", "<|im_end|>"], normalizer=normalizers.NFC(),
                                 pre=pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2), "isolated"), no_regex])),
          lambda text: None if EOT in text else unicodedata.normalize("NFC", text)),
+        # The decoders keep the affixes, in tokenizers as in Alpha: no round trip to check.
+        ("byte-level with end_of_word_suffix </w>", build("suffix", [EOT], pre=pre_tokenizers.ByteLevel(add_prefix_space=False), suffix="</w>"), lambda text: None),
+        ("Metaspace with continuing_subword_prefix ##", subword_prefix("prefix"), lambda text: None),
         ("a Split with o200k's pattern (the regex engine)", build("o200k", [EOT], pre=pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(O200K), "isolated"), no_regex])),
          lambda text: text),
         ("SmolLM2's shape", build("smollm2", [EOT, "<|im_start|>", "<|im_end|>"],

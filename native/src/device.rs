@@ -46,7 +46,7 @@ impl Backend {
 }
 
 /// Whether this build has the CUDA backend.
-pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+const CUDA_BUILT: bool = cfg!(feature = "cuda");
 
 /// The error where `--backend cuda` meets a build without it.
 fn cuda_not_built() -> anyhow::Error {

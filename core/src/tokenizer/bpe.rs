@@ -103,6 +103,24 @@ pub enum Alphabet {
     },
 }
 
+/// The `BPE` model's `continuing_subword_prefix` and `end_of_word_suffix`, as the vocabulary
+/// writes them (bytes, or text): a piece's characters but its first are looked up with the
+/// prefix before them, its last with the suffix after it; a merge's right token loses the
+/// prefix in the merged one. Empty: none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Affixes {
+    /// Before every character of a piece but its first.
+    pub prefix: Vec<u8>,
+    /// After the last character of a piece.
+    pub suffix: Vec<u8>,
+}
+
+impl Affixes {
+    fn is_empty(&self) -> bool {
+        self.prefix.is_empty() && self.suffix.is_empty()
+    }
+}
+
 /// A merge of two adjacent tokens.
 #[derive(Clone, Copy, Debug)]
 struct Merge {
@@ -227,6 +245,8 @@ pub struct Bpe {
     /// With a character alphabet, each id's decoded bytes (as `bytes`/`offsets`), which
     /// [`Bpe::token_bytes`] gives; `bytes` holds the tokens' text then.
     decoded: Option<Box<(Vec<u8>, Vec<u32>)>>,
+    /// The model's subword prefix and word suffix.
+    affixes: Affixes,
 }
 
 impl fmt::Debug for Bpe {
@@ -252,8 +272,8 @@ fn byte_of_token(text: &[u8]) -> Option<u8> {
 /// added tokens, options and pipeline (the maps follow from those).
 impl PartialEq for Bpe {
     fn eq(&self, other: &Self) -> bool {
-        (&self.bytes, &self.offsets, &self.merge_list, &self.added, self.options, &self.pipeline, self.alphabet)
-            == (&other.bytes, &other.offsets, &other.merge_list, &other.added, other.options, &other.pipeline, other.alphabet)
+        (&self.bytes, &self.offsets, &self.merge_list, &self.added, self.options, &self.pipeline, self.alphabet, &self.affixes)
+            == (&other.bytes, &other.offsets, &other.merge_list, &other.added, other.options, &other.pipeline, other.alphabet, &other.affixes)
     }
 }
 
@@ -263,7 +283,18 @@ impl Bpe {
     /// tokens. Ids must run from 0 without gaps, every byte must be a token, and merges must
     /// name tokens; anything else is an error that says what is wrong.
     pub fn new(vocab: Vec<(Vec<u8>, u32)>, merges: &[(Vec<u8>, Vec<u8>)], added: Vec<AddedToken>, options: Options) -> Result<Self, BpeError> {
-        Bpe::build(vocab, merges, added, options, Alphabet::Bytes)
+        Bpe::build(vocab, merges, added, options, Alphabet::Bytes, Affixes::default())
+    }
+
+    /// [`Bpe::new`] with a subword prefix or word suffix (see [`Affixes`]).
+    pub fn with_affixes(
+        vocab: Vec<(Vec<u8>, u32)>,
+        merges: &[(Vec<u8>, Vec<u8>)],
+        added: Vec<AddedToken>,
+        options: Options,
+        affixes: Affixes,
+    ) -> Result<Self, BpeError> {
+        Bpe::build(vocab, merges, added, options, Alphabet::Bytes, affixes)
     }
 
     /// A SentencePiece-style tokenizer (see [`Alphabet::Chars`]): its vocabulary is the
@@ -274,11 +305,12 @@ impl Bpe {
         merges: &[(String, String)],
         added: Vec<AddedToken>,
         alphabet: Alphabet,
+        affixes: Affixes,
         decoder: &super::pipeline::CharDecoder,
     ) -> Result<Self, BpeError> {
         let vocab = vocab.into_iter().map(|(t, id)| (t.into_bytes(), id)).collect();
         let merges: Vec<(Vec<u8>, Vec<u8>)> = merges.iter().map(|(l, r)| (l.as_bytes().to_vec(), r.as_bytes().to_vec())).collect();
-        let mut bpe = Bpe::build(vocab, &merges, added, Options::default(), alphabet)?;
+        let mut bpe = Bpe::build(vocab, &merges, added, Options::default(), alphabet, affixes)?;
         let (mut bytes, mut offsets) = (Vec::new(), vec![0u32]);
         for id in 0..bpe.vocab_size() as u32 {
             let text = bpe.token_text(id).expect("ids run to vocab_size");
@@ -301,6 +333,7 @@ impl Bpe {
         added: Vec<AddedToken>,
         options: Options,
         alphabet: Alphabet,
+        affixes: Affixes,
     ) -> Result<Self, BpeError> {
         let size = vocab.iter().map(|(_, id)| id).chain(added.iter().map(|a| &a.id)).max().map_or(0, |&m| m as usize + 1);
         // Checked before the table of ids is allocated: a file may claim any id.
@@ -347,7 +380,9 @@ impl Bpe {
         let mut merge_map = HashMap::with_capacity(merges.len());
         let mut merge_list = Vec::with_capacity(merges.len());
         for (rank, (left, right)) in merges.iter().enumerate() {
-            let joined = [&left[..], &right[..]].concat();
+            // The right token's subword prefix is not part of the merged one.
+            let right_rest = right.strip_prefix(&affixes.prefix[..]).unwrap_or(right);
+            let joined = [&left[..], right_rest].concat();
             let (l, r, id) = (token(left, rank)?, token(right, rank)?, token(&joined, rank)?);
             // A repeated pair takes its last rank, as Hugging Face's map of merges does.
             merge_map.insert(pair(l, r), Merge { rank: rank as u32, id });
@@ -368,11 +403,17 @@ impl Bpe {
             pipeline: None,
             alphabet,
             decoded: None,
+            affixes,
         };
         let mut scratch = Scratch::default();
         let mut out = Vec::new();
+        // With affixes a piece's tokens are not its text's: no piece skips the merges.
+        let affixed = !bpe.affixes.is_empty();
         bpe.whole = (0..size as u32)
             .map(|id| {
+                if affixed {
+                    return false;
+                }
                 out.clear();
                 bpe.merge(bpe.token_text(id).unwrap_or_default(), &mut out, &mut scratch);
                 out == [id]
@@ -403,6 +444,11 @@ impl Bpe {
     /// What a piece's tokens are before merges.
     pub fn alphabet(&self) -> Alphabet {
         self.alphabet
+    }
+
+    /// The model's subword prefix and word suffix.
+    pub fn affixes(&self) -> &Affixes {
+        &self.affixes
     }
 
     /// The added tokens.
@@ -594,10 +640,10 @@ impl Bpe {
 
     #[inline]
     fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>, scratch: &mut Scratch) {
-        if let ([b], Alphabet::Bytes) = (piece, self.alphabet) {
+        if let ([b], Alphabet::Bytes, true) = (piece, self.alphabet, self.affixes.is_empty()) {
             return out.push(self.byte_ids[*b as usize]);
         }
-        if let Some(&id) = self.ids.get(piece) {
+        if let (Some(&id), true) = (self.ids.get(piece), self.affixes.is_empty()) {
             if self.options.ignore_merges || self.whole[id as usize] {
                 return out.push(id);
             }
@@ -657,14 +703,25 @@ impl Bpe {
             }
             symbols.push(Symbol { id, prev: if i == 0 { NONE } else { i - 1 }, next: NONE });
         };
+        let mut key = Vec::new();
         match self.alphabet {
-            Alphabet::Bytes => piece.iter().for_each(|&b| push(self.byte_ids[b as usize])),
+            Alphabet::Bytes if self.affixes.is_empty() => piece.iter().for_each(|&b| push(self.byte_ids[b as usize])),
+            // As `tokenizers` drops a byte-level character it has no token for (no unknown token).
+            Alphabet::Bytes => {
+                for (i, b) in piece.iter().enumerate() {
+                    self.affixed(&mut key, core::slice::from_ref(b), i == 0, i + 1 == piece.len());
+                    if let Some(&id) = self.ids.get(&key[..]) {
+                        push(id);
+                    }
+                }
+            }
             Alphabet::Chars { unk, fuse_unk, byte_fallback } => {
                 let text = core::str::from_utf8(piece).expect("a character alphabet's pieces are text");
                 let mut after_unk = false;
-                for c in text.chars() {
+                for (i, c) in text.char_indices() {
                     let mut buf = [0u8; 4];
-                    let bytes = c.encode_utf8(&mut buf).as_bytes();
+                    self.affixed(&mut key, c.encode_utf8(&mut buf).as_bytes(), i == 0, i + c.len_utf8() == text.len());
+                    let bytes = &key[..];
                     if let Some(&id) = self.ids.get(bytes) {
                         push(id);
                     } else if byte_fallback && bytes.iter().all(|&b| self.byte_ids[b as usize] != NONE) {
@@ -679,6 +736,19 @@ impl Bpe {
                     after_unk = false;
                 }
             }
+        }
+    }
+
+    /// `key` set to character `c`'s text as the vocabulary looks it up: the subword prefix
+    /// before it unless it is its piece's `first`, the word suffix after it where it is the `last`.
+    fn affixed(&self, key: &mut Vec<u8>, c: &[u8], first: bool, last: bool) {
+        key.clear();
+        if !first {
+            key.extend_from_slice(&self.affixes.prefix);
+        }
+        key.extend_from_slice(c);
+        if last {
+            key.extend_from_slice(&self.affixes.suffix);
         }
     }
 
@@ -777,13 +847,14 @@ mod tests {
         let merges = [("a".to_string(), "b".to_string())];
         let decoder = CharDecoder { byte_fallback: true, ..CharDecoder::default() };
         let bytes = Alphabet::Chars { unk: None, fuse_unk: false, byte_fallback: true };
-        let t = Bpe::with_chars(text(&[("a", 0), ("b", 1), ("ab", 2), ("<0xC3>", 3), ("<0xA9>", 4)]), &merges, Vec::new(), bytes, &decoder).unwrap();
+        let t = Bpe::with_chars(text(&[("a", 0), ("b", 1), ("ab", 2), ("<0xC3>", 3), ("<0xA9>", 4)]), &merges, Vec::new(), bytes, Affixes::default(), &decoder)
+            .unwrap();
         assert_eq!(t.encode_to_vec("abé"), [2, 3, 4]);
         assert_eq!(t.decode(&[2, 3, 4]).unwrap(), "abé".as_bytes());
         // No token for the euro sign's bytes: the unknown token, once for the run.
         let unk = AddedToken { content: "<unk>".into(), id: 3, special: true };
         let fused = Alphabet::Chars { unk: Some(3), fuse_unk: true, byte_fallback: true };
-        let t = Bpe::with_chars(text(&[("a", 0), ("b", 1), ("ab", 2)]), &merges, vec![unk], fused, &decoder).unwrap();
+        let t = Bpe::with_chars(text(&[("a", 0), ("b", 1), ("ab", 2)]), &merges, vec![unk], fused, Affixes::default(), &decoder).unwrap();
         assert_eq!(t.encode_to_vec("a€€b ab"), [0, 3, 1, 3, 2]);
     }
 

@@ -12,7 +12,7 @@
 //! assert!(err.to_string().contains("no token for the byte 0x00"));
 //! ```
 
-use super::bpe::{AddedToken, Alphabet, Bpe, BpeError, Options};
+use super::bpe::{AddedToken, Affixes, Alphabet, Bpe, BpeError, Options};
 use super::byte_level::{byte_char, char_byte};
 use super::pipeline::{Behavior, CharDecoder, Metaspace, Normalizer, Pattern, Pipeline, PrependScheme, Stage, Template, GPT2_PATTERN};
 use super::split::{LLAMA3_PATTERN, QWEN2_PATTERN};
@@ -258,11 +258,8 @@ pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
     if !field(&model, "dropout").is_null() {
         return Err(error("BPE dropout is set (it draws different ids at each encoding)"));
     }
-    for affix in ["continuing_subword_prefix", "end_of_word_suffix"] {
-        if field(&model, affix).as_str().is_some_and(|s| !s.is_empty()) {
-            return Err(error(format_args!("{affix} is set")));
-        }
-    }
+    let affix = |key: &str| field(&model, key).as_str().unwrap_or("").to_owned();
+    let (prefix, suffix) = (affix("continuing_subword_prefix"), affix("end_of_word_suffix"));
     // Truncation and padding change the ids of every encoding (and would corrupt a corpus).
     for (key, value, what) in [("truncation", &root.truncation, "cuts encodings to a length"), ("padding", &root.padding, "pads encodings with a token")] {
         if !value.is_null() {
@@ -299,7 +296,8 @@ pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
         };
         let tokens = tokens.into_iter().map(|(t, id)| Ok((token_bytes(&t)?, id))).collect::<Result<Vec<_>, BpeError>>()?;
         let merges = merges.iter().enumerate().map(|(rank, m)| m.pair(rank)).collect::<Result<Vec<_>, _>>()?;
-        let bpe = Bpe::new(tokens, &merges, added, options)?;
+        let affixes = Affixes { prefix: token_bytes(&prefix)?, suffix: token_bytes(&suffix)? };
+        let bpe = Bpe::with_affixes(tokens, &merges, added, options, affixes)?;
         if normalizers.is_empty() && stages.is_empty() && template.is_none() {
             return Ok(bpe);
         }
@@ -324,7 +322,8 @@ pub fn from_tokenizer_json(json: &str) -> Result<Bpe, BpeError> {
     let alphabet = Alphabet::Chars { unk, fuse_unk: flag(&model, "fuse_unk", false)?, byte_fallback: flag(&model, "byte_fallback", false)? };
     let tokens: Vec<(String, u32)> = tokens.into_iter().map(|(t, id)| (t.into_owned(), id)).collect();
     let merges = merges.iter().enumerate().map(|(rank, m)| m.texts(rank)).collect::<Result<Vec<_>, _>>()?;
-    let bpe = Bpe::with_chars(tokens, &merges, added, alphabet, &decoder)?;
+    let affixes = Affixes { prefix: prefix.into_bytes(), suffix: suffix.into_bytes() };
+    let bpe = Bpe::with_chars(tokens, &merges, added, alphabet, affixes, &decoder)?;
     let json = [root.normalizer, root.pre_tokenizer, root.post_processor, root.decoder];
     bpe.with_pipeline(Pipeline { normalizers, template, json, metaspace, decoder, ..Pipeline::default() })
 }
@@ -570,6 +569,12 @@ pub fn to_tokenizer_json(bpe: &Bpe) -> String {
         Alphabet::Bytes => token_string(text(id)),
         Alphabet::Chars { .. } => String::from_utf8_lossy(text(id)).into_owned(),
     };
+    let affix = |bytes: &[u8]| match (bytes.is_empty(), bpe.alphabet()) {
+        (true, _) => Value::Null,
+        (false, Alphabet::Bytes) => Value::String(token_string(bytes)),
+        (false, Alphabet::Chars { .. }) => Value::String(String::from_utf8_lossy(bytes).into_owned()),
+    };
+    let (prefix, suffix) = (affix(&bpe.affixes().prefix), affix(&bpe.affixes().suffix));
     let (unk, fuse_unk, byte_fallback) = match bpe.alphabet() {
         Alphabet::Bytes => (None, false, false),
         Alphabet::Chars { unk, fuse_unk, byte_fallback } => (unk.map(token), fuse_unk, byte_fallback),
@@ -606,8 +611,8 @@ pub fn to_tokenizer_json(bpe: &Bpe) -> String {
             "type": "BPE",
             "dropout": null,
             "unk_token": unk,
-            "continuing_subword_prefix": null,
-            "end_of_word_suffix": null,
+            "continuing_subword_prefix": prefix,
+            "end_of_word_suffix": suffix,
             "fuse_unk": fuse_unk,
             "byte_fallback": byte_fallback,
             "ignore_merges": o.ignore_merges,
