@@ -27,7 +27,6 @@ const NORM_BLOCKS: usize = 1024;
 
 /// A model training on one CUDA device, one of `ranks` in a data-parallel run.
 pub struct CudaEngine<'r> {
-    device: Device,
     products: Products,
     plan: Plan,
     tape: Vec<Op>,
@@ -53,6 +52,8 @@ pub struct CudaEngine<'r> {
     sampler: Option<Sampler>,
     /// Kernels and products the last step queued.
     kernels_per_step: usize,
+    /// Last: dropped after everything allocated on it.
+    device: Device,
 }
 
 /// The device memory of one plan's forward: activations and token ids (and targets).

@@ -35,13 +35,14 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 
 /// A device, its products, and the tensors of one test.
 struct Rig {
-    device: Device,
     products: Products,
     plan: Plan,
     acts: Buffer,
     tokens: Buffer,
     targets: Buffer,
     buffers: Vec<Buffer>,
+    /// Last: dropped after everything allocated on it.
+    device: Device,
 }
 
 impl Rig {

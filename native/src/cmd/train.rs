@@ -81,7 +81,7 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     let device = crate::engine::device_json(&description);
     outputs.metrics.write(start_record(&run, plan, start_step, &description, &throughput, &pool))?;
     let resumed_at = args.resume.as_ref().map(|_| start_step);
-    let checkpointer = Checkpointer::new(files.checkpoint.clone(), run.config, plan, &s, &inputs.tokenizer, root, interrupt.clone(), resumed_at)?;
+    let checkpointer = Checkpointer::new(files.checkpoint.clone(), plan, &s, &inputs.tokenizer, root, interrupt.clone(), resumed_at)?;
     let best_val_loss = carried.best_val_loss.filter(|_| s.save == alpha_core::settings::SavePolicy::Best);
     let mut training = Training {
         engine: &mut *engine,

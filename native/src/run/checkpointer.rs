@@ -91,11 +91,10 @@ pub struct Checkpointer<'t> {
 }
 
 impl<'t> Checkpointer<'t> {
-    /// A checkpointer to `path` for a run of `plan` (`config`) with `settings`, which resumed
-    /// a checkpoint at step `resumed_at`, if it did.
+    /// A checkpointer to `path` for a run of `plan` with `settings`, which resumed a
+    /// checkpoint at step `resumed_at`, if it did.
     pub fn new(
         path: PathBuf,
-        config: GptConfig,
         plan: &Plan,
         settings: &RunSettings,
         tokenizer: &'t Tokenizer,
@@ -105,7 +104,18 @@ impl<'t> Checkpointer<'t> {
     ) -> Result<Self> {
         let buffer = || alpha_core::plan::try_vec("the checkpoint snapshot", plan.params_len(), f32::NAN).map_err(|e| anyhow!("--async-checkpoint: {e}"));
         let snapshot = if settings.async_checkpoint && root { Some([buffer()?, buffer()?, buffer()?]) } else { None };
-        let me = Checkpointer { path, config, settings: settings.clone(), tokenizer, root, interrupt, resumed_at, last_saved: None, snapshot, pending: None };
+        let me = Checkpointer {
+            path,
+            config: plan.config,
+            settings: settings.clone(),
+            tokenizer,
+            root,
+            interrupt,
+            resumed_at,
+            last_saved: None,
+            snapshot,
+            pending: None,
+        };
         me.interrupt.set_kept(me.kept());
         Ok(me)
     }
