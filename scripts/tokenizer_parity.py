@@ -233,6 +233,7 @@ def texts():
     yield "corpus documents joined by <|endoftext|>", EOT.join(documents)
     # SentencePiece's special tokens mid-text: what follows one is not the input's first text.
     yield "corpus documents joined by </s><s>", "</s><s>".join(documents[:200])
+    yield "corpus documents joined by Llama 3's <|end_of_text|><|begin_of_text|>", "<|end_of_text|><|begin_of_text|>".join(documents[:200])
 
 
 def main():
