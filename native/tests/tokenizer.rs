@@ -111,8 +111,10 @@ fn checkpoint_of(dir: &std::path::Path, out: &str) -> alpha_core::checkpoint::Ch
 }
 
 /// What would give other ids than Hugging Face `tokenizers` is refused in one line (truncation,
-/// padding, an added token whose text the vocabulary gives another id); a post-processor that
-/// adds nothing (as `transformers` 5 saves GPT-2's) is accepted, with the same ids.
+/// padding, an added token whose text the vocabulary gives another id, a template naming a
+/// special token it gives no ids); a post-processor that adds nothing (as `transformers` 5
+/// saves GPT-2's) is accepted with the same ids, and one that adds a token adds it as
+/// `tokenizers` does (and not with --no-special-tokens).
 #[test]
 fn files_that_would_give_other_ids_than_hugging_face_are_refused() {
     let dir = workdir("tokenizer-hf-differences");
@@ -144,12 +146,20 @@ fn files_that_would_give_other_ids_than_hugging_face_are_refused() {
     let ids = |tokenizer: &str| stdout(&run(&dir, &["tokenizer", "encode", "--tokenizer", tokenizer, "--text", "text.txt"]));
     assert_eq!(ids("template.json"), ids("tok.json"));
     assert!(ids("tok.json").starts_with("{\"ids\":["));
+    // A template that adds a token: as tokenizers encodes, with it by default and without it
+    // on request; one whose special token has no ids is refused.
+    let eot = original["model"]["vocab"]["<|endoftext|>"].as_u64().unwrap();
+    let bos = serde_json::json!({"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}});
+    let template = |specials: serde_json::Value| serde_json::json!({"type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": specials});
     variant("bos.json", &|v| {
-        let bos = serde_json::json!({"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}});
-        v["post_processor"] =
-            serde_json::json!({"type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": {}});
+        v["post_processor"] = template(serde_json::json!({"<|endoftext|>": {"id": "<|endoftext|>", "ids": [eot], "tokens": ["<|endoftext|>"]}}))
     });
-    expect_error(&dir, &["tokenizer", "info", "--tokenizer", "bos.json"], "the post-processor is TemplateProcessing (it adds tokens)");
+    let plain = ids("tok.json");
+    assert_eq!(ids("bos.json"), plain.replacen("{\"ids\":[", &format!("{{\"ids\":[{eot},"), 1));
+    let without = stdout(&run(&dir, &["tokenizer", "encode", "--tokenizer", "bos.json", "--text", "text.txt", "--no-special-tokens"]));
+    assert_eq!(without, plain);
+    variant("bos-unknown.json", &|v| v["post_processor"] = template(serde_json::json!({})));
+    expect_error(&dir, &["tokenizer", "info", "--tokenizer", "bos-unknown.json"], "special_tokens lack \"<|endoftext|>\"");
 }
 
 /// Special tokens are checked before any text is counted: an empty one (which would match
