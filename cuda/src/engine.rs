@@ -113,7 +113,7 @@ impl<'r> CudaEngine<'r> {
         let products = Products::new(&device, arithmetic)?;
         let bf16 = arithmetic == Arithmetic::Bf16;
         let n = plan.tokens();
-        let operand_len = n * plan.config.vocab_size.max(4 * plan.config.n_embd);
+        let operand_len = bf16_operand_len(&plan);
         let engine = CudaEngine {
             params: Buffer::f32s(&device, "the parameters", p)?,
             params_bf16: if bf16 { Some(Buffer::zeroed(&device, "the weights' bf16 copy", p, 2)?) } else { None },
@@ -153,7 +153,7 @@ impl<'r> CudaEngine<'r> {
         let n = plan.tokens() as u64;
         let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64) + 8 * n;
         if arithmetic == Arithmetic::Bf16 {
-            bytes += 2 * p + 2 * 2 * n * plan.config.vocab_size.max(4 * plan.config.n_embd) as u64;
+            bytes += 2 * p + 2 * 2 * bf16_operand_len(plan) as u64;
         }
         bytes
     }
@@ -484,6 +484,12 @@ impl<'r> CudaEngine<'r> {
         self.ranks.collect_shards(&mine.1, &mut v);
         Ok((Cow::Owned(params), Cow::Owned(m), Cow::Owned(v)))
     }
+}
+
+/// Elements of each bf16 operand scratch: the widest product input or output gradient, the
+/// batch's tokens by the widest of the vocabulary and the MLP.
+fn bf16_operand_len(plan: &Plan) -> usize {
+    plan.tokens() * plan.config.vocab_size.max(4 * plan.config.n_embd)
 }
 
 /// The arithmetic's name in records and messages.
