@@ -14,7 +14,7 @@ fn main() {
     let text = "to be, or not to be, that is the question. ".repeat(20);
     let tok = CharTokenizer::from_text(&text).expect("non-empty text");
     let ids = tok.encode_to_vec(&text).expect("the text's own characters");
-    let config = GptConfig { vocab_size: tok.vocab_size(), block_size: 16, n_layer: 2, n_head: 2, n_embd: 32 };
+    let config = GptConfig::gpt2(tok.vocab_size(), 16, 2, 2, 32);
 
     // The plan says how much memory the model needs; the caller provides it.
     let plan = Plan::new(config, 4, 16).expect("valid config");

@@ -19,7 +19,7 @@
 //! error, so no header can make it allocate more than the file's own size.
 
 use crate::plan::try_vec;
-use crate::plan::{ParamInfo, ParamKind, Plan, LAYER_PARAMS};
+use crate::plan::{param_kinds, tensor_count, ParamInfo, Plan, Span};
 use crate::settings::RunSettings;
 use crate::tokenizer::{hf, CharTokenizer, Tokenizer};
 use crate::train::LossScaleState;
@@ -326,7 +326,7 @@ pub fn check_header_room(config: GptConfig, tokenizer: &Tokenizer) -> Result<(),
 /// [`check_header_room`] for headers of at most `max_header` bytes.
 fn header_room(config: GptConfig, tokenizer: &Tokenizer, max_header: usize) -> Result<(), SaveError<core::convert::Infallible>> {
     let tokenizer_bytes = Value::String(tokenizer_json(tokenizer)).to_string().len();
-    let tensors = ARENA_PREFIXES.len() * (4 + LAYER_PARAMS.len() * config.n_layer);
+    let tensors = ARENA_PREFIXES.len().saturating_mul(tensor_count(&config));
     let bytes = tokenizer_bytes.saturating_add(tensors.saturating_mul(HEADER_BYTES_PER_TENSOR)).saturating_add(HEADER_BYTES_OTHER);
     if bytes > max_header {
         return Err(SaveError::HeaderTooLarge { bytes, tokenizer_bytes });
@@ -404,11 +404,12 @@ fn read(bytes: &[u8], with_state: bool) -> Result<Checkpoint, CheckpointError> {
     let prefixes = &ARENA_PREFIXES[..if state.is_some() { 3 } else { 1 }];
     // The tensors the config implies, counted before any is looked up (a config may claim
     // millions of layers; the file's own count is bounded by its size).
-    let expected = prefixes.len() * (4 + LAYER_PARAMS.len() * config.n_layer);
-    let tied_head = usize::from(tensors.tensor("lm_head.weight").is_ok());
+    let expected = prefixes.len().saturating_mul(tensor_count(&config));
+    // A GPT-2 file may name its tied head too (nanoGPT's state_dict does).
+    let tied_head = usize::from(config.arch.is_gpt2() && tensors.tensor("lm_head.weight").is_ok());
     if tensors.len() != expected + tied_head {
         let names = tensors.names();
-        let unknown = names.iter().find(|n| **n != "lm_head.weight" && !is_known(&config, prefixes, n));
+        let unknown = names.iter().find(|n| !(tied_head == 1 && **n == "lm_head.weight") && !is_known(&config, prefixes, n));
         return Err(bad(match unknown {
             Some(n) => format!("unexpected tensor {n}"),
             None => format!("{} tensors, but its config implies {}", tensors.len(), expected + tied_head),
@@ -461,14 +462,18 @@ fn read(bytes: &[u8], with_state: bool) -> Result<Checkpoint, CheckpointError> {
 /// name itself (no walk over the config's tensors, whose number the file does not bound).
 fn is_known(config: &GptConfig, prefixes: &[&str], name: &str) -> bool {
     let Some(base) = prefixes.iter().rev().find_map(|p| name.strip_prefix(p)) else { return false };
-    let Some(rest) = base.strip_prefix("transformer.") else { return false };
-    let top = [ParamKind::Wte, ParamKind::Wpe, ParamKind::LnfWeight, ParamKind::LnfBias];
-    if top.iter().any(|k| k.suffix() == rest) {
+    let [before, block, after] = param_kinds(config);
+    let named = |kind, layer| ParamInfo { kind, layer, span: Span::default(), shape: [0, 0] }.to_string();
+    if before.iter().chain(after).any(|&k| named(k, None) == base) {
         return true;
     }
-    let Some((layer, suffix)) = rest.strip_prefix("h.").and_then(|r| r.split_once('.')) else { return false };
-    let in_range = layer.parse::<usize>().is_ok_and(|l| l < config.n_layer && l.to_string() == layer);
-    in_range && LAYER_PARAMS.iter().any(|k| k.suffix() == suffix)
+    // Block tensors: the name of layer 0's with the layer number replaced.
+    block.iter().any(|&k| {
+        let zero = named(k, Some(0));
+        let (head, tail) = zero.split_once(".0.").expect("block tensor names hold their layer");
+        let Some((layer, rest)) = base.strip_prefix(head).and_then(|r| r.strip_prefix('.')).and_then(|r| r.split_once('.')) else { return false };
+        rest == tail && layer.parse::<usize>().is_ok_and(|l| l < config.n_layer && l.to_string() == layer)
+    })
 }
 
 #[cfg(test)]
@@ -480,7 +485,7 @@ mod tests {
     }
 
     fn tiny() -> (GptConfig, Vec<f32>) {
-        let config = GptConfig { vocab_size: 3, block_size: 4, n_layer: 1, n_head: 1, n_embd: 2 };
+        let config = GptConfig::gpt2(3, 4, 1, 1, 2);
         let n = Plan::new(config, 1, 1).unwrap().params_len();
         (config, (0..n).map(|i| i as f32 * 0.5 - 3.0).collect())
     }

@@ -3,7 +3,7 @@
 
 use crate::float::Float;
 use crate::ops::dropout::{self, DropoutKey};
-use crate::ops::{attention, cross_entropy, embedding, layernorm, matmul};
+use crate::ops::{attention, cross_entropy, embedding, layernorm, matmul, rmsnorm};
 use crate::parallel::Parallel;
 use crate::plan::{Plan, Scratch, Span};
 use crate::tape::{Observer, Op, Pass};
@@ -140,7 +140,7 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
     /// when the walk ends (the tables) is `grads[..len - handed out]`. Data parallelism sums
     /// them while the backward goes on.
     pub fn handing_out_finished(mut self, plan: &Plan, take: &'a mut dyn FnMut(&'a mut [T])) -> Self {
-        let tables_end = plan.param(crate::plan::ParamKind::Wpe, None).span.end();
+        let tables_end = plan.blocks_params_start();
         self.finished = Some(Finished { take, tables_end, from: plan.params_len() });
         self
     }
@@ -211,7 +211,7 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
             // The token's position row of the table.
             Some(d) => {
                 let c = a.out.len();
-                embedding::forward(self.par, embedding::Forward { wpe: &a.wpe[d.pos * c..], ..a }, self.batch.tokens)
+                embedding::forward(self.par, embedding::Forward { wpe: a.wpe.map(|wpe| &wpe[d.pos * c..]), ..a }, self.batch.tokens)
             }
             None => embedding::forward(self.par, a, self.batch.tokens),
         }
@@ -229,6 +229,14 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
         layernorm::backward(self.par, a, self.scratch(self.scratch.partials))
     }
 
+    fn rmsnorm_forward(&mut self, a: rmsnorm::Forward<&'a mut [T], &'a [T]>) {
+        rmsnorm::forward(self.par, a)
+    }
+
+    fn rmsnorm_backward(&mut self, a: rmsnorm::Backward<&'a mut [T], &'a [T]>) {
+        rmsnorm::backward(self.par, a, self.scratch(self.scratch.partials))
+    }
+
     fn matmul_forward(&mut self, a: matmul::Forward<&'a mut [T], &'a [T]>) {
         matmul::forward(self.par, a, self.scratch(self.scratch.wt))
     }
@@ -239,13 +247,15 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
 
     fn attention_forward(&mut self, a: attention::Forward<&'a mut [T], &'a [T]>) {
         let layer = self.layer;
+        let scratch = self.scratch(self.scratch.attention);
         match &mut self.decoding {
             Some(d) => {
                 let per_layer = d.cache.len() / self.n_layer;
-                let cache = attention::KvCache { rows: &mut d.cache[layer * per_layer..(layer + 1) * per_layer], len: per_layer / (2 * a.out.len()) };
-                attention::decode(self.par, a, cache, d.pos)
+                let kv_width = a.shape.kv_heads * a.shape.head_size;
+                let cache = attention::KvCache { rows: &mut d.cache[layer * per_layer..(layer + 1) * per_layer], len: per_layer / (2 * kv_width) };
+                attention::decode(self.par, a, cache, d.pos, scratch)
             }
-            None => attention::forward(self.par, a, self.scratch(self.scratch.attention), self.dropout_key),
+            None => attention::forward(self.par, a, scratch, self.dropout_key),
         }
     }
 
@@ -281,12 +291,26 @@ mod model_gradient_tests {
     use crate::walk;
 
     /// The whole model's backward against central differences of its loss, in f64, without
-    /// and with dropout (the same masks in every forward of the check).
+    /// and with dropout (the same masks in every forward of the check); for the Llama family
+    /// with grouped heads, q/k/v biases or none, tied and untied heads, Llama 3's RoPE
+    /// scaling, and activation checkpointing.
     #[test]
     fn whole_model_gradients_match_finite_differences() {
-        let cfg = GptConfig { vocab_size: 7, block_size: 5, n_layer: 2, n_head: 2, n_embd: 6 };
+        let cfg = GptConfig::gpt2(7, 5, 2, 2, 6);
         let plain = Plan::new(cfg, 2, 4).unwrap();
         assert_eq!(plain.with_dropout(0.0, 9), Ok(plain), "dropout 0 is the plan without dropout");
+        check_whole_model(plain);
+        let scaling = crate::config::RopeScaling { factor: 4.0, low_freq_factor: 1.0, high_freq_factor: 2.0, original_max_position_embeddings: 8 };
+        for (qkv_bias, tied, rope_scaling) in [(true, false, None), (false, true, Some(scaling))] {
+            let llama = crate::config::Llama { n_kv_head: 1, intermediate_size: 10, norm_eps: 1e-5, rope_theta: 50.0, rope_scaling, qkv_bias, tied };
+            let cfg = GptConfig { arch: crate::config::Arch::Llama(llama), ..GptConfig::gpt2(7, 5, 2, 2, 8) };
+            let plan = Plan::new(cfg, 2, 4).unwrap();
+            check_whole_model(plan);
+            check_whole_model(plan.with_recompute(true));
+        }
+    }
+
+    fn check_whole_model(plain: Plan) {
         for plan in [plain, plain.with_dropout(0.3, 9).unwrap()] {
             let key = plan.dropout_key(5);
             let tape = record_to_vec(&plan);
@@ -307,7 +331,7 @@ mod model_gradient_tests {
             });
             for info in plan.params() {
                 let r = info.span.range();
-                assert_close(&format!("{info} (dropout {})", plan.dropout()), &grads[r.clone()], &numeric[r]);
+                assert_close(&format!("{info} (dropout {}, recompute {})", plan.dropout(), plan.recompute()), &grads[r.clone()], &numeric[r]);
             }
         }
     }
@@ -316,7 +340,7 @@ mod model_gradient_tests {
     /// gives the loss of the plan without, and a training forward another.
     #[test]
     fn evaluation_never_drops() {
-        let cfg = GptConfig { vocab_size: 7, block_size: 5, n_layer: 2, n_head: 2, n_embd: 6 };
+        let cfg = GptConfig::gpt2(7, 5, 2, 2, 6);
         let plain = Plan::new(cfg, 2, 4).unwrap();
         let params = random(&mut Rng::new(3), plain.params_len(), 0.5);
         let tokens: Vec<u32> = (0..8).map(|i| i % 7).collect();

@@ -14,7 +14,7 @@
 //! use alpha_core::train::{OneRank, RunState, TrainConfig};
 //! use alpha_core::{GptConfig, Plan, Serial};
 //!
-//! let config = GptConfig { vocab_size: 5, block_size: 4, n_layer: 1, n_head: 1, n_embd: 4 };
+//! let config = GptConfig::gpt2(5, 4, 1, 1, 4);
 //! let plan = Plan::new(config, 2, 4).unwrap();
 //! let schedule = LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 0, decay_iters: 10 };
 //! let cfg = TrainConfig { schedule, adamw: AdamWConfig::default(), grad_clip: 1.0, grad_accum: 1 };

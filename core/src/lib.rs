@@ -46,7 +46,7 @@ pub mod tokenizer;
 pub mod train;
 pub mod walk;
 
-pub use config::{ConfigError, GptConfig};
+pub use config::{Arch, ConfigError, GptConfig, Llama, RopeScaling};
 pub use float::Float;
 pub use parallel::{Parallel, Serial};
 pub use plan::Plan;

@@ -3,22 +3,23 @@
 use crate::cpu::{Batch, CpuExecutor};
 use crate::float::Float;
 use crate::parallel::Parallel;
-use crate::plan::{ParamKind, Plan};
+use crate::plan::Plan;
 use crate::rng::Rng;
 use crate::tape::Op;
 use crate::walk;
 
-/// GPT-2 initialisation into `params`: weights and embeddings N(0, 0.02), residual output
-/// projections N(0, 0.02 / sqrt(2 * n_layer)), biases 0, LayerNorm weights 1.
+/// GPT-2 initialisation into `params` (nanoGPT's, for both families): weights and
+/// embeddings N(0, 0.02), residual output projections N(0, 0.02 / sqrt(2 * n_layer)), biases
+/// 0, norm weights 1.
 pub fn init_params<T: Float>(plan: &Plan, params: &mut [T], rng: &mut Rng) {
     let proj_std = 0.02 / libm::sqrt(2.0 * plan.config.n_layer as f64);
     for info in plan.params() {
         let dst = &mut params[info.span.range()];
         match info.kind {
-            ParamKind::Ln1Weight | ParamKind::Ln2Weight | ParamKind::LnfWeight => dst.fill(T::ONE),
+            k if k.is_norm_weight() => dst.fill(T::ONE),
             k if !k.is_matrix() => dst.fill(T::ZERO),
             k => {
-                let std = if matches!(k, ParamKind::AttnProjWeight | ParamKind::MlpProjWeight) { proj_std } else { 0.02 };
+                let std = if k.is_residual_projection() { proj_std } else { 0.02 };
                 for x in dst.iter_mut() {
                     *x = T::from_f64(rng.normal() * std);
                 }
@@ -188,25 +189,33 @@ pub struct DecodingMemory<'a, T> {
     pub tape: &'a [Op],
     /// Its activations.
     pub acts: &'a mut [T],
-    /// Keys and values of the window's positions, `[n_layer, 2, window, C]`.
+    /// Keys and values of the window's positions, `[n_layer, 2, window, KVH * HS]` (the
+    /// keys rotated where the model has RoPE).
     pub cache: &'a mut [T],
 }
 
-/// Elements of the KV cache of a model of `plan` for a window of `plan.seq` tokens.
+/// Elements of the KV cache of a model of `plan` for a window of `plan.seq` tokens: only the
+/// key/value heads'.
 pub fn kv_cache_len(plan: &Plan) -> usize {
-    plan.config.n_layer * 2 * plan.seq * plan.config.n_embd
+    plan.config.n_layer * 2 * plan.seq * plan.config.kv_heads() * plan.config.head_size()
 }
 
 /// Copies the keys and values of positions `..filled` of every layer from the activations of
-/// a forward of `plan` (batch 1) into `cache` (`[n_layer, 2, plan.seq, C]`).
+/// a forward of `plan` (batch 1) into `cache` (`[n_layer, 2, plan.seq, KVH * HS]`), rotating
+/// the keys as attention did.
 fn fill_cache<T: Float>(plan: &Plan, acts: &[T], cache: &mut [T], filled: usize) {
-    let (c, t) = (plan.config.n_embd, plan.seq);
-    for (l, layer) in cache.chunks_exact_mut(2 * t * c).enumerate() {
+    let (c, t, w) = (plan.config.n_embd, plan.seq, plan.config.qkv_width());
+    let (kv, hs, rope) = (plan.config.kv_heads() * plan.config.head_size(), plan.config.head_size(), plan.attention_shape().rope);
+    for (l, layer) in cache.chunks_exact_mut(2 * t * kv).enumerate() {
         let qkv = &acts[plan.layer_acts(l).qkv.range()];
-        let (keys, values) = layer.split_at_mut(t * c);
+        let (keys, values) = layer.split_at_mut(t * kv);
         for i in 0..filled {
-            keys[i * c..(i + 1) * c].copy_from_slice(&qkv[i * 3 * c + c..i * 3 * c + 2 * c]);
-            values[i * c..(i + 1) * c].copy_from_slice(&qkv[i * 3 * c + 2 * c..(i + 1) * 3 * c]);
+            let key = &mut keys[i * kv..(i + 1) * kv];
+            key.copy_from_slice(&qkv[i * w + c..i * w + c + kv]);
+            if let Some(rope) = rope {
+                rope.rotate_row(key, i, hs);
+            }
+            values[i * kv..(i + 1) * kv].copy_from_slice(&qkv[i * w + c + kv..(i + 1) * w]);
         }
     }
 }
@@ -337,7 +346,14 @@ mod tests {
     /// window sliding (20 generated).
     #[test]
     fn the_kv_cache_generates_what_whole_windows_do() {
-        let config = crate::GptConfig { vocab_size: 11, block_size: 16, n_layer: 2, n_head: 2, n_embd: 8 };
+        let gpt2 = crate::GptConfig::gpt2(11, 16, 2, 2, 8);
+        check_kv_cache(gpt2);
+        // Grouped heads (two per key/value head), rotary positions.
+        let llama = crate::Llama { n_kv_head: 1, intermediate_size: 12, norm_eps: 1e-5, rope_theta: 100.0, rope_scaling: None, qkv_bias: true, tied: false };
+        check_kv_cache(crate::GptConfig { arch: crate::Arch::Llama(llama), ..gpt2 });
+    }
+
+    fn check_kv_cache(config: crate::GptConfig) {
         let mut params = alloc::vec![0f32; Plan::new(config, 1, 1).unwrap().params_len()];
         init_params(&Plan::new(config, 1, 1).unwrap(), &mut params, &mut Rng::new(5));
         // Larger weights than GPT-2's initialisation, so that the logits differ enough to

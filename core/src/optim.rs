@@ -173,7 +173,7 @@ mod adamw_tests {
     /// Two steps against the formula in PyTorch's `torch.optim.AdamW` docs, element by element.
     #[test]
     fn matches_the_reference_update_and_decays_only_matrices() {
-        let plan = Plan::new(GptConfig { vocab_size: 3, block_size: 2, n_layer: 1, n_head: 1, n_embd: 2 }, 1, 1).unwrap();
+        let plan = Plan::new(GptConfig::gpt2(3, 2, 1, 1, 2), 1, 1).unwrap();
         let n = plan.params_len();
         let cfg = AdamWConfig { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 };
         let mut p: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin()).collect();
@@ -206,7 +206,7 @@ mod adamw_tests {
     /// whole update bit for bit (and a shard leaves the other parameters alone).
     #[test]
     fn shards_update_as_the_whole() {
-        let plan = Plan::new(GptConfig { vocab_size: 5, block_size: 3, n_layer: 2, n_head: 1, n_embd: 4 }, 1, 1).unwrap();
+        let plan = Plan::new(GptConfig::gpt2(5, 3, 2, 1, 4), 1, 1).unwrap();
         let n = plan.params_len();
         let cfg = AdamWConfig { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 };
         let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.91).cos()).collect();

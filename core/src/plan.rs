@@ -70,6 +70,26 @@ pub enum ParamKind {
     LnfWeight,
     /// Final LayerNorm bias `[C]`.
     LnfBias,
+    /// Llama: token embedding `[V, C]` (the LM head too where tied).
+    Embed,
+    /// Llama: RMSNorm weight before attention `[C]`.
+    AttnNorm,
+    /// Llama: fused q, k, v projection `[(NH + 2 KVH) HS, C]`: q's rows, then k's, then v's.
+    QkvProj,
+    /// Llama: fused q, k, v bias (Qwen2) `[(NH + 2 KVH) HS]`.
+    QkvProjBias,
+    /// Llama: attention output projection `[C, C]`.
+    OProj,
+    /// Llama: RMSNorm weight before the MLP `[C]`.
+    MlpNorm,
+    /// Llama: fused gate and up projections `[2I, C]`: gate's rows, then up's.
+    GateUp,
+    /// Llama: the MLP's down projection `[C, I]`.
+    Down,
+    /// Llama: final RMSNorm weight `[C]`.
+    Norm,
+    /// Llama: untied LM head `[V, C]`.
+    LmHead,
 }
 
 /// The per-block parameters, in order.
@@ -88,8 +108,31 @@ pub const LAYER_PARAMS: [ParamKind; 12] = [
     ParamKind::MlpProjBias,
 ];
 
+/// A Llama block's parameters, in order (with q/k/v biases).
+const LLAMA_LAYER_PARAMS: [ParamKind; 7] =
+    [ParamKind::AttnNorm, ParamKind::QkvProj, ParamKind::QkvProjBias, ParamKind::OProj, ParamKind::MlpNorm, ParamKind::GateUp, ParamKind::Down];
+
+/// The parameters of a model of `cfg`: those before the blocks, each block's, those after.
+pub(crate) fn param_kinds(cfg: &GptConfig) -> [&'static [ParamKind]; 3] {
+    use ParamKind::*;
+    match cfg.llama() {
+        None => [&[Wte, Wpe], &LAYER_PARAMS, &[LnfWeight, LnfBias]],
+        Some(l) => {
+            let layer: &[ParamKind] = if l.qkv_bias { &LLAMA_LAYER_PARAMS } else { &[AttnNorm, QkvProj, OProj, MlpNorm, GateUp, Down] };
+            [&[Embed], layer, if l.tied { &[Norm] } else { &[Norm, LmHead] }]
+        }
+    }
+}
+
+/// Parameter tensors of a model of `cfg` (saturating: `n_layer` is not checked yet).
+pub(crate) fn tensor_count(cfg: &GptConfig) -> usize {
+    let [before, block, after] = param_kinds(cfg);
+    (before.len() + after.len()).saturating_add(block.len().saturating_mul(cfg.n_layer))
+}
+
 impl ParamKind {
-    /// The name's suffix after `transformer.` / `transformer.h.{i}.`.
+    /// The name's suffix after the prefix [`ParamInfo`]'s name puts before it
+    /// (`transformer.h.{i}.`, `model.layers.{i}.`, ...).
     pub fn suffix(self) -> &'static str {
         use ParamKind::*;
         match self {
@@ -109,6 +152,16 @@ impl ParamKind {
             MlpProjBias => "mlp.c_proj.bias",
             LnfWeight => "ln_f.weight",
             LnfBias => "ln_f.bias",
+            Embed => "embed_tokens.weight",
+            AttnNorm => "input_layernorm.weight",
+            QkvProj => "self_attn.qkv_proj.weight",
+            QkvProjBias => "self_attn.qkv_proj.bias",
+            OProj => "self_attn.o_proj.weight",
+            MlpNorm => "post_attention_layernorm.weight",
+            GateUp => "mlp.gate_up_proj.weight",
+            Down => "mlp.down_proj.weight",
+            Norm => "norm.weight",
+            LmHead => "lm_head.weight",
         }
     }
 
@@ -126,13 +179,39 @@ impl ParamKind {
             FcBias => [4 * c, 1],
             MlpProjWeight => [c, 4 * c],
             Ln1Weight | Ln1Bias | AttnProjBias | Ln2Weight | Ln2Bias | MlpProjBias | LnfWeight | LnfBias => [c, 1],
+            Embed | LmHead => [cfg.vocab_size, c],
+            QkvProj => [cfg.qkv_width(), c],
+            QkvProjBias => [cfg.qkv_width(), 1],
+            OProj => [c, c],
+            GateUp => [cfg.fc_width(), c],
+            Down => [c, cfg.hidden()],
+            AttnNorm | MlpNorm | Norm => [c, 1],
         }
     }
 
     /// Whether the tensor is a matrix (2-D): AdamW decays exactly these.
     pub fn is_matrix(self) -> bool {
         use ParamKind::*;
-        matches!(self, Wte | Wpe | QkvWeight | AttnProjWeight | FcWeight | MlpProjWeight)
+        matches!(self, Wte | Wpe | QkvWeight | AttnProjWeight | FcWeight | MlpProjWeight | Embed | QkvProj | OProj | GateUp | Down | LmHead)
+    }
+
+    /// Whether the tensor belongs to the Llama family's models.
+    pub fn is_llama(self) -> bool {
+        use ParamKind::*;
+        matches!(self, Embed | AttnNorm | QkvProj | QkvProjBias | OProj | MlpNorm | GateUp | Down | Norm | LmHead)
+    }
+
+    /// Whether the tensor is a norm's weight (initialised to 1).
+    pub fn is_norm_weight(self) -> bool {
+        use ParamKind::*;
+        matches!(self, Ln1Weight | Ln2Weight | LnfWeight | AttnNorm | MlpNorm | Norm)
+    }
+
+    /// Whether the tensor is a block's output projection into the residual stream (GPT-2's
+    /// scaled initialisation).
+    pub fn is_residual_projection(self) -> bool {
+        use ParamKind::*;
+        matches!(self, AttnProjWeight | MlpProjWeight | OProj | Down)
     }
 }
 
@@ -141,7 +220,7 @@ impl ParamKind {
 pub struct ParamInfo {
     /// Which tensor.
     pub kind: ParamKind,
-    /// The block it belongs to, `None` for embeddings and the final LayerNorm.
+    /// The block it belongs to, `None` for embeddings, the final norm and the head.
     pub layer: Option<usize>,
     /// Where it lives in the params arena (and in grads, adam_m, adam_v).
     pub span: Span,
@@ -161,11 +240,16 @@ impl ParamInfo {
 }
 
 impl fmt::Display for ParamInfo {
-    /// The nanoGPT `state_dict` name, e.g. `transformer.h.3.attn.c_attn.weight`.
+    /// The `state_dict` name: nanoGPT's for GPT-2 (`transformer.h.3.attn.c_attn.weight`),
+    /// Hugging Face Llama's for the Llama family, the fused q/k/v and gate/up projections
+    /// named as Phi-3 names them (`model.layers.3.self_attn.qkv_proj.weight`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.layer {
-            Some(l) => write!(f, "transformer.h.{l}.{}", self.kind.suffix()),
-            None => write!(f, "transformer.{}", self.kind.suffix()),
+        match (self.layer, self.kind.is_llama()) {
+            (Some(l), false) => write!(f, "transformer.h.{l}.{}", self.kind.suffix()),
+            (None, false) => write!(f, "transformer.{}", self.kind.suffix()),
+            (Some(l), true) => write!(f, "model.layers.{l}.{}", self.kind.suffix()),
+            (None, true) if self.kind == ParamKind::LmHead => f.write_str(self.kind.suffix()),
+            (None, true) => write!(f, "model.{}", self.kind.suffix()),
         }
     }
 }
@@ -175,11 +259,11 @@ impl fmt::Display for ParamInfo {
 pub struct LayerActs {
     /// LN1 output `[N, C]`.
     pub ln1: Span,
-    /// LN1 row means `[N]`.
+    /// LN1 row means `[N]` (empty for RMSNorm).
     pub ln1_mean: Span,
     /// LN1 row reciprocal standard deviations `[N]`.
     pub ln1_rstd: Span,
-    /// Fused QKV `[N, 3C]`.
+    /// Fused QKV `[N, (NH + 2 KVH) HS]` (GPT-2's `[N, 3C]`).
     pub qkv: Span,
     /// Attention output, heads concatenated `[N, C]`.
     pub atty: Span,
@@ -189,20 +273,21 @@ pub struct LayerActs {
     pub res_mid: Span,
     /// LN2 output `[N, C]`.
     pub ln2: Span,
-    /// LN2 row means `[N]`.
+    /// LN2 row means `[N]` (empty for RMSNorm).
     pub ln2_mean: Span,
     /// LN2 row reciprocal standard deviations `[N]`.
     pub ln2_rstd: Span,
-    /// MLP pre-activation `[N, 4C]`; after a training forward, GELU's slope there.
+    /// MLP pre-activation `[N, 4C]` (SwiGLU's gate and up `[N, 2I]`); after a training
+    /// forward, the activation's slopes there.
     pub fc_pre: Span,
-    /// MLP GELU output `[N, 4C]`.
+    /// MLP activation output `[N, 4C]` (SwiGLU's `[N, I]`).
     pub fc_gelu: Span,
     /// Residual after the MLP `[N, C]`.
     pub res_out: Span,
 }
 
 /// Sizes of every tensor for one (config, batch, sequence) and their offsets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Plan {
     /// The model.
     pub config: GptConfig,
@@ -251,16 +336,18 @@ const fn aligned(len: usize) -> usize {
 fn arena_elements_bound(config: &GptConfig, batch: usize, seq: usize) -> u128 {
     let [c, v, block, layers, heads, b, t] =
         [config.n_embd, config.vocab_size, config.block_size, config.n_layer, config.n_head, batch, seq].map(|x| x as u128);
+    // Each at most 3 * MAX_DIM^2 (the head size is at most C).
+    let [qkv, hidden, fc] = [config.qkv_width(), config.hidden(), config.fc_width()].map(|x| x as u128);
     let (a, nr, kc) = (ACT_ALIGN as u128, crate::gemm::MAX_NR as u128, crate::gemm::KC as u128);
     let n = b * t;
-    let params = (v + block) * c + layers * (12 * c * c + 13 * c) + 2 * c;
-    let layer = 16 * n * c + 4 * n + b * heads * t + 14 * a;
+    // Both embeddings and an untied head, whichever the model has.
+    let params = (2 * v + block) * c + layers * ((qkv + c + fc) * c + c * hidden + qkv + fc + 6 * c) + 2 * c;
+    let layer = n * (5 * c + qkv + fc + hidden) + 4 * n + b * heads * t + 14 * a;
     let head = n * c + 3 * n + n * v + 6 * a;
     // Each matmul's scratch (see `matmul::scratch_len`), all of them summed.
-    let matmul: u128 =
-        [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, v)].into_iter().map(|(k, m)| k * (m + nr) + m * (k + nr) + 2 * kc * (k + nr) + m * k).sum();
-    let attention = 2 * b * t * (c + heads * t);
-    let scratch = 7 * n * c + matmul + attention + (n + 1) * 4 * c + 8 * a;
+    let matmul: u128 = [(c, qkv), (c, c), (c, fc), (hidden, c), (c, v)].into_iter().map(|(k, m)| k * (m + nr) + m * (k + nr) + 2 * kc * (k + nr) + m * k).sum();
+    let attention = 2 * b * t * (2 * c + heads * t) + t * c;
+    let scratch = n * (3 * c + qkv + hidden) + matmul + attention + (n + 1) * 4 * c + 8 * a;
     4 * params + 2 * n + n * c + a + layers * layer + head + scratch
 }
 
@@ -293,8 +380,7 @@ impl Plan {
         if bytes > isize::MAX as u128 {
             return Err(ConfigError::TooLarge { bytes });
         }
-        let c = config.n_embd;
-        let layer_params_len = (12 * c + 13) * c;
+        let layer_params_len = param_kinds(&config)[1].iter().map(|k| k.shape(&config)[0] * k.shape(&config)[1]).sum();
         let mut plan = Plan {
             config,
             batch,
@@ -311,8 +397,8 @@ impl Plan {
             params_len: 0,
             acts_len: 0,
         };
-        let lnf_b = plan.param(ParamKind::LnfBias, None);
-        plan.params_len = lnf_b.span.end();
+        let last = *param_kinds(&config)[2].last().expect("every model has a final norm");
+        plan.params_len = plan.param(last, None).span.end();
         Ok(plan.with_recompute(false))
     }
 
@@ -437,7 +523,15 @@ impl Plan {
 
     /// The shape of every attention op of this plan.
     pub fn attention_shape(&self) -> AttentionShape {
-        AttentionShape { batch: self.batch, seq: self.seq, heads: self.config.n_head, head_size: self.config.head_size() }
+        let rope = self.config.llama().map(|l| crate::ops::attention::Rope { theta: l.rope_theta, scaling: l.rope_scaling });
+        AttentionShape {
+            batch: self.batch,
+            seq: self.seq,
+            heads: self.config.n_head,
+            kv_heads: self.config.kv_heads(),
+            head_size: self.config.head_size(),
+            rope,
+        }
     }
 
     /// Tokens per step, `B * T`.
@@ -456,41 +550,59 @@ impl Plan {
     }
 
     /// Where parameter `kind` of `layer` lives. `layer` is ignored for non-block tensors.
+    /// Panics when the model has no such tensor.
     pub fn param(&self, kind: ParamKind, layer: Option<usize>) -> ParamInfo {
         let cfg = &self.config;
-        let c = cfg.n_embd;
         let shape = kind.shape(cfg);
-        let wte = cfg.vocab_size * c;
-        let wpe = cfg.block_size * c;
-        let layers_start = wte + wpe;
-        let offset = match kind {
-            ParamKind::Wte => 0,
-            ParamKind::Wpe => wte,
-            ParamKind::LnfWeight => layers_start + cfg.n_layer * self.layer_params_len,
-            ParamKind::LnfBias => layers_start + cfg.n_layer * self.layer_params_len + c,
-            _ => {
+        let [before, block, after] = param_kinds(cfg);
+        let size = |k: &ParamKind| k.shape(cfg)[0] * k.shape(cfg)[1];
+        // The offset of `kind` among `kinds` laid out from `start`.
+        let within = |kinds: &[ParamKind], start: usize| {
+            let at = kinds.iter().position(|&k| k == kind)?;
+            Some(start + kinds[..at].iter().map(size).sum::<usize>())
+        };
+        let layers_start: usize = before.iter().map(size).sum();
+        let (offset, layer) = match (within(before, 0), within(after, layers_start + cfg.n_layer * self.layer_params_len)) {
+            (Some(offset), _) | (None, Some(offset)) => (offset, None),
+            (None, None) => {
                 let l = layer.expect("block parameters need a layer index");
-                let mut within = 0;
-                for k in LAYER_PARAMS {
-                    if k == kind {
-                        break;
-                    }
-                    let s = k.shape(cfg);
-                    within += s[0] * s[1];
-                }
-                layers_start + l * self.layer_params_len + within
+                let offset = within(block, layers_start + l * self.layer_params_len).unwrap_or_else(|| panic!("a {:?} model has no {kind:?}", cfg.arch));
+                (offset, Some(l))
             }
         };
-        let layer = if matches!(kind, ParamKind::Wte | ParamKind::Wpe | ParamKind::LnfWeight | ParamKind::LnfBias) { None } else { layer };
         ParamInfo { kind, layer, span: Span { offset, len: shape[0] * shape[1] }, shape }
     }
 
     /// Every parameter tensor in `state_dict` order.
     pub fn params(&self) -> impl Iterator<Item = ParamInfo> + '_ {
-        let head = [ParamKind::Wte, ParamKind::Wpe].into_iter().map(|k| self.param(k, None));
-        let blocks = (0..self.config.n_layer).flat_map(move |l| LAYER_PARAMS.into_iter().map(move |k| self.param(k, Some(l))));
-        let tail = [ParamKind::LnfWeight, ParamKind::LnfBias].into_iter().map(|k| self.param(k, None));
+        let [before, block, after] = param_kinds(&self.config);
+        let head = before.iter().map(|&k| self.param(k, None));
+        let blocks = (0..self.config.n_layer).flat_map(move |l| block.iter().map(move |&k| self.param(k, Some(l))));
+        let tail = after.iter().map(|&k| self.param(k, None));
         head.chain(blocks).chain(tail)
+    }
+
+    /// Where the blocks' parameters start: after the token (and position) tables.
+    pub fn blocks_params_start(&self) -> usize {
+        param_kinds(&self.config)[0].iter().map(|k| k.shape(&self.config)[0] * k.shape(&self.config)[1]).sum()
+    }
+
+    /// The parameter tensors of one block, in order.
+    pub fn layer_param_kinds(&self) -> &'static [ParamKind] {
+        param_kinds(&self.config)[1]
+    }
+
+    /// The LM head's weight: the token embedding where tied.
+    pub fn head_weight(&self) -> ParamInfo {
+        match self.config.llama() {
+            None => self.param(ParamKind::Wte, None),
+            Some(l) => self.param(if l.tied { ParamKind::Embed } else { ParamKind::LmHead }, None),
+        }
+    }
+
+    /// The token embedding.
+    pub fn token_embedding(&self) -> ParamInfo {
+        self.param(if self.config.llama().is_some() { ParamKind::Embed } else { ParamKind::Wte }, None)
     }
 
     /// Total number of parameters (the tied LM head counted once).
@@ -510,9 +622,8 @@ impl Plan {
     /// Hardware FLOPs (HFU's) are [`Plan::flops_per_token`] plus these.
     pub fn recomputed_flops_per_token(&self) -> f64 {
         let c = &self.config;
-        let tables_and_final_norm = (c.vocab_size + c.block_size + 2) * c.n_embd;
         if self.recompute() {
-            2.0 * (self.params_len() - tables_and_final_norm) as f64 + 4.0 * (c.n_layer * self.seq * c.n_embd) as f64
+            2.0 * (c.n_layer * self.layer_params_len) as f64 + 4.0 * (c.n_layer * self.seq * c.n_embd) as f64
         } else {
             0.0
         }
@@ -525,22 +636,24 @@ impl Plan {
 
     /// Activations of block `l` (with recompute, all blocks share them but for `res_out`).
     pub fn layer_acts(&self, l: usize) -> LayerActs {
-        let (n, c) = (self.tokens(), self.config.n_embd);
+        let (n, c, cfg) = (self.tokens(), self.config.n_embd, &self.config);
         let mut b = Bump(self.blocks_start() + if self.recompute { 0 } else { l * self.layer_acts_len });
         let half = self.half_activations;
+        // RMSNorm saves no means.
+        let means = if cfg.llama().is_some() { 0 } else { n };
         LayerActs {
             ln1: b.take_stored(n * c, half),
-            ln1_mean: b.take(n),
+            ln1_mean: b.take(means),
             ln1_rstd: b.take(n),
-            qkv: b.take_stored(3 * n * c, half),
+            qkv: b.take_stored(n * cfg.qkv_width(), half),
             atty: b.take_stored(n * c, half),
             lse: b.take(self.batch * self.config.n_head * self.seq),
             res_mid: b.take(n * c),
             ln2: b.take_stored(n * c, half),
-            ln2_mean: b.take(n),
+            ln2_mean: b.take(means),
             ln2_rstd: b.take(n),
-            fc_pre: b.take(4 * n * c),
-            fc_gelu: b.take_stored(4 * n * c, half),
+            fc_pre: b.take(n * cfg.fc_width()),
+            fc_gelu: b.take_stored(n * cfg.hidden(), half),
             res_out: if self.recompute { Span { offset: self.kept_offset + l * aligned(n * c), len: n * c } } else { b.take(n * c) },
         }
     }
@@ -562,7 +675,8 @@ impl Plan {
     fn head_acts_at(&self, offset: usize) -> HeadActs {
         let (n, c, v) = (self.tokens(), self.config.n_embd, self.config.vocab_size);
         let mut b = Bump(offset);
-        HeadActs { lnf: b.take_stored(n * c, self.half_activations), lnf_mean: b.take(n), lnf_rstd: b.take(n), logits: b.take(n * v), losses: b.take(n) }
+        let means = if self.config.llama().is_some() { 0 } else { n };
+        HeadActs { lnf: b.take_stored(n * c, self.half_activations), lnf_mean: b.take(means), lnf_rstd: b.take(n), logits: b.take(n * v), losses: b.take(n) }
     }
 
     /// The activation arena as consecutive parts, in order, that no activation or scratch
@@ -588,9 +702,9 @@ impl Plan {
 
     /// The largest scratch of any matmul (see [`crate::ops::matmul::scratch_len`]).
     fn matmul_scratch_len(&self) -> usize {
-        let c = self.config.n_embd;
-        // Every matmul's weight: [3C, C], [C, C], [4C, C], [C, 4C], [V, C].
-        [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c), (c, self.config.vocab_size)]
+        let (c, cfg) = (self.config.n_embd, &self.config);
+        // Every matmul's weight: qkv [3C, C], [C, C], fc [4C, C], [C, 4C], [V, C] (GPT-2).
+        [(c, cfg.qkv_width()), (c, c), (c, cfg.fc_width()), (cfg.hidden(), c), (c, cfg.vocab_size)]
             .into_iter()
             .map(|(k, m)| crate::ops::matmul::scratch_len(k, m))
             .max()
@@ -607,7 +721,7 @@ impl Plan {
         let dropped = if self.dropout.0 > 0 { nc } else { 0 };
         Scratch {
             dres: b.take(nc),
-            dbig: b.take(4 * nc),
+            dbig: b.take(self.tokens() * self.config.hidden().max(self.config.qkv_width())),
             dsmall: b.take(nc),
             wt: b.take(wt),
             attention: b.take(attention),
@@ -637,7 +751,7 @@ pub struct HeadActs {
 pub struct Scratch {
     /// Gradient of the residual stream `[N, C]`, accumulated through the blocks.
     pub dres: Span,
-    /// Gradient of a wide activation: MLP hidden `[N, 4C]` or QKV `[N, 3C]`.
+    /// Gradient of a wide activation: the MLP's hidden one `[N, 4C]` (`[N, I]`) or QKV.
     pub dbig: Span,
     /// Gradient of a narrow activation: a LayerNorm output or the attention output `[N, C]`.
     pub dsmall: Span,
@@ -678,7 +792,7 @@ mod tests {
     use crate::Rng;
 
     fn config(vocab_size: usize, block_size: usize, n_layer: usize, n_head: usize, n_embd: usize) -> GptConfig {
-        GptConfig { vocab_size, block_size, n_layer, n_head, n_embd }
+        GptConfig::gpt2(vocab_size, block_size, n_layer, n_head, n_embd)
     }
 
     /// The bound holds every arena of real layouts, odd sizes included (the test profile

@@ -205,7 +205,7 @@ impl RunSettings {
 
     /// The model for a tokenizer of `vocab_size` tokens.
     pub fn config(&self, vocab_size: usize) -> GptConfig {
-        GptConfig { vocab_size, block_size: self.block, n_layer: self.layers, n_head: self.heads, n_embd: self.embd }
+        GptConfig::gpt2(vocab_size, self.block, self.layers, self.heads, self.embd)
     }
 
     /// The settings with the model shape of `config` (a checkpoint's, which decides it).

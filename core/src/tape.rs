@@ -14,14 +14,14 @@ use core::ops::Range;
 
 /// One fused op. Fields named after parameters are spans of the params arena (and of the
 /// grads arena at the same offsets); all others are spans of the activations arena.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Op {
     /// Token + position embedding of the step's tokens.
     Embedding {
         /// Token embedding `[V, C]`.
         wte: Span,
-        /// Position embedding `[block, C]`.
-        wpe: Span,
+        /// Position embedding `[block, C]` (GPT-2's).
+        wpe: Option<Span>,
         /// Output `[N, C]`.
         out: Span,
         /// Gradient of `out`.
@@ -50,6 +50,23 @@ pub enum Op {
         /// Bias `[C]`.
         bias: Span,
     },
+    /// RMSNorm of `x` into `out` (the Llama family).
+    RmsNorm {
+        /// Input `[N, C]`.
+        x: Span,
+        /// Gradient of `x` (accumulated).
+        dx: Span,
+        /// Output `[N, C]`.
+        out: Span,
+        /// Gradient of `out`.
+        dout: Span,
+        /// Saved row reciprocal root mean squares `[N]`.
+        rstd: Span,
+        /// Weight `[C]`.
+        weight: Span,
+        /// Added to the mean square.
+        eps: f64,
+    },
     /// `out = epilogue(x·wᵀ + bias)`.
     Matmul {
         /// Input `[N, K]`.
@@ -62,8 +79,11 @@ pub enum Op {
         bias: Option<Span>,
         /// Output `[N, M]`.
         out: Span,
-        /// Gradient of `out` (consumed: GELU backward works in place).
+        /// Gradient of `out` (consumed: GELU backward works in place); with SwiGLU, its `pre`
+        /// (see [`Epilogue::SwiGlu`]), `out`'s gradient being [`Op::Matmul::dh`].
         dout: Span,
+        /// With SwiGLU, the gradient of `out` `[N, M/2]`.
+        dh: Option<Span>,
         /// Fused epilogue (a residual's gradient is `dout` itself).
         epilogue: Epilogue<Span, Span>,
         /// Input width `K`.
@@ -75,7 +95,7 @@ pub enum Op {
     },
     /// Causal self-attention over fused QKV.
     Attention {
-        /// Input `[N, 3C]`.
+        /// Input `[N, (NH + 2 KVH) HS]`.
         qkv: Span,
         /// Gradient of `qkv` (overwritten).
         dqkv: Span,
@@ -222,7 +242,9 @@ impl Op {
         match self {
             Op::Embedding { .. } => "embedding",
             Op::LayerNorm { .. } => "layernorm",
+            Op::RmsNorm { .. } => "rmsnorm",
             Op::Matmul { epilogue: Epilogue::Gelu { .. }, .. } => "matmul+gelu",
+            Op::Matmul { epilogue: Epilogue::SwiGlu { .. }, .. } => "matmul+swiglu",
             Op::Matmul { epilogue: Epilogue::Residual { .. }, .. } => "matmul+residual",
             Op::Matmul { .. } => "matmul",
             Op::Attention { .. } => "attention",
@@ -233,8 +255,9 @@ impl Op {
     /// The parameter tensors the op reads (whose gradients its backward writes).
     pub fn params(&self) -> [Option<Span>; 2] {
         match *self {
-            Op::Embedding { wte, wpe, .. } => [Some(wte), Some(wpe)],
+            Op::Embedding { wte, wpe, .. } => [Some(wte), wpe],
             Op::LayerNorm { weight, bias, .. } => [Some(weight), Some(bias)],
+            Op::RmsNorm { weight, .. } => [Some(weight), None],
             Op::Matmul { weight, bias, .. } => [Some(weight), bias],
             Op::Attention { .. } | Op::CrossEntropy { .. } => [None, None],
         }
@@ -251,6 +274,8 @@ impl Op {
             Op::Embedding { out, .. } => (f(out.len), 4.0 * f(2 * out.len)),
             Op::LayerNorm { x, .. } if backward => (10.0 * f(x.len), 4.0 * f(4 * x.len)),
             Op::LayerNorm { x, .. } => (8.0 * f(x.len), 4.0 * f(2 * x.len)),
+            Op::RmsNorm { x, .. } if backward => (8.0 * f(x.len), 4.0 * f(4 * x.len)),
+            Op::RmsNorm { x, .. } => (4.0 * f(x.len), 4.0 * f(2 * x.len)),
             Op::Matmul { x, dx, k, m, .. } => {
                 let (n, w) = (f(x.len / k.max(1)), f(k * m));
                 let product = 2.0 * n * f(k) * f(m);
@@ -275,6 +300,7 @@ impl Op {
         match *self {
             Op::Embedding { out, wte, .. } => write!(f, "tokens -> [{}], vocab x C = {}", out.len, wte.len),
             Op::LayerNorm { x, mean, .. } => write!(f, "[{} x {}]", mean.len, x.len / mean.len.max(1)),
+            Op::RmsNorm { x, rstd, .. } => write!(f, "[{} x {}]", rstd.len, x.len / rstd.len.max(1)),
             Op::Matmul { x, k, m, .. } => write!(f, "[{} x {}] x [{} x {}]ᵀ", x.len / k.max(1), k, m, k),
             Op::Attention { shape, .. } => {
                 write!(f, "B {} T {} heads {} x {}", shape.batch, shape.seq, shape.heads, shape.head_size)
@@ -325,19 +351,43 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
     if ops.len() < len {
         return Err(ConfigError::BufferTooSmall { what: "tape", needed: len, given: ops.len() });
     }
+    let mut i = 0;
+    let mut push = |op| {
+        ops[i] = op;
+        i += 1;
+    };
+    match plan.config.llama() {
+        None => record_gpt2(plan, &mut push),
+        Some(l) => record_llama(plan, l, &mut push),
+    }
+    debug_assert_eq!(i, len);
+    Ok(&ops[..len])
+}
+
+/// A dropout site's op argument, if the plan drops.
+fn dropped(plan: &Plan, site: u32) -> Option<Dropped> {
+    plan.dropout_site(site).map(|site| Dropped { site, scratch: plan.scratch().dropped })
+}
+
+/// GPT-2's tape: the embedding, per block LayerNorm, QKV, attention, projection + residual,
+/// LayerNorm, MLP expansion + GELU, MLP projection + residual; the final LayerNorm, the tied
+/// head and the loss.
+fn record_gpt2(plan: &Plan, push: &mut impl FnMut(Op)) {
     let cfg = &plan.config;
     let c = cfg.n_embd;
     let p = |kind, layer| plan.param(kind, layer).span;
     let sc = plan.scratch();
     let nc = plan.tokens() * c;
     let dqkv = Span { offset: sc.dbig.offset, len: 3 * nc };
-    let dropped = |site| plan.dropout_site(site).map(|site| Dropped { site, scratch: sc.dropped });
-    let mut i = 0;
-    let mut push = |op| {
-        ops[i] = op;
-        i += 1;
-    };
-    push(Op::Embedding { wte: p(ParamKind::Wte, None), wpe: p(ParamKind::Wpe, None), out: plan.encoded(), dout: sc.dres, seq: plan.seq, dropout: dropped(0) });
+    let dropped = |site| dropped(plan, site);
+    push(Op::Embedding {
+        wte: p(ParamKind::Wte, None),
+        wpe: Some(p(ParamKind::Wpe, None)),
+        out: plan.encoded(),
+        dout: sc.dres,
+        seq: plan.seq,
+        dropout: dropped(0),
+    });
     for l in 0..cfg.n_layer {
         let a = plan.layer_acts(l);
         // Dropout sites 3l + 1 (attention probabilities), 3l + 2 and 3l + 3 (residual branches).
@@ -353,6 +403,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             out: a.qkv,
             dout: dqkv,
             epilogue: Epilogue::None,
+            dh: None,
             k: c,
             m: 3 * c,
             dropout: None,
@@ -367,6 +418,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             out: a.res_mid,
             dout: sc.dres,
             epilogue: Epilogue::Residual { input: res_in },
+            dh: None,
             k: c,
             m: c,
             dropout: dropped(site + 2),
@@ -380,6 +432,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             out: a.fc_gelu,
             dout: sc.dbig,
             epilogue: Epilogue::Gelu { pre: a.fc_pre },
+            dh: None,
             k: c,
             m: 4 * c,
             dropout: None,
@@ -392,6 +445,7 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
             out: a.res_out,
             dout: sc.dres,
             epilogue: Epilogue::Residual { input: a.res_mid },
+            dh: None,
             k: 4 * c,
             m: c,
             dropout: dropped(site + 3),
@@ -408,21 +462,110 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
         weight: p(ParamKind::LnfWeight, None),
         bias: p(ParamKind::LnfBias, None),
     });
+    record_head(plan, push);
+}
+
+/// The LM head and the loss, after the final norm.
+fn record_head(plan: &Plan, push: &mut impl FnMut(Op)) {
+    let (h, sc) = (plan.head_acts(), plan.scratch());
     push(Op::Matmul {
         x: h.lnf,
         dx: Some(sc.dsmall),
-        weight: p(ParamKind::Wte, None),
+        weight: plan.head_weight().span,
         bias: None,
         out: h.logits,
         dout: h.logits,
         epilogue: Epilogue::None,
-        k: c,
-        m: cfg.vocab_size,
+        dh: None,
+        k: plan.config.n_embd,
+        m: plan.config.vocab_size,
         dropout: None,
     });
     push(Op::CrossEntropy { logits: h.logits, losses: h.losses, classes: plan.classes() });
-    debug_assert_eq!(i, len);
-    Ok(&ops[..len])
+}
+
+/// A Llama-family tape, op for op GPT-2's: the token embedding (no positions: attention
+/// rotates q and k), per block RMSNorm, QKV (biases with Qwen2), attention with RoPE and
+/// grouped heads, projection + residual, RMSNorm, gate and up as one product + SwiGLU, down
+/// projection + residual; the final RMSNorm, the head (tied or not) and the loss.
+fn record_llama(plan: &Plan, llama: &crate::config::Llama, push: &mut impl FnMut(Op)) {
+    let cfg = &plan.config;
+    let (c, n) = (cfg.n_embd, plan.tokens());
+    let p = |kind, layer| plan.param(kind, layer).span;
+    let sc = plan.scratch();
+    let dqkv = Span { offset: sc.dbig.offset, len: n * cfg.qkv_width() };
+    let dh = Span { offset: sc.dbig.offset, len: n * cfg.hidden() };
+    let dropped = |site| dropped(plan, site);
+    let eps = llama.norm_eps;
+    let embed = p(ParamKind::Embed, None);
+    push(Op::Embedding { wte: embed, wpe: None, out: plan.encoded(), dout: sc.dres, seq: plan.seq, dropout: dropped(0) });
+    let norm = |x, out, rstd, weight| Op::RmsNorm { x, dx: sc.dres, out, dout: sc.dsmall, rstd, weight, eps };
+    for l in 0..cfg.n_layer {
+        let a = plan.layer_acts(l);
+        let site = 3 * l as u32;
+        let res_in = plan.residual_in(l);
+        push(norm(res_in, a.ln1, a.ln1_rstd, p(ParamKind::AttnNorm, Some(l))));
+        push(Op::Matmul {
+            x: a.ln1,
+            dx: Some(sc.dsmall),
+            weight: p(ParamKind::QkvProj, Some(l)),
+            bias: llama.qkv_bias.then(|| p(ParamKind::QkvProjBias, Some(l))),
+            out: a.qkv,
+            dout: dqkv,
+            epilogue: Epilogue::None,
+            dh: None,
+            k: c,
+            m: cfg.qkv_width(),
+            dropout: None,
+        });
+        let shape = plan.attention_shape();
+        push(Op::Attention { qkv: a.qkv, dqkv, out: a.atty, dout: sc.dsmall, lse: a.lse, shape, dropout: plan.dropout_site(site + 1) });
+        push(Op::Matmul {
+            x: a.atty,
+            dx: Some(sc.dsmall),
+            weight: p(ParamKind::OProj, Some(l)),
+            bias: None,
+            out: a.res_mid,
+            dout: sc.dres,
+            epilogue: Epilogue::Residual { input: res_in },
+            dh: None,
+            k: c,
+            m: c,
+            dropout: dropped(site + 2),
+        });
+        push(norm(a.res_mid, a.ln2, a.ln2_rstd, p(ParamKind::MlpNorm, Some(l))));
+        // The product's gradient is made in place of its saved slopes (`fc_pre`) from the
+        // output's (`dh`, which the down projection's backward wrote).
+        push(Op::Matmul {
+            x: a.ln2,
+            dx: Some(sc.dsmall),
+            weight: p(ParamKind::GateUp, Some(l)),
+            bias: None,
+            out: a.fc_gelu,
+            dout: a.fc_pre,
+            epilogue: Epilogue::SwiGlu { pre: a.fc_pre },
+            dh: Some(dh),
+            k: c,
+            m: cfg.fc_width(),
+            dropout: None,
+        });
+        push(Op::Matmul {
+            x: a.fc_gelu,
+            dx: Some(dh),
+            weight: p(ParamKind::Down, Some(l)),
+            bias: None,
+            out: a.res_out,
+            dout: sc.dres,
+            epilogue: Epilogue::Residual { input: a.res_mid },
+            dh: None,
+            k: cfg.hidden(),
+            m: c,
+            dropout: dropped(site + 3),
+        });
+    }
+    let h = plan.head_acts();
+    push(norm(plan.residual_in(cfg.n_layer), h.lnf, h.lnf_rstd, p(ParamKind::Norm, None)));
+    record_head(plan, push);
 }
 
 /// The tape of `plan` in a new vector (`alloc` feature).
@@ -447,7 +590,7 @@ mod plan_tests {
     /// and weight gradients).
     #[test]
     fn the_products_work_is_two_flops_per_weight_and_token() {
-        let cfg = GptConfig { vocab_size: 11, block_size: 8, n_layer: 2, n_head: 2, n_embd: 6 };
+        let cfg = GptConfig::gpt2(11, 8, 2, 2, 6);
         let plan = Plan::new(cfg, 3, 7).unwrap();
         let tape = record_to_vec(&plan);
         let products = |pass| tape.iter().filter(|op| matches!(op, Op::Matmul { .. })).map(|op| op.work(pass).0).sum::<f64>();
@@ -465,11 +608,46 @@ mod plan_tests {
     /// must start aligned.
     #[test]
     fn spans_used_together_are_disjoint() {
-        let cfg = GptConfig { vocab_size: 11, block_size: 8, n_layer: 3, n_head: 2, n_embd: 6 };
+        let cfg = GptConfig::gpt2(11, 8, 3, 2, 6);
         let plan = Plan::new(cfg, 3, 7).unwrap();
         let dropping = plan.with_dropout(0.1, 1).unwrap();
         for plan in [plan, plan.with_recompute(true), dropping, dropping.with_recompute(true)] {
             check_spans(&plan);
+        }
+        // Llama-family blocks: grouped heads, a SwiGLU width unlike 4C, q/k/v biases or not,
+        // tied head or not.
+        for (qkv_bias, tied) in [(true, false), (false, true)] {
+            let plan = Plan::new(llama_config(qkv_bias, tied), 3, 7).unwrap();
+            let dropping = plan.with_dropout(0.1, 1).unwrap();
+            for plan in [plan, plan.with_recompute(true), dropping, dropping.with_recompute(true)] {
+                check_spans(&plan);
+            }
+        }
+    }
+
+    /// A small Llama-family config: 4 heads over 2 key/value heads of size 4, SwiGLU 20 wide.
+    pub(crate) fn llama_config(qkv_bias: bool, tied: bool) -> GptConfig {
+        let llama = crate::config::Llama { n_kv_head: 2, intermediate_size: 20, norm_eps: 1e-5, rope_theta: 10000.0, rope_scaling: None, qkv_bias, tied };
+        GptConfig { vocab_size: 11, block_size: 8, n_layer: 3, n_head: 4, n_embd: 16, arch: crate::config::Arch::Llama(llama) }
+    }
+
+    /// A Llama block's products: q/k/v (`NH + 2 KVH` heads), the output projection, gate and
+    /// up (`2I`), down (`I`); the head.
+    #[test]
+    fn llama_products_are_the_blocks_weights() {
+        for tied in [true, false] {
+            let cfg = llama_config(true, tied);
+            let plan = Plan::new(cfg, 2, 5).unwrap();
+            let tape = record_to_vec(&plan);
+            let (c, hs) = (cfg.n_embd, cfg.head_size());
+            let shapes: Vec<(usize, usize)> = matmul_shapes(&tape).collect();
+            let block = [(c, (4 + 2 * 2) * hs), (c, c), (c, 40), (20, c)];
+            let want: Vec<(usize, usize)> = (0..cfg.n_layer).flat_map(|_| block).chain([(c, cfg.vocab_size)]).collect();
+            assert_eq!(shapes, want);
+            let head = tape.iter().rev().find_map(|op| if let Op::Matmul { weight, .. } = op { Some(*weight) } else { None }).unwrap();
+            let expected = plan.param(if tied { ParamKind::Embed } else { ParamKind::LmHead }, None).span;
+            assert_eq!(head, expected);
+            assert_eq!(tape.len(), tape_len(&plan));
         }
     }
 
@@ -492,8 +670,9 @@ mod plan_tests {
         for op in tape {
             let spans: &[Span] = &match *op {
                 Op::Embedding { out, dout, dropout, .. } => [out, dout].into_iter().chain(dropout.map(|d| d.scratch)).collect(),
-                Op::LayerNorm { x, dx, out, dout, mean, rstd, .. } => [x, dx, out, dout, mean, rstd, sc.partials].to_vec(),
-                Op::Matmul { x, dx, out, dout, epilogue, dropout, .. } => {
+                Op::LayerNorm { x, dx, out, dout, mean, rstd, .. } => [x, dx, out, dout, mean, rstd, sc.partials].into_iter().filter(|s| s.len > 0).collect(),
+                Op::RmsNorm { x, dx, out, dout, rstd, .. } => [x, dx, out, dout, rstd, sc.partials].to_vec(),
+                Op::Matmul { x, dx, out, dout, dh, epilogue, dropout, .. } => {
                     let mut v = vec![x, out, sc.wt, sc.partials];
                     v.extend(dropout.map(|d| d.scratch));
                     v.extend(dx);
@@ -502,9 +681,12 @@ mod plan_tests {
                     }
                     match epilogue {
                         Epilogue::Gelu { pre } => v.push(pre),
+                        // SwiGLU's backward makes the product's gradient in place of `pre`.
+                        Epilogue::SwiGlu { pre } => assert_eq!(pre, dout),
                         Epilogue::Residual { input } => v.push(input),
                         Epilogue::None => {}
                     }
+                    v.extend(dh);
                     v
                 }
                 Op::Attention { qkv, dqkv, out, dout, lse, .. } => [qkv, dqkv, out, dout, lse, sc.attention].to_vec(),

@@ -549,7 +549,7 @@ mod tests {
     use alloc::vec::Vec;
 
     fn one_step(batch: usize, grad_accum: usize) -> (f64, Vec<f32>) {
-        let cfg = GptConfig { vocab_size: 11, block_size: 8, n_layer: 1, n_head: 2, n_embd: 8 };
+        let cfg = GptConfig::gpt2(11, 8, 1, 2, 8);
         let plan = Plan::new(cfg, batch, 8).unwrap();
         let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
         init_params(&plan, &mut mem.params, &mut Rng::new(1));
@@ -590,7 +590,7 @@ mod tests {
     /// recomputed forward draws the same masks), and the activations shrink.
     #[test]
     fn recompute_keeps_every_bit() {
-        let cfg = GptConfig { vocab_size: 13, block_size: 8, n_layer: 3, n_head: 2, n_embd: 8 };
+        let cfg = GptConfig::gpt2(13, 8, 3, 2, 8);
         let data: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 3) % 13).collect();
         let run = |plan: Plan, par: &dyn Parallel| {
             let mut mem = initialised(&plan);
@@ -618,7 +618,7 @@ mod tests {
     /// token and position tables; with and without recompute.
     #[test]
     fn the_backward_hands_out_final_gradients_from_the_top() {
-        let cfg = GptConfig { vocab_size: 13, block_size: 8, n_layer: 3, n_head: 2, n_embd: 8 };
+        let cfg = GptConfig::gpt2(13, 8, 3, 2, 8);
         let data: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 3) % 13).collect();
         for plan in [Plan::new(cfg, 2, 8).unwrap(), Plan::new(cfg, 2, 8).unwrap().with_recompute(true)] {
             let mut mem = initialised(&plan);
@@ -633,7 +633,7 @@ mod tests {
                 let mut cpu = CpuExecutor::new(&Serial, &plan, t.mem.params, t.mem.acts, batch).with_grads(t.mem.grads).handing_out_finished(&plan, &mut take);
                 walk::backward(&mut cpu, &plan, t.tape);
             }
-            let tables_end = plan.param(crate::plan::ParamKind::Wpe, None).span.end();
+            let tables_end = plan.blocks_params_start();
             let mut top = plan.params_len();
             for (offset, values) in handed.iter().filter(|(_, v)| !v.is_empty()) {
                 assert_eq!(offset + values.len(), top, "not the next piece down");

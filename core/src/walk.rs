@@ -8,7 +8,7 @@
 //! use alpha_core::cpu::{Batch, CpuExecutor};
 //! use alpha_core::{tape, walk, GptConfig, Plan, Serial};
 //!
-//! let config = GptConfig { vocab_size: 5, block_size: 4, n_layer: 1, n_head: 1, n_embd: 4 };
+//! let config = GptConfig::gpt2(5, 4, 1, 1, 4);
 //! let plan = Plan::new(config, 1, 4).unwrap();
 //! let tape = tape::record_to_vec(&plan);
 //! let params = vec![0.01f32; plan.params_len()];
@@ -20,7 +20,7 @@
 //! assert!((cpu.loss().unwrap() - 5f64.ln()).abs() < 0.01);
 //! ```
 
-use crate::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
+use crate::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm};
 use crate::plan::{Plan, Span};
 use crate::tape::{self, Dropped, Op, Pass};
 use core::ops::Range;
@@ -72,6 +72,10 @@ pub trait Executor {
     fn layernorm_forward(&mut self, a: layernorm::Forward<Self::Write, Self::Read>);
     /// LayerNorm's gradients.
     fn layernorm_backward(&mut self, a: layernorm::Backward<Self::Write, Self::Read>);
+    /// RMSNorm.
+    fn rmsnorm_forward(&mut self, a: rmsnorm::Forward<Self::Write, Self::Read>);
+    /// RMSNorm's gradients.
+    fn rmsnorm_backward(&mut self, a: rmsnorm::Backward<Self::Write, Self::Read>);
     /// Linear layer with its fused epilogue.
     fn matmul_forward(&mut self, a: matmul::Forward<Self::Write, Self::Read>);
     /// Linear layer's gradients.
@@ -147,7 +151,7 @@ unsafe fn forward_op<E: Executor>(e: &mut E, op: &Op, training: bool, grad_scale
     let dropping = |d: Option<Dropped>| d.filter(|_| training);
     match *op {
         Op::Embedding { wte, wpe, out, seq, dropout, .. } => {
-            let a = embedding::Forward { out: w(dropping(dropout).map_or(out, |d| d.scratch)), wte: p(wte), wpe: p(wpe), seq };
+            let a = embedding::Forward { out: w(dropping(dropout).map_or(out, |d| d.scratch)), wte: p(wte), wpe: wpe.map(p), seq };
             e.embedding_forward(a);
             if let Some(d) = dropping(dropout) {
                 // SAFETY: forwarded to the caller.
@@ -158,6 +162,7 @@ unsafe fn forward_op<E: Executor>(e: &mut E, op: &Op, training: bool, grad_scale
             let a = layernorm::Forward { out: w(out), mean: w(mean), rstd: w(rstd), x: r(x), weight: p(weight), bias: p(bias) };
             e.layernorm_forward(a)
         }
+        Op::RmsNorm { x, out, rstd, weight, eps, .. } => e.rmsnorm_forward(rmsnorm::Forward { out: w(out), rstd: w(rstd), x: r(x), weight: p(weight), eps }),
         Op::Matmul { x, weight, bias, out, epilogue, k, m, dropout, .. } => match dropping(dropout) {
             None => {
                 let epilogue = epilogue.map(w, r);
@@ -169,7 +174,7 @@ unsafe fn forward_op<E: Executor>(e: &mut E, op: &Op, training: bool, grad_scale
                 let residual = match epilogue {
                     matmul::Epilogue::Residual { input } => Some(input),
                     matmul::Epilogue::None => None,
-                    matmul::Epilogue::Gelu { .. } => unreachable!("the tape drops no GELU output"),
+                    matmul::Epilogue::Gelu { .. } | matmul::Epilogue::SwiGlu { .. } => unreachable!("the tape drops no activation's output"),
                 };
                 let a = matmul::Forward {
                     out: w(d.scratch),
@@ -230,7 +235,7 @@ unsafe fn backward_op<E: Executor>(e: &mut E, op: &Op) {
     let g = |s| unsafe { e.write(Arena::Grads, s) };
     match *op {
         Op::Embedding { wte, wpe, dout, seq, .. } => {
-            let a = embedding::Backward { dwte: g(wte), dwpe: g(wpe), dout: r(dropped_dout.unwrap_or(dout)), seq };
+            let a = embedding::Backward { dwte: g(wte), dwpe: wpe.map(g), dout: r(dropped_dout.unwrap_or(dout)), seq };
             e.embedding_backward(a)
         }
         Op::LayerNorm { x, dx, dout, mean, rstd, weight, bias, .. } => {
@@ -238,13 +243,17 @@ unsafe fn backward_op<E: Executor>(e: &mut E, op: &Op) {
                 layernorm::Backward { dx: w(dx), dweight: g(weight), dbias: g(bias), dout: r(dout), x: r(x), mean: r(mean), rstd: r(rstd), weight: p(weight) };
             e.layernorm_backward(a)
         }
-        Op::Matmul { x, dx, weight, bias, dout, epilogue, k, m, .. } => {
-            let gelu_slope = match epilogue {
-                matmul::Epilogue::Gelu { pre } => Some(r(pre)),
+        Op::RmsNorm { x, dx, dout, rstd, weight, .. } => {
+            e.rmsnorm_backward(rmsnorm::Backward { dx: w(dx), dweight: g(weight), dout: r(dout), x: r(x), rstd: r(rstd), weight: p(weight) })
+        }
+        Op::Matmul { x, dx, weight, bias, dout, dh, epilogue, k, m, .. } => {
+            let activation = match (epilogue, dh) {
+                (matmul::Epilogue::Gelu { pre }, _) => Some(matmul::ActivationGrad::Gelu { slope: r(pre) }),
+                (matmul::Epilogue::SwiGlu { .. }, Some(dh)) => Some(matmul::ActivationGrad::SwiGlu { dh: r(dh) }),
                 _ => None,
             };
             let dout = w(dropped_dout.unwrap_or(dout));
-            let a = matmul::Backward { dx: dx.map(w), dweight: g(weight), dbias: bias.map(g), dout, x: r(x), weight: p(weight), gelu_slope, k, m };
+            let a = matmul::Backward { dx: dx.map(w), dweight: g(weight), dbias: bias.map(g), dout, x: r(x), weight: p(weight), activation, k, m };
             e.matmul_backward(a)
         }
         Op::Attention { qkv, dqkv, out, dout, lse, shape, dropout } => {

@@ -41,7 +41,7 @@ fn main() {
 }
 
 fn training_evaluation_and_sampling_do_not_allocate() {
-    let cfg = GptConfig { vocab_size: 13, block_size: 16, n_layer: 2, n_head: 2, n_embd: 16 };
+    let cfg = GptConfig::gpt2(13, 16, 2, 2, 16);
     let plan = Plan::new(cfg, 3, 16).unwrap();
     let train_cfg = TrainConfig {
         schedule: LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 2, decay_iters: 10 },

@@ -81,6 +81,10 @@ struct Sampler {
     cache: Buffer,
 }
 
+/// Why a Llama-family model has no CUDA engine: its kernels are not written for CUDA yet.
+pub(crate) const LLAMA_REFUSED: &str =
+    "the Llama family (--arch llama) runs on the CPU backend in this version: alpha-cuda has no RMSNorm, SwiGLU or rotary attention kernels yet";
+
 impl<'r> CudaEngine<'r> {
     /// An engine for `plan` on `device` with products in `arithmetic`, continuing `start`, one
     /// of `ranks`; with `zero` it holds and updates only its rank's shard of the moments.
@@ -93,6 +97,9 @@ impl<'r> CudaEngine<'r> {
         ranks: &'r dyn Ranks<f32>,
         zero: bool,
     ) -> Result<CudaEngine<'r>, CudaError> {
+        if plan.config.llama().is_some() {
+            return Err(CudaError::new(LLAMA_REFUSED.into()));
+        }
         let p = plan.params_len();
         if start.params.len() != p {
             return Err(CudaError::new(format!("{} parameters given, the model has {p}", start.params.len())));

@@ -8,7 +8,7 @@ use crate::device::{args, Device};
 use crate::error::CudaError;
 use crate::memory::Tensor;
 use alpha_core::ops::dropout::{DropoutKey, Site};
-use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
+use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm};
 use alpha_core::plan::{Plan, Span};
 use alpha_core::tape::{Op, Pass};
 use alpha_core::walk::{Arena, Executor};
@@ -194,9 +194,10 @@ impl Executor for CudaExecutor<'_> {
         let n = a.out.len / c;
         let first = self.decoding.map_or(0, |d| d.position) as i32;
         let tokens = self.arenas.tokens.ptr;
+        let wpe = a.wpe.expect(crate::engine::LLAMA_REFUSED);
         // SAFETY: out [n, C], the tables, n token ids.
         unsafe {
-            self.launch("embedding_forward", blocks(n * c), BLOCK, &mut args![a.out.ptr, a.wte.ptr, a.wpe.ptr, tokens, n as i32, c as i32, a.seq as i32, first])
+            self.launch("embedding_forward", blocks(n * c), BLOCK, &mut args![a.out.ptr, a.wte.ptr, wpe.ptr, tokens, n as i32, c as i32, a.seq as i32, first])
         }
     }
 
@@ -204,8 +205,9 @@ impl Executor for CudaExecutor<'_> {
         let c = self.plan.config.n_embd;
         let n = a.dout.len / c;
         let tokens = self.arenas.tokens.ptr;
+        let dwpe = a.dwpe.expect(crate::engine::LLAMA_REFUSED);
         // SAFETY: as forward.
-        unsafe { self.launch("embedding_backward", blocks(c), BLOCK, &mut args![a.dwte.ptr, a.dwpe.ptr, a.dout.ptr, tokens, n as i32, c as i32, a.seq as i32]) }
+        unsafe { self.launch("embedding_backward", blocks(c), BLOCK, &mut args![a.dwte.ptr, dwpe.ptr, a.dout.ptr, tokens, n as i32, c as i32, a.seq as i32]) }
     }
 
     fn layernorm_forward(&mut self, a: layernorm::Forward<Tensor, Tensor>) {
@@ -231,6 +233,14 @@ impl Executor for CudaExecutor<'_> {
         }
     }
 
+    fn rmsnorm_forward(&mut self, _: rmsnorm::Forward<Tensor, Tensor>) {
+        unreachable!("{}", crate::engine::LLAMA_REFUSED)
+    }
+
+    fn rmsnorm_backward(&mut self, _: rmsnorm::Backward<Tensor, Tensor>) {
+        unreachable!("{}", crate::engine::LLAMA_REFUSED)
+    }
+
     fn matmul_forward(&mut self, a: matmul::Forward<Tensor, Tensor>) {
         let (k, m) = (a.k, a.m);
         let n = a.x.len / k;
@@ -238,6 +248,7 @@ impl Executor for CudaExecutor<'_> {
             matmul::Epilogue::None => (a.out, 0, 0),
             matmul::Epilogue::Gelu { pre } => (pre, a.out.ptr, 0),
             matmul::Epilogue::Residual { input } => (a.out, 0, input.ptr),
+            matmul::Epilogue::SwiGlu { .. } => unreachable!("{}", crate::engine::LLAMA_REFUSED),
         };
         // out [N, M] = x [N, K] · w [M, K]ᵀ, column-major: outᵀ [M, N] = (wᵀ stored [K, M])ᵀ · xᵀ [K, N].
         let (w, x) = (self.weight(a.weight), self.operand(a.x, 0));
@@ -253,7 +264,8 @@ impl Executor for CudaExecutor<'_> {
     fn matmul_backward(&mut self, a: matmul::Backward<Tensor, Tensor>) {
         let (k, m) = (a.k, a.m);
         let n = a.x.len / k;
-        if let Some(slope) = a.gelu_slope {
+        if let Some(activation) = a.activation {
+            let matmul::ActivationGrad::Gelu { slope } = activation else { unreachable!("{}", crate::engine::LLAMA_REFUSED) };
             // SAFETY: both [N, M].
             unsafe { self.launch("gelu_backward", blocks(n * m), BLOCK, &mut args![a.dout.ptr, slope.ptr, (n * m) as i64]) }
         }

@@ -100,7 +100,7 @@ impl Rig {
 }
 
 fn plan(vocab: usize, batch: usize, seq: usize, heads: usize, embd: usize) -> Plan {
-    Plan::new(GptConfig { vocab_size: vocab, block_size: seq, n_layer: 1, n_head: heads, n_embd: embd }, batch, seq).unwrap()
+    Plan::new(GptConfig::gpt2(vocab, seq, 1, heads, embd), batch, seq).unwrap()
 }
 
 #[test]
@@ -114,13 +114,13 @@ fn embedding_matches_the_cpu() {
     let (g_out, g_wte, g_wpe) = (rig.put(&vec![0f32; b * t * c]), rig.put(&wte), rig.put(&wpe));
     let (g_dwte, g_dwpe, g_dout) = (rig.put(&dwte0), rig.put(&dwpe0), rig.put(&dout));
     rig.run(None, |e| {
-        e.embedding_forward(embedding::Forward { out: g_out, wte: g_wte, wpe: g_wpe, seq: t });
-        e.embedding_backward(embedding::Backward { dwte: g_dwte, dwpe: g_dwpe, dout: g_dout, seq: t });
+        e.embedding_forward(embedding::Forward { out: g_out, wte: g_wte, wpe: Some(g_wpe), seq: t });
+        e.embedding_backward(embedding::Backward { dwte: g_dwte, dwpe: Some(g_dwpe), dout: g_dout, seq: t });
     });
     let mut out = vec![0f32; b * t * c];
-    embedding::forward(&Serial, embedding::Forward { out: &mut out, wte: &wte, wpe: &wpe, seq: t }, &ids);
+    embedding::forward(&Serial, embedding::Forward { out: &mut out, wte: &wte, wpe: Some(&wpe), seq: t }, &ids);
     let (mut dwte, mut dwpe) = (dwte0, dwpe0);
-    embedding::backward(&Serial, embedding::Backward { dwte: &mut dwte, dwpe: &mut dwpe, dout: &dout, seq: t }, &ids);
+    embedding::backward(&Serial, embedding::Backward { dwte: &mut dwte, dwpe: Some(&mut dwpe), dout: &dout, seq: t }, &ids);
     // The same sums in the same order: the same bits.
     assert_eq!(rig.get(g_out), out);
     assert_eq!((rig.get(g_dwte), rig.get(g_dwpe)), (dwte, dwpe));
@@ -187,7 +187,17 @@ fn matmul_and_its_epilogues_match_the_cpu() {
                 e.matmul_forward(matmul::Forward { out: g_out, x: g_x, weight: g_w, bias, epilogue: gpu_epilogue, save_slope: true, k, m });
                 let gelu_slope = (kind == "gelu").then_some(g_pre);
                 let dbias = with_bias.then_some(g_db);
-                e.matmul_backward(matmul::Backward { dx: Some(g_dx), dweight: g_dw, dbias, dout: g_dout, x: g_x, weight: g_w, gelu_slope, k, m });
+                e.matmul_backward(matmul::Backward {
+                    dx: Some(g_dx),
+                    dweight: g_dw,
+                    dbias,
+                    dout: g_dout,
+                    x: g_x,
+                    weight: g_w,
+                    activation: gelu_slope.map(|slope| matmul::ActivationGrad::Gelu { slope }),
+                    k,
+                    m,
+                });
             });
             let (mut out, mut pre) = (vec![0f32; n * m], vec![0f32; n * m]);
             let epilogue = match kind {
@@ -205,7 +215,7 @@ fn matmul_and_its_epilogues_match_the_cpu() {
                 dout: &mut d[..],
                 x: &x[..],
                 weight: &w[..],
-                gelu_slope: (kind == "gelu").then_some(&pre[..]),
+                activation: (kind == "gelu").then_some(matmul::ActivationGrad::Gelu { slope: &pre[..] }),
                 k,
                 m,
             };
@@ -227,7 +237,7 @@ fn matmul_and_its_epilogues_match_the_cpu() {
 
 #[test]
 fn attention_matches_the_cpu_with_and_without_dropout() {
-    let s = AttentionShape { batch: 2, seq: 7, heads: 3, head_size: 40 };
+    let s = AttentionShape { batch: 2, seq: 7, heads: 3, kv_heads: 3, head_size: 40, rope: None };
     let c = s.heads * s.head_size;
     for (site, key) in [(None, None), (Some(Site { id: 4, threshold: 1 << 30 }), Some(DropoutKey { seed: 11, draw: 3 }))] {
         let mut rng = Rng::new(4);
@@ -257,7 +267,7 @@ fn attention_matches_the_cpu_with_and_without_dropout() {
 fn decoding_matches_the_cpus_decoding() {
     let (heads, hs, len) = (3, 40, 6);
     let c = heads * hs;
-    let s = AttentionShape { batch: 1, seq: 1, heads, head_size: hs };
+    let s = AttentionShape { batch: 1, seq: 1, heads, kv_heads: heads, head_size: hs, rope: None };
     let mut rng = Rng::new(5);
     let mut rig = Rig::new(plan(5, 1, 1, heads, c), &[0]);
     let cache = rig.put(&vec![0f32; 2 * len * c]);
@@ -270,7 +280,7 @@ fn decoding_matches_the_cpus_decoding() {
         e.finish().unwrap();
         let (mut out, mut lse) = (vec![0f32; c], vec![0f32; heads]);
         let a = attention::Forward { out: &mut out[..], lse: &mut lse[..], qkv: &qkv[..], shape: s, dropout: None };
-        attention::decode(&Serial, a, KvCache { rows: &mut cpu_cache[..], len }, pos);
+        attention::decode(&Serial, a, KvCache { rows: &mut cpu_cache[..], len }, pos, &mut vec![0.0; s.scratch_len()]);
         assert_close(&format!("position {pos}: out"), &rig.get(g_out), &out, 1e-5);
         assert_close(&format!("position {pos}: lse"), &rig.get(g_lse), &lse, 1e-5);
     }

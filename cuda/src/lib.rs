@@ -14,7 +14,7 @@
 //! use alpha_core::{GptConfig, Plan};
 //! use alpha_cuda::{Arithmetic, CudaEngine, Device};
 //!
-//! let config = GptConfig { vocab_size: 65, block_size: 64, n_layer: 2, n_head: 2, n_embd: 64 };
+//! let config = GptConfig::gpt2(65, 64, 2, 2, 64);
 //! let plan = Plan::new(config, 4, 64).unwrap();
 //! let schedule = LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 0, decay_iters: 100 };
 //! let cfg = TrainConfig { schedule, adamw: AdamWConfig::default(), grad_clip: 1.0, grad_accum: 1 };

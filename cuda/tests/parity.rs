@@ -36,7 +36,7 @@ fn now<F: std::future::Future>(f: F) -> F::Output {
 
 /// Two blocks, head size 48 (lanes past the first 32 dims idle), a padded vocabulary.
 fn plan(dropout: f64, recompute: bool) -> Plan {
-    let config = GptConfig { vocab_size: 72, block_size: 32, n_layer: 2, n_head: 2, n_embd: 96 };
+    let config = GptConfig::gpt2(72, 32, 2, 2, 96);
     let plan = Plan::new(config, 4, 32).and_then(|p| p.with_classes(65)).and_then(|p| p.with_dropout(dropout, 5)).unwrap();
     plan.with_recompute(recompute)
 }

@@ -90,7 +90,7 @@ fn now<F: std::future::Future>(f: F) -> F::Output {
 }
 
 fn setup() -> (Plan, TrainConfig, RunState<f32>, Vec<u32>) {
-    let config = GptConfig { vocab_size: 65, block_size: 16, n_layer: 1, n_head: 2, n_embd: 64 };
+    let config = GptConfig::gpt2(65, 16, 1, 2, 64);
     let plan = Plan::new(config, 2, 16).unwrap();
     let schedule = LrSchedule { max_lr: 3e-3, min_lr: 3e-4, warmup_iters: 1, decay_iters: 10 };
     let cfg = TrainConfig { schedule, adamw: AdamWConfig::default(), grad_clip: 1.0, grad_accum: 2 };

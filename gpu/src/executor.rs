@@ -7,7 +7,7 @@ use crate::kernels::{Kernels, Program, ProgramBuilder, View};
 use crate::layout::DeviceLayout;
 use crate::memory::{aligned, Activations, BatchSlot, LOSS_SCALE_SLOT};
 use crate::ops;
-use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
+use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm};
 use alpha_core::plan::{Plan, Scratch, Span, ACT_ALIGN};
 use alpha_core::tape::{Op, Pass};
 use alpha_core::walk::{Arena, Executor};
@@ -152,6 +152,14 @@ impl<'a> Executor for Recorder<'a> {
     fn layernorm_backward(&mut self, a: layernorm::Backward<View<'a>, View<'a>>) {
         let partials = self.acts(self.scratch.partials);
         ops::layernorm::backward(&mut self.program, a, partials)
+    }
+
+    fn rmsnorm_forward(&mut self, _: rmsnorm::Forward<View<'a>, View<'a>>) {
+        unreachable!("{}", crate::LLAMA_REFUSED)
+    }
+
+    fn rmsnorm_backward(&mut self, _: rmsnorm::Backward<View<'a>, View<'a>>) {
+        unreachable!("{}", crate::LLAMA_REFUSED)
     }
 
     fn matmul_forward(&mut self, a: matmul::Forward<View<'a>, View<'a>>) {

@@ -82,7 +82,7 @@ mod tests {
 
     #[test]
     fn tensors_are_aligned_disjoint_and_round_trip() {
-        let plan = Plan::new(GptConfig { vocab_size: 13, block_size: 7, n_layer: 2, n_head: 2, n_embd: 6 }, 2, 5).unwrap();
+        let plan = Plan::new(GptConfig::gpt2(13, 7, 2, 2, 6), 2, 5).unwrap();
         let l = DeviceLayout::new(&plan);
         let host: Vec<f32> = (0..plan.params_len()).map(|i| i as f32).collect();
         let dev = l.to_device(&host);

@@ -148,6 +148,9 @@ impl Activations {
 
     /// The device buffers of `plan`'s activation arena (see [`Activations::starts`]).
     pub fn new(gpu: &Gpu, plan: &Plan) -> Result<Activations, GpuError> {
+        if plan.config.llama().is_some() {
+            return Err(GpuError(crate::LLAMA_REFUSED.into()));
+        }
         let starts = Activations::starts(gpu, plan)?;
         let ends = starts[1..].iter().copied().chain([plan.acts_len()]);
         let buffers = starts.iter().zip(ends).map(|(&start, end)| Ok((start, storage(gpu, "activations", end - start)?))).collect::<Result<_, GpuError>>()?;

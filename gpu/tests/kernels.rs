@@ -237,7 +237,7 @@ fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng, limi
         dout: &mut dout[..],
         x: &x[..],
         weight: &w[..],
-        gelu_slope: Some(&slope[..]),
+        activation: Some(matmul::ActivationGrad::Gelu { slope: &slope[..] }),
         k,
         m,
     };
@@ -254,7 +254,7 @@ fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng, limi
             dout: whole(&gdout, &dout),
             x: whole(&gx, &x),
             weight: whole(&gw, &w),
-            gelu_slope: Some(whole(&gslope, &slope)),
+            activation: Some(matmul::ActivationGrad::Gelu { slope: whole(&gslope, &slope) }),
             k,
             m,
         };
@@ -339,16 +339,16 @@ const KEY: DropoutKey = DropoutKey { seed: 0x1234_5678_9abc_def0, draw: 0x1_0000
 #[test]
 fn attention_forward_and_backward() {
     let shapes = [
-        (AttentionShape { batch: 2, seq: 70, heads: 3, head_size: 5 }, 1.5),
-        (AttentionShape { batch: 1, seq: 131, heads: 2, head_size: 16 }, 1.5),
-        (AttentionShape { batch: 1, seq: 67, heads: 2, head_size: 36 }, 1.5),
-        (AttentionShape { batch: 1, seq: 75, heads: 1, head_size: 64 }, 1.5),
-        (AttentionShape { batch: 1, seq: 66, heads: 1, head_size: 100 }, 1.5),
-        (AttentionShape { batch: 1, seq: 70, heads: 2, head_size: 32 }, 12.0),
+        (AttentionShape { batch: 2, seq: 70, heads: 3, kv_heads: 3, head_size: 5, rope: None }, 1.5),
+        (AttentionShape { batch: 1, seq: 131, heads: 2, kv_heads: 2, head_size: 16, rope: None }, 1.5),
+        (AttentionShape { batch: 1, seq: 67, heads: 2, kv_heads: 2, head_size: 36, rope: None }, 1.5),
+        (AttentionShape { batch: 1, seq: 75, heads: 1, kv_heads: 1, head_size: 64, rope: None }, 1.5),
+        (AttentionShape { batch: 1, seq: 66, heads: 1, kv_heads: 1, head_size: 100, rope: None }, 1.5),
+        (AttentionShape { batch: 1, seq: 70, heads: 2, kv_heads: 2, head_size: 32, rope: None }, 12.0),
     ];
     let gkey = buffer(&KEY.words());
     for ((shape, spread), dropout) in shapes.into_iter().flat_map(|s| [(s, None), (s, Some(Site::new(7, 0.25)))]) {
-        let AttentionShape { batch, seq, heads, head_size } = shape;
+        let AttentionShape { batch, seq, heads, head_size, .. } = shape;
         let c = heads * head_size;
         let n = batch * seq;
         let mut rng = Rng::new(9);
@@ -393,7 +393,7 @@ fn attention_forward_and_backward() {
 #[test]
 fn attention_decode_matches_the_cpu() {
     for (heads, head_size) in [(3, 5), (2, 16), (1, 100)] {
-        let shape = AttentionShape { batch: 1, seq: 1, heads, head_size };
+        let shape = AttentionShape { batch: 1, seq: 1, heads, kv_heads: heads, head_size, rope: None };
         let (t, c) = (70, heads * head_size);
         let qkv = random(&mut Rng::new(21), t * 3 * c, 1.5);
         let mut cpu_cache = vec![0f32; 2 * t * c];
@@ -403,7 +403,7 @@ fn attention_decode_matches_the_cpu() {
             let row = &qkv[pos * 3 * c..(pos + 1) * 3 * c];
             let (mut out, mut lse) = (vec![0f32; c], vec![0f32; heads]);
             let a = attention::Forward { out: &mut out[..], lse: &mut lse[..], qkv: row, shape, dropout: None };
-            attention::decode(&Serial, a, attention::KvCache { rows: &mut cpu_cache, len: t }, pos);
+            attention::decode(&Serial, a, attention::KvCache { rows: &mut cpu_cache, len: t }, pos, &mut vec![0.0; shape.scratch_len()]);
             if ![0, 1, 5, 63, 64, 69].contains(&pos) {
                 continue;
             }
@@ -456,12 +456,12 @@ fn embedding_forward_and_backward() {
     let tokens: Vec<u32> = (0..n).map(|i| if i % 3 == 0 { 2 } else { rng.below(vocab) as u32 }).collect();
     let (wte, wpe) = (random(&mut rng, vocab * c, 1.0), random(&mut rng, 9 * c, 1.0));
     let mut out = vec![0.0; n * c];
-    embedding::forward(&Serial, embedding::Forward { out: &mut out, wte: &wte, wpe: &wpe, seq: t }, &tokens);
+    embedding::forward(&Serial, embedding::Forward { out: &mut out, wte: &wte, wpe: Some(&wpe), seq: t }, &tokens);
     let (gtok, gwte, gwpe, gout) = (buffer(&tokens), buffer(&wte), buffer(&wpe), fresh(n * c));
     run(8, |p| {
         ops::embedding::forward(
             p,
-            embedding::Forward { out: whole(&gout, &out), wte: whole(&gwte, &wte), wpe: whole(&gwpe, &wpe), seq: t },
+            embedding::Forward { out: whole(&gout, &out), wte: whole(&gwte, &wte), wpe: Some(whole(&gwpe, &wpe)), seq: t },
             whole(&gtok, &tokens),
             None,
         )
@@ -471,7 +471,7 @@ fn embedding_forward_and_backward() {
     let gwords = buffer(&[0u32, 0, 0, 0, 5, 0, 0, 0]);
     let gone = fresh(c);
     run(8, |p| {
-        let a = embedding::Forward { out: View::first(&gone, c), wte: whole(&gwte, &wte), wpe: whole(&gwpe, &wpe), seq: 1 };
+        let a = embedding::Forward { out: View::first(&gone, c), wte: whole(&gwte, &wte), wpe: Some(whole(&gwpe, &wpe)), seq: 1 };
         ops::embedding::forward(p, a, View::first(&gtok, 1), Some(View::first(&gwords, 8)))
     });
     let want: Vec<f32> = (0..c).map(|j| wte[tokens[0] as usize * c + j] + wpe[5 * c + j]).collect();
@@ -479,7 +479,7 @@ fn embedding_forward_and_backward() {
 
     let dout = random(&mut rng, n * c, 1.0);
     let (mut dwte, mut dwpe) = (wte.clone(), wpe.clone());
-    embedding::backward(&Serial, embedding::Backward { dwte: &mut dwte, dwpe: &mut dwpe, dout: &dout, seq: t }, &tokens);
+    embedding::backward(&Serial, embedding::Backward { dwte: &mut dwte, dwpe: Some(&mut dwpe), dout: &dout, seq: t }, &tokens);
     let (mut order, mut starts) = (vec![0u32; n], vec![0u32; vocab + 1]);
     ops::embedding::group_rows_by_token(&tokens, &mut order, &mut starts);
     for v in 0..vocab {
@@ -488,7 +488,7 @@ fn embedding_forward_and_backward() {
     }
     let (gdwte, gdwpe, gorder, gstarts, gdout) = (buffer(&wte), buffer(&wpe), buffer(&order), buffer(&starts), buffer(&dout));
     run(8, |p| {
-        let grads = embedding::Backward { dwte: whole(&gdwte, &wte), dwpe: whole(&gdwpe, &wpe), dout: whole(&gdout, &dout), seq: t };
+        let grads = embedding::Backward { dwte: whole(&gdwte, &wte), dwpe: Some(whole(&gdwpe, &wpe)), dout: whole(&gdout, &dout), seq: t };
         ops::embedding::backward(p, grads, whole(&gorder, &order), whole(&gstarts, &starts))
     });
     assert_eq!(download(&gdwte, dwte.len()), dwte, "dwte sums in the CPU's order");
@@ -847,7 +847,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
             dout: &mut rdout[..],
             x: &rx[..],
             weight: &rw[..],
-            gelu_slope: None,
+            activation: None,
             k,
             m,
         };
@@ -863,7 +863,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
                 dout: View::first(&gdout, n * m),
                 x: half_view(&gx, n * k),
                 weight: half_view(&gw, m * k),
-                gelu_slope: None,
+                activation: None,
                 k,
                 m,
             };
@@ -874,7 +874,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     }
 
     // Attention reading qkv as f16 and writing its output as f16; its backward reading both.
-    let shape = AttentionShape { batch: 1, seq: 75, heads: 2, head_size: 36 };
+    let shape = AttentionShape { batch: 1, seq: 75, heads: 2, kv_heads: 2, head_size: 36, rope: None };
     let (n, c) = (75, 72);
     let qkv = round16(&random(&mut rng, n * 3 * c, 1.5));
     let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; 2 * 75], vec![0.0; shape.scratch_len()]);

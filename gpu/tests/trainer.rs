@@ -15,7 +15,7 @@ use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer, Precision, TensorCores};
 
 fn setup() -> (Plan, TrainConfig, Vec<u32>) {
     // Head size 12 and T = 21: neither fills the kernels' tiles.
-    let config = GptConfig { vocab_size: 23, block_size: 24, n_layer: 2, n_head: 2, n_embd: 24 };
+    let config = GptConfig::gpt2(23, 24, 2, 2, 24);
     let plan = Plan::new(config, 3, 21).unwrap();
     let cfg = TrainConfig {
         schedule: LrSchedule { max_lr: 3e-3, min_lr: 3e-4, warmup_iters: 3, decay_iters: 20 },
@@ -281,7 +281,7 @@ fn arenas_over_the_binding_limit_are_bound_in_pieces() {
     assert!(worst < 1e-4, "every piece was updated as the CPU updated it ({worst:e})");
     // A vocabulary whose token table and logits are over the limit too: the embedding, the
     // LM head's products and the cross-entropy bind them in pieces.
-    let wide = Plan::new(GptConfig { vocab_size: 700, block_size: 32, n_layer: 1, n_head: 2, n_embd: 128 }, 4, 32).unwrap();
+    let wide = Plan::new(GptConfig::gpt2(700, 32, 1, 2, 128), 4, 32).unwrap();
     let limit = 256 * 1024;
     assert!(4 * 700 * 128 > limit && 4 * wide.tokens() * 700 > limit);
     let mut wide_gpu = open_gpu();

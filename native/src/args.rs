@@ -124,9 +124,9 @@ impl ModelArgs {
         let config = match self.model {
             Some(m) => {
                 let (n_layer, n_head, n_embd) = m.shape();
-                GptConfig { vocab_size: GPT2_VOCAB, block_size: self.block(), n_layer, n_head, n_embd }
+                GptConfig::gpt2(GPT2_VOCAB, self.block(), n_layer, n_head, n_embd)
             }
-            None => GptConfig { vocab_size, block_size: self.block(), n_layer: self.layers, n_head: self.heads, n_embd: self.embd },
+            None => GptConfig::gpt2(vocab_size, self.block(), self.layers, self.heads, self.embd),
         };
         GptConfig { vocab_size: self.padded_vocab(config.vocab_size), ..config }
     }

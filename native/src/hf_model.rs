@@ -90,7 +90,7 @@ fn config(dir: &Path) -> Result<GptConfig> {
     if let Some(inner) = c.get("n_inner").and_then(Value::as_u64).filter(|&i| i as usize != 4 * n_embd) {
         return Err(bad(format!("n_inner is {inner}, not 4 x n_embd")));
     }
-    let config = GptConfig { vocab_size: size("vocab_size")?, block_size: size("n_positions")?, n_layer: size("n_layer")?, n_head: size("n_head")?, n_embd };
+    let config = GptConfig::gpt2(size("vocab_size")?, size("n_positions")?, size("n_layer")?, size("n_head")?, n_embd);
     config.validate().map_err(|e| bad(e.to_string()))?;
     Ok(config)
 }

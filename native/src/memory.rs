@@ -118,7 +118,7 @@ mod tests {
     use alpha_core::GptConfig;
 
     fn plan(batch: usize) -> Plan {
-        let config = GptConfig { vocab_size: 65, block_size: 64, n_layer: 2, n_head: 2, n_embd: 32 };
+        let config = GptConfig::gpt2(65, 64, 2, 2, 32);
         Plan::new(config, batch, 64).unwrap()
     }
 

@@ -27,7 +27,7 @@ const TEXT_CASES: usize = 5000;
 const FILE_EVERY: usize = 10;
 const BINARY_EVERY: usize = 150;
 
-const CONFIG: GptConfig = GptConfig { vocab_size: 12, block_size: 8, n_layer: 2, n_head: 2, n_embd: 8 };
+const CONFIG: GptConfig = GptConfig::gpt2(12, 8, 2, 2, 8);
 const CHARS: &str = "\n !,.:;?ETae";
 
 /// A valid checkpoint of `CONFIG`: resumable (with moments and state) or weights only.

@@ -12,7 +12,7 @@ use safetensors::SafeTensors;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-const CFG: GptConfig = GptConfig { vocab_size: 5, block_size: 8, n_layer: 2, n_head: 2, n_embd: 4 };
+const CFG: GptConfig = GptConfig::gpt2(5, 8, 2, 2, 4);
 
 fn tmp(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("checkpoint_format");

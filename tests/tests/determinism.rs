@@ -8,7 +8,7 @@ use alpha_core::{model, GptConfig, Plan, Rng, Serial};
 
 fn train(par: &dyn Parallel) -> (Vec<f64>, Vec<f32>) {
     // Odd sizes: rows and columns that split unevenly across threads and tiles.
-    let cfg = GptConfig { vocab_size: 29, block_size: 24, n_layer: 2, n_head: 3, n_embd: 36 };
+    let cfg = GptConfig::gpt2(29, 24, 2, 3, 36);
     let plan = Plan::new(cfg, 5, 23).unwrap();
     let data: Vec<u32> = (0..4000u32).map(|i| (i * 17 + i / 7) % 29).collect();
     let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();

@@ -1,6 +1,7 @@
 //! Linear layer with fused epilogues: `out [N, M] = epilogue(x [N, K] · wᵀ + bias)`, with
 //! `w [M, K]` in `nn.Linear` layout. Epilogues: none, GELU (tanh approximation; a training
-//! forward leaves GELU's slope at the pre-activation for backward), or a residual add
+//! forward leaves GELU's slope at the pre-activation for backward), SwiGLU over the product's
+//! two halves (`silu(gate) · up`, Llama's MLP; its slopes likewise), or a residual add
 //! (`out = input + x·wᵀ + bias`).
 
 use super::row_blocks;
@@ -22,10 +23,36 @@ pub enum Epilogue<W, R> {
         /// GELU a second time).
         pre: W,
     },
+    /// Store `silu(gate) · up` in `out [N, M/2]`, where the product's row is `[gate, up]`
+    /// (`M/2` each).
+    SwiGlu {
+        /// `[N, M]`: receives the product, or, in a forward that a backward follows, the
+        /// slopes `[up · silu'(gate), silu(gate)]`, which backward multiplies by the output's
+        /// gradient in place to get the product's.
+        pre: W,
+    },
     /// Store `input + x·wᵀ + bias`. In backward the input's gradient is `dout` itself.
     Residual {
         /// The residual stream `[N, M]`.
         input: R,
+    },
+}
+
+/// How backward gets the product's output gradient from an activation epilogue, in place in
+/// [`Backward::dout`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivationGrad<R> {
+    /// `dout` holds the gradient of GELU's output: multiplied by the `slope` a training
+    /// forward left at `pre` (same shape).
+    Gelu {
+        /// GELU's slope `[N, M]`.
+        slope: R,
+    },
+    /// `dout` is the `pre` a training forward left (the slopes `[N, M]`): each half
+    /// multiplied by `dh`.
+    SwiGlu {
+        /// The gradient of SwiGLU's output `[N, M/2]`.
+        dh: R,
     },
 }
 
@@ -35,6 +62,7 @@ impl<W, R> Epilogue<W, R> {
         match self {
             Epilogue::None => Epilogue::None,
             Epilogue::Gelu { pre } => Epilogue::Gelu { pre: write(pre) },
+            Epilogue::SwiGlu { pre } => Epilogue::SwiGlu { pre: write(pre) },
             Epilogue::Residual { input } => Epilogue::Residual { input: read(input) },
         }
     }
@@ -52,7 +80,7 @@ pub struct Forward<W, R> {
     pub bias: Option<R>,
     /// Applied before the store.
     pub epilogue: Epilogue<W, R>,
-    /// A backward follows: GELU leaves its slope at `pre` (see [`Epilogue::Gelu`]).
+    /// A backward follows: an activation leaves its slopes at `pre` (see [`Epilogue::Gelu`]).
     pub save_slope: bool,
     /// Input width `K`.
     pub k: usize,
@@ -68,15 +96,15 @@ pub struct Backward<W, R> {
     pub dweight: W,
     /// Gradient of the bias `[M]` (accumulated).
     pub dbias: Option<W>,
-    /// Gradient of the output `[N, M]`; with `gelu_slope`, of the GELU's output, and turned
-    /// into the pre-activation's gradient in place.
+    /// Gradient of the output `[N, M]`; with `activation`, what it says, turned into the
+    /// product's output gradient in place.
     pub dout: W,
     /// Forward's input `[N, K]`.
     pub x: R,
     /// Weight `[M, K]`.
     pub weight: R,
-    /// What a training forward left at a GELU epilogue's `pre`.
-    pub gelu_slope: Option<R>,
+    /// The activation epilogue's gradient, if the forward had one.
+    pub activation: Option<ActivationGrad<R>>,
     /// Input width `K`.
     pub k: usize,
     /// Output width `M`.
@@ -168,6 +196,58 @@ wide_dispatch!(
     fn gelu_backward<T>(d: &mut [T], factor: &[T]) => mul_rows
 );
 
+/// SiLU's sigmoid, `σ(g)`.
+#[inline(always)]
+fn sigmoid<T: Float>(g: T) -> T {
+    T::ONE / (T::ONE + (-g).exp())
+}
+
+#[inline(always)]
+fn swiglu_rows_body<T: Float>(out: &mut [T], pre: &mut [T], slope: bool) {
+    let half = out.len();
+    let (gate, up) = pre.split_at_mut(half);
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        let s = sigmoid(*g);
+        let silu = *g * s;
+        *o = silu * *u;
+        if slope {
+            // d/dgate = up · σ(g) · (1 + g · (1 − σ(g))); d/dup = silu(g).
+            (*g, *u) = (*u * s * (T::ONE + *g * (T::ONE - s)), silu);
+        }
+    }
+}
+
+wide_dispatch!(
+    /// One row: `out = silu(gate) · up` from `pre = [gate, up]`; with `slope`, `pre` becomes
+    /// the two slopes.
+    fn swiglu_row<T>(out: &mut [T], pre: &mut [T], slope: bool) => swiglu_rows_body
+);
+
+#[inline(always)]
+fn swiglu_backward_rows_body<T: Float>(d: &mut [T], dh: &[T]) {
+    let (gate, up) = d.split_at_mut(dh.len());
+    for ((g, u), &h) in gate.iter_mut().zip(up).zip(dh) {
+        *g *= h;
+        *u *= h;
+    }
+}
+
+wide_dispatch!(
+    /// One row: both halves of the slopes `d = [gate, up]` multiplied by `dh`.
+    fn swiglu_backward_row<T>(d: &mut [T], dh: &[T]) => swiglu_backward_rows_body
+);
+
+/// SwiGLU after the product: every row of `pre [N, M]` into `out [N, M/2]`.
+fn swiglu_forward<T: Float>(par: &dyn Parallel, out: SharedMut<T>, pre: SharedMut<T>, n: usize, m: usize, slope: bool) {
+    let tasks = par.threads().min(n);
+    par.run(tasks, &|task| {
+        for row in split_range(n, tasks, task) {
+            // SAFETY: tasks own disjoint rows of both.
+            unsafe { swiglu_row(out.slice(row * m / 2, m / 2), pre.slice(row * m, m), slope) };
+        }
+    });
+}
+
 /// Rows per block of [`forward`]'s pipeline (residual copy, GEMM with bias, GELU): the GEMM's
 /// own row block, and the block's output stays in L2 between the passes.
 const ROW_BLOCK: usize = crate::gemm::MC;
@@ -194,7 +274,8 @@ fn backward_panels_len(k: usize, m: usize) -> usize {
 pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mut [T]) {
     let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
     let n = x.len() / k;
-    assert!(x.len() == n * k && w.len() == m * k && out.len() == n * m, "matmul forward: shape mismatch");
+    let out_width = if matches!(epilogue, Epilogue::SwiGlu { .. }) { m / 2 } else { m };
+    assert!(x.len() == n * k && w.len() == m * k && out.len() == n * out_width, "matmul forward: shape mismatch");
     if n == 1 {
         return forward_row(par, Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m });
     }
@@ -215,15 +296,16 @@ fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &
     pack_panels(par, w, BLayout::Transposed, k, m, wt);
     let wt: &[T] = wt;
     let out_p = SharedMut(out.as_mut_ptr());
-    let (pre_p, slope, residual) = match epilogue {
-        Epilogue::None => (None, false, None),
-        Epilogue::Gelu { pre } => {
+    let swiglu = matches!(epilogue, Epilogue::SwiGlu { .. });
+    let (pre_p, residual) = match epilogue {
+        Epilogue::None => (None, None),
+        Epilogue::Gelu { pre } | Epilogue::SwiGlu { pre } => {
             assert_eq!(pre.len(), n * m);
-            (Some(SharedMut(pre.as_mut_ptr())), slope, None)
+            (Some(SharedMut(pre.as_mut_ptr())), None)
         }
         Epilogue::Residual { input } => {
             assert_eq!(input.len(), n * m);
-            (None, false, Some(input))
+            (None, Some(input))
         }
     };
     // Each task's tile goes through residual, GEMM and GELU while it is still in cache; several
@@ -256,12 +338,16 @@ fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &
             let c = RowsMut { ptr: target.0.add(rows.start * m + cols.start), ld: m };
             gemm_packed(Shape { m: rows.len(), n: cols.len(), k }, a, &wt[cols.start * k..], beta, bias.map(|b| &b[cols.clone()]), c);
         }
-        if pre_p.is_some() {
+        if pre_p.is_some() && !swiglu {
             for row in rows {
                 gelu_forward(segment(out_p, row), segment(target, row), slope);
             }
         }
     });
+    // SwiGLU pairs columns M/2 apart, which one tile need not hold both of.
+    if let (Some(pre), true) = (pre_p, swiglu) {
+        swiglu_forward(par, out_p, pre, n, m, slope);
+    }
 }
 
 /// Outputs per task of [`forward_row`]: enough weight rows to stream per task.
@@ -271,9 +357,10 @@ const ROW_OUTPUTS: usize = 64;
 /// which streams the weight once, where the GEMM would first pack it (as much traffic again).
 fn forward_row<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>) {
     let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
+    let swiglu = matches!(epilogue, Epilogue::SwiGlu { .. });
     let (pre_p, residual) = match epilogue {
         Epilogue::None => (None, None),
-        Epilogue::Gelu { pre } => (Some(SharedMut(pre.as_mut_ptr())), None),
+        Epilogue::Gelu { pre } | Epilogue::SwiGlu { pre } => (Some(SharedMut(pre.as_mut_ptr())), None),
         Epilogue::Residual { input } => (None, Some(input)),
     };
     let out_p = SharedMut(out.as_mut_ptr());
@@ -285,11 +372,14 @@ fn forward_row<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>) {
         for (j, t) in cols.clone().zip(target.iter_mut()) {
             *t += bias.map_or(T::ZERO, |b| b[j]) + residual.map_or(T::ZERO, |r| r[j]);
         }
-        if pre_p.is_some() {
+        if pre_p.is_some() && !swiglu {
             // SAFETY: as above, the same columns of `out`.
             gelu_forward(unsafe { out_p.slice(cols.start, cols.len()) }, target, slope);
         }
     });
+    if let (Some(pre), true) = (pre_p, swiglu) {
+        swiglu_forward(&Serial, out_p, pre, 1, m, slope);
+    }
 }
 
 /// Rows of `w` [`dot_rows`] reads together: independent sums in flight, each chunk of `x`
@@ -334,27 +424,33 @@ wide_dispatch!(
 );
 
 /// Backward. From `dout [N, M]` computes `dx = dout·w` (overwriting, if requested) and
-/// accumulates `dw += doutᵀ·x`, `db += Σ_rows dout`. With `gelu_slope` (what a training
-/// forward left in its `pre`), `dout` holds the gradient of the GELU output and is turned
-/// into the pre-activation gradient in place.
+/// accumulates `dw += doutᵀ·x`, `db += Σ_rows dout`. With `activation`, `dout` is first
+/// turned into the product's output gradient in place (see [`ActivationGrad`]).
 /// `partials` is scratch of at least [`row_blocks::blocks`]`(N) * M` elements (for `db`),
 /// `scratch` of at least [`scratch_len`]: w packed into the GEMM's panels once for `dx` (not
 /// once per block of rows), then in
 /// the same place `x` in panels for `dw` (see `weight_gradient`), and beside it the second
 /// half of `dw`'s sum over the N rows, which is added after the first.
 pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, partials: &mut [T], scratch: &mut [T]) {
-    let Backward { dx, dweight: dw, dbias: db, dout, x, weight: w, gelu_slope, k, m } = a;
+    let Backward { dx, dweight: dw, dbias: db, dout, x, weight: w, activation, k, m } = a;
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && dout.len() == n * m && dw.len() == m * k, "matmul backward: shape mismatch");
-    // One pass over row blocks: the GELU's gradient in place, and the blocks' column sums.
-    if gelu_slope.is_some() || db.is_some() {
+    // One pass over row blocks: the activation's gradient in place, and the blocks' column
+    // sums.
+    if activation.is_some() || db.is_some() {
         let d_p = SharedMut(dout.as_mut_ptr());
         let with_bias = db.is_some();
         row_blocks::for_each_block(par, n, partials, m, &|rows, partial| {
             // SAFETY: blocks own disjoint rows.
             let d = unsafe { d_p.slice(rows.start * m, rows.len() * m) };
-            if let Some(slope) = gelu_slope {
-                gelu_backward(d, &slope[rows.start * m..rows.end * m]);
+            match activation {
+                Some(ActivationGrad::Gelu { slope }) => gelu_backward(d, &slope[rows.start * m..rows.end * m]),
+                Some(ActivationGrad::SwiGlu { dh }) => {
+                    for (d, dh) in d.chunks_exact_mut(m).zip(dh[rows.start * m / 2..rows.end * m / 2].chunks_exact(m / 2)) {
+                        swiglu_backward_row(d, dh);
+                    }
+                }
+                None => {}
             }
             if with_bias {
                 column_sums(partial, d);
@@ -487,18 +583,21 @@ mod tests {
     use crate::rng::Rng;
 
     fn check(kind: &str, with_bias: bool) {
-        let (n, k, m) = (70, 7, 9); // two row blocks
+        // Two row blocks; SwiGLU's halves 5 wide.
+        let (n, k, m) = (70, 7, if kind == "swiglu" { 10 } else { 9 });
+        let out_width = if kind == "swiglu" { m / 2 } else { m };
         let mut rng = Rng::new(3);
         let mut x = random(&mut rng, n * k, 1.0);
         let mut w = random(&mut rng, m * k, 1.0);
         let mut b = random(&mut rng, m, 1.0);
         let mut r = random(&mut rng, n * m, 1.0);
-        let g = random(&mut rng, n * m, 1.0);
-        let mut out = vec![0.0; n * m];
+        let g = random(&mut rng, n * out_width, 1.0);
+        let mut out = vec![0.0; n * out_width];
         let mut pre = vec![0.0; n * m];
         let run = |x: &[f64], weight: &[f64], b: &[f64], r: &[f64], pre: &mut [f64], out: &mut [f64], save_slope: bool| {
             let epilogue = match kind {
                 "gelu" => Epilogue::Gelu { pre },
+                "swiglu" => Epilogue::SwiGlu { pre },
                 "residual" => Epilogue::Residual { input: r },
                 _ => Epilogue::None,
             };
@@ -510,8 +609,13 @@ mod tests {
             weighted_sum(out, &g)
         };
         run(&x, &w, &b, &r, &mut pre, &mut out, true);
-        let (mut dx, mut dw, mut db, mut dout) = (vec![0.0; n * k], vec![0.0; m * k], vec![0.0; m], g.clone());
-        let gelu_slope = (kind == "gelu").then_some(&pre[..]);
+        let (mut dx, mut dw, mut db) = (vec![0.0; n * k], vec![0.0; m * k], vec![0.0; m]);
+        // SwiGLU's backward turns the slopes its forward left into the product's gradient.
+        let (mut dout, activation) = match kind {
+            "gelu" => (g.clone(), Some(ActivationGrad::Gelu { slope: &pre[..] })),
+            "swiglu" => (pre.clone(), Some(ActivationGrad::SwiGlu { dh: &g[..] })),
+            _ => (g.clone(), None),
+        };
         let mut partials = vec![0.0; crate::ops::row_blocks::blocks(n) * m];
         let mut scratch = vec![0.0; scratch_len(k, m)];
         let grads = Backward {
@@ -521,13 +625,13 @@ mod tests {
             dout: &mut dout[..],
             x: &x[..],
             weight: &w[..],
-            gelu_slope,
+            activation,
             k,
             m,
         };
         backward(&Serial, grads, &mut partials, &mut scratch);
         let (x0, w0, b0, r0) = (x.clone(), w.clone(), b.clone(), r.clone());
-        let mut scratch = (vec![0.0; n * m], vec![0.0; n * m]);
+        let mut scratch = (vec![0.0; n * m], vec![0.0; n * out_width]);
         let mut loss = |x: &[f64], w: &[f64], b: &[f64], r: &[f64]| run(x, w, b, r, &mut scratch.0, &mut scratch.1, false);
         assert_close("dx", &dx, &numeric_grad(&mut x, |x| loss(x, &w0, &b0, &r0)));
         assert_close("dw", &dw, &numeric_grad(&mut w, |w| loss(&x0, w, &b0, &r0)));
@@ -549,6 +653,28 @@ mod tests {
     #[test]
     fn gelu_gradients_match_finite_differences() {
         check("gelu", true);
+    }
+
+    #[test]
+    fn swiglu_gradients_match_finite_differences() {
+        check("swiglu", false);
+        check("swiglu", true);
+    }
+
+    /// SwiGLU is `silu(gate) · up` with `silu(g) = g · σ(g)`, its halves taken as Hugging
+    /// Face's `gate_proj` and `up_proj` outputs.
+    #[test]
+    fn swiglu_matches_the_definition() {
+        let (k, m) = (3, 4);
+        let (x, w) = ([0.5, -1.0, 2.0], [0.1, 0.2, 0.3, -0.4, 0.5, 0.6, 0.7, 0.8, -0.9, 1.0, 1.1, 1.2]);
+        let (mut out, mut pre) = ([0.0f64; 2], [0.0f64; 4]);
+        let a = Forward { out: &mut out[..], x: &x[..], weight: &w[..], bias: None, epilogue: Epilogue::SwiGlu { pre: &mut pre[..] }, save_slope: false, k, m };
+        forward(&Serial, a, &mut vec![0.0; scratch_len(k, m)]);
+        let y: Vec<f64> = (0..m).map(|j| (0..k).map(|i| x[i] * w[j * k + i]).sum()).collect();
+        for j in 0..2 {
+            let silu = y[j] / (1.0 + (-y[j]).exp());
+            assert!((out[j] - silu * y[j + 2]).abs() < 1e-15, "{j}");
+        }
     }
 
     /// The sigmoid form is PyTorch's `0.5·x·(1 + tanh(u))`: in f64 to rounding, in f32 to a
@@ -582,20 +708,22 @@ mod tests {
         let mut rng = Rng::new(8);
         let (x, w, b) = (random(&mut rng, 2 * k, 1.0), random(&mut rng, m * k, 1.0), random(&mut rng, m, 1.0));
         let r = random(&mut rng, 2 * m, 1.0);
-        for kind in ["none", "gelu", "residual"] {
+        for kind in ["none", "gelu", "swiglu", "residual"] {
             let run = |rows: usize| {
                 let (mut out, mut pre) = (vec![0.0; rows * m], vec![0.0; rows * m]);
+                let out = if kind == "swiglu" { &mut out[..rows * m / 2] } else { &mut out[..] };
                 let epilogue = match kind {
                     "gelu" => Epilogue::Gelu { pre: &mut pre[..] },
+                    "swiglu" => Epilogue::SwiGlu { pre: &mut pre[..] },
                     "residual" => Epilogue::Residual { input: &r[..rows * m] },
                     _ => Epilogue::None,
                 };
-                let a = Forward { out: &mut out[..], x: &x[..rows * k], weight: &w, bias: Some(&b), epilogue, save_slope: true, k, m };
+                let a = Forward { out: &mut *out, x: &x[..rows * k], weight: &w, bias: Some(&b), epilogue, save_slope: true, k, m };
                 forward(&ReversedThreads(3), a, &mut vec![0.0; scratch_len(k, m)]);
-                (out, pre)
+                (out.to_vec(), pre)
             };
             let ((one, one_pre), (two, two_pre)) = (run(1), run(2));
-            for (what, got, want) in [("out", &one, &two[..m]), ("slope", &one_pre, &two_pre[..m])] {
+            for (what, got, want) in [("out", &one, &two[..one.len()]), ("slope", &one_pre, &two_pre[..m])] {
                 for (j, (a, b)) in got.iter().zip(want).enumerate() {
                     assert!((a - b).abs() < 1e-12, "{kind} {what}[{j}]: {a} vs {b}");
                 }
@@ -610,17 +738,19 @@ mod tests {
         let (n, k, m) = (100, 21, 150);
         let mut rng = Rng::new(9);
         let (x, w, b, r) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * k, 1.0), random(&mut rng, m, 1.0), random(&mut rng, n * m, 1.0));
-        for kind in ["none", "gelu", "residual"] {
+        for kind in ["none", "gelu", "swiglu", "residual"] {
             let run = |by_columns: bool| {
                 let (mut out, mut pre) = (vec![0.0; n * m], vec![0.0; n * m]);
+                let out = if kind == "swiglu" { &mut out[..n * m / 2] } else { &mut out[..] };
                 let epilogue = match kind {
                     "gelu" => Epilogue::Gelu { pre: &mut pre[..] },
+                    "swiglu" => Epilogue::SwiGlu { pre: &mut pre[..] },
                     "residual" => Epilogue::Residual { input: &r[..] },
                     _ => Epilogue::None,
                 };
-                let a = Forward { out: &mut out[..], x: &x[..], weight: &w, bias: Some(&b), epilogue, save_slope: true, k, m };
+                let a = Forward { out: &mut *out, x: &x[..], weight: &w, bias: Some(&b), epilogue, save_slope: true, k, m };
                 forward_tiles(&ReversedThreads(3), a, &mut vec![0.0; scratch_len(k, m)], by_columns);
-                (out, pre)
+                (out.to_vec(), pre)
             };
             let (columns, rows) = (run(true), run(false));
             assert!(columns == rows, "{kind}: column chunks and row blocks differ");
@@ -676,7 +806,7 @@ mod tests {
                     dout: &mut dout[..],
                     x: &x[..],
                     weight: &w[..],
-                    gelu_slope: None,
+                    activation: None,
                     k,
                     m,
                 };

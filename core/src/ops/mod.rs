@@ -12,6 +12,7 @@ pub mod embedding;
 pub mod grad_norm;
 pub mod layernorm;
 pub mod matmul;
+pub mod rmsnorm;
 
 #[cfg(test)]
 pub(crate) mod gradcheck;

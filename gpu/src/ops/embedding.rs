@@ -8,6 +8,7 @@ use alpha_core::ops::embedding;
 /// start at the batch slot's `words[4]`.
 pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, View<'a>>, tokens: View<'a>, decoding: Option<View<'a>>) {
     let embedding::Forward { out, wte, wpe, seq } = a;
+    let wpe = wpe.expect(crate::LLAMA_REFUSED);
     let n = tokens.len;
     let c = out.len / n;
     // A token table larger than one binding goes in pieces of whole rows, each dispatch
@@ -26,6 +27,7 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, V
 /// [`group_rows_by_token`]).
 pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Backward<View<'a>, View<'a>>, order: View<'a>, starts: View<'a>) {
     let embedding::Backward { dwte, dwpe, dout, seq } = a;
+    let dwpe = dwpe.expect(crate::LLAMA_REFUSED);
     let vocab = starts.len - 1;
     let c = dout.len / order.len;
     let piece = rows_per_piece(c, p.max_binding());

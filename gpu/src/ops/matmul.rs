@@ -161,6 +161,7 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: matmul::Forward<View<'a>, View
         Epilogue::None => (None, 0),
         Epilogue::Gelu { pre } => (Some(pre), if save_slope { EPI_GELU | EPI_GELU_SLOPE } else { EPI_GELU }),
         Epilogue::Residual { input } => (Some(input), EPI_RESIDUAL),
+        Epilogue::SwiGlu { .. } => unreachable!("{}", crate::LLAMA_REFUSED),
     };
     let flags = epi | if bias.is_some() { EPI_BIAS } else { 0 };
     Gemm { bias, aux, flags, ..Gemm::plain(out, x, weight, [n, m, k], [k, 1, 1, k]) }.push(p);
@@ -171,7 +172,11 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: matmul::Forward<View<'a>, View
 /// `blocks(N) * M` elements of scratch; `split`: at least [`weight_grad_scratch_len`] (for a
 /// weight gradient split by depth).
 pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: matmul::Backward<View<'a>, View<'a>>, partials: View<'a>, split: View<'a>) {
-    let matmul::Backward { dx, dweight: dw, dbias, dout, x, weight: w, gelu_slope, k, m } = a;
+    let matmul::Backward { dx, dweight: dw, dbias, dout, x, weight: w, activation, k, m } = a;
+    let gelu_slope = activation.map(|grad| match grad {
+        matmul::ActivationGrad::Gelu { slope } => slope,
+        matmul::ActivationGrad::SwiGlu { .. } => unreachable!("{}", crate::LLAMA_REFUSED),
+    });
     let n = x.len / k;
     if gelu_slope.is_some() || dbias.is_some() {
         let words = [u(n), u(m), u32::from(gelu_slope.is_some())];
