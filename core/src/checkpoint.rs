@@ -409,7 +409,7 @@ fn read(bytes: &[u8], with_state: bool) -> Result<Checkpoint, CheckpointError> {
     let tied_head = usize::from(config.arch.is_gpt2() && tensors.tensor("lm_head.weight").is_ok());
     if tensors.len() != expected + tied_head {
         let names = tensors.names();
-        let unknown = names.iter().find(|n| !(tied_head == 1 && **n == "lm_head.weight") && !is_known(&config, prefixes, n));
+        let unknown = names.iter().find(|n| !(is_known(&config, prefixes, n) || tied_head == 1 && **n == "lm_head.weight"));
         return Err(bad(match unknown {
             Some(n) => format!("unexpected tensor {n}"),
             None => format!("{} tensors, but its config implies {}", tensors.len(), expected + tied_head),

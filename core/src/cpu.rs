@@ -302,7 +302,7 @@ mod model_gradient_tests {
         check_whole_model(plain);
         let scaling = crate::config::RopeScaling { factor: 4.0, low_freq_factor: 1.0, high_freq_factor: 2.0, original_max_position_embeddings: 8 };
         for (qkv_bias, tied, rope_scaling) in [(true, false, None), (false, true, Some(scaling))] {
-            let llama = crate::config::Llama { n_kv_head: 1, intermediate_size: 10, norm_eps: 1e-5, rope_theta: 50.0, rope_scaling, qkv_bias, tied };
+            let llama = crate::config::Llama { n_kv_head: 1, intermediate_size: 20, norm_eps: 1e-5, rope_theta: 50.0, rope_scaling, qkv_bias, tied };
             let cfg = GptConfig { arch: crate::config::Arch::Llama(llama), ..GptConfig::gpt2(7, 5, 2, 2, 8) };
             let plan = Plan::new(cfg, 2, 4).unwrap();
             check_whole_model(plan);

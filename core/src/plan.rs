@@ -347,7 +347,7 @@ fn arena_elements_bound(config: &GptConfig, batch: usize, seq: usize) -> u128 {
     // Each matmul's scratch (see `matmul::scratch_len`), all of them summed.
     let matmul: u128 = [(c, qkv), (c, c), (c, fc), (hidden, c), (c, v)].into_iter().map(|(k, m)| k * (m + nr) + m * (k + nr) + 2 * kc * (k + nr) + m * k).sum();
     let attention = 2 * b * t * (2 * c + heads * t) + t * c;
-    let scratch = n * (3 * c + qkv + hidden) + matmul + attention + (n + 1) * 4 * c + 8 * a;
+    let scratch = n * (3 * c + qkv + hidden) + matmul + attention + (n + 1) * (4 * c + fc + qkv) + 8 * a;
     4 * params + 2 * n + n * c + a + layers * layer + head + scratch
 }
 
@@ -717,7 +717,9 @@ impl Plan {
         let mut b = Bump(self.scratch_offset);
         let wt = self.matmul_scratch_len();
         let attention = self.attention_shape().scratch_len();
-        let partials = crate::ops::row_blocks::blocks(self.tokens()) * 4 * self.config.n_embd;
+        // The widest product whose backward passes over row blocks (a bias, an activation).
+        let cfg = &self.config;
+        let partials = crate::ops::row_blocks::blocks(self.tokens()) * (4 * cfg.n_embd).max(cfg.fc_width()).max(cfg.qkv_width());
         let dropped = if self.dropout.0 > 0 { nc } else { 0 };
         Scratch {
             dres: b.take(nc),
@@ -762,7 +764,7 @@ pub struct Scratch {
     /// Attention's per-(batch, head) tiles (see [`AttentionShape::scratch_len`]).
     pub attention: Span,
     /// Per-row-block column sums of the bias and LayerNorm gradients (see
-    /// [`crate::ops::row_blocks`]): `blocks(N) x 4C`.
+    /// [`crate::ops::row_blocks`]): `blocks(N) x` the widest biased or activated product.
     pub partials: Span,
     /// With dropout, a branch before its dropout in a training forward and its gradient
     /// after it in backward `[N, C]` (empty without dropout).

@@ -12,7 +12,7 @@
 //! assert_eq!((s.config(65).n_layer, s.cadence().eval_interval), (DEFAULT.layers, DEFAULT.eval_interval));
 //! ```
 
-use crate::config::{ConfigError, GptConfig, MAX_GRAD_ACCUM};
+use crate::config::{Arch, ConfigError, GptConfig, Llama, MAX_GRAD_ACCUM};
 use crate::optim::{AdamWConfig, LrSchedule};
 use crate::plan::Plan;
 use crate::train::TrainConfig;
@@ -35,6 +35,28 @@ pub struct RunSettings {
     /// Context length in tokens (the model's block size).
     #[serde(default)]
     pub block: usize,
+    /// The blocks' family (older checkpoints: GPT-2).
+    #[serde(default)]
+    pub arch: Family,
+    /// Llama: key/value heads (dividing `heads`); 0: one per head.
+    #[serde(default)]
+    pub kv_heads: usize,
+    /// Llama: the SwiGLU MLP's width; 0: 8/3 of `embd` rounded up to a multiple of 64 (Meta's
+    /// rule; SmolLM2's 1536 for 576).
+    #[serde(default)]
+    pub intermediate_size: usize,
+    /// Llama: rotary embeddings' base.
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    /// Llama: RMSNorm's epsilon.
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f64,
+    /// Llama: biases on the q, k and v projections (Qwen2's).
+    #[serde(default)]
+    pub qkv_bias: bool,
+    /// Llama: an LM head of its own rather than the token embedding.
+    #[serde(default)]
+    pub untied_head: bool,
     /// Training text: a file path or `"<embedded shakespeare>"` (native), a label (browser);
     /// with `dataset`, a prepared dataset's directory or shard pattern; empty: the frontend's
     /// default text.
@@ -123,6 +145,35 @@ fn one() -> usize {
     1
 }
 
+fn default_rope_theta() -> f64 {
+    DEFAULT.rope_theta
+}
+
+fn default_norm_eps() -> f64 {
+    DEFAULT.norm_eps
+}
+
+/// The family of a run's blocks (`train --arch`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// GPT-2 ([`crate::Arch::Gpt2`]).
+    #[default]
+    Gpt2,
+    /// Llama ([`crate::Arch::Llama`]).
+    Llama,
+}
+
+impl Family {
+    /// `"gpt2"` or `"llama"`, as the flag and the file spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Gpt2 => "gpt2",
+            Family::Llama => "llama",
+        }
+    }
+}
+
 /// Which checkpoints a run writes (`train --save`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -151,6 +202,12 @@ impl core::fmt::Display for SavePolicy {
     }
 }
 
+/// The SwiGLU width a Llama-family model of width `embd` gets by default: `8/3 · embd`
+/// rounded up to a multiple of 64 (SmolLM2's 1536 for 576, Llama's rule of thumb).
+pub fn default_intermediate_size(embd: usize) -> usize {
+    (8 * embd).div_ceil(3).next_multiple_of(64)
+}
+
 /// The most batches an evaluation may ask for (`eval_iters`).
 pub const MAX_EVAL_ITERS: usize = 1_000_000;
 /// The most checkpoints a run may keep (`keep`).
@@ -165,6 +222,13 @@ pub const DEFAULT: RunSettings = RunSettings {
     heads: 4,
     embd: 128,
     block: 64,
+    arch: Family::Gpt2,
+    kv_heads: 0,
+    intermediate_size: 0,
+    rope_theta: 10000.0,
+    norm_eps: 1e-5,
+    qkv_bias: false,
+    untied_head: false,
     data: String::new(),
     dataset: false,
     batch: 12,
@@ -205,12 +269,49 @@ impl RunSettings {
 
     /// The model for a tokenizer of `vocab_size` tokens.
     pub fn config(&self, vocab_size: usize) -> GptConfig {
-        GptConfig::gpt2(vocab_size, self.block, self.layers, self.heads, self.embd)
+        let gpt2 = GptConfig::gpt2(vocab_size, self.block, self.layers, self.heads, self.embd);
+        match self.arch {
+            Family::Gpt2 => gpt2,
+            Family::Llama => {
+                let llama = Llama {
+                    n_kv_head: if self.kv_heads == 0 { self.heads } else { self.kv_heads },
+                    intermediate_size: if self.intermediate_size == 0 { default_intermediate_size(self.embd) } else { self.intermediate_size },
+                    norm_eps: self.norm_eps,
+                    rope_theta: self.rope_theta,
+                    rope_scaling: None,
+                    qkv_bias: self.qkv_bias,
+                    tied: !self.untied_head,
+                };
+                GptConfig { arch: Arch::Llama(llama), ..gpt2 }
+            }
+        }
     }
 
-    /// The settings with the model shape of `config` (a checkpoint's, which decides it).
+    /// The settings with the model of `config` (a checkpoint's, which decides it).
     pub fn with_model(self, config: GptConfig) -> RunSettings {
-        RunSettings { layers: config.n_layer, heads: config.n_head, embd: config.n_embd, block: config.block_size, ..self }
+        let shape = RunSettings { layers: config.n_layer, heads: config.n_head, embd: config.n_embd, block: config.block_size, ..self };
+        match config.llama() {
+            None => RunSettings {
+                arch: Family::Gpt2,
+                kv_heads: DEFAULT.kv_heads,
+                intermediate_size: DEFAULT.intermediate_size,
+                rope_theta: DEFAULT.rope_theta,
+                norm_eps: DEFAULT.norm_eps,
+                qkv_bias: false,
+                untied_head: false,
+                ..shape
+            },
+            Some(l) => RunSettings {
+                arch: Family::Llama,
+                kv_heads: l.n_kv_head,
+                intermediate_size: l.intermediate_size,
+                rope_theta: l.rope_theta,
+                norm_eps: l.norm_eps,
+                qkv_bias: l.qkv_bias,
+                untied_head: !l.tied,
+                ..shape
+            },
+        }
     }
 
     /// The run's memory plan for `config` (whole blocks, batches of `batch`, its dropout
@@ -281,6 +382,19 @@ impl RunSettings {
         }
         if self.log_interval == 0 {
             return Err(format!("{} must be at least 1", name("log_interval")));
+        }
+        if self.arch == Family::Gpt2 {
+            let llama_only = [
+                ("kv_heads", self.kv_heads != DEFAULT.kv_heads),
+                ("intermediate_size", self.intermediate_size != DEFAULT.intermediate_size),
+                ("rope_theta", self.rope_theta != DEFAULT.rope_theta),
+                ("norm_eps", self.norm_eps != DEFAULT.norm_eps),
+                ("qkv_bias", self.qkv_bias),
+                ("untied_head", self.untied_head),
+            ];
+            if let Some((field, _)) = llama_only.iter().find(|(_, set)| *set) {
+                return Err(format!("{} is a setting of the Llama family: give {} llama", name(field), name("arch")));
+            }
         }
         Ok(())
     }

@@ -135,7 +135,6 @@ impl TrainArgs {
     /// [`RunSettings`] from its one flag (the model's shape from `--model` where given).
     pub fn settings(&self) -> RunSettings {
         let m = &self.model;
-        let config = m.config(0);
         RunSettings {
             data: m.data_name(),
             dataset: m.dataset.is_some(),
@@ -161,7 +160,7 @@ impl TrainArgs {
             save: self.save,
             keep: self.keep,
             async_checkpoint: self.async_checkpoint,
-            ..RunSettings::default().with_model(config)
+            ..m.shape_settings()
         }
     }
 }
@@ -207,7 +206,7 @@ mod tests {
         let Value::Object(defaults) = serde_json::to_value(DEFAULT).unwrap() else { panic!("settings serialise to an object") };
         // Flags whose default is derived, not a value of their own: the text (--data, or
         // --dataset, which `dataset` records), the decay's end (--iters), the block (64, or
-        // GPT-2's 1024 with --model).
+        // the model's context with --model).
         let derived = ["data", "dataset", "lr_decay_iters", "block"];
         for (field, default) in &defaults {
             let long = field.replace('_', "-");

@@ -2,7 +2,7 @@
 //! starts from ([`resolve`]), the tokenizer, data and memory plan it trains with
 //! ([`inputs`]), where it starts ([`start`]) and the engine that trains it ([`open_engine`]).
 
-use crate::args::{load_corpus, GPT2_VOCAB};
+use crate::args::load_corpus;
 use crate::checkpoint::{self, Checkpoint};
 use crate::dataset::{self, Dataset};
 use crate::device::{Backend, DeviceArgs, PrecisionArg};
@@ -46,8 +46,11 @@ pub struct Run {
 /// fresh one, one that continues `--resume`'s checkpoint with its own settings (a flag given
 /// overriding one), or one that starts from `--init-from`'s weights; its settings checked.
 pub fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run> {
+    let flag = |field: &str| format!("--{}", field.replace('_', "-"));
+    // The model flags as given (a model's settings keep only what its family has).
+    args.model.shape_settings().validate(flag).map_err(Error::msg)?;
     let run = resolve_unchecked(args, explicit)?;
-    run.settings.validate(|field| format!("--{}", field.replace('_', "-"))).map_err(Error::msg)?;
+    run.settings.validate(flag).map_err(Error::msg)?;
     Ok(run)
 }
 
@@ -95,7 +98,8 @@ fn resolve_unchecked(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Resul
 
 /// Settings that are the model's shape, which a resumed run takes from its checkpoint (the
 /// flags that would change them are refused), and `dataset`, which goes with `data`.
-const MODEL_SHAPE: [&str; 5] = ["layers", "heads", "embd", "block", "dataset"];
+const MODEL_SHAPE: [&str; 12] =
+    ["layers", "heads", "embd", "block", "arch", "kv_heads", "intermediate_size", "rope_theta", "norm_eps", "qkv_bias", "untied_head", "dataset"];
 
 /// A resumed run's settings: the checkpoint's (`stored`), each that a flag given (`explicit`)
 /// sets otherwise taken from `given`; and the changes, as `--lr 0.1 (was 0.001)`.
@@ -117,27 +121,43 @@ fn overridden(stored: &RunSettings, given: &RunSettings, explicit: &dyn Fn(&str)
     Ok((serde_json::from_value(Value::Object(settings))?, changed))
 }
 
-/// An error where a size flag given (`--layers`, `--heads`, `--embd`, `--model`) differs from
-/// the model of a checkpoint the run starts from, `config`; `why` says what decides instead.
-/// Flags that repeat the checkpoint's sizes (a run file of the same run) are fine.
+/// An error where a model flag given (`--layers`, `--heads`, `--embd`, `--arch` and the
+/// Llama family's, `--model`) differs from the model of a checkpoint the run starts from,
+/// `config`; `why` says what decides instead. Flags that repeat the checkpoint's model (a run
+/// file of the same run) are fine.
 fn keeps_model_shape(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, config: &GptConfig, why: &str) -> Result<()> {
+    let stored = RunSettings::default().with_model(*config);
     let shape = (config.n_layer, config.n_head, config.n_embd);
-    if let Some(model) = args.model.model.filter(|m| m.shape() != shape) {
+    if let Some(model) = args.model.model.filter(|m| m.shape() != shape || m.family() != stored.arch) {
         let (layers, heads, embd) = model.shape();
         return Err(anyhow!(
-            "--model is {layers} layers, {heads} heads, {embd} wide, not the checkpoint's {} layers, {} heads, {} wide; {why}",
+            "--model is {} with {layers} layers, {heads} heads, {embd} wide, not the checkpoint's {} with {} layers, {} heads, {} wide; {why}",
+            model.family().name(),
+            stored.arch.name(),
             shape.0,
             shape.1,
             shape.2
         ));
     }
-    for (flag, given, stored, name) in [
-        ("layers", args.model.layers, config.n_layer, "number of layers"),
-        ("heads", args.model.heads, config.n_head, "number of heads"),
-        ("embd", args.model.embd, config.n_embd, "embedding width"),
-    ] {
-        if explicit(flag) && given != stored {
-            return Err(anyhow!("--{flag} {given} differs from the checkpoint's {name} {stored}; {why}"));
+    let given = args.model.shape_settings();
+    let (given, stored) = (fields_in_order(&given), fields_in_order(&stored));
+    let names = [
+        ("layers", "number of layers"),
+        ("heads", "number of heads"),
+        ("embd", "embedding width"),
+        ("arch", "family"),
+        ("kv_heads", "number of key/value heads"),
+        ("intermediate_size", "MLP width"),
+        ("rope_theta", "rope_theta"),
+        ("norm_eps", "norm_eps"),
+        ("qkv_bias", "q/k/v biases"),
+        ("untied_head", "head"),
+    ];
+    for ((field, value), (_, was)) in given.iter().zip(&stored) {
+        let Some((_, name)) = names.iter().find(|(f, _)| f == field) else { continue };
+        if explicit(field) && value != was {
+            let show = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
+            return Err(anyhow!("--{} {} differs from the checkpoint's {name} {}; {why}", field.replace('_', "-"), show(value), show(was)));
         }
     }
     Ok(())
@@ -188,8 +208,12 @@ pub fn inputs(args: &TrainArgs, run: &mut Run, pool: &dyn Parallel) -> Result<In
         (tokenizer, TrainData::Text(tokens))
     };
     if run.resume.is_none() && run.init.is_none() {
-        if args.model.model.is_some() && tokenizer.vocab_size() != GPT2_VOCAB {
-            return Err(anyhow!("--model has GPT-2's {GPT2_VOCAB} tokens, but the tokenizer has {}: train it with GPT-2's tokenizer (--tokenizer), or give --layers, --heads and --embd", tokenizer.vocab_size()));
+        if let Some(m) = args.model.model.filter(|m| tokenizer.vocab_size() != m.vocab_size()) {
+            let (name, vocab) = (m.name(), m.vocab_size());
+            return Err(anyhow!(
+                "--model {name} has {vocab} tokens, but the tokenizer has {}: train it with {name}'s tokenizer (--tokenizer), or give --layers, --heads and --embd",
+                tokenizer.vocab_size()
+            ));
         }
         run.config.vocab_size = args.model.config(tokenizer.vocab_size()).vocab_size;
     }
