@@ -1,16 +1,20 @@
 // Fused causal multi-head attention over fused QKV (FlashAttention style): forward with an
 // online softmax over key tiles, saving each row's log-sum-exp; backward recomputes the
 // probabilities from it (a row-delta pass, then dQ per block of queries and dK, dV per block
-// of keys). CPU twin: core/src/ops/attention.rs.
+// of keys), and with RoPE rotates dQ and dK back. CPU twin: core/src/ops/attention.rs.
 //
-// Layout: qkv [B, T, 3C] with q, k, v side by side, head h at columns h*HS..(h+1)*HS of
-// each; out [B, T, C]; lse and delta [B, NH, T]. alpha-gpu prepends `const HS` (head size)
-// for the model being compiled.
+// Layout: qkv [B, T, W] with q (NH heads), k and v (KVH heads each) side by side, W = (NH +
+// 2 KVH) HS; query head h reads key/value head h / (NH / KVH) (GPT-2: KVH = NH); out
+// [B, T, C]; lse and delta [B, NH, T]. With RoPE (the Llama family), q and k are rotated as
+// they are read (Hugging Face's rotate-half: pair d, d + HS/2 by the angle of the row's
+// position in the table at binding 7, [T, HS]: the cosines, then the sines). alpha-gpu
+// prepends `const HS` (head size) for the model being compiled.
 // Words: 0 unused, 1 T, 2 NH, 3 scale (f32), and for dropout on the probabilities 4 site,
-// 5 threshold (0: none), 6 the kept ones' scale (f32). Grid: (T / 64, B * NH): 64 rows per
-// workgroup; the forward's and the backward's z the head's blocks of 64 dimensions. They work
-// on 64 x 64 blocks of (query, key) pairs, each thread a 4 x 4 block of them; the delta pass
-// gives each row a thread.
+// 5 threshold (0: none), 6 the kept ones' scale (f32); 7 KVH, 8 RoPE (0/1). Grid: (T / 64,
+// B * NH): 64 rows per workgroup (dK and dV's: B * KVH, each summing its query heads); the
+// forward's and the backward's z the head's blocks of 64 dimensions. They work on 64 x 64
+// blocks of (query, key) pairs, each thread a 4 x 4 block of them; the delta pass gives each
+// row a thread.
 
 // The output (written by the forward at 1, read by the delta pass at 3) and qkv (at 2) are
 // f16 where the dispatch stores them so (see kernels.rs: `ElemN`).
@@ -22,6 +26,8 @@
 // The micro-batch's words: the dropout key (0..4, see common.wgsl), bound where the model has
 // dropout; decoding, the token's position (4).
 @group(0) @binding(6) var<storage, read_write> at_words: array<u32>;
+// With RoPE, the rotary table [T, HS] (bound where the model has one).
+@group(0) @binding(7) var<storage, read_write> at_rope: array<f32>;
 
 // Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS).
 const HS4: u32 = (HS + 3u) / 4u;
@@ -39,10 +45,34 @@ fn dropped(bh: u32, i: u32, j: u32) -> f32 {
     return select(0.0, wordf(6u), dropout_keeps(key, word(4u), word(5u), (bh * seq + i) * seq + j));
 }
 
-/// Offset of row `i` of batch `b`, part `part` (0 q, 1 k, 2 v), head `h` in qkv.
+/// Offset of row `i` of batch `b`, part `part` (0 q, 1 k, 2 v) of query head `h` in qkv
+/// (k and v: its key/value head's).
 fn qkv_at(b: u32, i: u32, part: u32, h: u32) -> u32 {
-    let c = word(2u) * HS;
-    return (b * word(1u) + i) * 3u * c + part * c + h * HS;
+    let nh = word(2u);
+    let kvh = word(7u);
+    let c = nh * HS;
+    let row = (b * word(1u) + i) * (nh + 2u * kvh) * HS;
+    if (part == 0u) {
+        return row + h * HS;
+    }
+    return row + c + (part - 1u) * kvh * HS + (h / (nh / kvh)) * HS;
+}
+
+/// Element `d` of a head row of q or k at `at` (its element 0) rotated as position `pos`
+/// (RoPE), or as it is without.
+fn rotated(at: u32, pos: u32, d: u32) -> f32 {
+    let x = f32(at_2[at + d]);
+    if (word(8u) == 0u) {
+        return x;
+    }
+    let half = HS / 2u;
+    let i = d % half;
+    let cos = at_rope[pos * HS + i];
+    let sin = at_rope[pos * HS + half + i];
+    if (d < half) {
+        return x * cos - f32(at_2[at + d + half]) * sin;
+    }
+    return x * cos + f32(at_2[at + d - half]) * sin;
 }
 
 /// Offset of row `i` of batch `b`, head `h` in a [B, T, C] tensor.
@@ -60,13 +90,16 @@ fn head_row(wid: vec3<u32>, lid: u32) -> HeadRow {
     return HeadRow(wid.y / nh, wid.y % nh, i, i < word(1u));
 }
 
-/// Element `d` of row `r` of head `h` in source `src`: 0 q, 1 k, 2 v (qkv, binding 2) or
-/// 3 dout (binding 3, backward only).
+/// Element `d` of row `r` of head `h` in source `src`: 0 q, 1 k (both rotated with RoPE),
+/// 2 v (qkv, binding 2) or 3 dout (binding 3, backward only).
 fn head_elem(src: u32, b: u32, r: u32, h: u32, d: u32) -> f32 {
     if (src == 3u) {
         return f32(at_3[row_at(b, r, h) + d]);
     }
-    return f32(at_2[qkv_at(b, r, src, h) + d]);
+    if (src == 2u) {
+        return f32(at_2[qkv_at(b, r, src, h) + d]);
+    }
+    return rotated(qkv_at(b, r, src, h), r, d);
 }
 
 /// Elements 4 * d4 .. 4 * d4 + 4 of row `r` of head `h` in `src` (see head_elem), zeros past HS.
@@ -435,38 +468,76 @@ fn attention_backward_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
     store_block(&dq, 0u, g, lid, vec4<f32>(scale));
 }
 
-// dK and dV of each key block: over the query blocks from it, the scores and dout·v
-// recomputed (rows the keys, columns the queries), then dV += Pᵀ·dout and dK += dSᵀ·Q.
-// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key.
-// Grid: (T / 64, B * NH, HS / 64).
+// dK and dV of each key block of a key/value head: over its query heads in order and the
+// query blocks from the key block, the scores and dout·v recomputed (rows the keys, columns
+// the queries), then dV += Pᵀ·dout and dK += dSᵀ·Q (with RoPE, dK in the rotated space,
+// which attention_rope_backward undoes).
+// Bindings: 1 dqkv, 2 qkv, 3 dout [B, T, C], 4 lse, 5 delta, 6 dropout key, 7 rotary table.
+// Grid: (T / 64, B * KVH, HS / 64).
 @compute @workgroup_size(256)
 fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let scale = wordf(3u);
+    let nh = word(2u);
+    let kvh = word(7u);
+    let group = nh / kvh;
     // The thread's rows are keys.
-    let g = block_group(wid);
     let tb = block_place(lid);
-    let jv = block_rows(g.r0, tb);
+    let r0 = wid.x * 64u;
+    let jv = block_rows(r0, tb);
     let zero = vec4<f32>(0.0);
     var dk = Block4(zero, zero, zero, zero);
     var dv = Block4(zero, zero, zero, zero);
-    for (var i0 = g.r0; i0 < word(1u); i0 += 64u) {
-        var s = Block4(zero, zero, zero, zero);
-        var dp = Block4(zero, zero, zero, zero);
-        pair_blocks(&s, &dp, vec4<u32>(1u, 0u, 2u, 3u), g, i0, lid);
-        // The block's queries (its columns) and their statistics.
-        let iv = block_cols(i0, tb);
-        let stats = row_stats(iv, g.bh);
-        let r0 = pair_row(s.r0, dp.r0, iv, vec4<u32>(jv.x), stats.lse, stats.delta, g.bh, scale);
-        let r1 = pair_row(s.r1, dp.r1, iv, vec4<u32>(jv.y), stats.lse, stats.delta, g.bh, scale);
-        let r2 = pair_row(s.r2, dp.r2, iv, vec4<u32>(jv.z), stats.lse, stats.delta, g.bh, scale);
-        let r3 = pair_row(s.r3, dp.r3, iv, vec4<u32>(jv.w), stats.lse, stats.delta, g.bh, scale);
-        var p = Block4(r0.p, r1.p, r2.p, r3.p);
-        var ds = Block4(r0.ds, r1.ds, r2.ds, r3.ds);
-        block_accumulate(&dv, &p, 3u, g, i0, lid);
-        block_accumulate(&dk, &ds, 0u, g, i0, lid);
+    let b = wid.y / kvh;
+    let first = (wid.y % kvh) * group;
+    for (var n = 0u; n < group; n++) {
+        let g = BlockGroup(b, first + n, b * nh + first + n, r0, wid.z);
+        for (var i0 = g.r0; i0 < word(1u); i0 += 64u) {
+            var s = Block4(zero, zero, zero, zero);
+            var dp = Block4(zero, zero, zero, zero);
+            pair_blocks(&s, &dp, vec4<u32>(1u, 0u, 2u, 3u), g, i0, lid);
+            // The block's queries (its columns) and their statistics.
+            let iv = block_cols(i0, tb);
+            let stats = row_stats(iv, g.bh);
+            let r0 = pair_row(s.r0, dp.r0, iv, vec4<u32>(jv.x), stats.lse, stats.delta, g.bh, scale);
+            let r1 = pair_row(s.r1, dp.r1, iv, vec4<u32>(jv.y), stats.lse, stats.delta, g.bh, scale);
+            let r2 = pair_row(s.r2, dp.r2, iv, vec4<u32>(jv.z), stats.lse, stats.delta, g.bh, scale);
+            let r3 = pair_row(s.r3, dp.r3, iv, vec4<u32>(jv.w), stats.lse, stats.delta, g.bh, scale);
+            var p = Block4(r0.p, r1.p, r2.p, r3.p);
+            var ds = Block4(r0.ds, r1.ds, r2.ds, r3.ds);
+            block_accumulate(&dv, &p, 3u, g, i0, lid);
+            block_accumulate(&dk, &ds, 0u, g, i0, lid);
+        }
     }
+    // The key/value head's columns (any of its query heads names them).
+    let g = BlockGroup(b, first, b * nh + first, r0, wid.z);
     store_block(&dk, 1u, g, lid, vec4<f32>(scale));
     store_block(&dv, 2u, g, lid, vec4<f32>(1.0));
+}
+
+// With RoPE, dQ and dK (written in the rotated space by the kernels above) rotated back:
+// each thread one pair (d, d + HS/2) of one head row of q or k in dqkv, in place.
+// Words: as the other kernels', 0 the rows B * T. Bindings: 1 dqkv, 7 rotary table.
+// Grid: ((NH + KVH) * HS / 2 / 64, B * T rows over y and z).
+@compute @workgroup_size(64)
+fn attention_rope_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                           @builtin(local_invocation_index) lid: u32) {
+    let row = grid_row(wid, groups);
+    let half = HS / 2u;
+    let heads = word(2u) + word(7u);
+    let e = wid.x * 64u + lid;
+    if (row >= word(0u) || e >= heads * half) {
+        return;
+    }
+    let head = e / half;
+    let i = e % half;
+    let pos = row % word(1u);
+    let at = row * (word(2u) + 2u * word(7u)) * HS + head * HS + i;
+    let cos = at_rope[pos * HS + i];
+    let sin = at_rope[pos * HS + half + i];
+    let x = f32(at_1[at]);
+    let y = f32(at_1[at + half]);
+    at_1[at] = to_elem1(x * cos + y * sin);
+    at_1[at + half] = to_elem1(y * cos - x * sin);
 }
 
 // One new token (batch 1, sequence 1) at position p = words[4] against the KV cache: its key
@@ -474,8 +545,9 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
 // keys at a time with a running maximum: each thread scores one key of the chunk, the
 // chunk's probabilities meet in workgroup memory, and each thread sums its head dimensions
 // (d = lid, lid + 64, ...) over them, reading the values' rows whole across the threads.
-// Bindings: 1 out [C], 2 qkv [3C], 3 lse [NH], 4 keys [T, C], 5 values [T, C], 6 words.
-// Words: 2 NH, 3 scale (f32). Grid: (NH, 1, 1).
+// Query head h attends over its key/value head g's cache rows, the keys stored rotated (RoPE).
+// Bindings: 1 out [C], 2 qkv [W], 3 lse [NH], 4 keys [T, KVH * HS], 5 values [T, KVH * HS],
+// 6 words, 7 rotary table. Words: 2 NH, 3 scale (f32), 7 KVH, 8 RoPE. Grid: (NH, 1, 1).
 var<workgroup> decode_p: array<f32, 64>;
 // The position, made uniform (the chunks' loop holds barriers).
 var<workgroup> decode_pos: u32;
@@ -484,13 +556,17 @@ var<workgroup> decode_pos: u32;
 fn attention_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let c = word(2u) * HS;
+    let kv = word(7u) * HS;
+    // This head's key/value head's columns in a cache row.
+    let gc = (h / (word(2u) / word(7u))) * HS;
     if (lid == 0u) {
         decode_pos = at_words[4];
     }
     let pos = workgroupUniformLoad(&decode_pos);
+    // Every query head of the group writes the same key and value (its own reads need them).
     for (var d = lid; d < HS; d += 64u) {
-        at_4[pos * c + h * HS + d] = f32(at_2[c + h * HS + d]);
-        at_5[pos * c + h * HS + d] = f32(at_2[2u * c + h * HS + d]);
+        at_4[pos * kv + gc + d] = rotated(c + gc, pos, d);
+        at_5[pos * kv + gc + d] = f32(at_2[c + kv + gc + d]);
     }
     storageBarrier();
     // This thread's output dimensions lid + 64 k (HS is at most 256).
@@ -503,7 +579,7 @@ fn attention_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
         if (j <= pos) {
             var dot = 0.0;
             for (var d = 0u; d < HS; d++) {
-                dot = fma(f32(at_2[h * HS + d]), at_4[j * c + h * HS + d], dot);
+                dot = fma(rotated(h * HS, pos, d), at_4[j * kv + gc + d], dot);
             }
             s = dot * wordf(3u);
         }
@@ -519,7 +595,7 @@ fn attention_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
             if (d < HS) {
                 var acc = o[k] * corr;
                 for (var jj = 0u; jj < keys; jj++) {
-                    acc = fma(decode_p[jj], at_5[(j0 + jj) * c + h * HS + d], acc);
+                    acc = fma(decode_p[jj], at_5[(j0 + jj) * kv + gc + d], acc);
                 }
                 o[k] = acc;
             }

@@ -11,7 +11,8 @@
 
 // out[i, :] = wte[tokens[i], :] + wpe[i % T + offset, :] for the rows whose token is in the
 // piece of the table bound, tokens v0 .. v1 (wte's row 0 is token v0). Words: rows, C, T, 1
-// where the position offset is words[4] (decoding one token) else 0, v0, v1.
+// where the position offset is words[4] (decoding one token) else 0, v0, v1, 1 where the
+// model has a position table (the Llama family has none: out is the token's row).
 // Grid: (C / 64, rows over y and z).
 @compute @workgroup_size(64)
 fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -30,7 +31,11 @@ fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     if (word(3u) == 1u) {
         offset = em_words[4];
     }
-    em_out[i * c + j] = em_wte[(token - word(4u)) * c + j] + em_wpe[(i % word(2u) + offset) * c + j];
+    var x = em_wte[(token - word(4u)) * c + j];
+    if (word(6u) == 1u) {
+        x += em_wpe[(i % word(2u) + offset) * c + j];
+    }
+    em_out[i * c + j] = x;
 }
 
 @group(0) @binding(1) var<storage, read_write> eb_dwte: array<f32>;

@@ -399,3 +399,47 @@ fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     }
     mm_c[block * cols + j] = to_elem3(sum);
 }
+
+// SwiGLU after the gate and up product (the Llama family's MLP): out[r, j] = silu(g) · u with
+// g = pre[r, j], u = pre[r, I + j], silu(g) = g·σ(g); with slopes, pre becomes
+// [u·σ(g)·(1 + g·(1 − σ(g))), silu(g)], all backward needs.
+// Words: rows, I, slopes (0/1). Bindings: 1 out [N, I], 2 pre [N, 2I].
+// Grid: (I / 64, rows spread over y and z).
+@compute @workgroup_size(64)
+fn swiglu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let row = grid_row(wid, groups);
+    let half = word(1u);
+    let j = wid.x * 64u + lid;
+    if (row >= word(0u) || j >= half) {
+        return;
+    }
+    let at = row * 2u * half + j;
+    let g = f32(mm_b[at]);
+    let up = f32(mm_b[at + half]);
+    let s = 1.0 / (1.0 + exp(-g));
+    let silu = g * s;
+    mm_a[row * half + j] = to_elem1(silu * up);
+    if (word(2u) != 0u) {
+        mm_b[at] = to_elem2(up * s * (1.0 + g * (1.0 - s)));
+        mm_b[at + half] = to_elem2(silu);
+    }
+}
+
+// SwiGLU's backward in place: both halves of the slopes d = [N, 2I] times dh [N, I], the
+// output's gradient, giving the product's.
+// Words: rows, I. Bindings: 1 d [N, 2I], 2 dh [N, I]. Grid: (I / 64, rows over y and z).
+@compute @workgroup_size(64)
+fn swiglu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = grid_row(wid, groups);
+    let half = word(1u);
+    let j = wid.x * 64u + lid;
+    if (row >= word(0u) || j >= half) {
+        return;
+    }
+    let at = row * 2u * half + j;
+    let dh = f32(mm_b[row * half + j]);
+    mm_a[at] = to_elem1(f32(mm_a[at]) * dh);
+    mm_a[at + half] = to_elem1(f32(mm_a[at + half]) * dh);
+}

@@ -125,6 +125,7 @@ pub(crate) fn param_kinds(cfg: &GptConfig) -> [&'static [ParamKind]; 3] {
 }
 
 /// Parameter tensors of a model of `cfg` (saturating: `n_layer` is not checked yet).
+#[cfg(feature = "checkpoint")]
 pub(crate) fn tensor_count(cfg: &GptConfig) -> usize {
     let [before, block, after] = param_kinds(cfg);
     (before.len() + after.len()).saturating_add(block.len().saturating_mul(cfg.n_layer))

@@ -39,7 +39,7 @@ pub(crate) struct KvCache<'a> {
     pub buffer: &'a wgpu::Buffer,
     /// Positions it holds (`T`).
     pub len: usize,
-    /// Width `C`.
+    /// Width of a row: the key/value heads', `KVH * HS`.
     pub width: usize,
 }
 
@@ -154,12 +154,13 @@ impl<'a> Executor for Recorder<'a> {
         ops::layernorm::backward(&mut self.program, a, partials)
     }
 
-    fn rmsnorm_forward(&mut self, _: rmsnorm::Forward<View<'a>, View<'a>>) {
-        unreachable!("{}", crate::LLAMA_REFUSED)
+    fn rmsnorm_forward(&mut self, a: rmsnorm::Forward<View<'a>, View<'a>>) {
+        ops::rmsnorm::forward(&mut self.program, a)
     }
 
-    fn rmsnorm_backward(&mut self, _: rmsnorm::Backward<View<'a>, View<'a>>) {
-        unreachable!("{}", crate::LLAMA_REFUSED)
+    fn rmsnorm_backward(&mut self, a: rmsnorm::Backward<View<'a>, View<'a>>) {
+        let partials = self.acts(self.scratch.partials);
+        ops::rmsnorm::backward(&mut self.program, a, partials)
     }
 
     fn matmul_forward(&mut self, a: matmul::Forward<View<'a>, View<'a>>) {
@@ -180,15 +181,15 @@ impl<'a> Executor for Recorder<'a> {
         match self.cache {
             Some(cache) => {
                 let (keys, values) = cache.layer(self.layer);
-                ops::attention::decode(&mut self.program, a, keys, values, words)
+                ops::attention::decode(&mut self.program, a, keys, values, words, self.bufs.acts.rope())
             }
-            None => ops::attention::forward(&mut self.program, a, words),
+            None => ops::attention::forward(&mut self.program, a, words, self.bufs.acts.rope()),
         }
     }
 
     fn attention_backward(&mut self, a: attention::Backward<View<'a>, View<'a>>) {
         let (delta, key) = (self.acts(self.scratch.attention), self.ids(self.slot.words));
-        ops::attention::backward(&mut self.program, a, delta, key)
+        ops::attention::backward(&mut self.program, a, delta, key, self.bufs.acts.rope())
     }
 
     fn dropout_forward(&mut self, a: dropout::Forward<View<'a>, View<'a>>) {

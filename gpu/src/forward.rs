@@ -30,7 +30,7 @@ pub struct GpuForward {
 
 /// One-token forwards against a KV cache of the window's positions: the one-token plan's
 /// activations and batch slot (the token, and its position in `words[4]`), the cache
-/// (`[n_layer, 2, window, C]`, see [`KvCache`]) and the recorded program.
+/// (`[n_layer, 2, window, KVH * HS]`, see [`KvCache`]) and the recorded program.
 struct Decoder {
     plan: Plan,
     acts: Activations,
@@ -58,9 +58,10 @@ impl Decoder {
         let acts = Activations::new(gpu, &plan)?;
         let batch = storage(gpu, "batch", slot_len)?;
         let stats = storage(gpu, "statistics", ACT_ALIGN)?;
-        let cache = storage(gpu, "KV cache", 2 * c.n_layer * KvCache::half(window.seq, c.n_embd))?;
+        let kv_width = c.kv_heads() * c.head_size();
+        let cache = storage(gpu, "KV cache", 2 * c.n_layer * KvCache::half(window.seq, kv_width))?;
         let bufs = DeviceArenas { params, half_weights, grads: None, acts: &acts, batch: &batch, stats: &stats, split: None };
-        let kv = KvCache { buffer: &cache, len: window.seq, width: c.n_embd };
+        let kv = KvCache { buffer: &cache, len: window.seq, width: kv_width };
         let mut recorder = Recorder::new(gpu, &plan, layout, bufs, BatchSlot::new(0, 1, c.vocab_size), 0).decoding(kv);
         walk::forward(&mut recorder, &tape::record_to_vec(&plan), None);
         let program = recorder.finish(gpu, kernels)?;

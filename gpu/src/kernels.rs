@@ -66,6 +66,7 @@ shaders! {
     MatmulTensor => ["matmul.wgsl", "matmul_tensor.wgsl"],
     RowBlocks => ["row_blocks.wgsl"],
     LayerNorm => ["layernorm.wgsl"],
+    RmsNorm => ["rmsnorm.wgsl"],
     Attention => ["attention.wgsl"],
     Embedding => ["embedding.wgsl"],
     CrossEntropy => ["cross_entropy.wgsl"],
@@ -118,6 +119,11 @@ kernels! {
     MatmulTensor => (MatmulTensor, "matmul_tensor", 5, f16: [0b011, 0b111, 0b010]),
     /// GELU backward and bias column sums (matmul.wgsl).
     BiasGrad => (Matmul, "bias_grad", 3),
+    /// SwiGLU after the gate and up product, with its slopes in a training forward
+    /// (matmul.wgsl).
+    SwiGluForward => (Matmul, "swiglu_forward", 2, f16: [0b001]),
+    /// SwiGLU's backward: its slopes times the output's gradient (matmul.wgsl).
+    SwiGluBackward => (Matmul, "swiglu_backward", 2),
     /// Finishes column sums from row-block partials (row_blocks.wgsl).
     AddPartials => (RowBlocks, "add_partials", 3),
     /// LayerNorm forward (layernorm.wgsl).
@@ -126,16 +132,24 @@ kernels! {
     LayerNormBackward => (LayerNorm, "layernorm_backward", 6),
     /// LayerNorm weight/bias gradient partials (layernorm.wgsl).
     LayerNormParamPartials => (LayerNorm, "layernorm_param_partials", 5),
+    /// RMSNorm forward (rmsnorm.wgsl).
+    RmsNormForward => (RmsNorm, "rmsnorm_forward", 4, f16: [0b001]),
+    /// RMSNorm input gradient (rmsnorm.wgsl).
+    RmsNormBackward => (RmsNorm, "rmsnorm_backward", 5),
+    /// RMSNorm weight gradient partials (rmsnorm.wgsl).
+    RmsNormWeightPartials => (RmsNorm, "rmsnorm_weight_partials", 4),
     /// Causal attention forward (attention.wgsl).
-    AttentionForward => (Attention, "attention_forward", 6, f16: [0b011]),
+    AttentionForward => (Attention, "attention_forward", 7, f16: [0b011]),
     /// Row deltas for attention backward (attention.wgsl).
     AttentionDelta => (Attention, "attention_delta", 3, f16: [0b100]),
     /// Attention dQ (attention.wgsl).
-    AttentionBackwardQ => (Attention, "attention_backward_q", 6, f16: [0b010]),
+    AttentionBackwardQ => (Attention, "attention_backward_q", 7, f16: [0b010]),
     /// Attention dK, dV (attention.wgsl).
-    AttentionBackwardKv => (Attention, "attention_backward_kv", 6, f16: [0b010]),
+    AttentionBackwardKv => (Attention, "attention_backward_kv", 7, f16: [0b010]),
+    /// RoPE's dQ and dK rotated back (attention.wgsl).
+    AttentionRopeBackward => (Attention, "attention_rope_backward", 7),
     /// One token's attention against the KV cache (attention.wgsl).
-    AttentionDecode => (Attention, "attention_decode", 6, f16: [0b011]),
+    AttentionDecode => (Attention, "attention_decode", 7, f16: [0b011]),
     /// Token + position embedding (embedding.wgsl).
     EmbeddingForward => (Embedding, "embedding_forward", 5),
     /// Token embedding gradient (embedding.wgsl).
@@ -168,7 +182,7 @@ impl Kernel {
 }
 
 /// Most tensors one kernel binds.
-pub(crate) const MAX_TENSORS: usize = 6;
+pub(crate) const MAX_TENSORS: usize = 7;
 /// Bytes of one dispatch's uniform words, and the stride between them.
 const WORDS_BYTES: u64 = 64;
 const WORDS_STRIDE: u64 = 256;

@@ -36,11 +36,6 @@ pub mod profile;
 mod readback;
 pub mod trainer;
 
-/// Why a Llama-family model has no wgpu trainer or sampler: its kernels are not written in
-/// WGSL yet.
-pub(crate) const LLAMA_REFUSED: &str =
-    "the Llama family (--arch llama) runs on the CPU backend in this version: alpha-gpu has no RMSNorm, SwiGLU or rotary attention kernels yet";
-
 pub use context::{AdapterSummary, Gpu, GpuError, Precision, TensorCores};
 pub use engine::GpuEngine;
 pub use forward::GpuForward;

@@ -124,10 +124,13 @@ impl BatchSlot {
 
 /// The activation arena on the device: one buffer, or where the arena is larger than the
 /// device's buffers (its `max_buffer_size`), several, each holding whole parts of it
-/// ([`Plan::arena_parts`]), so that every activation lies within one buffer.
+/// ([`Plan::arena_parts`]), so that every activation lies within one buffer. Beside it, for
+/// a model with RoPE, attention's rotary table.
 pub(crate) struct Activations {
     /// Each buffer with the arena element it starts at, in order.
     buffers: Vec<(usize, wgpu::Buffer)>,
+    /// The rotary table `[block_size, HS]` (see [`crate::ops::attention::rope_table`]).
+    rope: Option<(wgpu::Buffer, usize)>,
 }
 
 impl Activations {
@@ -148,13 +151,23 @@ impl Activations {
 
     /// The device buffers of `plan`'s activation arena (see [`Activations::starts`]).
     pub fn new(gpu: &Gpu, plan: &Plan) -> Result<Activations, GpuError> {
-        if plan.config.llama().is_some() {
-            return Err(GpuError(crate::LLAMA_REFUSED.into()));
-        }
         let starts = Activations::starts(gpu, plan)?;
         let ends = starts[1..].iter().copied().chain([plan.acts_len()]);
         let buffers = starts.iter().zip(ends).map(|(&start, end)| Ok((start, storage(gpu, "activations", end - start)?))).collect::<Result<_, GpuError>>()?;
-        Ok(Activations { buffers })
+        let rope = match crate::ops::attention::rope_table(plan.attention_shape(), plan.config.block_size) {
+            Some(table) => {
+                let buffer = storage(gpu, "rotary table", table.len())?;
+                gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&table));
+                Some((buffer, table.len()))
+            }
+            None => None,
+        };
+        Ok(Activations { buffers, rope })
+    }
+
+    /// Attention's rotary table, for a model with RoPE.
+    pub fn rope(&self) -> Option<View<'_>> {
+        self.rope.as_ref().map(|(buffer, len)| View::first(buffer, *len))
     }
 
     /// The buffer that holds arena element `offset`, and the element's offset in it.

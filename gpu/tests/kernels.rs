@@ -8,7 +8,7 @@
 use alpha_core::ops::attention::AttentionShape;
 use alpha_core::ops::dropout::{DropoutKey, Site};
 use alpha_core::ops::row_blocks::blocks;
-use alpha_core::ops::{attention, cross_entropy, dropout, embedding, grad_norm, layernorm, matmul};
+use alpha_core::ops::{attention, cross_entropy, dropout, embedding, grad_norm, layernorm, matmul, rmsnorm};
 use alpha_core::{Rng, Serial};
 use alpha_gpu::kernels::{Kernel, Kernels, ProgramBuilder, View};
 use alpha_gpu::{block_on, ops, read, Gpu, Precision, TensorCores};
@@ -328,17 +328,136 @@ fn layernorm_forward_and_backward() {
     assert_close("layernorm db", &download(&gdb, c), &db, 1e-5);
 }
 
+/// RMSNorm (the Llama family's), forward and backward, over rows not a multiple of a row
+/// block and a width not a multiple of the workgroup.
+#[test]
+fn rmsnorm_forward_and_backward() {
+    let (n, c, eps) = (601, 83, 1e-6);
+    let mut rng = Rng::new(6);
+    let x = random(&mut rng, n * c, 2.0);
+    let w = random(&mut rng, c, 1.0);
+    let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
+    rmsnorm::forward(&Serial, rmsnorm::Forward { out: &mut out, rstd: &mut rstd, x: &x, weight: &w, eps });
+    let (gx, gw, gout, grstd) = (buffer(&x), buffer(&w), fresh(n * c), fresh(n));
+    run(8, |p| {
+        let a = rmsnorm::Forward { out: whole(&gout, &out), rstd: whole(&grstd, &rstd), x: whole(&gx, &x), weight: whole(&gw, &w), eps };
+        ops::rmsnorm::forward(p, a)
+    });
+    assert_close("rmsnorm out", &download(&gout, n * c), &out, 1e-5);
+    assert_close("rmsnorm rstd", &download(&grstd, n), &rstd, 1e-5);
+
+    let dout = random(&mut rng, n * c, 1.0);
+    let (dx0, dw0) = (random(&mut rng, n * c, 1.0), random(&mut rng, c, 1.0));
+    let (mut dx, mut dw) = (dx0.clone(), dw0.clone());
+    let mut partials = vec![0.0; blocks(n) * c];
+    rmsnorm::backward(&Serial, rmsnorm::Backward { dx: &mut dx[..], dweight: &mut dw[..], dout: &dout, x: &x, rstd: &rstd, weight: &w }, &mut partials);
+    let (gdx, gdw, gpart, gdout) = (buffer(&dx0), buffer(&dw0), fresh(partials.len()), buffer(&dout));
+    run(8, |p| {
+        let grads = rmsnorm::Backward {
+            dx: whole(&gdx, &dx),
+            dweight: whole(&gdw, &dw),
+            dout: whole(&gdout, &dout),
+            x: whole(&gx, &x),
+            rstd: whole(&grstd, &rstd),
+            weight: whole(&gw, &w),
+        };
+        ops::rmsnorm::backward(p, grads, whole(&gpart, &partials))
+    });
+    assert_close("rmsnorm dx", &download(&gdx, n * c), &dx, 1e-5);
+    assert_close("rmsnorm dw", &download(&gdw, c), &dw, 1e-5);
+}
+
+/// The SwiGLU epilogue (gate and up as one product, SiLU-times-up after it) and its backward
+/// (the slopes times the output's gradient, then the product's gradients), against the CPU.
+#[test]
+fn swiglu_matmul_forward_and_backward() {
+    let (n, k, m) = (67, 29, 2 * 45);
+    let mut rng = Rng::new(8);
+    let (x, w) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * k, 1.0));
+    let (mut out, mut pre) = (vec![0.0; n * m / 2], vec![0.0; n * m]);
+    let a = matmul::Forward {
+        out: &mut out[..],
+        x: &x[..],
+        weight: &w[..],
+        bias: None,
+        epilogue: matmul::Epilogue::SwiGlu { pre: &mut pre[..] },
+        save_slope: true,
+        k,
+        m,
+    };
+    matmul::forward(&Serial, a, &mut vec![0.0; matmul::scratch_len(k, m)]);
+    let (gx, gw, gout, gpre) = (buffer(&x), buffer(&w), fresh(n * m / 2), fresh(n * m));
+    run(8, |p| {
+        let epilogue = matmul::Epilogue::SwiGlu { pre: whole(&gpre, &pre) };
+        let a = matmul::Forward { out: whole(&gout, &out), x: whole(&gx, &x), weight: whole(&gw, &w), bias: None, epilogue, save_slope: true, k, m };
+        ops::matmul::forward(p, a)
+    });
+    assert_close("swiglu out", &download(&gout, n * m / 2), &out, 1e-5);
+    assert_close("swiglu slopes", &download(&gpre, n * m), &pre, 1e-5);
+
+    let dh = random(&mut rng, n * m / 2, 1.0);
+    let (mut dx, mut dw, mut slopes) = (vec![0.0; n * k], vec![0.0; m * k], pre.clone());
+    let (mut partials, mut scratch) = (vec![0.0; blocks(n) * m], vec![0.0; matmul::scratch_len(k, m)]);
+    let grads = matmul::Backward {
+        dx: Some(&mut dx[..]),
+        dweight: &mut dw[..],
+        dbias: None,
+        dout: &mut slopes[..],
+        x: &x[..],
+        weight: &w[..],
+        activation: Some(matmul::ActivationGrad::SwiGlu { dh: &dh[..] }),
+        k,
+        m,
+    };
+    matmul::backward(&Serial, grads, &mut partials, &mut scratch);
+    let (gdh, gdx, gdw, gpart) = (buffer(&dh), fresh(n * k), buffer(&vec![0f32; m * k]), fresh(partials.len()));
+    let split_len = ops::matmul::weight_grad_scratch_len(n, k, m).max(1);
+    let gsplit = fresh(split_len);
+    run(8, |p| {
+        let grads = matmul::Backward {
+            dx: Some(whole(&gdx, &dx)),
+            dweight: whole(&gdw, &dw),
+            dbias: None,
+            dout: whole(&gpre, &pre),
+            x: whole(&gx, &x),
+            weight: whole(&gw, &w),
+            activation: Some(matmul::ActivationGrad::SwiGlu { dh: whole(&gdh, &dh) }),
+            k,
+            m,
+        };
+        ops::matmul::backward(p, grads, whole(&gpart, &partials), View::first(&gsplit, split_len))
+    });
+    assert_close("swiglu product gradient", &download(&gpre, n * m), &slopes, 1e-5);
+    assert_close("swiglu dx", &download(&gdx, n * k), &dx, 1e-5);
+    assert_close("swiglu dw", &download(&gdw, m * k), &dw, 1e-5);
+}
+
 /// A micro-batch's dropout key, and the same on the device.
 const KEY: DropoutKey = DropoutKey { seed: 0x1234_5678_9abc_def0, draw: 0x1_0000_0003 };
+
+/// Llama 3's rotary embeddings with scaling, every band in use (see the CPU's tests).
+const ROPE: Option<attention::Rope> = Some(attention::Rope {
+    theta: 500.0,
+    scaling: Some(alpha_core::RopeScaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 64 }),
+});
+
+/// The rotary table of `shape` on the device (sized for its sequence), where it has RoPE.
+fn rope_table(shape: AttentionShape) -> Option<wgpu::Buffer> {
+    ops::attention::rope_table(shape, shape.seq).map(|t| buffer(&t))
+}
 
 /// Attention for head sizes below, at and above one 64-dimension block of the kernels (5, 16
 /// and 36 padded with zeros, 64 the GPT-2 models', 100 over two blocks, the second short),
 /// sequences longer than one 64-row block and not a multiple of it, without and with dropout
 /// on the probabilities; and scores large enough (hundreds) that exponentials taken before
-/// their row's maximum is subtracted would overflow.
+/// their row's maximum is subtracted would overflow. The Llama family's: grouped key/value
+/// heads (three and two query heads to each), with rotary embeddings.
 #[test]
 fn attention_forward_and_backward() {
     let shapes = [
+        (AttentionShape { batch: 2, seq: 70, heads: 6, kv_heads: 2, head_size: 8, rope: ROPE }, 1.5),
+        (AttentionShape { batch: 1, seq: 67, heads: 4, kv_heads: 2, head_size: 64, rope: ROPE }, 1.5),
+        (AttentionShape { batch: 1, seq: 66, heads: 2, kv_heads: 1, head_size: 100, rope: None }, 1.5),
         (AttentionShape { batch: 2, seq: 70, heads: 3, kv_heads: 3, head_size: 5, rope: None }, 1.5),
         (AttentionShape { batch: 1, seq: 131, heads: 2, kv_heads: 2, head_size: 16, rope: None }, 1.5),
         (AttentionShape { batch: 1, seq: 67, heads: 2, kv_heads: 2, head_size: 36, rope: None }, 1.5),
@@ -349,28 +468,30 @@ fn attention_forward_and_backward() {
     let gkey = buffer(&KEY.words());
     for ((shape, spread), dropout) in shapes.into_iter().flat_map(|s| [(s, None), (s, Some(Site::new(7, 0.25)))]) {
         let AttentionShape { batch, seq, heads, head_size, .. } = shape;
-        let c = heads * head_size;
+        let (c, w) = (heads * head_size, shape.width());
         let n = batch * seq;
         let mut rng = Rng::new(9);
-        let qkv = random(&mut rng, n * 3 * c, spread);
+        let qkv = random(&mut rng, n * w, spread);
+        let table = rope_table(shape);
+        let table = table.as_ref().map(|t| View::first(t, seq * head_size));
         let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; batch * heads * seq], vec![0.0; shape.scratch_len()]);
         attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout }, &mut scratch, Some(KEY));
         let (gqkv, gout, glse) = (buffer(&qkv), fresh(n * c), fresh(lse.len()));
         let key = View::first(&gkey, 4);
         run(head_size, |p| {
             let a = attention::Forward { out: whole(&gout, &out), lse: whole(&glse, &lse), qkv: whole(&gqkv, &qkv), shape, dropout };
-            ops::attention::forward(p, a, key)
+            ops::attention::forward(p, a, key, table)
         });
         let what = format!("{shape:?} dropout {dropout:?}");
         assert_close(&format!("{what} out"), &download(&gout, n * c), &out, 1e-5);
         assert_close(&format!("{what} lse"), &download(&glse, lse.len()), &lse, 1e-5);
 
         let dout = random(&mut rng, n * c, 1.0);
-        let mut dqkv = vec![0.0; n * 3 * c];
+        let mut dqkv = vec![0.0; n * w];
         let a: attention::Backward<&mut [f32], &[f32]> =
             attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &out, lse: &lse, shape, dropout };
         attention::backward(&Serial, a, &mut scratch, Some(KEY));
-        let (gdqkv, gdout, gdelta) = (fresh(n * 3 * c), buffer(&dout), fresh(lse.len()));
+        let (gdqkv, gdout, gdelta) = (fresh(n * w), buffer(&dout), fresh(lse.len()));
         run(head_size, |p| {
             let grads = attention::Backward {
                 dqkv: whole(&gdqkv, &dqkv),
@@ -381,26 +502,30 @@ fn attention_forward_and_backward() {
                 shape,
                 dropout,
             };
-            ops::attention::backward(p, grads, whole(&gdelta, &lse), key)
+            ops::attention::backward(p, grads, whole(&gdelta, &lse), key, table)
         });
-        assert_close(&format!("{what} dqkv"), &download(&gdqkv, n * 3 * c), &dqkv, 1e-5);
+        assert_close(&format!("{what} dqkv"), &download(&gdqkv, n * w), &dqkv, 1e-5);
     }
 }
 
 /// Decoding: a token against the KV cache gives the CPU's decode (its key and value written
 /// into the cache, the softmax over the keys so far), at positions below, at and past one
-/// workgroup's 64 threads, for heads that do and do not fill a vec4.
+/// workgroup's 64 threads, for heads that do and do not fill a vec4; with grouped key/value
+/// heads and rotary embeddings (keys cached rotated).
 #[test]
 fn attention_decode_matches_the_cpu() {
-    for (heads, head_size) in [(3, 5), (2, 16), (1, 100)] {
-        let shape = AttentionShape { batch: 1, seq: 1, heads, kv_heads: heads, head_size, rope: None };
-        let (t, c) = (70, heads * head_size);
-        let qkv = random(&mut Rng::new(21), t * 3 * c, 1.5);
-        let mut cpu_cache = vec![0f32; 2 * t * c];
+    for (heads, kv_heads, head_size, rope) in [(3, 3, 5, None), (2, 2, 16, None), (1, 1, 100, None), (6, 2, 8, ROPE)] {
+        let shape = AttentionShape { batch: 1, seq: 1, heads, kv_heads, head_size, rope };
+        let (t, c, w) = (70, heads * head_size, shape.width());
+        let kv = kv_heads * head_size;
+        let qkv = random(&mut Rng::new(21), t * w, 1.5);
+        let mut cpu_cache = vec![0f32; 2 * t * kv];
+        let table = ops::attention::rope_table(shape, t).map(|t| buffer(&t));
+        let table = table.as_ref().map(|b| View::first(b, t * head_size));
         for pos in 0..t {
             // The device's cache starts as the CPU's before this token.
-            let (gkeys, gvalues) = (buffer(&cpu_cache[..t * c]), buffer(&cpu_cache[t * c..]));
-            let row = &qkv[pos * 3 * c..(pos + 1) * 3 * c];
+            let (gkeys, gvalues) = (buffer(&cpu_cache[..t * kv]), buffer(&cpu_cache[t * kv..]));
+            let row = &qkv[pos * w..(pos + 1) * w];
             let (mut out, mut lse) = (vec![0f32; c], vec![0f32; heads]);
             let a = attention::Forward { out: &mut out[..], lse: &mut lse[..], qkv: row, shape, dropout: None };
             attention::decode(&Serial, a, attention::KvCache { rows: &mut cpu_cache, len: t }, pos, &mut vec![0.0; shape.scratch_len()]);
@@ -409,14 +534,19 @@ fn attention_decode_matches_the_cpu() {
             }
             let (grow, gout, glse, gwords) = (buffer(row), fresh(c), fresh(heads), buffer(&[0u32, 0, 0, 0, pos as u32, 0, 0, 0]));
             run(head_size, |p| {
-                let a = attention::Forward { out: View::first(&gout, c), lse: View::first(&glse, heads), qkv: View::first(&grow, 3 * c), shape, dropout: None };
-                ops::attention::decode(p, a, View::first(&gkeys, t * c), View::first(&gvalues, t * c), View::first(&gwords, 8))
+                let a = attention::Forward { out: View::first(&gout, c), lse: View::first(&glse, heads), qkv: View::first(&grow, w), shape, dropout: None };
+                ops::attention::decode(p, a, View::first(&gkeys, t * kv), View::first(&gvalues, t * kv), View::first(&gwords, 8), table)
             });
             let what = format!("heads {heads}x{head_size}, position {pos}");
             assert_close(&format!("{what}: out"), &download(&gout, c), &out, 1e-5);
             assert_close(&format!("{what}: lse"), &download(&glse, heads), &lse, 1e-5);
-            assert_eq!(download(&gkeys, t * c), cpu_cache[..t * c], "{what}: the cache's keys");
-            assert_eq!(download(&gvalues, t * c), cpu_cache[t * c..], "{what}: the cache's values");
+            if rope.is_some() {
+                // Rotated on the device by the table's f32 values, on the CPU by f64 ones.
+                assert_close(&format!("{what}: the cache's keys"), &download(&gkeys, t * kv), &cpu_cache[..t * kv], 1e-6);
+            } else {
+                assert_eq!(download(&gkeys, t * kv), cpu_cache[..t * kv], "{what}: the cache's keys");
+            }
+            assert_eq!(download(&gvalues, t * kv), cpu_cache[t * kv..], "{what}: the cache's values");
         }
     }
 }
@@ -882,7 +1012,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     let (gqkv, gout, glse, gkey) = (half_buffer(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
     run16(36, u64::MAX, |p| {
         let a = attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: half_view(&gqkv, qkv.len()), shape, dropout: None };
-        ops::attention::forward(p, a, View::first(&gkey, 4))
+        ops::attention::forward(p, a, View::first(&gkey, 4), None)
     });
     let gpu_out = download_half(&gout, n * c);
     assert_within_a_half_step("attention's f16 out", &gpu_out, &out);
@@ -903,7 +1033,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
             shape,
             dropout: None,
         };
-        ops::attention::backward(p, grads, View::first(&gdelta, lse.len()), View::first(&gkey, 4))
+        ops::attention::backward(p, grads, View::first(&gdelta, lse.len()), View::first(&gkey, 4), None)
     });
     assert_close("attention dqkv from f16 qkv and output", &download16(&gdqkv, n * 3 * c), &dqkv, 1e-5);
 }

@@ -15,7 +15,18 @@ use alpha_gpu::{block_on, Gpu, GpuForward, GpuTrainer, Precision, TensorCores};
 
 fn setup() -> (Plan, TrainConfig, Vec<u32>) {
     // Head size 12 and T = 21: neither fills the kernels' tiles.
-    let config = GptConfig::gpt2(23, 24, 2, 2, 24);
+    setup_for(GptConfig::gpt2(23, 24, 2, 2, 24))
+}
+
+/// A Llama-family model of [`setup`]'s size: 4 heads over 2 key/value heads (head size 6),
+/// SwiGLU 40 wide, Llama 3's RoPE scaling, q/k/v biases, an untied head.
+fn llama() -> GptConfig {
+    let rope_scaling = Some(alpha_core::RopeScaling { factor: 4.0, low_freq_factor: 1.0, high_freq_factor: 2.0, original_max_position_embeddings: 8 });
+    let llama = alpha_core::Llama { n_kv_head: 2, intermediate_size: 40, norm_eps: 1e-5, rope_theta: 100.0, rope_scaling, qkv_bias: true, tied: false };
+    GptConfig { arch: alpha_core::Arch::Llama(llama), ..GptConfig::gpt2(23, 24, 2, 4, 24) }
+}
+
+fn setup_for(config: GptConfig) -> (Plan, TrainConfig, Vec<u32>) {
     let plan = Plan::new(config, 3, 21).unwrap();
     let cfg = TrainConfig {
         schedule: LrSchedule { max_lr: 3e-3, min_lr: 3e-4, warmup_iters: 3, decay_iters: 20 },
@@ -48,6 +59,15 @@ fn fresh_trainer(gpu: Gpu, init_seed: u64) -> (GpuTrainer, Vec<f32>, Vec<u32>) {
 #[test]
 fn twenty_steps_match_the_cpu() {
     twenty_steps_against_the_cpu(false, 0.0);
+}
+
+/// The Llama family on the GPU (RMSNorm, SwiGLU, rotary attention over grouped heads), with
+/// recompute and dropout too.
+#[test]
+fn llama_steps_match_the_cpu() {
+    for (recompute, dropout) in [(false, 0.0), (true, 0.2)] {
+        twenty_steps_of(llama(), recompute, dropout);
+    }
 }
 
 /// Activation checkpointing on the GPU: the walk's recompute recorded into the backward
@@ -93,7 +113,11 @@ fn steps_keep_their_bits(a: &mut GpuTrainer, b: &mut GpuTrainer, data: &[u32], s
 }
 
 fn twenty_steps_against_the_cpu(recompute: bool, dropout: f64) {
-    let (plan, cfg, data) = setup();
+    twenty_steps_of(setup().0.config, recompute, dropout);
+}
+
+fn twenty_steps_of(config: GptConfig, recompute: bool, dropout: f64) {
+    let (plan, cfg, data) = setup_for(config);
     let plan = plan.with_dropout(dropout, 42).unwrap();
     let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
     init_params(&plan, &mut mem.params, &mut Rng::new(7));
@@ -165,7 +189,13 @@ fn non_finite_steps_are_skipped_and_counted() {
 
 #[test]
 fn forward_model_matches_the_cpu_losses_and_greedy_samples() {
-    let (plan, _, data) = setup();
+    for config in [setup().0.config, llama()] {
+        forward_model_against_the_cpu(config);
+    }
+}
+
+fn forward_model_against_the_cpu(config: GptConfig) {
+    let (plan, _, data) = setup_for(config);
     let mut mem = OwnedMemory::<f32>::new(&plan).unwrap();
     init_params(&plan, &mut mem.params, &mut Rng::new(5));
     let gpu = open_gpu();

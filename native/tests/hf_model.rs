@@ -202,7 +202,11 @@ fn fine_tuning_starts_from_the_weights_with_a_cropped_context() {
     // Size flags that would change the model are refused; those that repeat it (a run file of
     // this run) are not.
     expect_error(&dir, &[&base[..], &["--layers", "3", "--out", "x"]].concat(), "--layers 3 differs from the checkpoint's number of layers 2; --init-from");
-    expect_error(&dir, &[&base[..], &["--model", "gpt2", "--out", "x"]].concat(), "--model is 12 layers, 12 heads, 768 wide, not the checkpoint's 2 layers");
+    expect_error(
+        &dir,
+        &[&base[..], &["--model", "gpt2", "--out", "x"]].concat(),
+        "--model is gpt2 with 12 layers, 12 heads, 768 wide, not the checkpoint's gpt2 with 2 layers",
+    );
     assert_ok(&run(&dir, &["train", "--config", "ft/run.toml", "--out", "again", "--iters", "1", "--eval-interval", "0"]));
 }
 
@@ -217,11 +221,11 @@ fn what_alpha_does_not_run_is_refused_in_one_line() {
     };
     check("relu", &|c| c["activation_function"] = "relu".into(), "activation_function is \"relu\"; Alpha runs GPT-2");
     check("eps", &|c| c["layer_norm_epsilon"] = 1e-6.into(), "layer_norm_epsilon is 0.000001");
-    check("llama", &|c| c["model_type"] = "llama".into(), "model_type is \"llama\"");
+    check("mistral", &|c| c["model_type"] = "mistral".into(), "model_type is \"mistral\"; Alpha runs gpt2, llama and qwen2 models");
     check("vocab", &|c| c["vocab_size"] = 319.into(), "vocab_size is 319 but the tokenizer has 320 tokens");
     check("layers", &|c| c["n_layer"] = 3.into(), "the weights have no tensor transformer.h.2.ln_1.weight");
     // A config that understates the layers (or tensors it does not explain) would drop weights.
-    check("fewer-layers", &|c| c["n_layer"] = 1.into(), "holds tensor transformer.h.1.attn.c_attn.bias, which a GPT-2 of config.json's 1 layers");
+    check("fewer-layers", &|c| c["n_layer"] = 1.into(), "holds tensor transformer.h.1.attn.c_attn.bias, which a model of config.json's 1 layers");
     let stray = [("model.safetensors", {
         let mut t = tensors(|x| (Dtype::F32, x.to_le_bytes().to_vec()));
         t.push(("transformer.h.0.attn.rotary.inv_freq".into(), Dtype::F32, vec![4], vec![0; 16]));

@@ -4,11 +4,10 @@ use super::{rows_per_piece, u};
 use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
 use alpha_core::ops::embedding;
 
-/// Embedding forward: `out [N, C] = wte[tokens] + wpe[position]`; decoding, the positions
-/// start at the batch slot's `words[4]`.
+/// Embedding forward: `out [N, C] = wte[tokens] + wpe[position]` (without a position table,
+/// `wte[tokens]`); decoding, the positions start at the batch slot's `words[4]`.
 pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, View<'a>>, tokens: View<'a>, decoding: Option<View<'a>>) {
     let embedding::Forward { out, wte, wpe, seq } = a;
-    let wpe = wpe.expect(crate::LLAMA_REFUSED);
     let n = tokens.len;
     let c = out.len / n;
     // A token table larger than one binding goes in pieces of whole rows, each dispatch
@@ -17,17 +16,17 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Forward<View<'a>, V
     for v0 in (0..vocab).step_by(piece) {
         let v1 = (v0 + piece).min(vocab);
         let table = wte.part(v0 * c, (v1 - v0) * c);
-        let words = [u(n), u(c), u(seq), u(decoding.is_some() as usize), u(v0), u(v1)];
-        p.push(Kernel::EmbeddingForward, &words, &[Some(out), Some(tokens), Some(table), Some(wpe), decoding], rows_grid(c.div_ceil(64), n));
+        let words = [u(n), u(c), u(seq), u(decoding.is_some() as usize), u(v0), u(v1), u(wpe.is_some() as usize)];
+        p.push(Kernel::EmbeddingForward, &words, &[Some(out), Some(tokens), Some(table), wpe, decoding], rows_grid(c.div_ceil(64), n));
     }
 }
 
-/// Embedding backward: `dwte`, `dwpe` accumulated from `dout [N, C]`. `order [N]` lists the
+/// Embedding backward: `dwte` (and `dwpe`, where the model has one) accumulated from
+/// `dout [N, C]`. `order [N]` lists the
 /// rows grouped by token and `starts [V + 1]` where each token's rows begin (see
 /// [`group_rows_by_token`]).
 pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Backward<View<'a>, View<'a>>, order: View<'a>, starts: View<'a>) {
     let embedding::Backward { dwte, dwpe, dout, seq } = a;
-    let dwpe = dwpe.expect(crate::LLAMA_REFUSED);
     let vocab = starts.len - 1;
     let c = dout.len / order.len;
     let piece = rows_per_piece(c, p.max_binding());
@@ -36,8 +35,10 @@ pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: embedding::Backward<View<'a>,
         let table = dwte.part(v0 * c, rows * c);
         p.push(Kernel::EmbeddingBackwardWte, &[u(rows), u(c), u(v0)], &[Some(table), Some(order), Some(starts), Some(dout)], rows_grid(c.div_ceil(64), rows));
     }
-    let batch = order.len / seq;
-    p.push(Kernel::EmbeddingBackwardWpe, &[u(seq), u(c), u(batch)], &[Some(dwpe), Some(dout)], rows_grid(c.div_ceil(64), seq));
+    if let Some(dwpe) = dwpe {
+        let batch = order.len / seq;
+        p.push(Kernel::EmbeddingBackwardWpe, &[u(seq), u(c), u(batch)], &[Some(dwpe), Some(dout)], rows_grid(c.div_ceil(64), seq));
+    }
 }
 
 /// Fills `order [N]` and `starts [V + 1]` so that the rows holding token `v` are

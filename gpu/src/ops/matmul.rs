@@ -3,7 +3,7 @@
 //! [`kernel_for`]), and the bias and weight gradients.
 
 use super::{add_partials, u};
-use crate::kernels::{Kernel, ProgramBuilder, View};
+use crate::kernels::{rows_grid, Kernel, ProgramBuilder, View};
 use alpha_core::ops::matmul::{self, Epilogue};
 use alpha_core::ops::row_blocks::blocks;
 
@@ -161,23 +161,36 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: matmul::Forward<View<'a>, View
         Epilogue::None => (None, 0),
         Epilogue::Gelu { pre } => (Some(pre), if save_slope { EPI_GELU | EPI_GELU_SLOPE } else { EPI_GELU }),
         Epilogue::Residual { input } => (Some(input), EPI_RESIDUAL),
-        Epilogue::SwiGlu { .. } => unreachable!("{}", crate::LLAMA_REFUSED),
+        Epilogue::SwiGlu { pre } => {
+            // The product into `pre`, then SwiGLU over its two halves (columns M/2 apart,
+            // which one tile need not hold both of).
+            let flags = if bias.is_some() { EPI_BIAS } else { 0 };
+            Gemm { bias, flags, ..Gemm::plain(pre, x, weight, [n, m, k], [k, 1, 1, k]) }.push(p);
+            let words = [u(n), u(m / 2), u32::from(save_slope)];
+            p.push(Kernel::SwiGluForward, &words, &[Some(out), Some(pre)], rows_grid((m / 2).div_ceil(64), n));
+            return;
+        }
     };
     let flags = epi | if bias.is_some() { EPI_BIAS } else { 0 };
     Gemm { bias, aux, flags, ..Gemm::plain(out, x, weight, [n, m, k], [k, 1, 1, k]) }.push(p);
 }
 
-/// Backward: GELU backward in place on `dout [N, M]` (`*= gelu_slope`), `dbias += Σ rows`,
+/// Backward: the activation's backward in place on `dout [N, M]` (GELU's `*= slope`,
+/// SwiGLU's slopes times `dh`), `dbias += Σ rows`,
 /// `dx [N, K] = dout·w` (overwritten), `dw [M, K] += doutᵀ·x`. `partials`: at least
 /// `blocks(N) * M` elements of scratch; `split`: at least [`weight_grad_scratch_len`] (for a
 /// weight gradient split by depth).
 pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: matmul::Backward<View<'a>, View<'a>>, partials: View<'a>, split: View<'a>) {
     let matmul::Backward { dx, dweight: dw, dbias, dout, x, weight: w, activation, k, m } = a;
-    let gelu_slope = activation.map(|grad| match grad {
-        matmul::ActivationGrad::Gelu { slope } => slope,
-        matmul::ActivationGrad::SwiGlu { .. } => unreachable!("{}", crate::LLAMA_REFUSED),
-    });
     let n = x.len / k;
+    let gelu_slope = match activation {
+        Some(matmul::ActivationGrad::Gelu { slope }) => Some(slope),
+        Some(matmul::ActivationGrad::SwiGlu { dh }) => {
+            p.push(Kernel::SwiGluBackward, &[u(n), u(m / 2)], &[Some(dout), Some(dh)], rows_grid((m / 2).div_ceil(64), n));
+            None
+        }
+        None => None,
+    };
     if gelu_slope.is_some() || dbias.is_some() {
         let words = [u(n), u(m), u32::from(gelu_slope.is_some())];
         p.push(Kernel::BiasGrad, &words, &[Some(dout), gelu_slope, Some(partials)], [u(m.div_ceil(64)), u(blocks(n)), 1]);

@@ -11,6 +11,7 @@ pub mod embedding;
 pub mod grad_norm;
 pub mod layernorm;
 pub mod matmul;
+pub mod rmsnorm;
 
 use crate::kernels::{Kernel, ProgramBuilder, View};
 use alpha_core::plan::ACT_ALIGN;
