@@ -141,6 +141,9 @@ fn llama_config(path: &Path, c: &Value, kind: &str) -> Result<GptConfig> {
             return Err(bad(format!("{key} is true")));
         }
     }
+    if let Some(kind) = c.get("layer_types").and_then(Value::as_array).and_then(|t| t.iter().find(|t| t.as_str() != Some("full_attention"))) {
+        return Err(bad(format!("layer_types holds {kind}; Alpha's attention is full_attention in every layer")));
+    }
     // transformers 5 keeps the rotary settings in rope_parameters; earlier versions at the top.
     let rope = c.get("rope_parameters").filter(|v| v.is_object()).or_else(|| c.get("rope_scaling").filter(|v| v.is_object()));
     let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(Value::as_str).unwrap_or("default");
@@ -428,12 +431,15 @@ pub fn save(ck: &Checkpoint, dir: &Path) -> Result<()> {
                 serde_json::json!({"rope_type": "llama3", "factor": r.factor, "low_freq_factor": r.low_freq_factor,
                     "high_freq_factor": r.high_freq_factor, "original_max_position_embeddings": r.original_max_position_embeddings})
             });
+            // transformers 5 reads rope_parameters, 4 rope_theta and rope_scaling: both written.
+            let mut rope_parameters = rope_scaling.clone().unwrap_or_else(|| serde_json::json!({"rope_type": "default"}));
+            rope_parameters["rope_theta"] = l.rope_theta.into();
             let mut config = serde_json::json!({
                 "architectures": [class], "model_type": kind,
                 "vocab_size": c.vocab_size, "max_position_embeddings": c.block_size, "hidden_size": c.n_embd,
                 "intermediate_size": l.intermediate_size, "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
                 "num_key_value_heads": l.n_kv_head, "head_dim": c.head_size(), "hidden_act": "silu", "rms_norm_eps": l.norm_eps,
-                "rope_theta": l.rope_theta, "rope_scaling": rope_scaling, "tie_word_embeddings": l.tied, "initializer_range": 0.02,
+                "rope_theta": l.rope_theta, "rope_scaling": rope_scaling, "rope_parameters": rope_parameters, "tie_word_embeddings": l.tied, "initializer_range": 0.02,
                 "attention_dropout": 0.0, "use_cache": true, "bos_token_id": bos, "eos_token_id": eot, "dtype": "float32",
             });
             if kind == "llama" {

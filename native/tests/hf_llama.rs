@@ -96,7 +96,7 @@ fn export_writes_the_same_weights_and_fine_tuning_round_trips() {
             "num_attention_heads",
             "num_key_value_heads",
             "rms_norm_eps",
-            "rope_theta",
+            "rope_parameters",
             "tie_word_embeddings",
             "max_position_embeddings",
             "eos_token_id",

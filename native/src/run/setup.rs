@@ -47,8 +47,11 @@ pub struct Run {
 /// overriding one), or one that starts from `--init-from`'s weights; its settings checked.
 pub fn resolve(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Result<Run> {
     let flag = |field: &str| format!("--{}", field.replace('_', "-"));
-    // The model flags as given (a model's settings keep only what its family has).
-    args.model.shape_settings().validate(flag).map_err(Error::msg)?;
+    // A fresh model's flags as given (its settings keep only what its family has); a model
+    // from a checkpoint is compared with them instead (`keeps_model_shape`).
+    if args.resume.is_none() && args.init_from.is_none() {
+        args.model.shape_settings().validate(flag).map_err(Error::msg)?;
+    }
     let run = resolve_unchecked(args, explicit)?;
     run.settings.validate(flag).map_err(Error::msg)?;
     Ok(run)
