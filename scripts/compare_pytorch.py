@@ -7,6 +7,10 @@ Configurations:
   baby   nanoGPT's "baby GPT": 6 layers, 6 heads, 384 embd, block 256, batch 64
   gpt2   GPT-2 124M (alpha-native --model gpt2): 12 layers, 12 heads, 768 embd, vocabulary
          50257, block 256, batch 4
+  smollm2  SmolLM2-135M's shape (alpha-native --model smollm2-135m: Llama family, 30 layers,
+         9 heads over 3 key/value heads, 576 embd, SwiGLU 1536, vocabulary 49152, tied),
+         block 512, batch 4; PyTorch's side is nanogpt_reference.py's Llama (F.rms_norm,
+         scaled_dot_product_attention with enable_gqa, fused q/k/v and gate/up products)
 
   python3 scripts/compare_pytorch.py [--configs small baby] [--threads 1 2] [--rounds N]
                                      [--backend cpu|gpu|cuda] [--peers eager compile ...]
@@ -49,6 +53,8 @@ CONFIGS = {
     "small": dict(layers=4, heads=4, embd=128, block=64, batch=12, iters=20, warmup=10, rounds=10),
     "baby": dict(layers=6, heads=6, embd=384, block=256, batch=64, iters=4, warmup=1, rounds=3),
     "gpt2": dict(layers=12, heads=12, embd=768, block=256, batch=4, vocab=50257, iters=3, warmup=1, rounds=3),
+    "smollm2": dict(layers=30, heads=9, embd=576, block=512, batch=4, vocab=49152, iters=2, warmup=1, rounds=3,
+                    llama=dict(model="smollm2-135m", kv_heads=3, intermediate_size=1536, rope_theta=100000.0)),
 }
 # Timed and warm-up steps on a GPU, where a step takes milliseconds.
 GPU_STEPS = dict(iters=50, warmup=5)
@@ -68,8 +74,13 @@ def model_flags(c, side="alpha"):
     """The model's flags for `side`: alpha-native's `--model gpt2` where the config has GPT-2's
     vocabulary, nanogpt_reference.py's `--vocab`."""
     shape = [f"--{k}={c[k]}" for k in ("layers", "heads", "embd")]
-    if "vocab" in c:
-        shape = ["--model=gpt2"] if side == "alpha" else shape + [f"--vocab={c['vocab']}"]
+    llama = c.get("llama")
+    if "vocab" in c and side == "alpha":
+        shape = [f"--model={llama['model'] if llama else 'gpt2'}"]
+    elif "vocab" in c:
+        shape += [f"--vocab={c['vocab']}"]
+        if llama:
+            shape += ["--arch=llama"] + [f"--{k.replace('_', '-')}={v}" for k, v in llama.items() if k != "model"]
     return shape + [f"--{k}={c[k]}" for k in ("block", "batch")]
 
 
@@ -108,7 +119,13 @@ def necessary_flops(c, vocab):
     left out, so time at the FMA limit over these is a floor no implementation can beat."""
     C, T, L = c["embd"], c["block"], c["layers"]
     tokens = c["batch"] * T
-    matmuls = 6 * (L * 12 * C * C + vocab * C) * tokens
+    llama = c.get("llama")
+    # A block's weights: 12 C^2 for GPT-2; q/k/v, output, gate/up and down for the Llama family.
+    block = 12 * C * C
+    if llama:
+        qkv = (c["heads"] + 2 * llama["kv_heads"]) * (C // c["heads"])
+        block = qkv * C + C * C + 3 * llama["intermediate_size"] * C
+    matmuls = 6 * (L * block + vocab * C) * tokens
     attention = L * c["batch"] * C * (T * (T + 1) // 2) * 2 * 6
     return matmuls + attention
 

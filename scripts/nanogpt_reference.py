@@ -13,7 +13,7 @@ Optional tooling (Alpha never needs PyTorch to build, run or test):
          comparing with `alpha-native train` on the same settings.
   bench  python3 scripts/nanogpt_reference.py bench [--threads N] [--iters N] [--warmup N]
                                                     [--device cpu|cuda] [--compile]
-                                                    [--precision fp32|bf16]
+                                                    [--precision fp32|bf16] [--arch llama ...]
          Times nanoGPT's training step (AdamW, clip 1.0; fp32 eager by default) on the default
          CPU config (4 layers, 4 heads, 128 embd, block 64, batch 12) and prints ms/iter and
          tok/s. On CUDA each timed step ends with a synchronize (TF32 off, PyTorch's default for
@@ -21,7 +21,9 @@ Optional tooling (Alpha never needs PyTorch to build, run or test):
          `--precision bf16` runs the forward and loss under bf16 autocast (nanoGPT's
          `dtype='bfloat16'`: fp32 weights and optimizer, no loss scaling); `--compile` wraps
          the model in torch.compile (nanoGPT's `compile=True`; its compilation happens in the
-         warm-up steps, which are not timed).
+         warm-up steps, which are not timed). `--arch llama` times a Llama-family model
+         instead (see `Llama`: F.rms_norm, RoPE, SwiGLU, scaled_dot_product_attention with
+         enable_gqa; --kv-heads, --intermediate-size, --rope-theta).
 
 Needs: pip install torch numpy safetensors
 """
@@ -58,6 +60,69 @@ class Block(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         x = x + F.dropout(self.attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)), p)
         return x + F.dropout(self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh")), p)
+
+
+class LlamaBlock(nn.Module):
+    """A Llama block written the strongest eager way: RMSNorm by F.rms_norm, q/k/v as one
+    product, RoPE (rotate-half) from precomputed tables, grouped-query attention by
+    scaled_dot_product_attention(enable_gqa=True), gate and up as one product with SiLU."""
+
+    def __init__(self, c, n_head, n_kv_head, hidden):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.hs = n_head, n_kv_head, c // n_head
+        self.norm_1 = nn.Parameter(torch.ones(c))
+        self.qkv = nn.Linear(c, (n_head + 2 * n_kv_head) * self.hs, bias=False)
+        self.o = nn.Linear(c, c, bias=False)
+        self.norm_2 = nn.Parameter(torch.ones(c))
+        self.gate_up = nn.Linear(c, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, c, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = self.qkv(F.rms_norm(x, (C,), self.norm_1, 1e-5)).split([C, self.n_kv_head * self.hs, self.n_kv_head * self.hs], dim=2)
+        q = q.view(B, T, self.n_head, self.hs).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.hs).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.hs).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(y.transpose(1, 2).contiguous().view(B, T, C))
+        gate, up = self.gate_up(F.rms_norm(x, (C,), self.norm_2, 1e-5)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def rope(x, cos, sin):
+    """Hugging Face's rotate-half rotary embedding of x [B, H, T, HS]."""
+    a, b = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-b, a), dim=-1) * sin
+
+
+class Llama(nn.Module):
+    """A Llama-family model (tied head) of the same shape as alpha-native's --arch llama."""
+
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, n_kv_head, hidden, rope_theta=10000.0):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, n_embd)
+        self.blocks = nn.ModuleList([LlamaBlock(n_embd, n_head, n_kv_head, hidden) for _ in range(n_layer)])
+        self.norm = nn.Parameter(torch.ones(n_embd))
+        hs = n_embd // n_head
+        inv_freq = 1.0 / (rope_theta ** (torch.arange(0, hs, 2).float() / hs))
+        angles = torch.outer(torch.arange(block_size).float(), inv_freq)
+        self.register_buffer("cos", torch.cat((angles, angles), dim=-1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat((angles, angles), dim=-1).sin(), persistent=False)
+        for name, p in self.named_parameters():
+            if name.endswith(("o.weight", "down.weight")):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+            elif p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.embed(idx)
+        cos, sin = self.cos[:T], self.sin[:T]
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        logits = F.linear(F.rms_norm(x, (x.size(-1),), self.norm, 1e-5), self.embed.weight)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
 
 
 class GPT(nn.Module):
@@ -182,7 +247,12 @@ def cmd_bench(args):
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     B, T = args.batch, args.block
-    model = GPT(args.vocab or len(chars), T, args.layers, args.heads, args.embd).to(device)
+    vocab = args.vocab or len(chars)
+    if args.arch == "llama":
+        hidden = args.intermediate_size or -(-8 * args.embd // 3 // 64) * 64
+        model = Llama(vocab, T, args.layers, args.heads, args.embd, args.kv_heads or args.heads, hidden, args.rope_theta).to(device)
+    else:
+        model = GPT(vocab, T, args.layers, args.heads, args.embd).to(device)
     step_model = torch.compile(model) if args.compile else model
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -242,6 +312,10 @@ def main():
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     b.add_argument("--compile", action="store_true", help="torch.compile the model (compiled in the warm-up steps)")
     b.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast the forward and loss to bfloat16")
+    b.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2", help="llama: RMSNorm, RoPE, SwiGLU, grouped-query attention, tied head")
+    b.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (default: --heads)")
+    b.add_argument("--intermediate-size", type=int, default=0, help="llama: the SwiGLU width (default: 8/3 of --embd up to a multiple of 64)")
+    b.add_argument("--rope-theta", type=float, default=10000.0)
     args = p.parse_args()
     {"eval": cmd_eval, "train": cmd_train, "bench": cmd_bench}[args.cmd](args)
 

@@ -51,7 +51,8 @@ export const Trainer = build.Trainer;
 export const PRESETS = {};
 
 /** A preset's menu entry: its name and model. */
-const presetLabel = (name, o) => `${name}: ${o.layers} layers, ${o.heads} heads, ${o.embd} wide, block ${o.block}, batch ${o.batch}`;
+const presetLabel = (name, o) =>
+  `${name}: ${o.arch === "llama" ? `Llama, ${o.kvHeads || o.heads} key/value heads, ` : ""}${o.layers} layers, ${o.heads} heads, ${o.embd} wide, block ${o.block}, batch ${o.batch}`;
 
 /** The options the URL sets over a preset's: `steps` (the run's length) and any option by name. */
 function urlOptions(options) {

@@ -39,9 +39,10 @@ pub struct Preset {
 }
 
 /// The presets, smallest first.
-pub const PRESETS: [Preset; 4] = [
+pub const PRESETS: [Preset; 5] = [
     Preset { name: "tiny", toml: include_str!("../../config/tiny.toml") },
     Preset { name: "small", toml: include_str!("../../config/small.toml") },
+    Preset { name: "llama", toml: include_str!("../../config/llama.toml") },
     Preset { name: "shakespeare_char", toml: include_str!("../../config/shakespeare_char.toml") },
     Preset { name: "baby", toml: include_str!("../../config/baby.toml") },
 ];

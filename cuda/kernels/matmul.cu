@@ -26,6 +26,30 @@ extern "C" __global__ void gelu_backward(float* dout, const float* slope, long l
     if (idx < len) dout[idx] *= slope[idx];
 }
 
+// SwiGLU after the gate and up product pre [n, 2h]: out [n, h] = silu(gate) * up; with
+// `save_slope`, pre becomes the slopes [up * s * (1 + gate * (1 - s)), silu(gate)], s = sigmoid(gate).
+extern "C" __global__ void swiglu_forward(float* out, float* pre, int n, int h, int save_slope) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)n * h) return;
+    long long row = idx / h, at = row * 2 * h + idx % h;
+    float g = pre[at], up = pre[at + h];
+    float s = 1.0f / (1.0f + expf(-g)), silu = g * s;
+    out[idx] = silu * up;
+    if (save_slope) {
+        pre[at] = up * s * (1.0f + g * (1.0f - s));
+        pre[at + h] = silu;
+    }
+}
+
+// SwiGLU's backward in place: both halves of the slopes d [n, 2h] times dh [n, h].
+extern "C" __global__ void swiglu_backward(float* d, const float* dh, int n, int h) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)n * h) return;
+    long long row = idx / h, at = row * 2 * h + idx % h;
+    d[at] *= dh[idx];
+    d[at + h] *= dh[idx];
+}
+
 // dbias += column sums of dout [n, m]: one thread per column, rows in order.
 extern "C" __global__ void bias_grad(float* dbias, const float* dout, int n, int m) {
     int col = blockIdx.x * blockDim.x + threadIdx.x;

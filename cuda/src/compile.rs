@@ -12,9 +12,10 @@ use std::path::PathBuf;
 const COMMON: &str = include_str!("../kernels/common.cuh");
 
 /// The kernel files: (name, source).
-pub const SOURCES: [(&str, &str); 9] = [
+pub const SOURCES: [(&str, &str); 10] = [
     ("embedding", include_str!("../kernels/embedding.cu")),
     ("layernorm", include_str!("../kernels/layernorm.cu")),
+    ("rmsnorm", include_str!("../kernels/rmsnorm.cu")),
     ("matmul", include_str!("../kernels/matmul.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
     ("cross_entropy", include_str!("../kernels/cross_entropy.cu")),
@@ -25,11 +26,12 @@ pub const SOURCES: [(&str, &str); 9] = [
 ];
 
 /// The kernels' entry points, by file.
-pub const ENTRY_POINTS: [(&str, &[&str]); 9] = [
+pub const ENTRY_POINTS: [(&str, &[&str]); 10] = [
     ("embedding", &["embedding_forward", "embedding_backward"]),
     ("layernorm", &["layernorm_forward", "layernorm_backward_input", "layernorm_backward_params"]),
-    ("matmul", &["matmul_epilogue", "gelu_backward", "bias_grad", "round_to_bf16"]),
-    ("attention", &["attention_forward", "attention_backward_query", "attention_backward_key_value", "attention_decode"]),
+    ("rmsnorm", &["rmsnorm_forward", "rmsnorm_backward_input", "rmsnorm_backward_weight"]),
+    ("matmul", &["matmul_epilogue", "gelu_backward", "swiglu_forward", "swiglu_backward", "bias_grad", "round_to_bf16"]),
+    ("attention", &["attention_forward", "attention_backward_query", "attention_backward_key_value", "attention_rope_backward", "attention_decode"]),
     ("cross_entropy", &["cross_entropy"]),
     ("dropout", &["dropout"]),
     ("adamw", &["adamw"]),

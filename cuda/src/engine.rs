@@ -45,6 +45,8 @@ pub struct CudaEngine<'r> {
     targets: Buffer,
     operands_bf16: Option<(Buffer, Buffer)>,
     norm_partials: Buffer,
+    /// With RoPE, attention's rotary table.
+    rope: Option<Buffer>,
     host_batch: Vec<u32>,
     step: u64,
     rng: Rng,
@@ -81,10 +83,6 @@ struct Sampler {
     cache: Buffer,
 }
 
-/// Why a Llama-family model has no CUDA engine: its kernels are not written for CUDA yet.
-pub(crate) const LLAMA_REFUSED: &str =
-    "the Llama family (--arch llama) runs on the CPU backend in this version: alpha-cuda has no RMSNorm, SwiGLU or rotary attention kernels yet";
-
 impl<'r> CudaEngine<'r> {
     /// An engine for `plan` on `device` with products in `arithmetic`, continuing `start`, one
     /// of `ranks`; with `zero` it holds and updates only its rank's shard of the moments.
@@ -97,9 +95,6 @@ impl<'r> CudaEngine<'r> {
         ranks: &'r dyn Ranks<f32>,
         zero: bool,
     ) -> Result<CudaEngine<'r>, CudaError> {
-        if plan.config.llama().is_some() {
-            return Err(CudaError::new(LLAMA_REFUSED.into()));
-        }
         let p = plan.params_len();
         if start.params.len() != p {
             return Err(CudaError::new(format!("{} parameters given, the model has {p}", start.params.len())));
@@ -136,6 +131,14 @@ impl<'r> CudaEngine<'r> {
                 None
             },
             norm_partials: Buffer::zeroed(&device, "the gradient norm's partials", NORM_BLOCKS, 8)?,
+            rope: match crate::executor::rope_table(&plan) {
+                Some(table) => {
+                    let b = Buffer::f32s(&device, "the rotary table", table.len())?;
+                    b.upload(0, &table)?;
+                    Some(b)
+                }
+                None => None,
+            },
             host_batch: vec![0; 2 * n],
             tape: tape::record_to_vec(&plan),
             device,
@@ -158,7 +161,8 @@ impl<'r> CudaEngine<'r> {
     pub fn memory_needed(plan: &Plan, arithmetic: Arithmetic, moment_shards: usize) -> u64 {
         let p = plan.params_len() as u64;
         let n = plan.tokens() as u64;
-        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64) + 8 * n;
+        let rope = if plan.attention_shape().rope.is_some() { plan.config.block_size * plan.config.head_size() } else { 0 };
+        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64) + 8 * n;
         if arithmetic == Arithmetic::Bf16 {
             bytes += 2 * p + 2 * 2 * bf16_operand_len(plan) as u64;
         }
@@ -204,6 +208,7 @@ impl<'r> CudaEngine<'r> {
             tokens: self.tokens.tensor(),
             targets: Some(self.targets.tensor()),
             operands_bf16: self.operands_bf16.as_ref().map(|(a, b)| (a.tensor(), b.tensor())),
+            rope: self.rope.as_ref().map(Buffer::tensor),
         }
     }
 
@@ -414,7 +419,7 @@ impl<'r> CudaEngine<'r> {
             let with_classes = |p: Plan| p.with_classes(self.plan.classes()).map_err(|e| CudaError::new(e.to_string()));
             let decode = with_classes(Plan::new(c, 1, 1).map_err(|e| CudaError::new(e.to_string()))?)?;
             let window = with_classes(Plan::new(c, 1, c.block_size).map_err(|e| CudaError::new(e.to_string()))?)?;
-            let cache = Buffer::f32s(&self.device, "the KV cache", 2 * c.n_layer * c.block_size * c.n_embd)?;
+            let cache = Buffer::f32s(&self.device, "the KV cache", 2 * c.n_layer * c.block_size * c.kv_heads() * c.head_size())?;
             self.sampler = Some(Sampler { decode: ForwardMemory::new(&self.device, decode)?, window: ForwardMemory::new(&self.device, window)?, cache });
         }
         Ok(self.sampler.as_ref().expect("made above"))

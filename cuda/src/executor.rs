@@ -46,9 +46,21 @@ pub(crate) struct Arenas {
     /// Under bf16 products, two bf16 scratch tensors for the operands the walk rounds (an
     /// input, a gradient), each as large as the largest.
     pub operands_bf16: Option<(Tensor, Tensor)>,
+    /// With RoPE, attention's rotary table `[block_size, HS]` (see [`rope_table`]).
+    pub rope: Option<Tensor>,
 }
 
-/// Decoding one token against a KV cache: per layer keys then values, `[len, C]` each.
+/// The rotary table of a model with RoPE (`[block_size, HS]`, row `p` the cosines of
+/// position `p`'s angles then their sines, as the CPU's attention computes them), to upload.
+pub(crate) fn rope_table(plan: &Plan) -> Option<Vec<f32>> {
+    let shape = plan.attention_shape();
+    let rope = shape.rope?;
+    let mut table = vec![0f32; plan.config.block_size * shape.head_size];
+    rope.fill_table(&alpha_core::Serial, &mut table, shape.head_size);
+    Some(table)
+}
+
+/// Decoding one token against a KV cache: per layer keys then values, `[len, KVH * HS]` each.
 #[derive(Clone, Copy)]
 pub(crate) struct Decoding {
     pub cache: Tensor,
@@ -103,6 +115,16 @@ impl<'a> CudaExecutor<'a> {
     /// Dropout masks of micro-batch `key`.
     pub fn with_dropout_key(self, key: DropoutKey) -> Self {
         CudaExecutor { key: Some(key), ..self }
+    }
+
+    /// The rotary table's device address where attention of `shape` has RoPE, else 0 (the
+    /// kernels' null).
+    fn rope(&self, shape: attention::AttentionShape) -> u64 {
+        match (shape.rope, self.arenas.rope) {
+            (Some(_), Some(table)) => table.ptr,
+            (Some(_), None) => panic!("a model with RoPE needs its rotary table in the arenas"),
+            (None, _) => 0,
+        }
     }
 
     /// One token's forward (a batch-1, sequence-1 plan) against `decoding`'s cache.
@@ -194,10 +216,10 @@ impl Executor for CudaExecutor<'_> {
         let n = a.out.len / c;
         let first = self.decoding.map_or(0, |d| d.position) as i32;
         let tokens = self.arenas.tokens.ptr;
-        let wpe = a.wpe.expect(crate::engine::LLAMA_REFUSED);
+        let wpe = a.wpe.map_or(0, |w| w.ptr);
         // SAFETY: out [n, C], the tables, n token ids.
         unsafe {
-            self.launch("embedding_forward", blocks(n * c), BLOCK, &mut args![a.out.ptr, a.wte.ptr, wpe.ptr, tokens, n as i32, c as i32, a.seq as i32, first])
+            self.launch("embedding_forward", blocks(n * c), BLOCK, &mut args![a.out.ptr, a.wte.ptr, wpe, tokens, n as i32, c as i32, a.seq as i32, first])
         }
     }
 
@@ -205,9 +227,9 @@ impl Executor for CudaExecutor<'_> {
         let c = self.plan.config.n_embd;
         let n = a.dout.len / c;
         let tokens = self.arenas.tokens.ptr;
-        let dwpe = a.dwpe.expect(crate::engine::LLAMA_REFUSED);
+        let dwpe = a.dwpe.map_or(0, |w| w.ptr);
         // SAFETY: as forward.
-        unsafe { self.launch("embedding_backward", blocks(c), BLOCK, &mut args![a.dwte.ptr, dwpe.ptr, a.dout.ptr, tokens, n as i32, c as i32, a.seq as i32]) }
+        unsafe { self.launch("embedding_backward", blocks(c), BLOCK, &mut args![a.dwte.ptr, dwpe, a.dout.ptr, tokens, n as i32, c as i32, a.seq as i32]) }
     }
 
     fn layernorm_forward(&mut self, a: layernorm::Forward<Tensor, Tensor>) {
@@ -233,12 +255,21 @@ impl Executor for CudaExecutor<'_> {
         }
     }
 
-    fn rmsnorm_forward(&mut self, _: rmsnorm::Forward<Tensor, Tensor>) {
-        unreachable!("{}", crate::engine::LLAMA_REFUSED)
+    fn rmsnorm_forward(&mut self, a: rmsnorm::Forward<Tensor, Tensor>) {
+        let (n, c) = (a.rstd.len, a.weight.len);
+        let eps = a.eps as f32;
+        // SAFETY: rows of C, n of them.
+        unsafe { self.launch("rmsnorm_forward", warp_blocks(n), BLOCK, &mut args![a.out.ptr, a.rstd.ptr, a.x.ptr, a.weight.ptr, n as i32, c as i32, eps]) }
     }
 
-    fn rmsnorm_backward(&mut self, _: rmsnorm::Backward<Tensor, Tensor>) {
-        unreachable!("{}", crate::engine::LLAMA_REFUSED)
+    fn rmsnorm_backward(&mut self, a: rmsnorm::Backward<Tensor, Tensor>) {
+        let (n, c) = (a.rstd.len, a.weight.len);
+        let (dout, x, rstd) = (a.dout.ptr, a.x.ptr, a.rstd.ptr);
+        // SAFETY: rows of C, n of them.
+        unsafe {
+            self.launch("rmsnorm_backward_input", warp_blocks(n), BLOCK, &mut args![a.dx.ptr, dout, x, rstd, a.weight.ptr, n as i32, c as i32]);
+            self.launch("rmsnorm_backward_weight", blocks(c), BLOCK, &mut args![a.dweight.ptr, dout, x, rstd, n as i32, c as i32]);
+        }
     }
 
     fn matmul_forward(&mut self, a: matmul::Forward<Tensor, Tensor>) {
@@ -248,7 +279,8 @@ impl Executor for CudaExecutor<'_> {
             matmul::Epilogue::None => (a.out, 0, 0),
             matmul::Epilogue::Gelu { pre } => (pre, a.out.ptr, 0),
             matmul::Epilogue::Residual { input } => (a.out, 0, input.ptr),
-            matmul::Epilogue::SwiGlu { .. } => unreachable!("{}", crate::engine::LLAMA_REFUSED),
+            // The product into `pre`, SwiGLU over its halves after it (below).
+            matmul::Epilogue::SwiGlu { pre } => (pre, 0, 0),
         };
         // out [N, M] = x [N, K] · w [M, K]ᵀ, column-major: outᵀ [M, N] = (wᵀ stored [K, M])ᵀ · xᵀ [K, N].
         let (w, x) = (self.weight(a.weight), self.operand(a.x, 0));
@@ -259,15 +291,26 @@ impl Executor for CudaExecutor<'_> {
             // SAFETY: target (and gelu_out, residual) [N, M], bias [M].
             unsafe { self.launch("matmul_epilogue", blocks(n * m), BLOCK, &mut args![target.ptr, gelu_out, bias, residual, n as i32, m as i32, slope]) }
         }
+        if let matmul::Epilogue::SwiGlu { pre } = a.epilogue {
+            let (h, slope) = (m / 2, a.save_slope as i32);
+            // SAFETY: out [N, M/2], pre [N, M].
+            unsafe { self.launch("swiglu_forward", blocks(n * h), BLOCK, &mut args![a.out.ptr, pre.ptr, n as i32, h as i32, slope]) }
+        }
     }
 
     fn matmul_backward(&mut self, a: matmul::Backward<Tensor, Tensor>) {
         let (k, m) = (a.k, a.m);
         let n = a.x.len / k;
-        if let Some(activation) = a.activation {
-            let matmul::ActivationGrad::Gelu { slope } = activation else { unreachable!("{}", crate::engine::LLAMA_REFUSED) };
+        match a.activation {
             // SAFETY: both [N, M].
-            unsafe { self.launch("gelu_backward", blocks(n * m), BLOCK, &mut args![a.dout.ptr, slope.ptr, (n * m) as i64]) }
+            Some(matmul::ActivationGrad::Gelu { slope }) => unsafe {
+                self.launch("gelu_backward", blocks(n * m), BLOCK, &mut args![a.dout.ptr, slope.ptr, (n * m) as i64])
+            },
+            // SAFETY: the slopes [N, M], dh [N, M/2].
+            Some(matmul::ActivationGrad::SwiGlu { dh }) => unsafe {
+                self.launch("swiglu_backward", blocks(n * m / 2), BLOCK, &mut args![a.dout.ptr, dh.ptr, n as i32, (m / 2) as i32])
+            },
+            None => {}
         }
         if let Some(db) = a.dbias {
             // SAFETY: dbias [M], dout [N, M].
@@ -287,20 +330,21 @@ impl Executor for CudaExecutor<'_> {
     fn attention_forward(&mut self, a: attention::Forward<Tensor, Tensor>) {
         let s = a.shape;
         let scale = (1.0 / (s.head_size as f64).sqrt()) as f32;
-        let (heads, hs) = (s.heads as i32, s.head_size as i32);
+        let (heads, kv_heads, hs) = (s.heads as i32, s.kv_heads as i32, s.head_size as i32);
+        let rope = self.rope(s);
         match self.decoding {
             Some(d) => {
-                let c = self.plan.config.n_embd;
-                let keys = d.cache.part(2 * self.layer * d.len * c, d.len * c);
-                let values = d.cache.part((2 * self.layer + 1) * d.len * c, d.len * c);
+                let kv = s.kv_heads * s.head_size;
+                let keys = d.cache.part(2 * self.layer * d.len * kv, d.len * kv);
+                let values = d.cache.part((2 * self.layer + 1) * d.len * kv, d.len * kv);
                 let pos = d.position as i32;
-                // SAFETY: one token's qkv [3C], out [C], lse [NH]; the layer's cache.
+                // SAFETY: one token's qkv [W], out [C], lse [NH]; the layer's cache.
                 unsafe {
                     self.launch(
                         "attention_decode",
                         warp_blocks(s.heads),
                         BLOCK,
-                        &mut args![a.out.ptr, a.lse.ptr, keys.ptr, values.ptr, a.qkv.ptr, pos, heads, hs, scale],
+                        &mut args![a.out.ptr, a.lse.ptr, keys.ptr, values.ptr, a.qkv.ptr, rope, pos, heads, kv_heads, hs, scale],
                     )
                 }
             }
@@ -308,8 +352,15 @@ impl Executor for CudaExecutor<'_> {
                 let drop = DropoutArgs::new(a.dropout, self.key);
                 let rows = s.batch * s.heads * s.seq;
                 let (b, t) = (s.batch as i32, s.seq as i32);
-                // SAFETY: qkv [B, T, 3C], out [B, T, C], lse [B, NH, T].
-                unsafe { self.launch("attention_forward", warp_blocks(rows), BLOCK, &mut args![a.out.ptr, a.lse.ptr, a.qkv.ptr, b, t, heads, hs, scale, drop]) }
+                // SAFETY: qkv [B, T, W], out [B, T, C], lse [B, NH, T].
+                unsafe {
+                    self.launch(
+                        "attention_forward",
+                        warp_blocks(rows),
+                        BLOCK,
+                        &mut args![a.out.ptr, a.lse.ptr, a.qkv.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
+                    )
+                }
             }
         }
     }
@@ -320,7 +371,8 @@ impl Executor for CudaExecutor<'_> {
         let drop = DropoutArgs::new(a.dropout, self.key);
         let rows = s.batch * s.heads * s.seq;
         let delta = self.arenas.acts.part(self.plan.scratch().attention.offset, rows);
-        let (b, t, heads, hs) = (s.batch as i32, s.seq as i32, s.heads as i32, s.head_size as i32);
+        let (b, t, heads, kv_heads, hs) = (s.batch as i32, s.seq as i32, s.heads as i32, s.kv_heads as i32, s.head_size as i32);
+        let rope = self.rope(s);
         // SAFETY: as forward; delta [B, NH, T] in the attention scratch.
         unsafe {
             let (dqkv, dout, qkv, lse) = (a.dqkv.ptr, a.dout.ptr, a.qkv.ptr, a.lse.ptr);
@@ -328,9 +380,20 @@ impl Executor for CudaExecutor<'_> {
                 "attention_backward_query",
                 warp_blocks(rows),
                 BLOCK,
-                &mut args![dqkv, delta.ptr, dout, qkv, a.out.ptr, lse, b, t, heads, hs, scale, drop],
+                &mut args![dqkv, delta.ptr, dout, qkv, a.out.ptr, lse, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
-            self.launch("attention_backward_key_value", warp_blocks(rows), BLOCK, &mut args![dqkv, dout, qkv, lse, delta.ptr, b, t, heads, hs, scale, drop]);
+            let key_rows = s.batch * s.kv_heads * s.seq;
+            self.launch(
+                "attention_backward_key_value",
+                warp_blocks(key_rows),
+                BLOCK,
+                &mut args![dqkv, dout, qkv, lse, delta.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
+            );
+            if rope != 0 {
+                let pairs = s.batch * s.seq * (s.heads + s.kv_heads) * s.head_size / 2;
+                let n = (s.batch * s.seq) as i32;
+                self.launch("attention_rope_backward", blocks(pairs), BLOCK, &mut args![dqkv, rope, n, t, heads, kv_heads, hs]);
+            }
         }
     }
 

@@ -7,11 +7,11 @@ use crate::blas::{Arithmetic, Products};
 use crate::device::Device;
 use crate::executor::{Arenas, CudaExecutor, Decoding};
 use crate::memory::{Buffer, Tensor};
-use alpha_core::ops::attention::{AttentionShape, KvCache};
+use alpha_core::ops::attention::KvCache;
 use alpha_core::ops::dropout::{DropoutKey, Site};
-use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul};
+use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm};
 use alpha_core::walk::Executor;
-use alpha_core::{GptConfig, Plan, Rng, Serial};
+use alpha_core::{Arch, GptConfig, Llama, Plan, Rng, RopeScaling, Serial};
 
 fn device() -> Device {
     match crate::device::check_libraries().and_then(|()| Device::open(0)) {
@@ -41,6 +41,8 @@ struct Rig {
     tokens: Buffer,
     targets: Buffer,
     buffers: Vec<Buffer>,
+    /// The plan's rotary table, where it has RoPE.
+    rope: Option<Buffer>,
     /// Last: dropped after everything allocated on it.
     device: Device,
 }
@@ -54,7 +56,12 @@ impl Rig {
         let (tokens, targets) = (Buffer::zeroed(&device, "tokens", ids.len(), 4).unwrap(), Buffer::zeroed(&device, "targets", ids.len(), 4).unwrap());
         tokens.upload(0, ids).unwrap();
         targets.upload(0, ids).unwrap();
-        Rig { device, products, plan, acts, tokens, targets, buffers: Vec::new() }
+        let rope = crate::executor::rope_table(&plan).map(|table| {
+            let b = Buffer::f32s(&device, "rotary table", table.len()).unwrap();
+            b.upload(0, &table).unwrap();
+            b
+        });
+        Rig { device, products, plan, acts, tokens, targets, buffers: Vec::new(), rope }
     }
 
     /// `data` on the device.
@@ -83,6 +90,7 @@ impl Rig {
             tokens: self.tokens.tensor(),
             targets: Some(self.targets.tensor()),
             operands_bf16: None,
+            rope: self.rope.as_ref().map(Buffer::tensor),
         };
         CudaExecutor::new(&self.device, &self.products, &self.plan, arenas)
     }
@@ -101,6 +109,14 @@ impl Rig {
 
 fn plan(vocab: usize, batch: usize, seq: usize, heads: usize, embd: usize) -> Plan {
     Plan::new(GptConfig::gpt2(vocab, seq, 1, heads, embd), batch, seq).unwrap()
+}
+
+/// A Llama-family plan: `kv_heads` key/value heads, Llama 3's RoPE scaling with every band in
+/// use.
+fn llama_plan(batch: usize, seq: usize, heads: usize, kv_heads: usize, embd: usize) -> Plan {
+    let rope_scaling = Some(RopeScaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 4 });
+    let llama = Llama { n_kv_head: kv_heads, intermediate_size: 8, norm_eps: 1e-5, rope_theta: 500.0, rope_scaling, qkv_bias: false, tied: true };
+    Plan::new(GptConfig { arch: Arch::Llama(llama), ..GptConfig::gpt2(5, seq, 1, heads, embd) }, batch, seq).unwrap()
 }
 
 #[test]
@@ -160,6 +176,65 @@ fn layernorm_matches_the_cpu() {
     for (what, g, want) in
         [("out", g_out, &out), ("mean", g_mean, &mean), ("rstd", g_rstd, &rstd), ("dx", g_dx, &dx), ("dweight", g_dw, &dw), ("dbias", g_db, &db)]
     {
+        assert_close(what, &rig.get(g), want, 1e-5);
+    }
+}
+
+#[test]
+fn rmsnorm_matches_the_cpu() {
+    let (n, c, eps) = (13, 70, 1e-6);
+    let mut rng = Rng::new(2);
+    let mut rig = Rig::new(plan(5, 1, n, 1, c), &vec![0; n]);
+    let (x, w, dout, dx0, dw0) = (random(&mut rng, n * c, 2.0), random(&mut rng, c, 1.0), random(&mut rng, n * c, 1.0), random(&mut rng, n * c, 1.0), random(&mut rng, c, 1.0));
+    let (g_out, g_rstd, g_x, g_w, g_dout) = (rig.put(&vec![0f32; n * c]), rig.put(&vec![0f32; n]), rig.put(&x), rig.put(&w), rig.put(&dout));
+    let (g_dx, g_dw) = (rig.put(&dx0), rig.put(&dw0));
+    rig.run(None, |e| {
+        e.rmsnorm_forward(rmsnorm::Forward { out: g_out, rstd: g_rstd, x: g_x, weight: g_w, eps });
+        e.rmsnorm_backward(rmsnorm::Backward { dx: g_dx, dweight: g_dw, dout: g_dout, x: g_x, rstd: g_rstd, weight: g_w });
+    });
+    let (mut out, mut rstd) = (vec![0f32; n * c], vec![0f32; n]);
+    rmsnorm::forward(&Serial, rmsnorm::Forward { out: &mut out, rstd: &mut rstd, x: &x, weight: &w, eps });
+    let (mut dx, mut dw) = (dx0, dw0);
+    let mut partials = vec![0f32; alpha_core::ops::row_blocks::blocks(n) * c];
+    rmsnorm::backward(&Serial, rmsnorm::Backward { dx: &mut dx[..], dweight: &mut dw[..], dout: &dout, x: &x, rstd: &rstd, weight: &w }, &mut partials);
+    for (what, g, want) in [("out", g_out, &out), ("rstd", g_rstd, &rstd), ("dx", g_dx, &dx), ("dweight", g_dw, &dw)] {
+        assert_close(what, &rig.get(g), want, 1e-5);
+    }
+}
+
+/// SwiGLU after the gate and up product, and its backward into the product's.
+#[test]
+fn swiglu_matches_the_cpu() {
+    let (n, k, m) = (19, 37, 2 * 23);
+    let mut rng = Rng::new(3);
+    let mut rig = Rig::new(plan(5, 1, n, 1, k), &vec![0; n]);
+    let (x, w, dh, dw0) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * k, 1.0), random(&mut rng, n * m / 2, 1.0), random(&mut rng, m * k, 1.0));
+    let (g_out, g_pre, g_x, g_w, g_dh) = (rig.put(&vec![0f32; n * m / 2]), rig.put(&vec![0f32; n * m]), rig.put(&x), rig.put(&w), rig.put(&dh));
+    let (g_dx, g_dw) = (rig.put(&vec![0f32; n * k]), rig.put(&dw0));
+    rig.run(None, |e| {
+        let epilogue = matmul::Epilogue::SwiGlu { pre: g_pre };
+        e.matmul_forward(matmul::Forward { out: g_out, x: g_x, weight: g_w, bias: None, epilogue, save_slope: true, k, m });
+        let activation = Some(matmul::ActivationGrad::SwiGlu { dh: g_dh });
+        e.matmul_backward(matmul::Backward { dx: Some(g_dx), dweight: g_dw, dbias: None, dout: g_pre, x: g_x, weight: g_w, activation, k, m });
+    });
+    let (mut out, mut pre) = (vec![0f32; n * m / 2], vec![0f32; n * m]);
+    let a = matmul::Forward { out: &mut out[..], x: &x[..], weight: &w[..], bias: None, epilogue: matmul::Epilogue::SwiGlu { pre: &mut pre[..] }, save_slope: true, k, m };
+    matmul::forward(&Serial, a, &mut vec![0f32; matmul::scratch_len(k, m)]);
+    let (mut dx, mut dw) = (vec![0f32; n * k], dw0);
+    let a = matmul::Backward {
+        dx: Some(&mut dx[..]),
+        dweight: &mut dw[..],
+        dbias: None,
+        dout: &mut pre[..],
+        x: &x[..],
+        weight: &w[..],
+        activation: Some(matmul::ActivationGrad::SwiGlu { dh: &dh[..] }),
+        k,
+        m,
+    };
+    let mut partials = vec![0f32; alpha_core::ops::row_blocks::blocks(n) * m];
+    matmul::backward(&Serial, a, &mut partials, &mut vec![0f32; matmul::scratch_len(k, m)]);
+    for (what, g, want) in [("out", g_out, &out), ("d(pre)", g_pre, &pre), ("dx", g_dx, &dx), ("dweight", g_dw, &dw)] {
         assert_close(what, &rig.get(g), want, 1e-5);
     }
 }
@@ -235,45 +310,62 @@ fn matmul_and_its_epilogues_match_the_cpu() {
     }
 }
 
+/// GPT-2's heads, and the Llama family's: three query heads to each key/value head, rotary
+/// embeddings (dQ and dK rotated back).
 #[test]
 fn attention_matches_the_cpu_with_and_without_dropout() {
-    let s = AttentionShape { batch: 2, seq: 7, heads: 3, kv_heads: 3, head_size: 40, rope: None };
-    let c = s.heads * s.head_size;
+    for p in [plan(5, 2, 7, 3, 120), llama_plan(2, 7, 6, 2, 48)] {
+        check_attention(p);
+    }
+}
+
+fn check_attention(p: Plan) {
+    let s = p.attention_shape();
+    let (c, w) = (s.heads * s.head_size, s.width());
     for (site, key) in [(None, None), (Some(Site { id: 4, threshold: 1 << 30 }), Some(DropoutKey { seed: 11, draw: 3 }))] {
         let mut rng = Rng::new(4);
         let n = s.batch * s.seq;
-        let mut rig = Rig::new(plan(5, s.batch, s.seq, s.heads, c), &vec![0; n]);
-        let (qkv, dout) = (random(&mut rng, n * 3 * c, 1.0), random(&mut rng, n * c, 1.0));
+        let mut rig = Rig::new(p, &vec![0; n]);
+        let (qkv, dout) = (random(&mut rng, n * w, 1.0), random(&mut rng, n * c, 1.0));
         let lse_len = s.batch * s.heads * s.seq;
         let (g_out, g_lse, g_qkv, g_dout, g_dqkv) =
-            (rig.put(&vec![0f32; n * c]), rig.put(&vec![0f32; lse_len]), rig.put(&qkv), rig.put(&dout), rig.put(&vec![0f32; n * 3 * c]));
+            (rig.put(&vec![0f32; n * c]), rig.put(&vec![0f32; lse_len]), rig.put(&qkv), rig.put(&dout), rig.put(&vec![0f32; n * w]));
         rig.run(key, |e| {
             e.attention_forward(attention::Forward { out: g_out, lse: g_lse, qkv: g_qkv, shape: s, dropout: site });
             e.attention_backward(attention::Backward { dqkv: g_dqkv, dout: g_dout, qkv: g_qkv, out: g_out, lse: g_lse, shape: s, dropout: site });
         });
-        let (mut out, mut lse, mut dqkv) = (vec![0f32; n * c], vec![0f32; lse_len], vec![0f32; n * 3 * c]);
+        let (mut out, mut lse, mut dqkv) = (vec![0f32; n * c], vec![0f32; lse_len], vec![0f32; n * w]);
         let mut scratch = vec![0f32; s.scratch_len()];
         attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout: site }, &mut scratch, key);
         let a = attention::Backward { dqkv: &mut dqkv[..], dout: &dout[..], qkv: &qkv[..], out: &out[..], lse: &lse[..], shape: s, dropout: site };
         attention::backward(&Serial, a, &mut scratch, key);
-        let what = if site.is_some() { "with dropout" } else { "without dropout" };
+        let what = format!("{:?}, {}", s.rope.map(|_| "RoPE"), if site.is_some() { "with dropout" } else { "without dropout" });
         assert_close(&format!("{what}: out"), &rig.get(g_out), &out, 1e-5);
         assert_close(&format!("{what}: lse"), &rig.get(g_lse), &lse, 1e-5);
         assert_close(&format!("{what}: dqkv"), &rig.get(g_dqkv), &dqkv, 1e-5);
     }
 }
 
+/// Decoding against the cache, GPT-2's and the Llama family's (the cache of the key/value
+/// heads, keys rotated).
 #[test]
 fn decoding_matches_the_cpus_decoding() {
-    let (heads, hs, len) = (3, 40, 6);
-    let c = heads * hs;
-    let s = AttentionShape { batch: 1, seq: 1, heads, kv_heads: heads, head_size: hs, rope: None };
+    let len = 6;
+    let llama = llama_plan(1, len, 6, 2, 48);
+    for p in [plan(5, 1, 1, 3, 120), Plan::new(llama.config, 1, 1).unwrap()] {
+        check_decoding(p, len);
+    }
+}
+
+fn check_decoding(p: Plan, len: usize) {
+    let s = p.attention_shape();
+    let (heads, c, w, kv) = (s.heads, s.heads * s.head_size, s.width(), s.kv_heads * s.head_size);
     let mut rng = Rng::new(5);
-    let mut rig = Rig::new(plan(5, 1, 1, heads, c), &[0]);
-    let cache = rig.put(&vec![0f32; 2 * len * c]);
-    let mut cpu_cache = vec![0f32; 2 * len * c];
+    let mut rig = Rig::new(p, &[0]);
+    let cache = rig.put(&vec![0f32; 2 * len * kv]);
+    let mut cpu_cache = vec![0f32; 2 * len * kv];
     for pos in 0..len {
-        let qkv = random(&mut rng, 3 * c, 1.0);
+        let qkv = random(&mut rng, w, 1.0);
         let (g_out, g_lse, g_qkv) = (rig.put(&vec![0f32; c]), rig.put(&vec![0f32; heads]), rig.put(&qkv));
         let mut e = rig.exec().decoding(Decoding { cache, len, position: pos });
         e.attention_forward(attention::Forward { out: g_out, lse: g_lse, qkv: g_qkv, shape: s, dropout: None });
@@ -284,7 +376,7 @@ fn decoding_matches_the_cpus_decoding() {
         assert_close(&format!("position {pos}: out"), &rig.get(g_out), &out, 1e-5);
         assert_close(&format!("position {pos}: lse"), &rig.get(g_lse), &lse, 1e-5);
     }
-    assert_eq!(rig.get(cache), cpu_cache, "the caches' keys and values");
+    assert_close("the caches' keys and values", &rig.get(cache), &cpu_cache, 1e-6);
 }
 
 #[test]

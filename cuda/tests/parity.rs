@@ -36,7 +36,18 @@ fn now<F: std::future::Future>(f: F) -> F::Output {
 
 /// Two blocks, head size 48 (lanes past the first 32 dims idle), a padded vocabulary.
 fn plan(dropout: f64, recompute: bool) -> Plan {
-    let config = GptConfig::gpt2(72, 32, 2, 2, 96);
+    plan_of(GptConfig::gpt2(72, 32, 2, 2, 96), dropout, recompute)
+}
+
+/// A Llama-family model of the same size: 6 heads over 2 key/value heads (head size 16),
+/// SwiGLU 160, Llama 3's RoPE scaling, q/k/v biases, an untied head.
+fn llama(dropout: f64) -> Plan {
+    let rope_scaling = Some(alpha_core::RopeScaling { factor: 4.0, low_freq_factor: 1.0, high_freq_factor: 2.0, original_max_position_embeddings: 8 });
+    let llama = alpha_core::Llama { n_kv_head: 2, intermediate_size: 160, norm_eps: 1e-5, rope_theta: 1000.0, rope_scaling, qkv_bias: true, tied: false };
+    plan_of(GptConfig { arch: alpha_core::Arch::Llama(llama), ..GptConfig::gpt2(72, 32, 2, 6, 96) }, dropout, false)
+}
+
+fn plan_of(config: GptConfig, dropout: f64, recompute: bool) -> Plan {
     let plan = Plan::new(config, 4, 32).and_then(|p| p.with_classes(65)).and_then(|p| p.with_dropout(dropout, 5)).unwrap();
     plan.with_recompute(recompute)
 }
@@ -72,8 +83,12 @@ fn assert_steps_close(what: &str, got: &[StepStats], want: &[StepStats], toleran
 }
 
 fn against_cpu(dropout: f64) {
+    against_cpu_for(plan(dropout, false));
+}
+
+fn against_cpu_for(plan: Plan) {
+    let dropout = plan.dropout();
     let dev = device();
-    let plan = plan(dropout, false);
     let start = RunState::fresh(&plan, 3).unwrap();
     let mut cpu = CpuEngine::new(Serial, &OneRank, plan, cfg(1), start.clone()).unwrap();
     let mut gpu = cuda(dev, Arithmetic::F32, plan, &start);
@@ -93,6 +108,14 @@ fn f32_steps_match_the_cpu() {
 #[test]
 fn dropout_draws_the_cpus_masks() {
     against_cpu(0.2);
+}
+
+/// The Llama family (RMSNorm, SwiGLU, rotary attention over grouped heads) with dropout, and
+/// its greedy samples against the KV cache of the key/value heads.
+#[test]
+fn llama_steps_and_samples_match_the_cpu() {
+    against_cpu_for(llama(0.1));
+    samples_against_cpu(llama(0.0));
 }
 
 #[test]
@@ -129,8 +152,11 @@ fn recompute_and_resume_keep_every_bit() {
 
 #[test]
 fn samples_decode_what_the_cpu_decodes() {
+    samples_against_cpu(plan(0.0, false));
+}
+
+fn samples_against_cpu(plan: Plan) {
     let dev = device();
-    let plan = plan(0.0, false);
     let start = RunState::fresh(&plan, 6).unwrap();
     let mut cpu = CpuEngine::new(Serial, &OneRank, plan, cfg(1), start.clone()).unwrap();
     let mut gpu = cuda(dev, Arithmetic::F32, plan, &start);

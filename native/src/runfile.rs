@@ -182,7 +182,7 @@ mod tests {
         let other = ["alpha-native", "sample", "--prompt", "train", "--config", "x"].map(OsString::from).to_vec();
         assert_eq!(expand(other.clone(), &train()).unwrap(), other);
         let err = expand(["alpha-native", "train", "--config=nope"].map(OsString::from).to_vec(), &train()).unwrap_err().to_string();
-        assert!(err.contains("no such file, nor a preset (tiny, small, shakespeare_char, baby)"), "{err}");
+        assert!(err.contains("no such file, nor a preset (tiny, small, llama, shakespeare_char, baby)"), "{err}");
     }
 
     #[test]

@@ -263,7 +263,7 @@ fn run_files_set_flags_and_the_resolved_one_repeats_the_run() {
     }
     for (args, needle) in [
         (&["--config", "mine.toml", "--lr", "x"][..], "invalid value 'x' for '--lr <LR>'"),
-        (&["--config", "nope"], "no such file, nor a preset (tiny, small, shakespeare_char, baby)"),
+        (&["--config", "nope"], "no such file, nor a preset (tiny, small, llama, shakespeare_char, baby)"),
     ] {
         let o = run(&dir, &[&["train", "--data", "text.txt"], args].concat());
         assert_eq!(o.status.code(), Some(2));

@@ -151,6 +151,23 @@ test(`the first ${PARITY_STEPS} steps' losses equal alpha-native's on the CPU (1
   await page.close();
 });
 
+// The Llama preset: RMSNorm, rotary attention over grouped heads, SwiGLU, on both backends.
+test(`the llama preset trains on WebGPU and on the CPU, its first ${PARITY_STEPS} steps alpha-native's`, async () => {
+  const want = nativeLosses(["--config", "llama", "--lr", "3e-3", "--warmup", "10"], PARITY_STEPS, "native-llama");
+  for (const backend of ["webgpu", "cpu"]) {
+    const { page, errors } = await open(`?backend=${backend}&preset=llama&steps=${STEPS}&lr=3e-3&warmup=10&autostart=1`);
+    const s = await finished(page);
+    assert.equal(s.error, null);
+    assert.equal(s.stats.backend, backend);
+    assert.ok(mean(s.losses.slice(-5)) < mean(s.losses.slice(0, 5)) - 0.1, `${backend} losses: ${s.losses.join(", ")}`);
+    const tolerance = backend === "webgpu" && webgpuPrecision === "f16" ? 2e-2 : 1e-4;
+    assertLossesMatch(`llama on ${backend}, ${PARITY_STEPS} steps`, s.losses.slice(0, PARITY_STEPS), want, tolerance);
+    assert.match(await page.locator("#preset option:checked").textContent(), /^llama: Llama, 2 key\/value heads, 4 layers/);
+    assert.deepEqual(errors, []);
+    await page.close();
+  }
+});
+
 test("BPE in the page: a tokenizer learned in WebAssembly trains and samples text, and an uploaded tokenizer.json gives alpha-native's losses", async () => {
   // Learned in the page from the Shakespeare text: 512 tokens.
   const learned = await open(`?backend=cpu&preset=tiny&steps=${STEPS}&tokenizer=512&autostart=1`);

@@ -104,8 +104,8 @@ impl Rope {
     }
 
     /// `table [T, HS]`: row `p` holds the cosines of position `p`'s `HS/2` angles, then their
-    /// sines.
-    fn fill_table<T: Float>(&self, par: &dyn Parallel, table: &mut [T], hs: usize) {
+    /// sines (what the devices' attention kernels read, uploaded once).
+    pub fn fill_table<T: Float>(&self, par: &dyn Parallel, table: &mut [T], hs: usize) {
         let t = table.len() / hs;
         let tasks = par.threads().min(t);
         let table_p = SharedMut(table.as_mut_ptr());

@@ -19,14 +19,8 @@ fn attention_words(s: AttentionShape, dropout: Option<Site>) -> [u32; 9] {
 /// where `shape` has RoPE, as f32 values to upload; `rows` covers every position a plan of
 /// the model reaches (its block size).
 pub fn rope_table(shape: AttentionShape, rows: usize) -> Option<Vec<f32>> {
-    let (rope, hs) = (shape.rope?, shape.head_size);
-    let mut table = vec![0f32; rows * hs];
-    for (pos, row) in table.chunks_exact_mut(hs).enumerate() {
-        for i in 0..hs / 2 {
-            let (cos, sin) = rope.cos_sin(pos, i, hs);
-            (row[i], row[hs / 2 + i]) = (cos as f32, sin as f32);
-        }
-    }
+    let mut table = vec![0f32; rows * shape.head_size];
+    shape.rope?.fill_table(&alpha_core::Serial, &mut table, shape.head_size);
     Some(table)
 }
 

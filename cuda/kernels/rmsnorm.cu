@@ -1,0 +1,36 @@
+// RMSNorm over the last dimension with a weight and no bias, the Llama family's
+// (core/src/ops/rmsnorm.rs, shaders/rmsnorm.wgsl).
+
+// One warp per row: out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), saved.
+extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int n, int c, float eps) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= n) return;
+    const float* xr = x + (long long)row * c;
+    float q = 0.0f;
+    for (int i = lane; i < c; i += WARP) q += xr[i] * xr[i];
+    float r = 1.0f / sqrtf(warp_sum(q) / c + eps);
+    float* o = out + (long long)row * c;
+    for (int i = lane; i < c; i += WARP) o[i] = xr[i] * r * weight[i];
+    if (lane == 0) rstd[row] = r;
+}
+
+// One warp per row: dx += (dout * w - xhat * mean(dout * w * xhat)) * rstd.
+extern "C" __global__ void rmsnorm_backward_input(float* dx, const float* dout, const float* x, const float* rstd, const float* weight, int n, int c) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= n) return;
+    long long at = (long long)row * c;
+    float r = rstd[row];
+    float b = 0.0f;
+    for (int i = lane; i < c; i += WARP) b += dout[at + i] * weight[i] * (x[at + i] * r);
+    float dnorm_xhat_mean = warp_sum(b) / c;
+    for (int i = lane; i < c; i += WARP) dx[at + i] += (dout[at + i] * weight[i] - x[at + i] * r * dnorm_xhat_mean) * r;
+}
+
+// One thread per column, rows in order: dweight += sum(dout * xhat).
+extern "C" __global__ void rmsnorm_backward_weight(float* dweight, const float* dout, const float* x, const float* rstd, int n, int c) {
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= c) return;
+    float dw = 0.0f;
+    for (int i = 0; i < n; ++i) dw += dout[(long long)i * c + col] * (x[(long long)i * c + col] * rstd[i]);
+    dweight[col] += dw;
+}
