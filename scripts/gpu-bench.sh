@@ -4,7 +4,7 @@
 # cuda` in f32 and bf16 against PyTorch eager),
 # CPU-against-GPU parity, the GPU's FMA limits (and the tensor cores'), what its driver's
 # compiler made of each kernel (registers, local memory), `bench --backend gpu`
-# for the small, baby and GPT-2 124M configs against PyTorch on the same card (eager and
+# for the small, baby, GPT-2 124M and SmolLM2-135M (Llama family) configs against PyTorch on the same card (eager and
 # torch.compile, fp32 and bf16 autocast; Alpha's --precision f16 on the SIMT kernels, and on
 # the tensor cores where the driver has the shape they need, against bf16), and the top
 # kernels of each config's traced steps with their achieved rates; it ends with one Markdown
@@ -22,7 +22,7 @@
 #   scripts/gpu-bench.sh [OUT_DIR]     (default: gpu-bench/; the summary is OUT_DIR/gpu-bench.md)
 #
 # Environment: ALPHA_NATIVE (the binary), ALPHA_COMMIT (the commit ALPHA_NATIVE was built from;
-# default the checkout's), GPU_BENCH_CONFIGS (default "small baby gpt2"; "small" alone runs on
+# default the checkout's), GPU_BENCH_CONFIGS (default "small baby gpt2 smollm2"; "small" alone runs on
 # lavapipe in a few minutes, a check of this script), GPU_BENCH_ROUNDS (alternating rounds per
 # config, default 2), GPU_BENCH_COMPILE (0 leaves out the torch.compile rows, which compile for
 # a minute each), GPU_BENCH_BASELINES (other builds of alpha-native to time this one against on
@@ -36,15 +36,16 @@ out=${1:-gpu-bench}
 mkdir -p "$out"
 summary="$out/gpu-bench.md"
 rounds=${GPU_BENCH_ROUNDS:-2}
-read -r -a configs <<< "${GPU_BENCH_CONFIGS:-small baby gpt2}"
+read -r -a configs <<< "${GPU_BENCH_CONFIGS:-small baby gpt2 smollm2}"
 # Each config's bench flags (compare_pytorch.py's shapes on a GPU).
 declare -A shape=(
     [small]="--layers 4 --heads 4 --embd 128 --block 64 --batch 12"
     [baby]="--layers 6 --heads 6 --embd 384 --block 256 --batch 64"
     [gpt2]="--model gpt2 --block 1024 --batch 8"
+    [smollm2]="--model smollm2-135m --block 512 --batch 4"
 )
 for c in "${configs[@]}"; do
-    [ -n "${shape[$c]:-}" ] || { echo "GPU_BENCH_CONFIGS: no config $c (small, baby, gpt2)" >&2; exit 1; }
+    [ -n "${shape[$c]:-}" ] || { echo "GPU_BENCH_CONFIGS: no config $c (small, baby, gpt2, smollm2)" >&2; exit 1; }
 done
 started=$SECONDS
 stage() { echo "== $1 ($((SECONDS - started)) s)" >&2; }

@@ -185,7 +185,8 @@ fn rmsnorm_matches_the_cpu() {
     let (n, c, eps) = (13, 70, 1e-6);
     let mut rng = Rng::new(2);
     let mut rig = Rig::new(plan(5, 1, n, 1, c), &vec![0; n]);
-    let (x, w, dout, dx0, dw0) = (random(&mut rng, n * c, 2.0), random(&mut rng, c, 1.0), random(&mut rng, n * c, 1.0), random(&mut rng, n * c, 1.0), random(&mut rng, c, 1.0));
+    let (x, w, dout, dx0, dw0) =
+        (random(&mut rng, n * c, 2.0), random(&mut rng, c, 1.0), random(&mut rng, n * c, 1.0), random(&mut rng, n * c, 1.0), random(&mut rng, c, 1.0));
     let (g_out, g_rstd, g_x, g_w, g_dout) = (rig.put(&vec![0f32; n * c]), rig.put(&vec![0f32; n]), rig.put(&x), rig.put(&w), rig.put(&dout));
     let (g_dx, g_dw) = (rig.put(&dx0), rig.put(&dw0));
     rig.run(None, |e| {
@@ -218,7 +219,16 @@ fn swiglu_matches_the_cpu() {
         e.matmul_backward(matmul::Backward { dx: Some(g_dx), dweight: g_dw, dbias: None, dout: g_pre, x: g_x, weight: g_w, activation, k, m });
     });
     let (mut out, mut pre) = (vec![0f32; n * m / 2], vec![0f32; n * m]);
-    let a = matmul::Forward { out: &mut out[..], x: &x[..], weight: &w[..], bias: None, epilogue: matmul::Epilogue::SwiGlu { pre: &mut pre[..] }, save_slope: true, k, m };
+    let a = matmul::Forward {
+        out: &mut out[..],
+        x: &x[..],
+        weight: &w[..],
+        bias: None,
+        epilogue: matmul::Epilogue::SwiGlu { pre: &mut pre[..] },
+        save_slope: true,
+        k,
+        m,
+    };
     matmul::forward(&Serial, a, &mut vec![0f32; matmul::scratch_len(k, m)]);
     let (mut dx, mut dw) = (vec![0f32; n * k], dw0);
     let a = matmul::Backward {
