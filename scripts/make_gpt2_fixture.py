@@ -56,8 +56,15 @@ def main():
     model.eval()
     model.save_pretrained(OUT)
 
+    write_reference(OUT, model, fast, corpus, fast.eos_token_id)
+
+
+def write_reference(out, model, fast, corpus, pad_token_id):
+    """text.txt (a held-out slice of `corpus`) and reference.json in `out`: the ids `fast` gives
+    it, `model`'s mean cross-entropy over its non-overlapping BLOCK-token windows, and 12 greedy
+    tokens after a prompt (shared with scripts/make_llama_fixture.py)."""
     text = corpus[2_000_000:2_003_000]
-    with open(os.path.join(OUT, "text.txt"), "w", encoding="utf-8", newline="") as f:
+    with open(os.path.join(out, "text.txt"), "w", encoding="utf-8", newline="") as f:
         f.write(text)
     ids = fast(text)["input_ids"]
     windows = (len(ids) - 1) // BLOCK
@@ -69,13 +76,14 @@ def main():
     prompt = "ROMEO:"
     prompt_ids = fast(prompt, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        generated = model.generate(prompt_ids, max_new_tokens=12, do_sample=False, pad_token_id=fast.eos_token_id)[0, prompt_ids.size(1):].tolist()
+        generated = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=12, do_sample=False,
+                                   pad_token_id=pad_token_id)[0, prompt_ids.size(1):].tolist()
     reference = {"block": BLOCK, "ids": ids, "windows": windows, "tokens": windows * BLOCK, "loss": loss,
                  "prompt": prompt, "greedy": generated, "transformers": __import__("transformers").__version__, "torch": torch.__version__}
-    with open(os.path.join(OUT, "reference.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, "reference.json"), "w", encoding="utf-8") as f:
         json.dump(reference, f)
         f.write("\n")
-    print(f"wrote {OUT}: loss {loss:.6f} over {windows} windows, greedy {generated}")
+    print(f"wrote {out}: loss {loss:.6f} over {windows} windows, greedy {generated}")
 
 
 if __name__ == "__main__":

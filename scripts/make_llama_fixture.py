@@ -17,21 +17,22 @@ the output):
   head.
 
 Every parameter is drawn from N(0, 0.2) (Qwen2's from N(0, 0.5), whose greedy tokens then vary)
-with seed 0 (so that norm weights differ from 1 and a mapping error shows); saved with save_pretrained (config.json, model.safetensors, tokenizer
-files). reference.json as scripts/make_gpt2_fixture.py's: for text.txt (a held-out slice of
+with seed 0 (so that norm weights differ from 1 and a mapping error shows); saved with
+save_pretrained (config.json, model.safetensors, tokenizer files). text.txt and reference.json
+come from scripts/make_gpt2_fixture.py's `write_reference`: for text.txt (a held-out slice of
 the corpus) the ids `transformers` gives (with the tokenizer's special tokens), the mean
 cross-entropy over its non-overlapping windows of 64 tokens (alpha-native eval's windows), and
 12 greedy tokens `generate` draws after a prompt.
 """
-import json
 import os
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from make_gpt2_fixture import write_reference
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BLOCK = 64
 LLAMA3 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 QWEN2 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
@@ -67,27 +68,7 @@ def write(name, model_class, config, tok, special, corpus, std=0.2):
     model.eval()
     model.save_pretrained(out)
 
-    text = corpus[2_000_000:2_003_000]
-    with open(os.path.join(out, "text.txt"), "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    ids = fast(text)["input_ids"]
-    windows = (len(ids) - 1) // BLOCK
-    x = torch.tensor([ids[i * BLOCK:(i + 1) * BLOCK] for i in range(windows)])
-    y = torch.tensor([ids[i * BLOCK + 1:(i + 1) * BLOCK + 1] for i in range(windows)])
-    with torch.no_grad():
-        logits = model(x).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).item()
-    prompt = "ROMEO:"
-    prompt_ids = fast(prompt, return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        generated = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=12, do_sample=False,
-                                   pad_token_id=config.eos_token_id)[0, prompt_ids.size(1):].tolist()
-    reference = {"block": BLOCK, "ids": ids, "windows": windows, "tokens": windows * BLOCK, "loss": loss,
-                 "prompt": prompt, "greedy": generated, "transformers": __import__("transformers").__version__, "torch": torch.__version__}
-    with open(os.path.join(out, "reference.json"), "w", encoding="utf-8") as f:
-        json.dump(reference, f)
-        f.write("\n")
-    print(f"wrote {out}: loss {loss:.6f} over {windows} windows, greedy {generated}")
+    write_reference(out, model, fast, corpus, config.eos_token_id)
 
 
 def main():
@@ -97,7 +78,7 @@ def main():
     bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
     tok = tokenizer(corpus, LLAMA3, [bos, eos], bos=bos, ignore_merges=True)
     config = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=BLOCK, rms_norm_eps=1e-5, rope_theta=500.0,
+                         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0,
                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                        "original_max_position_embeddings": 16},
                          tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
@@ -107,7 +88,7 @@ def main():
     eot = "<|endoftext|>"
     tok = tokenizer(corpus, QWEN2, [eot, "<|im_start|>", "<|im_end|>"], nfc=True)
     config = Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=1, max_position_embeddings=BLOCK, rms_norm_eps=1e-6, rope_theta=10000.0,
+                         num_key_value_heads=1, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
                          tie_word_embeddings=True, use_sliding_window=False, eos_token_id=tok.token_to_id(eot))
     # N(0, 0.5): at 0.2 this tied model's greedy tokens repeat one token, which would test little.
     write("qwen2-fixture", Qwen2ForCausalLM, config, tok, {"eos_token": eot}, corpus, std=0.5)

@@ -17,6 +17,15 @@ fn wordf(i: u32) -> f32 { return bitcast<f32>(word(i)); }
 /// The row a workgroup handles when rows are spread over grid dimensions y and z.
 fn grid_row(wid: vec3<u32>, groups: vec3<u32>) -> u32 { return wid.y + wid.z * groups.y; }
 
+/// The row a one-workgroup-per-row kernel handles (words: rows, C): its index, width and first
+/// element; `valid` is false for workgroups past the last row.
+struct WideRow { row: u32, c: u32, base: u32, valid: bool }
+
+fn wide_row(wid: vec3<u32>, groups: vec3<u32>) -> WideRow {
+    let row = grid_row(wid, groups);
+    return WideRow(row, word(1u), row * word(1u), row < word(0u));
+}
+
 /// True for infinities and NaNs (WGSL may assume floats are finite, so test the bits).
 fn non_finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u; }
 

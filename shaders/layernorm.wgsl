@@ -10,21 +10,12 @@
 @group(0) @binding(5) var<storage, read_write> ln_5: array<f32>;
 @group(0) @binding(6) var<storage, read_write> ln_6: array<f32>;
 
-/// The row a workgroup handles (one per workgroup; words: rows, C): its index, width and
-/// first element; `valid` is false for workgroups past the last row.
-struct LnRow { row: u32, c: u32, base: u32, valid: bool }
-
-fn ln_row(wid: vec3<u32>, groups: vec3<u32>) -> LnRow {
-    let row = grid_row(wid, groups);
-    return LnRow(row, word(1u), row * word(1u), row < word(0u));
-}
-
 // One workgroup per row. Words: rows, C.
 // Bindings: 1 out [N, C], 2 mean [N], 3 rstd [N], 4 x [N, C], 5 weight [C], 6 bias [C].
 @compute @workgroup_size(64)
 fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
-    let r = ln_row(wid, groups);
+    let r = wide_row(wid, groups);
     if (!r.valid) {
         return;
     }
@@ -53,7 +44,7 @@ fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
 @compute @workgroup_size(64)
 fn layernorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let r = ln_row(wid, groups);
+    let r = wide_row(wid, groups);
     if (!r.valid) {
         return;
     }

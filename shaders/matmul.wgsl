@@ -400,6 +400,18 @@ fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     mm_c[block * cols + j] = to_elem3(sum);
 }
 
+/// A SwiGLU thread's element (words: rows, I; grid (I / 64, rows over y and z)): the half
+/// width I, the gate's offset in pre [N, 2I] (the up's is I past it) and the output's in
+/// [N, I]; `valid` is false past them.
+struct SwiGluAt { half: u32, gate: u32, out: u32, valid: bool }
+
+fn swiglu_at(wid: vec3<u32>, groups: vec3<u32>, lid: u32) -> SwiGluAt {
+    let row = grid_row(wid, groups);
+    let half = word(1u);
+    let j = wid.x * 64u + lid;
+    return SwiGluAt(half, row * 2u * half + j, row * half + j, row < word(0u) && j < half);
+}
+
 // SwiGLU after the gate and up product (the Llama family's MLP): out[r, j] = silu(g) · u with
 // g = pre[r, j], u = pre[r, I + j], silu(g) = g·σ(g); with slopes, pre becomes
 // [u·σ(g)·(1 + g·(1 − σ(g))), silu(g)], all backward needs.
@@ -408,21 +420,18 @@ fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(64)
 fn swiglu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
-    let row = grid_row(wid, groups);
-    let half = word(1u);
-    let j = wid.x * 64u + lid;
-    if (row >= word(0u) || j >= half) {
+    let e = swiglu_at(wid, groups, lid);
+    if (!e.valid) {
         return;
     }
-    let at = row * 2u * half + j;
-    let g = f32(mm_b[at]);
-    let up = f32(mm_b[at + half]);
+    let g = f32(mm_b[e.gate]);
+    let up = f32(mm_b[e.gate + e.half]);
     let s = 1.0 / (1.0 + exp(-g));
     let silu = g * s;
-    mm_a[row * half + j] = to_elem1(silu * up);
+    mm_a[e.out] = to_elem1(silu * up);
     if (word(2u) != 0u) {
-        mm_b[at] = to_elem2(up * s * (1.0 + g * (1.0 - s)));
-        mm_b[at + half] = to_elem2(silu);
+        mm_b[e.gate] = to_elem2(up * s * (1.0 + g * (1.0 - s)));
+        mm_b[e.gate + e.half] = to_elem2(silu);
     }
 }
 
@@ -432,14 +441,11 @@ fn swiglu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 @compute @workgroup_size(64)
 fn swiglu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let row = grid_row(wid, groups);
-    let half = word(1u);
-    let j = wid.x * 64u + lid;
-    if (row >= word(0u) || j >= half) {
+    let e = swiglu_at(wid, groups, lid);
+    if (!e.valid) {
         return;
     }
-    let at = row * 2u * half + j;
-    let dh = f32(mm_b[row * half + j]);
-    mm_a[at] = to_elem1(f32(mm_a[at]) * dh);
-    mm_a[at + half] = to_elem1(f32(mm_a[at + half]) * dh);
+    let dh = f32(mm_b[e.out]);
+    mm_a[e.gate] = to_elem1(f32(mm_a[e.gate]) * dh);
+    mm_a[e.gate + e.half] = to_elem1(f32(mm_a[e.gate + e.half]) * dh);
 }

@@ -9,21 +9,12 @@
 @group(0) @binding(4) var<storage, read_write> rms_4: array<f32>;
 @group(0) @binding(5) var<storage, read_write> rms_5: array<f32>;
 
-/// The row a workgroup handles (one per workgroup; words: rows, C): its index, width and
-/// first element; `valid` is false for workgroups past the last row.
-struct RmsRow { row: u32, c: u32, base: u32, valid: bool }
-
-fn rms_row(wid: vec3<u32>, groups: vec3<u32>) -> RmsRow {
-    let row = grid_row(wid, groups);
-    return RmsRow(row, word(1u), row * word(1u), row < word(0u));
-}
-
 // out = x · rsqrt(mean(x²) + eps) · weight, one workgroup per row. Words: rows, C, eps (f32).
 // Bindings: 1 out [N, C], 2 rstd [N], 3 x [N, C], 4 weight [C].
 @compute @workgroup_size(64)
 fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let r = rms_row(wid, groups);
+    let r = wide_row(wid, groups);
     if (!r.valid) {
         return;
     }
@@ -46,7 +37,7 @@ fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 @compute @workgroup_size(64)
 fn rmsnorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
-    let r = rms_row(wid, groups);
+    let r = wide_row(wid, groups);
     if (!r.valid) {
         return;
     }

@@ -345,7 +345,11 @@ pub fn matmul_shapes(tape: &[Op]) -> impl Iterator<Item = (usize, usize)> + '_ {
     })
 }
 
-/// Records the model's tape into `ops` (at least [`tape_len`] long) and returns it.
+/// Records the model's tape into `ops` (at least [`tape_len`] long) and returns it: the
+/// embedding; per block a norm, the q/k/v product, attention, the output product + residual,
+/// a norm, the MLP's first product with its activation, its second + residual; the final norm,
+/// the head and the loss. Both families record these ops in these places; what differs is
+/// each op's kind and its tensors (see [`Family`]).
 pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigError> {
     let len = tape_len(plan);
     if ops.len() < len {
@@ -356,160 +360,29 @@ pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigErro
         ops[i] = op;
         i += 1;
     };
-    match plan.config.llama() {
-        None => record_gpt2(plan, &mut push),
-        Some(l) => record_llama(plan, l, &mut push),
-    }
-    debug_assert_eq!(i, len);
-    Ok(&ops[..len])
-}
-
-/// A dropout site's op argument, if the plan drops.
-fn dropped(plan: &Plan, site: u32) -> Option<Dropped> {
-    plan.dropout_site(site).map(|site| Dropped { site, scratch: plan.scratch().dropped })
-}
-
-/// GPT-2's tape: the embedding, per block LayerNorm, QKV, attention, projection + residual,
-/// LayerNorm, MLP expansion + GELU, MLP projection + residual; the final LayerNorm, the tied
-/// head and the loss.
-fn record_gpt2(plan: &Plan, push: &mut impl FnMut(Op)) {
     let cfg = &plan.config;
-    let c = cfg.n_embd;
+    let (c, n) = (cfg.n_embd, plan.tokens());
+    let family = Family::of(plan);
     let p = |kind, layer| plan.param(kind, layer).span;
     let sc = plan.scratch();
-    let nc = plan.tokens() * c;
-    let dqkv = Span { offset: sc.dbig.offset, len: 3 * nc };
-    let dropped = |site| dropped(plan, site);
-    push(Op::Embedding {
-        wte: p(ParamKind::Wte, None),
-        wpe: Some(p(ParamKind::Wpe, None)),
-        out: plan.encoded(),
-        dout: sc.dres,
-        seq: plan.seq,
-        dropout: dropped(0),
-    });
+    // The wide gradients share `dbig`: qkv's, and the MLP's hidden activation's.
+    let dqkv = Span { offset: sc.dbig.offset, len: n * cfg.qkv_width() };
+    let dh = Span { offset: sc.dbig.offset, len: n * cfg.hidden() };
+    let dropped = |site| plan.dropout_site(site).map(|site| Dropped { site, scratch: sc.dropped });
+    let (wte, wpe) = (plan.token_embedding().span, family.positions.map(|k| p(k, None)));
+    push(Op::Embedding { wte, wpe, out: plan.encoded(), dout: sc.dres, seq: plan.seq, dropout: dropped(0) });
     for l in 0..cfg.n_layer {
         let a = plan.layer_acts(l);
         // Dropout sites 3l + 1 (attention probabilities), 3l + 2 and 3l + 3 (residual branches).
         let site = 3 * l as u32;
         let res_in = plan.residual_in(l);
-        let ln = |x, out, mean, rstd, w, b| Op::LayerNorm { x, dx: sc.dres, out, dout: sc.dsmall, mean, rstd, weight: p(w, Some(l)), bias: p(b, Some(l)) };
-        push(ln(res_in, a.ln1, a.ln1_mean, a.ln1_rstd, ParamKind::Ln1Weight, ParamKind::Ln1Bias));
+        let bias = |kind: Option<ParamKind>| kind.map(|k| p(k, Some(l)));
+        push(family.norm(plan, res_in, a.ln1, (a.ln1_mean, a.ln1_rstd), family.norm_1, Some(l)));
         push(Op::Matmul {
             x: a.ln1,
             dx: Some(sc.dsmall),
-            weight: p(ParamKind::QkvWeight, Some(l)),
-            bias: Some(p(ParamKind::QkvBias, Some(l))),
-            out: a.qkv,
-            dout: dqkv,
-            epilogue: Epilogue::None,
-            dh: None,
-            k: c,
-            m: 3 * c,
-            dropout: None,
-        });
-        let shape = plan.attention_shape();
-        push(Op::Attention { qkv: a.qkv, dqkv, out: a.atty, dout: sc.dsmall, lse: a.lse, shape, dropout: plan.dropout_site(site + 1) });
-        push(Op::Matmul {
-            x: a.atty,
-            dx: Some(sc.dsmall),
-            weight: p(ParamKind::AttnProjWeight, Some(l)),
-            bias: Some(p(ParamKind::AttnProjBias, Some(l))),
-            out: a.res_mid,
-            dout: sc.dres,
-            epilogue: Epilogue::Residual { input: res_in },
-            dh: None,
-            k: c,
-            m: c,
-            dropout: dropped(site + 2),
-        });
-        push(ln(a.res_mid, a.ln2, a.ln2_mean, a.ln2_rstd, ParamKind::Ln2Weight, ParamKind::Ln2Bias));
-        push(Op::Matmul {
-            x: a.ln2,
-            dx: Some(sc.dsmall),
-            weight: p(ParamKind::FcWeight, Some(l)),
-            bias: Some(p(ParamKind::FcBias, Some(l))),
-            out: a.fc_gelu,
-            dout: sc.dbig,
-            epilogue: Epilogue::Gelu { pre: a.fc_pre },
-            dh: None,
-            k: c,
-            m: 4 * c,
-            dropout: None,
-        });
-        push(Op::Matmul {
-            x: a.fc_gelu,
-            dx: Some(sc.dbig),
-            weight: p(ParamKind::MlpProjWeight, Some(l)),
-            bias: Some(p(ParamKind::MlpProjBias, Some(l))),
-            out: a.res_out,
-            dout: sc.dres,
-            epilogue: Epilogue::Residual { input: a.res_mid },
-            dh: None,
-            k: 4 * c,
-            m: c,
-            dropout: dropped(site + 3),
-        });
-    }
-    let h = plan.head_acts();
-    push(Op::LayerNorm {
-        x: plan.residual_in(cfg.n_layer),
-        dx: sc.dres,
-        out: h.lnf,
-        dout: sc.dsmall,
-        mean: h.lnf_mean,
-        rstd: h.lnf_rstd,
-        weight: p(ParamKind::LnfWeight, None),
-        bias: p(ParamKind::LnfBias, None),
-    });
-    record_head(plan, push);
-}
-
-/// The LM head and the loss, after the final norm.
-fn record_head(plan: &Plan, push: &mut impl FnMut(Op)) {
-    let (h, sc) = (plan.head_acts(), plan.scratch());
-    push(Op::Matmul {
-        x: h.lnf,
-        dx: Some(sc.dsmall),
-        weight: plan.head_weight().span,
-        bias: None,
-        out: h.logits,
-        dout: h.logits,
-        epilogue: Epilogue::None,
-        dh: None,
-        k: plan.config.n_embd,
-        m: plan.config.vocab_size,
-        dropout: None,
-    });
-    push(Op::CrossEntropy { logits: h.logits, losses: h.losses, classes: plan.classes() });
-}
-
-/// A Llama-family tape, op for op GPT-2's: the token embedding (no positions: attention
-/// rotates q and k), per block RMSNorm, QKV (biases with Qwen2), attention with RoPE and
-/// grouped heads, projection + residual, RMSNorm, gate and up as one product + SwiGLU, down
-/// projection + residual; the final RMSNorm, the head (tied or not) and the loss.
-fn record_llama(plan: &Plan, llama: &crate::config::Llama, push: &mut impl FnMut(Op)) {
-    let cfg = &plan.config;
-    let (c, n) = (cfg.n_embd, plan.tokens());
-    let p = |kind, layer| plan.param(kind, layer).span;
-    let sc = plan.scratch();
-    let dqkv = Span { offset: sc.dbig.offset, len: n * cfg.qkv_width() };
-    let dh = Span { offset: sc.dbig.offset, len: n * cfg.hidden() };
-    let dropped = |site| dropped(plan, site);
-    let eps = llama.norm_eps;
-    let embed = p(ParamKind::Embed, None);
-    push(Op::Embedding { wte: embed, wpe: None, out: plan.encoded(), dout: sc.dres, seq: plan.seq, dropout: dropped(0) });
-    let norm = |x, out, rstd, weight| Op::RmsNorm { x, dx: sc.dres, out, dout: sc.dsmall, rstd, weight, eps };
-    for l in 0..cfg.n_layer {
-        let a = plan.layer_acts(l);
-        let site = 3 * l as u32;
-        let res_in = plan.residual_in(l);
-        push(norm(res_in, a.ln1, a.ln1_rstd, p(ParamKind::AttnNorm, Some(l))));
-        push(Op::Matmul {
-            x: a.ln1,
-            dx: Some(sc.dsmall),
-            weight: p(ParamKind::QkvProj, Some(l)),
-            bias: llama.qkv_bias.then(|| p(ParamKind::QkvProjBias, Some(l))),
+            weight: p(family.qkv.0, Some(l)),
+            bias: bias(family.qkv.1),
             out: a.qkv,
             dout: dqkv,
             epilogue: Epilogue::None,
@@ -523,8 +396,8 @@ fn record_llama(plan: &Plan, llama: &crate::config::Llama, push: &mut impl FnMut
         push(Op::Matmul {
             x: a.atty,
             dx: Some(sc.dsmall),
-            weight: p(ParamKind::OProj, Some(l)),
-            bias: None,
+            weight: p(family.proj.0, Some(l)),
+            bias: bias(family.proj.1),
             out: a.res_mid,
             dout: sc.dres,
             epilogue: Epilogue::Residual { input: res_in },
@@ -533,18 +406,20 @@ fn record_llama(plan: &Plan, llama: &crate::config::Llama, push: &mut impl FnMut
             m: c,
             dropout: dropped(site + 2),
         });
-        push(norm(a.res_mid, a.ln2, a.ln2_rstd, p(ParamKind::MlpNorm, Some(l))));
-        // The product's gradient is made in place of its saved slopes (`fc_pre`) from the
-        // output's (`dh`, which the down projection's backward wrote).
+        push(family.norm(plan, a.res_mid, a.ln2, (a.ln2_mean, a.ln2_rstd), family.norm_2, Some(l)));
+        // GELU's backward works in place on its output's gradient (`dh`); SwiGLU's makes the
+        // product's gradient in place of the slopes its forward left in `fc_pre`, from `dh`.
+        let (epilogue, dout, swiglu_dh) =
+            if family.swiglu { (Epilogue::SwiGlu { pre: a.fc_pre }, a.fc_pre, Some(dh)) } else { (Epilogue::Gelu { pre: a.fc_pre }, dh, None) };
         push(Op::Matmul {
             x: a.ln2,
             dx: Some(sc.dsmall),
-            weight: p(ParamKind::GateUp, Some(l)),
-            bias: None,
+            weight: p(family.fc.0, Some(l)),
+            bias: bias(family.fc.1),
             out: a.fc_gelu,
-            dout: a.fc_pre,
-            epilogue: Epilogue::SwiGlu { pre: a.fc_pre },
-            dh: Some(dh),
+            dout,
+            epilogue,
+            dh: swiglu_dh,
             k: c,
             m: cfg.fc_width(),
             dropout: None,
@@ -552,8 +427,8 @@ fn record_llama(plan: &Plan, llama: &crate::config::Llama, push: &mut impl FnMut
         push(Op::Matmul {
             x: a.fc_gelu,
             dx: Some(dh),
-            weight: p(ParamKind::Down, Some(l)),
-            bias: None,
+            weight: p(family.down.0, Some(l)),
+            bias: bias(family.down.1),
             out: a.res_out,
             dout: sc.dres,
             epilogue: Epilogue::Residual { input: a.res_mid },
@@ -564,8 +439,90 @@ fn record_llama(plan: &Plan, llama: &crate::config::Llama, push: &mut impl FnMut
         });
     }
     let h = plan.head_acts();
-    push(norm(plan.residual_in(cfg.n_layer), h.lnf, h.lnf_rstd, p(ParamKind::Norm, None)));
-    record_head(plan, push);
+    push(family.norm(plan, plan.residual_in(cfg.n_layer), h.lnf, (h.lnf_mean, h.lnf_rstd), family.norm_f, None));
+    push(Op::Matmul {
+        x: h.lnf,
+        dx: Some(sc.dsmall),
+        weight: plan.head_weight().span,
+        bias: None,
+        out: h.logits,
+        dout: h.logits,
+        epilogue: Epilogue::None,
+        dh: None,
+        k: c,
+        m: cfg.vocab_size,
+        dropout: None,
+    });
+    push(Op::CrossEntropy { logits: h.logits, losses: h.losses, classes: plan.classes() });
+    debug_assert_eq!(i, len);
+    Ok(&ops[..len])
+}
+
+/// What a model's family puts in the tape's places: its tensors (a weight, and a bias where
+/// it has one) and its norm and activation.
+struct Family {
+    /// The position table (GPT-2's).
+    positions: Option<ParamKind>,
+    /// The norms: before attention, before the MLP, after the blocks.
+    norm_1: Normalize,
+    norm_2: Normalize,
+    norm_f: Normalize,
+    qkv: (ParamKind, Option<ParamKind>),
+    proj: (ParamKind, Option<ParamKind>),
+    fc: (ParamKind, Option<ParamKind>),
+    down: (ParamKind, Option<ParamKind>),
+    /// SwiGLU after the MLP's first product (the Llama family), else GELU.
+    swiglu: bool,
+}
+
+impl Family {
+    fn of(plan: &Plan) -> Family {
+        use ParamKind::*;
+        match plan.config.llama() {
+            None => Family {
+                positions: Some(Wpe),
+                norm_1: Normalize::Layer { weight: Ln1Weight, bias: Ln1Bias },
+                norm_2: Normalize::Layer { weight: Ln2Weight, bias: Ln2Bias },
+                norm_f: Normalize::Layer { weight: LnfWeight, bias: LnfBias },
+                qkv: (QkvWeight, Some(QkvBias)),
+                proj: (AttnProjWeight, Some(AttnProjBias)),
+                fc: (FcWeight, Some(FcBias)),
+                down: (MlpProjWeight, Some(MlpProjBias)),
+                swiglu: false,
+            },
+            Some(l) => Family {
+                positions: None,
+                norm_1: Normalize::Rms { weight: AttnNorm, eps: l.norm_eps },
+                norm_2: Normalize::Rms { weight: MlpNorm, eps: l.norm_eps },
+                norm_f: Normalize::Rms { weight: Norm, eps: l.norm_eps },
+                qkv: (QkvProj, l.qkv_bias.then_some(QkvProjBias)),
+                proj: (OProj, None),
+                fc: (GateUp, None),
+                down: (Down, None),
+                swiglu: true,
+            },
+        }
+    }
+
+    /// `norm` of `x` into `out`, saving `(mean, rstd)` (RMSNorm saves no mean), with the
+    /// weights of block `layer` (`None`: the final norm's).
+    fn norm(&self, plan: &Plan, x: Span, out: Span, (mean, rstd): (Span, Span), norm: Normalize, layer: Option<usize>) -> Op {
+        let sc = plan.scratch();
+        let p = |kind| plan.param(kind, layer).span;
+        match norm {
+            Normalize::Rms { weight, eps } => Op::RmsNorm { x, dx: sc.dres, out, dout: sc.dsmall, rstd, weight: p(weight), eps },
+            Normalize::Layer { weight, bias } => Op::LayerNorm { x, dx: sc.dres, out, dout: sc.dsmall, mean, rstd, weight: p(weight), bias: p(bias) },
+        }
+    }
+}
+
+/// A family's norm and its tensors.
+#[derive(Clone, Copy)]
+enum Normalize {
+    /// LayerNorm with a weight and a bias (GPT-2's).
+    Layer { weight: ParamKind, bias: ParamKind },
+    /// RMSNorm with a weight (the Llama family's).
+    Rms { weight: ParamKind, eps: f64 },
 }
 
 /// The tape of `plan` in a new vector (`alloc` feature).
