@@ -108,9 +108,11 @@ pub const LAYER_PARAMS: [ParamKind; 12] = [
     ParamKind::MlpProjBias,
 ];
 
-/// A Llama block's parameters, in order (with q/k/v biases).
+/// A Llama block's parameters, in order: with q/k/v biases (Qwen2's), and without.
 const LLAMA_LAYER_PARAMS: [ParamKind; 7] =
     [ParamKind::AttnNorm, ParamKind::QkvProj, ParamKind::QkvProjBias, ParamKind::OProj, ParamKind::MlpNorm, ParamKind::GateUp, ParamKind::Down];
+const LLAMA_LAYER_PARAMS_UNBIASED: [ParamKind; 6] =
+    [ParamKind::AttnNorm, ParamKind::QkvProj, ParamKind::OProj, ParamKind::MlpNorm, ParamKind::GateUp, ParamKind::Down];
 
 /// The parameters of a model of `cfg`: those before the blocks, each block's, those after.
 pub(crate) fn param_kinds(cfg: &GptConfig) -> [&'static [ParamKind]; 3] {
@@ -118,7 +120,7 @@ pub(crate) fn param_kinds(cfg: &GptConfig) -> [&'static [ParamKind]; 3] {
     match cfg.llama() {
         None => [&[Wte, Wpe], &LAYER_PARAMS, &[LnfWeight, LnfBias]],
         Some(l) => {
-            let layer: &[ParamKind] = if l.qkv_bias { &LLAMA_LAYER_PARAMS } else { &[AttnNorm, QkvProj, OProj, MlpNorm, GateUp, Down] };
+            let layer: &[ParamKind] = if l.qkv_bias { &LLAMA_LAYER_PARAMS } else { &LLAMA_LAYER_PARAMS_UNBIASED };
             [&[Embed], layer, if l.tied { &[Norm] } else { &[Norm, LmHead] }]
         }
     }

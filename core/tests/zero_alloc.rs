@@ -36,12 +36,16 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 fn main() {
-    training_evaluation_and_sampling_do_not_allocate();
-    println!("zero_alloc: 4 training steps, an evaluation and sampling made no heap allocation");
+    let gpt2 = GptConfig::gpt2(13, 16, 2, 2, 16);
+    // The Llama family: grouped heads, RoPE (its table in attention's scratch), SwiGLU.
+    let llama = alpha_core::Llama { n_kv_head: 1, intermediate_size: 24, norm_eps: 1e-5, rope_theta: 10000.0, rope_scaling: None, qkv_bias: true, tied: false };
+    for cfg in [gpt2, GptConfig { arch: alpha_core::Arch::Llama(llama), ..gpt2 }] {
+        training_evaluation_and_sampling_do_not_allocate(cfg);
+    }
+    println!("zero_alloc: 4 training steps, an evaluation and sampling made no heap allocation, GPT-2 and Llama");
 }
 
-fn training_evaluation_and_sampling_do_not_allocate() {
-    let cfg = GptConfig::gpt2(13, 16, 2, 2, 16);
+fn training_evaluation_and_sampling_do_not_allocate(cfg: GptConfig) {
     let plan = Plan::new(cfg, 3, 16).unwrap();
     let train_cfg = TrainConfig {
         schedule: LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 2, decay_iters: 10 },
@@ -74,5 +78,5 @@ fn training_evaluation_and_sampling_do_not_allocate() {
 
     assert!(eval_loss.is_finite());
     assert_eq!(emitted, 20);
-    assert_eq!(after - before, 0, "heap allocations during 4 training steps, an evaluation and sampling");
+    assert_eq!(after - before, 0, "heap allocations during 4 training steps, an evaluation and sampling ({:?})", cfg.arch);
 }
