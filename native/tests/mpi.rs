@@ -122,12 +122,18 @@ fn ranks_take_the_step_of_one_process() {
 
 /// `--zero 1` (AdamW moments sharded over the ranks) trains as the whole moments do, and its
 /// checkpoints are a single process's: a run resumes across rank counts (2 ranks, then 1
-/// process of `--grad-accum 2`, then 2 ranks again) and follows the run that never stopped.
+/// process of `--grad-accum 2`, then 2 ranks again) and follows the run that never stopped;
+/// for GPT-2 and for the Llama family.
 #[test]
 fn zero_1_shards_the_moments_and_resumes_across_rank_counts() {
-    let dir = workdir("mpi-zero");
+    zero_1_resumes_across_rank_counts("mpi-zero", &[]);
+    zero_1_resumes_across_rank_counts("mpi-zero-llama", &["--arch", "llama", "--kv-heads", "1"]);
+}
+
+fn zero_1_resumes_across_rank_counts(name: &str, family: &[&str]) {
+    let dir = workdir(name);
     text_file(&dir);
-    let common = ["--iters", "12", "--lr-decay-iters", "12", "--warmup", "2", "--eval-interval", "0", "--sample-interval", "0"];
+    let common = [&["--iters", "12", "--lr-decay-iters", "12", "--warmup", "2", "--eval-interval", "0", "--sample-interval", "0"], family].concat();
     assert_ok(&run(&dir, &train_args(&[&common[..], &["--grad-accum", "2", "--out", "alone", "--metrics", "alone.jsonl"]].concat())));
     let first = train_args(&[&common[..], &["--iters", "4", "--zero", "1", "--out", "split", "--metrics", "split.jsonl"]].concat());
     assert_ok(&mpirun(&dir, 2, &[], &first).output().unwrap());
