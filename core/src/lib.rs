@@ -16,7 +16,8 @@
 //! Nothing allocates inside a training step. Features: `alloc` adds owned buffers
 //! ([`train::OwnedMemory`]) and building a vocabulary from text; `std` adds
 //! [`parallel::ThreadPool`] and run-time SIMD detection in the GEMM; `checkpoint` adds the
-//! safetensors checkpoint format (`checkpoint`).
+//! safetensors checkpoint format (`checkpoint`) and Hugging Face models from and to bytes
+//! ([`hf`]: GPT-2, Llama, Qwen2).
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 
 #[cfg(feature = "alloc")]
@@ -31,6 +32,8 @@ pub mod data;
 pub mod engine;
 pub mod float;
 pub mod gemm;
+#[cfg(feature = "checkpoint")]
+pub mod hf;
 pub mod model;
 pub mod ops;
 pub mod optim;
