@@ -31,6 +31,9 @@
 
 // Head rows as HS4 = ceil(HS / 4) vec4s (zeros past HS).
 const HS4: u32 = (HS + 3u) / 4u;
+// RoPE's pairs (d, d + HALF_HS) of a head (HS is even with RoPE; at least 1, so that a
+// one-dimension head's module still divides by it).
+const HALF_HS: u32 = max(HS / 2u, 1u);
 
 const MASKED: f32 = -3.0e38;
 
@@ -65,7 +68,7 @@ fn rotated(at: u32, pos: u32, d: u32) -> f32 {
     if (word(8u) == 0u) {
         return x;
     }
-    let half = HS / 2u;
+    let half = HALF_HS;
     let i = d % half;
     let cos = at_rope[pos * HS + i];
     let sin = at_rope[pos * HS + half + i];
@@ -522,7 +525,7 @@ fn attention_backward_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
 fn attention_rope_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                            @builtin(local_invocation_index) lid: u32) {
     let row = grid_row(wid, groups);
-    let half = HS / 2u;
+    let half = HALF_HS;
     let heads = word(2u) + word(7u);
     let e = wid.x * 64u + lid;
     if (row >= word(0u) || e >= heads * half) {
