@@ -872,12 +872,21 @@ fn save_best_and_keep_last() {
 fn gpt2_presets_have_gpt2s_sizes() {
     let dir = workdir("gpt2-presets");
     text_file(&dir);
-    for (model, params) in [("gpt2", "124439808 parameters"), ("gpt2-medium", "354823168 parameters"), ("gpt2-xl", "1557611200 parameters")] {
+    // SmolLM2's: Hugging Face's parameter counts of SmolLM2-135M and -360M (tied heads).
+    let presets = [
+        ("gpt2", "124439808 parameters"),
+        ("gpt2-medium", "354823168 parameters"),
+        ("gpt2-xl", "1557611200 parameters"),
+        ("smollm2-135m", "134515008 parameters"),
+        ("smollm2-360m", "361821120 parameters"),
+    ];
+    for (model, params) in presets {
         let o = run(&dir, &["info", "--model", model, "--data", "text.txt", "--measure-steps", "0"]);
         assert_ok(&o);
         assert!(stdout(&o).contains(params), "{model}: {}", stdout(&o));
     }
-    expect_error(&dir, &["train", "--model", "gpt2", "--data", "text.txt", "--iters", "1"], "--model has GPT-2's 50257 tokens, but the tokenizer has");
+    expect_error(&dir, &["train", "--model", "gpt2", "--data", "text.txt", "--iters", "1"], "--model gpt2 has 50257 tokens, but the tokenizer has 64");
+    expect_error(&dir, &["train", "--model", "smollm2-135m", "--data", "text.txt", "--iters", "1"], "--model smollm2-135m has 49152 tokens");
 }
 
 /// `--async-checkpoint` writes the same checkpoints in the background: the same tensors and
