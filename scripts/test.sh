@@ -114,6 +114,12 @@ cargo build -q --profile test-opt -p alpha-native
 # The docs: every relative link resolves and every README command that runs offline exits 0.
 python3 scripts/check_docs.py target/test-opt/alpha-native
 cargo run --profile test-opt -p alpha-core --example tiny --features alloc
+# The embedding examples: train a Llama-family model and save it, then generate from that
+# checkpoint and from a Hugging Face directory (the Llama fixture), through alpha_core alone.
+example_ckpt=target/example-train.safetensors
+cargo run -q --profile test-opt -p alpha-core --example train --features std,checkpoint -- data/shakespeare.txt "$example_ckpt" 60
+cargo run -q --profile test-opt -p alpha-core --example generate --features std,checkpoint -- "$example_ckpt" "ROMEO:" 20
+cargo run -q --profile test-opt -p alpha-core --example generate --features std,checkpoint -- tests/data/llama-fixture "ROMEO:" 12
 # The API docs (the crates are meant to be embedded): no broken or private links, no stray HTML.
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps
 # The fuzz target builds (a plain build: libFuzzer without coverage instrumentation; longer
