@@ -349,7 +349,7 @@ pub fn matmul_shapes(tape: &[Op]) -> impl Iterator<Item = (usize, usize)> + '_ {
 /// embedding; per block a norm, the q/k/v product, attention, the output product + residual,
 /// a norm, the MLP's first product with its activation, its second + residual; the final norm,
 /// the head and the loss. Both families record these ops in these places; what differs is
-/// each op's kind and its tensors (see [`Family`]).
+/// each op's kind and its tensors (see `Family`).
 pub fn record<'a>(plan: &Plan, ops: &'a mut [Op]) -> Result<&'a [Op], ConfigError> {
     let len = tape_len(plan);
     if ops.len() < len {
