@@ -3,7 +3,7 @@
 #   first, what a fresh Debian 12 machine with only Rust lacks is installed once (apt packages:
 #   lavapipe's Vulkan for the GPU tests, GNU time for the tests' peak-memory bounds, g++ for
 #   the fuzz target's libFuzzer, Open MPI (and libclang for its bindings) for the data-parallel
-#   tests, Debian's rustc-web for the no_std builds, Chromium for the browser tests; then the offline wasm
+#   tests, Debian's rustc-web for the no_std builds and QEMU to run one, Chromium for the browser tests; then the offline wasm
 #   toolchain, scripts/setup-wasm-toolchain.sh; and pip's `tokenizers` in a virtual environment
 #   under target/ for the tokenizer parity test, and PyPI's NVRTC for compiling the CUDA kernels). Each step is skipped when already done, so a
 #   second run goes straight to the tests. Installing needs root (or sudo).
@@ -18,8 +18,8 @@
 #   again on the tensor-core kernel (on Mesa 26's lavapipe, scripts/lavapipe-coop.sh: curl and
 #   xz-utils fetch it), byte-level BPE against Hugging Face `tokenizers` both ways
 #   (scripts/tokenizer_parity.py), the docs (scripts/check_docs.py: links, the README's
-#   commands), the embedding example, the API docs (rustdoc warnings
-#   are errors), the cargo-fuzz target's build, alpha-core's no_std builds, the GEMM tests
+#   commands), the embedding examples (no_alloc on the host and, under QEMU, on a Cortex-M4F), the API docs (rustdoc warnings
+#   are errors), every crate packaged and built from its package, the cargo-fuzz target's build, alpha-core's no_std builds, the GEMM tests
 #   again on the WebAssembly kernel (both builds), and the browser demo (alpha-web's two builds
 #   from scripts/build-web.sh, then tested in Debian's Chromium through playwright-core: WebGPU
 #   on SwiftShader and both WebAssembly CPU builds).
@@ -35,7 +35,7 @@ cd "$(dirname "$0")/.."
 # there). Elsewhere than Debian, install the equivalents and this step finds nothing to do
 # only if dpkg is absent.
 packages="mesa-vulkan-drivers libvulkan1 curl xz-utils g++ openmpi-bin libopenmpi-dev libclang-dev time"
-if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then packages="$packages rustc-web cargo-web rust-web-src"; fi
+if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then packages="$packages rustc-web cargo-web rust-web-src qemu-system-arm"; fi
 if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then packages="$packages chromium"; fi
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -113,15 +113,21 @@ cargo build -q --profile test-opt -p alpha-native
 "$parity_venv/bin/python" scripts/tokenizer_parity.py target/test-opt/alpha-native
 # The docs: every relative link resolves and every README command that runs offline exits 0.
 python3 scripts/check_docs.py target/test-opt/alpha-native
-cargo run --profile test-opt -p alpha-core --example tiny --features alloc
+# Training and sampling without an allocator (it counts the allocator's calls: none).
+cargo run -q --profile test-opt -p alpha-core --example no_alloc
 # The embedding examples: train a Llama-family model and save it, then generate from that
 # checkpoint and from a Hugging Face directory (the Llama fixture), through alpha_core alone.
 example_ckpt=target/example-train.safetensors
 cargo run -q --profile test-opt -p alpha-core --example train --features std,checkpoint -- data/shakespeare.txt "$example_ckpt" 60
 cargo run -q --profile test-opt -p alpha-core --example generate --features std,checkpoint -- "$example_ckpt" "ROMEO:" 20
 cargo run -q --profile test-opt -p alpha-core --example generate --features std,checkpoint -- tests/data/llama-fixture "ROMEO:" 12
+# The same on wgpu (lavapipe here): train, evaluate, sample, save; then generate from it.
+cargo run -q --profile test-opt -p alpha-gpu --example train_gpu -- data/shakespeare.txt "$example_ckpt" 20
+cargo run -q --profile test-opt -p alpha-core --example generate --features std,checkpoint -- "$example_ckpt" "ROMEO:" 20
 # The API docs (the crates are meant to be embedded): no broken or private links, no stray HTML.
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps
+# Every crate packages and builds from its packaged sources alone.
+scripts/package-check.sh --quiet
 # The fuzz target builds (a plain build: libFuzzer without coverage instrumentation; longer
 # runs by hand with cargo-fuzz, see docs/guide.md).
 cargo build -q --manifest-path fuzz/Cargo.toml
@@ -140,6 +146,8 @@ if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then
                 --target "$target" -Zbuild-std=core,alloc --target-dir target/no-std
         fi
     done
+    # The no_alloc example on bare metal: linked for the Cortex-M4F, run under QEMU.
+    scripts/no-alloc-arm.sh
 fi
 
 if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then

@@ -1,5 +1,8 @@
 //! The CPU executor of the [walk](crate::walk): each op's kernel from [`crate::ops`] runs as
 //! the walk reaches it, over slices of caller-owned arenas, split across `par`'s threads.
+//!
+//! Unstable: public for the trainer, the samplers and the tests; it changes with any release
+//! (see the crate's Stability section).
 
 use crate::float::Float;
 use crate::ops::dropout::{self, DropoutKey};

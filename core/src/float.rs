@@ -1,5 +1,8 @@
 //! The element type of every arena: `f32` for training, `f64` for the gradient checks.
 //!
+//! Unstable: public for the kernels and the gradient checks; it changes with any release (see
+//! the crate's Stability section).
+//!
 //! Kernels are written once, generic over [`Float`], so the finite-difference tests run the
 //! very same code in double precision.
 

@@ -1,23 +1,20 @@
-//! # alpha-core
+#![doc = include_str!("../README.md")]
 //!
-//! Allocation-free training of GPT-2 style language models, usable without `std`.
+//! ## Map
 //!
 //! - [`plan::Plan`] computes, from a [`GptConfig`] and the batch shape, where every tensor
 //!   lives in caller-owned arenas.
 //! - [`tape::record`] turns the model into a static list of fused ops; [`walk::forward`] and
 //!   [`walk::backward`] walk it on an [`walk::Executor`]: [`cpu::CpuExecutor`] runs the
-//!   hand-written kernels from [`ops`] (alpha-gpu's executor records GPU dispatches).
+//!   hand-written kernels from [`ops`] (alpha-gpu's and alpha-cuda's executors queue device
+//!   kernels).
 //! - [`train::Trainer`] adds batching ([`data`]), gradient clipping and AdamW ([`optim`]).
-//! - [`tokenizer::CharTokenizer`] maps text to ids; [`model::generate`] samples.
+//! - [`tokenizer`]: characters, byte-level BPE; [`model::generate`] samples.
 //! - [`run`]: the defaults, presets and loop of a training run, shared by every frontend;
 //!   `engine::Engine` (feature `alloc`): the one interface a run trains through, the CPU's
-//!   `engine::CpuEngine` and alpha-gpu's implementing it.
-//!
-//! Nothing allocates inside a training step. Features: `alloc` adds owned buffers
-//! ([`train::OwnedMemory`]) and building a vocabulary from text; `std` adds
-//! [`parallel::ThreadPool`] and run-time SIMD detection in the GEMM; `checkpoint` adds the
-//! safetensors checkpoint format (`checkpoint`) and Hugging Face models from and to bytes
-//! ([`hf`]: GPT-2, Llama, Qwen2).
+//!   `engine::CpuEngine` and the GPU crates' implementing it.
+//! - `checkpoint` and `hf` (feature `checkpoint`): Alpha's checkpoints and Hugging Face
+//!   models (GPT-2, Llama, Qwen2) from and to bytes.
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 
 #[cfg(feature = "alloc")]

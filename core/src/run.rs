@@ -40,11 +40,11 @@ pub struct Preset {
 
 /// The presets, smallest first.
 pub const PRESETS: [Preset; 5] = [
-    Preset { name: "tiny", toml: include_str!("../../config/tiny.toml") },
-    Preset { name: "small", toml: include_str!("../../config/small.toml") },
-    Preset { name: "llama", toml: include_str!("../../config/llama.toml") },
-    Preset { name: "shakespeare_char", toml: include_str!("../../config/shakespeare_char.toml") },
-    Preset { name: "baby", toml: include_str!("../../config/baby.toml") },
+    Preset { name: "tiny", toml: include_str!("../config/tiny.toml") },
+    Preset { name: "small", toml: include_str!("../config/small.toml") },
+    Preset { name: "llama", toml: include_str!("../config/llama.toml") },
+    Preset { name: "shakespeare_char", toml: include_str!("../config/shakespeare_char.toml") },
+    Preset { name: "baby", toml: include_str!("../config/baby.toml") },
 ];
 
 /// The preset named `name`.
@@ -218,7 +218,7 @@ mod tests {
     fn presets_are_the_config_files() {
         for p in PRESETS {
             assert_eq!(preset(p.name), Some(p));
-            let file = std::fs::read_to_string(format!("{}/../config/{}.toml", env!("CARGO_MANIFEST_DIR"), p.name)).unwrap();
+            let file = std::fs::read_to_string(format!("{}/config/{}.toml", env!("CARGO_MANIFEST_DIR"), p.name)).unwrap();
             assert_eq!(file, p.toml);
         }
         assert_eq!(preset("none"), None);

@@ -1,5 +1,8 @@
 //! Run-time SIMD dispatch for the element-wise loops outside the GEMM.
 //!
+//! Unstable: public for the CPU kernels and the tests; it changes with any release (see the
+//! crate's Stability section).
+//!
 //! `wide_dispatch!` defines a function that runs a loop body compiled again with AVX-512
 //! or with AVX2 enabled, whichever is the widest the CPU has (detected at run time with
 //! `std`), else the baseline build. Every build performs the same IEEE operations (no FMA

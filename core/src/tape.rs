@@ -4,6 +4,10 @@
 //! with its hand-written backward from [`crate::ops`]. Activation gradients live in three
 //! reused scratch buffers (see [`crate::plan::Scratch`]); parameter gradients accumulate into
 //! the grads arena at the parameters' offsets.
+//!
+//! Stable: recording ([`record`], [`tape_len`], [`Op::BLANK`] to fill a caller's buffer).
+//! Unstable: the contents of [`Op`] (the op list changes with the model), public for the
+//! executors and the tests.
 
 use crate::config::ConfigError;
 use crate::ops::attention::AttentionShape;

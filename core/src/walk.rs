@@ -4,6 +4,9 @@
 //! kernel as the walk reaches it; alpha-gpu's records the op's dispatches into a program it
 //! submits later. Nothing else interprets the tape.
 //!
+//! Unstable: public for Alpha's executors (CPU, wgpu, CUDA) and the tests; it changes with any
+//! release (see the crate's Stability section).
+//!
 //! ```
 //! use alpha_core::cpu::{Batch, CpuExecutor};
 //! use alpha_core::{tape, walk, GptConfig, Plan, Serial};

@@ -2,6 +2,9 @@
 //! each operand transposed or not, f32 or bf16 operands, f32 sums and output. Each product's
 //! algorithm is chosen once, on its first call, among those without split-K reductions (so
 //! that every run sums in the same order), and pinned.
+//!
+//! Unstable: public for Alpha's tools and tests; it changes with any release (see the crate's
+//! Stability section).
 
 use crate::device::Device;
 use crate::error::CudaError;

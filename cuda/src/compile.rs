@@ -2,6 +2,9 @@
 //! each compiled with `common.cuh` before it) and their compilation by NVRTC to a cubin for
 //! the device's architecture, cached on disk keyed by the source's hash, NVRTC's version and
 //! the architecture, so that a run compiles each kernel once per machine.
+//!
+//! Unstable: public for Alpha's tools and tests; it changes with any release (see the crate's
+//! Stability section).
 
 use crate::error::CudaError;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};

@@ -1,5 +1,8 @@
 //! The device's measured limits, for MFU and `info --backend cuda`: the products' peak in
 //! each arithmetic (square cuBLASLt products) and the memory bandwidth (a copy kernel).
+//!
+//! Unstable: public for `alpha-native info` and the tests; it changes with any release (see the
+//! crate's Stability section).
 
 use crate::blas::{Arithmetic, Product, Products};
 use crate::device::{args, Device};

@@ -4,6 +4,9 @@
 //! spills that left the registers), Mesa's drivers their instruction counts. These are the
 //! figures `nvcc -Xptxas -v` gives for CUDA, and they cost no GPU time to read.
 //!
+//! Unstable: public for `alpha-native info` and the tests; it changes with any release (see the
+//! crate's Stability section).
+//!
 //! ```no_run
 //! let stats = alpha_gpu::driver_stats::kernel_statistics("NVIDIA H200", 64, false, false)?;
 //! for kernel in &stats {

@@ -1,5 +1,8 @@
 //! The compiled kernels and the dispatch lists ([`Program`]) built from them.
 //!
+//! Unstable: public for Alpha's tools and tests; it changes with any release (see the crate's
+//! Stability section).
+//!
 //! Every entry point takes one uniform block of 16 words (binding 0) and its tensors as
 //! storage bindings 1..=n, each bound to its own range of a buffer, rounded up to whole
 //! 16-byte vec4s (offsets are multiples of 256 bytes: the plan aligns activations,
@@ -47,7 +50,7 @@ macro_rules! shaders {
         impl Shader {
             fn source(self) -> &'static str {
                 match self {
-                    $(Shader::$shader => concat!($(include_str!(concat!("../../shaders/", $file)), "\n"),+),)*
+                    $(Shader::$shader => concat!($(include_str!(concat!("../shaders/", $file)), "\n"),+),)*
                 }
             }
 
@@ -75,7 +78,7 @@ shaders! {
     Dropout => ["dropout.wgsl"],
 }
 
-const COMMON: &str = include_str!("../../shaders/common.wgsl");
+const COMMON: &str = include_str!("../shaders/common.wgsl");
 
 /// Declares each kernel once: its doc, WGSL file, entry point, the tensors it binds, and the
 /// f16 patterns it is compiled for beside all-f32 (on a device with f16 precision). The enum,

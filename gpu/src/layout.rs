@@ -4,6 +4,9 @@
 //! its f16 copy's too). Gradients and AdamW moments use the same layout. Uploads and
 //! downloads convert from and to the host arena, so checkpoints are the same on every
 //! backend.
+//!
+//! Unstable: public for Alpha's tools and tests; it changes with any release (see the crate's
+//! Stability section).
 
 use alpha_core::plan::{Plan, Span, ACT_ALIGN};
 

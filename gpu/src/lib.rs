@@ -1,9 +1,6 @@
-//! alpha-gpu: runs alpha-core's tape on a GPU through wgpu, with the fused WGSL kernels in
-//! `shaders/` (one file per op family, forward and backward together).
+#![doc = include_str!("../README.md")]
 //!
-//! One code path serves native Vulkan (Metal, DX12) and browser WebGPU: nothing here blocks
-//! or spawns threads; readbacks are `async` (native callers drive them with
-//! [`block_on`], which polls the device).
+//! ## Map
 //!
 //! - [`context`]: adapter choice, features and limits ([`Gpu`]).
 //! - [`kernels`]: the compiled pipelines and how a dispatch binds its tensors.

@@ -2,6 +2,9 @@
 //! chains of vector fused multiply-adds on registers, in f32 or f16) or `shaders/peak_tensor.wgsl`
 //! (chains of cooperative-matrix products on the tensor cores) over many workgroups; the
 //! caller times it. MFU on a GPU is measured against this, never a table of cards.
+//!
+//! Unstable: public for `alpha-native info` and the tests; it changes with any release (see the
+//! crate's Stability section).
 
 use crate::context::{Gpu, GpuError};
 use std::num::NonZeroU64;
@@ -38,10 +41,10 @@ pub struct FmaProbe {
 /// The probe's (source, entry point, FLOPs per thread and rep) in `real`.
 fn probe_source(real: Real) -> (String, &'static str, u64) {
     match real {
-        Real::F32 => (format!("alias real = f32;\n{}", include_str!("../../shaders/peak.wgsl")), "fma_peak", FMA_FLOPS_PER_REP),
-        Real::F16 => (format!("enable f16;\nalias real = f16;\n{}", include_str!("../../shaders/peak.wgsl")), "fma_peak", FMA_FLOPS_PER_REP),
+        Real::F32 => (format!("alias real = f32;\n{}", include_str!("../shaders/peak.wgsl")), "fma_peak", FMA_FLOPS_PER_REP),
+        Real::F16 => (format!("enable f16;\nalias real = f16;\n{}", include_str!("../shaders/peak.wgsl")), "fma_peak", FMA_FLOPS_PER_REP),
         Real::Tensor => {
-            let source = format!("enable f16;\nenable wgpu_cooperative_matrix;\n{}", include_str!("../../shaders/peak_tensor.wgsl"));
+            let source = format!("enable f16;\nenable wgpu_cooperative_matrix;\n{}", include_str!("../shaders/peak_tensor.wgsl"));
             (source, "tensor_peak", TENSOR_FLOPS_PER_REP)
         }
     }

@@ -1,6 +1,9 @@
 //! Timestamp queries around every kernel of a step (`--trace`): each dispatch runs in a
 //! compute pass of its own whose start and end are stamped, the stamps are resolved into a
 //! buffer at the end of the step's command buffer and read back after it.
+//!
+//! Unstable: public for Alpha's tools and tests; it changes with any release (see the crate's
+//! Stability section).
 
 use crate::context::{Gpu, GpuError};
 use crate::kernels::Work;

@@ -47,7 +47,8 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
 }
 
 /// [`load`] without the training state (see
-/// [`alpha_core::checkpoint::weights_from_bytes`]): for eval, sample, export and fine-tuning.
+/// [`alpha_core::checkpoint::weights_from_bytes`]): for eval, sample, export and fine-tuning;
+/// a training run's directory (`train --out DIR`) stands for its checkpoint.
 pub fn load_weights(path: &Path) -> Result<Checkpoint> {
     load_parts(path, false)
 }
@@ -57,7 +58,16 @@ fn load_parts(path: &Path, with_state: bool) -> Result<Checkpoint> {
         return crate::hf_model::load(path);
     }
     if path.is_dir() {
-        return Err(anyhow!("{} is a directory without config.json: neither a Hugging Face model directory nor an Alpha checkpoint", path.display()));
+        // A training run's directory (`train --out DIR`), for the commands that read weights.
+        let inside = path.join(crate::run::outputs::CHECKPOINT_FILE);
+        if !with_state && inside.is_file() {
+            return load_parts(&inside, with_state);
+        }
+        return Err(anyhow!(
+            "{} is a directory without config.json or {}: neither a Hugging Face model directory nor an Alpha run's",
+            path.display(),
+            crate::run::outputs::CHECKPOINT_FILE
+        ));
     }
     let name = path.to_string_lossy();
     if !path.exists() && (crate::hf_model::GPT2_NAMES.contains(&name.as_ref()) || name.matches('/').count() == 1 && !name.ends_with(".safetensors")) {

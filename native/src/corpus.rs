@@ -8,7 +8,7 @@ use std::path::Path;
 pub const EMBEDDED: &str = "<embedded shakespeare>";
 
 /// 42 Shakespeare plays from Project Gutenberg (public domain), 5.06 MB of ASCII.
-pub static SHAKESPEARE: &str = include_str!("../../data/shakespeare.txt");
+pub static SHAKESPEARE: &str = include_str!("../assets/shakespeare.txt");
 
 /// Reads a UTF-8 text file (a regular file: see [`crate::fsutil::open_regular`]); `what` names it in errors ("data file", "text file").
 pub fn read_text(path: &Path, what: &str) -> Result<String> {

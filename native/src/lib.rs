@@ -1,4 +1,6 @@
-//! # alpha-native
+#![doc = include_str!("../README.md")]
+//!
+//! ## Map
 //!
 //! The Alpha command line (`alpha-native train | sample | eval | bench | info | report |
 //! export | prepare | tokenizer`) as a library: the commands ([`cmd`], one file each), the

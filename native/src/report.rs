@@ -263,8 +263,8 @@ pub fn html(data: Option<&Value>) -> String {
         }
         None => ("<main id=\"report\" data-live=\"/records\"><p>waiting for the run's first records</p></main>", String::new()),
     };
-    let charts = include_str!("../../www/charts.js");
-    let report: String = include_str!("../../www/report.js").lines().filter(|l| !l.starts_with("import ")).collect::<Vec<_>>().join("\n");
+    let charts = include_str!("../assets/charts.js");
+    let report: String = include_str!("../assets/report.js").lines().filter(|l| !l.starts_with("import ")).collect::<Vec<_>>().join("\n");
     format!(
         r#"<!doctype html>
 <html lang="en">

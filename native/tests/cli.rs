@@ -373,16 +373,18 @@ fn eval_is_deterministic_and_counts_windows() {
 fn sample_continues_the_prompt_deterministically() {
     let dir = workdir("sample");
     train(&dir, &["--iters", "5"]);
-    let sample = |seed: &str| {
-        let o = run(&dir, &["sample", "--checkpoint", "out/ckpt.safetensors", "--prompt", "ROMEO:", "--tokens", "40", "--seed", seed]);
+    let sample = |checkpoint: &str, seed: &str| {
+        let o = run(&dir, &["sample", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--tokens", "40", "--seed", seed]);
         assert_ok(&o);
         stdout(&o)
     };
-    let (a, b, c) = (sample("1"), sample("1"), sample("2"));
+    let (a, b, c) = (sample("out/ckpt.safetensors", "1"), sample("out/ckpt.safetensors", "1"), sample("out/ckpt.safetensors", "2"));
     assert!(a.starts_with("ROMEO:"));
     assert_eq!(a.trim_end_matches('\n').chars().count() + 1, "ROMEO:".len() + 40 + 1 - a.ends_with("\n\n") as usize);
     assert_eq!(a, b);
     assert_ne!(a, c);
+    // The run's directory stands for its checkpoint.
+    assert_eq!(sample("out", "1"), a);
 }
 
 #[test]

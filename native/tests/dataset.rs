@@ -240,7 +240,7 @@ fn prepare_refuses_an_empty_validation_split_and_lone_surrogates() {
 fn prepare_stopped_by_a_signal_writes_nothing_and_leaves_no_temporary_file() {
     let dir = workdir("dataset-signal");
     tokenizer(&dir);
-    let corpus = include_str!("../../data/shakespeare.txt");
+    let corpus = include_str!("../assets/shakespeare.txt");
     fs::write(dir.join("big.txt"), corpus.repeat(40)).unwrap();
     for (signals, code) in [(&["TERM"][..], 1), (&["TERM", "INT"][..], 130)] {
         let out = format!("ds-{}", signals.len());

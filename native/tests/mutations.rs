@@ -263,7 +263,7 @@ fn mutated_checkpoints_load_consistently_or_are_one_line_errors() {
 #[test]
 fn mutated_texts_load_or_are_one_line_errors_naming_the_file() {
     let dir = workdir("mutations-texts");
-    let base = include_bytes!("../../data/shakespeare.txt")[..4000].to_vec();
+    let base = include_bytes!("../assets/shakespeare.txt")[..4000].to_vec();
     let vocab = alpha_core::tokenizer::CharTokenizer::from_text(std::str::from_utf8(&base).unwrap()).unwrap();
     let mut rng = Rng::new(seed() ^ 1);
     let inserts: [&[u8]; 8] = [b"\xff", b"\x00", b"\r\n", "\u{e9}".as_bytes(), "\u{65e5}".as_bytes(), "\u{1f600}".as_bytes(), b"\xe6\x97", b"\xed\xa0\x80"];

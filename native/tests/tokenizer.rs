@@ -184,7 +184,7 @@ fn many_added_tokens_cost_neither_speed_nor_memory() {
     let dir = workdir("tokenizer-many-added");
     text_file(&dir);
     assert_ok(&run(&dir, &["tokenizer", "train", "--data", "text.txt", "--vocab-size", "300", "--out", "tok.json"]));
-    let text = include_str!("../../data/shakespeare.txt");
+    let text = include_str!("../assets/shakespeare.txt");
     fs::write(dir.join("big.txt"), &text[..2_000_000]).unwrap();
     let many = |n: usize, name: &str| {
         let mut v: serde_json::Value = serde_json::from_str(&fs::read_to_string(dir.join("tok.json")).unwrap()).unwrap();

@@ -1,23 +1,4 @@
-//! # alpha-web
-//!
-//! Alpha in a web page: a [`Trainer`] that JavaScript creates from a configuration object and
-//! a text, then steps, evaluates, samples and checkpoints. It trains on WebGPU through
-//! alpha-gpu (the same WGSL kernels as native Vulkan) or, where the browser has no WebGPU, on
-//! alpha-core's CPU kernels compiled to WebAssembly. Runs are the native CLI's: the same
-//! initialisation, batches and seeds, and checkpoints in the same safetensors format, so
-//! `alpha-native sample` reads what the page saves and the page loads what `train` writes.
-//!
-//! ```js
-//! import init, { Trainer } from "./pkg/alpha_web.js";
-//! await init();
-//! const t = await Trainer.create({ layers: 2, heads: 2, embd: 32, block: 32, batch: 8 }, text);
-//! const losses = await t.step(10);          // Float32Array, one loss per step
-//! const { train, val } = await t.evaluate();
-//! const text = await t.sample("ROMEO:", 200, 0.8);
-//! const bytes = await t.save();             // Uint8Array, a .safetensors checkpoint
-//! // Or the run's own loop (alpha_core::run::RunLoop, as `alpha-native train` runs it):
-//! for (let r = await t.next(); r.type !== "done"; r = await t.next()) console.log(r);
-//! ```
+#![doc = include_str!("../README.md")]
 
 mod engine;
 mod options;

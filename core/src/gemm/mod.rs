@@ -2,6 +2,9 @@
 //! and `A` row-major or column-major (a unit stride either way), so transposed operands need
 //! no copy.
 //!
+//! Unstable: public for the CPU kernels, the benchmarks and the tests; it changes with any
+//! release (see the crate's Stability section).
+//!
 //! Loop order (per call, single-threaded; callers split rows across tasks), as in BLIS:
 //! K blocks of the kernel's depth ([`Kernel::kc`]) → row blocks of A (equal, at most [`MC`]
 //! rows) → column panels of `NR` columns of B, packed contiguously and zero-padded (the panel

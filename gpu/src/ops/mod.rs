@@ -2,6 +2,9 @@
 //! as in `alpha_core::ops` (whose argument structs they take, over views of device buffers)
 //! and `shaders/`. Shapes in comments use `N` rows (`B*T` tokens), `C` channels, `V`
 //! vocabulary.
+//!
+//! Unstable: public for Alpha's tools and tests; it changes with any release (see the crate's
+//! Stability section).
 
 pub mod adamw;
 pub mod attention;

@@ -22,7 +22,7 @@ pub fn workdir(name: &str) -> PathBuf {
 /// The first 20,000 characters of the embedded corpus, written to `dir/text.txt`.
 pub fn text_file(dir: &Path) -> PathBuf {
     let path = dir.join("text.txt");
-    let corpus = include_str!("../../../data/shakespeare.txt");
+    let corpus = include_str!("../../assets/shakespeare.txt");
     fs::write(&path, &corpus[..20_000]).unwrap();
     path
 }
