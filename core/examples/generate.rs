@@ -7,25 +7,24 @@
 
 use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::parallel::ThreadPool;
-use alpha_core::tokenizer::{hf as hf_tokenizer, Tokenizer};
+use alpha_core::tokenizer::Tokenizer;
 use alpha_core::{checkpoint, hf, GptConfig, Rng};
-use safetensors::SafeTensors;
 use std::error::Error;
 use std::io::Write;
 use std::path::Path;
 
 /// A model's shape, tokenizer and parameters from `path`.
 fn load(path: &Path) -> Result<(GptConfig, Tokenizer, Vec<f32>), Box<dyn Error>> {
-    if !path.is_dir() {
-        let ck = checkpoint::from_bytes(&std::fs::read(path)?)?;
-        return Ok((ck.config, ck.tokenizer, ck.params));
-    }
-    // A Hugging Face directory: the files' bytes through alpha_core::hf.
-    let config = hf::config_from_json(&std::fs::read_to_string(path.join("config.json"))?)?;
-    let weights = std::fs::read(path.join("model.safetensors"))?;
-    let params = hf::params_from_safetensors(&config, &[("model.safetensors", SafeTensors::deserialize(&weights)?)])?;
-    let tokenizer = Tokenizer::from(hf_tokenizer::from_tokenizer_json(&std::fs::read_to_string(path.join("tokenizer.json"))?)?);
-    Ok((config, tokenizer, params))
+    let ck = if path.is_dir() {
+        // A Hugging Face directory: its files' contents through alpha_core::hf.
+        let text = |name: &str| std::fs::read_to_string(path.join(name));
+        let weights = std::fs::read(path.join("model.safetensors"))?;
+        let tokenizer = text("tokenizer.json")?;
+        hf::from_files(&text("config.json")?, hf::TokenizerFiles::Json(&tokenizer), &[("model.safetensors", &weights)])?
+    } else {
+        checkpoint::from_bytes(&std::fs::read(path)?)?
+    };
+    Ok((ck.config, ck.tokenizer, ck.params))
 }
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -25,7 +25,7 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::plan::{ParamInfo, ParamKind, Plan};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{CharTokenizer, Tokenizer};
 use crate::{Arch, GptConfig, Llama, RopeScaling};
 use alloc::collections::BTreeSet;
 use alloc::format;
@@ -45,13 +45,22 @@ pub enum HfError {
     Config(String),
     /// The weights do not match the config (a tensor missing, extra, misshapen, not finite).
     Weights(String),
+    /// A weights file is not safetensors.
+    Safetensors(String),
+    /// The tokenizer's files do not describe a tokenizer Alpha runs exactly.
+    Tokenizer(String),
+    /// The error is in this file of the directory ([`from_files`]).
+    InFile(String, alloc::boxed::Box<HfError>),
 }
 
 impl fmt::Display for HfError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HfError::Json(e) => write!(f, "is not valid JSON: {e}"),
-            HfError::Config(e) | HfError::Weights(e) => f.write_str(e),
+            HfError::Safetensors(e) => write!(f, "is not a valid safetensors file: {e}"),
+            HfError::Config(e) | HfError::Weights(e) | HfError::Tokenizer(e) => f.write_str(e),
+            HfError::InFile(file, e) if matches!(**e, HfError::Json(_) | HfError::Safetensors(_)) => write!(f, "{file} {e}"),
+            HfError::InFile(file, e) => write!(f, "{file}: {e}"),
         }
     }
 }
@@ -316,6 +325,84 @@ fn char_tokenizer_json(chars: &[char]) -> Value {
         // An unknown character is an error, as in Alpha: the unknown token is not a word.
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
     })
+}
+
+/// The character tokenizer of a `tokenizer.json` that [`char_tokenizer_json`] wrote (exactly
+/// that form), or `None` for any other file.
+fn char_tokenizer_from_json(json: &str) -> Option<CharTokenizer<Vec<char>>> {
+    let file: Value = serde_json::from_str(json).ok()?;
+    let vocab = file.get("model")?.get("vocab")?.as_object()?;
+    let mut chars = vec!['\0'; vocab.len()];
+    for (word, id) in vocab {
+        let mut word_chars = word.chars();
+        let (ch, id) = (word_chars.next()?, usize::try_from(id.as_u64()?).ok()?);
+        if word_chars.next().is_some() {
+            return None;
+        }
+        *chars.get_mut(id)? = ch;
+    }
+    let tokenizer = CharTokenizer::new(chars).ok()?;
+    (char_tokenizer_json(tokenizer.chars()) == file).then_some(tokenizer)
+}
+
+/// The text of a Hugging Face model directory's tokenizer files.
+#[derive(Clone, Copy, Debug)]
+pub enum TokenizerFiles<'a> {
+    /// `tokenizer.json`.
+    Json(&'a str),
+    /// GPT-2's `vocab.json` and `merges.txt`.
+    VocabMerges {
+        /// `vocab.json`.
+        vocab: &'a str,
+        /// `merges.txt`.
+        merges: &'a str,
+    },
+}
+
+/// A Hugging Face model directory read from its files' contents, no file system involved:
+/// `config.json`'s text, the tokenizer's ([`TokenizerFiles`]) and the weights (each
+/// safetensors file's name and bytes: `model.safetensors`, or the shards its index names).
+/// The checkpoint holds weights only (no optimizer state) and is not `verified` (safetensors
+/// carry no checksums). An error names the file it is in, where it is in one.
+///
+/// ```
+/// use alpha_core::hf::{from_files, model_files, TokenizerFiles};
+/// use alpha_core::tokenizer::{CharTokenizer, Tokenizer};
+/// # let config = alpha_core::GptConfig::gpt2(3, 8, 1, 1, 8);
+/// # let tokenizer = Tokenizer::from(CharTokenizer::new(vec!['a', 'b', 'c']).unwrap());
+/// # let params = vec![0.01f32; alpha_core::Plan::new(config, 1, 1).unwrap().params_len()];
+/// # let ck = alpha_core::checkpoint::Checkpoint { config, tokenizer, params, optimizer: None, verified: true };
+/// // A model written as a Hugging Face directory's files, read back from them.
+/// let files = model_files(&ck)?;
+/// let text = |name: &str| files.iter().find(|(n, _)| *n == name).map(|(_, b)| core::str::from_utf8(b).unwrap()).unwrap();
+/// let weights = files.iter().find(|(n, _)| *n == "model.safetensors").map(|(n, b)| (*n, &b[..])).unwrap();
+/// let back = from_files(text("config.json"), TokenizerFiles::Json(text("tokenizer.json")), &[weights])?;
+/// assert_eq!((back.config, back.params), (ck.config, ck.params));
+/// # Ok::<(), alpha_core::hf::HfError>(())
+/// ```
+pub fn from_files(config_json: &str, tokenizer: TokenizerFiles<'_>, weights: &[(&str, &[u8])]) -> Result<Checkpoint, HfError> {
+    let in_file = |file: &str, e: HfError| HfError::InFile(file.into(), alloc::boxed::Box::new(e));
+    let config = config_from_json(config_json).map_err(|e| in_file("config.json", e))?;
+    let tokenizer = match tokenizer {
+        // A character model Alpha exported, else byte-level BPE.
+        TokenizerFiles::Json(json) => match char_tokenizer_from_json(json) {
+            Some(chars) => Tokenizer::from(chars),
+            None => Tokenizer::from(crate::tokenizer::hf::from_tokenizer_json(json).map_err(|e| in_file("tokenizer.json", HfError::Tokenizer(e.0)))?),
+        },
+        TokenizerFiles::VocabMerges { vocab, merges } => {
+            Tokenizer::from(crate::tokenizer::hf::from_vocab_merges(vocab, merges).map_err(|e| in_file("vocab.json and merges.txt", HfError::Tokenizer(e.0)))?)
+        }
+    };
+    // A larger vocabulary is padding (`Plan::with_classes`).
+    if tokenizer.vocab_size() > config.vocab_size {
+        return Err(HfError::Config(format!("config.json's vocab_size is {} but the tokenizer has {} tokens", config.vocab_size, tokenizer.vocab_size())));
+    }
+    let shards = weights
+        .iter()
+        .map(|&(name, bytes)| SafeTensors::deserialize(bytes).map(|s| (name, s)).map_err(|e| in_file(name, HfError::Safetensors(e.to_string()))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let params = params_from_safetensors(&config, &shards)?;
+    Ok(Checkpoint { config, tokenizer, params, optimizer: None, verified: false })
 }
 
 /// The files of a Hugging Face model directory that `transformers` loads as the same model as

@@ -11,11 +11,8 @@
 use crate::fsutil::{open_regular, read_regular_string};
 use alpha_core::checkpoint::Checkpoint;
 use alpha_core::hf;
-use alpha_core::tokenizer::Tokenizer;
-use alpha_core::GptConfig;
 use anyhow::{anyhow, Result};
 use memmap2::Mmap;
-use safetensors::tensor::SafeTensors;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -59,17 +56,6 @@ pub fn find_cached(name: &str) -> Result<PathBuf> {
     ))
 }
 
-/// `config.json` as Alpha's model; what Alpha does not compute exactly is an error naming
-/// the field.
-fn config(dir: &Path) -> Result<GptConfig> {
-    let path = dir.join("config.json");
-    let text = read_regular_string(&path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
-    hf::config_from_json(&text).map_err(|e| match e {
-        hf::HfError::Json(_) => anyhow!("{} {e}", path.display()),
-        e => anyhow!("{}: {e}", path.display()),
-    })
-}
-
 /// The weight files: `model.safetensors`, or the shards its index names.
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let single = dir.join("model.safetensors");
@@ -98,14 +84,26 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Err(anyhow!("{} has no model.safetensors (nor a sharded model.safetensors.index.json)", dir.display()))
 }
 
-/// Reads a Hugging Face model directory as a checkpoint of weights (no optimizer state).
+/// Reads a Hugging Face model directory as a checkpoint of weights (no optimizer state):
+/// its files read (the weights memory-mapped), then [`hf::from_files`].
 pub fn load(dir: &Path) -> Result<Checkpoint> {
-    let config = config(dir)?;
-    let tokenizer = Tokenizer::from(crate::tokenizer::load(dir)?);
-    // A larger vocabulary is padding (`Plan::with_classes`).
-    if tokenizer.vocab_size() > config.vocab_size {
-        return Err(anyhow!("{}: config.json's vocab_size is {} but the tokenizer has {} tokens", dir.display(), config.vocab_size, tokenizer.vocab_size()));
-    }
+    let read = |name: &str| {
+        let path = dir.join(name);
+        read_regular_string(&path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))
+    };
+    let config = read("config.json")?;
+    let (json, vocab, merges) = (dir.join("tokenizer.json"), dir.join("vocab.json"), dir.join("merges.txt"));
+    let tokenizer_text = if json.is_file() {
+        (read("tokenizer.json")?, None)
+    } else if vocab.is_file() && merges.is_file() {
+        (read("vocab.json")?, Some(read("merges.txt")?))
+    } else {
+        return Err(anyhow!("{} has neither tokenizer.json nor vocab.json and merges.txt", dir.display()));
+    };
+    let tokenizer = match &tokenizer_text {
+        (json, None) => hf::TokenizerFiles::Json(json),
+        (vocab, Some(merges)) => hf::TokenizerFiles::VocabMerges { vocab, merges },
+    };
     let files = weight_files(dir)?;
     let maps = files
         .iter()
@@ -115,16 +113,9 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
             unsafe { Mmap::map(&f) }.map_err(|e| anyhow!("cannot map {}: {e}", p.display()))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let shards = maps
-        .iter()
-        .zip(&files)
-        .map(|(m, p)| SafeTensors::deserialize(m).map_err(|e| anyhow!("{} is not a valid safetensors file: {e}", p.display())))
-        .collect::<Result<Vec<_>, _>>()?;
     let names: Vec<String> = files.iter().map(|f| f.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
-    let named: Vec<(&str, SafeTensors<'_>)> = names.iter().map(String::as_str).zip(shards).collect();
-    let params = hf::params_from_safetensors(&config, &named).map_err(|e| anyhow!("{}: {e}", dir.display()))?;
-    // safetensors files carry no checksums.
-    Ok(Checkpoint { config, tokenizer, params, optimizer: None, verified: false })
+    let weights: Vec<(&str, &[u8])> = names.iter().map(String::as_str).zip(maps.iter().map(|m| &m[..])).collect();
+    hf::from_files(&config, tokenizer, &weights).map_err(|e| anyhow!("{}: {e}", dir.display()))
 }
 
 /// Writes `ck` to `dir` as a Hugging Face model directory (see [`hf::model_files`]), each

@@ -265,7 +265,7 @@ fn what_alpha_does_not_run_is_refused_in_one_line() {
 }
 
 /// Export writes what transformers wrote: the fixture's weights come back byte for byte, and
-/// a fine-tuned model exports and loads back with the same loss.
+/// a fine-tuned model exports and loads back with the same loss, as does a character model.
 #[test]
 fn export_writes_the_hugging_face_layout() {
     let dir = workdir("hf-export");
@@ -340,4 +340,16 @@ fn export_writes_the_hugging_face_layout() {
         &["train", "--resume", "ft-pad/ckpt.safetensors", "--data", "text.txt", "--vocab-pad", "64"],
         "--vocab-pad: a resumed run keeps its checkpoint's model",
     );
+
+    // A character model exports (a word-level tokenizer.json of its characters) and loads
+    // back as the same model.
+    assert_ok(&run(
+        &dir,
+        &["train", "--config", "tiny", "--data", "text.txt", "--iters", "2", "--eval-interval", "0", "--sample-interval", "0", "--out", "chars"],
+    ));
+    assert_ok(&run(&dir, &["export", "--checkpoint", "chars", "--out", "chars-hf"]));
+    let a = run(&dir, &["eval", "--checkpoint", "chars", "--text", "text.txt"]);
+    let b = run(&dir, &["eval", "--checkpoint", "chars-hf", "--text", "text.txt"]);
+    assert_ok(&a);
+    assert_eq!(stdout(&a), stdout(&b));
 }

@@ -163,8 +163,24 @@ impl Trainer {
     /// `evalIters`, `iters` and `recompute`; the model and the other settings come from the
     /// checkpoint.
     pub async fn load(bytes: Vec<u8>, text: String, options: JsValue) -> Result<Trainer, JsError> {
-        let opts = Options::from_js(options)?;
         let ck = checkpoint::from_bytes(&bytes).map_err(js_error)?;
+        Trainer::from_checkpoint(ck, text, options).await
+    }
+
+    /// A Hugging Face model (`GPT2LMHeadModel`, `LlamaForCausalLM`, `Qwen2ForCausalLM`, or
+    /// one `alpha-native export` wrote) from its directory's files: `config.json`'s and
+    /// `tokenizer.json`'s text and `model.safetensors`' bytes, read by alpha-core's
+    /// `hf::from_files`; to sample from, or to fine-tune on `text` (as `load` a checkpoint of
+    /// weights: a fresh optimizer with `options`' settings).
+    #[wasm_bindgen(js_name = loadHuggingFace)]
+    pub async fn load_hugging_face(config_json: String, tokenizer_json: String, weights: Vec<u8>, text: String, options: JsValue) -> Result<Trainer, JsError> {
+        let files = alpha_core::hf::TokenizerFiles::Json(&tokenizer_json);
+        let ck = alpha_core::hf::from_files(&config_json, files, &[("model.safetensors", &weights)]).map_err(js_error)?;
+        Trainer::from_checkpoint(ck, text, options).await
+    }
+
+    async fn from_checkpoint(ck: checkpoint::Checkpoint, text: String, options: JsValue) -> Result<Trainer, JsError> {
+        let opts = Options::from_js(options)?;
         let tok = ck.tokenizer;
         let (moments, step, rng, mut settings, loss_scale) = match ck.optimizer {
             Some((m, v, state)) => (Some((m, v)), state.step, state.rng().map_err(js_error)?, state.settings, state.loss_scale),
@@ -277,7 +293,8 @@ impl Trainer {
             return Err(js_error(format!("the temperature must be a non-negative number, got {temperature}")));
         }
         let prompt = if prompt.is_empty() { "\n".to_string() } else { prompt };
-        let ids = self.tok.encode(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?;
+        // As `alpha-native sample`: the tokens the tokenizer puts before a text (Llama 3's BOS).
+        let ids = [self.tok.special_tokens_around().0, &self.tok.encode(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?].concat();
         let seed = derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count());
         let cfg = alpha_core::model::SamplingConfig { temperature, ..alpha_core::model::SamplingConfig::new(count as usize) };
         let mut generated = Vec::with_capacity(cfg.tokens);

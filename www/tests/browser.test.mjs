@@ -284,6 +284,33 @@ test("a finished run's checkpoint, native or the page's, resumes in the page: th
   }
 });
 
+test("a Hugging Face Llama directory's files load through Trainer.loadHuggingFace: greedy tokens are alpha-native's, on the CPU and WebGPU", async () => {
+  const dir = join(www, "..", "tests", "data", "llama-fixture");
+  const want = execFileSync(native, ["sample", "--checkpoint", dir, "--prompt", "ROMEO:", "--tokens", "12", "--temperature", "0"], { encoding: "utf8" });
+  const files = {
+    config: readFileSync(join(dir, "config.json"), "utf8"),
+    tokenizer: readFileSync(join(dir, "tokenizer.json"), "utf8"),
+    weights: [...readFileSync(join(dir, "model.safetensors"))],
+    text: readFileSync(join(dir, "text.txt"), "utf8"),
+  };
+  for (const backend of ["cpu", "webgpu"]) {
+    const { page, errors } = await open(`?backend=${backend}&preset=tiny`);
+    await page.waitForFunction(() => window.alpha?.status === "idle");
+    const got = await page.evaluate(async ([files, backend]) => {
+      const { Trainer } = await import("./main.js");
+      const t = await Trainer.loadHuggingFace(files.config, files.tokenizer, new Uint8Array(files.weights), files.text, { backend });
+      const stats = t.stats();
+      return { text: await t.sample("ROMEO:", 12, 0), backend: stats.backend, precision: stats.precision };
+    }, [files, backend]);
+    assert.equal(got.backend, backend);
+    // f16 products (WebGPU with shader-f16) may pick other greedy tokens.
+    if (got.precision === "f32") assert.equal(`ROMEO:${got.text}\n`, want);
+    else assert.ok(got.text.length > 0);
+    assert.deepEqual(errors, []);
+    await page.close();
+  }
+});
+
 test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every control inside the screen", async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const page = await context.newPage();
