@@ -81,6 +81,8 @@ const state = {
   stats: null,
   error: null,
   message: "",
+  // The Generate panel: idle | running; the prompt and the text streamed after it.
+  generation: { status: "idle", text: "" },
 };
 window.alpha = state;
 
@@ -108,10 +110,13 @@ function fail(e) {
 }
 
 function updateButtons() {
-  $("start").disabled = running;
+  const generating = state.generation.status === "running";
+  $("start").disabled = running || generating;
   $("start").textContent = trainer && state.status === "paused" ? "Resume" : "Start";
   $("pause").disabled = !running;
-  $("download").disabled = !trainer || running;
+  $("download").disabled = !trainer || running || generating;
+  $("generate").disabled = !trainer || running || generating;
+  $("stop").disabled = !generating;
 }
 
 let shakespeare = null;
@@ -292,6 +297,34 @@ async function start() {
   }
 }
 
+let stopAsked = false;
+
+/** Streams a continuation of the prompt into the Generate panel until its length, the end of
+ * text, or Stop. */
+async function generate() {
+  const out = $("generated");
+  const number = (id) => Number($(id).value);
+  const options = { tokens: number("gen-tokens"), temperature: number("gen-temperature"), topK: number("gen-top-k"), topP: number("gen-top-p") };
+  state.generation = { status: "running", text: $("prompt").value };
+  out.textContent = state.generation.text;
+  stopAsked = false;
+  updateButtons();
+  try {
+    await use((t) =>
+      t.generate($("prompt").value, options, (piece) => {
+        state.generation.text += piece;
+        out.textContent = state.generation.text;
+        return !stopAsked;
+      }),
+    );
+  } catch (e) {
+    say(e instanceof Error ? e.message : String(e), true);
+  } finally {
+    state.generation.status = "idle";
+    updateButtons();
+  }
+}
+
 async function download() {
   try {
     // The model now, or, where it cannot be saved (not finite), the run's last checkpoint.
@@ -395,6 +428,8 @@ function setup() {
     reset();
   };
   $("start").onclick = start;
+  $("generate").onclick = generate;
+  $("stop").onclick = () => (stopAsked = true);
   $("pause").onclick = () => (running = false);
   $("download").onclick = download;
   $("checkpoint").onchange = (e) => e.target.files[0] && uploadCheckpoint(e.target.files[0]);

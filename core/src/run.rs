@@ -38,6 +38,19 @@ pub struct Preset {
     pub toml: &'static str,
 }
 
+impl Preset {
+    /// What the run file's opening comment says the preset is, its first sentence (`# NAME:
+    /// ...`, over as many comment lines as it takes): the page's menu shows it.
+    #[cfg(feature = "alloc")]
+    pub fn description(&self) -> alloc::string::String {
+        let comment: alloc::vec::Vec<&str> = self.toml.lines().map_while(|l| l.strip_prefix("# ")).collect();
+        let text = comment.join(" ");
+        let text = text.strip_prefix(self.name).and_then(|t| t.strip_prefix(": ")).unwrap_or("");
+        let end = text.find(". ").map_or(text.len(), |i| i + 1);
+        text[..end].into()
+    }
+}
+
 /// The presets, smallest first.
 pub const PRESETS: [Preset; 5] = [
     Preset { name: "tiny", toml: include_str!("../config/tiny.toml") },
@@ -222,5 +235,10 @@ mod tests {
             assert_eq!(file, p.toml);
         }
         assert_eq!(preset("none"), None);
+        for p in PRESETS {
+            let d = p.description();
+            assert!(d.len() > 20 && d.ends_with('.') && !d.contains("Keys are") && !d.contains("# "), "{}: {d:?}", p.name);
+        }
+        assert_eq!(preset("small").unwrap().description(), "a minute or two on a laptop's CPU.");
     }
 }

@@ -16,7 +16,7 @@ use alpha_core::tokenizer::{self, hf, CharTokenizer, Tokenizer};
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
 use options::{camel, Options, TokenizerChoice};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 /// Installs a panic hook that prints Rust panics to the browser console.
@@ -88,6 +88,69 @@ enum Record {
     Done { step: u64 },
 }
 
+/// Tokens `generate` draws between the page's turns: each chunk begins with a forward of the
+/// window (the KV cache is the chunk's), about four tokens' cost, so a chunk of 16 costs a
+/// quarter more than one long call and streams at the page's pace.
+const GENERATE_CHUNK: usize = 16;
+
+/// The most tokens one `generate` call draws.
+const MAX_GENERATE_TOKENS: usize = 100_000;
+
+/// `generate`'s options: `{ tokens, temperature, topK, topP, seed }`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+struct GenerateOptions {
+    tokens: usize,
+    temperature: f64,
+    top_k: usize,
+    top_p: f64,
+    seed: Option<u64>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        let d = alpha_core::model::SamplingConfig::new(200);
+        GenerateOptions { tokens: d.tokens, temperature: d.temperature, top_k: d.top_k, top_p: d.top_p, seed: None }
+    }
+}
+
+impl GenerateOptions {
+    /// Reads and checks the options object (`undefined` and `null`: the defaults), with the
+    /// CLI's ranges.
+    fn from_js(value: JsValue) -> Result<GenerateOptions, JsError> {
+        let o: GenerateOptions = if value.is_undefined() || value.is_null() {
+            GenerateOptions::default()
+        } else {
+            serde_wasm_bindgen::from_value(value).map_err(|e| js_error(format!("generate options: {e}")))?
+        };
+        if !(o.temperature.is_finite() && o.temperature >= 0.0) {
+            return Err(js_error(format!("temperature must be a non-negative number, got {}", o.temperature)));
+        }
+        if !(o.top_p > 0.0 && o.top_p <= 1.0) {
+            return Err(js_error(format!("topP must be above 0 and at most 1, got {}", o.top_p)));
+        }
+        if o.tokens == 0 || o.tokens > MAX_GENERATE_TOKENS {
+            return Err(js_error(format!("tokens must be 1 to {MAX_GENERATE_TOKENS}, got {}", o.tokens)));
+        }
+        Ok(o)
+    }
+}
+
+/// Gives the browser its thread back until its next task (a paint, an input event): a
+/// `setTimeout(0)` awaited.
+async fn yield_to_browser() {
+    let promise = js_sys::Promise::new(&mut |resolve, _| {
+        set_timeout(&resolve, 0);
+    });
+    let _ = wasm_bindgen_futures::JsFuture::from(promise).await;
+}
+
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_name = setTimeout)]
+    fn set_timeout(callback: &js_sys::Function, ms: i32) -> JsValue;
+}
+
 fn js_error(msg: impl core::fmt::Display) -> JsError {
     JsError::new(&msg.to_string())
 }
@@ -148,9 +211,9 @@ impl Trainer {
                 };
                 js_sys::Reflect::set(&options, &JsValue::from_str(&camel(&key)), &value).map_err(|_| js_error("cannot build a preset"))?;
             }
-            let description = p.toml.lines().next().and_then(|l| l.strip_prefix(&format!("# {}: ", p.name))).unwrap_or("");
+            let description = p.description();
             let entry = js_sys::Object::new();
-            for (k, v) in [("name", JsValue::from_str(p.name)), ("description", JsValue::from_str(description)), ("options", options)] {
+            for (k, v) in [("name", JsValue::from_str(p.name)), ("description", JsValue::from_str(&description)), ("options", options)] {
                 js_sys::Reflect::set(&entry, &JsValue::from_str(k), &v).map_err(|_| js_error("cannot build a preset"))?;
             }
             out.push(&entry);
@@ -300,6 +363,60 @@ impl Trainer {
         let mut generated = Vec::with_capacity(cfg.tokens);
         self.engine.sample(&ids, &cfg, &mut Rng::new(seed), &mut |id| generated.push(id)).await.map_err(js_error)?;
         Ok(self.tok.decode_lossy(&generated))
+    }
+
+    /// Streams up to `options.tokens` tokens continuing `prompt` (the options: `{ tokens,
+    /// temperature, topK, topP, seed }`, by default 200 tokens at temperature 0.8, top-k 200,
+    /// the whole nucleus, the run's sample seed): calls `onText(piece)` with each token's
+    /// text as it comes (bytes of a character split over tokens wait for the rest) and stops
+    /// early where `onText` returns `false` or the model writes the tokenizer's end of text.
+    /// Between chunks of tokens the page gets its thread back (to paint, and for a Stop
+    /// button). Resolves to the whole continuation.
+    pub async fn generate(&mut self, prompt: String, options: JsValue, on_text: &js_sys::Function) -> Result<String, JsError> {
+        let o = GenerateOptions::from_js(options)?;
+        // As `alpha-native sample`: the tokens the tokenizer puts before a text (Llama 3's BOS).
+        let mut context = [self.tok.special_tokens_around().0, &self.tok.encode(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?].concat();
+        let seed = o.seed.unwrap_or_else(|| derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count()));
+        let mut rng = Rng::new(seed);
+        let cfg = alpha_core::model::SamplingConfig { temperature: o.temperature, top_k: o.top_k, top_p: o.top_p, tokens: 0, stop: self.tok.end_of_text() };
+        let (mut left, mut pending, mut text) = (o.tokens, Vec::new(), String::new());
+        let mut stopped = false;
+        while left > 0 && !stopped {
+            let chunk = left.min(GENERATE_CHUNK);
+            let mut drawn = Vec::with_capacity(chunk);
+            self.engine
+                .sample(&context, &alpha_core::model::SamplingConfig { tokens: chunk, ..cfg }, &mut rng, &mut |id| drawn.push(id))
+                .await
+                .map_err(js_error)?;
+            for &id in &drawn {
+                pending.extend_from_slice(&self.tok.token_bytes(id));
+                let complete = match core::str::from_utf8(&pending) {
+                    Ok(all) => all.len(),
+                    Err(e) if e.error_len().is_none() => e.valid_up_to(),
+                    Err(_) => pending.len(),
+                };
+                let piece = String::from_utf8_lossy(&pending[..complete]).into_owned();
+                pending.drain(..complete);
+                if !piece.is_empty() {
+                    text.push_str(&piece);
+                    stopped |=
+                        on_text.call1(&JsValue::NULL, &JsValue::from_str(&piece)).map_err(|e| js_error(format!("onText threw: {e:?}")))? == JsValue::FALSE;
+                }
+            }
+            // Fewer than asked: the end of text.
+            stopped |= drawn.len() < chunk;
+            left -= drawn.len();
+            context.extend_from_slice(&drawn);
+            if left > 0 && !stopped {
+                yield_to_browser().await;
+            }
+        }
+        let rest = String::from_utf8_lossy(&pending).into_owned();
+        if !rest.is_empty() {
+            on_text.call1(&JsValue::NULL, &JsValue::from_str(&rest)).map_err(|e| js_error(format!("onText threw: {e:?}")))?;
+            text.push_str(&rest);
+        }
+        Ok(text)
     }
 
     /// Where it runs and how fast: `{ backend: "webgpu" | "cpu", adapter, kernel, threads,

@@ -311,6 +311,52 @@ test("a Hugging Face Llama directory's files load through Trainer.loadHuggingFac
   }
 });
 
+test("Generate: greedy tokens are alpha-native sample's, they stream as they come, Stop stops them, a bad setting is a message", async () => {
+  nativeLosses(TINY, PARITY_STEPS, "native-generate");
+  const checkpoint = join(work, "native-generate", "ckpt.safetensors");
+  const want = execFileSync(native, ["sample", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--tokens", "60", "--temperature", "0"], { encoding: "utf8" });
+  for (const backend of ["cpu", "webgpu"]) {
+    const { page, errors } = await open(`?backend=${backend}&preset=tiny`);
+    await page.waitForFunction(() => window.alpha?.status === "idle");
+    assert.ok(await page.locator("#generate").isDisabled(), "nothing to generate from before a model exists");
+    await page.locator("#checkpoint").setInputFiles(checkpoint);
+    await page.waitForFunction(() => ["paused", "error"].includes(window.alpha?.status));
+    const generated = async () => {
+      await page.waitForFunction(() => window.alpha.generation.status === "idle");
+      return page.evaluate(() => window.alpha.generation.text);
+    };
+    await page.fill("#prompt", "ROMEO:");
+    await page.fill("#gen-tokens", "60");
+    await page.fill("#gen-temperature", "0");
+    await page.click("#generate");
+    const greedy = await generated();
+    const precision = await page.evaluate(() => window.alpha.stats.precision);
+    // f16 products (WebGPU with shader-f16) may pick other greedy tokens.
+    if (precision === "f32") assert.equal(`${greedy}\n`, want, backend);
+    assert.equal(await page.locator("#generated").textContent(), greedy);
+
+    // A long generation shows its text while it runs; Stop ends it.
+    await page.fill("#gen-tokens", "100000");
+    await page.fill("#gen-temperature", "0.8");
+    await page.fill("#gen-top-k", "20");
+    await page.fill("#gen-top-p", "0.9");
+    await page.click("#generate");
+    await page.waitForFunction(() => window.alpha.generation.status === "running" && window.alpha.generation.text.length > 40);
+    assert.ok(await page.locator("#generate").isDisabled());
+    await page.click("#stop");
+    const stopped = await generated();
+    assert.ok(stopped.startsWith("ROMEO:") && stopped.length > 40 && stopped.length < 20_000, `${stopped.length} characters`);
+
+    await page.fill("#gen-top-p", "0");
+    await page.click("#generate");
+    await generated();
+    assert.match(await page.locator("#message").textContent(), /topP must be above 0 and at most 1/);
+    assert.equal(await page.evaluate(() => window.alpha.status), "paused", "a bad setting leaves the model as it was");
+    assert.deepEqual(errors, []);
+    await page.close();
+  }
+});
+
 test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every control inside the screen", async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const page = await context.newPage();
