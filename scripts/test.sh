@@ -157,7 +157,8 @@ if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
         . "$HOME/.config/wasm-toolchain.env"
         export RUSTUP_TOOLCHAIN="$WASM_TOOLCHAIN"
     fi
-    scripts/build-web.sh
+    # The builds, and the page as one folder a static host serves (the browser tests serve it).
+    scripts/build-web.sh --dist target/www-dist
     # alpha-core's GEMM tests on the WebAssembly kernel (the rest of the suite ran natively),
     # under node with wasm-bindgen's test runner (no -q: the runner refuses libtest's --quiet),
     # in both builds: SIMD128, and relaxed SIMD (its multiply-add kernel; target directory as
@@ -179,5 +180,6 @@ if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
     unset CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER
     unset RUSTUP_TOOLCHAIN
     cargo build -q --profile test-opt -p alpha-native
-    (cd www && npm ci --no-audit --no-fund --silent && ALPHA_NATIVE="$PWD/../target/test-opt/alpha-native" npm test --silent)
+    (cd www && npm ci --no-audit --no-fund --silent && ALPHA_NATIVE="$PWD/../target/test-opt/alpha-native" \
+        ALPHA_WEB_DIST="$PWD/../target/www-dist" npm test --silent)
 fi

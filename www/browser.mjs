@@ -5,9 +5,10 @@ import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
 
-/** Starts serve.mjs on a free port; resolves to `{ base, stop }`. */
-export async function startServer() {
-  const server = spawn(process.execPath, [fileURLToPath(new URL("serve.mjs", import.meta.url))], {
+/** Starts serve.mjs on a free port with `args` (a folder to serve, `--no-isolation`);
+ * resolves to `{ base, stop }`. */
+export async function startServer(args = []) {
+  const server = spawn(process.execPath, [fileURLToPath(new URL("serve.mjs", import.meta.url)), ...args], {
     env: { ...process.env, PORT: "0" },
     stdio: ["ignore", "pipe", "inherit"],
   });

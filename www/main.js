@@ -26,11 +26,11 @@ const RELAXED_SIMD_PROBE = new Uint8Array([
 export const WASM_BUILDS = { threads: "./pkg-threads/alpha_web.js", relaxed: "./pkg-relaxed/alpha_web.js", simd128: "./pkg/alpha_web.js" };
 const relaxed = WebAssembly.validate(RELAXED_SIMD_PROBE);
 const wasmBuild = params.get("wasm") ?? (relaxed ? (globalThis.crossOriginIsolated ? "threads" : "relaxed") : "simd128");
-/** Imports the first build of `names` that loads. */
+/** Imports the first build of `names` that loads: `{ name, module }`. */
 async function importBuild(names) {
   for (const [i, name] of names.entries()) {
     try {
-      return await import(WASM_BUILDS[name] ?? WASM_BUILDS.simd128);
+      return { name, module: await import(WASM_BUILDS[name] ?? WASM_BUILDS.simd128) };
     } catch (e) {
       if (i === names.length - 1) throw e;
       console.warn(`${WASM_BUILDS[name]} did not load (${e}); trying the next build`);
@@ -38,10 +38,10 @@ async function importBuild(names) {
   }
 }
 const fallbacks = { threads: ["threads", "relaxed", "simd128"], relaxed: ["relaxed", "simd128"] };
-const build = await importBuild(fallbacks[wasmBuild] ?? [wasmBuild]);
-const init = build.default;
+const loaded = await importBuild(fallbacks[wasmBuild] ?? [wasmBuild]);
+const init = loaded.module.default;
 /** The loaded build's Trainer (for tests and benchmarks, once the page is idle). */
-export const Trainer = build.Trainer;
+export const Trainer = loaded.module.Trainer;
 
 /**
  * Model presets, by name: the library's (alpha_core::run::PRESETS, the repository's
@@ -81,6 +81,8 @@ const state = {
   stats: null,
   error: null,
   message: "",
+  // The WebAssembly build the page loaded (threads | relaxed | simd128).
+  wasmBuild: null,
   // The Generate panel: idle | running; the prompt and the text streamed after it.
   generation: { status: "idle", text: "" },
 };
@@ -393,6 +395,9 @@ function setup() {
   const presetName = params.get("preset") ?? "tiny";
   if (!PRESETS[presetName]) return fail(`unknown preset ${presetName}; presets: ${Object.keys(PRESETS).join(", ")}`);
   if (!WASM_BUILDS[wasmBuild]) return fail(`unknown wasm build ${wasmBuild}; builds: ${Object.keys(WASM_BUILDS).join(", ")}`);
+  state.wasmBuild = loaded.name;
+  // Without cross-origin isolation there are no WebAssembly threads: say so.
+  $("isolation").hidden = globalThis.crossOriginIsolated === true;
   $("preset").value = presetName;
   preset = PRESETS[presetName];
   $("backend").value = params.get("backend") ?? "auto";

@@ -1,17 +1,24 @@
 // A static server for the demo: www/ at /, the repository's data/ at /data/ (the Shakespeare
-// corpus), cross-origin isolated (so the page can use WebAssembly threads). No dependencies. `npm start` (port 8080) or `PORT=0 node serve.mjs` (any free
-// port); it prints the address it listens on.
+// corpus), cross-origin isolated (so the page can use WebAssembly threads). No dependencies.
+// `npm start` (port 8080) or `PORT=0 node serve.mjs` (any free port); it prints the address it
+// listens on. `node serve.mjs DIR` serves a folder `scripts/build-web.sh --dist DIR` wrote
+// instead; `--no-isolation` leaves the isolation headers out (as a host without them would).
 
 import { createServer } from "node:http";
 import { readFile } from "node:fs/promises";
 import { extname, join, normalize, resolve, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 
+const args = process.argv.slice(2);
+const isolated = !args.includes("--no-isolation");
+const dist = args.find((a) => !a.startsWith("--"));
 const www = resolve(fileURLToPath(new URL(".", import.meta.url)));
-const roots = [
-  ["/data/", resolve(www, "..", "data")],
-  ["/", www],
-];
+const roots = dist
+  ? [["/", resolve(dist)]]
+  : [
+      ["/data/", resolve(www, "..", "data")],
+      ["/", www],
+    ];
 const types = {
   ".html": "text/html; charset=utf-8",
   ".js": "text/javascript; charset=utf-8",
@@ -40,7 +47,7 @@ const server = createServer(async (req, res) => {
     if (!file) throw Object.assign(new Error("outside"), { code: "ENOENT" });
     const body = await readFile(file);
     // Cross-origin isolation, which WebAssembly threads (shared memory) need.
-    const isolation = { "cross-origin-opener-policy": "same-origin", "cross-origin-embedder-policy": "require-corp" };
+    const isolation = isolated ? { "cross-origin-opener-policy": "same-origin", "cross-origin-embedder-policy": "require-corp" } : {};
     res.writeHead(200, { "content-type": types[extname(file)] ?? "application/octet-stream", "cache-control": "no-cache", ...isolation });
     res.end(body);
   } catch (e) {

@@ -357,6 +357,27 @@ test("Generate: greedy tokens are alpha-native sample's, they stream as they com
   }
 });
 
+test("build-web.sh --dist: the folder serves as it is; with its _headers the CPU trains on every core, without them on one thread and the page says so", async () => {
+  const dist = process.env.ALPHA_WEB_DIST;
+  assert.ok(dist, "set ALPHA_WEB_DIST to a folder scripts/build-web.sh --dist wrote (scripts/test.sh does)");
+  assert.match(readFileSync(join(dist, "_headers"), "utf8"), /Cross-Origin-Opener-Policy: same-origin\n\s*Cross-Origin-Embedder-Policy: require-corp/);
+  for (const isolation of [true, false]) {
+    const server = await startServer([dist, ...(isolation ? [] : ["--no-isolation"])]);
+    const page = await browser.newPage();
+    const errors = [];
+    page.on("pageerror", (e) => errors.push(String(e)));
+    await page.goto(`${server.base}?backend=cpu&preset=tiny&steps=5&autostart=1`);
+    const s = await finished(page);
+    assert.equal(s.error, null);
+    assert.equal(s.wasmBuild === "threads", isolation, s.wasmBuild);
+    assert.equal(s.stats.threads > 1, isolation, `${s.stats.threads} threads`);
+    assert.equal(await page.locator("#isolation").isVisible(), !isolation);
+    assert.deepEqual(errors, []);
+    await page.close();
+    server.stop();
+  }
+});
+
 test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every control inside the screen", async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const page = await context.newPage();
