@@ -8,6 +8,7 @@
 // window.alpha exposes the page's state.
 
 import { lineChart } from "./charts.js";
+import { zip } from "./zip.js";
 
 const params = new URLSearchParams(location.search);
 
@@ -117,6 +118,7 @@ function updateButtons() {
   $("start").textContent = trainer && state.status === "paused" ? "Resume" : "Start";
   $("pause").disabled = !running;
   $("download").disabled = !trainer || running || generating;
+  $("export-hf").disabled = !trainer || running || generating;
   $("generate").disabled = !trainer || running || generating;
   $("stop").disabled = !generating;
 }
@@ -188,6 +190,7 @@ async function tokenizerOptions() {
 }
 
 async function createTrainer() {
+  state.error = null;
   const text = await readText();
   const backend = backendChoice();
   const tokenizer = await tokenizerOptions();
@@ -349,17 +352,22 @@ async function download() {
   }
 }
 
-async function uploadCheckpoint(file) {
+/** The page's cadence (evaluations, samples, checkpoints) for a loaded model: the preset's. */
+function cadenceOptions() {
+  const o = { ...preset.options, ...urlOptions(preset.options) };
+  return { evalInterval: o.evalInterval, evalIters: o.evalIters, sampleInterval: o.sampleInterval, checkpointInterval: o.checkpointInterval, logInterval: o.logInterval };
+}
+
+/** Replaces the model with the one `open(text)` resolves to (a checkpoint, a Hugging Face
+ * model), paused at its step; `what` names it in the messages. */
+async function loadModel(what, open) {
   try {
     running = false;
     await queue;
-    const bytes = new Uint8Array(await file.arrayBuffer());
     const text = await readText();
-    say("Loading the checkpoint…");
-    // The model and the optimisation come from the checkpoint; the cadence from the preset.
-    const o = { ...preset.options, ...urlOptions(preset.options) };
-    const cadence = { evalInterval: o.evalInterval, evalIters: o.evalIters, sampleInterval: o.sampleInterval, checkpointInterval: o.checkpointInterval, logInterval: o.logInterval };
-    trainer = await Trainer.load(bytes, text, { ...cadence, backend: backendChoice(), recompute: $("recompute").checked });
+    say(`Loading ${what}…`);
+    state.error = null;
+    trainer = await open(text);
     const s = trainer.stats();
     // Train to the run's planned length (or the steps= parameter's); a finished run goes on
     // for another preset's length, as `alpha-native train --resume --iters N` would.
@@ -376,8 +384,52 @@ async function uploadCheckpoint(file) {
     state.status = "paused";
     showStats();
     draw();
-    say(`Loaded ${file.name}: step ${s.step} of ${iters}, ${s.params.toLocaleString("en")} parameters. Press Resume to continue.`);
+    say(`Loaded ${what}: step ${s.step} of ${iters}, ${s.params.toLocaleString("en")} parameters. Generate from it, or press Resume to train it on the text.`);
     updateButtons();
+  } catch (e) {
+    fail(e);
+  }
+}
+
+/** A checkpoint file (alpha-native's or the page's): the model and the optimisation come
+ * from it, the cadence from the preset. */
+function uploadCheckpoint(file) {
+  return loadModel(file.name, async (text) => {
+    const bytes = new Uint8Array(await file.arrayBuffer());
+    return Trainer.load(bytes, text, { ...cadenceOptions(), backend: backendChoice(), recompute: $("recompute").checked });
+  });
+}
+
+/** A Hugging Face model's files (config.json, tokenizer.json, model.safetensors or its
+ * shards), picked or dropped, to sample from or fine-tune with the preset's settings; its
+ * context cut to the preset's block where that is shorter. */
+function loadHuggingFace(files) {
+  const byName = new Map([...files].map((f) => [f.name, f]));
+  const shards = [...byName.keys()].filter((n) => n.endsWith(".safetensors")).sort();
+  const missing = ["config.json", "tokenizer.json"].filter((n) => !byName.has(n));
+  if (shards.length === 0) missing.push("model.safetensors");
+  if (missing.length > 0) return fail(`a Hugging Face model is config.json, tokenizer.json and model.safetensors (or its shards); missing: ${missing.join(", ")}`);
+  return loadModel("the Hugging Face model", async (text) => {
+    const config = await byName.get("config.json").text();
+    const context = JSON.parse(config).n_positions ?? JSON.parse(config).max_position_embeddings;
+    const bytes = async (name) => new Uint8Array(await byName.get(name).arrayBuffer());
+    const weights = byName.has("model.safetensors") ? await bytes("model.safetensors") : await Promise.all(shards.map(async (n) => [n, await bytes(n)]));
+    const o = { ...preset.options, ...urlOptions(preset.options) };
+    const settings = { lr: o.lr, minLr: o.minLr, warmup: o.warmup, batch: o.batch, block: Math.min(o.block, context ?? o.block), iters: o.iters };
+    return Trainer.loadHuggingFace(config, await byName.get("tokenizer.json").text(), weights, text, { ...cadenceOptions(), ...settings, backend: backendChoice(), recompute: $("recompute").checked });
+  });
+}
+
+/** The model as a Hugging Face directory, downloaded as one .zip. */
+async function exportHuggingFace() {
+  try {
+    const files = await use((t) => t.exportHuggingFace());
+    const url = URL.createObjectURL(new Blob([zip(files)], { type: "application/zip" }));
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = `alpha-step${trainer.stats().step}-hf.zip`;
+    a.click();
+    setTimeout(() => URL.revokeObjectURL(url), 10_000);
   } catch (e) {
     fail(e);
   }
@@ -438,6 +490,14 @@ function setup() {
   $("pause").onclick = () => (running = false);
   $("download").onclick = download;
   $("checkpoint").onchange = (e) => e.target.files[0] && uploadCheckpoint(e.target.files[0]);
+  $("hf-files").onchange = (e) => e.target.files.length > 0 && loadHuggingFace(e.target.files);
+  $("export-hf").onclick = exportHuggingFace;
+  // Files dropped on the setup box: a Hugging Face model's.
+  $("setup").ondragover = (e) => e.preventDefault();
+  $("setup").ondrop = (e) => {
+    e.preventDefault();
+    if (e.dataTransfer.files.length > 0) loadHuggingFace(e.dataTransfer.files);
+  };
   state.status = "idle";
   updateButtons();
   if (params.get("autostart") === "1") start();

@@ -781,6 +781,21 @@ impl Scratch {
     }
 }
 
+/// `params` of a model of `from` as a model of `to`, which differs in its tables' rows: the
+/// position table cut to a shorter context (nanoGPT's `crop_block_size`: a model fine-tuned on
+/// shorter windows than it was trained on), the token table padded with zero rows; every
+/// other tensor as it is.
+#[cfg(feature = "alloc")]
+pub fn resize_tables(params: &[f32], from: GptConfig, to: GptConfig) -> Result<alloc::vec::Vec<f32>, ConfigError> {
+    let (from, to) = (Plan::new(from, 1, 1)?, Plan::new(to, 1, 1)?);
+    let mut out = try_vec("parameters", to.params_len(), 0f32)?;
+    for (a, b) in from.params().zip(to.params()) {
+        let kept = a.span.len.min(b.span.len);
+        out[b.span.offset..b.span.offset + kept].copy_from_slice(&params[a.span.offset..a.span.offset + kept]);
+    }
+    Ok(out)
+}
+
 /// `len` copies of `value` in a new vector, or [`ConfigError::OutOfMemory`] naming `what`
 /// when the allocator refuses (where `vec!` would abort the process).
 #[cfg(feature = "alloc")]

@@ -193,6 +193,29 @@ impl Trainer {
         Trainer::build(&opts, settings, tok, tokens, plan, start).await
     }
 
+    /// The memory a run of `options` with a vocabulary of `vocab` tokens plans, before anything
+    /// is allocated (as `alpha-native info` computes it): `{ params, paramsBytes,
+    /// activationsBytes, batchBytes, totalBytes }`, the parameters' arena counted once
+    /// (gradients and both AdamW moments are each as large); rejects, in one line, where the
+    /// settings are not a model or the plan does not fit in the page's memory.
+    pub fn plan(options: JsValue, vocab: usize) -> Result<JsValue, JsError> {
+        let opts = Options::from_js(options)?;
+        let plan = opts.settings.plan(opts.settings.config(vocab)).map_err(js_error)?;
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Memory {
+            params: usize,
+            params_bytes: f64,
+            activations_bytes: f64,
+            batch_bytes: f64,
+            total_bytes: f64,
+        }
+        let bytes = |floats: usize| 4.0 * floats as f64;
+        let (p, a, b) = (plan.params_len(), plan.acts_len(), 2 * plan.tokens());
+        let memory = Memory { params: plan.num_params(), params_bytes: bytes(p), activations_bytes: bytes(a), batch_bytes: bytes(b), total_bytes: bytes(4 * p + a + b) };
+        memory.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).map_err(js_error)
+    }
+
     /// The presets (`alpha_core::run::PRESETS`, the repository's `config/*.toml`): an array of
     /// `{ name, description, options }`, each `options` a whole options object (the defaults
     /// with the preset's keys over them).
@@ -224,7 +247,8 @@ impl Trainer {
     /// Continues the run saved in checkpoint `bytes` (from `save()` or `alpha-native train`)
     /// on `text`, which must use the checkpoint's characters. `options` may set `backend`,
     /// `evalIters`, `iters` and `recompute`; the model and the other settings come from the
-    /// checkpoint.
+    /// checkpoint. A checkpoint of weights only starts a fresh optimizer with `options`'
+    /// settings, `block` (at most the model's context) cropping its context.
     pub async fn load(bytes: Vec<u8>, text: String, options: JsValue) -> Result<Trainer, JsError> {
         let ck = checkpoint::from_bytes(&bytes).map_err(js_error)?;
         Trainer::from_checkpoint(ck, text, options).await
@@ -235,15 +259,53 @@ impl Trainer {
     /// `tokenizer.json`'s text and `model.safetensors`' bytes, read by alpha-core's
     /// `hf::from_files`; to sample from, or to fine-tune on `text` (as `load` a checkpoint of
     /// weights: a fresh optimizer with `options`' settings).
+    /// `weights` is `model.safetensors`' bytes (a `Uint8Array`), or, for a sharded model, an
+    /// array of `[name, bytes]`, one per shard.
     #[wasm_bindgen(js_name = loadHuggingFace)]
-    pub async fn load_hugging_face(config_json: String, tokenizer_json: String, weights: Vec<u8>, text: String, options: JsValue) -> Result<Trainer, JsError> {
-        let files = alpha_core::hf::TokenizerFiles::Json(&tokenizer_json);
-        let ck = alpha_core::hf::from_files(&config_json, files, &[("model.safetensors", &weights)]).map_err(js_error)?;
+    pub async fn load_hugging_face(config_json: String, tokenizer_json: String, weights: JsValue, text: String, options: JsValue) -> Result<Trainer, JsError> {
+        let files: Vec<(String, Vec<u8>)> = if let Some(bytes) = weights.dyn_ref::<js_sys::Uint8Array>() {
+            vec![("model.safetensors".into(), bytes.to_vec())]
+        } else if let Some(shards) = weights.dyn_ref::<js_sys::Array>() {
+            let shard = |s: JsValue| -> Option<(String, Vec<u8>)> {
+                let pair = s.dyn_into::<js_sys::Array>().ok()?;
+                Some((pair.get(0).as_string()?, pair.get(1).dyn_into::<js_sys::Uint8Array>().ok()?.to_vec()))
+            };
+            shards.iter().map(|s| shard(s).ok_or_else(|| js_error("weights: each shard is a [name, Uint8Array] pair"))).collect::<Result<_, _>>()?
+        } else {
+            return Err(js_error("weights: model.safetensors' bytes (a Uint8Array) or an array of [name, bytes] shards"));
+        };
+        let weights: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+        let tokenizer = alpha_core::hf::TokenizerFiles::Json(&tokenizer_json);
+        let ck = alpha_core::hf::from_files(&config_json, tokenizer, &weights).map_err(js_error)?;
+        drop(files);
         Trainer::from_checkpoint(ck, text, options).await
     }
 
-    async fn from_checkpoint(ck: checkpoint::Checkpoint, text: String, options: JsValue) -> Result<Trainer, JsError> {
+    /// The model as a Hugging Face directory's files (`alpha_core::hf::model_files`:
+    /// config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
+    /// generation_config.json), an array of `[name, Uint8Array]`; `transformers` loads it as
+    /// the same model.
+    #[wasm_bindgen(js_name = exportHuggingFace)]
+    pub async fn export_hugging_face(&self) -> Result<js_sys::Array, JsError> {
+        let (params, _, _) = self.engine.state().await.map_err(js_error)?;
+        let ck = checkpoint::Checkpoint { config: self.config, tokenizer: self.tok.clone(), params: params.into_owned(), optimizer: None, verified: false };
+        let files = alpha_core::hf::model_files(&ck).map_err(js_error)?;
+        Ok(files.iter().map(|(name, bytes)| js_sys::Array::of2(&JsValue::from_str(name), &js_sys::Uint8Array::from(&bytes[..]))).collect())
+    }
+
+    async fn from_checkpoint(mut ck: checkpoint::Checkpoint, text: String, options: JsValue) -> Result<Trainer, JsError> {
         let opts = Options::from_js(options)?;
+        // Weights to fine-tune on shorter windows than the model's context: its position
+        // table cropped (nanoGPT's crop_block_size, `train --init-from --block`).
+        let block = opts.settings.block;
+        if ck.optimizer.is_none() && opts.gave("block") && block != ck.config.block_size {
+            if block > ck.config.block_size {
+                return Err(js_error(format!("block {block} is larger than the model's context of {} tokens", ck.config.block_size)));
+            }
+            let to = GptConfig { block_size: block, ..ck.config };
+            ck.params = alpha_core::plan::resize_tables(&ck.params, ck.config, to).map_err(js_error)?;
+            ck.config = to;
+        }
         let tok = ck.tokenizer;
         let (moments, step, rng, mut settings, loss_scale) = match ck.optimizer {
             Some((m, v, state)) => (Some((m, v)), state.step, state.rng().map_err(js_error)?, state.settings, state.loss_scale),

@@ -378,6 +378,51 @@ test("build-web.sh --dist: the folder serves as it is; with its _headers the CPU
   }
 });
 
+test("a Hugging Face model picked in the page: it generates alpha-native's greedy tokens, fine-tunes, and downloads as a directory alpha-native and transformers' layout read", async () => {
+  const dir = join(www, "..", "tests", "data", "llama-fixture");
+  const greedy = (model) => execFileSync(native, ["sample", "--checkpoint", model, "--prompt", "ROMEO:", "--tokens", "12", "--temperature", "0"], { encoding: "utf8" });
+  const want = greedy(dir);
+  const { page, errors } = await open("?backend=cpu&preset=tiny&steps=3");
+  await page.waitForFunction(() => window.alpha?.status === "idle");
+  // Files missing: one line naming them.
+  await page.locator("#hf-files").setInputFiles([join(dir, "config.json")]);
+  await page.waitForFunction(() => window.alpha?.status === "error");
+  assert.match(await page.locator("#message").textContent(), /missing: tokenizer\.json, model\.safetensors/);
+  await page.selectOption("#corpus", "paste");
+  await page.fill("#paste", readFileSync(join(dir, "text.txt"), "utf8"));
+  await page.locator("#hf-files").setInputFiles(["config.json", "tokenizer.json", "model.safetensors"].map((f) => join(dir, f)));
+  await page.waitForFunction(() => window.alpha?.status === "paused");
+  await page.fill("#gen-tokens", "12");
+  await page.fill("#gen-temperature", "0");
+  await page.click("#generate");
+  await page.waitForFunction(() => window.alpha.generation.status === "idle");
+  assert.equal(`${await page.evaluate(() => window.alpha.generation.text)}\n`, want);
+
+  // Downloaded as a zip of the directory: the same model to alpha-native.
+  const unzipped = (name) => {
+    const out = join(work, name);
+    execFileSync("python3", ["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])", join(work, `${name}.zip`), out]);
+    return out;
+  };
+  const download = async (name) => {
+    const [file] = await Promise.all([page.waitForEvent("download"), page.locator("#export-hf").click()]);
+    await file.saveAs(join(work, `${name}.zip`));
+    return unzipped(name);
+  };
+  const exported = await download("hf-from-page");
+  assert.equal(greedy(exported), want);
+  // Fine-tuned in the page (3 steps), then downloaded: alpha-native reads it.
+  await page.click("#start");
+  const s = await finished(page);
+  assert.equal(s.error, null);
+  assert.equal(s.losses.length, 3);
+  const tuned = await download("hf-tuned-in-page");
+  const evaluated = JSON.parse(execFileSync(native, ["eval", "--checkpoint", tuned, "--text", join(dir, "text.txt")], { encoding: "utf8" }));
+  assert.ok(evaluated.loss > 0 && Number.isFinite(evaluated.loss), JSON.stringify(evaluated));
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
 test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every control inside the screen", async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const page = await context.newPage();
@@ -465,7 +510,7 @@ test("a model that is not finite is never saved, on WebGPU and the CPU", async (
   await page.close();
 });
 
-test("clear messages: a text too short, no WebGPU asked for where there is none", async () => {
+test("clear messages: a text too short, no WebGPU asked for where there is none, a model beyond the page's memory", async () => {
   const { page } = await open("?backend=cpu&preset=tiny");
   await page.waitForFunction(() => window.alpha?.status === "idle");
   await page.selectOption("#corpus", "paste");
@@ -481,6 +526,13 @@ test("clear messages: a text too short, no WebGPU asked for where there is none"
   await noGpu.waitForFunction(() => window.alpha?.status === "error");
   assert.match(await noGpu.locator("#message").textContent(), /this browser has no WebGPU/);
   await context.close();
+  // 176 million parameters: past what WebAssembly's 32-bit memory holds, refused before
+  // anything is allocated.
+  const big = await open("?backend=cpu&preset=tiny&layers=14&heads=16&embd=1024&block=64&autostart=1");
+  await big.page.waitForFunction(() => window.alpha?.status === "error");
+  assert.match(await big.page.locator("#message").textContent(), /the model's memory plan needs about \d+ bytes, more than this machine's address space holds/);
+  assert.deepEqual(big.errors, []);
+  await big.page.close();
 });
 
 // `alpha-native report` of two real short runs, the CPU in f32 (metrics and trace) against the

@@ -70,7 +70,7 @@ fn resolve_unchecked(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool) -> Resul
             return Err(anyhow!("--block {block} is larger than {}'s context of {} tokens", from.display(), ck.config.block_size));
         }
         let to = GptConfig { block_size: block, vocab_size: args.model.padded_vocab(ck.config.vocab_size), ..ck.config };
-        ck.params = resize_tables(&ck.params, ck.config, to)?;
+        ck.params = alpha_core::plan::resize_tables(&ck.params, ck.config, to)?;
         ck.config = to;
         return Ok(Run { config: ck.config, settings: fresh_settings.with_model(ck.config), resume: None, init: Some(ck), changed: Vec::new() });
     }
@@ -164,19 +164,6 @@ fn keeps_model_shape(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, config: 
         }
     }
     Ok(())
-}
-
-/// `params` of a model of `from` as a model of `to`, which differs in its tables' rows: the
-/// position table cut to a shorter context (nanoGPT's `crop_block_size`), the token table
-/// padded with zero rows (`--vocab-pad`); every other tensor as it is.
-fn resize_tables(params: &[f32], from: GptConfig, to: GptConfig) -> Result<Vec<f32>> {
-    let (from, to) = (Plan::new(from, 1, 1)?, Plan::new(to, 1, 1)?);
-    let mut out = vec![0f32; to.params_len()];
-    for (a, b) in from.params().zip(to.params()) {
-        let kept = a.span.len.min(b.span.len);
-        out[b.span.offset..b.span.offset + kept].copy_from_slice(&params[a.span.offset..a.span.offset + kept]);
-    }
-    Ok(out)
 }
 
 /// What a run trains with: its tokenizer, data and memory plan.
