@@ -84,6 +84,8 @@ const state = {
   message: "",
   // The WebAssembly build the page loaded (threads | relaxed | simd128).
   wasmBuild: null,
+  // The memory the settings plan (Trainer.plan), or null where they will not run.
+  memory: null,
   // The Generate panel: idle | running; the prompt and the text streamed after it.
   generation: { status: "idle", text: "" },
 };
@@ -178,6 +180,104 @@ function showStats() {
   else if (s.precisionFallback) say(`Training in f32: ${s.precisionFallback}, which f16 mixed precision needs.`);
 }
 
+/** The settings the page offers to edit, as [option, label, step or the choices]. */
+const SETTINGS = [
+  ["arch", "Family", ["gpt2", "llama"]],
+  ["layers", "Layers", 1],
+  ["heads", "Heads", 1],
+  ["kvHeads", "Key/value heads (Llama)", 1],
+  ["embd", "Width", 1],
+  ["intermediateSize", "SwiGLU width (Llama)", 1],
+  ["block", "Block (context)", 1],
+  ["batch", "Batch", 1],
+  ["iters", "Steps", 1],
+  ["lr", "Learning rate", "any"],
+  ["minLr", "Final learning rate", "any"],
+  ["warmup", "Warm-up steps", 1],
+  ["weightDecay", "Weight decay", "any"],
+  ["gradClip", "Gradient clip", "any"],
+  ["gradAccum", "Gradient accumulation", 1],
+  ["dropout", "Dropout", "any"],
+];
+
+/** The settings' inputs, built once. */
+function buildSettings() {
+  for (const [key, label, kind] of SETTINGS) {
+    const wrap = document.createElement("label");
+    wrap.textContent = `${label} `;
+    const input = document.createElement(Array.isArray(kind) ? "select" : "input");
+    input.id = `set-${key}`;
+    if (Array.isArray(kind)) {
+      for (const choice of kind) input.append(new Option(choice, choice));
+    } else {
+      Object.assign(input, { type: "number", step: String(kind), min: "0" });
+    }
+    input.onchange = () => {
+      showLlamaFields();
+      showMemory();
+    };
+    wrap.append(input);
+    $("settings-fields").append(wrap);
+  }
+}
+
+/** The Llama-only settings shown only for the Llama family. */
+function showLlamaFields() {
+  const llama = $("set-arch").value === "llama";
+  for (const key of ["kvHeads", "intermediateSize"]) $(`set-${key}`).parentElement.hidden = !llama;
+}
+
+/** The inputs set to a preset's options (with the URL's over them). */
+function fillSettings() {
+  const o = { ...preset.options, ...urlOptions(preset.options) };
+  for (const [key] of SETTINGS) $(`set-${key}`).value = String(o[key]);
+  showLlamaFields();
+}
+
+/** The options the settings' inputs give. */
+function settingsOptions() {
+  const out = {};
+  for (const [key, , kind] of SETTINGS) out[key] = Array.isArray(kind) ? $(`set-${key}`).value : Number($(`set-${key}`).value);
+  return out;
+}
+
+/** The vocabulary a run will have, as far as the page knows before building it: a BPE size
+ * chosen, an uploaded tokenizer.json's, or the text's distinct characters. */
+async function expectedVocab() {
+  const choice = $("tokenizer").value;
+  if (choice === "json") {
+    const file = $("tokenizer-file").files[0];
+    if (!file) return null;
+    const t = JSON.parse(await file.text());
+    return Object.keys(t.model?.vocab ?? {}).length + (t.added_tokens ?? []).filter((a) => !(a.content in (t.model?.vocab ?? {}))).length;
+  }
+  if (choice !== "char") return Number(choice);
+  if (($("corpus").value === "upload" && !$("upload").files[0]) || ($("corpus").value === "paste" && !$("paste").value)) return null;
+  return new Set(await readText()).size;
+}
+
+/** Shows the memory the run will plan (Trainer.plan, as `alpha-native info`), or why it will
+ * not run, before Start. */
+let memoryShown = 0;
+async function showMemory() {
+  const shown = ++memoryShown;
+  const line = $("memory");
+  try {
+    const vocab = await expectedVocab();
+    if (vocab === null || shown !== memoryShown) return;
+    const m = Trainer.plan({ ...preset.options, ...urlOptions(preset.options), ...settingsOptions() }, vocab);
+    const mib = (bytes) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+    state.memory = m;
+    line.className = "muted";
+    line.textContent = `${m.params.toLocaleString("en")} parameters (a vocabulary of ${vocab}): ${mib(m.totalBytes)} of memory, ` +
+      `${mib(4 * m.paramsBytes)} for the parameters, their gradients and AdamW's moments, ${mib(m.activationsBytes)} for the activations.`;
+  } catch (e) {
+    state.memory = null;
+    line.className = "error";
+    line.textContent = `These settings will not run: ${e instanceof Error ? e.message : e}`;
+  }
+}
+
 /** The tokenizer options of Trainer.create: a BPE tokenizer learned here (vocabSize), one
  * uploaded (tokenizerJson), or none (the text's characters). */
 async function tokenizerOptions() {
@@ -194,7 +294,7 @@ async function createTrainer() {
   const text = await readText();
   const backend = backendChoice();
   const tokenizer = await tokenizerOptions();
-  const options = { ...preset.options, ...urlOptions(preset.options), ...tokenizer, backend, recompute: $("recompute").checked };
+  const options = { ...preset.options, ...urlOptions(preset.options), ...settingsOptions(), ...tokenizer, backend, recompute: $("recompute").checked };
   say(tokenizer.vocabSize ? `Learning a BPE tokenizer of ${tokenizer.vocabSize} tokens, then building the model…` : "Building the model…");
   trainer = await Trainer.create(options, text);
   iters = options.iters;
@@ -461,6 +561,9 @@ function setup() {
     $("preset-info").textContent = `${about} ${o.iters} steps, evaluation every ${o.evalInterval}, a sample every ${o.sampleInterval}.`;
   };
   showPreset();
+  buildSettings();
+  fillSettings();
+  showMemory();
   const reset = () => {
     running = false;
     trainer = null;
@@ -470,20 +573,31 @@ function setup() {
   $("preset").onchange = () => {
     preset = PRESETS[$("preset").value];
     showPreset();
+    fillSettings();
+    showMemory();
     reset();
   };
   $("backend").onchange = reset;
   $("tokenizer").onchange = () => {
     $("tokenizer-file").hidden = $("tokenizer").value !== "json";
+    showMemory();
     reset();
   };
-  $("tokenizer-file").onchange = reset;
+  $("tokenizer-file").onchange = () => {
+    showMemory();
+    reset();
+  };
   $("recompute").onchange = reset;
   $("corpus").onchange = () => {
     $("paste").hidden = $("corpus").value !== "paste";
     $("upload").hidden = $("corpus").value !== "upload";
+    showMemory();
     reset();
   };
+  $("paste").onchange = showMemory;
+  $("upload").onchange = showMemory;
+  // A new setting is a new model.
+  $("settings-fields").addEventListener("change", reset);
   $("start").onclick = start;
   $("generate").onclick = generate;
   $("stop").onclick = () => (stopAsked = true);

@@ -423,6 +423,35 @@ test("a Hugging Face model picked in the page: it generates alpha-native's greed
   await page.close();
 });
 
+test("Settings: edited before Start, with the memory the plan needs shown first; the run is the settings' and a model that cannot run says why", async () => {
+  const { page, errors } = await open("?backend=cpu&preset=tiny&steps=3");
+  await page.waitForFunction(() => window.alpha?.status === "idle" && window.alpha.memory !== null);
+  const before = await page.evaluate(() => window.alpha.memory);
+  await page.click("#settings summary");
+  assert.equal(await page.locator("#set-layers").inputValue(), "2");
+  assert.ok(await page.locator("#set-kvHeads").isHidden(), "Llama's settings only for the Llama family");
+  await page.selectOption("#set-arch", "llama");
+  assert.ok(await page.locator("#set-kvHeads").isVisible());
+  await page.fill("#set-layers", "3");
+  await page.locator("#set-layers").dispatchEvent("change");
+  await page.waitForFunction((p) => window.alpha.memory?.params !== p, before.params);
+  const planned = await page.evaluate(() => window.alpha.memory);
+  assert.match(await page.locator("#memory").textContent(), new RegExp(`^${planned.params.toLocaleString("en")} parameters .* MiB of memory`));
+  await page.click("#start");
+  const s = await finished(page);
+  assert.equal(s.error, null);
+  assert.equal(s.stats.params, planned.params);
+  assert.equal(s.stats.config.n_layer, 3);
+  assert.equal(s.stats.config.arch?.type, "llama", JSON.stringify(s.stats.config));
+  // Heads that do not divide the width: said before Start.
+  await page.fill("#set-heads", "5");
+  await page.locator("#set-heads").dispatchEvent("change");
+  await page.waitForFunction(() => window.alpha.memory === null);
+  assert.match(await page.locator("#memory").textContent(), /^These settings will not run: .*5/);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
 test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every control inside the screen", async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const page = await context.newPage();
