@@ -211,8 +211,8 @@ impl Trainer {
             total_bytes: f64,
         }
         let bytes = |floats: usize| 4.0 * floats as f64;
-        let (p, a, b) = (plan.params_len(), plan.acts_len(), 2 * plan.tokens());
-        let memory = Memory { params: plan.num_params(), params_bytes: bytes(p), activations_bytes: bytes(a), batch_bytes: bytes(b), total_bytes: bytes(4 * p + a + b) };
+        let (params, p, a, b) = (plan.num_params(), plan.params_len(), plan.acts_len(), 2 * plan.tokens());
+        let memory = Memory { params, params_bytes: bytes(p), activations_bytes: bytes(a), batch_bytes: bytes(b), total_bytes: bytes(4 * p + a + b) };
         memory.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).map_err(js_error)
     }
 
