@@ -53,7 +53,7 @@ if [ -n "$dist" ]; then
     # Written beside the target, then swapped in: an interrupted build leaves DIR as it was.
     www="$(cd ../www && pwd)"
     staging="$(mktemp -d "$(dirname "$dist")/.alpha-dist.XXXXXX")"
-    cp "$www/index.html" "$www/main.js" "$www/charts.js" "$www/zip.js" "$www/style.css" "$staging/"
+    cp "$www/index.html" "$www/main.js" "$www/charts.js" "$www/runs.js" "$www/zip.js" "$www/style.css" "$staging/"
     for build in pkg pkg-relaxed pkg-threads; do
         (cd "$www" && find "$build" -name '*.js' -o -name '*.wasm') | while read -r f; do
             mkdir -p "$staging/$(dirname "$f")"

@@ -8,6 +8,7 @@
 // window.alpha exposes the page's state.
 
 import { lineChart } from "./charts.js";
+import { forgetRun, keepRun, keptRuns } from "./runs.js";
 import { zip } from "./zip.js";
 
 const params = new URLSearchParams(location.search);
@@ -84,6 +85,9 @@ const state = {
   message: "",
   // The WebAssembly build the page loaded (threads | relaxed | simd128).
   wasmBuild: null,
+  // The run as this browser keeps it (runs.js): its id and name; the runs kept, newest first.
+  run: null,
+  kept: [],
   // The memory the settings plan (Trainer.plan), or null where they will not run.
   memory: null,
   // The Generate panel: idle | running; the prompt and the text streamed after it.
@@ -297,6 +301,7 @@ async function createTrainer() {
   const options = { ...preset.options, ...urlOptions(preset.options), ...settingsOptions(), ...tokenizer, backend, recompute: $("recompute").checked };
   say(tokenizer.vocabSize ? `Learning a BPE tokenizer of ${tokenizer.vocabSize} tokens, then building the model…` : "Building the model…");
   trainer = await Trainer.create(options, text);
+  state.run = newRun(preset.name);
   iters = options.iters;
   state.records = [];
   state.saved = null;
@@ -333,6 +338,7 @@ function show(r) {
     }
     case "save":
       state.saved = r.step;
+      keep(trainer.lastSaved(), r.step);
       break;
   }
 }
@@ -365,10 +371,122 @@ async function train() {
       painted = performance.now();
     }
   }
-  if (state.status === "running") state.status = "paused";
+  if (state.status === "running") {
+    state.status = "paused";
+    // A paused run is kept as it is now.
+    await use((t) => t.save())
+      .then((bytes) => keep(bytes, trainer.stats().step))
+      .catch((e) => say(`${e.message ?? e}; the run's last kept save is unchanged`, true));
+  }
   showStats();
   updateButtons();
   draw();
+}
+
+/** A new run's identity in this browser's store. */
+function newRun(name) {
+  return { id: `run-${Date.now()}-${Math.random().toString(36).slice(2, 8)}`, name: `${name}, ${new Date().toLocaleString("en")}` };
+}
+
+/** The text the page trains on, as a kept run records it: the corpus's name, or the text
+ * itself where it was pasted or uploaded. */
+async function keptText() {
+  return $("corpus").value === "shakespeare" ? { corpus: "shakespeare", text: null } : { corpus: "text", text: await readText() };
+}
+
+/** Keeps the run in this browser with checkpoint `bytes` of step `step`; a refusal is said,
+ * and the run goes on. */
+async function keep(bytes, step) {
+  if (!bytes || !state.run) return;
+  try {
+    await keepRun({ ...state.run, savedAt: Date.now(), step, iters, ...(await keptText()), checkpoint: bytes, records: state.records });
+  } catch (e) {
+    say(e.message, true);
+  }
+  await showKeptRuns();
+}
+
+/** The runs kept in this browser, each to open, download or delete; the newest offered for
+ * resuming after a reload. */
+async function showKeptRuns() {
+  try {
+    state.kept = (await keptRuns()).map(({ checkpoint, text, records, ...about }) => ({ ...about, bytes: checkpoint.length }));
+  } catch (e) {
+    state.kept = [];
+    $("runs-offer").textContent = `This browser does not keep runs: ${e.message ?? e}`;
+    $("runs-section").hidden = false;
+    return;
+  }
+  $("runs-section").hidden = state.kept.length === 0;
+  const list = $("runs");
+  list.replaceChildren();
+  for (const run of state.kept) {
+    const item = document.createElement("li");
+    item.textContent = `${run.name}: step ${run.step} of ${run.iters}, ${(run.bytes / 2 ** 20).toFixed(1)} MiB`;
+    for (const [label, action] of [["Open", openKept], ["Download", downloadKept], ["Delete", deleteKept]]) {
+      const button = document.createElement("button");
+      button.textContent = label;
+      button.dataset.action = label.toLowerCase();
+      button.onclick = () => action(run.id);
+      item.append(button);
+    }
+    list.append(item);
+  }
+  const last = state.kept[0];
+  const current = state.run?.id === last?.id;
+  $("runs-offer").textContent = last && !current ? `Your last run, ${last.name} (step ${last.step} of ${last.iters}), is kept in this browser: Open it to resume.` : "";
+}
+
+/** A kept run by id, whole. */
+async function keptRun(id) {
+  const run = (await keptRuns()).find((r) => r.id === id);
+  if (!run) throw new Error("that run is no longer kept in this browser");
+  return run;
+}
+
+/** Resumes a kept run: its checkpoint on its text, paused at its step. */
+async function openKept(id) {
+  try {
+    const run = await keptRun(id);
+    if (run.corpus === "shakespeare") $("corpus").value = "shakespeare";
+    else {
+      $("corpus").value = "paste";
+      $("paste").value = run.text;
+    }
+    $("paste").hidden = $("corpus").value !== "paste";
+    $("upload").hidden = true;
+    await loadModel(run.name, (text) => Trainer.load(run.checkpoint, text, { ...cadenceOptions(), backend: backendChoice(), recompute: $("recompute").checked }), run);
+  } catch (e) {
+    fail(e);
+  }
+}
+
+async function downloadKept(id) {
+  try {
+    const run = await keptRun(id);
+    saveFile(new Blob([run.checkpoint], { type: "application/octet-stream" }), `alpha-${run.id}-step${run.step}.safetensors`);
+  } catch (e) {
+    fail(e);
+  }
+}
+
+async function deleteKept(id) {
+  try {
+    await forgetRun(id);
+    await showKeptRuns();
+  } catch (e) {
+    fail(e);
+  }
+}
+
+/** Hands `blob` to the browser as a download named `name`. */
+function saveFile(blob, name) {
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
 }
 
 function draw() {
@@ -441,12 +559,7 @@ async function download() {
         return last;
       }),
     );
-    const url = URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" }));
-    const a = document.createElement("a");
-    a.href = url;
-    a.download = `alpha-step${trainer.stats().step}.safetensors`;
-    a.click();
-    setTimeout(() => URL.revokeObjectURL(url), 10_000);
+    saveFile(new Blob([bytes], { type: "application/octet-stream" }), `alpha-step${trainer.stats().step}.safetensors`);
   } catch (e) {
     fail(e);
   }
@@ -459,8 +572,9 @@ function cadenceOptions() {
 }
 
 /** Replaces the model with the one `open(text)` resolves to (a checkpoint, a Hugging Face
- * model), paused at its step; `what` names it in the messages. */
-async function loadModel(what, open) {
+ * model), paused at its step; `what` names it in the messages. It is a new run in this
+ * browser's store unless `run` (a kept one's `{ id, name }`) says which it continues. */
+async function loadModel(what, open, run = null) {
   try {
     running = false;
     await queue;
@@ -468,6 +582,7 @@ async function loadModel(what, open) {
     say(`Loading ${what}…`);
     state.error = null;
     trainer = await open(text);
+    state.run = run ? { id: run.id, name: run.name } : newRun(what);
     const s = trainer.stats();
     // Train to the run's planned length (or the steps= parameter's); a finished run goes on
     // for another preset's length, as `alpha-native train --resume --iters N` would.
@@ -524,12 +639,7 @@ function loadHuggingFace(files) {
 async function exportHuggingFace() {
   try {
     const files = await use((t) => t.exportHuggingFace());
-    const url = URL.createObjectURL(new Blob([zip(files)], { type: "application/zip" }));
-    const a = document.createElement("a");
-    a.href = url;
-    a.download = `alpha-step${trainer.stats().step}-hf.zip`;
-    a.click();
-    setTimeout(() => URL.revokeObjectURL(url), 10_000);
+    saveFile(zip(files), `alpha-step${trainer.stats().step}-hf.zip`);
   } catch (e) {
     fail(e);
   }
@@ -614,6 +724,7 @@ function setup() {
   };
   state.status = "idle";
   updateButtons();
+  showKeptRuns();
   if (params.get("autostart") === "1") start();
 }
 

@@ -452,6 +452,47 @@ test("Settings: edited before Start, with the memory the plan needs shown first;
   await page.close();
 });
 
+test("Runs kept: a finished run is offered after a reload, opens at its step, downloads and deletes; a save the storage quota refuses is said and the run goes on", async () => {
+  const { page, errors } = await open("?backend=cpu&preset=tiny&steps=12&autostart=1");
+  const s = await finished(page);
+  assert.equal(s.error, null);
+  await page.waitForFunction(() => window.alpha.kept.length === 1 && window.alpha.kept[0].step === 12);
+  // The page again (a reload, without starting a run).
+  await page.goto(`${base}?backend=cpu&preset=tiny`);
+  await page.waitForFunction(() => window.alpha?.status === "idle" && window.alpha.kept.length === 1);
+  assert.match(await page.locator("#runs-offer").textContent(), /^Your last run, tiny, .* \(step 12 of 12\), is kept in this browser/);
+  await page.locator('#runs button[data-action="open"]').click();
+  await page.waitForFunction(() => ["paused", "error"].includes(window.alpha.status));
+  const opened = await page.evaluate(() => window.alpha);
+  assert.equal(opened.error, null);
+  assert.equal(opened.stats.step, 12);
+  const [download] = await Promise.all([page.waitForEvent("download"), page.locator('#runs button[data-action="download"]').click()]);
+  const file = join(work, "kept-run.safetensors");
+  await download.saveAs(file);
+  const out = execFileSync(native, ["sample", "--checkpoint", file, "--prompt", "ROMEO:", "--tokens", "10", "--seed", "1"], { encoding: "utf8" });
+  assert.ok(out.startsWith("ROMEO:"), out);
+  await page.locator('#runs button[data-action="delete"]').click();
+  await page.waitForFunction(() => window.alpha.kept.length === 0);
+  assert.ok(await page.locator("#runs-section").isHidden());
+  assert.deepEqual(errors, []);
+  await page.close();
+
+  // Storage that refuses every save (a full quota): said in one line, the run finishes.
+  const context = await browser.newContext();
+  await context.addInitScript(() => {
+    IDBObjectStore.prototype.put = () => {
+      throw new DOMException("the quota is full", "QuotaExceededError");
+    };
+  });
+  const full = await context.newPage();
+  await full.goto(`${base}?backend=cpu&preset=tiny&steps=5&autostart=1`);
+  const f = await finished(full);
+  assert.equal(f.error, null);
+  await full.waitForFunction(() => /storage quota refused to keep this run/.test(window.alpha.message));
+  assert.equal(f.stats.step, 5);
+  await context.close();
+});
+
 test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every control inside the screen", async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const page = await context.newPage();
