@@ -7,7 +7,7 @@
 // autostart=1, wasm=threads|relaxed|simd128 (which build, below).
 // window.alpha exposes the page's state.
 
-import { lineChart } from "./charts.js";
+import { lineChart, stackedBars } from "./charts.js";
 import { forgetRun, keepRun, keptRuns } from "./runs.js";
 import { zip } from "./zip.js";
 
@@ -92,6 +92,8 @@ const state = {
   memory: null,
   // The Generate panel: idle | running; the prompt and the text streamed after it.
   generation: { status: "idle", text: "" },
+  // The peak MFU is taken against: { gflops, source: "measured" | "cached" }, for this trainer.
+  peak: null,
 };
 window.alpha = state;
 
@@ -322,6 +324,7 @@ function show(r) {
     case "train":
       state.losses.push(r.loss);
       $("loss").textContent = r.loss.toFixed(4);
+      if (r.mfu != null) $("mfu").textContent = `${(100 * r.mfu).toFixed(1)}%`;
       break;
     case "eval":
       state.evals.push({ step: r.step, train: r.train, val: r.val });
@@ -505,6 +508,57 @@ function draw() {
     yLabel: "loss",
   });
   Object.assign(canvas.dataset, { firstStep: String(state.firstStep), lastStep: String(lastStep), xMax: String(xMax) });
+  drawPhases();
+}
+
+/** The phases of a step, as the records name them, and the labels the chart gives them. */
+const PHASES = [
+  ["data", "data"],
+  ["forward", "forward"],
+  ["backward", "backward"],
+  ["gradNorm", "grad norm"],
+  ["optimizer", "AdamW"],
+  ["submit", "submit"],
+  ["deviceWait", "device wait"],
+];
+
+/** Where the last steps' time went: their mean ms per phase (those that ran on this
+ * backend), the rest of each step's wall time as "other"; and their median MFU. */
+function drawPhases() {
+  const steps = state.records.filter((r) => r.type === "train" && r.ms).slice(-50);
+  const canvas = $("phases");
+  if (steps.length === 0) {
+    stackedBars(canvas, { bars: [] });
+    return;
+  }
+  const mean = (f) => steps.reduce((t, r) => t + f(r), 0) / steps.length;
+  const parts = PHASES.map(([key, name]) => ({ name, value: mean((r) => r.ms[key]) })).filter((p) => p.value > 0);
+  const wall = mean((r) => (1e3 * state.stats.tokensPerStep) / r.tokensPerSec);
+  parts.push({ name: "other", value: Math.max(0, wall - parts.reduce((t, p) => t + p.value, 0)) });
+  const mfus = steps.map((r) => r.mfu).filter((m) => m != null).sort((a, b) => a - b);
+  const mfu = mfus.length ? ` · MFU ${(100 * mfus[mfus.length >> 1]).toFixed(1)}% of ${Math.round(state.peak.gflops)} GFLOP/s` : "";
+  stackedBars(canvas, { bars: [{ label: `last ${steps.length}`, parts }], unit: "ms", title: `where a step's time goes (mean of the last ${steps.length} steps)${mfu}` });
+}
+
+/** The peak GFLOP/s the trainer's MFU is taken against, as alpha-native measures it (the CPU's
+ * GEMM on its threads, WebGPU's FMA limit), measured once per browser, backend, kernel or
+ * adapter and threads, and kept in localStorage. */
+let peakTrainer = null;
+async function setPeak() {
+  if (peakTrainer === trainer) return;
+  const s = trainer.stats();
+  const key = `alpha-peak:${s.backend}|${s.kernel ?? (s.adapter || adapterLabel)}|${s.threads}`;
+  const cached = Number(localStorage.getItem(key));
+  if (cached > 0) {
+    trainer.setPeak(cached);
+    state.peak = { gflops: cached, source: "cached" };
+  } else {
+    say("Measuring this machine's peak GFLOP/s once, for MFU…");
+    const gflops = await use((t) => t.measurePeak());
+    localStorage.setItem(key, String(gflops));
+    state.peak = { gflops, source: "measured" };
+  }
+  peakTrainer = trainer;
 }
 
 async function start() {
@@ -513,6 +567,7 @@ async function start() {
       await createTrainer();
       if (trainer.stats().backend === "webgpu") await describeAdapter();
     }
+    await setPeak();
     showStats();
     await train();
   } catch (e) {

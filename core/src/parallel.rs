@@ -36,6 +36,33 @@ impl<P: Parallel + ?Sized> Parallel for alloc::boxed::Box<P> {
     }
 }
 
+/// A shared pool runs tasks as the pool does (a pool an engine and a peak measurement share).
+#[cfg(all(feature = "alloc", target_has_atomic = "ptr"))]
+impl<P: Parallel + Send + ?Sized> Parallel for alloc::sync::Arc<P> {
+    fn threads(&self) -> usize {
+        (**self).threads()
+    }
+    fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        (**self).run(tasks, task)
+    }
+}
+
+/// GFLOP/s of every thread of `par` running `work(thread, reps)` at once, `flops_per_rep` each
+/// rep: the reps (a multiple of `unit`, at most 100,000 units) calibrated to about 0.1 s on
+/// one round of `unit`, then the best of three rounds. `now` is the caller's clock in
+/// seconds (the core has none).
+pub fn best_rate(par: &dyn Parallel, unit: usize, flops_per_rep: f64, work: &(dyn Fn(usize, usize) + Sync), now: &dyn Fn() -> f64) -> f64 {
+    let threads = par.threads();
+    let round = |reps: usize| {
+        let t = now();
+        par.run(threads, &|i| work(i, reps));
+        now() - t
+    };
+    let units = ((0.1 / round(unit).max(1e-6)) as usize).clamp(1, 100_000);
+    let flops = flops_per_rep * (units * unit * threads) as f64;
+    (0..3).map(|_| flops / round(units * unit).max(1e-9) / 1e9).fold(0.0, f64::max)
+}
+
 /// Runs every task on the calling thread.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Serial;

@@ -1,7 +1,8 @@
 //! The device's arithmetic limit, measured: [`FmaProbe`] runs `shaders/peak.wgsl` (independent
 //! chains of vector fused multiply-adds on registers, in f32 or f16) or `shaders/peak_tensor.wgsl`
-//! (chains of cooperative-matrix products on the tensor cores) over many workgroups; the
-//! caller times it. MFU on a GPU is measured against this, never a table of cards.
+//! (chains of cooperative-matrix products on the tensor cores) over many workgroups, and
+//! [`measure`] times it on the caller's clock. MFU on a GPU is measured against this, never a
+//! table of cards.
 //!
 //! Unstable: public for `alpha-native info` and the tests; it changes with any release (see the
 //! crate's Stability section).
@@ -35,6 +36,8 @@ pub struct FmaProbe {
     pipeline: wgpu::ComputePipeline,
     bind_group: wgpu::BindGroup,
     reps: wgpu::Buffer,
+    /// What the threads write (read back to wait for a run).
+    sink: wgpu::Buffer,
     flops_per_rep: u64,
 }
 
@@ -68,7 +71,7 @@ impl FmaProbe {
         let buffer = |label, size, usage| device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false });
         let reps = buffer("peak reps", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST);
         // One word per thread of the largest dispatch a caller may ask for.
-        let sink = buffer("peak sink", 4 * WORKGROUP * u64::from(u16::MAX), wgpu::BufferUsages::STORAGE);
+        let sink = buffer("peak sink", 4 * WORKGROUP * u64::from(u16::MAX), wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC);
         let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("peak"),
             layout: &pipeline.get_bind_group_layout(0),
@@ -83,12 +86,13 @@ impl FmaProbe {
         if let Some(e) = scope.pop().await {
             return Err(GpuError(format!("{} cannot run the FMA probe: {e}", gpu.adapter.name)));
         }
-        Ok(FmaProbe { pipeline, bind_group, reps, flops_per_rep })
+        Ok(FmaProbe { pipeline, bind_group, reps, sink, flops_per_rep })
     }
 
-    /// Submits `workgroups` (at most 65535) workgroups of `reps` rounds and waits for them
-    /// (native: the device is polled to completion); returns the FLOPs done.
-    pub fn run(&self, gpu: &Gpu, workgroups: u32, reps: u32) -> Result<f64, GpuError> {
+    /// Runs `workgroups` (at most 65535) workgroups of `reps` rounds and resolves when they
+    /// have finished (a word of their output read back: in the browser too); returns the
+    /// FLOPs done.
+    pub async fn run(&self, gpu: &Gpu, workgroups: u32, reps: u32) -> Result<f64, GpuError> {
         let workgroups = workgroups.clamp(1, u32::from(u16::MAX));
         gpu.queue.write_buffer(&self.reps, 0, bytemuck::cast_slice(&[reps, 0, 0, 0]));
         let mut enc = gpu.device.create_command_encoder(&Default::default());
@@ -99,9 +103,36 @@ impl FmaProbe {
             pass.dispatch_workgroups(workgroups, 1, 1);
         }
         gpu.queue.submit([enc.finish()]);
-        gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError(format!("the FMA probe failed: {e}")))?;
+        crate::readback::read::<u32>(gpu, &self.sink, 0, 1).await.map_err(|e| GpuError(format!("the FMA probe failed: {e}")))?;
         Ok((u64::from(workgroups) * WORKGROUP * u64::from(reps) * self.flops_per_rep) as f64)
     }
+}
+
+/// GFLOP/s of [`FmaProbe`] in `real` on `gpu`: workgroups, then rounds, grown fourfold until
+/// one run takes 50 ms (those runs also warm the device up), then the best of three. `now` is
+/// the caller's clock in seconds.
+pub async fn measure(gpu: &Gpu, real: Real, now: &dyn Fn() -> f64) -> Result<f64, GpuError> {
+    let probe = FmaProbe::new(gpu, real).await?;
+    let (mut workgroups, mut reps) = (64u32, 64u32);
+    loop {
+        let t = now();
+        probe.run(gpu, workgroups, reps).await?;
+        if now() - t >= 0.05 || reps >= 1 << 20 {
+            break;
+        }
+        if workgroups < 16384 {
+            workgroups *= 4;
+        } else {
+            reps *= 4;
+        }
+    }
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t = now();
+        let flops = probe.run(gpu, workgroups, reps).await?;
+        best = best.max(flops / (now() - t).max(1e-9) / 1e9);
+    }
+    Ok(best)
 }
 
 #[cfg(test)]

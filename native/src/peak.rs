@@ -3,9 +3,9 @@
 //! kernel (no table of known CPUs).
 
 use crate::fsutil::write_atomic;
-use alpha_core::gemm::{f32_kernel_name, gemm, Rows, RowsMut, Shape, Strided};
+use alpha_core::gemm::f32_kernel_name;
 use alpha_core::parallel::{Parallel, ThreadPool};
-use alpha_gpu::peak::{FmaProbe, Real};
+use alpha_gpu::peak::Real;
 use alpha_gpu::{block_on, Gpu};
 use anyhow::{anyhow, Result};
 use std::collections::BTreeMap;
@@ -98,29 +98,10 @@ pub fn gpu_peak(gpu: &Gpu, real: Real, given: Option<f64>, remeasure: bool) -> R
     cached(&key, given, remeasure, || measure_gpu(gpu, real))
 }
 
-/// GFLOP/s of [`FmaProbe`] on `gpu`: workgroups, then rounds, grown fourfold until one
-/// dispatch takes 50 ms (those runs also warm the device up), then the best of three.
+/// [`alpha_gpu::peak::measure`] on `gpu`, timed by this machine's clock.
 fn measure_gpu(gpu: &Gpu, real: Real) -> Result<f64> {
-    let probe = block_on(FmaProbe::new(gpu, real))?;
-    let timed = |workgroups: u32, reps: u32| -> Result<f64> {
-        let t = Instant::now();
-        let flops = probe.run(gpu, workgroups, reps)?;
-        Ok(flops / t.elapsed().as_secs_f64().max(1e-9) / 1e9)
-    };
-    let (mut workgroups, mut reps) = (64u32, 64u32);
-    loop {
-        let t = Instant::now();
-        timed(workgroups, reps)?;
-        if t.elapsed().as_secs_f64() >= 0.05 || reps >= 1 << 20 {
-            break;
-        }
-        if workgroups < 16384 {
-            workgroups *= 4;
-        } else {
-            reps *= 4;
-        }
-    }
-    (0..3).map(|_| timed(workgroups, reps)).try_fold(0.0, |best: f64, r| r.map(|r| best.max(r)))
+    let clock = Instant::now();
+    Ok(block_on(alpha_gpu::peak::measure(gpu, real, &|| clock.elapsed().as_secs_f64()))?)
 }
 
 /// `given`, else the peak cached under `key`, else (or with `remeasure`) `measure()`'s, which
@@ -155,28 +136,10 @@ fn peak_given(given: Option<f64>) -> Result<Option<Peak>> {
     }
 }
 
-/// Best of three rounds of about 0.1 s in which every thread multiplies its own 192 x 192
-/// matrices (cache-resident, so the kernel's arithmetic rate is what is measured).
+/// The GEMM's peak on every thread of `pool` (alpha-core's measurement on this clock).
 fn measure(pool: &ThreadPool) -> f64 {
-    const N: usize = 192;
-    let a = vec![0.5f32; N * N];
-    let b = vec![0.25f32; N * N];
-    let cs: Vec<Mutex<Vec<f32>>> = (0..pool.threads()).map(|_| Mutex::new(vec![0f32; N * N])).collect();
-    best_rate(pool, 1, 2.0 * (N * N * N) as f64, &|i, reps| {
-        let mut c = cs[i].lock().unwrap_or_else(|e| e.into_inner());
-        for _ in 0..reps {
-            // SAFETY: a, b and c are N x N row-major and distinct.
-            unsafe {
-                gemm(
-                    Shape { m: N, n: N, k: N },
-                    Strided { ptr: a.as_ptr(), rs: N, cs: 1 },
-                    Rows { ptr: b.as_ptr(), ld: N },
-                    0.0,
-                    RowsMut { ptr: c.as_mut_ptr(), ld: N },
-                )
-            };
-        }
-    })
+    let clock = Instant::now();
+    alpha_core::gemm::peak_gflops(pool, &|| clock.elapsed().as_secs_f64())
 }
 
 /// Memory read bandwidth in GB/s, all threads of `pool` at once, best of three rounds: what
@@ -255,19 +218,10 @@ fn last_level_cache_bytes() -> Option<usize> {
     caches.filter_map(|e| level_and_size(e.ok()?.path())).max().map(|(_, size)| size)
 }
 
-/// GFLOP/s of every thread of `pool` running `work(thread, reps)` at once, `flops_per_rep` each
-/// rep: the reps (a multiple of `unit`, at most 100,000 units) calibrated to about 0.1 s on one
-/// round of `unit`, then the best of three rounds.
+/// alpha-core's [`alpha_core::parallel::best_rate`] on `pool`, timed by this machine's clock.
 fn best_rate(pool: &ThreadPool, unit: usize, flops_per_rep: f64, work: &(dyn Fn(usize, usize) + Sync)) -> f64 {
-    let threads = pool.threads();
-    let round = |reps: usize| {
-        let t = Instant::now();
-        pool.run(threads, &|i| work(i, reps));
-        t.elapsed().as_secs_f64()
-    };
-    let units = ((0.1 / round(unit).max(1e-6)) as usize).clamp(1, 100_000);
-    let flops = flops_per_rep * (units * unit * threads) as f64;
-    (0..3).map(|_| flops / round(units * unit) / 1e9).fold(0.0, f64::max)
+    let clock = Instant::now();
+    alpha_core::parallel::best_rate(pool, unit, flops_per_rep, work, &|| clock.elapsed().as_secs_f64())
 }
 
 /// The cores' arithmetic limit in GFLOP/s, all threads together: each thread runs independent

@@ -10,6 +10,7 @@ use alpha_core::engine::{estimate_loss, Driver, Engine, Event, Splits};
 use alpha_core::rng::{derive_seed, stream};
 use alpha_core::run::PRESETS;
 use alpha_core::settings::RunSettings;
+use alpha_core::tape::Phase;
 use alpha_core::tokenizer::bpe::END_OF_TEXT;
 use alpha_core::tokenizer::train::WordCounts;
 use alpha_core::tokenizer::{self, hf, CharTokenizer, Tokenizer};
@@ -65,6 +66,10 @@ pub struct Trainer {
     engine: Box<dyn Engine>,
     fallback: Option<String>,
     tokens_per_sec: Option<f64>,
+    /// Where the engine computes, for `measurePeak`.
+    peak: engine::Peak,
+    /// The peak MFU is taken against, GFLOP/s, once measured or set.
+    peak_gflops: Option<f64>,
     /// The run's loop (`next`).
     driver: Driver,
     /// The step of the last checkpoint `next` saved, and its bytes.
@@ -74,18 +79,62 @@ pub struct Trainer {
 /// What `next()` resolves to: the action it carried out, as `alpha-native train`'s metrics
 /// record it.
 #[derive(Serialize)]
-#[serde(tag = "type", rename_all = "camelCase")]
+#[serde(tag = "type", rename_all = "camelCase", rename_all_fields = "camelCase")]
 enum Record {
     /// Both splits' mean loss at `step`.
     Eval { step: u64, train: f64, val: f64 },
     /// A sample at `step`.
     Sample { step: u64, text: String },
-    /// Step `step` trained; its loss.
-    Train { step: u64, loss: f64 },
+    /// Step `step` trained: its loss, how long each phase of it took, its tokens per second
+    /// and its MFU (against the peak `measurePeak` or `setPeak` gave, if one did).
+    Train { step: u64, loss: f64, ms: PhaseMs, tokens_per_sec: f64, mfu: Option<f64> },
     /// A checkpoint of `step` steps was saved (`lastSaved()` has it).
     Save { step: u64 },
     /// The run is at its end.
     Done { step: u64 },
+}
+
+/// Milliseconds a step spent in each of its phases (`alpha_core::tape::Phase`; the ones that
+/// do not run on the engine's backend stay 0): the `ms` of `alpha-native train`'s records.
+#[derive(Clone, Copy, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PhaseMs {
+    data: f64,
+    forward: f64,
+    backward: f64,
+    allreduce: f64,
+    grad_norm: f64,
+    optimizer: f64,
+    submit: f64,
+    device_wait: f64,
+}
+
+/// Times the phases a step tells it of, on the page's clock.
+#[derive(Default)]
+struct PhaseClock {
+    began: f64,
+    ms: PhaseMs,
+}
+
+impl alpha_core::tape::Observer for PhaseClock {
+    fn phase_begin(&mut self, _phase: Phase) {
+        self.began = now_ms();
+    }
+
+    fn phase_end(&mut self, phase: Phase) {
+        let ms = now_ms() - self.began;
+        let m = &mut self.ms;
+        *match phase {
+            Phase::Data => &mut m.data,
+            Phase::Forward => &mut m.forward,
+            Phase::Backward => &mut m.backward,
+            Phase::Allreduce => &mut m.allreduce,
+            Phase::GradNorm => &mut m.grad_norm,
+            Phase::Optimizer => &mut m.optimizer,
+            Phase::Submit => &mut m.submit,
+            Phase::DeviceWait => &mut m.device_wait,
+        } += ms;
+    }
 }
 
 /// Tokens `generate` draws between the page's turns: each chunk begins with a forward of the
@@ -149,6 +198,9 @@ async fn yield_to_browser() {
 extern "C" {
     #[wasm_bindgen(js_name = setTimeout)]
     fn set_timeout(callback: &js_sys::Function, ms: i32) -> JsValue;
+    /// `performance.now()`: milliseconds, finer than `Date.now()`'s, in a page and a worker.
+    #[wasm_bindgen(js_namespace = performance, js_name = now)]
+    fn now_ms() -> f64;
 }
 
 fn js_error(msg: impl core::fmt::Display) -> JsError {
@@ -331,8 +383,21 @@ impl Trainer {
         let eval_iters = opts.settings.eval_iters;
         let cadence = alpha_core::run::Cadence { iters: settings.iters, ..opts.settings.cadence() };
         let driver = Driver::new(cadence, start.step, settings.seed, eval_iters).reporting_every_step();
-        let (engine, fallback) = engine::open(opts.backend, plan, cfg, start, opts.threads).await.map_err(js_error)?;
-        Ok(Trainer { config: plan.config, settings, tok, tokens, eval_iters, engine, fallback, tokens_per_sec: None, driver, saved: None })
+        let (engine, peak, fallback) = engine::open(opts.backend, plan, cfg, start, opts.threads).await.map_err(js_error)?;
+        Ok(Trainer {
+            config: plan.config,
+            settings,
+            tok,
+            tokens,
+            eval_iters,
+            engine,
+            fallback,
+            tokens_per_sec: None,
+            peak,
+            peak_gflops: None,
+            driver,
+            saved: None,
+        })
     }
 
     /// Carries out the run's next action (`alpha_core::run::RunLoop`, the loop of `alpha-native
@@ -348,19 +413,20 @@ impl Trainer {
             let (cadence, seed) = (self.driver.run_loop().cadence(), self.settings.seed);
             self.driver = Driver::new(cadence, at, seed, self.eval_iters).reporting_every_step();
         }
-        let started = js_sys::Date::now();
+        let started = now_ms();
         let (train, val) = data::split(&self.tokens);
         let splits = Splits { train: train.into(), val: val.into() };
-        let event = self.driver.next(&mut *self.engine, splits, self.tok.sample_start(), &mut (), &mut || false).await;
+        let mut clock = PhaseClock::default();
+        let event = self.driver.next(&mut *self.engine, splits, self.tok.sample_start(), &mut clock, &mut || false).await;
         let record = match event.map_err(|e| js_error(format!("training diverged at {e}")))? {
             Event::Evaluated { step, train_loss, val_loss } => Record::Eval { step, train: train_loss, val: val_loss },
             Event::Sampled { step, ids } => Record::Sample { step, text: self.tok.decode_lossy(&ids) },
             Event::Trained { step, report, .. } => {
-                let seconds = (js_sys::Date::now() - started) / 1e3;
-                if seconds > 0.0 {
-                    self.tokens_per_sec = Some(self.tokens_per_step() as f64 / seconds);
-                }
-                Record::Train { step, loss: report.stats.map_or(f64::NAN, |s| s.loss) }
+                let seconds = ((now_ms() - started) / 1e3).max(1e-6);
+                let tokens_per_sec = self.tokens_per_step() as f64 / seconds;
+                self.tokens_per_sec = Some(tokens_per_sec);
+                let mfu = self.peak_gflops.map(|peak| tokens_per_sec * self.engine.plan().flops_per_token() / (peak * 1e9));
+                Record::Train { step, loss: report.stats.map_or(f64::NAN, |s| s.loss), ms: clock.ms, tokens_per_sec, mfu }
             }
             Event::Save { step } => {
                 self.saved = Some((step, self.save().await?));
@@ -386,13 +452,13 @@ impl Trainer {
     /// gradient norm is not finite (that step's update is not applied).
     pub async fn step(&mut self, n: u32) -> Result<Vec<f32>, JsError> {
         let (train, _) = data::split(&self.tokens);
-        let started = js_sys::Date::now();
+        let started = now_ms();
         let mut losses = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let report = self.engine.step(train.into(), true, &mut ()).await.map_err(|e| js_error(format!("training diverged at {e}")))?;
             losses.push(report.stats.map_or(f32::NAN, |s| s.loss as f32));
         }
-        let seconds = (js_sys::Date::now() - started) / 1e3;
+        let seconds = (now_ms() - started) / 1e3;
         if n > 0 && seconds > 0.0 {
             self.tokens_per_sec = Some(f64::from(n) * self.tokens_per_step() as f64 / seconds);
         }
@@ -511,6 +577,27 @@ impl Trainer {
             config: self.config,
         };
         serde_wasm_bindgen::to_value(&stats).map_err(js_error)
+    }
+
+    /// Measures the peak GFLOP/s the records' MFU is taken against, as `alpha-native info`
+    /// does: the CPU's GEMM on the engine's threads, or WebGPU's f32 FMA limit on its device
+    /// (about half a second). Resolves to it and keeps it.
+    #[wasm_bindgen(js_name = measurePeak)]
+    pub async fn measure_peak(&mut self) -> Result<f64, JsError> {
+        let gflops = self.peak.measure().await.map_err(|e| js_error(format!("measuring the peak: {e}")))?;
+        self.peak_gflops = Some(gflops);
+        Ok(gflops)
+    }
+
+    /// Sets the peak GFLOP/s MFU is taken against (one `measurePeak` gave on this machine
+    /// before, which the page keeps). A positive number.
+    #[wasm_bindgen(js_name = setPeak)]
+    pub fn set_peak(&mut self, gflops: f64) -> Result<(), JsError> {
+        if !(gflops.is_finite() && gflops > 0.0) {
+            return Err(js_error(format!("the peak must be a positive number of GFLOP/s, got {gflops}")));
+        }
+        self.peak_gflops = Some(gflops);
+        Ok(())
     }
 
     /// Sets the run's length, the step it trains to (as `alpha-native train --resume

@@ -98,6 +98,23 @@ for (const [run, backend, extra, shown] of RUNS) {
     const sample = await page.locator("#samples pre").first().textContent();
     assert.equal(sample.length, 200);
     assert.ok(Number((await page.locator("#tok-s").textContent()).replace(/,/g, "")) > 0);
+    // Each step's record carries its phases and MFU against the peak the page measured once
+    // (the CPU's GEMM, WebGPU's FMA limit), beside the loss chart.
+    const steps = s.records.filter((r) => r.type === "train");
+    const phases = backend === "webgpu" ? ["submit", "deviceWait"] : ["forward", "backward", "optimizer"];
+    for (const r of steps) {
+      phases.forEach((p) => assert.ok(r.ms[p] > 0, `step ${r.step}: ${p} ${JSON.stringify(r.ms)}`));
+      assert.ok(r.mfu > 0 && r.mfu < 1, `step ${r.step}: MFU ${r.mfu}`);
+      // MFU is the model's FLOPs per token at the step's tokens/s over the peak: the same
+      // FLOPs per token every step, between 6 and 12 per parameter (the weights' products
+      // and attention's).
+      const flopsPerToken = (r.mfu * s.peak.gflops * 1e9) / r.tokensPerSec;
+      assert.ok(Math.abs(flopsPerToken / ((steps[0].mfu * s.peak.gflops * 1e9) / steps[0].tokensPerSec) - 1) < 1e-9);
+      assert.ok(flopsPerToken > 6 * s.stats.params && flopsPerToken < 12 * s.stats.params, `${flopsPerToken} FLOPs per token, ${s.stats.params} parameters`);
+    }
+    assert.ok(s.peak.gflops > 0, JSON.stringify(s.peak));
+    assert.match(await page.locator("#mfu").textContent(), /^\d+\.\d%$/);
+    assert.ok(Number(await page.locator("#phases").getAttribute("data-series")) >= phases.length + 1);
     await page.screenshot({ path: join(results, `training-${run}.png`), fullPage: true });
     assert.deepEqual(errors, []);
     pageLosses[run] = s.losses.slice(0, PARITY_STEPS);
@@ -497,11 +514,16 @@ test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every
   const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const page = await context.newPage();
   await page.goto(`${base}?backend=cpu&preset=shakespeare_char&steps=3&autostart=1`);
-  // Trained a little, so that the figures, the chart and a sample are filled; then the paste
-  // box shown too.
+  // Trained a little, so that the figures, the charts, a sample and the kept run are filled;
+  // then text generated, the settings opened and the paste box shown too.
   const s = await finished(page);
   assert.equal(s.error, null);
+  await page.waitForFunction(() => window.alpha.kept.length > 0);
+  await page.fill("#gen-tokens", "20");
+  await page.locator("#generate").click();
+  await page.waitForFunction(() => window.alpha.generation.status === "idle" && window.alpha.generation.text.length > 0);
   await page.selectOption("#preset", "shakespeare_char");
+  await page.locator("#settings summary").click();
   await page.selectOption("#corpus", "paste");
   const layout = await page.evaluate(() => {
     const controls = [...document.querySelectorAll("select, button, input, textarea, label, canvas, dd, pre, #message")];
@@ -519,7 +541,7 @@ test("at a phone's width (390 x 844) the page fits: no sideways scrolling, every
   });
   await page.screenshot({ path: join(results, "phone-390.png"), fullPage: true });
   assert.equal(layout.viewport, 390);
-  assert.ok(layout.options >= 3 && layout.counted >= 15, JSON.stringify(layout));
+  assert.ok(layout.options >= 3 && layout.counted >= 40, JSON.stringify(layout));
   assert.ok(layout.scrollWidth <= layout.viewport, `the document is ${layout.scrollWidth} px wide on a ${layout.viewport} px screen`);
   assert.deepEqual(layout.outside, []);
   await context.close();

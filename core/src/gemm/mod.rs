@@ -705,6 +705,39 @@ pub fn f32_kernel_name() -> &'static str {
     }
 }
 
+/// The f32 GEMM's peak GFLOP/s on every thread of `par` together (the figure MFU is taken
+/// against on the CPU): each thread multiplies its own 192 x 192 matrices, cache-resident, so
+/// the kernel's arithmetic rate is what is measured; best of three rounds of about 0.1 s
+/// ([`crate::parallel::best_rate`], `now` the caller's clock in seconds).
+#[cfg(feature = "alloc")]
+pub fn peak_gflops(par: &dyn Parallel, now: &dyn Fn() -> f64) -> f64 {
+    const N: usize = 192;
+    let a = alloc::vec![0.5f32; N * N];
+    let b = alloc::vec![0.25f32; N * N];
+    let mut out = alloc::vec![0f32; N * N * par.threads()];
+    let c = SharedMut(out.as_mut_ptr());
+    crate::parallel::best_rate(
+        par,
+        1,
+        2.0 * (N * N * N) as f64,
+        &|thread, reps| {
+            for _ in 0..reps {
+                // SAFETY: a and b are N x N row-major; each thread writes its own N x N of c.
+                unsafe {
+                    gemm(
+                        Shape { m: N, n: N, k: N },
+                        Strided { ptr: a.as_ptr(), rs: N, cs: 1 },
+                        Rows { ptr: b.as_ptr(), ld: N },
+                        0.0,
+                        RowsMut { ptr: c.ptr().add(thread * N * N), ld: N },
+                    )
+                };
+            }
+        },
+        now,
+    )
+}
+
 /// The fastest f32 kernel this CPU runs (x86-64: the one for [`crate::simd::width`]).
 pub(crate) fn f32_kernel() -> Kernel<f32> {
     #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
