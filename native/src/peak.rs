@@ -142,6 +142,13 @@ fn measure(pool: &ThreadPool) -> f64 {
     alpha_core::gemm::peak_gflops(pool, &|| clock.elapsed().as_secs_f64())
 }
 
+/// The bf16 GEMM's peak on every thread of `pool`, measured now; `None` where the CPU has no
+/// bf16 kernel.
+pub fn bf16_peak(pool: &ThreadPool) -> Option<f64> {
+    let clock = Instant::now();
+    alpha_core::gemm::bf16::peak_gflops(pool, &|| clock.elapsed().as_secs_f64())
+}
+
 /// Memory read bandwidth in GB/s, all threads of `pool` at once, best of three rounds: what
 /// streaming a model's weights once per token (sampling a token with the KV cache) can reach
 /// at best. The buffer is twice the last-level cache (at least 256 MiB, at most 2 GiB): a

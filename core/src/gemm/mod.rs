@@ -46,6 +46,7 @@
 //! micro-kernel family: `portable` (any element type), `x86` (AVX2 + FMA and AVX-512, one
 //! macro), `wasm` (SIMD128 and relaxed SIMD); and the SIMD transposes ([`transpose()`]).
 
+pub mod bf16;
 mod portable;
 mod transpose;
 mod wasm;
@@ -706,11 +707,18 @@ pub fn f32_kernel_name() -> &'static str {
 }
 
 /// The f32 GEMM's peak GFLOP/s on every thread of `par` together (the figure MFU is taken
-/// against on the CPU): each thread multiplies its own 192 x 192 matrices, cache-resident, so
-/// the kernel's arithmetic rate is what is measured; best of three rounds of about 0.1 s
-/// ([`crate::parallel::best_rate`], `now` the caller's clock in seconds).
+/// against on the CPU; see [`product_peak`]).
 #[cfg(feature = "alloc")]
 pub fn peak_gflops(par: &dyn Parallel, now: &dyn Fn() -> f64) -> f64 {
+    product_peak(par, now, gemm::<f32>)
+}
+
+/// The peak GFLOP/s of `product` (a GEMM with [`gemm`]'s contract) on every thread of `par`
+/// together: each thread multiplies its own 192 x 192 matrices, cache-resident, so the
+/// kernel's arithmetic rate is what is measured; best of three rounds of about 0.1 s
+/// ([`crate::parallel::best_rate`], `now` the caller's clock in seconds).
+#[cfg(feature = "alloc")]
+fn product_peak(par: &dyn Parallel, now: &dyn Fn() -> f64, product: unsafe fn(Shape, Strided<f32>, Rows<f32>, f32, RowsMut<f32>)) -> f64 {
     const N: usize = 192;
     let a = alloc::vec![0.5f32; N * N];
     let b = alloc::vec![0.25f32; N * N];
@@ -722,16 +730,9 @@ pub fn peak_gflops(par: &dyn Parallel, now: &dyn Fn() -> f64) -> f64 {
         2.0 * (N * N * N) as f64,
         &|thread, reps| {
             for _ in 0..reps {
+                let c = RowsMut { ptr: c.ptr().wrapping_add(thread * N * N), ld: N };
                 // SAFETY: a and b are N x N row-major; each thread writes its own N x N of c.
-                unsafe {
-                    gemm(
-                        Shape { m: N, n: N, k: N },
-                        Strided { ptr: a.as_ptr(), rs: N, cs: 1 },
-                        Rows { ptr: b.as_ptr(), ld: N },
-                        0.0,
-                        RowsMut { ptr: c.ptr().add(thread * N * N), ld: N },
-                    )
-                };
+                unsafe { product(Shape { m: N, n: N, k: N }, Strided { ptr: a.as_ptr(), rs: N, cs: 1 }, Rows { ptr: b.as_ptr(), ld: N }, 0.0, c) };
             }
         },
         now,

@@ -3,7 +3,7 @@
 use crate::args::ModelArgs;
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::Placement;
-use crate::peak::{fma_limit, gpu_peak, machine_json, measured_peak, simd_features};
+use crate::peak::{bf16_peak, fma_limit, gpu_peak, machine_json, measured_peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, timed_step, train_split};
 use alpha_core::config::MAX_DIM;
 use alpha_core::engine::StepError;
@@ -98,6 +98,8 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         "data_parallel": data_parallel,
         "peak_gflops": peak.gflops,
         "peak_source": peak.source,
+        "peak_bf16_gflops": bf16_peak(&pool),
+        "bf16_kernel": alpha_core::gemm::bf16::bf16_kernel_name(),
         "fma_limit_gflops": fma_limit(&pool),
         "memory_bandwidth_gbs": bandwidth,
         // Sampling one token with the KV cache reads every weight once: this is its floor.
@@ -215,6 +217,10 @@ fn print_machine(report: &Value) {
     println!("CPU        {} ({} cores; threads used: {})", report["cpu"].as_str().unwrap_or("?"), report["cores"], report["threads"]);
     println!("SIMD       {} (GEMM kernel: {})", simd_features().join(" "), f32_kernel_name());
     println!("peak       {:.1} GFLOP/s ({})", num(&report["peak_gflops"]), report["peak_source"].as_str().unwrap_or("?"));
+    match report["peak_bf16_gflops"].as_f64() {
+        Some(bf16) => println!("peak bf16  {bf16:.1} GFLOP/s (products of bf16 operands summed in f32, {} kernel)", report["bf16_kernel"].as_str().unwrap_or("?")),
+        None => println!("peak bf16  none: this CPU has no bf16 products (AVX512-BF16)"),
+    }
     if let Some(fma) = report["fma_limit_gflops"].as_f64() {
         println!("FMA limit  {fma:.1} GFLOP/s (independent vector FMAs on registers: no GEMM passes it at the same clock)");
     }
