@@ -21,19 +21,27 @@ pub enum Width {
     Baseline,
 }
 
-/// The [`Width`] the kernels run at here: detected at run time with `std`, else what the
-/// build enables.
+/// The [`Width`] the kernels run at here: detected at run time with `std` (once; less what
+/// `ALPHA_CPU_MASK` masks: [`masked`]), else what the build enables.
 #[inline]
 pub fn width() -> Width {
     #[cfg(all(target_arch = "x86_64", feature = "std"))]
     {
-        use std::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512dq") && has!("avx512vl") && has!("avx512bw") {
-            return Width::Avx512;
-        }
-        if has!("avx2") && has!("fma") {
-            return Width::Avx2;
-        }
+        static WIDTH: std::sync::OnceLock<Width> = std::sync::OnceLock::new();
+        *WIDTH.get_or_init(|| {
+            macro_rules! has {
+                ($feature:tt) => {
+                    std::is_x86_feature_detected!($feature) && !masked($feature)
+                };
+            }
+            if has!("avx512f") && has!("avx512dq") && has!("avx512vl") && has!("avx512bw") {
+                Width::Avx512
+            } else if has!("avx2") && has!("fma") {
+                Width::Avx2
+            } else {
+                Width::Baseline
+            }
+        })
     }
     #[cfg(not(all(target_arch = "x86_64", feature = "std")))]
     {
@@ -44,8 +52,21 @@ pub fn width() -> Width {
         if cfg!(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")) {
             return Width::Avx2;
         }
+        Width::Baseline
     }
-    Width::Baseline
+}
+
+/// The CPU features `ALPHA_CPU_MASK` may name.
+pub const MASKABLE: &[&str] = &["avx512f", "avx512dq", "avx512vl", "avx512bw", "avx512bf16", "avx2", "fma"];
+
+/// Whether `ALPHA_CPU_MASK` (CPU feature names, comma-separated, of [`MASKABLE`]) names
+/// `feature`: the kernels then run as on a CPU without it (read once). It measures and tests
+/// the narrower kernels, and the errors where one is missing, on a CPU that has the wider
+/// ones (e.g. `ALPHA_CPU_MASK=avx512bf16`: no bf16 products; `avx512f`: the AVX2 kernels).
+#[cfg(feature = "std")]
+pub fn masked(feature: &str) -> bool {
+    static MASK: std::sync::OnceLock<std::string::String> = std::sync::OnceLock::new();
+    MASK.get_or_init(|| std::env::var("ALPHA_CPU_MASK").unwrap_or_default()).split(',').any(|f| f.trim() == feature)
 }
 
 /// Asks the CPU to bring the cache line at `at` into the caches ahead of its use (x86's

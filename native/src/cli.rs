@@ -74,6 +74,17 @@ fn one_line(e: &clap::Error) -> String {
     format!("{} (see --help)", text.lines().next().unwrap_or("error: invalid arguments"))
 }
 
+/// Checks `ALPHA_CPU_MASK` (alpha_core::simd::masked): every name one of the features it can
+/// mask, so that a misspelt one is an error rather than a kernel silently not masked.
+fn check_cpu_mask() -> Result<()> {
+    let mask = std::env::var("ALPHA_CPU_MASK").unwrap_or_default();
+    let maskable = alpha_core::simd::MASKABLE;
+    match mask.split(',').map(str::trim).find(|f| !f.is_empty() && !maskable.contains(f)) {
+        Some(unknown) => Err(anyhow::anyhow!("ALPHA_CPU_MASK names {unknown:?}, not a CPU feature it can mask ({})", maskable.join(", "))),
+        None => Ok(()),
+    }
+}
+
 /// Parses `args` (a whole command line, the program's name first) and runs the command:
 /// `Err` holds a command's error (for `error: ...` and exit status 1). A command-line error
 /// exits at once with one line and status 2; help and the version are printed, status 0.
@@ -93,6 +104,7 @@ pub fn run(args: Vec<OsString>) -> Result<()> {
         std::process::exit(2);
     });
     let matches = command().try_get_matches_from(args).unwrap_or_else(|e| exit_with(e));
+    check_cpu_mask()?;
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| exit_with(e));
     if let Some(device) = cli.command.device_mut() {
         device.resolve();

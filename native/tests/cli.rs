@@ -513,6 +513,41 @@ fn bench_runs_on_the_gpu() {
     }
 }
 
+/// ALPHA_CPU_MASK runs the kernels as on a CPU without the features it names: info's GEMM
+/// kernel and bf16 peak follow it, and a name it cannot mask is a one-line error.
+#[test]
+fn the_cpu_mask_narrows_the_kernels_and_a_misspelt_one_is_an_error() {
+    let dir = workdir("cpu-mask");
+    let info = |mask: &str| {
+        let o = Command::new(BIN)
+            .args(["info", "--json", "--measure-steps", "0", "--peak-gflops", "1"])
+            .env("ALPHA_CPU_MASK", mask)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        json_of(&o)
+    };
+    let all = info("");
+    if all["gemm_kernel"] == "avx512" {
+        assert_eq!(info("avx512f")["gemm_kernel"], "avx2+fma");
+    } else {
+        println!("the AVX-512 mask untested: the GEMM kernel here is {}", all["gemm_kernel"]);
+    }
+    if all["bf16_kernel"] == "avx512-bf16" {
+        assert!(all["peak_bf16_gflops"].as_f64().unwrap() > 0.0, "{all}");
+        let masked = info("avx512bf16");
+        assert!(masked["bf16_kernel"].is_null() && masked["peak_bf16_gflops"].is_null(), "{masked}");
+        assert_eq!(masked["gemm_kernel"], all["gemm_kernel"]);
+    } else {
+        assert!(all["peak_bf16_gflops"].is_null(), "{all}");
+        println!("the bf16 mask untested: this CPU has no AVX512-BF16");
+    }
+    let o = Command::new(BIN).args(["info", "--measure-steps", "0"]).env("ALPHA_CPU_MASK", "avx512f,avx512_bf16").current_dir(&dir).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("error: ALPHA_CPU_MASK names \"avx512_bf16\"") && err.trim_end().lines().count() == 1, "{err}");
+}
+
 #[test]
 fn info_reports_machine_memory_and_estimate_and_caches_the_peak() {
     let dir = workdir("info");

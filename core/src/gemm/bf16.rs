@@ -15,7 +15,7 @@
 //! step. Edge tiles run the whole tile on zero-padded operands and store only their rows and
 //! columns, so a value of C does not depend on where tile edges fall.
 
-use super::{RowsMut, Rows, Shape, Strided, MC};
+use super::{Rows, RowsMut, Shape, Strided};
 
 /// Rows of C per micro-tile.
 pub const MR: usize = 12;
@@ -45,8 +45,8 @@ pub fn bf16_to_f32(b: u16) -> f32 {
 }
 
 /// The bf16 micro-kernel this CPU runs, if any: `avx512-bf16` where it has AVX512-BF16 (with
-/// AVX-512 F and BW), detected at run time (with `std`; without it, where the build enables
-/// them).
+/// AVX-512 F and BW), detected at run time (with `std`, less what `ALPHA_CPU_MASK` masks:
+/// [`crate::simd::masked`]; without it, where the build enables them).
 pub fn bf16_kernel_name() -> Option<&'static str> {
     has_avx512_bf16().then_some("avx512-bf16")
 }
@@ -62,8 +62,10 @@ pub fn peak_gflops(par: &dyn super::Parallel, now: &dyn Fn() -> f64) -> Option<f
 fn has_avx512_bf16() -> bool {
     #[cfg(all(target_arch = "x86_64", feature = "std"))]
     {
+        use crate::simd::masked;
         use std::is_x86_feature_detected as has;
-        has!("avx512f") && has!("avx512bw") && has!("avx512bf16")
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| has!("avx512f") && has!("avx512bw") && has!("avx512bf16") && !["avx512f", "avx512bw", "avx512bf16"].iter().any(|f| masked(f)))
     }
     #[cfg(not(all(target_arch = "x86_64", feature = "std")))]
     {
@@ -76,55 +78,30 @@ fn has_avx512_bf16() -> bool {
 /// is only written.
 ///
 /// # Panics
-/// If the CPU has no bf16 kernel ([`bf16_kernel_name`] is `None`).
+/// If the CPU has no bf16 kernel ([`bf16_kernel_name`] is `None`), or A has no unit stride.
 ///
 /// # Safety
 /// As [`super::gemm`]: every element reached through the shapes and strides must be valid; `c`
 /// must not overlap `a` or `b`, and no other thread may access the written part of `c`.
 pub unsafe fn gemm_bf16(shape: Shape, a: Strided<f32>, b: Rows<f32>, beta: f32, c: RowsMut<f32>) {
     assert!(has_avx512_bf16(), "gemm_bf16: this CPU has no bf16 kernel (AVX512-BF16)");
+    assert!(a.cs == 1 || a.rs == 1, "gemm_bf16: A needs a unit stride");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the CPU has the features (checked); the operands as the caller guarantees.
     unsafe {
         avx512::gemm(shape, a, b, beta, c)
     };
-}
-
-/// Packs rows `rows` and depth `depth` of A as the micro-kernel reads them: per micro-panel of
-/// [`MR`] rows (the last zero-padded), `pairs` steps of [`MR`] words, word `(p, i)` the bf16
-/// pair (`A[i][2p]` low, `A[i][2p + 1]` high; zero past the depth).
-///
-/// # Safety
-/// The rows and depth must be inside A; `out` must hold `rows.len().div_ceil(MR) * MR *
-/// depth.len().div_ceil(2)` words.
-unsafe fn pack_a(a: Strided<f32>, rows: core::ops::Range<usize>, depth: core::ops::Range<usize>, out: *mut u32) {
-    let pairs = depth.len().div_ceil(2);
-    let at = |i: usize, p: usize| -> u16 {
-        if i < rows.end && p < depth.end {
-            // SAFETY: inside A (caller).
-            round_bf16(unsafe { *a.ptr.add(i * a.rs + p * a.cs) })
-        } else {
-            0
-        }
-    };
-    for (t, i0) in rows.clone().step_by(MR).enumerate() {
-        for p in 0..pairs {
-            for i in 0..MR {
-                let k = depth.start + 2 * p;
-                let word = u32::from(at(i0 + i, k)) | u32::from(at(i0 + i, k + 1)) << 16;
-                // SAFETY: inside `out` (caller).
-                unsafe { *out.add((t * pairs + p) * MR + i) = word };
-            }
-        }
-    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (shape, b, beta, c);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::super::Aligned;
+    use super::super::{Aligned, MC};
     use super::*;
     use core::arch::x86_64::*;
     use core::mem::{transmute, MaybeUninit};
+    use core::ops::Range;
 
     /// See [`super::gemm_bf16`].
     ///
@@ -198,30 +175,93 @@ mod avx512 {
         idx
     };
 
+    /// Two vectors' 16 values each rounded to bf16 and interleaved into 16 pairs (`lo[j]` in
+    /// the low half of word `j`, `hi[j]` in the high half).
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn interleaved(lo: __m512, hi: __m512) -> __m512i {
+        // SAFETY: features enabled by the attribute; INTERLEAVE is 64 bytes.
+        unsafe {
+            let both: __m512i = transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_permutexvar_epi16(_mm512_loadu_si512(INTERLEAVE.as_ptr().cast()), both)
+        }
+    }
+
+    /// The `len` (at most 16) values from `ptr` as a vector, zeros after them; zeros where
+    /// `len` is 0.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(ptr: *const f32, len: usize) -> __m512 {
+        // SAFETY: a masked load reads only the `len` values (caller: inside the operand).
+        unsafe {
+            if len == 0 {
+                _mm512_setzero_ps()
+            } else {
+                _mm512_maskz_loadu_ps(((1u32 << len.min(16)) - 1) as u16, ptr)
+            }
+        }
+    }
+
+    /// Packs rows `rows` and depth `depth` of A as the micro-kernel reads them: per micro-panel
+    /// of [`MR`] rows (the last zero-padded), `pairs` steps of [`MR`] words, word `(p, i)` the
+    /// bf16 pair (`A[i][2p]` low, `A[i][2p + 1]` high; zero past the depth). Row-major A: 32
+    /// values of a row converted at once and spread over 16 steps; transposed A: a step's two
+    /// columns of the panel's rows (adjacent) converted and interleaved.
+    ///
+    /// # Safety
+    /// The rows and depth must be inside A, which has a unit stride; `out` must hold
+    /// `rows.len().div_ceil(MR) * MR * depth.len().div_ceil(2)` words.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn pack_a(a: Strided<f32>, rows: Range<usize>, depth: Range<usize>, out: *mut u32) {
+        let pairs = depth.len().div_ceil(2);
+        // SAFETY: loads inside A's rows and depth (masked; caller); stores inside `out`.
+        unsafe {
+            for (t, i0) in rows.clone().step_by(MR).enumerate() {
+                let panel = out.add(t * pairs * MR);
+                let in_panel = MR.min(rows.end - i0);
+                if a.cs == 1 {
+                    let mut words = Aligned([0u32; 16]);
+                    for i in 0..MR {
+                        for p0 in (0..pairs).step_by(16) {
+                            if i < in_panel {
+                                let row = a.ptr.add((i0 + i) * a.rs + depth.start + 2 * p0);
+                                let left = depth.len() - 2 * p0;
+                                let (lo, hi) = (load(row, left), load(row.add(16), left.saturating_sub(16)));
+                                // The 32 values in order are 16 pairs: round both halves, no interleave.
+                                let both: __m512i = transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                                _mm512_store_si512(words.0.as_mut_ptr().cast(), both);
+                            }
+                            for q in 0..16.min(pairs - p0) {
+                                *panel.add((p0 + q) * MR + i) = if i < in_panel { words.0[q] } else { 0 };
+                            }
+                        }
+                    }
+                } else {
+                    for p in 0..pairs {
+                        let k = depth.start + 2 * p;
+                        let column = |k: usize| if k < depth.end { load(a.ptr.add(k * a.cs + i0), in_panel) } else { _mm512_setzero_ps() };
+                        let mut words = Aligned([0u32; 16]);
+                        _mm512_store_si512(words.0.as_mut_ptr().cast(), interleaved(column(k), column(k + 1)));
+                        core::ptr::copy_nonoverlapping(words.0.as_ptr(), panel.add(p * MR), MR);
+                    }
+                }
+            }
+        }
+    }
+
     /// Packs depth `depth` of B's columns `jc..jc + nc` (at most [`NR`]) as `pairs` steps of
     /// [`NR`] words, word `(p, j)` the bf16 pair (`B[2p][j]` low, `B[2p + 1][j]` high), zero
-    /// past the depth and the columns: two rows converted and interleaved per 16 columns.
+    /// past the depth and the columns.
     ///
     /// # Safety
     /// The depth and columns must be inside B; `out` must hold `pairs * NR` words.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn pack_b(b: Rows<f32>, depth: core::ops::Range<usize>, jc: usize, nc: usize, out: *mut u32) {
+    pub(super) unsafe fn pack_b(b: Rows<f32>, depth: Range<usize>, jc: usize, nc: usize, out: *mut u32) {
         // SAFETY: loads masked to B's columns and rows inside the depth (caller); stores inside `out`.
         unsafe {
-            let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
             for (p, k) in depth.clone().step_by(2).enumerate() {
                 for half in 0..2 {
                     let cols = nc.saturating_sub(16 * half).min(16);
-                    let mask: __mmask16 = ((1u32 << cols) - 1) as u16;
-                    let row = |r: usize| {
-                        if r < depth.end && cols > 0 {
-                            _mm512_maskz_loadu_ps(mask, b.ptr.add(r * b.ld + jc + 16 * half))
-                        } else {
-                            _mm512_setzero_ps()
-                        }
-                    };
-                    let both: __m512i = transmute(_mm512_cvtne2ps_pbh(row(k + 1), row(k)));
-                    _mm512_storeu_si512(out.add(p * NR + 16 * half).cast(), _mm512_permutexvar_epi16(idx, both));
+                    let row = |r: usize| if r < depth.end { load(b.ptr.add(r * b.ld + jc + 16 * half), cols) } else { _mm512_setzero_ps() };
+                    _mm512_storeu_si512(out.add(p * NR + 16 * half).cast(), interleaved(row(k), row(k + 1)));
                 }
             }
         }
@@ -346,7 +386,16 @@ mod tests {
             println!("skipped: this CPU has no AVX512-BF16");
             return;
         }
-        let special = [f32::from_bits(1), -f32::from_bits(0x007f_ffff), f32::MIN_POSITIVE, f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000), f32::MAX, -0.0, 1e-40];
+        let special = [
+            f32::from_bits(1),
+            -f32::from_bits(0x007f_ffff),
+            f32::MIN_POSITIVE,
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            f32::MAX,
+            -0.0,
+            1e-40,
+        ];
         let b: Vec<f32> = special.iter().copied().chain(values(2 * NR - special.len(), 4)).collect();
         let mut packed = [0u32; NR];
         // SAFETY: B is 2 x NR; the buffer holds one pair of NR columns.

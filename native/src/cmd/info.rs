@@ -218,7 +218,9 @@ fn print_machine(report: &Value) {
     println!("SIMD       {} (GEMM kernel: {})", simd_features().join(" "), f32_kernel_name());
     println!("peak       {:.1} GFLOP/s ({})", num(&report["peak_gflops"]), report["peak_source"].as_str().unwrap_or("?"));
     match report["peak_bf16_gflops"].as_f64() {
-        Some(bf16) => println!("peak bf16  {bf16:.1} GFLOP/s (products of bf16 operands summed in f32, {} kernel)", report["bf16_kernel"].as_str().unwrap_or("?")),
+        Some(bf16) => {
+            println!("peak bf16  {bf16:.1} GFLOP/s (products of bf16 operands summed in f32, {} kernel)", report["bf16_kernel"].as_str().unwrap_or("?"))
+        }
         None => println!("peak bf16  none: this CPU has no bf16 products (AVX512-BF16)"),
     }
     if let Some(fma) = report["fma_limit_gflops"].as_f64() {
