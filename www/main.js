@@ -516,10 +516,10 @@ const PHASES = [
   ["data", "data"],
   ["forward", "forward"],
   ["backward", "backward"],
-  ["gradNorm", "grad norm"],
+  ["grad_norm", "grad norm"],
   ["optimizer", "AdamW"],
   ["submit", "submit"],
-  ["deviceWait", "device wait"],
+  ["device_wait", "device wait"],
 ];
 
 /** Where the last steps' time went: their mean ms per phase (those that ran on this

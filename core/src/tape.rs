@@ -182,6 +182,10 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase, in the order declared (`phase as usize` indexes it).
+    pub const ALL: [Phase; 8] =
+        [Phase::Data, Phase::Forward, Phase::Backward, Phase::Allreduce, Phase::GradNorm, Phase::Optimizer, Phase::Submit, Phase::DeviceWait];
+
     /// The phase's name in metrics and traces.
     pub fn name(self) -> &'static str {
         match self {

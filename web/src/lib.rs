@@ -94,19 +94,21 @@ enum Record {
     Done { step: u64 },
 }
 
-/// Milliseconds a step spent in each of its phases (`alpha_core::tape::Phase`; the ones that
-/// do not run on the engine's backend stay 0): the `ms` of `alpha-native train`'s records.
-#[derive(Clone, Copy, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct PhaseMs {
-    data: f64,
-    forward: f64,
-    backward: f64,
-    allreduce: f64,
-    grad_norm: f64,
-    optimizer: f64,
-    submit: f64,
-    device_wait: f64,
+/// Milliseconds a step spent in each of its phases (`alpha_core::tape::Phase`, indexed by
+/// it; the ones that do not run on the engine's backend stay 0), an object keyed by the
+/// phases' names: the `ms` of `alpha-native train`'s records.
+#[derive(Clone, Copy, Default)]
+struct PhaseMs([f64; Phase::ALL.len()]);
+
+impl Serialize for PhaseMs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut fields = s.serialize_struct("PhaseMs", Phase::ALL.len())?;
+        for phase in Phase::ALL {
+            fields.serialize_field(phase.name(), &self.0[phase as usize])?;
+        }
+        fields.end()
+    }
 }
 
 /// Times the phases a step tells it of, on the page's clock.
@@ -122,18 +124,7 @@ impl alpha_core::tape::Observer for PhaseClock {
     }
 
     fn phase_end(&mut self, phase: Phase) {
-        let ms = now_ms() - self.began;
-        let m = &mut self.ms;
-        *match phase {
-            Phase::Data => &mut m.data,
-            Phase::Forward => &mut m.forward,
-            Phase::Backward => &mut m.backward,
-            Phase::Allreduce => &mut m.allreduce,
-            Phase::GradNorm => &mut m.grad_norm,
-            Phase::Optimizer => &mut m.optimizer,
-            Phase::Submit => &mut m.submit,
-            Phase::DeviceWait => &mut m.device_wait,
-        } += ms;
+        self.ms.0[phase as usize] += now_ms() - self.began;
     }
 }
 

@@ -101,7 +101,7 @@ for (const [run, backend, extra, shown] of RUNS) {
     // Each step's record carries its phases and MFU against the peak the page measured once
     // (the CPU's GEMM, WebGPU's FMA limit), beside the loss chart.
     const steps = s.records.filter((r) => r.type === "train");
-    const phases = backend === "webgpu" ? ["submit", "deviceWait"] : ["forward", "backward", "optimizer"];
+    const phases = backend === "webgpu" ? ["submit", "device_wait"] : ["forward", "backward", "optimizer"];
     for (const r of steps) {
       phases.forEach((p) => assert.ok(r.ms[p] > 0, `step ${r.step}: ${p} ${JSON.stringify(r.ms)}`));
       assert.ok(r.mfu > 0 && r.mfu < 1, `step ${r.step}: MFU ${r.mfu}`);

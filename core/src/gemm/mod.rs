@@ -707,7 +707,8 @@ pub fn f32_kernel_name() -> &'static str {
 }
 
 /// The f32 GEMM's peak GFLOP/s on every thread of `par` together (the figure MFU is taken
-/// against on the CPU; see [`product_peak`]).
+/// against on the CPU): each thread multiplies its own 192 x 192 matrices, cache-resident,
+/// best of three rounds of about 0.1 s on the caller's clock `now` (seconds).
 #[cfg(feature = "alloc")]
 pub fn peak_gflops(par: &dyn Parallel, now: &dyn Fn() -> f64) -> f64 {
     product_peak(par, now, gemm::<f32>)
