@@ -7,7 +7,7 @@
 
 use alpha_core::model::{Sampler, SamplingConfig};
 use alpha_core::parallel::ThreadPool;
-use alpha_core::tokenizer::Tokenizer;
+use alpha_core::tokenizer::{TextStream, Tokenizer};
 use alpha_core::{checkpoint, hf, GptConfig, Rng};
 use std::error::Error;
 use std::io::Write;
@@ -39,21 +39,14 @@ fn main() -> Result<(), Box<dyn Error>> {
     let window = config.block_size.min(256);
     let mut sampler = Sampler::<f32>::new(config, tokenizer.vocab_size(), window)?;
     let cfg = SamplingConfig { temperature: 0.8, top_k: 200, top_p: 0.95, stop: tokenizer.end_of_text(), ..SamplingConfig::new(tokens) };
-    // Bytes of a character BPE split over tokens wait for the rest of it.
-    let (mut pending, mut out) = (Vec::new(), std::io::stdout().lock());
+    // Whole characters only: BPE may split one across tokens.
+    let (mut text, mut out) = (TextStream::default(), std::io::stdout().lock());
     write!(out, "{prompt}")?;
     let pool = ThreadPool::new(std::thread::available_parallelism().map_or(1, |n| n.get()));
     sampler.generate(&pool, &params, &ids, &cfg, &mut Rng::new(1337), |id| {
-        pending.extend_from_slice(&tokenizer.token_bytes(id));
-        let valid = match std::str::from_utf8(&pending) {
-            Ok(text) => text.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => pending.len(),
-        };
-        let _ = out.write_all(&String::from_utf8_lossy(&pending[..valid]).into_owned().into_bytes());
+        let _ = write!(out, "{}", text.push(&tokenizer.token_bytes(id)));
         let _ = out.flush();
-        pending.drain(..valid);
     });
-    writeln!(out, "{}", String::from_utf8_lossy(&pending))?;
+    writeln!(out, "{}", text.finish())?;
     Ok(())
 }

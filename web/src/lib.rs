@@ -13,7 +13,7 @@ use alpha_core::settings::RunSettings;
 use alpha_core::tape::Phase;
 use alpha_core::tokenizer::bpe::END_OF_TEXT;
 use alpha_core::tokenizer::train::WordCounts;
-use alpha_core::tokenizer::{self, hf, CharTokenizer, Tokenizer};
+use alpha_core::tokenizer::{self, hf, CharTokenizer, TextStream, Tokenizer};
 use alpha_core::train::RunState;
 use alpha_core::{data, GptConfig, Plan, Rng};
 use options::{camel, Options, TokenizerChoice};
@@ -498,7 +498,8 @@ impl Trainer {
         let seed = o.seed.unwrap_or_else(|| derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count()));
         let mut rng = Rng::new(seed);
         let cfg = alpha_core::model::SamplingConfig { temperature: o.temperature, top_k: o.top_k, top_p: o.top_p, tokens: 0, stop: self.tok.end_of_text() };
-        let (mut left, mut pending, mut text) = (o.tokens, Vec::new(), String::new());
+        // Whole characters only: BPE may split one across tokens.
+        let (mut left, mut stream, mut text) = (o.tokens, TextStream::default(), String::new());
         let mut stopped = false;
         while left > 0 && !stopped {
             let chunk = left.min(GENERATE_CHUNK);
@@ -508,14 +509,7 @@ impl Trainer {
                 .await
                 .map_err(js_error)?;
             for &id in &drawn {
-                pending.extend_from_slice(&self.tok.token_bytes(id));
-                let complete = match core::str::from_utf8(&pending) {
-                    Ok(all) => all.len(),
-                    Err(e) if e.error_len().is_none() => e.valid_up_to(),
-                    Err(_) => pending.len(),
-                };
-                let piece = String::from_utf8_lossy(&pending[..complete]).into_owned();
-                pending.drain(..complete);
+                let piece = stream.push(&self.tok.token_bytes(id));
                 if !piece.is_empty() {
                     text.push_str(&piece);
                     stopped |=
@@ -530,7 +524,7 @@ impl Trainer {
                 yield_to_browser().await;
             }
         }
-        let rest = String::from_utf8_lossy(&pending).into_owned();
+        let rest = stream.finish();
         if !rest.is_empty() {
             on_text.call1(&JsValue::NULL, &JsValue::from_str(&rest)).map_err(|e| js_error(format!("onText threw: {e:?}")))?;
             text.push_str(&rest);
