@@ -475,9 +475,7 @@ impl Trainer {
             return Err(js_error(format!("the temperature must be a non-negative number, got {temperature}")));
         }
         let prompt = if prompt.is_empty() { "\n".to_string() } else { prompt };
-        // As `alpha-native sample`: the tokens the tokenizer puts before a text (Llama 3's BOS).
-        let ids = [self.tok.special_tokens_around().0, &self.tok.encode(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?].concat();
-        let seed = derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count());
+        let (ids, seed) = (self.prompt_ids(&prompt)?, self.sample_seed());
         let cfg = alpha_core::model::SamplingConfig { temperature, ..alpha_core::model::SamplingConfig::new(count as usize) };
         let mut generated = Vec::with_capacity(cfg.tokens);
         self.engine.sample(&ids, &cfg, &mut Rng::new(seed), &mut |id| generated.push(id)).await.map_err(js_error)?;
@@ -493,9 +491,8 @@ impl Trainer {
     /// button). Resolves to the whole continuation.
     pub async fn generate(&mut self, prompt: String, options: JsValue, on_text: &js_sys::Function) -> Result<String, JsError> {
         let o = GenerateOptions::from_js(options)?;
-        // As `alpha-native sample`: the tokens the tokenizer puts before a text (Llama 3's BOS).
-        let mut context = [self.tok.special_tokens_around().0, &self.tok.encode(&prompt).map_err(|e| js_error(format!("the prompt: {e}")))?].concat();
-        let seed = o.seed.unwrap_or_else(|| derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count()));
+        let mut context = self.prompt_ids(&prompt)?;
+        let seed = o.seed.unwrap_or_else(|| self.sample_seed());
         let mut rng = Rng::new(seed);
         let cfg = alpha_core::model::SamplingConfig { temperature: o.temperature, top_k: o.top_k, top_p: o.top_p, tokens: 0, stop: self.tok.end_of_text() };
         // Whole characters only: BPE may split one across tokens.
@@ -616,6 +613,18 @@ impl Trainer {
         let (train, val) = data::split(&self.tokens);
         let splits = Splits { train: train.into(), val: val.into() };
         estimate_loss(&mut *self.engine, splits, self.settings.seed, step, self.eval_iters).await.map_err(js_error)
+    }
+
+    /// A prompt's token ids as `alpha-native sample` makes them: the tokens the tokenizer puts
+    /// before a text (Llama 3's BOS), then the prompt's.
+    fn prompt_ids(&self, prompt: &str) -> Result<Vec<u32>, JsError> {
+        let ids = self.tok.encode(prompt).map_err(|e| js_error(format!("the prompt: {e}")))?;
+        Ok([self.tok.special_tokens_around().0, &ids].concat())
+    }
+
+    /// The run's seed for a sample at this step (the CLI's).
+    fn sample_seed(&self) -> u64 {
+        derive_seed(self.settings.seed, stream::SAMPLES, self.engine.step_count())
     }
 
     fn tokens_per_step(&self) -> usize {
