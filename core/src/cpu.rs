@@ -5,6 +5,7 @@
 //! (see the crate's Stability section).
 
 use crate::float::Float;
+use crate::gemm::Operands;
 use crate::ops::dropout::{self, DropoutKey};
 use crate::ops::{attention, cross_entropy, embedding, layernorm, matmul, rmsnorm};
 use crate::parallel::Parallel;
@@ -71,6 +72,8 @@ pub struct CpuExecutor<'a, T> {
     acts: RawArena<T>,
     batch: Batch<'a>,
     dropout_key: Option<DropoutKey>,
+    /// What the linear layers' products' operands are rounded to.
+    operands: Operands,
     decoding: Option<Decoding<'a, T>>,
     n_layer: usize,
     /// The block of the op running (for the KV cache).
@@ -98,6 +101,7 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
             acts,
             batch,
             dropout_key: None,
+            operands: Operands::F32,
             decoding: None,
             n_layer,
             layer: 0,
@@ -119,6 +123,13 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
     /// micro-batch's (see [`crate::Plan::dropout_key`]).
     pub fn with_dropout_key(mut self, key: DropoutKey) -> Self {
         self.dropout_key = Some(key);
+        self
+    }
+
+    /// The linear layers' products with `operands` (bf16: `T` is f32 and the CPU has the bf16
+    /// kernel; attention's products stay f32).
+    pub fn with_operands(mut self, operands: Operands) -> Self {
+        self.operands = operands;
         self
     }
 
@@ -241,11 +252,11 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
     }
 
     fn matmul_forward(&mut self, a: matmul::Forward<&'a mut [T], &'a [T]>) {
-        matmul::forward(self.par, a, self.scratch(self.scratch.wt))
+        matmul::forward(self.par, a, self.scratch(self.scratch.wt), self.operands)
     }
 
     fn matmul_backward(&mut self, a: matmul::Backward<&'a mut [T], &'a [T]>) {
-        matmul::backward(self.par, a, self.scratch(self.scratch.partials), self.scratch(self.scratch.wt))
+        matmul::backward(self.par, a, self.scratch(self.scratch.partials), self.scratch(self.scratch.wt), self.operands)
     }
 
     fn attention_forward(&mut self, a: attention::Forward<&'a mut [T], &'a [T]>) {

@@ -34,6 +34,7 @@
 //! ```
 
 use crate::data::Tokens;
+use crate::gemm::Operands;
 use crate::model::{Sampler, SamplingConfig};
 use crate::parallel::{shard, Parallel};
 use crate::plan::{try_vec, Plan};
@@ -181,11 +182,23 @@ pub struct CpuEngine<'r, P> {
     mem: OwnedMemory<f32>,
     step: u64,
     rng: Rng,
+    /// What the linear layers' products' operands are rounded to.
+    operands: Operands,
     /// Batch-1 memory for samples.
     sampler: Sampler<f32>,
 }
 
 impl<'r, P: Parallel> CpuEngine<'r, P> {
+    /// The engine with its linear layers' products on `operands` (bf16: an error naming what
+    /// is missing unless the CPU has the bf16 kernel).
+    pub fn with_operands(mut self, operands: Operands) -> Result<Self, crate::ConfigError> {
+        if operands == Operands::Bf16 && crate::gemm::bf16::bf16_kernel_name().is_none() {
+            return Err(crate::ConfigError::Setting("bf16 products on the CPU need AVX512-BF16 (with AVX-512 F and BW), which this CPU lacks"));
+        }
+        self.operands = operands;
+        Ok(self)
+    }
+
     /// An engine for `plan` continuing `start`; with ZeRO-1 (`zero`) it holds and updates
     /// only its rank's shard of the AdamW moments.
     pub fn new(par: P, ranks: &'r dyn Ranks<f32>, plan: Plan, cfg: TrainConfig, start: RunState<f32>) -> Result<Self, crate::ConfigError> {
@@ -198,13 +211,13 @@ impl<'r, P: Parallel> CpuEngine<'r, P> {
         let mut mem = OwnedMemory::with_shard(&plan, moments)?;
         mem.resume(plan, cfg, &start)?;
         let sampler = Sampler::new(plan.config, plan.classes(), plan.config.block_size)?;
-        Ok(CpuEngine { par, ranks, plan, cfg, mem, step: start.step, rng: start.rng, sampler })
+        Ok(CpuEngine { par, ranks, plan, cfg, mem, step: start.step, rng: start.rng, operands: Operands::F32, sampler })
     }
 
     /// Runs `f` with a trainer over the arenas, keeping its step and generator after.
     fn with_trainer<R>(&mut self, f: impl FnOnce(&mut crate::train::Trainer<'_, f32>, &P, &dyn Ranks<f32>) -> R) -> R {
         let mut t = self.mem.trainer(self.plan, self.cfg, self.rng).expect("the arenas were made for this plan");
-        t.step = self.step;
+        (t.step, t.operands) = (self.step, self.operands);
         let r = f(&mut t, &self.par, self.ranks);
         (self.step, self.rng) = (t.step, t.rng);
         r
@@ -271,7 +284,11 @@ impl<P: Parallel> Engine for CpuEngine<'_, P> {
 
     fn describe(&self) -> Description {
         let threads = self.par.threads();
-        Description { backend: "cpu", summary: format!("{threads} threads"), precision: "f32", threads, device: None }
+        let precision = match self.operands {
+            Operands::F32 => "f32",
+            Operands::Bf16 => "bf16",
+        };
+        Description { backend: "cpu", summary: format!("{threads} threads"), precision, threads, device: None }
     }
 }
 

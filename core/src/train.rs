@@ -156,6 +156,9 @@ pub struct Trainer<'a, T> {
     pub step: u64,
     /// Draws the training batches.
     pub rng: Rng,
+    /// What the linear layers' products' operands are rounded to (f32 by default; bf16: `T`
+    /// is f32 and the CPU has the bf16 kernel, see [`crate::gemm::bf16`]).
+    pub operands: crate::gemm::Operands,
     /// The parameters whose AdamW moments this trainer holds and updates: all of them, or
     /// its ZeRO-1 shard.
     shard: core::ops::Range<usize>,
@@ -189,7 +192,7 @@ impl<'a, T: Float> Trainer<'a, T> {
             }
         }
         cfg.validate()?;
-        Ok(Trainer { plan, tape, mem, cfg, step: 0, rng, shard })
+        Ok(Trainer { plan, tape, mem, cfg, step: 0, rng, operands: crate::gemm::Operands::F32, shard })
     }
 
     /// Zeroes the gradients (start of an optimizer step), split across `par`'s threads.
@@ -227,7 +230,7 @@ impl<'a, T: Float> Trainer<'a, T> {
         let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
         let batch = Batch { tokens, targets: Some(targets) };
         let key = self.dropout_key(micro);
-        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).with_dropout_key(key).observed(obs);
+        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).with_operands(self.operands).with_dropout_key(key).observed(obs);
         walk::forward(&mut cpu, self.tape, Some(scale));
         cpu.loss().unwrap_or(f64::NAN)
     }
@@ -243,7 +246,11 @@ impl<'a, T: Float> Trainer<'a, T> {
         let batch = Batch { tokens: &self.mem.batch[..self.plan.tokens()], targets: None };
         self.mem.acts[self.plan.scratch().dres.range()].fill(T::ZERO);
         let key = self.dropout_key(micro);
-        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).with_grads(self.mem.grads).with_dropout_key(key).observed(obs);
+        let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch)
+            .with_operands(self.operands)
+            .with_grads(self.mem.grads)
+            .with_dropout_key(key)
+            .observed(obs);
         walk::backward(&mut cpu, &self.plan, self.tape);
     }
 
@@ -264,7 +271,10 @@ impl<'a, T: Float> Trainer<'a, T> {
                 unsafe { ranks.start_sum(done) };
             }
         };
-        let cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch).with_grads(self.mem.grads).with_dropout_key(key);
+        let cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, batch)
+            .with_operands(self.operands)
+            .with_grads(self.mem.grads)
+            .with_dropout_key(key);
         let mut cpu = cpu.observed(obs).handing_out_finished(&self.plan, &mut start);
         walk::backward(&mut cpu, &self.plan, self.tape);
         let rest = self.mem.grads.len() - handed_out;
@@ -411,7 +421,8 @@ impl<'a, T: Float> Trainer<'a, T> {
             let (x, y) = self.mem.batch.split_at_mut(n);
             sample_batch(rng, data, self.plan.seq, x, y);
             let (tokens, targets) = self.mem.batch.split_at(n);
-            let mut cpu = CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, Batch { tokens, targets: Some(targets) });
+            let mut cpu =
+                CpuExecutor::new(par, &self.plan, self.mem.params, self.mem.acts, Batch { tokens, targets: Some(targets) }).with_operands(self.operands);
             walk::forward(&mut cpu, self.tape, None);
             total += cpu.loss().unwrap_or(f64::NAN);
         }

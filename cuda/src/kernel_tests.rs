@@ -7,6 +7,7 @@ use crate::blas::{Arithmetic, Products};
 use crate::device::Device;
 use crate::executor::{Arenas, CudaExecutor, Decoding};
 use crate::memory::{Buffer, Tensor};
+use alpha_core::gemm::Operands;
 use alpha_core::ops::attention::KvCache;
 use alpha_core::ops::dropout::{DropoutKey, Site};
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm};
@@ -229,7 +230,7 @@ fn swiglu_matches_the_cpu() {
         k,
         m,
     };
-    matmul::forward(&Serial, a, &mut vec![0f32; matmul::scratch_len(k, m)]);
+    matmul::forward(&Serial, a, &mut vec![0f32; matmul::scratch_len(k, m)], Operands::F32);
     let (mut dx, mut dw) = (vec![0f32; n * k], dw0);
     let a = matmul::Backward {
         dx: Some(&mut dx[..]),
@@ -243,7 +244,7 @@ fn swiglu_matches_the_cpu() {
         m,
     };
     let mut partials = vec![0f32; alpha_core::ops::row_blocks::blocks(n) * m];
-    matmul::backward(&Serial, a, &mut partials, &mut vec![0f32; matmul::scratch_len(k, m)]);
+    matmul::backward(&Serial, a, &mut partials, &mut vec![0f32; matmul::scratch_len(k, m)], Operands::F32);
     for (what, g, want) in [("out", g_out, &out), ("d(pre)", g_pre, &pre), ("dx", g_dx, &dx), ("dweight", g_dw, &dw)] {
         assert_close(what, &rig.get(g), want, 1e-5);
     }
@@ -291,7 +292,7 @@ fn matmul_and_its_epilogues_match_the_cpu() {
                 _ => matmul::Epilogue::None,
             };
             let a = matmul::Forward { out: &mut out[..], x: &x[..], weight: &w[..], bias: with_bias.then_some(&bias[..]), epilogue, save_slope: true, k, m };
-            matmul::forward(&Serial, a, &mut vec![0f32; matmul::scratch_len(k, m)]);
+            matmul::forward(&Serial, a, &mut vec![0f32; matmul::scratch_len(k, m)], Operands::F32);
             let (mut d, mut dx, mut dw, mut db) = (dout.clone(), vec![0f32; n * k], dw0, db0);
             let a = matmul::Backward {
                 dx: Some(&mut dx[..]),
@@ -305,7 +306,7 @@ fn matmul_and_its_epilogues_match_the_cpu() {
                 m,
             };
             let mut partials = vec![0f32; alpha_core::ops::row_blocks::blocks(n) * m];
-            matmul::backward(&Serial, a, &mut partials, &mut vec![0f32; matmul::scratch_len(k, m)]);
+            matmul::backward(&Serial, a, &mut partials, &mut vec![0f32; matmul::scratch_len(k, m)], Operands::F32);
             assert_close(&format!("{what}: out"), &rig.get(g_out), &out, 1e-5);
             if kind == "gelu" {
                 assert_close(&format!("{what}: gelu slope"), &rig.get(g_pre), &pre, 1e-5);

@@ -5,6 +5,7 @@
 //! lavapipe through `scripts/lavapipe-coop.sh`, as CI runs them; Debian 12's lavapipe has
 //! none) and the large products run `matmul_tensor`, checked at f16's tolerance.
 
+use alpha_core::gemm::Operands;
 use alpha_core::ops::attention::AttentionShape;
 use alpha_core::ops::dropout::{DropoutKey, Site};
 use alpha_core::ops::row_blocks::blocks;
@@ -123,6 +124,7 @@ fn matmul_forward_with_each_epilogue_and_backward() {
             &Serial,
             matmul::Forward { out: &mut out[..], x: &x[..], weight: &w[..], bias: Some(&bias[..]), epilogue: cpu_epi, save_slope, k, m },
             &mut wt,
+            Operands::F32,
         );
         let (gx, gw, gb, gr, gout, gpre) = (buffer(&x), buffer(&w), buffer(&bias), buffer(&residual), fresh(n * m), fresh(n * m));
         run_limited(8, limit, |p| {
@@ -184,7 +186,7 @@ fn matmul_wide_matches_the_cpu(n: usize, k: usize, m: usize) {
         k,
         m,
     };
-    matmul::forward(&Serial, cpu, &mut vec![0.0; matmul::scratch_len(k, m)]);
+    matmul::forward(&Serial, cpu, &mut vec![0.0; matmul::scratch_len(k, m)], Operands::F32);
     let (gx, gw, gb, gr) = (buffer(&x), buffer(&w), buffer(&bias), buffer(&residual));
     // The product on the GPU with bindings of at most `limit` bytes.
     let gpu_forward = |limit: u64| {
@@ -241,7 +243,7 @@ fn matmul_backward_matches_cpu(n: usize, k: usize, m: usize, rng: &mut Rng, limi
         k,
         m,
     };
-    matmul::backward(&Serial, grads, &mut partials, &mut scratch);
+    matmul::backward(&Serial, grads, &mut partials, &mut scratch, Operands::F32);
     let (gdout, gdw, gdb, gdx, gpart, gslope, gx, gw) =
         (buffer(&dout0), buffer(&dw0), buffer(&db0), fresh(n * k), fresh(partials.len()), buffer(&slope), buffer(&x), buffer(&w));
     let split_len = ops::matmul::weight_grad_scratch_len(n, k, m).max(1);
@@ -385,7 +387,7 @@ fn swiglu_matmul_forward_and_backward() {
         k,
         m,
     };
-    matmul::forward(&Serial, a, &mut vec![0.0; matmul::scratch_len(k, m)]);
+    matmul::forward(&Serial, a, &mut vec![0.0; matmul::scratch_len(k, m)], Operands::F32);
     let (gx, gw, gout, gpre) = (buffer(&x), buffer(&w), fresh(n * m / 2), fresh(n * m));
     run(8, |p| {
         let epilogue = matmul::Epilogue::SwiGlu { pre: whole(&gpre, &pre) };
@@ -409,7 +411,7 @@ fn swiglu_matmul_forward_and_backward() {
         k,
         m,
     };
-    matmul::backward(&Serial, grads, &mut partials, &mut scratch);
+    matmul::backward(&Serial, grads, &mut partials, &mut scratch, Operands::F32);
     let (gdh, gdx, gdw, gpart) = (buffer(&dh), fresh(n * k), buffer(&vec![0f32; m * k]), fresh(partials.len()));
     let split_len = ops::matmul::weight_grad_scratch_len(n, k, m).max(1);
     let gsplit = fresh(split_len);
@@ -766,7 +768,7 @@ fn f16_operand_products_match_rounded_cpu_operands() {
             k,
             m,
         };
-        matmul::forward(&Serial, cpu, &mut vec![0.0; matmul::scratch_len(k, m)]);
+        matmul::forward(&Serial, cpu, &mut vec![0.0; matmul::scratch_len(k, m)], Operands::F32);
         let (gx, gw, gout) = (buffer(&x), buffer(&w), fresh(n * m));
         let kernels = block_on(Kernels::new(gpu(), 8)).unwrap();
         let mut p = ProgramBuilder::default().with_f16_products(true);
@@ -931,7 +933,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
             let (mut out, mut pre) = (vec![0.0; n * m], vec![0.0; n * m]);
             let epilogue = if gelu { matmul::Epilogue::Gelu { pre: &mut pre[..] } } else { matmul::Epilogue::Residual { input: &residual[..] } };
             let cpu = matmul::Forward { out: &mut out[..], x: &rx[..], weight: &rw[..], bias: Some(&bias[..]), epilogue, save_slope: false, k, m };
-            matmul::forward(&Serial, cpu, &mut scratch);
+            matmul::forward(&Serial, cpu, &mut scratch, Operands::F32);
             let (gout, gpre) = (if gelu { buffer16(&vec![0u16; n * m]) } else { buffer16(&vec![0f32; n * m]) }, buffer16(&vec![0f32; n * m]));
             run16(8, limit, |p| {
                 let epilogue = if gelu {
@@ -981,7 +983,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
             k,
             m,
         };
-        matmul::backward(&Serial, cpu, &mut partials, &mut scratch);
+        matmul::backward(&Serial, cpu, &mut partials, &mut scratch, Operands::F32);
         let (gdout, gdx, gdw, gpart) = (buffer16(&dout), buffer16(&vec![0f32; n * k]), buffer16(&dw0), buffer16(&vec![0f32; partials.len()]));
         let split_len = ops::matmul::weight_grad_scratch_len(n, k, m).max(1);
         let gsplit = buffer16(&vec![0f32; split_len]);

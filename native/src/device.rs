@@ -1,6 +1,7 @@
 //! Where a command runs: the `--backend`, `--threads` and `--adapter` flags, the CPU's thread
 //! pool and the GPU they choose.
 
+use alpha_core::gemm::Operands;
 use alpha_core::parallel::ThreadPool;
 use alpha_gpu::{block_on, Gpu, Precision, TensorCores};
 use anyhow::{anyhow, Result};
@@ -99,8 +100,9 @@ pub struct DeviceArgs {
     pub adapter: Option<String>,
     /// The products' operands (sums in f32, master weights and AdamW in f32 on every
     /// backend): f32; f16 (--backend gpu, needs shader-f16, with dynamic loss scaling); bf16
-    /// (--backend cuda, sm_80 and later); auto: bf16 on CUDA sm_80+, f16 on a wgpu adapter
-    /// with shader-f16, else f32. A resumed wgpu run without this flag keeps its checkpoint's
+    /// (--backend cuda, sm_80 and later; the CPU with AVX512-BF16, its linear layers); auto:
+    /// bf16 on CUDA sm_80+ and on a CPU with AVX512-BF16, f16 on a wgpu adapter with
+    /// shader-f16, else f32. A resumed wgpu run without this flag keeps its checkpoint's
     /// precision (f16 where the adapter has it).
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     pub precision: PrecisionArg,
@@ -157,9 +159,10 @@ pub enum PrecisionArg {
     F32,
     /// f16 products with loss scaling (wgpu).
     F16,
-    /// bf16 products (CUDA).
+    /// bf16 products (CUDA; the CPU with AVX512-BF16).
     Bf16,
-    /// The fastest the device has: bf16 on CUDA sm_80+, f16 on wgpu with shader-f16, else f32.
+    /// The fastest the device has: bf16 on CUDA sm_80+ and on a CPU with AVX512-BF16, f16 on
+    /// wgpu with shader-f16, else f32.
     Auto,
 }
 
@@ -167,6 +170,23 @@ impl DeviceArgs {
     /// The CPU thread pool (`--threads`).
     pub fn pool(&self) -> Result<ThreadPool> {
         thread_pool(self.threads)
+    }
+
+    /// The CPU's products' operands for `--precision` and the run's line saying which (with
+    /// `auto`, why): bf16 where the CPU has AVX512-BF16, an error naming it where `bf16` is
+    /// asked for and it lacks it.
+    pub fn cpu_operands(&self) -> Result<(Operands, String)> {
+        let kernel = alpha_core::gemm::bf16::bf16_kernel_name();
+        let bf16 = |why: &str| {
+            (Operands::Bf16, format!("precision: bf16 products (f32 sums, master weights and AdamW; {} kernel{why}; attention in f32)", kernel.unwrap_or("?")))
+        };
+        Ok(match (self.precision, kernel) {
+            (PrecisionArg::Bf16, None) => return Err(anyhow!("--precision bf16 on the CPU needs AVX512-BF16 (with AVX-512 F and BW), which this CPU lacks")),
+            (PrecisionArg::Bf16, Some(_)) => bf16(""),
+            (PrecisionArg::Auto, Some(_)) => bf16(", auto: this CPU has AVX512-BF16"),
+            (PrecisionArg::Auto, None) => (Operands::F32, "precision: f32 (auto: this CPU lacks AVX512-BF16)".to_string()),
+            (PrecisionArg::F32 | PrecisionArg::F16, _) => (Operands::F32, "precision: f32".to_string()),
+        })
     }
 
     /// Opens the GPU `--adapter` names.
@@ -277,9 +297,6 @@ impl DeviceArgs {
         if self.backend == Backend::Gpu && self.precision == PrecisionArg::Bf16 {
             return Err(anyhow!("--precision bf16 runs on CUDA (--backend cuda); wgpu's products are f32 or f16"));
         }
-        if self.backend == Backend::Cpu && self.precision == PrecisionArg::Bf16 {
-            return Err(anyhow!("--precision bf16 runs on CUDA; add --backend cuda (the CPU computes in f32)"));
-        }
         if self.backend == Backend::Cpu && self.adapter.is_some() {
             return Err(anyhow!("--adapter selects a GPU; add --backend gpu"));
         }
@@ -287,7 +304,7 @@ impl DeviceArgs {
             return Err(anyhow!("--tensor-cores runs products on a GPU; add --backend gpu"));
         }
         if self.backend == Backend::Cpu && self.precision == PrecisionArg::F16 {
-            return Err(anyhow!("--precision f16 runs on a GPU; add --backend gpu (the CPU computes in f32)"));
+            return Err(anyhow!("--precision f16 runs on a GPU; add --backend gpu (the CPU's products are f32 or bf16)"));
         }
         Ok(())
     }

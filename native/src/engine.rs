@@ -59,7 +59,7 @@ pub fn open<'m>(device: &DeviceArgs, pool: &'m ThreadPool, plan: Plan, cfg: Trai
     let Placement { ranks, local_rank, zero } = placement;
     match device.backend {
         Backend::Cpu => {
-            let engine = CpuEngine::in_group(pool, ranks, zero, plan, cfg, start)?;
+            let engine = CpuEngine::in_group(pool, ranks, zero, plan, cfg, start)?.with_operands(device.cpu_operands()?.0)?;
             Ok(Opened { engine: Box::new(engine), gpu: None, cuda: None })
         }
         Backend::Gpu => {
@@ -122,7 +122,7 @@ fn open_cuda<'m>(device: &DeviceArgs, _plan: Plan, _cfg: TrainConfig, _start: &R
 }
 
 /// The peak MFU is measured against, for an `opened` engine: `given`, else the CPU's GEMM
-/// peak for `pool`'s threads, a wgpu GPU's limit for the arithmetic its products run
+/// peak for `pool`'s threads (the bf16 GEMM's for bf16 products), a wgpu GPU's limit for the arithmetic its products run
 /// (measured on the engine's own device: the tensor cores' where its products run there,
 /// else the f32 FMA limit, since f16 products on the SIMT kernels round their operands but
 /// multiply and sum in f32; measured once and cached), or a CUDA device's cuBLASLt peak in
@@ -131,6 +131,7 @@ pub fn peak(opened: &Opened<'_>, pool: &ThreadPool, given: Option<f64>) -> Resul
     match (&opened.gpu, &opened.cuda, given) {
         (_, Some(_), Some(gflops)) => Ok(Peak { gflops, source: "given" }),
         (_, Some(cuda), None) => Ok(cuda.peak.clone()),
+        (None, None, _) if opened.engine.describe().precision == "bf16" => crate::peak::bf16_peak_cached(pool, given),
         (None, None, _) => crate::peak::peak(pool, given),
         (Some(gpu), None, _) => gpu_peak(gpu, if gpu.tensor_cores() { Real::Tensor } else { Real::F32 }, given, false),
     }

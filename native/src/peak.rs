@@ -149,6 +149,14 @@ pub fn bf16_peak(pool: &ThreadPool) -> Option<f64> {
     alpha_core::gemm::bf16::peak_gflops(pool, &|| clock.elapsed().as_secs_f64())
 }
 
+/// The bf16 GEMM's peak for `pool` (the MFU denominator of bf16 runs): `given`, else the
+/// cached measurement, else a new one (then cached), as [`peak`] for f32.
+pub fn bf16_peak_cached(pool: &ThreadPool, given: Option<f64>) -> Result<Peak> {
+    let kernel = alpha_core::gemm::bf16::bf16_kernel_name().ok_or_else(|| anyhow!("this CPU has no bf16 products (AVX512-BF16)"))?;
+    let key = format!("{} | {} threads | {kernel}", cpu_model(), pool.threads());
+    cached(&key, given, false, || bf16_peak(pool).ok_or_else(|| anyhow!("this CPU has no bf16 products (AVX512-BF16)")))
+}
+
 /// Memory read bandwidth in GB/s, all threads of `pool` at once, best of three rounds: what
 /// streaming a model's weights once per token (sampling a token with the KV cache) can reach
 /// at best. The buffer is twice the last-level cache (at least 256 MiB, at most 2 GiB): a

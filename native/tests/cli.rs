@@ -513,6 +513,49 @@ fn bench_runs_on_the_gpu() {
     }
 }
 
+/// `--precision bf16` on the CPU (bf16 products, f32 everything else): 20 steps within 2e-2 of
+/// f32's loss at every step, the run saying so and bench's MFU against the bf16 peak; on a CPU
+/// without AVX512-BF16 (masked here where it has one) a one-line error naming it.
+#[test]
+fn bf16_products_on_the_cpu_follow_f32_and_a_cpu_without_them_says_so() {
+    let dir = workdir("cpu-bf16");
+    text_file(&dir);
+    let losses = |precision: &str| {
+        let metrics = format!("{precision}.jsonl");
+        let mut args =
+            vec!["train", "--data", "text.txt", "--out", precision, "--iters", "20", "--log-interval", "1", "--metrics", &metrics, "--precision", precision];
+        args.extend(TINY);
+        args.extend(QUIET);
+        let o = run(&dir, &args);
+        assert_ok(&o);
+        if precision == "bf16" {
+            assert!(stdout(&o).contains("precision: bf16 products"), "{}", stdout(&o));
+        }
+        train_losses(&dir.join(&metrics)).into_iter().map(|(_, l)| l.parse::<f64>().unwrap()).collect::<Vec<f64>>()
+    };
+    let has_bf16 = json_of(&run(&dir, &["info", "--json", "--measure-steps", "0", "--peak-gflops", "1"]))["bf16_kernel"].is_string();
+    if has_bf16 {
+        let (f32s, bf16s) = (losses("f32"), losses("bf16"));
+        assert_eq!((f32s.len(), bf16s.len()), (20, 20));
+        for (i, (a, b)) in f32s.iter().zip(&bf16s).enumerate() {
+            assert!((a - b).abs() <= 2e-2 * a, "step {i}: f32 {a}, bf16 {b}");
+        }
+        assert_ne!(f32s, bf16s, "the bf16 run rounded nothing");
+        let mut args = vec!["bench", "--json", "--iters", "2", "--warmup", "1", "--precision", "bf16", "--peak-gflops", "50"];
+        args.extend(TINY);
+        let bench = json_of(&run(&dir, &args));
+        assert_eq!(bench["precision"], "bf16", "{bench}");
+    } else {
+        println!("bf16 products untested: this CPU has no AVX512-BF16");
+    }
+    let mut args = vec!["train", "--data", "text.txt", "--iters", "1", "--precision", "bf16"];
+    args.extend(TINY);
+    let o = Command::new(BIN).args(&args).env("ALPHA_CPU_MASK", "avx512bf16").current_dir(&dir).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("error: ") && err.contains("needs AVX512-BF16") && err.trim_end().lines().count() == 1, "{err}");
+}
+
 /// ALPHA_CPU_MASK runs the kernels as on a CPU without the features it names: info's GEMM
 /// kernel and bf16 peak follow it, and a name it cannot mask is a one-line error.
 #[test]

@@ -15,7 +15,7 @@
 //! step. Edge tiles run the whole tile on zero-padded operands and store only their rows and
 //! columns, so a value of C does not depend on where tile edges fall.
 
-use super::{Rows, RowsMut, Shape, Strided};
+use super::{RowsMut, Shape, Strided};
 
 /// Rows of C per micro-tile.
 pub const MR: usize = 12;
@@ -56,7 +56,11 @@ pub fn bf16_kernel_name() -> Option<&'static str> {
 /// `None` where the CPU has no bf16 kernel.
 #[cfg(feature = "alloc")]
 pub fn peak_gflops(par: &dyn super::Parallel, now: &dyn Fn() -> f64) -> Option<f64> {
-    has_avx512_bf16().then(|| super::product_peak(par, now, gemm_bf16))
+    // SAFETY (the closure): product_peak passes valid, non-overlapping operands, and the CPU
+    // has the kernel.
+    has_avx512_bf16().then(|| {
+        super::product_peak(par, now, |shape, a, b, c| unsafe { gemm_bf16(shape, a, Strided { ptr: b.ptr, rs: b.ld, cs: 1 }, 0.0, core::ptr::null(), c) })
+    })
 }
 
 fn has_avx512_bf16() -> bool {
@@ -73,26 +77,28 @@ fn has_avx512_bf16() -> bool {
     }
 }
 
-/// `C[m x n] = A[m x k] · B[k x n] + beta · C` with A and B rounded to bf16 and the sums in
-/// f32 (see the module docs); A has any strides, B and C are row-major. With `beta == 0`, C
-/// is only written.
+/// `C[m x n] = A[m x k] · B[k x n] + (beta · C + bias)` with A and B rounded to bf16 and the
+/// sums in f32 (see the module docs); A and B each row-major or transposed (a unit stride
+/// either way: a weight `W [n, k]` is `B = Wᵀ` in place), C row-major; `bias` is `n` values
+/// added to every row, or null (none). With `beta == 0`, C is only written.
 ///
 /// # Panics
-/// If the CPU has no bf16 kernel ([`bf16_kernel_name`] is `None`), or A has no unit stride.
+/// If the CPU has no bf16 kernel ([`bf16_kernel_name`] is `None`), or A or B has no unit
+/// stride.
 ///
 /// # Safety
 /// As [`super::gemm`]: every element reached through the shapes and strides must be valid; `c`
 /// must not overlap `a` or `b`, and no other thread may access the written part of `c`.
-pub unsafe fn gemm_bf16(shape: Shape, a: Strided<f32>, b: Rows<f32>, beta: f32, c: RowsMut<f32>) {
+pub unsafe fn gemm_bf16(shape: Shape, a: Strided<f32>, b: Strided<f32>, beta: f32, bias: *const f32, c: RowsMut<f32>) {
     assert!(has_avx512_bf16(), "gemm_bf16: this CPU has no bf16 kernel (AVX512-BF16)");
-    assert!(a.cs == 1 || a.rs == 1, "gemm_bf16: A needs a unit stride");
+    assert!((a.cs == 1 || a.rs == 1) && (b.cs == 1 || b.rs == 1), "gemm_bf16: A and B need a unit stride");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the CPU has the features (checked); the operands as the caller guarantees.
     unsafe {
-        avx512::gemm(shape, a, b, beta, c)
+        avx512::gemm(shape, a, b, beta, bias, c)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (shape, b, beta, c);
+    let _ = (shape, b, beta, bias, c);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -108,7 +114,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must have AVX-512 F, BW and BF16; the operands as [`super::gemm_bf16`]'s.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn gemm(shape: Shape, a: Strided<f32>, b: Rows<f32>, beta: f32, c: RowsMut<f32>) {
+    pub(super) unsafe fn gemm(shape: Shape, a: Strided<f32>, b: Strided<f32>, beta: f32, bias: *const f32, c: RowsMut<f32>) {
         let Shape { m, n, k } = shape;
         if m == 0 || n == 0 {
             return;
@@ -116,16 +122,12 @@ mod avx512 {
         // Written by the packing before the tiles read them.
         let mut a_pack = Aligned([MaybeUninit::<u32>::uninit(); MC * KC / 2]);
         let mut b_pack = Aligned([MaybeUninit::<u32>::uninit(); NR * KC / 2]);
-        if k == 0 {
-            // SAFETY: inside C (caller).
-            unsafe { scale_c(m, n, beta, c) };
-            return;
-        }
-        for pc in (0..k).step_by(KC) {
+        // At least one K block, empty for a product of no depth: C = beta · C + bias.
+        for pc in (0..k.max(1)).step_by(KC) {
             let kc = KC.min(k - pc);
             let pairs = kc.div_ceil(2);
-            // C's old value counts once, in the first K block; later blocks add to it.
-            let beta = if pc == 0 { beta } else { 1.0 };
+            // C's old value and the bias count once, in the first K block; later blocks add.
+            let (beta, bias) = if pc == 0 { (beta, bias) } else { (1.0, core::ptr::null()) };
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
                 // SAFETY: inside A; the buffer holds MC rows of KC / 2 pairs.
@@ -140,23 +142,10 @@ mod avx512 {
                         // columns are inside C.
                         unsafe {
                             let c = RowsMut { ptr: c.ptr.add((ic + i0) * c.ld + jc), ld: c.ld };
-                            tile(pairs, a_pack.0.as_ptr().cast::<u32>().add(t * pairs * MR), b_pack.0.as_ptr().cast(), beta, c, rows, nc)
+                            let bias = if bias.is_null() { bias } else { bias.add(jc) };
+                            tile(pairs, a_pack.0.as_ptr().cast::<u32>().add(t * pairs * MR), b_pack.0.as_ptr().cast(), beta, bias, c, rows, nc)
                         };
                     }
-                }
-            }
-        }
-    }
-
-    /// `C = beta · C` (a product of no depth); with `beta == 0`, zeros.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn scale_c(m: usize, n: usize, beta: f32, c: RowsMut<f32>) {
-        for i in 0..m {
-            for j in 0..n {
-                // SAFETY: inside C (caller).
-                unsafe {
-                    let x = c.ptr.add(i * c.ld + j);
-                    *x = if beta == 0.0 { 0.0 } else { beta * *x };
                 }
             }
         }
@@ -200,11 +189,59 @@ mod avx512 {
         }
     }
 
+    /// Packs `lines` (at most `W`) lines of `depth` values as `depth.div_ceil(2)` steps of `W`
+    /// words, word `(p, i)` the bf16 pair of line `i`'s values `2p` (low) and `2p + 1` (high),
+    /// zero past the depth and the lines; line `i`'s values are adjacent from `src + i * ld`.
+    /// 32 values of a line are converted at once (16 pairs in order) and spread over 16 steps.
+    ///
+    /// # Safety
+    /// The lines' values must be inside the operand; `out` must hold the steps.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn pack_along_lines<const W: usize>(src: *const f32, ld: usize, lines: usize, depth: usize, out: *mut u32) {
+        let pairs = depth.div_ceil(2);
+        let mut words = Aligned([0u32; 16]);
+        // SAFETY: loads masked to the lines' depth (caller); stores inside `out`.
+        unsafe {
+            for i in 0..W {
+                for p0 in (0..pairs).step_by(16) {
+                    if i < lines {
+                        let line = src.add(i * ld + 2 * p0);
+                        let left = depth - 2 * p0;
+                        let both: __m512i = transmute(_mm512_cvtne2ps_pbh(load(line.add(16), left.saturating_sub(16)), load(line, left)));
+                        _mm512_store_si512(words.0.as_mut_ptr().cast(), both);
+                    }
+                    for q in 0..16.min(pairs - p0) {
+                        *out.add((p0 + q) * W + i) = if i < lines { words.0[q] } else { 0 };
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`pack_along_lines`]'s words where the lines' values at one depth are adjacent (from
+    /// `src + d * ld`): two depths' values converted and interleaved per 16 lines.
+    ///
+    /// # Safety
+    /// As [`pack_along_lines`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn pack_across_lines<const W: usize>(src: *const f32, ld: usize, lines: usize, depth: usize, out: *mut u32) {
+        let mut words = Aligned([0u32; 16]);
+        // SAFETY: loads masked to the lines, inside the depth (caller); stores inside `out`.
+        unsafe {
+            for (p, d) in (0..depth).step_by(2).enumerate() {
+                for first in (0..W).step_by(16) {
+                    let len = lines.saturating_sub(first).min(16);
+                    let at = |d: usize| if d < depth { load(src.add(d * ld + first), len) } else { _mm512_setzero_ps() };
+                    _mm512_store_si512(words.0.as_mut_ptr().cast(), interleaved(at(d), at(d + 1)));
+                    core::ptr::copy_nonoverlapping(words.0.as_ptr(), out.add(p * W + first), 16.min(W - first));
+                }
+            }
+        }
+    }
+
     /// Packs rows `rows` and depth `depth` of A as the micro-kernel reads them: per micro-panel
-    /// of [`MR`] rows (the last zero-padded), `pairs` steps of [`MR`] words, word `(p, i)` the
-    /// bf16 pair (`A[i][2p]` low, `A[i][2p + 1]` high; zero past the depth). Row-major A: 32
-    /// values of a row converted at once and spread over 16 steps; transposed A: a step's two
-    /// columns of the panel's rows (adjacent) converted and interleaved.
+    /// of [`MR`] rows (the last zero-padded), `depth.len().div_ceil(2)` steps of [`MR`] words
+    /// (see [`pack_along_lines`]).
     ///
     /// # Safety
     /// The rows and depth must be inside A, which has a unit stride; `out` must hold
@@ -212,70 +249,52 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn pack_a(a: Strided<f32>, rows: Range<usize>, depth: Range<usize>, out: *mut u32) {
         let pairs = depth.len().div_ceil(2);
-        // SAFETY: loads inside A's rows and depth (masked; caller); stores inside `out`.
-        unsafe {
-            for (t, i0) in rows.clone().step_by(MR).enumerate() {
-                let panel = out.add(t * pairs * MR);
-                let in_panel = MR.min(rows.end - i0);
+        for (t, i0) in rows.clone().step_by(MR).enumerate() {
+            let lines = MR.min(rows.end - i0);
+            // SAFETY: inside A and `out` (caller).
+            unsafe {
+                let (src, panel) = (a.ptr.add(i0 * a.rs + depth.start * a.cs), out.add(t * pairs * MR));
                 if a.cs == 1 {
-                    let mut words = Aligned([0u32; 16]);
-                    for i in 0..MR {
-                        for p0 in (0..pairs).step_by(16) {
-                            if i < in_panel {
-                                let row = a.ptr.add((i0 + i) * a.rs + depth.start + 2 * p0);
-                                let left = depth.len() - 2 * p0;
-                                let (lo, hi) = (load(row, left), load(row.add(16), left.saturating_sub(16)));
-                                // The 32 values in order are 16 pairs: round both halves, no interleave.
-                                let both: __m512i = transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                                _mm512_store_si512(words.0.as_mut_ptr().cast(), both);
-                            }
-                            for q in 0..16.min(pairs - p0) {
-                                *panel.add((p0 + q) * MR + i) = if i < in_panel { words.0[q] } else { 0 };
-                            }
-                        }
-                    }
+                    pack_along_lines::<MR>(src, a.rs, lines, depth.len(), panel)
                 } else {
-                    for p in 0..pairs {
-                        let k = depth.start + 2 * p;
-                        let column = |k: usize| if k < depth.end { load(a.ptr.add(k * a.cs + i0), in_panel) } else { _mm512_setzero_ps() };
-                        let mut words = Aligned([0u32; 16]);
-                        _mm512_store_si512(words.0.as_mut_ptr().cast(), interleaved(column(k), column(k + 1)));
-                        core::ptr::copy_nonoverlapping(words.0.as_ptr(), panel.add(p * MR), MR);
-                    }
+                    pack_across_lines::<MR>(src, a.cs, lines, depth.len(), panel)
                 }
             }
         }
     }
 
-    /// Packs depth `depth` of B's columns `jc..jc + nc` (at most [`NR`]) as `pairs` steps of
-    /// [`NR`] words, word `(p, j)` the bf16 pair (`B[2p][j]` low, `B[2p + 1][j]` high), zero
-    /// past the depth and the columns.
+    /// Packs depth `depth` of B's columns `jc..jc + nc` (at most [`NR`]) as
+    /// `depth.len().div_ceil(2)` steps of [`NR`] words (see [`pack_along_lines`]; a column is
+    /// a line).
     ///
     /// # Safety
-    /// The depth and columns must be inside B; `out` must hold `pairs * NR` words.
+    /// The depth and columns must be inside B, which has a unit stride; `out` must hold the
+    /// steps.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn pack_b(b: Rows<f32>, depth: Range<usize>, jc: usize, nc: usize, out: *mut u32) {
-        // SAFETY: loads masked to B's columns and rows inside the depth (caller); stores inside `out`.
+    pub(super) unsafe fn pack_b(b: Strided<f32>, depth: Range<usize>, jc: usize, nc: usize, out: *mut u32) {
+        // SAFETY: inside B and `out` (caller).
         unsafe {
-            for (p, k) in depth.clone().step_by(2).enumerate() {
-                for half in 0..2 {
-                    let cols = nc.saturating_sub(16 * half).min(16);
-                    let row = |r: usize| if r < depth.end { load(b.ptr.add(r * b.ld + jc + 16 * half), cols) } else { _mm512_setzero_ps() };
-                    _mm512_storeu_si512(out.add(p * NR + 16 * half).cast(), interleaved(row(k), row(k + 1)));
-                }
+            let src = b.ptr.add(depth.start * b.rs + jc * b.cs);
+            if b.cs == 1 {
+                pack_across_lines::<NR>(src, b.rs, nc, depth.len(), out)
+            } else {
+                pack_along_lines::<NR>(src, b.cs, nc, depth.len(), out)
             }
         }
     }
 
-    /// The micro-kernel: the `rows x cols` top-left part of `C[MR x NR] = A·B + beta·C` from
-    /// `pairs` steps of packed A (`MR` words each) and B (`NR` words each). With `beta == 0`,
-    /// C is only written.
+    /// The micro-kernel: the `rows x cols` top-left part of `C[MR x NR] = A·B + (beta·C +
+    /// bias)` from `pairs` steps of packed A (`MR` words each) and B (`NR` words each); `bias`
+    /// is `NR` values (read to `cols`) or null. With `beta == 0`, C is only written.
     ///
     /// # Safety
-    /// The packed operands must hold `pairs` steps; the part of C must be inside it.
+    /// The packed operands must hold `pairs` steps; the part of C (and of the bias) must be
+    /// inside it.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn tile(pairs: usize, a: *const u32, b: *const u32, beta: f32, c: RowsMut<f32>, rows: usize, cols: usize) {
-        // SAFETY: reads inside the packed panels; C's writes masked to the tile's part (caller).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile(pairs: usize, a: *const u32, b: *const u32, beta: f32, bias: *const f32, c: RowsMut<f32>, rows: usize, cols: usize) {
+        // SAFETY: reads inside the packed panels and the bias; C's writes masked to the tile's
+        // part (caller).
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); 2]; MR];
             for p in 0..pairs {
@@ -287,13 +306,15 @@ mod avx512 {
                     row[1] = _mm512_dpbf16_ps(row[1], ai, b1);
                 }
             }
-            let masks: [__mmask16; 2] = [((1u32 << cols.min(16)) - 1) as u16, ((1u32 << cols.saturating_sub(16)) - 1) as u16];
+            let lens = [cols.min(16), cols.saturating_sub(16)];
+            let masks: [__mmask16; 2] = lens.map(|len| ((1u32 << len) - 1) as u16);
+            let biases = [0, 1].map(|h| if bias.is_null() { _mm512_setzero_ps() } else { load(bias.add(16 * h), lens[h]) });
             let beta_v = _mm512_set1_ps(beta);
             for (i, row) in acc.iter().enumerate().take(rows) {
-                for (h, (&sum, &mask)) in row.iter().zip(&masks).enumerate() {
+                for h in 0..2 {
                     let at = c.ptr.add(i * c.ld + 16 * h);
-                    let out = if beta == 0.0 { sum } else { _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(mask, at), sum) };
-                    _mm512_mask_storeu_ps(at, mask, out);
+                    let add = if beta == 0.0 { biases[h] } else { _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(masks[h], at), biases[h]) };
+                    _mm512_mask_storeu_ps(at, masks[h], _mm512_add_ps(row[h], add));
                 }
             }
         }
@@ -304,16 +325,20 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    /// `C = A·B + beta·C` in f64 on A's and B's values rounded to bf16 as [`round_bf16`]
-    /// rounds (the kernel's operands), A row-major or transposed.
-    fn reference(shape: Shape, a: &[f32], a_rows: bool, b: &[f32], beta: f32, c: &[f32]) -> Vec<f64> {
+    /// `C = A·B + beta·C + bias` in f64 on A's and B's values rounded to bf16 as
+    /// [`round_bf16`] rounds (the kernel's operands), A and B row-major or transposed.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(shape: Shape, a: &[f32], a_rows: bool, b: &[f32], b_rows: bool, beta: f32, bias: Option<&[f32]>, c: &[f32]) -> Vec<f64> {
         let Shape { m, n, k } = shape;
         let r = |x: f32| f64::from(bf16_to_f32(round_bf16(x)));
         let mut out = vec![0f64; m * n];
         for i in 0..m {
             for j in 0..n {
-                let sum: f64 = (0..k).map(|p| r(if a_rows { a[i * k + p] } else { a[p * m + i] }) * r(b[p * n + j])).sum();
-                out[i * n + j] = sum + if beta == 0.0 { 0.0 } else { f64::from(beta) * f64::from(c[i * n + j]) };
+                let a_at = |p: usize| if a_rows { a[i * k + p] } else { a[p * m + i] };
+                let b_at = |p: usize| if b_rows { b[p * n + j] } else { b[j * k + p] };
+                let sum: f64 = (0..k).map(|p| r(a_at(p)) * r(b_at(p))).sum();
+                let old = if beta == 0.0 { 0.0 } else { f64::from(beta) * f64::from(c[i * n + j]) };
+                out[i * n + j] = sum + old + bias.map_or(0.0, |b| f64::from(b[j]));
             }
         }
         out
@@ -338,30 +363,31 @@ mod tests {
         assert!(bf16_to_f32(round_bf16(f32::NAN)).is_nan());
     }
 
-    /// Every edge (rows, columns, an odd depth, several K and row blocks), both layouts of
-    /// A, beta 0 and not: within 1e-5 relative in norm of the f64 reference on the rounded
-    /// operands, and C outside the product untouched.
+    /// Every edge (rows, columns, an odd depth, several K and row blocks, no depth), both
+    /// layouts of A and of B, beta 0 and not, with a bias and without: within 1e-5 relative in
+    /// norm of the f64 reference on the rounded operands, and C outside the product untouched.
     #[test]
     fn gemm_bf16_matches_the_reference_on_rounded_operands() {
         if bf16_kernel_name().is_none() {
             println!("skipped: this CPU has no AVX512-BF16");
             return;
         }
-        for &(m, n, k) in &[(1, 1, 1), (12, 32, 2), (13, 33, 7), (5, 70, 385), (100, 17, 800), (97, 64, 64)] {
-            for a_rows in [true, false] {
+        for &(m, n, k) in &[(1, 1, 1), (12, 32, 2), (13, 33, 7), (5, 70, 385), (100, 17, 800), (97, 64, 64), (3, 5, 0)] {
+            for (a_rows, b_rows, with_bias) in [(true, true, false), (false, true, true), (true, false, true), (false, false, false)] {
                 for beta in [0.0f32, 0.5] {
                     let shape = Shape { m, n, k };
-                    let a = values(m * k, 1);
-                    let b = values(k * n, 2);
+                    let (a, b, bias) = (values(m * k, 1), values(k * n, 2), values(n, 4));
                     // C in a wider buffer: its last column must stay as it was.
                     let ldc = n + 1;
                     let mut c: Vec<f32> = values(m * ldc, 3);
                     let before = c.clone();
                     let c_in: Vec<f32> = (0..m * n).map(|x| c[x / n * ldc + x % n]).collect();
                     let a_view = if a_rows { Strided { ptr: a.as_ptr(), rs: k, cs: 1 } } else { Strided { ptr: a.as_ptr(), rs: 1, cs: m } };
+                    let b_view = if b_rows { Strided { ptr: b.as_ptr(), rs: n, cs: 1 } } else { Strided { ptr: b.as_ptr(), rs: 1, cs: k } };
+                    let bias_ptr = if with_bias { bias.as_ptr() } else { core::ptr::null() };
                     // SAFETY: the views are inside the buffers; C does not overlap them.
-                    unsafe { gemm_bf16(shape, a_view, Rows { ptr: b.as_ptr(), ld: n }, beta, RowsMut { ptr: c.as_mut_ptr(), ld: ldc }) };
-                    let want = reference(shape, &a, a_rows, &b, beta, &c_in);
+                    unsafe { gemm_bf16(shape, a_view, b_view, beta, bias_ptr, RowsMut { ptr: c.as_mut_ptr(), ld: ldc }) };
+                    let want = reference(shape, &a, a_rows, &b, b_rows, beta, with_bias.then_some(&bias[..]), &c_in);
                     let (mut err, mut norm) = (0f64, 0f64);
                     for i in 0..m {
                         for j in 0..n {
@@ -371,8 +397,9 @@ mod tests {
                         }
                         assert_eq!(c[i * ldc + n].to_bits(), before[i * ldc + n].to_bits(), "{m}x{n}x{k}: C's row {i} past the product changed");
                     }
-                    let rel = (err / norm).sqrt();
-                    assert!(rel < 1e-5, "{m}x{n}x{k}, A rows {a_rows}, beta {beta}: relative error {rel:e}");
+                    // (A product of nothing into a zeroed C is zero: its error, absolute.)
+                    let rel = if norm == 0.0 { err.sqrt() } else { (err / norm).sqrt() };
+                    assert!(rel < 1e-5, "{m}x{n}x{k}, A rows {a_rows}, B rows {b_rows}, bias {with_bias}, beta {beta}: relative error {rel:e}");
                 }
             }
         }
@@ -399,7 +426,7 @@ mod tests {
         let b: Vec<f32> = special.iter().copied().chain(values(2 * NR - special.len(), 4)).collect();
         let mut packed = [0u32; NR];
         // SAFETY: B is 2 x NR; the buffer holds one pair of NR columns.
-        unsafe { avx512_pack_b(Rows { ptr: b.as_ptr(), ld: NR }, 0..2, 0, NR, packed.as_mut_ptr()) };
+        unsafe { avx512_pack_b(Strided { ptr: b.as_ptr(), rs: NR, cs: 1 }, 0..2, 0, NR, packed.as_mut_ptr()) };
         for (j, &w) in packed.iter().enumerate() {
             assert_eq!(w as u16, round_bf16(b[j]), "row 0, column {j}: {:e}", b[j]);
             assert_eq!((w >> 16) as u16, round_bf16(b[NR + j]), "row 1, column {j}: {:e}", b[NR + j]);
@@ -407,7 +434,7 @@ mod tests {
     }
 
     /// The AVX-512 B packing, for the test above.
-    unsafe fn avx512_pack_b(b: Rows<f32>, depth: core::ops::Range<usize>, jc: usize, nc: usize, out: *mut u32) {
+    unsafe fn avx512_pack_b(b: Strided<f32>, depth: core::ops::Range<usize>, jc: usize, nc: usize, out: *mut u32) {
         // SAFETY: forwarded; the CPU has the features (the caller checked).
         unsafe { super::avx512::pack_b(b, depth, jc, nc, out) }
     }

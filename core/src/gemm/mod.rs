@@ -706,12 +706,24 @@ pub fn f32_kernel_name() -> &'static str {
     }
 }
 
+/// What the products' operands are rounded to (`--precision` on the CPU): nothing (f32), or
+/// bf16 with f32 sums ([`bf16::gemm_bf16`], where the CPU has its kernel).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Operands {
+    /// f32 operands and sums.
+    #[default]
+    F32,
+    /// bf16 operands (rounded as they are packed), f32 sums.
+    Bf16,
+}
+
 /// The f32 GEMM's peak GFLOP/s on every thread of `par` together (the figure MFU is taken
 /// against on the CPU): each thread multiplies its own 192 x 192 matrices, cache-resident,
 /// best of three rounds of about 0.1 s on the caller's clock `now` (seconds).
 #[cfg(feature = "alloc")]
 pub fn peak_gflops(par: &dyn Parallel, now: &dyn Fn() -> f64) -> f64 {
-    product_peak(par, now, gemm::<f32>)
+    // SAFETY (the closure): product_peak passes valid, non-overlapping operands.
+    product_peak(par, now, |shape, a, b, c| unsafe { gemm(shape, a, b, 0.0, c) })
 }
 
 /// The peak GFLOP/s of `product` (a GEMM with [`gemm`]'s contract) on every thread of `par`
@@ -719,7 +731,7 @@ pub fn peak_gflops(par: &dyn Parallel, now: &dyn Fn() -> f64) -> f64 {
 /// kernel's arithmetic rate is what is measured; best of three rounds of about 0.1 s
 /// ([`crate::parallel::best_rate`], `now` the caller's clock in seconds).
 #[cfg(feature = "alloc")]
-fn product_peak(par: &dyn Parallel, now: &dyn Fn() -> f64, product: unsafe fn(Shape, Strided<f32>, Rows<f32>, f32, RowsMut<f32>)) -> f64 {
+fn product_peak(par: &dyn Parallel, now: &dyn Fn() -> f64, product: unsafe fn(Shape, Strided<f32>, Rows<f32>, RowsMut<f32>)) -> f64 {
     const N: usize = 192;
     let a = alloc::vec![0.5f32; N * N];
     let b = alloc::vec![0.25f32; N * N];
@@ -733,7 +745,7 @@ fn product_peak(par: &dyn Parallel, now: &dyn Fn() -> f64, product: unsafe fn(Sh
             for _ in 0..reps {
                 let c = RowsMut { ptr: c.ptr().wrapping_add(thread * N * N), ld: N };
                 // SAFETY: a and b are N x N row-major; each thread writes its own N x N of c.
-                unsafe { product(Shape { m: N, n: N, k: N }, Strided { ptr: a.as_ptr(), rs: N, cs: 1 }, Rows { ptr: b.as_ptr(), ld: N }, 0.0, c) };
+                unsafe { product(Shape { m: N, n: N, k: N }, Strided { ptr: a.as_ptr(), rs: N, cs: 1 }, Rows { ptr: b.as_ptr(), ld: N }, c) };
             }
         },
         now,

@@ -6,7 +6,7 @@
 
 use super::row_blocks;
 use crate::float::Float;
-use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, RowsMut, Shape, Strided, KC};
+use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, Operands, RowsMut, Shape, Strided, KC};
 use crate::parallel::{split_range, Parallel, Serial, SharedMut};
 use crate::simd::wide_dispatch;
 
@@ -268,10 +268,11 @@ fn backward_panels_len(k: usize, m: usize) -> usize {
     panels_len(k, m).max(2 * panels_len(k, KC))
 }
 
-/// Forward: `out = epilogue(x·wᵀ + bias)`; rows (or columns, see below) split across tasks.
-/// `wt` is scratch of at least [`scratch_len`] elements: wᵀ is packed there once into the
-/// GEMM's panels, which every task reads (not once per row block).
-pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mut [T]) {
+/// Forward: `out = epilogue(x·wᵀ + bias)`; rows (or columns, see below) split across tasks,
+/// the products' operands in `operands` (bf16: `T` is f32; one row, a decoded token, runs in
+/// f32). `wt` is scratch of at least [`scratch_len`] elements: with f32 operands wᵀ is packed
+/// there once into the GEMM's panels, which every task reads (not once per row block).
+pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mut [T], operands: Operands) {
     let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
     let n = x.len() / k;
     let out_width = if matches!(epilogue, Epilogue::SwiGlu { .. }) { m / 2 } else { m };
@@ -284,16 +285,18 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mu
     // w's panels streams from memory once and stays in L2 while x passes it (row blocks would
     // stream all of w's panels once per block); else blocks of rows over all columns, which
     // stream x once. Measured: docs/performance.md, "Kernel choices".
-    forward_tiles(par, Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m }, wt, m > n);
+    forward_tiles(par, Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m }, wt, m > n, operands);
 }
 
 /// [`forward`] of at least two rows, its tasks each a tile of `out`: a chunk of columns
 /// over all rows if `by_columns`, else a block of rows over all columns. The same bits
 /// either way (the GEMM's sums do not depend on where tiles start).
-fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mut [T], by_columns: bool) {
+fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mut [T], by_columns: bool, operands: Operands) {
     let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
     let n = x.len() / k;
-    pack_panels(par, w, BLayout::Transposed, k, m, wt);
+    if operands == Operands::F32 {
+        pack_panels(par, w, BLayout::Transposed, k, m, wt);
+    }
     let wt: &[T] = wt;
     let out_p = SharedMut(out.as_mut_ptr());
     let swiglu = matches!(epilogue, Epilogue::SwiGlu { .. });
@@ -331,12 +334,17 @@ fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &
             None => T::ZERO,
         };
         // SAFETY: x rows are K-strided, wt holds wᵀ [K, M] as panels (a chunk's from its
-        // first column on: chunks start at multiples of every kernel's panel width); the
-        // tile is rows x cols of `out` (row stride m) and overlaps neither.
+        // first column on: chunks start at multiples of every kernel's panel width), and w's
+        // rows cols are wᵀ's columns; the tile is rows x cols of `out` (row stride m) and
+        // overlaps neither.
         unsafe {
             let a = Strided { ptr: x.as_ptr().add(rows.start * k), rs: k, cs: 1 };
             let c = RowsMut { ptr: target.0.add(rows.start * m + cols.start), ld: m };
-            gemm_packed(Shape { m: rows.len(), n: cols.len(), k }, a, &wt[cols.start * k..], beta, bias.map(|b| &b[cols.clone()]), c);
+            let (shape, bias) = (Shape { m: rows.len(), n: cols.len(), k }, bias.map(|b| &b[cols.clone()]));
+            match operands {
+                Operands::F32 => gemm_packed(shape, a, &wt[cols.start * k..], beta, bias, c),
+                Operands::Bf16 => bf16_product(shape, a, Strided { ptr: w.as_ptr().add(cols.start * k), rs: 1, cs: k }, beta, bias, c),
+            }
         }
         if pre_p.is_some() && !swiglu {
             for row in rows {
@@ -431,7 +439,8 @@ wide_dispatch!(
 /// once per block of rows), then in
 /// the same place `x` in panels for `dw` (see `weight_gradient`), and beside it the second
 /// half of `dw`'s sum over the N rows, which is added after the first.
-pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, partials: &mut [T], scratch: &mut [T]) {
+/// The products' operands are `operands`' (bf16: `T` is f32).
+pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, partials: &mut [T], scratch: &mut [T], operands: Operands) {
     let Backward { dx, dweight: dw, dbias: db, dout, x, weight: w, activation, k, m } = a;
     let n = x.len() / k;
     assert!(x.len() == n * k && w.len() == m * k && dout.len() == n * m && dw.len() == m * k, "matmul backward: shape mismatch");
@@ -464,11 +473,22 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, parti
     if let Some(dx) = dx {
         assert_eq!(dx.len(), n * k);
         // dx [N, K] = dout [N, M] · w [M, K]
-        let panels = &mut scratch[..backward_panels_len(k, m)];
-        pack_panels(par, w, BLayout::Rows, m, k, panels);
-        par_gemm_packed(par, Shape { m: n, n: k, k: m }, dout, panels, dx);
+        let shape = Shape { m: n, n: k, k: m };
+        match operands {
+            Operands::F32 => {
+                let panels = &mut scratch[..backward_panels_len(k, m)];
+                pack_panels(par, w, BLayout::Rows, m, k, panels);
+                let panels: &[T] = panels;
+                // SAFETY: the panels hold w [M, K] (gemm_packed checks).
+                par_rows(par, shape, dout, dx, &|shape, a, c| unsafe { gemm_packed(shape, a, panels, T::ZERO, None, c) });
+            }
+            // SAFETY: w is M x K row-major.
+            Operands::Bf16 => {
+                par_rows(par, shape, dout, dx, &|shape, a, c| unsafe { bf16_product(shape, a, Strided { ptr: w.as_ptr(), rs: k, cs: 1 }, T::ZERO, None, c) })
+            }
+        }
     }
-    weight_gradient(par, dw, dout, x, k, m, scratch);
+    weight_gradient(par, dw, dout, x, k, m, scratch, operands);
 }
 
 /// `dw [M, K] += doutᵀ [M, N] · x [N, K]`, the sum over the N rows in two fixed halves: the
@@ -484,7 +504,8 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, parti
 /// first [`backward_panels_len`], of at least `2 * panels_len(K, KC)`), for every row block
 /// of `dw` to read, instead of once per row block (a weight gradient with six row blocks
 /// packed its B six times). `scratch` is [`backward`]'s.
-fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[T], k: usize, m: usize, scratch: &mut [T]) {
+#[allow(clippy::too_many_arguments)]
+fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[T], k: usize, m: usize, scratch: &mut [T], operands: Operands) {
     let n = x.len() / k;
     let (x_panels, dw_half) = scratch.split_at_mut(backward_panels_len(k, m));
     let dw_half = &mut dw_half[..m * k];
@@ -504,12 +525,14 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[
     // At least one block, which clears `dw_half` even when it has no rows.
     for block in 0..halves[0].len().max(halves[1].len()).div_ceil(depth).max(1) {
         let panels_p = SharedMut(x_panels.as_mut_ptr());
-        par.run(2, &|h| {
-            let rows = block_rows(h, block);
-            // SAFETY: each half packs into its own part of the panels (on this task's thread).
-            let panels = unsafe { panels_p.slice(h * panel_len, panel_len) };
-            pack_panels(&Serial, &x[rows.start * k..rows.end * k], BLayout::Rows, rows.len(), k, panels);
-        });
+        if operands == Operands::F32 {
+            par.run(2, &|h| {
+                let rows = block_rows(h, block);
+                // SAFETY: each half packs into its own part of the panels (on this task's thread).
+                let panels = unsafe { panels_p.slice(h * panel_len, panel_len) };
+                pack_panels(&Serial, &x[rows.start * k..rows.end * k], BLayout::Rows, rows.len(), k, panels);
+            });
+        }
         let x_panels: &[T] = x_panels;
         par.run(2 * parts, &|task| {
             let (h, part) = (task / parts, task % parts);
@@ -522,11 +545,16 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[
             };
             let r = part * part_rows..((part + 1) * part_rows).min(m);
             // SAFETY: task (half, part) writes rows r of its own output (dw or dw_half, both
-            // M x K); it reads columns r of the block's rows of dout and the block's panels.
+            // M x K); it reads columns r of the block's rows of dout and the block's panels
+            // (or its rows of x).
             unsafe {
                 let a = Strided { ptr: dout.as_ptr().wrapping_add(rows.start * m + r.start), rs: 1, cs: m };
                 let c = RowsMut { ptr: out.ptr().add(r.start * k), ld: k };
-                gemm_packed(Shape { m: r.len(), n: k, k: rows.len() }, a, &x_panels[h * panel_len..], beta, None, c);
+                let shape = Shape { m: r.len(), n: k, k: rows.len() };
+                match operands {
+                    Operands::F32 => gemm_packed(shape, a, &x_panels[h * panel_len..], beta, None, c),
+                    Operands::Bf16 => bf16_product(shape, a, Strided { ptr: x.as_ptr().wrapping_add(rows.start * k), rs: k, cs: 1 }, beta, None, c),
+                }
             }
         });
     }
@@ -557,22 +585,31 @@ wide_dispatch!(
     fn column_sums<T>(sums: &mut [T], rows: &[T]) => column_sums_body
 );
 
-/// `c [m, n] = a [m, k] · b [k, n]`, one task per block of [`ROW_BLOCK`] rows of `c` (an
-/// idle thread can take some of a slower one's); `a` and `c` are contiguous row-major, `b`
-/// is packed into `panels`.
-fn par_gemm_packed<T: Float>(par: &dyn Parallel, shape: Shape, a: &[T], panels: &[T], c: &mut [T]) {
+/// `c [m, n] = a [m, k] · b [k, n]` by `product` (given a block's shape, its rows of `a` and
+/// of `c`), one task per block of [`ROW_BLOCK`] rows of `c` (an idle thread can take some of a
+/// slower one's); `a` and `c` are contiguous row-major.
+fn par_rows<T: Float>(par: &dyn Parallel, shape: Shape, a: &[T], c: &mut [T], product: &(dyn Fn(Shape, Strided<T>, RowsMut<T>) + Sync)) {
     let Shape { m, n, k } = shape;
     assert!(a.len() == m * k && c.len() == m * n);
     let c_p = SharedMut(c.as_mut_ptr());
     par.run(m.div_ceil(ROW_BLOCK), &|task| {
         let r = task * ROW_BLOCK..((task + 1) * ROW_BLOCK).min(m);
-        // SAFETY: each task writes its own rows of c; a's rows r are inside a, the panels
-        // hold k x n (gemm_packed checks), and c overlaps neither.
-        unsafe {
-            let a = Strided { ptr: a.as_ptr().add(r.start * k), rs: k, cs: 1 };
-            gemm_packed(Shape { m: r.len(), n, k }, a, panels, T::ZERO, None, RowsMut { ptr: c_p.ptr().add(r.start * n), ld: n });
-        }
+        // SAFETY: each task writes its own rows of c; a's rows r are inside a.
+        let (a, c) = unsafe { (Strided { ptr: a.as_ptr().add(r.start * k), rs: k, cs: 1 }, RowsMut { ptr: c_p.ptr().add(r.start * n), ld: n }) };
+        product(Shape { m: r.len(), n, k }, a, c);
     });
+}
+
+/// [`crate::gemm::bf16::gemm_bf16`] for `T`, which must be f32 (the one 4-byte [`Float`]).
+///
+/// # Safety
+/// As `gemm_bf16`'s.
+unsafe fn bf16_product<T: Float>(shape: Shape, a: Strided<T>, b: Strided<T>, beta: T, bias: Option<&[T]>, c: RowsMut<T>) {
+    assert_eq!(core::mem::size_of::<T>(), 4, "bf16 products take f32 operands");
+    let f32s = |m: Strided<T>| Strided { ptr: m.ptr.cast::<f32>(), rs: m.rs, cs: m.cs };
+    let bias = bias.map_or(core::ptr::null(), |b| b.as_ptr().cast::<f32>());
+    // SAFETY: T is f32 (checked); the operands as the caller guarantees.
+    unsafe { crate::gemm::bf16::gemm_bf16(shape, f32s(a), f32s(b), beta.to_f64() as f32, bias, RowsMut { ptr: c.ptr.cast(), ld: c.ld }) }
 }
 
 #[cfg(test)]
@@ -605,6 +642,7 @@ mod tests {
                 &Serial,
                 Forward { out: &mut *out, x, weight, bias: with_bias.then_some(b), epilogue, save_slope, k, m },
                 &mut vec![0.0; scratch_len(k, m)],
+                Operands::F32,
             );
             weighted_sum(out, &g)
         };
@@ -629,7 +667,7 @@ mod tests {
             k,
             m,
         };
-        backward(&Serial, grads, &mut partials, &mut scratch);
+        backward(&Serial, grads, &mut partials, &mut scratch, Operands::F32);
         let (x0, w0, b0, r0) = (x.clone(), w.clone(), b.clone(), r.clone());
         let mut scratch = (vec![0.0; n * m], vec![0.0; n * out_width]);
         let mut loss = |x: &[f64], w: &[f64], b: &[f64], r: &[f64]| run(x, w, b, r, &mut scratch.0, &mut scratch.1, false);
@@ -669,7 +707,7 @@ mod tests {
         let (x, w) = ([0.5, -1.0, 2.0], [0.1, 0.2, 0.3, -0.4, 0.5, 0.6, 0.7, 0.8, -0.9, 1.0, 1.1, 1.2]);
         let (mut out, mut pre) = ([0.0f64; 2], [0.0f64; 4]);
         let a = Forward { out: &mut out[..], x: &x[..], weight: &w[..], bias: None, epilogue: Epilogue::SwiGlu { pre: &mut pre[..] }, save_slope: false, k, m };
-        forward(&Serial, a, &mut vec![0.0; scratch_len(k, m)]);
+        forward(&Serial, a, &mut vec![0.0; scratch_len(k, m)], Operands::F32);
         let y: Vec<f64> = (0..m).map(|j| (0..k).map(|i| x[i] * w[j * k + i]).sum()).collect();
         for j in 0..2 {
             let silu = y[j] / (1.0 + (-y[j]).exp());
@@ -719,7 +757,7 @@ mod tests {
                     _ => Epilogue::None,
                 };
                 let a = Forward { out: &mut *out, x: &x[..rows * k], weight: &w, bias: Some(&b), epilogue, save_slope: true, k, m };
-                forward(&ReversedThreads(3), a, &mut vec![0.0; scratch_len(k, m)]);
+                forward(&ReversedThreads(3), a, &mut vec![0.0; scratch_len(k, m)], Operands::F32);
                 (out.to_vec(), pre)
             };
             let ((one, one_pre), (two, two_pre)) = (run(1), run(2));
@@ -749,7 +787,7 @@ mod tests {
                     _ => Epilogue::None,
                 };
                 let a = Forward { out: &mut *out, x: &x[..], weight: &w, bias: Some(&b), epilogue, save_slope: true, k, m };
-                forward_tiles(&ReversedThreads(3), a, &mut vec![0.0; scratch_len(k, m)], by_columns);
+                forward_tiles(&ReversedThreads(3), a, &mut vec![0.0; scratch_len(k, m)], by_columns, Operands::F32);
                 (out.to_vec(), pre)
             };
             let (columns, rows) = (run(true), run(false));
@@ -791,8 +829,8 @@ mod tests {
             let w: Vec<f32> = random(&mut rng, m * k, 1.0).into_iter().map(|v| v as f32).collect();
             let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
             let plain = |out| Forward { out, x: &x[..], weight: &w[..], bias: None, epilogue: Epilogue::None, save_slope: false, k, m };
-            forward(&Serial, plain(&mut a[..]), &mut vec![0.0; scratch_len(k, m)]);
-            forward(&four, plain(&mut b[..]), &mut vec![0.0; scratch_len(k, m)]);
+            forward(&Serial, plain(&mut a[..]), &mut vec![0.0; scratch_len(k, m)], Operands::F32);
+            forward(&four, plain(&mut b[..]), &mut vec![0.0; scratch_len(k, m)], Operands::F32);
             assert_eq!(a, b);
             // Backward too: both halves of dw's rows split in two on four threads.
             let g: Vec<f32> = random(&mut rng, n * m, 1.0).into_iter().map(|v| v as f32).collect();
@@ -810,10 +848,65 @@ mod tests {
                     k,
                     m,
                 };
-                backward(par, grads, &mut partials, &mut scratch);
+                backward(par, grads, &mut partials, &mut scratch, Operands::F32);
                 (dx, dw, db)
             };
             assert_eq!(run_backward(&Serial), run_backward(&four), "{n}x{k}x{m}");
+        }
+    }
+
+    /// With bf16 operands, forward (bias, residual; rows and columns split) and backward (dx,
+    /// dw added to, over halves of several K blocks) are the f32 ones on operands rounded to
+    /// bf16, within 1e-5 relative in norm (the unit sums in its own order); the bias gradient,
+    /// no product, is f32's to the bit.
+    #[test]
+    fn bf16_operands_give_f32_results_on_rounded_operands() {
+        if crate::gemm::bf16::bf16_kernel_name().is_none() {
+            println!("skipped: this CPU has no AVX512-BF16");
+            return;
+        }
+        use crate::gemm::bf16::{bf16_to_f32, round_bf16};
+        let close = |what: &str, got: &[f32], want: &[f32]| {
+            let err: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - f64::from(w)).powi(2)).sum();
+            let norm: f64 = want.iter().map(|&w| f64::from(w).powi(2)).sum();
+            assert!((err / norm).sqrt() < 1e-5, "{what}: relative error {:e}", (err / norm).sqrt());
+        };
+        let rounded = |v: &[f32]| v.iter().map(|&x| bf16_to_f32(round_bf16(x))).collect::<Vec<f32>>();
+        let four = crate::parallel::ThreadPool::new(4);
+        for (n, k, m) in [(37, 45, 70), (2 * KC + 5, 24, 33), (5, 30, 200)] {
+            let mut rng = Rng::new(n as u64);
+            let mut random32 = |len| random(&mut rng, len, 1.0).into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+            let (x, w, b, r, g, dw0) = (random32(n * k), random32(m * k), random32(m), random32(n * m), random32(n * m), random32(m * k));
+            let run_forward = |x: &[f32], w: &[f32], operands| {
+                let mut out = vec![0f32; n * m];
+                let a =
+                    Forward { out: &mut out[..], x, weight: w, bias: Some(&b[..]), epilogue: Epilogue::Residual { input: &r[..] }, save_slope: false, k, m };
+                forward(&four, a, &mut vec![0.0; scratch_len(k, m)], operands);
+                out
+            };
+            close(&format!("forward {n}x{k}x{m}"), &run_forward(&x, &w, Operands::Bf16), &run_forward(&rounded(&x), &rounded(&w), Operands::F32));
+            let run_backward = |x: &[f32], w: &[f32], dout: &[f32], operands| {
+                let (mut dx, mut dw, mut db, mut dout) = (vec![0f32; n * k], dw0.clone(), vec![0f32; m], dout.to_vec());
+                let (mut partials, mut scratch) = (vec![0f32; crate::ops::row_blocks::blocks(n) * m], vec![0f32; scratch_len(k, m)]);
+                let grads = Backward {
+                    dx: Some(&mut dx[..]),
+                    dweight: &mut dw[..],
+                    dbias: Some(&mut db[..]),
+                    dout: &mut dout[..],
+                    x,
+                    weight: w,
+                    activation: None,
+                    k,
+                    m,
+                };
+                backward(&four, grads, &mut partials, &mut scratch, operands);
+                (dx, dw, db)
+            };
+            let (dx, dw, db) = run_backward(&x, &w, &g, Operands::Bf16);
+            let (want_dx, want_dw, _) = run_backward(&rounded(&x), &rounded(&w), &rounded(&g), Operands::F32);
+            close(&format!("dx {n}x{k}x{m}"), &dx, &want_dx);
+            close(&format!("dw {n}x{k}x{m}"), &dw, &want_dw);
+            assert_eq!(db, run_backward(&x, &w, &g, Operands::F32).2, "db {n}x{k}x{m}");
         }
     }
 
@@ -840,7 +933,7 @@ mod tests {
         want.iter_mut().zip(&second).for_each(|(w, s)| *w += s);
         let mut dw = dw0;
         let mut scratch = vec![f32::NAN; scratch_len(k, m)];
-        weight_gradient(&Serial, &mut dw, &dout, &x, k, m, &mut scratch);
+        weight_gradient(&Serial, &mut dw, &dout, &x, k, m, &mut scratch, Operands::F32);
         assert_eq!(dw, want);
     }
 }

@@ -3,6 +3,7 @@
 //! run's parts are in [`crate::run`]; this puts them together.
 
 use crate::corpus;
+use crate::device::{Backend, PrecisionArg};
 use crate::fsutil::{temp_path, write_atomic};
 use crate::interrupt::Interrupt;
 use crate::ranks::{fingerprint, fingerprint_text, fingerprint_tokens, Group};
@@ -74,6 +75,9 @@ fn run_in(args: &TrainArgs, explicit: &dyn Fn(&str) -> bool, group: &Group) -> R
     }
     if let Some(cuda) = &cuda {
         console.line(&cuda.precision_line);
+    }
+    if started.device.backend == Backend::Cpu && started.device.precision != PrecisionArg::F32 {
+        console.line(&started.device.cpu_operands()?.1);
     }
     let plan = &inputs.plan;
     // MFU and HFU over each logged window, against the peak of every rank's device together.
