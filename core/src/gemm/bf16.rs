@@ -408,6 +408,7 @@ mod tests {
     /// The conversion unit rounds as [`round_bf16`] does, denormals included: B's packing (the
     /// vector conversion) and A's (the scalar one) give the same operands.
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn packed_b_is_rounded_as_round_bf16_rounds() {
         if bf16_kernel_name().is_none() {
             println!("skipped: this CPU has no AVX512-BF16");
@@ -434,6 +435,7 @@ mod tests {
     }
 
     /// The AVX-512 B packing, for the test above.
+    #[cfg(target_arch = "x86_64")]
     unsafe fn avx512_pack_b(b: Strided<f32>, depth: core::ops::Range<usize>, jc: usize, nc: usize, out: *mut u32) {
         // SAFETY: forwarded; the CPU has the features (the caller checked).
         unsafe { super::avx512::pack_b(b, depth, jc, nc, out) }

@@ -872,7 +872,7 @@ mod tests {
             assert!((err / norm).sqrt() < 1e-5, "{what}: relative error {:e}", (err / norm).sqrt());
         };
         let rounded = |v: &[f32]| v.iter().map(|&x| bf16_to_f32(round_bf16(x))).collect::<Vec<f32>>();
-        let four = crate::parallel::ThreadPool::new(4);
+        let four = ReversedThreads(4);
         for (n, k, m) in [(37, 45, 70), (2 * KC + 5, 24, 33), (5, 30, 200)] {
             let mut rng = Rng::new(n as u64);
             let mut random32 = |len| random(&mut rng, len, 1.0).into_iter().map(|v| v as f32).collect::<Vec<f32>>();
