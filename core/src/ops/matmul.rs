@@ -834,25 +834,28 @@ mod tests {
             assert_eq!(a, b);
             // Backward too: both halves of dw's rows split in two on four threads.
             let g: Vec<f32> = random(&mut rng, n * m, 1.0).into_iter().map(|v| v as f32).collect();
-            let run_backward = |par: &dyn Parallel| {
-                let (mut dx, mut dw, mut db, mut dout) = (vec![0f32; n * k], vec![0.5f32; m * k], vec![0f32; m], g.clone());
-                let (mut partials, mut scratch) = (vec![0f32; crate::ops::row_blocks::blocks(n) * m], vec![0f32; scratch_len(k, m)]);
-                let grads = Backward {
-                    dx: Some(&mut dx[..]),
-                    dweight: &mut dw[..],
-                    dbias: Some(&mut db[..]),
-                    dout: &mut dout[..],
-                    x: &x[..],
-                    weight: &w[..],
-                    activation: None,
-                    k,
-                    m,
-                };
-                backward(par, grads, &mut partials, &mut scratch, Operands::F32);
-                (dx, dw, db)
-            };
+            let dw0 = vec![0.5f32; m * k];
+            let run_backward = |par: &dyn Parallel| plain_backward(par, (&x, &w, &g, &dw0), k, m, Operands::F32);
             assert_eq!(run_backward(&Serial), run_backward(&four), "{n}x{k}x{m}");
         }
+    }
+
+    /// `(dx, dw, db)` of a linear layer without an activation from `(x, w, dout, dw0)`, `dw`
+    /// added to `dw0`.
+    fn plain_backward(
+        par: &dyn Parallel,
+        (x, w, dout, dw0): (&[f32], &[f32], &[f32], &[f32]),
+        k: usize,
+        m: usize,
+        operands: Operands,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let n = x.len() / k;
+        let (mut dx, mut dw, mut db, mut dout) = (vec![0f32; n * k], dw0.to_vec(), vec![0f32; m], dout.to_vec());
+        let (mut partials, mut scratch) = (vec![0f32; crate::ops::row_blocks::blocks(n) * m], vec![0f32; scratch_len(k, m)]);
+        let grads =
+            Backward { dx: Some(&mut dx[..]), dweight: &mut dw[..], dbias: Some(&mut db[..]), dout: &mut dout[..], x, weight: w, activation: None, k, m };
+        backward(par, grads, &mut partials, &mut scratch, operands);
+        (dx, dw, db)
     }
 
     /// With bf16 operands, forward (bias, residual; rows and columns split) and backward (dx,
@@ -885,23 +888,7 @@ mod tests {
                 out
             };
             close(&format!("forward {n}x{k}x{m}"), &run_forward(&x, &w, Operands::Bf16), &run_forward(&rounded(&x), &rounded(&w), Operands::F32));
-            let run_backward = |x: &[f32], w: &[f32], dout: &[f32], operands| {
-                let (mut dx, mut dw, mut db, mut dout) = (vec![0f32; n * k], dw0.clone(), vec![0f32; m], dout.to_vec());
-                let (mut partials, mut scratch) = (vec![0f32; crate::ops::row_blocks::blocks(n) * m], vec![0f32; scratch_len(k, m)]);
-                let grads = Backward {
-                    dx: Some(&mut dx[..]),
-                    dweight: &mut dw[..],
-                    dbias: Some(&mut db[..]),
-                    dout: &mut dout[..],
-                    x,
-                    weight: w,
-                    activation: None,
-                    k,
-                    m,
-                };
-                backward(&four, grads, &mut partials, &mut scratch, operands);
-                (dx, dw, db)
-            };
+            let run_backward = |x: &[f32], w: &[f32], dout: &[f32], operands| plain_backward(&four, (x, w, dout, &dw0), k, m, operands);
             let (dx, dw, db) = run_backward(&x, &w, &g, Operands::Bf16);
             let (want_dx, want_dw, _) = run_backward(&rounded(&x), &rounded(&w), &rounded(&g), Operands::F32);
             close(&format!("dx {n}x{k}x{m}"), &dx, &want_dx);
