@@ -514,8 +514,8 @@ fn bench_runs_on_the_gpu() {
 }
 
 /// `--precision bf16` on the CPU (bf16 products, f32 everything else): 20 steps within 2e-2 of
-/// f32's loss at every step, the run saying so and bench's MFU against the bf16 peak; on a CPU
-/// without AVX512-BF16 (masked here where it has one) a one-line error naming it.
+/// f32's loss at every step, the run saying so, bench and eval in bf16; on a CPU without
+/// AVX512-BF16 (masked here where it has one) a one-line error naming it.
 #[test]
 fn bf16_products_on_the_cpu_follow_f32_and_a_cpu_without_them_says_so() {
     let dir = workdir("cpu-bf16");
@@ -545,6 +545,11 @@ fn bf16_products_on_the_cpu_follow_f32_and_a_cpu_without_them_says_so() {
         args.extend(TINY);
         let bench = json_of(&run(&dir, &args));
         assert_eq!(bench["precision"], "bf16", "{bench}");
+        // eval takes the same products: its loss a little off f32's, not f32's to the bit.
+        let eval =
+            |precision: &str| json_of(&run(&dir, &["eval", "--checkpoint", "f32", "--text", "text.txt", "--precision", precision]))["loss"].as_f64().unwrap();
+        let (f32_loss, bf16_loss) = (eval("f32"), eval("bf16"));
+        assert!(f32_loss != bf16_loss && (f32_loss - bf16_loss).abs() < 1e-2 * f32_loss, "eval: f32 {f32_loss}, bf16 {bf16_loss}");
     } else {
         println!("bf16 products untested: this CPU has no AVX512-BF16");
     }

@@ -7,6 +7,7 @@ use crate::corpus::read_text;
 use crate::device::{Backend, DeviceArgs};
 use alpha_core::cpu::{Batch, CpuExecutor};
 use alpha_core::data::Tokens;
+use alpha_core::gemm::Operands;
 use alpha_core::parallel::ThreadPool;
 use alpha_core::train::OwnedMemory;
 use alpha_core::{walk, Plan};
@@ -125,6 +126,8 @@ enum Forward {
         plan: Plan,
         mem: OwnedMemory<f32>,
         params: Vec<f32>,
+        /// The linear layers' operands (`--precision`).
+        operands: Operands,
     },
     Gpu(GpuForward),
     #[cfg(feature = "cuda")]
@@ -134,7 +137,7 @@ enum Forward {
 impl Forward {
     fn new(device: &DeviceArgs, plan: Plan, params: Vec<f32>) -> Result<Forward> {
         Ok(match device.backend {
-            Backend::Cpu => Forward::Cpu { pool: device.pool()?, plan, mem: OwnedMemory::new(&plan)?, params },
+            Backend::Cpu => Forward::Cpu { pool: device.pool()?, plan, mem: OwnedMemory::new(&plan)?, params, operands: device.cpu_operands()?.0 },
             Backend::Gpu => Forward::Gpu(block_on(GpuForward::new(device.open_gpu()?, plan, &params))?),
             Backend::Cuda => Forward::cuda(device, plan, params)?,
             Backend::Auto => unreachable!("the command line resolves --backend auto"),
@@ -154,9 +157,9 @@ impl Forward {
     /// The loss at every position of `x` predicting `y`.
     fn losses(&mut self, x: &[u32], y: &[u32]) -> Result<Cow<'_, [f32]>> {
         match self {
-            Forward::Cpu { pool, plan, mem, params } => {
+            Forward::Cpu { pool, plan, mem, params, operands } => {
                 let batch = Batch { tokens: x, targets: Some(y) };
-                walk::forward(&mut CpuExecutor::new(pool, plan, params, &mut mem.acts, batch), &mem.tape, None);
+                walk::forward(&mut CpuExecutor::new(pool, plan, params, &mut mem.acts, batch).with_operands(*operands), &mem.tape, None);
                 Ok(Cow::Borrowed(&mem.acts[plan.head_acts().losses.range()]))
             }
             Forward::Gpu(m) => Ok(block_on(m.losses(x, y)).map(Cow::Owned)?),
