@@ -3,16 +3,15 @@
 //! multiplies 16 lanes' pairs of bf16 along the depth and adds both products to the lane's
 //! f32 sum: twice the multiply-adds of an f32 FMA of the same width).
 //!
-//! Rounding is to nearest even, as `VCVTNE2PS2BF16` rounds, with denormal inputs taken as zero
-//! (the unit's handling of them); [`round_bf16`] is the same rounding in scalar code, for the
-//! depth-paired packing of A and for references.
+//! Rounding is to nearest even by `VCVTNE2PS2BF16` as the operands are packed, with denormal
+//! inputs taken as zero (the unit's handling of them); [`round_bf16`] is the same rounding in
+//! scalar code, for references.
 //!
 //! Blocking (single-threaded; callers split rows across tasks, as for [`super::gemm`]): K
 //! blocks of [`KC`] → row blocks of A ([`super::MC`] rows), packed once as depth pairs per
-//! micro-panel of [`MR`] rows → column panels of [`NR`] columns of B, packed as depth pairs
-//! (two rows converted and interleaved per vector) → the micro-kernel, which keeps an
-//! `MR x NR` tile of C in 24 registers and broadcasts one pair of A against 32 columns of B per
-//! step. Edge tiles run the whole tile on zero-padded operands and store only their rows and
+//! micro-panel of [`MR`] rows → column panels of [`NR`] columns of B, packed as depth pairs →
+//! the micro-kernel, which keeps an `MR x NR` tile of C in 24 registers and broadcasts one
+//! pair of A against 32 columns of B per step. Edge tiles run the whole tile on zero-padded operands and store only their rows and
 //! columns, so a value of C does not depend on where tile edges fall.
 
 use super::{RowsMut, Shape, Strided};
@@ -176,7 +175,8 @@ mod avx512 {
     }
 
     /// The `len` (at most 16) values from `ptr` as a vector, zeros after them; zeros where
-    /// `len` is 0.
+    /// `len` is 0 (`ptr` is then not read: the packing and the store compute such addresses,
+    /// past an operand's end, with `wrapping_add`).
     #[target_feature(enable = "avx512f")]
     unsafe fn load(ptr: *const f32, len: usize) -> __m512 {
         // SAFETY: a masked load reads only the `len` values (caller: inside the operand).
@@ -207,7 +207,7 @@ mod avx512 {
                     if i < lines {
                         let line = src.add(i * ld + 2 * p0);
                         let left = depth - 2 * p0;
-                        let both: __m512i = transmute(_mm512_cvtne2ps_pbh(load(line.add(16), left.saturating_sub(16)), load(line, left)));
+                        let both: __m512i = transmute(_mm512_cvtne2ps_pbh(load(line.wrapping_add(16), left.saturating_sub(16)), load(line, left)));
                         _mm512_store_si512(words.0.as_mut_ptr().cast(), both);
                     }
                     for q in 0..16.min(pairs - p0) {
@@ -231,7 +231,7 @@ mod avx512 {
             for (p, d) in (0..depth).step_by(2).enumerate() {
                 for first in (0..W).step_by(16) {
                     let len = lines.saturating_sub(first).min(16);
-                    let at = |d: usize| if d < depth { load(src.add(d * ld + first), len) } else { _mm512_setzero_ps() };
+                    let at = |d: usize| if d < depth { load(src.wrapping_add(d * ld + first), len) } else { _mm512_setzero_ps() };
                     _mm512_store_si512(words.0.as_mut_ptr().cast(), interleaved(at(d), at(d + 1)));
                     core::ptr::copy_nonoverlapping(words.0.as_ptr(), out.add(p * W + first), 16.min(W - first));
                 }
@@ -253,7 +253,7 @@ mod avx512 {
             let lines = MR.min(rows.end - i0);
             // SAFETY: inside A and `out` (caller).
             unsafe {
-                let (src, panel) = (a.ptr.add(i0 * a.rs + depth.start * a.cs), out.add(t * pairs * MR));
+                let (src, panel) = (a.ptr.wrapping_add(i0 * a.rs + depth.start * a.cs), out.add(t * pairs * MR));
                 if a.cs == 1 {
                     pack_along_lines::<MR>(src, a.rs, lines, depth.len(), panel)
                 } else {
@@ -308,11 +308,11 @@ mod avx512 {
             }
             let lens = [cols.min(16), cols.saturating_sub(16)];
             let masks: [__mmask16; 2] = lens.map(|len| ((1u32 << len) - 1) as u16);
-            let biases = [0, 1].map(|h| if bias.is_null() { _mm512_setzero_ps() } else { load(bias.add(16 * h), lens[h]) });
+            let biases = [0, 1].map(|h| if bias.is_null() { _mm512_setzero_ps() } else { load(bias.wrapping_add(16 * h), lens[h]) });
             let beta_v = _mm512_set1_ps(beta);
             for (i, row) in acc.iter().enumerate().take(rows) {
                 for h in 0..2 {
-                    let at = c.ptr.add(i * c.ld + 16 * h);
+                    let at = c.ptr.wrapping_add(i * c.ld + 16 * h);
                     let add = if beta == 0.0 { biases[h] } else { _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(masks[h], at), biases[h]) };
                     _mm512_mask_storeu_ps(at, masks[h], _mm512_add_ps(row[h], add));
                 }
@@ -405,8 +405,8 @@ mod tests {
         }
     }
 
-    /// The conversion unit rounds as [`round_bf16`] does, denormals included: B's packing (the
-    /// vector conversion) and A's (the scalar one) give the same operands.
+    /// The conversion unit rounds as [`round_bf16`] does, denormals included, so the f64
+    /// reference above rounds the operands as the packing does.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn packed_b_is_rounded_as_round_bf16_rounds() {
