@@ -59,14 +59,21 @@ pub fn width() -> Width {
 /// The CPU features `ALPHA_CPU_MASK` may name.
 pub const MASKABLE: &[&str] = &["avx512f", "avx512dq", "avx512vl", "avx512bw", "avx512bf16", "avx2", "fma"];
 
-/// Whether `ALPHA_CPU_MASK` (CPU feature names, comma-separated, of [`MASKABLE`]) names
-/// `feature`: the kernels then run as on a CPU without it (read once). It measures and tests
-/// the narrower kernels, and the errors where one is missing, on a CPU that has the wider
-/// ones (e.g. `ALPHA_CPU_MASK=avx512bf16`: no bf16 products; `avx512f`: the AVX2 kernels).
+/// Whether `ALPHA_CPU_MASK` names `feature` ([`masked_names`]): the kernels then run as on a
+/// CPU without it. It measures and tests the narrower kernels, and the errors where one is
+/// missing, on a CPU that has the wider ones (e.g. `ALPHA_CPU_MASK=avx512bf16`: no bf16
+/// products; `avx512f`: the AVX2 kernels).
 #[cfg(feature = "std")]
 pub fn masked(feature: &str) -> bool {
+    masked_names().any(|f| f == feature)
+}
+
+/// The CPU feature names `ALPHA_CPU_MASK` gives (comma-separated; read once), each meant to
+/// be one of [`MASKABLE`] (the CLI refuses others).
+#[cfg(feature = "std")]
+pub fn masked_names() -> impl Iterator<Item = &'static str> {
     static MASK: std::sync::OnceLock<std::string::String> = std::sync::OnceLock::new();
-    MASK.get_or_init(|| std::env::var("ALPHA_CPU_MASK").unwrap_or_default()).split(',').any(|f| f.trim() == feature)
+    MASK.get_or_init(|| std::env::var("ALPHA_CPU_MASK").unwrap_or_default()).split(',').map(str::trim).filter(|f| !f.is_empty())
 }
 
 /// Asks the CPU to bring the cache line at `at` into the caches ahead of its use (x86's

@@ -77,9 +77,8 @@ fn one_line(e: &clap::Error) -> String {
 /// Checks `ALPHA_CPU_MASK` (alpha_core::simd::masked): every name one of the features it can
 /// mask, so that a misspelt one is an error rather than a kernel silently not masked.
 fn check_cpu_mask() -> Result<()> {
-    let mask = std::env::var("ALPHA_CPU_MASK").unwrap_or_default();
     let maskable = alpha_core::simd::MASKABLE;
-    match mask.split(',').map(str::trim).find(|f| !f.is_empty() && !maskable.contains(f)) {
+    match alpha_core::simd::masked_names().find(|f| !maskable.contains(f)) {
         Some(unknown) => Err(anyhow::anyhow!("ALPHA_CPU_MASK names {unknown:?}, not a CPU feature it can mask ({})", maskable.join(", "))),
         None => Ok(()),
     }

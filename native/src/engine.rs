@@ -131,7 +131,7 @@ pub fn peak(opened: &Opened<'_>, pool: &ThreadPool, given: Option<f64>) -> Resul
     match (&opened.gpu, &opened.cuda, given) {
         (_, Some(_), Some(gflops)) => Ok(Peak { gflops, source: "given" }),
         (_, Some(cuda), None) => Ok(cuda.peak.clone()),
-        (None, None, _) if opened.engine.describe().precision == "bf16" => crate::peak::bf16_peak_cached(pool, given),
+        (None, None, _) if opened.engine.describe().precision == "bf16" => crate::peak::bf16_peak(pool, given),
         (None, None, _) => crate::peak::peak(pool, given),
         (Some(gpu), None, _) => gpu_peak(gpu, if gpu.tensor_cores() { Real::Tensor } else { Real::F32 }, given, false),
     }

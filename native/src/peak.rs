@@ -100,8 +100,14 @@ pub fn gpu_peak(gpu: &Gpu, real: Real, given: Option<f64>, remeasure: bool) -> R
 
 /// [`alpha_gpu::peak::measure`] on `gpu`, timed by this machine's clock.
 fn measure_gpu(gpu: &Gpu, real: Real) -> Result<f64> {
-    let clock = Instant::now();
-    Ok(block_on(alpha_gpu::peak::measure(gpu, real, &|| clock.elapsed().as_secs_f64()))?)
+    Ok(on_clock(|now| block_on(alpha_gpu::peak::measure(gpu, real, now)))?)
+}
+
+/// `f` given this machine's clock: seconds since the call (the core's measurements take the
+/// caller's clock).
+fn on_clock<R>(f: impl FnOnce(&dyn Fn() -> f64) -> R) -> R {
+    let start = Instant::now();
+    f(&|| start.elapsed().as_secs_f64())
 }
 
 /// `given`, else the peak cached under `key`, else (or with `remeasure`) `measure()`'s, which
@@ -138,23 +144,23 @@ fn peak_given(given: Option<f64>) -> Result<Option<Peak>> {
 
 /// The GEMM's peak on every thread of `pool` (alpha-core's measurement on this clock).
 fn measure(pool: &ThreadPool) -> f64 {
-    let clock = Instant::now();
-    alpha_core::gemm::peak_gflops(pool, &|| clock.elapsed().as_secs_f64())
+    on_clock(|now| alpha_core::gemm::peak_gflops(pool, now))
 }
 
-/// The bf16 GEMM's peak on every thread of `pool`, measured now; `None` where the CPU has no
-/// bf16 kernel.
-pub fn bf16_peak(pool: &ThreadPool) -> Option<f64> {
-    let clock = Instant::now();
-    alpha_core::gemm::bf16::peak_gflops(pool, &|| clock.elapsed().as_secs_f64())
+/// The bf16 GEMM's peak on every thread of `pool`, measured now (`info`); `None` where the
+/// CPU has no bf16 kernel.
+pub fn measure_bf16(pool: &ThreadPool) -> Option<f64> {
+    on_clock(|now| alpha_core::gemm::bf16::peak_gflops(pool, now))
 }
 
-/// The bf16 GEMM's peak for `pool` (the MFU denominator of bf16 runs): `given`, else the
-/// cached measurement, else a new one (then cached), as [`peak`] for f32.
-pub fn bf16_peak_cached(pool: &ThreadPool, given: Option<f64>) -> Result<Peak> {
-    let kernel = alpha_core::gemm::bf16::bf16_kernel_name().ok_or_else(|| anyhow!("this CPU has no bf16 products (AVX512-BF16)"))?;
+/// The bf16 GEMM's peak for `pool` (the MFU denominator of bf16 runs), as [`peak`] gives the
+/// f32 one: `given`, else the cached measurement, else a new one (then cached). An error where
+/// the CPU has no bf16 kernel.
+pub fn bf16_peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak> {
+    let no_bf16 = || anyhow!("this CPU has no bf16 products (AVX512-BF16)");
+    let kernel = alpha_core::gemm::bf16::bf16_kernel_name().ok_or_else(no_bf16)?;
     let key = format!("{} | {} threads | {kernel}", cpu_model(), pool.threads());
-    cached(&key, given, false, || bf16_peak(pool).ok_or_else(|| anyhow!("this CPU has no bf16 products (AVX512-BF16)")))
+    cached(&key, given, false, || measure_bf16(pool).ok_or_else(no_bf16))
 }
 
 /// Memory read bandwidth in GB/s, all threads of `pool` at once, best of three rounds: what
@@ -235,8 +241,7 @@ fn last_level_cache_bytes() -> Option<usize> {
 
 /// alpha-core's [`alpha_core::parallel::best_rate`] on `pool`, timed by this machine's clock.
 fn best_rate(pool: &ThreadPool, unit: usize, flops_per_rep: f64, work: &(dyn Fn(usize, usize) + Sync)) -> f64 {
-    let clock = Instant::now();
-    alpha_core::parallel::best_rate(pool, unit, flops_per_rep, work, &|| clock.elapsed().as_secs_f64())
+    on_clock(|now| alpha_core::parallel::best_rate(pool, unit, flops_per_rep, work, now))
 }
 
 /// The cores' arithmetic limit in GFLOP/s, all threads together: each thread runs independent
