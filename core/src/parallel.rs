@@ -48,20 +48,40 @@ impl<P: Parallel + Send + ?Sized> Parallel for alloc::sync::Arc<P> {
 }
 
 /// GFLOP/s of every thread of `par` running `work(thread, reps)` at once, `flops_per_rep` each
-/// rep: the reps (a multiple of `unit`, at most 100,000 units) calibrated to about 0.1 s on
-/// one round of `unit`, then the best of three rounds. `now` is the caller's clock in
-/// seconds (the core has none).
+/// rep: the best of rounds of about 0.1 s (the reps a multiple of `unit`, at most 100,000
+/// units; a round under 0.05 s only sets the reps for the next). The rounds go on until
+/// [`SETTLED_ROUNDS`] in a row have not beaten the best by 1% (at most [`MAX_ROUNDS`] in
+/// all): a first round slowed by a cold start (code not yet optimised, threads waking up)
+/// or a machine still busy with something else (a browser loading the page, a finished
+/// run's threads) would otherwise give a peak below the rate its own runs reach. `now` is
+/// the caller's clock in seconds (the core has none).
 pub fn best_rate(par: &dyn Parallel, unit: usize, flops_per_rep: f64, work: &(dyn Fn(usize, usize) + Sync), now: &dyn Fn() -> f64) -> f64 {
+    const MAX_UNITS: usize = 100_000;
     let threads = par.threads();
-    let round = |reps: usize| {
+    let (mut units, mut best, mut settled) = (1, 0f64, 0);
+    for _ in 0..MAX_ROUNDS {
         let t = now();
-        par.run(threads, &|i| work(i, reps));
-        now() - t
-    };
-    let units = ((0.1 / round(unit).max(1e-6)) as usize).clamp(1, 100_000);
-    let flops = flops_per_rep * (units * unit * threads) as f64;
-    (0..3).map(|_| flops / round(units * unit).max(1e-9) / 1e9).fold(0.0, f64::max)
+        par.run(threads, &|i| work(i, units * unit));
+        let seconds = (now() - t).max(1e-9);
+        if seconds < 0.05 && units < MAX_UNITS {
+            units = ((units as f64 * 0.1 / seconds) as usize).clamp(units + 1, MAX_UNITS);
+            continue;
+        }
+        let rate = flops_per_rep * (units * unit * threads) as f64 / seconds / 1e9;
+        settled = if rate > 1.01 * best { 0 } else { settled + 1 };
+        best = best.max(rate);
+        if settled == SETTLED_ROUNDS {
+            break;
+        }
+    }
+    best
 }
+
+/// [`best_rate`] stops once this many rounds in a row have not beaten its best by 1%.
+pub const SETTLED_ROUNDS: usize = 5;
+
+/// The most rounds [`best_rate`] runs (about 3 s).
+pub const MAX_ROUNDS: usize = 30;
 
 /// Runs every task on the calling thread.
 #[derive(Clone, Copy, Debug, Default)]
@@ -495,7 +515,52 @@ mod pool {
 
 #[cfg(test)]
 mod tests {
-    use super::split_range;
+    use super::{best_rate, split_range, Serial, MAX_ROUNDS, SETTLED_ROUNDS};
+    use core::sync::atomic::{AtomicU64, Ordering};
+
+    /// A machine that runs at 1 GFLOP/s (a rep is 1,000 FLOPs, 1 µs) but for its first round
+    /// (`cold_ns` a rep: code not yet optimised) and the `slow_rounds` rounds after it, at
+    /// half speed (busy with something else): best_rate reports the full speed, stopping
+    /// SETTLED_ROUNDS rounds after it first reached it. Time is counted in nanoseconds of a
+    /// clock only the work advances.
+    #[test]
+    fn best_rate_waits_out_a_cold_or_busy_start() {
+        fn measure(cold_ns: u64, slow_rounds: u64) -> (f64, usize) {
+            let clock = AtomicU64::new(0);
+            let rounds = AtomicU64::new(0);
+            let work = |_: usize, reps: usize| {
+                let round = rounds.fetch_add(1, Ordering::Relaxed);
+                let ns_per_rep = match round {
+                    0 => cold_ns,
+                    r if r <= slow_rounds => 2_000,
+                    _ => 1_000,
+                };
+                clock.fetch_add(reps as u64 * ns_per_rep, Ordering::Relaxed);
+            };
+            let gflops = best_rate(&Serial, 1, 1000.0, &work, &|| clock.load(Ordering::Relaxed) as f64 * 1e-9);
+            (gflops, rounds.load(Ordering::Relaxed) as usize)
+        }
+        // The first round, one rep, only sets the reps of the next; the others take 0.1 s.
+        for slow_rounds in [0, 1, 3, SETTLED_ROUNDS] {
+            let (gflops, rounds) = measure(1_000, slow_rounds as u64);
+            assert!((gflops - 1.0).abs() < 1e-9, "{slow_rounds} slow rounds: {gflops} GFLOP/s");
+            assert_eq!(rounds, 1 + slow_rounds + 1 + SETTLED_ROUNDS, "{slow_rounds} slow rounds");
+        }
+        // A first round of 60 ms (a cold start) counts, but the rounds after it are not timed
+        // at its one rep: one more sets the reps, and the full speed is then measured.
+        let (gflops, rounds) = measure(60_000_000, 0);
+        assert!((gflops - 1.0).abs() < 1e-9, "a cold start: {gflops} GFLOP/s");
+        assert_eq!(rounds, 1 + 1 + 1 + SETTLED_ROUNDS);
+        // A machine that keeps getting faster is measured MAX_ROUNDS rounds.
+        let clock = AtomicU64::new(0);
+        let rounds = AtomicU64::new(0);
+        let work = |_: usize, reps: usize| {
+            let round = rounds.fetch_add(1, Ordering::Relaxed);
+            clock.fetch_add(reps as u64 * (1_000_000 / (round + 1)), Ordering::Relaxed);
+        };
+        best_rate(&Serial, 1, 1000.0, &work, &|| clock.load(Ordering::Relaxed) as f64 * 1e-9);
+        assert_eq!(rounds.load(Ordering::Relaxed) as usize, MAX_ROUNDS);
+    }
 
     #[test]
     fn split_range_covers_everything_once() {

@@ -26,7 +26,7 @@ pub enum Peak {
 }
 
 impl Peak {
-    /// Measures the peak in GFLOP/s (about half a second), on the page's clock.
+    /// Measures the peak in GFLOP/s (under a second), on the page's clock.
     pub async fn measure(&self) -> Result<f64, String> {
         let now = || crate::now_ms() / 1e3;
         match self {

@@ -719,7 +719,8 @@ pub enum Operands {
 
 /// The f32 GEMM's peak GFLOP/s on every thread of `par` together (the figure MFU is taken
 /// against on the CPU): each thread multiplies its own 192 x 192 matrices, cache-resident,
-/// best of three rounds of about 0.1 s on the caller's clock `now` (seconds).
+/// the best of rounds of about 0.1 s ([`crate::parallel::best_rate`]) on the caller's clock
+/// `now` (seconds).
 #[cfg(feature = "alloc")]
 pub fn peak_gflops(par: &dyn Parallel, now: &dyn Fn() -> f64) -> f64 {
     // SAFETY (the closure): product_peak passes valid, non-overlapping operands.
@@ -728,7 +729,7 @@ pub fn peak_gflops(par: &dyn Parallel, now: &dyn Fn() -> f64) -> f64 {
 
 /// The peak GFLOP/s of `product` (a GEMM with [`gemm`]'s contract) on every thread of `par`
 /// together: each thread multiplies its own 192 x 192 matrices, cache-resident, so the
-/// kernel's arithmetic rate is what is measured; best of three rounds of about 0.1 s
+/// kernel's arithmetic rate is what is measured; the best of rounds of about 0.1 s
 /// ([`crate::parallel::best_rate`], `now` the caller's clock in seconds).
 #[cfg(feature = "alloc")]
 fn product_peak(par: &dyn Parallel, now: &dyn Fn() -> f64, product: unsafe fn(Shape, Strided<f32>, Rows<f32>, RowsMut<f32>)) -> f64 {
