@@ -3,6 +3,7 @@
 //! It runs without libtest (`harness = false`): the harness's own threads allocate at
 //! unpredictable moments, which the process-wide counter would see.
 
+use alpha_core::gemm::Operands;
 use alpha_core::model::{generate, SamplingConfig, SamplingMemory};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::parallel::ThreadPool;
@@ -39,13 +40,24 @@ fn main() {
     let gpt2 = GptConfig::gpt2(13, 16, 2, 2, 16);
     // The Llama family: grouped heads, RoPE (its table in attention's scratch), SwiGLU.
     let llama = alpha_core::Llama { n_kv_head: 1, intermediate_size: 24, norm_eps: 1e-5, rope_theta: 10000.0, rope_scaling: None, qkv_bias: true, tied: false };
-    for cfg in [gpt2, GptConfig { arch: alpha_core::Arch::Llama(llama), ..gpt2 }] {
-        training_evaluation_and_sampling_do_not_allocate(cfg);
+    // bf16 products (`--precision bf16` on the CPU) where this CPU has them.
+    let bf16 = alpha_core::gemm::bf16::bf16_kernel_name().is_some();
+    let mut operands = vec![Operands::F32];
+    if bf16 {
+        operands.push(Operands::Bf16);
+    } else {
+        println!("zero_alloc: bf16 products untested: this CPU has no AVX512-BF16");
     }
-    println!("zero_alloc: 4 training steps, an evaluation and sampling made no heap allocation, GPT-2 and Llama");
+    for operands in operands {
+        for cfg in [gpt2, GptConfig { arch: alpha_core::Arch::Llama(llama), ..gpt2 }] {
+            training_evaluation_and_sampling_do_not_allocate(cfg, operands);
+        }
+    }
+    let precisions = if bf16 { "f32 and bf16 products" } else { "f32 products" };
+    println!("zero_alloc: 4 training steps, an evaluation and sampling made no heap allocation, GPT-2 and Llama, {precisions}");
 }
 
-fn training_evaluation_and_sampling_do_not_allocate(cfg: GptConfig) {
+fn training_evaluation_and_sampling_do_not_allocate(cfg: GptConfig, operands: Operands) {
     let plan = Plan::new(cfg, 3, 16).unwrap();
     let train_cfg = TrainConfig {
         schedule: LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 2, decay_iters: 10 },
@@ -61,6 +73,7 @@ fn training_evaluation_and_sampling_do_not_allocate(cfg: GptConfig) {
     let mut sample_mem = OwnedMemory::<f32>::new(&sample_plan).unwrap();
     let mut window = vec![0u32; 16];
     let mut trainer = mem.trainer(plan, train_cfg, Rng::new(2)).unwrap();
+    trainer.operands = operands;
     trainer.train_step(&pool, &data).unwrap();
 
     let before = ALLOCATIONS.load(Ordering::SeqCst);
@@ -78,5 +91,5 @@ fn training_evaluation_and_sampling_do_not_allocate(cfg: GptConfig) {
 
     assert!(eval_loss.is_finite());
     assert_eq!(emitted, 20);
-    assert_eq!(after - before, 0, "heap allocations during 4 training steps, an evaluation and sampling ({:?})", cfg.arch);
+    assert_eq!(after - before, 0, "heap allocations during 4 training steps, an evaluation and sampling ({:?}, {operands:?} products)", cfg.arch);
 }
