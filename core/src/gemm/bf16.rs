@@ -11,10 +11,12 @@
 //! blocks of [`KC`] → row blocks of A ([`super::MC`] rows), packed once as depth pairs per
 //! micro-panel of [`MR`] rows → column panels of [`NR`] columns of B, packed as depth pairs →
 //! the micro-kernel, which keeps an `MR x NR` tile of C in 24 registers and broadcasts one
-//! pair of A against 32 columns of B per step. Edge tiles run the whole tile on zero-padded operands and store only their rows and
+//! pair of A against 32 columns of B per step. A B that many products read (a layer's weight,
+//! read by every block of rows) is packed once by [`pack_panels`] instead
+//! ([`BOperand::Panels`]). Edge tiles run the whole tile on zero-padded operands and store only their rows and
 //! columns, so a value of C does not depend on where tile edges fall.
 
-use super::{RowsMut, Shape, Strided};
+use super::{Band, RowsMut, Shape, Strided};
 
 /// Rows of C per micro-tile.
 pub const MR: usize = 12;
@@ -58,7 +60,9 @@ pub fn peak_gflops(par: &dyn super::Parallel, now: &dyn Fn() -> f64) -> Option<f
     // SAFETY (the closure): product_peak passes valid, non-overlapping operands, and the CPU
     // has the kernel.
     has_avx512_bf16().then(|| {
-        super::product_peak(par, now, |shape, a, b, c| unsafe { gemm_bf16(shape, a, Strided { ptr: b.ptr, rs: b.ld, cs: 1 }, 0.0, core::ptr::null(), c) })
+        super::product_peak(par, now, |shape, a, b, c| unsafe {
+            gemm_bf16(shape, a, BOperand::Values(Strided { ptr: b.ptr, rs: b.ld, cs: 1 }), 0.0, core::ptr::null(), c)
+        })
     })
 }
 
@@ -76,28 +80,115 @@ fn has_avx512_bf16() -> bool {
     }
 }
 
+/// B of a [`gemm_bf16`] product.
+#[derive(Clone, Copy)]
+pub enum BOperand {
+    /// f32 values with a unit stride, rounded and packed by the product itself.
+    Values(Strided<f32>),
+    /// Bf16 panels [`pack_panels`] packed once, from the product's first column on
+    /// ([`panels_at`]).
+    Panels {
+        /// The product's first column's panel.
+        ptr: *const u32,
+        /// The depth they were packed for: the product's, or more (it reads the first).
+        depth: usize,
+    },
+}
+
+/// Words [`pack_panels`] writes for a `k x n` B: per [`NR`] columns, `k.div_ceil(2)` depth
+/// pairs of `NR` words (the columns past `n` zero).
+pub fn panels_len(k: usize, n: usize) -> usize {
+    k.div_ceil(2) * n.next_multiple_of(NR)
+}
+
+/// Where column `col` (a multiple of [`NR`]) of a `k`-deep B starts in the words `panels`
+/// [`pack_panels`] wrote.
+///
+/// # Panics
+/// If `col` is not a multiple of [`NR`].
+pub fn panels_at(panels: *const u32, k: usize, col: usize) -> *const u32 {
+    assert_eq!(col % NR, 0, "bf16 panels start every {NR} columns");
+    panels.wrapping_add(col / NR * k.div_ceil(2) * NR)
+}
+
+/// Packs B `[k x n]` (f32, a unit stride) into the bf16 panels [`gemm_bf16`]'s micro-kernel
+/// reads, rounded as a product rounds its own B (the same bits), for a B that many products
+/// read; the panels split across `par`'s threads.
+///
+/// # Panics
+/// If the CPU has no bf16 kernel, or B has no unit stride.
+///
+/// # Safety
+/// B's `k x n` values must be valid; `out` must hold [`panels_len`]`(k, n)` words, which
+/// nothing else accesses meanwhile.
+pub unsafe fn pack_panels(par: &dyn super::Parallel, b: Strided<f32>, k: usize, n: usize, out: *mut u32) {
+    assert!(has_avx512_bf16(), "bf16 pack_panels: this CPU has no bf16 kernel (AVX512-BF16)");
+    assert!(b.cs == 1 || b.rs == 1, "bf16 pack_panels: B needs a unit stride");
+    let panels = n.div_ceil(NR);
+    let tasks = par.threads().min(panels);
+    let out = crate::parallel::SharedMut(out);
+    par.run(tasks, &|task| {
+        for j in crate::parallel::split_range(panels, tasks, task) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has the features (checked); columns j·NR.. of B's depth are
+            // inside B, and panel j inside `out`, this task's alone (caller).
+            unsafe {
+                avx512::pack_b(b, 0..k, j * NR, NR.min(n - j * NR), out.ptr().add(j * k.div_ceil(2) * NR))
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (b, j, &out);
+        }
+    });
+}
+
 /// `C[m x n] = A[m x k] · B[k x n] + (beta · C + bias)` with A and B rounded to bf16 and the
-/// sums in f32 (see the module docs); A and B each row-major or transposed (a unit stride
-/// either way: a weight `W [n, k]` is `B = Wᵀ` in place), C row-major; `bias` is `n` values
-/// added to every row, or null (none). With `beta == 0`, C is only written.
+/// sums in f32 (see the module docs); A row-major or transposed (a unit stride either way), B
+/// the same ([`BOperand::Values`]: a weight `W [n, k]` is `B = Wᵀ` in place) or packed
+/// ([`BOperand::Panels`]), C row-major; `bias` is `n` values added to every row, or null
+/// (none). With `beta == 0`, C is only written. The bits do not depend on how B is given.
 ///
 /// # Panics
 /// If the CPU has no bf16 kernel ([`bf16_kernel_name`] is `None`), or A or B has no unit
 /// stride.
 ///
 /// # Safety
-/// As [`super::gemm`]: every element reached through the shapes and strides must be valid; `c`
-/// must not overlap `a` or `b`, and no other thread may access the written part of `c`.
-pub unsafe fn gemm_bf16(shape: Shape, a: Strided<f32>, b: Strided<f32>, beta: f32, bias: *const f32, c: RowsMut<f32>) {
+/// As [`super::gemm`]: every element reached through the shapes and strides must be valid (B's
+/// panels: the product's columns' panels, of their depth); `c` must not overlap `a` or `b`,
+/// and no other thread may access the written part of `c`.
+pub unsafe fn gemm_bf16(shape: Shape, a: Strided<f32>, b: BOperand, beta: f32, bias: *const f32, c: RowsMut<f32>) {
+    // SAFETY: forwarded.
+    unsafe { product(shape, a, b, beta, bias, c, Band::Full) }
+}
+
+/// [`gemm_bf16`] (without a bias) for an A that is zero outside `band` (attention's causal
+/// products): the depth pairs no row needs are skipped (bits as [`gemm_bf16`]'s wherever B
+/// is finite there), as [`super::gemm_banded`] skips f32 depth.
+///
+/// # Panics
+/// As [`gemm_bf16`].
+///
+/// # Safety
+/// As [`gemm_bf16`].
+pub unsafe fn gemm_bf16_banded(shape: Shape, a: Strided<f32>, b: BOperand, beta: f32, c: RowsMut<f32>, band: Band) {
+    // SAFETY: forwarded.
+    unsafe { product(shape, a, b, beta, core::ptr::null(), c, band) }
+}
+
+/// [`gemm_bf16_banded`] with a bias.
+///
+/// # Safety
+/// As [`gemm_bf16`].
+unsafe fn product(shape: Shape, a: Strided<f32>, b: BOperand, beta: f32, bias: *const f32, c: RowsMut<f32>, band: Band) {
     assert!(has_avx512_bf16(), "gemm_bf16: this CPU has no bf16 kernel (AVX512-BF16)");
-    assert!((a.cs == 1 || a.rs == 1) && (b.cs == 1 || b.rs == 1), "gemm_bf16: A and B need a unit stride");
+    let unit = |s: Strided<f32>| s.cs == 1 || s.rs == 1;
+    assert!(unit(a) && !matches!(b, BOperand::Values(b) if !unit(b)), "gemm_bf16: A and B need a unit stride");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the CPU has the features (checked); the operands as the caller guarantees.
     unsafe {
-        avx512::gemm(shape, a, b, beta, bias, c)
+        avx512::gemm(shape, a, b, beta, bias, c, band)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (shape, b, beta, bias, c);
+    let _ = (shape, b, beta, bias, c, band);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -113,7 +204,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must have AVX-512 F, BW and BF16; the operands as [`super::gemm_bf16`]'s.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn gemm(shape: Shape, a: Strided<f32>, b: Strided<f32>, beta: f32, bias: *const f32, c: RowsMut<f32>) {
+    pub(super) unsafe fn gemm(shape: Shape, a: Strided<f32>, b: BOperand, beta: f32, bias: *const f32, c: RowsMut<f32>, band: Band) {
         let Shape { m, n, k } = shape;
         if m == 0 || n == 0 {
             return;
@@ -133,16 +224,28 @@ mod avx512 {
                 unsafe { pack_a(a, ic..ic + mc, pc..pc + kc, a_pack.0.as_mut_ptr().cast()) };
                 for jc in (0..n).step_by(NR) {
                     let nc = NR.min(n - jc);
-                    // SAFETY: inside B; the buffer holds KC / 2 pairs of NR columns.
-                    unsafe { pack_b(b, pc..pc + kc, jc, nc, b_pack.0.as_mut_ptr().cast()) };
+                    let b_panel = match b {
+                        BOperand::Values(b) => {
+                            // SAFETY: inside B; the buffer holds KC / 2 pairs of NR columns.
+                            unsafe { pack_b(b, pc..pc + kc, jc, nc, b_pack.0.as_mut_ptr().cast()) };
+                            b_pack.0.as_ptr().cast::<u32>()
+                        }
+                        // The K block's pairs in the panel of columns jc.. (KC is even).
+                        BOperand::Panels { ptr, depth } => panels_at(ptr, depth, jc).wrapping_add(pc / 2 * NR),
+                    };
                     for (t, i0) in (0..mc).step_by(MR).enumerate() {
                         let rows = MR.min(mc - i0);
+                        // The band's depth, in whole pairs (A is zero in a pair's other half).
+                        let (skip, depth) = band.depth(ic + i0..ic + i0 + rows, pc, kc);
+                        let first = skip / 2;
+                        let end = if depth == 0 { first } else { (skip + depth).div_ceil(2) };
                         // SAFETY: the packed panels hold `pairs` steps; the tile's rows and
                         // columns are inside C.
                         unsafe {
                             let c = RowsMut { ptr: c.ptr.add((ic + i0) * c.ld + jc), ld: c.ld };
                             let bias = if bias.is_null() { bias } else { bias.add(jc) };
-                            tile(pairs, a_pack.0.as_ptr().cast::<u32>().add(t * pairs * MR), b_pack.0.as_ptr().cast(), beta, bias, c, rows, nc)
+                            let a_panel = a_pack.0.as_ptr().cast::<u32>().add(t * pairs * MR + first * MR);
+                            tile(end - first, a_panel, b_panel.wrapping_add(first * NR), beta, bias, c, rows, nc)
                         };
                     }
                 }
@@ -323,6 +426,7 @@ mod avx512 {
 
 #[cfg(all(test, feature = "std"))]
 mod tests {
+    use super::super::MC;
     use super::*;
 
     /// `C = A·B + beta·C + bias` in f64 on A's and B's values rounded to bf16 as
@@ -386,7 +490,7 @@ mod tests {
                     let b_view = if b_rows { Strided { ptr: b.as_ptr(), rs: n, cs: 1 } } else { Strided { ptr: b.as_ptr(), rs: 1, cs: k } };
                     let bias_ptr = if with_bias { bias.as_ptr() } else { core::ptr::null() };
                     // SAFETY: the views are inside the buffers; C does not overlap them.
-                    unsafe { gemm_bf16(shape, a_view, b_view, beta, bias_ptr, RowsMut { ptr: c.as_mut_ptr(), ld: ldc }) };
+                    unsafe { gemm_bf16(shape, a_view, BOperand::Values(b_view), beta, bias_ptr, RowsMut { ptr: c.as_mut_ptr(), ld: ldc }) };
                     let want = reference(shape, &a, a_rows, &b, b_rows, beta, with_bias.then_some(&bias[..]), &c_in);
                     let (mut err, mut norm) = (0f64, 0f64);
                     for i in 0..m {
@@ -400,6 +504,87 @@ mod tests {
                     // (A product of nothing into a zeroed C is zero: its error, absolute.)
                     let rel = if norm == 0.0 { err.sqrt() } else { (err / norm).sqrt() };
                     assert!(rel < 1e-5, "{m}x{n}x{k}, A rows {a_rows}, B rows {b_rows}, bias {with_bias}, beta {beta}: relative error {rel:e}");
+                }
+            }
+        }
+    }
+
+    /// A B packed once by [`pack_panels`] (its panels split over threads) gives the same bits
+    /// as the product packing it, both layouts, several K blocks, an odd depth, a last panel
+    /// part full, and a product over B's columns from a panel's start on (as a forward's chunk
+    /// of columns).
+    #[test]
+    fn panels_packed_once_give_the_bits_of_a_product_packing_its_own() {
+        if bf16_kernel_name().is_none() {
+            println!("skipped: this CPU has no AVX512-BF16");
+            return;
+        }
+        for &(m, n, k) in &[(13, 33, 7), (30, 70, 800), (97, 64, 1), (5, 96, 384)] {
+            for b_rows in [true, false] {
+                let (a, b) = (values(m * k, 1), values(k * n, 2));
+                let b_view = if b_rows { Strided { ptr: b.as_ptr(), rs: n, cs: 1 } } else { Strided { ptr: b.as_ptr(), rs: 1, cs: k } };
+                let mut panels = vec![u32::MAX; panels_len(k, n)];
+                // SAFETY: B is k x n; the buffer holds its panels.
+                unsafe { pack_panels(&crate::parallel::ReversedThreads(3), b_view, k, n, panels.as_mut_ptr()) };
+                for col in [0, NR] {
+                    let width = n - col;
+                    let product = |b: BOperand| {
+                        let mut c = vec![0f32; m * width];
+                        // SAFETY: A is m x k, B's columns col.. inside it, C m x width.
+                        unsafe {
+                            gemm_bf16(
+                                Shape { m, n: width, k },
+                                Strided { ptr: a.as_ptr(), rs: k, cs: 1 },
+                                b,
+                                0.0,
+                                core::ptr::null(),
+                                RowsMut { ptr: c.as_mut_ptr(), ld: width },
+                            )
+                        };
+                        c.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+                    };
+                    let own = product(BOperand::Values(Strided { ptr: b_view.ptr.wrapping_add(col * b_view.cs), ..b_view }));
+                    let packed = product(BOperand::Panels { ptr: panels_at(panels.as_ptr(), k, col), depth: k });
+                    assert!(own == packed, "{m}x{n}x{k}, B rows {b_rows}, from column {col}");
+                }
+            }
+        }
+    }
+
+    /// With A zero outside a band, the banded product has the bits of the full one: A's two
+    /// layouts, B's values and panels, beta 0 and 1, bands ending and starting inside and
+    /// past the depth, odd and even, over two K blocks and two row blocks.
+    #[test]
+    fn banded_product_matches_full() {
+        if bf16_kernel_name().is_none() {
+            println!("skipped: this CPU has no AVX512-BF16");
+            return;
+        }
+        let (m, n, k) = (MC + 13, 45, KC + 45);
+        let b = values(k * n, 1);
+        let c0 = values(m * n, 2);
+        let mut panels = vec![0u32; panels_len(k, n)];
+        // SAFETY: B is k x n row-major; the buffer holds its panels.
+        unsafe { pack_panels(&crate::parallel::Serial, Strided { ptr: b.as_ptr(), rs: n, cs: 1 }, k, n, panels.as_mut_ptr()) };
+        for band in [Band::Below(1), Band::Below(8), Band::Below(KC + 3), Band::Below(k), Band::Above(0), Band::Above(5), Band::Above(MC)] {
+            let needed = |i: usize, p: usize| match band {
+                Band::Full => true,
+                Band::Below(d) => p < i + d,
+                Band::Above(d) => p + d >= i,
+            };
+            let a: Vec<f32> = values(m * k, 3).iter().enumerate().map(|(x, &v)| if needed(x / k, x % k) { v } else { 0.0 }).collect();
+            let a_t: Vec<f32> = (0..k * m).map(|x| a[(x % m) * k + x / m]).collect();
+            let a_views = [Strided { ptr: a.as_ptr(), rs: k, cs: 1 }, Strided { ptr: a_t.as_ptr(), rs: 1, cs: m }];
+            let b_views = [BOperand::Values(Strided { ptr: b.as_ptr(), rs: n, cs: 1 }), BOperand::Panels { ptr: panels.as_ptr(), depth: k }];
+            for (a, b) in a_views.into_iter().flat_map(|a| b_views.map(|b| (a, b))) {
+                for beta in [0.0, 1.0] {
+                    let run = |band| {
+                        let mut c = c0.clone();
+                        // SAFETY: A is m x k, B k x n, C m x n.
+                        unsafe { gemm_bf16_banded(Shape { m, n, k }, a, b, beta, RowsMut { ptr: c.as_mut_ptr(), ld: n }, band) };
+                        c.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+                    };
+                    assert!(run(band) == run(Band::Full), "{band:?}, A column stride {}, B panels {}, beta {beta}", a.cs, matches!(b, BOperand::Panels { .. }));
                 }
             }
         }

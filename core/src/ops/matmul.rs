@@ -6,6 +6,7 @@
 
 use super::row_blocks;
 use crate::float::Float;
+use crate::gemm::bf16::{self, BOperand};
 use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, Operands, RowsMut, Shape, Strided, KC};
 use crate::parallel::{split_range, Parallel, Serial, SharedMut};
 use crate::simd::wide_dispatch;
@@ -294,8 +295,9 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mu
 fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mut [T], by_columns: bool, operands: Operands) {
     let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
     let n = x.len() / k;
-    if operands == Operands::F32 {
-        pack_panels(par, w, BLayout::Transposed, k, m, wt);
+    match operands {
+        Operands::F32 => pack_panels(par, w, BLayout::Transposed, k, m, wt),
+        Operands::Bf16 => pack_bf16_panels(par, w, BLayout::Transposed, k, m, wt),
     }
     let wt: &[T] = wt;
     let out_p = SharedMut(out.as_mut_ptr());
@@ -334,16 +336,16 @@ fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &
             None => T::ZERO,
         };
         // SAFETY: x rows are K-strided, wt holds wᵀ [K, M] as panels (a chunk's from its
-        // first column on: chunks start at multiples of every kernel's panel width), and w's
-        // rows cols are wᵀ's columns; the tile is rows x cols of `out` (row stride m) and
-        // overlaps neither.
+        // first column on: chunks start at multiples of every kernel's panel width, the bf16
+        // one's included); the tile is rows x cols of `out` (row stride m) and overlaps
+        // neither.
         unsafe {
             let a = Strided { ptr: x.as_ptr().add(rows.start * k), rs: k, cs: 1 };
             let c = RowsMut { ptr: target.0.add(rows.start * m + cols.start), ld: m };
             let (shape, bias) = (Shape { m: rows.len(), n: cols.len(), k }, bias.map(|b| &b[cols.clone()]));
             match operands {
                 Operands::F32 => gemm_packed(shape, a, &wt[cols.start * k..], beta, bias, c),
-                Operands::Bf16 => bf16_product(shape, a, Strided { ptr: w.as_ptr().add(cols.start * k), rs: 1, cs: k }, beta, bias, c),
+                Operands::Bf16 => bf16_product(shape, a, BOperand::Panels { ptr: bf16::panels_at(wt.as_ptr().cast(), k, cols.start), depth: k }, beta, bias, c),
             }
         }
         if pre_p.is_some() && !swiglu {
@@ -474,19 +476,20 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, parti
         assert_eq!(dx.len(), n * k);
         // dx [N, K] = dout [N, M] · w [M, K]
         let shape = Shape { m: n, n: k, k: m };
+        let panels = &mut scratch[..backward_panels_len(k, m)];
         match operands {
-            Operands::F32 => {
-                let panels = &mut scratch[..backward_panels_len(k, m)];
-                pack_panels(par, w, BLayout::Rows, m, k, panels);
-                let panels: &[T] = panels;
-                // SAFETY: the panels hold w [M, K] (gemm_packed checks).
-                par_rows(par, shape, dout, dx, &|shape, a, c| unsafe { gemm_packed(shape, a, panels, T::ZERO, None, c) });
-            }
-            // SAFETY: w is M x K row-major.
-            Operands::Bf16 => {
-                par_rows(par, shape, dout, dx, &|shape, a, c| unsafe { bf16_product(shape, a, Strided { ptr: w.as_ptr(), rs: k, cs: 1 }, T::ZERO, None, c) })
-            }
+            Operands::F32 => pack_panels(par, w, BLayout::Rows, m, k, panels),
+            Operands::Bf16 => pack_bf16_panels(par, w, BLayout::Rows, m, k, panels),
         }
+        let panels: &[T] = panels;
+        // SAFETY: the panels hold w [M, K] (gemm_packed checks; pack_bf16_panels checked the
+        // bf16 ones' length).
+        par_rows(par, shape, dout, dx, &|shape, a, c| unsafe {
+            match operands {
+                Operands::F32 => gemm_packed(shape, a, panels, T::ZERO, None, c),
+                Operands::Bf16 => bf16_product(shape, a, BOperand::Panels { ptr: panels.as_ptr().cast(), depth: m }, T::ZERO, None, c),
+            }
+        });
     }
     weight_gradient(par, dw, dout, x, k, m, scratch, operands);
 }
@@ -525,14 +528,16 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[
     // At least one block, which clears `dw_half` even when it has no rows.
     for block in 0..halves[0].len().max(halves[1].len()).div_ceil(depth).max(1) {
         let panels_p = SharedMut(x_panels.as_mut_ptr());
-        if operands == Operands::F32 {
-            par.run(2, &|h| {
-                let rows = block_rows(h, block);
-                // SAFETY: each half packs into its own part of the panels (on this task's thread).
-                let panels = unsafe { panels_p.slice(h * panel_len, panel_len) };
-                pack_panels(&Serial, &x[rows.start * k..rows.end * k], BLayout::Rows, rows.len(), k, panels);
-            });
-        }
+        par.run(2, &|h| {
+            let rows = block_rows(h, block);
+            // SAFETY: each half packs into its own part of the panels (on this task's thread).
+            let panels = unsafe { panels_p.slice(h * panel_len, panel_len) };
+            let x = &x[rows.start * k..rows.end * k];
+            match operands {
+                Operands::F32 => pack_panels(&Serial, x, BLayout::Rows, rows.len(), k, panels),
+                Operands::Bf16 => pack_bf16_panels(&Serial, x, BLayout::Rows, rows.len(), k, panels),
+            }
+        });
         let x_panels: &[T] = x_panels;
         par.run(2 * parts, &|task| {
             let (h, part) = (task / parts, task % parts);
@@ -553,7 +558,9 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[
                 let shape = Shape { m: r.len(), n: k, k: rows.len() };
                 match operands {
                     Operands::F32 => gemm_packed(shape, a, &x_panels[h * panel_len..], beta, None, c),
-                    Operands::Bf16 => bf16_product(shape, a, Strided { ptr: x.as_ptr().wrapping_add(rows.start * k), rs: k, cs: 1 }, beta, None, c),
+                    Operands::Bf16 => {
+                        bf16_product(shape, a, BOperand::Panels { ptr: x_panels[h * panel_len..].as_ptr().cast(), depth: rows.len() }, beta, None, c)
+                    }
                 }
             }
         });
@@ -600,16 +607,34 @@ fn par_rows<T: Float>(par: &dyn Parallel, shape: Shape, a: &[T], c: &mut [T], pr
     });
 }
 
-/// [`crate::gemm::bf16::gemm_bf16`] for `T`, which must be f32 (the one 4-byte [`Float`]).
+/// [`bf16::gemm_bf16`] for `T`, which must be f32 (the one 4-byte [`Float`]).
 ///
 /// # Safety
 /// As `gemm_bf16`'s.
-unsafe fn bf16_product<T: Float>(shape: Shape, a: Strided<T>, b: Strided<T>, beta: T, bias: Option<&[T]>, c: RowsMut<T>) {
+unsafe fn bf16_product<T: Float>(shape: Shape, a: Strided<T>, b: BOperand, beta: T, bias: Option<&[T]>, c: RowsMut<T>) {
     assert_eq!(core::mem::size_of::<T>(), 4, "bf16 products take f32 operands");
-    let f32s = |m: Strided<T>| Strided { ptr: m.ptr.cast::<f32>(), rs: m.rs, cs: m.cs };
+    let a = Strided { ptr: a.ptr.cast::<f32>(), rs: a.rs, cs: a.cs };
     let bias = bias.map_or(core::ptr::null(), |b| b.as_ptr().cast::<f32>());
     // SAFETY: T is f32 (checked); the operands as the caller guarantees.
-    unsafe { crate::gemm::bf16::gemm_bf16(shape, f32s(a), f32s(b), beta.to_f64() as f32, bias, RowsMut { ptr: c.ptr.cast(), ld: c.ld }) }
+    unsafe { bf16::gemm_bf16(shape, a, b, beta.to_f64() as f32, bias, RowsMut { ptr: c.ptr.cast(), ld: c.ld }) }
+}
+
+/// [`bf16::pack_panels`] of B `[k x n]` (`b` laid out as `layout` says; `T` must be f32) into
+/// `out`'s storage, once for every product that reads B.
+///
+/// # Panics
+/// If `T` is not f32, or `b` or `out` is too short.
+fn pack_bf16_panels<T: Float>(par: &dyn Parallel, b: &[T], layout: BLayout, k: usize, n: usize, out: &mut [T]) {
+    assert_eq!(core::mem::size_of::<T>(), 4, "bf16 products take f32 operands");
+    assert!(b.len() >= k * n && out.len() >= bf16::panels_len(k, n), "bf16 panels: buffers too short");
+    let ptr = b.as_ptr().cast::<f32>();
+    let b = match layout {
+        BLayout::Rows => Strided { ptr, rs: n, cs: 1 },
+        BLayout::Transposed => Strided { ptr, rs: 1, cs: k },
+    };
+    // SAFETY: B's k x n values are inside `b`, the panels' words inside `out` (f32's storage,
+    // as long and aligned as u32's), which `out`'s borrow keeps to this call (checked above).
+    unsafe { bf16::pack_panels(par, b, k, n, out.as_mut_ptr().cast()) }
 }
 
 #[cfg(test)]
