@@ -72,7 +72,7 @@ pub struct CpuExecutor<'a, T> {
     acts: RawArena<T>,
     batch: Batch<'a>,
     dropout_key: Option<DropoutKey>,
-    /// What the linear layers' products' operands are rounded to.
+    /// What the products' operands (the linear layers' and attention's) are rounded to.
     operands: Operands,
     decoding: Option<Decoding<'a, T>>,
     n_layer: usize,
@@ -126,8 +126,8 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
         self
     }
 
-    /// The linear layers' products with `operands` (bf16: `T` is f32 and the CPU has the bf16
-    /// kernel; attention's products stay f32).
+    /// The products (the linear layers' and attention's) with `operands` (bf16: `T` is f32 and
+    /// the CPU has the bf16 kernel).
     pub fn with_operands(mut self, operands: Operands) -> Self {
         self.operands = operands;
         self
@@ -269,12 +269,12 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
                 let cache = attention::KvCache { rows: &mut d.cache[layer * per_layer..(layer + 1) * per_layer], len: per_layer / (2 * kv_width) };
                 attention::decode(self.par, a, cache, d.pos, scratch)
             }
-            None => attention::forward(self.par, a, scratch, self.dropout_key),
+            None => attention::forward(self.par, a, scratch, self.dropout_key, self.operands),
         }
     }
 
     fn attention_backward(&mut self, a: attention::Backward<&'a mut [T], &'a [T]>) {
-        attention::backward(self.par, a, self.scratch(self.scratch.attention), self.dropout_key)
+        attention::backward(self.par, a, self.scratch(self.scratch.attention), self.dropout_key, self.operands)
     }
 
     fn dropout_forward(&mut self, a: dropout::Forward<&'a mut [T], &'a [T]>) {

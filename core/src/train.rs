@@ -156,8 +156,8 @@ pub struct Trainer<'a, T> {
     pub step: u64,
     /// Draws the training batches.
     pub rng: Rng,
-    /// What the linear layers' products' operands are rounded to (f32 by default; bf16: `T`
-    /// is f32 and the CPU has the bf16 kernel, see [`crate::gemm::bf16`]).
+    /// What the products' operands (the linear layers' and attention's) are rounded to (f32 by
+    /// default; bf16: `T` is f32 and the CPU has the bf16 kernel, see [`crate::gemm::bf16`]).
     pub operands: crate::gemm::Operands,
     /// The parameters whose AdamW moments this trainer holds and updates: all of them, or
     /// its ZeRO-1 shard.

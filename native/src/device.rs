@@ -177,9 +177,8 @@ impl DeviceArgs {
     /// asked for and it lacks it.
     pub fn cpu_operands(&self) -> Result<(Operands, String)> {
         let kernel = alpha_core::gemm::bf16::bf16_kernel_name();
-        let bf16 = |why: &str| {
-            (Operands::Bf16, format!("precision: bf16 products (f32 sums, master weights and AdamW; {} kernel{why}; attention in f32)", kernel.unwrap_or("?")))
-        };
+        let bf16 =
+            |why: &str| (Operands::Bf16, format!("precision: bf16 products (f32 sums, master weights and AdamW; {} kernel{why})", kernel.unwrap_or("?")));
         Ok(match (self.precision, kernel) {
             (PrecisionArg::Bf16, None) => return Err(anyhow!("--precision bf16 on the CPU needs AVX512-BF16 (with AVX-512 F and BW), which this CPU lacks")),
             (PrecisionArg::Bf16, Some(_)) => bf16(""),

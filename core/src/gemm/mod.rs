@@ -107,6 +107,11 @@ impl<T> Strided<T> {
         assert_eq!(self.cs, 1, "gemm: B and C need adjacent columns");
         Rows { ptr: self.ptr, ld: self.rs }
     }
+
+    /// The transpose, in place: element `(i, j)` is this view's `(j, i)`.
+    pub fn t(self) -> Self {
+        Strided { ptr: self.ptr, rs: self.cs, cs: self.rs }
+    }
 }
 
 /// A read-only matrix whose columns are adjacent: row `i` starts at `ptr + i * ld`. (In a

@@ -15,11 +15,17 @@
 //!
 //! With [`Rope`], q and k are rotated as they are loaded (Hugging Face's rotate-half layout;
 //! qkv keeps the projections' values) and backward rotates dQ and dK back.
+//!
+//! With bf16 operands ([`Operands::Bf16`], `--precision bf16` on the CPU) the products run on
+//! [`crate::gemm::bf16`]'s kernel, the probabilities and their gradients rounded as they are
+//! packed (the softmax and its gradient stay f32); `Kᵀ` and `V` (backward: `Kᵀ` and `Vᵀ`) are
+//! packed into bf16 panels once per task instead of transposed.
 
 use super::dropout::{DropoutKey, Mask, Site};
 use crate::config::RopeScaling;
 use crate::float::{dot, max_of_first, sum_map, Float};
-use crate::gemm::{gemm, gemm_banded, transpose, Band, Rows, RowsMut, Shape, Strided, MAX_MR};
+use crate::gemm::bf16::{self, BOperand};
+use crate::gemm::{gemm_banded, transpose, Band, Operands, Rows, RowsMut, Shape, Strided, MAX_MR};
 use crate::parallel::{split_range, Parallel, SharedMut};
 use crate::simd::wide_dispatch;
 use core::ops::Range;
@@ -182,12 +188,20 @@ impl AttentionShape {
         keys.next_multiple_of(crate::gemm::kernel::<T>().nr).min(self.seq)
     }
 
-    /// Scratch one (batch, key/value head) task needs: `Kᵀ` and `Vᵀ` (`HS x T` each), two
-    /// row blocks of scores (at most `MAX_QUERY_BLOCK x T` each) and, with RoPE, the rotated
-    /// keys and one head's rotated queries (`T x HS` each).
+    /// Scratch one (batch, key/value head) task needs: `Kᵀ` and `Vᵀ` (`HS x T` each, or as
+    /// bf16 panels: [`Self::keys_len`] each), two row blocks of scores (at most
+    /// `MAX_QUERY_BLOCK x T` each) and, with RoPE, the rotated keys and one head's rotated
+    /// queries (`T x HS` each).
     fn task_scratch(&self) -> usize {
         let rotated = if self.rope.is_some() { 2 * self.seq * self.head_size } else { 0 };
-        2 * self.seq * (self.head_size + MAX_QUERY_BLOCK.min(self.seq)) + rotated
+        2 * (self.keys_len() + self.seq * MAX_QUERY_BLOCK.min(self.seq)) + rotated
+    }
+
+    /// Elements of a task's `Kᵀ` and of its `Vᵀ`: `HS x T`, or the bf16 panels of either
+    /// orientation, whichever is longer.
+    fn keys_len(&self) -> usize {
+        let (t, hs) = (self.seq, self.head_size);
+        (t * hs).max(bf16::panels_len(hs, t)).max(bf16::panels_len(t, hs))
     }
 
     /// Elements of scratch [`forward`], [`backward`] and [`decode`] need: the rotary table,
@@ -254,15 +268,70 @@ struct TaskScratch<'a, T> {
 
 impl<'a, T> TaskScratch<'a, T> {
     fn split(mine: &'a mut [T], s: &AttentionShape, qb: usize) -> Self {
-        let (t, hs) = (s.seq, s.head_size);
-        let (kt, rest) = mine.split_at_mut(hs * t);
-        let (vt, rest) = rest.split_at_mut(hs * t);
+        let t = s.seq;
+        let (kt, rest) = mine.split_at_mut(s.keys_len());
+        let (vt, rest) = rest.split_at_mut(s.keys_len());
         let (p, rest) = rest.split_at_mut(MAX_QUERY_BLOCK.min(t) * t);
         let (dp, rest) = rest.split_at_mut(MAX_QUERY_BLOCK.min(t) * t);
-        let rotated = if s.rope.is_some() { t * hs } else { 0 };
+        let rotated = if s.rope.is_some() { t * s.head_size } else { 0 };
         let (k_rot, rest) = rest.split_at_mut(rotated);
         debug_assert!(qb <= MAX_QUERY_BLOCK.min(t));
         TaskScratch { kt, vt, p, dp, k_rot, q_rot: &mut rest[..rotated] }
+    }
+}
+
+/// A B operand of attention's products: f32 rows, or, with bf16 operands, f32 values the
+/// product rounds as it packs them or panels packed once per task ([`pack_panels`]).
+#[derive(Clone, Copy)]
+enum B<T> {
+    Rows(Rows<T>),
+    Bf16(BOperand),
+}
+
+impl<T: Float> B<T> {
+    /// `m` (adjacent columns) as products in `operands` read it.
+    fn of(m: Strided<T>, operands: Operands) -> Self {
+        match operands {
+            Operands::F32 => B::Rows(m.rows()),
+            Operands::Bf16 => B::Bf16(BOperand::Values(f32s(m))),
+        }
+    }
+}
+
+/// `m`'s values as f32 (`T` is f32 wherever products run in bf16).
+fn f32s<T: Float>(m: Strided<T>) -> Strided<f32> {
+    assert_eq!(core::mem::size_of::<T>(), 4, "bf16 products take f32 operands");
+    Strided { ptr: m.ptr.cast(), rs: m.rs, cs: m.cs }
+}
+
+/// B `[k x n]` (`b`, a unit stride) packed into bf16 panels in `out`'s storage, on this
+/// thread, once for all of a task's products that read it.
+fn pack_panels<T: Float>(b: Strided<T>, k: usize, n: usize, out: &mut [T]) -> B<T> {
+    assert!(out.len() >= bf16::panels_len(k, n), "attention: bf16 panels' scratch too short");
+    // SAFETY: B's k x n values are the task's view of qkv (caller); the panels fit in `out`
+    // (checked), which its borrow keeps to this call.
+    unsafe { bf16::pack_panels(&crate::parallel::Serial, f32s(b), k, n, out.as_mut_ptr().cast()) };
+    B::Bf16(BOperand::Panels { ptr: out.as_ptr().cast(), depth: k })
+}
+
+/// `m`'s `t x hs` values transposed into `out` (`hs x t`), as f32 products read them.
+fn transposed<T: Float>(m: Strided<T>, t: usize, hs: usize, out: &mut [T]) -> B<T> {
+    // SAFETY: `m` addresses t rows of hs values, `rs` apart (the task's view of qkv).
+    transpose(unsafe { core::slice::from_raw_parts(m.ptr, (t - 1) * m.rs + hs) }, t, hs, m.rs, out);
+    B::Rows(Rows { ptr: out.as_ptr(), ld: t })
+}
+
+/// `c = a·b + beta·c`, `a` zero outside `band`, in the precision `b` is given in.
+///
+/// # Safety
+/// As [`gemm_banded`]'s (or [`bf16::gemm_bf16_banded`]'s).
+unsafe fn product<T: Float>(shape: Shape, a: Strided<T>, b: B<T>, beta: T, c: RowsMut<T>, band: Band) {
+    // SAFETY: forwarded; in bf16, T is f32 (f32s checks).
+    unsafe {
+        match b {
+            B::Rows(b) => gemm_banded(shape, a, b, beta, c, band),
+            B::Bf16(b) => bf16::gemm_bf16_banded(shape, f32s(a), b, beta.to_f64() as f32, RowsMut { ptr: c.ptr.cast(), ld: c.ld }, band),
+        }
     }
 }
 
@@ -404,8 +473,8 @@ fn drop_rows<T: Float>(mask: Option<Mask>, p: &mut [T], t: usize, rows: Range<us
 
 /// Forward: `out = dropout(softmax(q·kᵀ / sqrt(HS) + causal mask)) · v` per head; saves
 /// `lse`. `scratch` holds at least [`AttentionShape::scratch_len`] elements; `key` is the
-/// micro-batch's dropout key (needed with dropout).
-pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch: &mut [T], key: Option<DropoutKey>) {
+/// micro-batch's dropout key (needed with dropout); the products' operands are `operands`'.
+pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch: &mut [T], key: Option<DropoutKey>, operands: Operands) {
     let Forward { out, lse, qkv, shape: s, dropout } = a;
     let mask = mask(dropout, key);
     let (t, hs, c) = (s.seq, s.head_size, s.c());
@@ -424,10 +493,14 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch
         // SAFETY: task (b, g) owns its scratch, and lse[b, h, :] and head h's output columns
         // of its query heads h.
         let sc = TaskScratch::split(unsafe { scratch_p.slice(task * s.task_scratch(), s.task_scratch()) }, &s, qb);
-        let (kt, p) = (sc.kt, sc.p);
-        let keys_src = head.loaded(head.k_col(), table, sc.k_rot);
-        // SAFETY: `keys_src` addresses T rows of HS values, `rs` apart.
-        transpose(unsafe { core::slice::from_raw_parts(keys_src.ptr, (t - 1) * keys_src.rs + hs) }, t, hs, keys_src.rs, kt);
+        let p = sc.p;
+        let keys = head.loaded(head.k_col(), table, sc.k_rot);
+        let values = head.part(0, head.v_col());
+        // Kᵀ and V as the products read them.
+        let (keys_t, values) = match operands {
+            Operands::F32 => (transposed(keys, t, hs, sc.kt), B::Rows(values.rows())),
+            Operands::Bf16 => (pack_panels(keys.t(), hs, t, sc.kt), pack_panels(values, t, hs, sc.vt)),
+        };
         for h in head.g * s.group()..(head.g + 1) * s.group() {
             let bh = head.b * s.heads + h;
             let q = head.loaded(head.q_col(h), table, &mut *sc.q_rot);
@@ -441,14 +514,14 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch
                 unsafe {
                     let scores = RowsMut { ptr: p.as_mut_ptr(), ld: t };
                     let q_rows = Strided { ptr: q.ptr.add(q0 * q.rs), ..q };
-                    gemm(Shape { m: rows.len(), n: s.scored_keys::<T>(keys), k: hs }, q_rows, Rows { ptr: kt.as_ptr(), ld: t }, T::ZERO, scores);
+                    product(Shape { m: rows.len(), n: s.scored_keys::<T>(keys), k: hs }, q_rows, keys_t, T::ZERO, scores, Band::Full);
                     causal_softmax(p, t, rows.clone(), scale, lse);
                     drop_rows(mask, p, t, rows.clone(), bh);
                     let probs = Strided { ptr: p.as_ptr(), rs: t, cs: 1 };
                     let o = RowsMut { ptr: out_p.ptr().add((head.b * t + q0) * c + h * hs), ld: c };
                     // Query q0 + r sees keys ..q0 + r + 1: the rest of its row of P is zero.
-                    let product = Shape { m: rows.len(), n: hs, k: keys };
-                    gemm_banded(product, probs, head.part(0, head.v_col()).rows(), T::ZERO, o, Band::Below(q0 + 1));
+                    let by_query = Shape { m: rows.len(), n: hs, k: keys };
+                    product(by_query, probs, values, T::ZERO, o, Band::Below(q0 + 1));
                 }
             }
         }
@@ -458,7 +531,8 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, scratch
 /// Backward: writes (overwrites) `dqkv [B, T, W]` from `dout [B, T, C]`, using the forward's
 /// `out` and `lse` (and forward's dropout `key`). Each (batch, key/value head) pair is one
 /// task, its query heads' dK and dV summed in head order, so no two tasks touch one element.
-pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scratch: &mut [T], key: Option<DropoutKey>) {
+/// The products' operands are `operands`'.
+pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scratch: &mut [T], key: Option<DropoutKey>, operands: Operands) {
     let Backward { dqkv, dout, qkv, out, lse, shape: s, dropout } = a;
     let mask = mask(dropout, key);
     let (t, hs, c, w) = (s.seq, s.head_size, s.c(), s.width());
@@ -477,11 +551,14 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scrat
         // SAFETY: task (b, g) owns its scratch, and in batch b the columns of dqkv of its key
         // and value heads and of their query heads.
         let sc = TaskScratch::split(unsafe { scratch_p.slice(task * s.task_scratch(), s.task_scratch()) }, &s, qb);
-        let (kt, vt, p, dp) = (sc.kt, sc.vt, sc.p, sc.dp);
+        let (p, dp) = (sc.p, sc.dp);
         let k = head.loaded(head.k_col(), table, sc.k_rot);
-        // SAFETY: `k` addresses T rows of HS values, `rs` apart.
-        transpose(unsafe { core::slice::from_raw_parts(k.ptr, (t - 1) * k.rs + hs) }, t, hs, k.rs, kt);
-        transpose(&qkv[head.at(0, head.v_col())..], t, hs, w, vt);
+        let v = head.part(0, head.v_col());
+        // Kᵀ and Vᵀ as the products read them.
+        let (keys_t, values_t) = match operands {
+            Operands::F32 => (transposed(k, t, hs, sc.kt), transposed(v, t, hs, sc.vt)),
+            Operands::Bf16 => (pack_panels(k.t(), hs, t, sc.kt), pack_panels(v.t(), hs, t, sc.vt)),
+        };
         let d_at = |i: usize, col: usize| RowsMut { ptr: d_p.ptr().wrapping_add(head.at(i, col)), ld: w };
         for (nth, h) in (head.g * s.group()..(head.g + 1) * s.group()).enumerate() {
             let bh = head.b * s.heads + h;
@@ -499,9 +576,9 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scrat
                     let q_rows = Strided { ptr: q.ptr.add(q0 * q.rs), ..q };
                     let scored = s.scored_keys::<T>(keys);
                     let scores = Shape { m: n, n: scored, k: hs };
-                    gemm(scores, q_rows, Rows { ptr: kt.as_ptr(), ld: t }, T::ZERO, RowsMut { ptr: p.as_mut_ptr(), ld: t });
+                    product(scores, q_rows, keys_t, T::ZERO, RowsMut { ptr: p.as_mut_ptr(), ld: t }, Band::Full);
                     causal_softmax_recompute(p, t, rows.clone(), scale, &lse[bh * t..(bh + 1) * t]);
-                    gemm(scores, d_o, Rows { ptr: vt.as_ptr(), ld: t }, T::ZERO, RowsMut { ptr: dp.as_mut_ptr(), ld: t });
+                    product(scores, d_o, values_t, T::ZERO, RowsMut { ptr: dp.as_mut_ptr(), ld: t }, Band::Full);
                     // With dropout that is the gradient of the dropped probabilities: through
                     // the mask to the probabilities', and P itself dropped for dV (dS needs
                     // it whole).
@@ -517,9 +594,9 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, scrat
                     // and dS are zero past each query's keys: key j takes no query before it.
                     let (seen_from, sees) = (Band::Above(q0), Band::Below(q0 + 1));
                     let (by_key, by_query) = (Shape { m: keys, n: hs, k: n }, Shape { m: n, n: hs, k: keys });
-                    gemm_banded(by_key, p_t, d_o.rows(), beta_kv, d_at(0, head.v_col()), seen_from);
-                    gemm_banded(by_key, ds_t, q_rows.rows(), beta_kv, d_at(0, head.k_col()), seen_from);
-                    gemm_banded(by_query, ds, k.rows(), T::ZERO, d_at(q0, head.q_col(h)), sees);
+                    product(by_key, p_t, B::of(d_o, operands), beta_kv, d_at(0, head.v_col()), seen_from);
+                    product(by_key, ds_t, B::of(q_rows, operands), beta_kv, d_at(0, head.k_col()), seen_from);
+                    product(by_query, ds, B::of(k, operands), T::ZERO, d_at(q0, head.q_col(h)), sees);
                 }
             }
             if s.rope.is_some() {
@@ -668,6 +745,35 @@ mod tests {
         }
     }
 
+    /// With bf16 operands, forward's output and backward's `dqkv` are f32's to bf16's
+    /// rounding of the products' operands (the probabilities and their gradients included):
+    /// within 1e-2 relative in norm, and not f32's bits. Shapes: a head of two bf16 panels
+    /// over three query blocks, grouped heads with RoPE, few keys (one partial panel); with
+    /// and without dropout.
+    #[test]
+    fn bf16_operands_follow_f32() {
+        if bf16::bf16_kernel_name().is_none() {
+            println!("skipped: this CPU has no AVX512-BF16");
+            return;
+        }
+        let wide = AttentionShape { batch: 2, seq: 2 * MAX_QUERY_BLOCK + 5, heads: 2, kv_heads: 2, head_size: 64, rope: None };
+        for s in [wide, GROUPED, ROTARY] {
+            for dropout in [None, DROPOUT] {
+                let mut rng = Rng::new(13);
+                let mut random32 = |len, scale| random(&mut rng, len, scale).into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+                let (qkv, g) = (random32(s.batch * s.seq * s.width(), 1.5), random32(s.batch * s.seq * s.c(), 1.0));
+                let (out32, dqkv32) = run_both_passes_in(s, &qkv, &g, dropout, Operands::F32);
+                let (out, dqkv) = run_both_passes_in(s, &qkv, &g, dropout, Operands::Bf16);
+                for (what, got, want) in [("out", out, out32), ("dqkv", dqkv, dqkv32)] {
+                    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+                    let diff: Vec<f64> = got.iter().zip(&want).map(|(&a, &b)| f64::from(a) - f64::from(b)).collect();
+                    let rel = norm(&diff) / norm(&want.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>());
+                    assert!(rel < 1e-2 && rel > 0.0, "{s:?}, dropout {}: {what} relative difference {rel:e}", dropout.is_some());
+                }
+            }
+        }
+    }
+
     fn check_f32_against_f64(s: AttentionShape) {
         let (n, c) = (s.batch * s.seq, s.c());
         let mut rng = Rng::new(9);
@@ -687,11 +793,16 @@ mod tests {
 
     /// Forward's output and backward's `dqkv` (from a `dqkv` holding garbage).
     fn run_both_passes<T: Float>(s: AttentionShape, qkv: &[T], g: &[T], dropout: Option<Site>) -> (Vec<T>, Vec<T>) {
+        run_both_passes_in(s, qkv, g, dropout, Operands::F32)
+    }
+
+    /// [`run_both_passes`] with the products' operands in `operands`.
+    fn run_both_passes_in<T: Float>(s: AttentionShape, qkv: &[T], g: &[T], dropout: Option<Site>, operands: Operands) -> (Vec<T>, Vec<T>) {
         let (n, c) = (s.batch * s.seq, s.c());
         let (mut out, mut lse, mut dqkv) = (vec![T::ZERO; n * c], vec![T::ZERO; s.batch * s.heads * s.seq], vec![T::from_f64(7.0); n * s.width()]);
-        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv, shape: s, dropout }, &mut vec![T::ZERO; s.scratch_len()], KEY);
+        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv, shape: s, dropout }, &mut vec![T::ZERO; s.scratch_len()], KEY, operands);
         let a = Backward { dqkv: &mut dqkv[..], dout: g, qkv, out: &out, lse: &lse, shape: s, dropout };
-        backward(&Serial, a, &mut vec![T::ZERO; s.scratch_len()], KEY);
+        backward(&Serial, a, &mut vec![T::ZERO; s.scratch_len()], KEY, operands);
         (out, dqkv)
     }
 
@@ -703,7 +814,7 @@ mod tests {
         let (_, dqkv) = run_both_passes(s, &qkv, &g, dropout);
         let (mut out, mut lse) = (vec![0.0; n * c], vec![0.0; s.batch * s.heads * s.seq]);
         let numeric = numeric_grad(&mut qkv, |x| {
-            forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: x, shape: s, dropout }, &mut vec![0.0; s.scratch_len()], KEY);
+            forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: x, shape: s, dropout }, &mut vec![0.0; s.scratch_len()], KEY, Operands::F32);
             weighted_sum(&out, &g)
         });
         assert_close("dqkv", &dqkv, &numeric);
@@ -724,7 +835,7 @@ mod tests {
         let (t, c, w) = (s.seq, s.c(), s.width());
         let qkv = random(&mut Rng::new(12), t * w, 2.0);
         let (mut out, mut lse) = (vec![0.0; t * c], vec![0.0; s.heads * t]);
-        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout: None }, &mut vec![0.0; s.scratch_len()], None);
+        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout: None }, &mut vec![0.0; s.scratch_len()], None, Operands::F32);
         let mut cache = vec![f64::NAN; 2 * t * s.kv_heads * s.head_size];
         let one = AttentionShape { seq: 1, ..s };
         let mut scratch = vec![0.0; one.scratch_len()];
@@ -748,7 +859,7 @@ mod tests {
         let mut rng = Rng::new(6);
         let qkv = random(&mut rng, s.batch * t * w, 2.0);
         let (mut out, mut lse) = (vec![0.0; s.batch * t * c], vec![0.0; s.batch * s.heads * t]);
-        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout }, &mut vec![0.0; s.scratch_len()], KEY);
+        forward(&Serial, Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout }, &mut vec![0.0; s.scratch_len()], KEY, Operands::F32);
         let kept = |b: usize, h: usize, i: usize, j: usize| match mask(dropout, KEY) {
             Some(m) if m.keeps((((b * s.heads + h) * t + i) * t + j) as u64) => m.site.scale(),
             Some(_) => 0.0,
