@@ -136,7 +136,7 @@ pub unsafe fn pack_panels(par: &dyn super::Parallel, b: Strided<f32>, k: usize, 
                 avx512::pack_b(b, 0..k, j * NR, NR.min(n - j * NR), out.ptr().add(j * k.div_ceil(2) * NR))
             };
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (b, j, &out);
+            let _ = (b, j, k, &out);
         }
     });
 }
