@@ -163,9 +163,9 @@ pub fn bf16_peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak> {
     cached(&key, given, false, || measure_bf16(pool).ok_or_else(no_bf16))
 }
 
-/// Memory read bandwidth in GB/s, all threads of `pool` at once, the best round ([`best_rate`]): what
-/// streaming a model's weights once per token (sampling a token with the KV cache) can reach
-/// at best. The buffer is twice the last-level cache (at least 256 MiB, at most 2 GiB): a
+/// Memory read bandwidth in GB/s, all threads of `pool` at once, the best round
+/// ([`alpha_core::parallel::best_rate`]): what streaming a model's weights once per token
+/// (sampling a token with the KV cache) can reach at best. The buffer is twice the last-level cache (at least 256 MiB, at most 2 GiB): a
 /// smaller one is read from the cache, not from memory. Each thread reads its share as eight
 /// streams at once, prefetching ahead, the pattern that read fastest (docs/performance.md, "Kernel choices").
 pub fn memory_bandwidth(pool: &ThreadPool) -> f64 {
