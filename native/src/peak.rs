@@ -147,9 +147,9 @@ fn measure(pool: &ThreadPool) -> f64 {
     on_clock(|now| alpha_core::gemm::peak_gflops(pool, now))
 }
 
-/// The bf16 GEMM's peak on every thread of `pool`, measured now (`info`); `None` where the
-/// CPU has no bf16 kernel.
-pub fn measure_bf16(pool: &ThreadPool) -> Option<f64> {
+/// The bf16 GEMM's peak on every thread of `pool`, measured now; `None` where the CPU has no
+/// bf16 kernel.
+fn measure_bf16(pool: &ThreadPool) -> Option<f64> {
     on_clock(|now| alpha_core::gemm::bf16::peak_gflops(pool, now))
 }
 
@@ -157,10 +157,20 @@ pub fn measure_bf16(pool: &ThreadPool) -> Option<f64> {
 /// f32 one: `given`, else the cached measurement, else a new one (then cached). An error where
 /// the CPU has no bf16 kernel.
 pub fn bf16_peak(pool: &ThreadPool, given: Option<f64>) -> Result<Peak> {
+    cached_bf16_peak(pool, given, false)
+}
+
+/// [`bf16_peak`], measured again even when cached, as [`measured_peak`] (`info`); `None`
+/// where the CPU has no bf16 kernel.
+pub fn measured_bf16_peak(pool: &ThreadPool) -> Option<f64> {
+    cached_bf16_peak(pool, None, true).ok().map(|p| p.gflops)
+}
+
+fn cached_bf16_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> Result<Peak> {
     let no_bf16 = || anyhow!("this CPU has no bf16 products (AVX512-BF16)");
     let kernel = alpha_core::gemm::bf16::bf16_kernel_name().ok_or_else(no_bf16)?;
     let key = format!("{} | {} threads | {kernel}", cpu_model(), pool.threads());
-    cached(&key, given, false, || measure_bf16(pool).ok_or_else(no_bf16))
+    cached(&key, given, remeasure, || measure_bf16(pool).ok_or_else(no_bf16))
 }
 
 /// Memory read bandwidth in GB/s, all threads of `pool` at once, the best round

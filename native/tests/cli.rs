@@ -153,7 +153,7 @@ fn bad_checkpoints_and_texts_are_clear_errors() {
 fn ranks_need_a_build_with_mpi() {
     let dir = workdir("no-mpi");
     text_file(&dir);
-    let o = Command::new(BIN).args(["train", "--data", "text.txt", "--iters", "1"]).env("OMPI_COMM_WORLD_SIZE", "2").current_dir(&dir).output().unwrap();
+    let o = alpha_native().args(["train", "--data", "text.txt", "--iters", "1"]).env("OMPI_COMM_WORLD_SIZE", "2").current_dir(&dir).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert_eq!(err.trim_end(), "error: launched as one of 2 MPI processes, but this alpha-native was built without MPI: build it with `cargo build --release -p alpha-native --features mpi`");
@@ -287,7 +287,7 @@ fn ctrl_c_saves_a_checkpoint_and_exits_zero() {
     let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--iters", "100000", "--log-interval", "1"];
     args.extend(TINY);
     args.extend(QUIET);
-    let mut child = Command::new(BIN).args(&args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = alpha_native().args(&args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Wait until training is under way.
     for line in lines.by_ref() {
@@ -555,7 +555,7 @@ fn bf16_products_on_the_cpu_follow_f32_and_a_cpu_without_them_says_so() {
     }
     let mut args = vec!["train", "--data", "text.txt", "--iters", "1", "--precision", "bf16"];
     args.extend(TINY);
-    let o = Command::new(BIN).args(&args).env("ALPHA_CPU_MASK", "avx512bf16").current_dir(&dir).output().unwrap();
+    let o = alpha_native().args(&args).env("ALPHA_CPU_MASK", "avx512bf16").current_dir(&dir).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.starts_with("error: ") && err.contains("needs AVX512-BF16") && err.trim_end().lines().count() == 1, "{err}");
@@ -567,7 +567,7 @@ fn bf16_products_on_the_cpu_follow_f32_and_a_cpu_without_them_says_so() {
 fn the_cpu_mask_narrows_the_kernels_and_a_misspelt_one_is_an_error() {
     let dir = workdir("cpu-mask");
     let info = |mask: &str| {
-        let o = Command::new(BIN)
+        let o = alpha_native()
             .args(["info", "--json", "--measure-steps", "0", "--peak-gflops", "1"])
             .env("ALPHA_CPU_MASK", mask)
             .current_dir(&dir)
@@ -590,7 +590,7 @@ fn the_cpu_mask_narrows_the_kernels_and_a_misspelt_one_is_an_error() {
         assert!(all["peak_bf16_gflops"].is_null(), "{all}");
         println!("the bf16 mask untested: this CPU has no AVX512-BF16");
     }
-    let o = Command::new(BIN).args(["info", "--measure-steps", "0"]).env("ALPHA_CPU_MASK", "avx512f,avx512_bf16").current_dir(&dir).output().unwrap();
+    let o = alpha_native().args(["info", "--measure-steps", "0"]).env("ALPHA_CPU_MASK", "avx512f,avx512_bf16").current_dir(&dir).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.starts_with("error: ALPHA_CPU_MASK names \"avx512_bf16\"") && err.trim_end().lines().count() == 1, "{err}");
@@ -604,7 +604,7 @@ fn info_reports_machine_memory_and_estimate_and_caches_the_peak() {
     let info = || {
         let mut args = vec!["info", "--data", "text.txt", "--json", "--measure-steps", "2", "--iters", "100"];
         args.extend(TINY);
-        let o = Command::new(BIN).args(&args).current_dir(&dir).env("ALPHA_CACHE_DIR", &cache).output().unwrap();
+        let o = alpha_native().args(&args).current_dir(&dir).env("ALPHA_CACHE_DIR", &cache).output().unwrap();
         json_of(&o)
     };
     let first = info();
@@ -633,19 +633,31 @@ fn info_reports_machine_memory_and_estimate_and_caches_the_peak() {
     let mut args = vec!["info", "--data", "text.txt", "--json", "--measure-steps", "2", "--peak-gflops", "1"];
     args.extend(TINY);
     args.extend(["--batch", "16000000"]);
-    let huge = json_of(&Command::new(BIN).args(&args).current_dir(&dir).output().unwrap());
+    let huge = json_of(&alpha_native().args(&args).current_dir(&dir).output().unwrap());
     assert!(huge["estimate"].is_null() && f(&huge["memory_mib"]["activations"]) > 1e5);
     assert!(huge["memory_error"].as_str().unwrap().contains("but this machine has"), "{huge}");
-    // info measures again and the cache keeps the highest; bench (as train) reuses it.
+    // info measures again and the cache keeps the highest, f32's and (where the CPU has
+    // them) bf16's; bench (as train) reuses them.
     let second = info();
     assert_eq!(second["peak_source"], "measured");
     assert!(f(&second["peak_gflops"]) >= f(&first["peak_gflops"]));
+    let bf16 = second["bf16_kernel"].is_string();
+    if bf16 {
+        assert!(f(&second["peak_bf16_gflops"]) >= f(&first["peak_bf16_gflops"]));
+    }
     let cached: serde_json::Value = serde_json::from_str(&fs::read_to_string(cache.join("peak.json")).unwrap()).unwrap();
-    assert_eq!(cached.as_object().unwrap().values().collect::<Vec<_>>(), [&second["peak_gflops"]]);
-    let mut args = vec!["bench", "--data", "text.txt", "--json", "--iters", "1", "--warmup", "0"];
-    args.extend(TINY);
-    let bench = json_of(&Command::new(BIN).args(&args).current_dir(&dir).env("ALPHA_CACHE_DIR", &cache).output().unwrap());
-    assert_eq!((&bench["peak_source"], &bench["peak_gflops"]), (&serde_json::json!("cached"), &second["peak_gflops"]));
+    let mut want = vec![f(&second["peak_gflops"])];
+    want.extend(bf16.then(|| f(&second["peak_bf16_gflops"])));
+    let mut got: Vec<f64> = cached.as_object().unwrap().values().map(f).collect();
+    got.sort_by(f64::total_cmp);
+    want.sort_by(f64::total_cmp);
+    assert_eq!(got, want);
+    for (precision, peak) in [("f32", &second["peak_gflops"]), ("bf16", &second["peak_bf16_gflops"])].into_iter().take(1 + usize::from(bf16)) {
+        let mut args = vec!["bench", "--data", "text.txt", "--json", "--iters", "1", "--warmup", "0", "--precision", precision];
+        args.extend(TINY);
+        let bench = json_of(&alpha_native().args(&args).current_dir(&dir).env("ALPHA_CACHE_DIR", &cache).output().unwrap());
+        assert_eq!((&bench["peak_source"], &bench["peak_gflops"]), (&serde_json::json!("cached"), peak), "{precision}");
+    }
 }
 
 #[test]
@@ -698,7 +710,7 @@ fn killing_the_process_never_leaves_a_corrupt_checkpoint() {
     let modified = || fs::metadata(&ckpt).and_then(|m| m.modified()).ok();
     for delay_ms in [0u64, 4, 9, 15, 22, 30, 39, 49] {
         let before = modified();
-        let mut child = Command::new(BIN).args(&args).current_dir(&dir).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let mut child = alpha_native().args(&args).current_dir(&dir).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while modified() == before {
             assert!(std::time::Instant::now() < deadline, "no checkpoint within 60 s");
@@ -1067,7 +1079,7 @@ fn serve_shows_the_run_live_and_no_client_stalls_it() {
     let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--threads", "1", "--iters", "100000", "--log-interval", "10", "--serve", "127.0.0.1:0"];
     args.extend(TINY);
     args.extend(QUIET);
-    let mut child = Command::new(BIN).args(&args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = alpha_native().args(&args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     // The run's plain lines are read away, so that a full pipe never holds it.

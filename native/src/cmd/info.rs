@@ -3,7 +3,7 @@
 use crate::args::ModelArgs;
 use crate::device::{Backend, DeviceArgs};
 use crate::engine::Placement;
-use crate::peak::{fma_limit, gpu_peak, machine_json, measure_bf16, measured_peak, simd_features};
+use crate::peak::{fma_limit, gpu_peak, machine_json, measured_bf16_peak, measured_peak, simd_features};
 use crate::step::{bench_train_config, fresh_start, timed_step, train_split};
 use alpha_core::config::MAX_DIM;
 use alpha_core::engine::StepError;
@@ -98,7 +98,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         "data_parallel": data_parallel,
         "peak_gflops": peak.gflops,
         "peak_source": peak.source,
-        "peak_bf16_gflops": measure_bf16(&pool),
+        "peak_bf16_gflops": measured_bf16_peak(&pool),
         "bf16_kernel": alpha_core::gemm::bf16::bf16_kernel_name(),
         "fma_limit_gflops": fma_limit(&pool),
         "memory_bandwidth_gbs": bandwidth,
