@@ -177,8 +177,7 @@ fn resident_memory_stays_bounded_on_a_dataset_larger_than_it() {
     assert!(size > 2_500_000_000, "{size}");
     let mut args = vec!["train", "--dataset", "big", "--tokenizer", "tok.json", "--iters", "30", "--threads", "2", "--out", "big-run", "--eval-iters", "2"];
     args.extend(TINY);
-    let mut child =
-        std::process::Command::new(BIN).args(&args).current_dir(&dir).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = alpha_native().args(&args).current_dir(&dir).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let status_path = format!("/proc/{}/status", child.id());
     let mut peak_kib = 0u64;
     loop {
@@ -244,7 +243,7 @@ fn prepare_stopped_by_a_signal_writes_nothing_and_leaves_no_temporary_file() {
     fs::write(dir.join("big.txt"), corpus.repeat(40)).unwrap();
     for (signals, code) in [(&["TERM"][..], 1), (&["TERM", "INT"][..], 130)] {
         let out = format!("ds-{}", signals.len());
-        let child = std::process::Command::new(BIN)
+        let child = alpha_native()
             .args(["prepare", "--data", "big.txt", "--tokenizer", "tok.json", "--out", &out])
             .current_dir(&dir)
             .stderr(std::process::Stdio::piped())

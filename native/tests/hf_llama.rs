@@ -31,7 +31,7 @@ fn eval(dir: &Path, name: &str, model: &Path) -> Value {
 
 /// `ids` decoded by fixture `name`'s tokenizer.
 fn decode(name: &str, ids: &Value) -> String {
-    let mut decode = std::process::Command::new(BIN)
+    let mut decode = alpha_native()
         .args(["tokenizer", "decode", "--tokenizer", fixture(name).to_str().unwrap()])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -87,7 +87,7 @@ fn the_loss_and_greedy_tokens_are_transformers() {
     assert_eq!(serde_json::from_str::<Value>(&stdout(&o)).unwrap()["ids"], r["ids"]);
     // Greedy generation: transformers' 12 tokens after the prompt, as text.
     let ids = r["greedy"].to_string();
-    let mut decode = std::process::Command::new(BIN)
+    let mut decode = alpha_native()
         .args(["tokenizer", "decode", "--tokenizer", fixture().to_str().unwrap()])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -146,11 +146,11 @@ fn models_are_found_by_name_in_the_hugging_face_cache() {
     }
     let text = fixture().join("text.txt");
     let args = ["eval", "--checkpoint", "gpt2", "--text", text.to_str().unwrap(), "--block", "64"];
-    let o = std::process::Command::new(BIN).args(args).current_dir(&dir).env("HF_HOME", &home).env_remove("HF_HUB_CACHE").output().unwrap();
+    let o = alpha_native().args(args).current_dir(&dir).env("HF_HOME", &home).env_remove("HF_HUB_CACHE").output().unwrap();
     assert_ok(&o);
     let loss = serde_json::from_str::<Value>(&stdout(&o)).unwrap()["loss"].as_f64().unwrap();
     assert!((loss - reference()["loss"].as_f64().unwrap()).abs() < 1e-4);
-    let o = std::process::Command::new(BIN)
+    let o = alpha_native()
         .args(["eval", "--checkpoint", "gpt2-xl", "--text", text.to_str().unwrap()])
         .current_dir(&dir)
         .env("HF_HOME", &home)

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// Runs the binary, failing the test if it is still running after 20 s (a hang).
 fn run_bounded(dir: &Path, args: &[&str]) -> Output {
-    let mut child = Command::new(BIN).args(args).current_dir(dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = alpha_native().args(args).current_dir(dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {

@@ -17,6 +17,7 @@ fn mpirun(dir: &Path, ranks: usize, mpi_options: &[&str], args: &[&str]) -> Comm
     c.current_dir(dir)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("ALPHA_CACHE_DIR", test_cache_dir())
         .args(["--oversubscribe", "-np", &ranks.to_string()])
         .args(mpi_options)
         .arg(BIN)

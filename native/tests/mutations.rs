@@ -14,7 +14,6 @@ use alpha_core::{GptConfig, Plan, Rng};
 use common::*;
 use serde_json::{json, Value};
 use std::fs;
-use std::process::Command;
 
 /// The seed of every case: `ALPHA_MUTATION_SEED=N` hunts with another.
 fn seed() -> u64 {
@@ -234,7 +233,7 @@ fn mutated_checkpoints_load_consistently_or_are_one_line_errors() {
             if case % BINARY_EVERY == 0 {
                 let name = format!("case{case}.safetensors");
                 for args in [&["sample", "--checkpoint", &name, "--tokens", "3"][..], &["eval", "--checkpoint", &name, "--text", "text.txt"]] {
-                    let o = Command::new(BIN).args(args).current_dir(&dir).output().unwrap();
+                    let o = alpha_native().args(args).current_dir(&dir).output().unwrap();
                     let err = String::from_utf8_lossy(&o.stderr);
                     match o.status.code() {
                         Some(0) => {}
@@ -322,7 +321,7 @@ fn mutated_texts_load_or_are_one_line_errors_naming_the_file() {
                 "o",
                 "--overwrite",
             ];
-            let o = Command::new(BIN).args(args).args(QUIET).current_dir(&dir).output().unwrap();
+            let o = alpha_native().args(args).args(QUIET).current_dir(&dir).output().unwrap();
             let err = String::from_utf8_lossy(&o.stderr);
             match o.status.code() {
                 Some(0) => {}

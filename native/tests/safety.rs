@@ -127,7 +127,7 @@ fn out_of_memory_under_a_real_limit_is_an_error() {
     text_file(&dir);
     let limited = |args: &str| {
         let script = format!("ulimit -v 1048576 && exec {BIN} {args}");
-        Command::new("sh").args(["-c", &script]).current_dir(&dir).output().unwrap()
+        Command::new("sh").args(["-c", &script]).env("ALPHA_CACHE_DIR", test_cache_dir()).current_dir(&dir).output().unwrap()
     };
     let o = limited("train --data text.txt --layers 8 --heads 8 --embd 512 --block 256 --batch 32 --threads 1 --out big");
     assert_eq!(o.status.code(), Some(1), "{o:?}");
@@ -137,7 +137,7 @@ fn out_of_memory_under_a_real_limit_is_an_error() {
     // device's out-of-memory error, not wgpu's panic.
     let script =
         format!("ulimit -v 2500000 && exec {BIN} train --data text.txt --backend gpu --layers 6 --heads 8 --embd 512 --block 256 --batch 32 --out big");
-    let o = Command::new("sh").args(["-c", &script]).current_dir(&dir).output().unwrap();
+    let o = Command::new("sh").args(["-c", &script]).env("ALPHA_CACHE_DIR", test_cache_dir()).current_dir(&dir).output().unwrap();
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ") && !l.contains("XDG_RUNTIME_DIR")).collect();
@@ -223,7 +223,7 @@ fn a_second_run_into_one_directory_fails_at_once() {
     let dir = workdir("lock");
     text_file(&dir);
     let long = train_args(&["--iters", "1000000", "--out", "out", "--log-interval", "1"]);
-    let mut first = Command::new(BIN).args(&long).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut first = alpha_native().args(&long).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let mut out = std::io::BufReader::new(first.stdout.take().unwrap());
     let mut line = String::new();
     while !line.starts_with("step 1:") {
@@ -320,7 +320,7 @@ fn sigterm_saves_the_run_and_a_second_signal_stops_it_at_once() {
     text_file(&dir);
     // About a third of a second per step on one thread.
     let model = ["--layers", "2", "--heads", "2", "--embd", "128", "--block", "128", "--batch", "32", "--threads", "1"];
-    let start = |args: &[&str]| Command::new(BIN).args(args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = |args: &[&str]| alpha_native().args(args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut first = [&["train", "--data", "text.txt", "--out", "out", "--iters", "100000", "--log-interval", "1"][..], &model, QUIET].concat();
     first.extend(["--checkpoint-interval", "0"]);
     let child = start(&first);
@@ -436,7 +436,7 @@ fn hostile_numbers_in_every_flag_are_one_line_errors() {
             for value in values {
                 let mut args = base.clone();
                 args.extend([flag.as_str(), value]);
-                let mut child = Command::new(BIN)
+                let mut child = alpha_native()
                     .args(&args)
                     .current_dir(&dir)
                     .env("ALPHA_CACHE_DIR", &cache)
@@ -530,14 +530,14 @@ fn gpu_drivers_are_asked_once_per_run() {
     let dir = workdir("xdg");
     text_file(&dir);
     let args = train_args(&["--iters", "2", "--backend", "gpu", "--out", "o"]);
-    let once = Command::new(BIN)
+    let once = alpha_native()
         .args(["info", "--data", "text.txt", "--measure-steps", "0", "--peak-gflops", "1"])
         .current_dir(&dir)
         .env_remove("XDG_RUNTIME_DIR")
         .output()
         .unwrap();
     let per_listing = String::from_utf8_lossy(&once.stderr).matches("XDG_RUNTIME_DIR").count();
-    let o = Command::new(BIN).args(&args).current_dir(&dir).env_remove("XDG_RUNTIME_DIR").output().unwrap();
+    let o = alpha_native().args(&args).current_dir(&dir).env_remove("XDG_RUNTIME_DIR").output().unwrap();
     assert_ok(&o);
     let warnings = String::from_utf8_lossy(&o.stderr).matches("XDG_RUNTIME_DIR").count();
     assert_eq!(warnings, per_listing, "{}", String::from_utf8_lossy(&o.stderr));

@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +35,7 @@ fn soak(backend: &str, steps: u64) -> Vec<(u64, u64)> {
     let mut args = vec!["train", "--data", "text.txt", "--out", "out", "--iters", &iters, "--backend", backend, "--log-interval", "50"];
     args.extend(["--eval-interval", &every, "--eval-iters", "5", "--sample-interval", &every, "--checkpoint-interval", &every]);
     args.extend(TINY);
-    let mut child = Command::new(BIN).args(&args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = alpha_native().args(&args).current_dir(&dir).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let step = Arc::new(AtomicU64::new(0));
     let reader = {
         let (step, out) = (Arc::clone(&step), child.stdout.take().unwrap());

@@ -5,11 +5,11 @@ mod common;
 use common::*;
 use std::fs;
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 /// Runs the binary with `stdin` as its standard input.
 fn run_with_input(dir: &std::path::Path, args: &[&str], stdin: &[u8]) -> std::process::Output {
-    let mut child = Command::new(BIN).args(args).current_dir(dir).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = alpha_native().args(args).current_dir(dir).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(stdin).unwrap();
     child.wait_with_output().unwrap()
 }

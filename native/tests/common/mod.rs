@@ -27,8 +27,22 @@ pub fn text_file(dir: &Path) -> PathBuf {
     path
 }
 
+/// The binary as a command, the peaks it measures cached in the tests' own directory: a
+/// test-profile build (debug assertions) measures lower peaks than a release one, which the
+/// user's cache would keep, and every MFU after them would be too high.
+pub fn alpha_native() -> Command {
+    let mut c = Command::new(BIN);
+    c.env("ALPHA_CACHE_DIR", test_cache_dir());
+    c
+}
+
+/// Where the tests' runs cache measured peaks (`ALPHA_CACHE_DIR`).
+pub fn test_cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("peak-cache")
+}
+
 pub fn run(dir: &Path, args: &[&str]) -> Output {
-    Command::new(BIN).args(args).current_dir(dir).output().expect("running alpha-native")
+    alpha_native().args(args).current_dir(dir).output().expect("running alpha-native")
 }
 
 pub fn stdout(o: &Output) -> String {
