@@ -347,9 +347,9 @@ fn check_attention(p: Plan) {
         });
         let (mut out, mut lse, mut dqkv) = (vec![0f32; n * c], vec![0f32; lse_len], vec![0f32; n * w]);
         let mut scratch = vec![0f32; s.scratch_len()];
-        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout: site }, &mut scratch, key);
+        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape: s, dropout: site }, &mut scratch, key, Operands::F32);
         let a = attention::Backward { dqkv: &mut dqkv[..], dout: &dout[..], qkv: &qkv[..], out: &out[..], lse: &lse[..], shape: s, dropout: site };
-        attention::backward(&Serial, a, &mut scratch, key);
+        attention::backward(&Serial, a, &mut scratch, key, Operands::F32);
         let what = format!("{:?}, {}", s.rope.map(|_| "RoPE"), if site.is_some() { "with dropout" } else { "without dropout" });
         assert_close(&format!("{what}: out"), &rig.get(g_out), &out, 1e-5);
         assert_close(&format!("{what}: lse"), &rig.get(g_lse), &lse, 1e-5);

@@ -477,7 +477,7 @@ fn attention_forward_and_backward() {
         let table = rope_table(shape);
         let table = table.as_ref().map(|t| View::first(t, seq * head_size));
         let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; batch * heads * seq], vec![0.0; shape.scratch_len()]);
-        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout }, &mut scratch, Some(KEY));
+        attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout }, &mut scratch, Some(KEY), Operands::F32);
         let (gqkv, gout, glse) = (buffer(&qkv), fresh(n * c), fresh(lse.len()));
         let key = View::first(&gkey, 4);
         run(head_size, |p| {
@@ -492,7 +492,7 @@ fn attention_forward_and_backward() {
         let mut dqkv = vec![0.0; n * w];
         let a: attention::Backward<&mut [f32], &[f32]> =
             attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &out, lse: &lse, shape, dropout };
-        attention::backward(&Serial, a, &mut scratch, Some(KEY));
+        attention::backward(&Serial, a, &mut scratch, Some(KEY), Operands::F32);
         let (gdqkv, gdout, gdelta) = (fresh(n * w), buffer(&dout), fresh(lse.len()));
         run(head_size, |p| {
             let grads = attention::Backward {
@@ -1010,7 +1010,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     let (n, c) = (75, 72);
     let qkv = round16(&random(&mut rng, n * 3 * c, 1.5));
     let (mut out, mut lse, mut scratch) = (vec![0.0; n * c], vec![0.0; 2 * 75], vec![0.0; shape.scratch_len()]);
-    attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout: None }, &mut scratch, None);
+    attention::forward(&Serial, attention::Forward { out: &mut out, lse: &mut lse, qkv: &qkv, shape, dropout: None }, &mut scratch, None, Operands::F32);
     let (gqkv, gout, glse, gkey) = (half_buffer(&qkv), buffer16(&vec![0u16; n * c]), buffer16(&lse), buffer16(&KEY.words()));
     run16(36, u64::MAX, |p| {
         let a = attention::Forward { out: half_view(&gout, n * c), lse: View::first(&glse, lse.len()), qkv: half_view(&gqkv, qkv.len()), shape, dropout: None };
@@ -1023,7 +1023,7 @@ fn f16_stored_tensors_match_the_cpu_on_rounded_values() {
     let mut dqkv = vec![0.0; n * 3 * c];
     let a: attention::Backward<&mut [f32], &[f32]> =
         attention::Backward { dqkv: &mut dqkv[..], dout: &dout, qkv: &qkv, out: &gpu_out, lse: &lse, shape, dropout: None };
-    attention::backward(&Serial, a, &mut scratch, None);
+    attention::backward(&Serial, a, &mut scratch, None, Operands::F32);
     let (gdqkv, gdout, gdelta) = (buffer16(&vec![0f32; n * 3 * c]), buffer16(&dout), buffer16(&lse));
     run16(36, u64::MAX, |p| {
         let grads = attention::Backward {
