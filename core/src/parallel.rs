@@ -80,8 +80,8 @@ pub fn best_rate(par: &dyn Parallel, unit: usize, flops_per_rep: f64, work: &(dy
 /// [`best_rate`] stops once this many rounds in a row have not beaten its best by 1%.
 pub const SETTLED_ROUNDS: usize = 5;
 
-/// The most rounds [`best_rate`] runs (about 3 s).
-pub const MAX_ROUNDS: usize = 30;
+/// The most rounds [`best_rate`] runs (about 1.5 s).
+pub const MAX_ROUNDS: usize = 15;
 
 /// Runs every task on the calling thread.
 #[derive(Clone, Copy, Debug, Default)]
