@@ -175,9 +175,10 @@ fn cached_bf16_peak(pool: &ThreadPool, given: Option<f64>, remeasure: bool) -> R
 
 /// Memory read bandwidth in GB/s, all threads of `pool` at once, the best round
 /// ([`alpha_core::parallel::best_rate`]): what streaming a model's weights once per token
-/// (sampling a token with the KV cache) can reach at best. The buffer is twice the last-level cache (at least 256 MiB, at most 2 GiB): a
-/// smaller one is read from the cache, not from memory. Each thread reads its share as eight
-/// streams at once, prefetching ahead, the pattern that read fastest (docs/performance.md, "Kernel choices").
+/// (sampling a token with the KV cache) can reach at best. The buffer is twice the last-level
+/// cache (at least 256 MiB, at most 2 GiB): a smaller one is read from the cache, not from
+/// memory. Each thread reads its share as eight streams at once, prefetching ahead, the
+/// pattern that read fastest (docs/performance.md, "Kernel choices").
 pub fn memory_bandwidth(pool: &ThreadPool) -> f64 {
     const MIB: usize = 1 << 20;
     let bytes = (2 * last_level_cache_bytes().unwrap_or(0)).clamp(256 * MIB, 2048 * MIB);
@@ -257,8 +258,8 @@ fn best_rate(pool: &ThreadPool, unit: usize, flops_per_rep: f64, work: &(dyn Fn(
 /// The cores' arithmetic limit in GFLOP/s, all threads together: each thread runs independent
 /// chains of the GEMM kernel's vector FMAs on registers only (no loads or stores), best of
 /// three rounds of about 0.1 s. No GEMM, Alpha's or any library's, can run faster at the same
-/// clock; but boost clocks follow the load, so the two compare only when measured together. `None` where the GEMM kernel has no vector FMA (the portable
-/// and WebAssembly builds).
+/// clock; but boost clocks follow the load, so the two compare only when measured together.
+/// `None` where the GEMM kernel has no vector FMA (the portable and WebAssembly builds).
 pub fn fma_limit(pool: &ThreadPool) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {

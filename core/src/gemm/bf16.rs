@@ -13,10 +13,11 @@
 //! the micro-kernel, which keeps an `MR x NR` tile of C in 24 registers and broadcasts one
 //! pair of A against 32 columns of B per step. A B that many products read (a layer's weight,
 //! read by every block of rows) is packed once by [`pack_panels`] instead
-//! ([`BOperand::Panels`]). Edge tiles run the whole tile on zero-padded operands and store only their rows and
-//! columns, so a value of C does not depend on where tile edges fall.
+//! ([`BOperand::Panels`]). Edge tiles run the whole tile on zero-padded operands and store
+//! only their rows and columns, so a value of C does not depend on where tile edges fall.
 
 use super::{Band, RowsMut, Shape, Strided};
+use crate::float::Float;
 
 /// Rows of C per micro-tile.
 pub const MR: usize = 12;
@@ -189,6 +190,42 @@ unsafe fn product(shape: Shape, a: Strided<f32>, b: BOperand, beta: f32, bias: *
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (shape, b, beta, bias, c, band);
+}
+
+/// The ops' products are generic over their float type, and `T` is f32 wherever bf16 products
+/// run (the one 4-byte [`Float`]): `m`'s values as f32.
+///
+/// # Panics
+/// If `T` is not 4 bytes wide.
+pub(crate) fn as_f32<T: Float>(m: Strided<T>) -> Strided<f32> {
+    assert_eq!(core::mem::size_of::<T>(), 4, "bf16 products take f32 operands");
+    Strided { ptr: m.ptr.cast(), rs: m.rs, cs: m.cs }
+}
+
+/// [`gemm_bf16_banded`] with an optional bias, for an op's `T` (see [`as_f32`]).
+///
+/// # Safety
+/// As [`gemm_bf16`].
+pub(crate) unsafe fn product_of<T: Float>(shape: Shape, a: Strided<T>, b: BOperand, beta: T, bias: Option<&[T]>, c: RowsMut<T>, band: Band) {
+    let bias = bias.map_or(core::ptr::null(), |b| b.as_ptr().cast::<f32>());
+    // SAFETY: T is f32 (as_f32 checks); the operands as the caller guarantees.
+    unsafe { product(shape, as_f32(a), b, beta.to_f64() as f32, bias, RowsMut { ptr: c.ptr.cast(), ld: c.ld }, band) }
+}
+
+/// [`pack_panels`] of B `[k x n]` (`b`, a unit stride) into `out`'s storage (an op's `T`, see
+/// [`as_f32`]); the panels from the first column on.
+///
+/// # Panics
+/// As [`pack_panels`], or if `out` is shorter than [`panels_len`]`(k, n)`.
+///
+/// # Safety
+/// B's `k x n` values must be valid.
+pub(crate) unsafe fn pack_panels_of<T: Float>(par: &dyn super::Parallel, b: Strided<T>, k: usize, n: usize, out: &mut [T]) -> BOperand {
+    assert!(out.len() >= panels_len(k, n), "bf16 panels: the scratch is too short");
+    // SAFETY: B as the caller guarantees; the panels' words fit in `out` (f32's storage, as
+    // long and aligned as u32's: checked), which its borrow keeps to this call.
+    unsafe { pack_panels(par, as_f32(b), k, n, out.as_mut_ptr().cast()) };
+    BOperand::Panels { ptr: out.as_ptr().cast(), depth: k }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -293,25 +293,16 @@ impl<T: Float> B<T> {
     fn of(m: Strided<T>, operands: Operands) -> Self {
         match operands {
             Operands::F32 => B::Rows(m.rows()),
-            Operands::Bf16 => B::Bf16(BOperand::Values(f32s(m))),
+            Operands::Bf16 => B::Bf16(BOperand::Values(bf16::as_f32(m))),
         }
     }
-}
-
-/// `m`'s values as f32 (`T` is f32 wherever products run in bf16).
-fn f32s<T: Float>(m: Strided<T>) -> Strided<f32> {
-    assert_eq!(core::mem::size_of::<T>(), 4, "bf16 products take f32 operands");
-    Strided { ptr: m.ptr.cast(), rs: m.rs, cs: m.cs }
 }
 
 /// B `[k x n]` (`b`, a unit stride) packed into bf16 panels in `out`'s storage, on this
 /// thread, once for all of a task's products that read it.
 fn pack_panels<T: Float>(b: Strided<T>, k: usize, n: usize, out: &mut [T]) -> B<T> {
-    assert!(out.len() >= bf16::panels_len(k, n), "attention: bf16 panels' scratch too short");
-    // SAFETY: B's k x n values are the task's view of qkv (caller); the panels fit in `out`
-    // (checked), which its borrow keeps to this call.
-    unsafe { bf16::pack_panels(&crate::parallel::Serial, f32s(b), k, n, out.as_mut_ptr().cast()) };
-    B::Bf16(BOperand::Panels { ptr: out.as_ptr().cast(), depth: k })
+    // SAFETY: B's k x n values are the task's view of qkv (caller).
+    B::Bf16(unsafe { bf16::pack_panels_of(&crate::parallel::Serial, b, k, n, out) })
 }
 
 /// `m`'s `t x hs` values transposed into `out` (`hs x t`), as f32 products read them.
@@ -324,13 +315,13 @@ fn transposed<T: Float>(m: Strided<T>, t: usize, hs: usize, out: &mut [T]) -> B<
 /// `c = a·b + beta·c`, `a` zero outside `band`, in the precision `b` is given in.
 ///
 /// # Safety
-/// As [`gemm_banded`]'s (or [`bf16::gemm_bf16_banded`]'s).
+/// As [`gemm_banded`]'s (or [`bf16::gemm_bf16`]'s).
 unsafe fn product<T: Float>(shape: Shape, a: Strided<T>, b: B<T>, beta: T, c: RowsMut<T>, band: Band) {
-    // SAFETY: forwarded; in bf16, T is f32 (f32s checks).
+    // SAFETY: forwarded.
     unsafe {
         match b {
             B::Rows(b) => gemm_banded(shape, a, b, beta, c, band),
-            B::Bf16(b) => bf16::gemm_bf16_banded(shape, f32s(a), b, beta.to_f64() as f32, RowsMut { ptr: c.ptr.cast(), ld: c.ld }, band),
+            B::Bf16(b) => bf16::product_of(shape, a, b, beta, None, c, band),
         }
     }
 }

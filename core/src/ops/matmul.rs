@@ -7,7 +7,7 @@
 use super::row_blocks;
 use crate::float::Float;
 use crate::gemm::bf16::{self, BOperand};
-use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, Operands, RowsMut, Shape, Strided, KC};
+use crate::gemm::{gemm_packed, pack_panels, panels_len, row_block, BLayout, Band, Operands, RowsMut, Shape, Strided, KC};
 use crate::parallel::{split_range, Parallel, Serial, SharedMut};
 use crate::simd::wide_dispatch;
 
@@ -345,7 +345,15 @@ fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &
             let (shape, bias) = (Shape { m: rows.len(), n: cols.len(), k }, bias.map(|b| &b[cols.clone()]));
             match operands {
                 Operands::F32 => gemm_packed(shape, a, &wt[cols.start * k..], beta, bias, c),
-                Operands::Bf16 => bf16_product(shape, a, BOperand::Panels { ptr: bf16::panels_at(wt.as_ptr().cast(), k, cols.start), depth: k }, beta, bias, c),
+                Operands::Bf16 => bf16::product_of(
+                    shape,
+                    a,
+                    BOperand::Panels { ptr: bf16::panels_at(wt.as_ptr().cast(), k, cols.start), depth: k },
+                    beta,
+                    bias,
+                    c,
+                    Band::Full,
+                ),
             }
         }
         if pre_p.is_some() && !swiglu {
@@ -487,7 +495,7 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, parti
         par_rows(par, shape, dout, dx, &|shape, a, c| unsafe {
             match operands {
                 Operands::F32 => gemm_packed(shape, a, panels, T::ZERO, None, c),
-                Operands::Bf16 => bf16_product(shape, a, BOperand::Panels { ptr: panels.as_ptr().cast(), depth: m }, T::ZERO, None, c),
+                Operands::Bf16 => bf16::product_of(shape, a, BOperand::Panels { ptr: panels.as_ptr().cast(), depth: m }, T::ZERO, None, c, Band::Full),
             }
         });
     }
@@ -558,9 +566,15 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[
                 let shape = Shape { m: r.len(), n: k, k: rows.len() };
                 match operands {
                     Operands::F32 => gemm_packed(shape, a, &x_panels[h * panel_len..], beta, None, c),
-                    Operands::Bf16 => {
-                        bf16_product(shape, a, BOperand::Panels { ptr: x_panels[h * panel_len..].as_ptr().cast(), depth: rows.len() }, beta, None, c)
-                    }
+                    Operands::Bf16 => bf16::product_of(
+                        shape,
+                        a,
+                        BOperand::Panels { ptr: x_panels[h * panel_len..].as_ptr().cast(), depth: rows.len() },
+                        beta,
+                        None,
+                        c,
+                        Band::Full,
+                    ),
                 }
             }
         });
@@ -607,34 +621,19 @@ fn par_rows<T: Float>(par: &dyn Parallel, shape: Shape, a: &[T], c: &mut [T], pr
     });
 }
 
-/// [`bf16::gemm_bf16`] for `T`, which must be f32 (the one 4-byte [`Float`]).
-///
-/// # Safety
-/// As `gemm_bf16`'s.
-unsafe fn bf16_product<T: Float>(shape: Shape, a: Strided<T>, b: BOperand, beta: T, bias: Option<&[T]>, c: RowsMut<T>) {
-    assert_eq!(core::mem::size_of::<T>(), 4, "bf16 products take f32 operands");
-    let a = Strided { ptr: a.ptr.cast::<f32>(), rs: a.rs, cs: a.cs };
-    let bias = bias.map_or(core::ptr::null(), |b| b.as_ptr().cast::<f32>());
-    // SAFETY: T is f32 (checked); the operands as the caller guarantees.
-    unsafe { bf16::gemm_bf16(shape, a, b, beta.to_f64() as f32, bias, RowsMut { ptr: c.ptr.cast(), ld: c.ld }) }
-}
-
-/// [`bf16::pack_panels`] of B `[k x n]` (`b` laid out as `layout` says; `T` must be f32) into
-/// `out`'s storage, once for every product that reads B.
+/// [`bf16::pack_panels_of`] of B `[k x n]` (`b` laid out as `layout` says) into `out`'s
+/// storage, once for every product that reads B.
 ///
 /// # Panics
 /// If `T` is not f32, or `b` or `out` is too short.
 fn pack_bf16_panels<T: Float>(par: &dyn Parallel, b: &[T], layout: BLayout, k: usize, n: usize, out: &mut [T]) {
-    assert_eq!(core::mem::size_of::<T>(), 4, "bf16 products take f32 operands");
-    assert!(b.len() >= k * n && out.len() >= bf16::panels_len(k, n), "bf16 panels: buffers too short");
-    let ptr = b.as_ptr().cast::<f32>();
+    assert!(b.len() >= k * n, "bf16 panels: B is too short");
     let b = match layout {
-        BLayout::Rows => Strided { ptr, rs: n, cs: 1 },
-        BLayout::Transposed => Strided { ptr, rs: 1, cs: k },
+        BLayout::Rows => Strided { ptr: b.as_ptr(), rs: n, cs: 1 },
+        BLayout::Transposed => Strided { ptr: b.as_ptr(), rs: 1, cs: k },
     };
-    // SAFETY: B's k x n values are inside `b`, the panels' words inside `out` (f32's storage,
-    // as long and aligned as u32's), which `out`'s borrow keeps to this call (checked above).
-    unsafe { bf16::pack_panels(par, b, k, n, out.as_mut_ptr().cast()) }
+    // SAFETY: B's k x n values are inside `b` (checked).
+    unsafe { bf16::pack_panels_of(par, b, k, n, out) };
 }
 
 #[cfg(test)]

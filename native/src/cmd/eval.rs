@@ -126,7 +126,7 @@ enum Forward {
         plan: Plan,
         mem: OwnedMemory<f32>,
         params: Vec<f32>,
-        /// The linear layers' operands (`--precision`).
+        /// The products' operands (`--precision`): the linear layers' and attention's.
         operands: Operands,
     },
     Gpu(GpuForward),
