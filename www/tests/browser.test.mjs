@@ -130,6 +130,17 @@ for (const [run, backend, extra, shown] of RUNS) {
       await download.saveAs(file);
       const out = execFileSync(native, ["sample", "--checkpoint", file, "--prompt", "ROMEO:", "--tokens", "50", "--seed", "1"], { encoding: "utf8" });
       assert.ok(out.startsWith("ROMEO:") && out.length >= 56, out);
+
+      // A kept peak measured while the machine was busy (here a stale 1 GFLOP/s) is replaced
+      // by Measure again, for this page and the next.
+      assert.match(await page.locator("#peak").textContent(), new RegExp(`^MFU against ${Math.round(s.peak.gflops)} GFLOP/s`));
+      const key = await page.evaluate(() => Object.keys(localStorage).find((k) => k.startsWith("alpha-peak:cpu")));
+      await page.evaluate((k) => localStorage.setItem(k, "1"), key);
+      await page.locator("#measure-peak").click();
+      await page.waitForFunction(() => /^Peak measured again/.test(window.alpha.message));
+      const again = await page.evaluate((k) => ({ kept: Number(localStorage.getItem(k)), peak: window.alpha.peak }), key);
+      assert.ok(again.kept > 10 && again.kept === again.peak.gflops && again.peak.source === "measured", JSON.stringify(again));
+      assert.match(await page.locator("#peak").textContent(), /measured now/);
     }
     await page.close();
   });
