@@ -613,11 +613,15 @@ impl Plan {
         self.params_len
     }
 
-    /// Training FLOPs per token of the model at the plan's sequence length (nanoGPT's and
-    /// PaLM's count: 6 per parameter, and 12 · layers · T · C for attention), what MFU divides.
+    /// Training FLOPs per token of the model at the plan's sequence length, what MFU divides
+    /// (nanoGPT's and PaLM's count): 6 per parameter the products read, which is every one but
+    /// the tables only looked up (GPT-2's position table, an untied token embedding), and
+    /// 12 · layers · T · C for attention's.
     pub fn flops_per_token(&self) -> f64 {
         let c = &self.config;
-        6.0 * self.num_params() as f64 + 12.0 * (c.n_layer * self.seq * c.n_embd) as f64
+        let head = self.head_weight().kind;
+        let lookups: usize = param_kinds(c)[0].iter().filter(|&&k| k != head).map(|&k| self.param(k, None).span.len).sum();
+        6.0 * (self.num_params() - lookups) as f64 + 12.0 * (c.n_layer * self.seq * c.n_embd) as f64
     }
 
     /// FLOPs per token that activation checkpointing adds: each block's forward runs again
@@ -813,6 +817,23 @@ mod tests {
 
     fn config(vocab_size: usize, block_size: usize, n_layer: usize, n_head: usize, n_embd: usize) -> GptConfig {
         GptConfig::gpt2(vocab_size, block_size, n_layer, n_head, n_embd)
+    }
+
+    /// MFU's FLOPs per token are nanoGPT's: GPT-2 124M's 6 · 123,653,376 (its count without
+    /// the position table) + 12 · 12 · 1024 · 768; a Llama-family model counts its token
+    /// embedding only where it is also the head.
+    #[test]
+    fn flops_per_token_count_the_parameters_products_read() {
+        let gpt2 = Plan::new(config(50257, 1024, 12, 12, 768), 1, 1024).unwrap();
+        assert_eq!(gpt2.num_params(), 124_439_808);
+        assert_eq!(gpt2.flops_per_token(), 6.0 * 123_653_376.0 + 12.0 * 12.0 * 1024.0 * 768.0);
+        for tied in [true, false] {
+            let llama =
+                crate::config::Llama { n_kv_head: 1, intermediate_size: 24, norm_eps: 1e-5, rope_theta: 1e4, rope_scaling: None, qkv_bias: false, tied };
+            let plan = Plan::new(GptConfig { arch: crate::config::Arch::Llama(llama), ..config(50, 8, 2, 2, 8) }, 1, 8).unwrap();
+            let lookups = if tied { 0 } else { 50 * 8 };
+            assert_eq!(plan.flops_per_token(), 6.0 * (plan.num_params() - lookups) as f64 + 12.0 * 2.0 * 8.0 * 8.0);
+        }
     }
 
     /// The bound holds every arena of real layouts, odd sizes included (the test profile
