@@ -42,19 +42,24 @@ pub fn cpu_model() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
-/// SIMD features of this CPU that Alpha's kernels use, detected at run time.
+/// SIMD features of this CPU that Alpha's kernels use, detected at run time, less those
+/// `ALPHA_CPU_MASK` names (the kernels run as without them).
 pub fn simd_features() -> Vec<&'static str> {
     #[cfg(target_arch = "x86_64")]
     {
+        use std::is_x86_feature_detected as has;
         let all = [
-            ("sse2", std::is_x86_feature_detected!("sse2")),
-            ("avx", std::is_x86_feature_detected!("avx")),
-            ("avx2", std::is_x86_feature_detected!("avx2")),
-            ("fma", std::is_x86_feature_detected!("fma")),
-            ("avx512f", std::is_x86_feature_detected!("avx512f")),
-            ("avx512dq", std::is_x86_feature_detected!("avx512dq")),
+            ("sse2", has!("sse2")),
+            ("avx", has!("avx")),
+            ("avx2", has!("avx2")),
+            ("fma", has!("fma")),
+            ("avx512f", has!("avx512f")),
+            ("avx512dq", has!("avx512dq")),
+            ("avx512bw", has!("avx512bw")),
+            ("avx512vl", has!("avx512vl")),
+            ("avx512bf16", has!("avx512bf16")),
         ];
-        all.into_iter().filter(|(_, on)| *on).map(|(name, _)| name).collect()
+        all.into_iter().filter(|&(name, on)| on && !alpha_core::simd::masked(name)).map(|(name, _)| name).collect()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

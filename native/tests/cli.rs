@@ -563,7 +563,7 @@ fn bf16_products_on_the_cpu_follow_f32_and_a_cpu_without_them_says_so() {
 }
 
 /// ALPHA_CPU_MASK runs the kernels as on a CPU without the features it names: info's GEMM
-/// kernel and bf16 peak follow it, and a name it cannot mask is a one-line error.
+/// kernel, bf16 peak and SIMD list follow it, and a name it cannot mask is a one-line error.
 #[test]
 fn the_cpu_mask_narrows_the_kernels_and_a_misspelt_one_is_an_error() {
     let dir = workdir("cpu-mask");
@@ -578,7 +578,10 @@ fn the_cpu_mask_narrows_the_kernels_and_a_misspelt_one_is_an_error() {
     };
     let all = info("");
     if all["gemm_kernel"] == "avx512" {
-        assert_eq!(info("avx512f")["gemm_kernel"], "avx2+fma");
+        let masked = info("avx512f");
+        assert_eq!(masked["gemm_kernel"], "avx2+fma");
+        let simd = |r: &serde_json::Value| r["simd"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect::<Vec<_>>();
+        assert!(simd(&all).contains(&"avx512f".into()) && !simd(&masked).contains(&"avx512f".into()), "{all} {masked}");
     } else {
         println!("the AVX-512 mask untested: the GEMM kernel here is {}", all["gemm_kernel"]);
     }

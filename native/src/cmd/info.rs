@@ -215,7 +215,9 @@ fn num(v: &Value) -> f64 {
 /// The text's lines on the machine: CPU, SIMD, peaks, memory bandwidth.
 fn print_machine(report: &Value) {
     println!("CPU        {} ({} cores; threads used: {})", report["cpu"].as_str().unwrap_or("?"), report["cores"], report["threads"]);
-    println!("SIMD       {} (GEMM kernel: {})", simd_features().join(" "), f32_kernel_name());
+    let masked: Vec<_> = alpha_core::simd::masked_names().collect();
+    let masked = if masked.is_empty() { String::new() } else { format!("; ALPHA_CPU_MASK hides {}", masked.join(" ")) };
+    println!("SIMD       {} (GEMM kernel: {}{masked})", simd_features().join(" "), f32_kernel_name());
     println!("peak       {:.1} GFLOP/s ({})", num(&report["peak_gflops"]), report["peak_source"].as_str().unwrap_or("?"));
     match report["peak_bf16_gflops"].as_f64() {
         Some(bf16) => {
