@@ -295,10 +295,7 @@ pub fn forward<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mu
 fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &mut [T], by_columns: bool, operands: Operands) {
     let Forward { out, x, weight: w, bias, epilogue, save_slope: slope, k, m } = a;
     let n = x.len() / k;
-    match operands {
-        Operands::F32 => pack_panels(par, w, BLayout::Transposed, k, m, wt),
-        Operands::Bf16 => pack_bf16_panels(par, w, BLayout::Transposed, k, m, wt),
-    }
+    pack_b(operands, par, w, BLayout::Transposed, k, m, wt);
     let wt: &[T] = wt;
     let out_p = SharedMut(out.as_mut_ptr());
     let swiglu = matches!(epilogue, Epilogue::SwiGlu { .. });
@@ -343,18 +340,7 @@ fn forward_tiles<T: Float>(par: &dyn Parallel, a: Forward<&mut [T], &[T]>, wt: &
             let a = Strided { ptr: x.as_ptr().add(rows.start * k), rs: k, cs: 1 };
             let c = RowsMut { ptr: target.0.add(rows.start * m + cols.start), ld: m };
             let (shape, bias) = (Shape { m: rows.len(), n: cols.len(), k }, bias.map(|b| &b[cols.clone()]));
-            match operands {
-                Operands::F32 => gemm_packed(shape, a, &wt[cols.start * k..], beta, bias, c),
-                Operands::Bf16 => bf16::product_of(
-                    shape,
-                    a,
-                    BOperand::Panels { ptr: bf16::panels_at(wt.as_ptr().cast(), k, cols.start), depth: k },
-                    beta,
-                    bias,
-                    c,
-                    Band::Full,
-                ),
-            }
+            packed_product(operands, shape, a, wt, cols.start, beta, bias, c);
         }
         if pre_p.is_some() && !swiglu {
             for row in rows {
@@ -485,19 +471,10 @@ pub fn backward<T: Float>(par: &dyn Parallel, a: Backward<&mut [T], &[T]>, parti
         // dx [N, K] = dout [N, M] · w [M, K]
         let shape = Shape { m: n, n: k, k: m };
         let panels = &mut scratch[..backward_panels_len(k, m)];
-        match operands {
-            Operands::F32 => pack_panels(par, w, BLayout::Rows, m, k, panels),
-            Operands::Bf16 => pack_bf16_panels(par, w, BLayout::Rows, m, k, panels),
-        }
+        pack_b(operands, par, w, BLayout::Rows, m, k, panels);
         let panels: &[T] = panels;
-        // SAFETY: the panels hold w [M, K] (gemm_packed checks; pack_bf16_panels checked the
-        // bf16 ones' length).
-        par_rows(par, shape, dout, dx, &|shape, a, c| unsafe {
-            match operands {
-                Operands::F32 => gemm_packed(shape, a, panels, T::ZERO, None, c),
-                Operands::Bf16 => bf16::product_of(shape, a, BOperand::Panels { ptr: panels.as_ptr().cast(), depth: m }, T::ZERO, None, c, Band::Full),
-            }
-        });
+        // SAFETY: the panels hold w [M, K] (pack_b checked their length).
+        par_rows(par, shape, dout, dx, &|shape, a, c| unsafe { packed_product(operands, shape, a, panels, 0, T::ZERO, None, c) });
     }
     weight_gradient(par, dw, dout, x, k, m, scratch, operands);
 }
@@ -541,10 +518,7 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[
             // SAFETY: each half packs into its own part of the panels (on this task's thread).
             let panels = unsafe { panels_p.slice(h * panel_len, panel_len) };
             let x = &x[rows.start * k..rows.end * k];
-            match operands {
-                Operands::F32 => pack_panels(&Serial, x, BLayout::Rows, rows.len(), k, panels),
-                Operands::Bf16 => pack_bf16_panels(&Serial, x, BLayout::Rows, rows.len(), k, panels),
-            }
+            pack_b(operands, &Serial, x, BLayout::Rows, rows.len(), k, panels);
         });
         let x_panels: &[T] = x_panels;
         par.run(2 * parts, &|task| {
@@ -564,18 +538,7 @@ fn weight_gradient<T: Float>(par: &dyn Parallel, dw: &mut [T], dout: &[T], x: &[
                 let a = Strided { ptr: dout.as_ptr().wrapping_add(rows.start * m + r.start), rs: 1, cs: m };
                 let c = RowsMut { ptr: out.ptr().add(r.start * k), ld: k };
                 let shape = Shape { m: r.len(), n: k, k: rows.len() };
-                match operands {
-                    Operands::F32 => gemm_packed(shape, a, &x_panels[h * panel_len..], beta, None, c),
-                    Operands::Bf16 => bf16::product_of(
-                        shape,
-                        a,
-                        BOperand::Panels { ptr: x_panels[h * panel_len..].as_ptr().cast(), depth: rows.len() },
-                        beta,
-                        None,
-                        c,
-                        Band::Full,
-                    ),
-                }
+                packed_product(operands, shape, a, &x_panels[h * panel_len..], 0, beta, None, c);
             }
         });
     }
@@ -621,19 +584,45 @@ fn par_rows<T: Float>(par: &dyn Parallel, shape: Shape, a: &[T], c: &mut [T], pr
     });
 }
 
-/// [`bf16::pack_panels_of`] of B `[k x n]` (`b` laid out as `layout` says) into `out`'s
-/// storage, once for every product that reads B.
+/// Packs B `[k x n]` (`b` laid out as `layout` says) into `out` once for every product that
+/// reads it, as [`packed_product`] in `operands` reads it: f32 panels ([`pack_panels`]) or
+/// bf16 ones ([`bf16::pack_panels_of`]; `T` must be f32).
 ///
 /// # Panics
-/// If `T` is not f32, or `b` or `out` is too short.
-fn pack_bf16_panels<T: Float>(par: &dyn Parallel, b: &[T], layout: BLayout, k: usize, n: usize, out: &mut [T]) {
-    assert!(b.len() >= k * n, "bf16 panels: B is too short");
-    let b = match layout {
-        BLayout::Rows => Strided { ptr: b.as_ptr(), rs: n, cs: 1 },
-        BLayout::Transposed => Strided { ptr: b.as_ptr(), rs: 1, cs: k },
-    };
-    // SAFETY: B's k x n values are inside `b` (checked).
-    unsafe { bf16::pack_panels_of(par, b, k, n, out) };
+/// If `b` or `out` is too short, or (bf16) `T` is not f32.
+fn pack_b<T: Float>(operands: Operands, par: &dyn Parallel, b: &[T], layout: BLayout, k: usize, n: usize, out: &mut [T]) {
+    match operands {
+        Operands::F32 => pack_panels(par, b, layout, k, n, out),
+        Operands::Bf16 => {
+            assert!(b.len() >= k * n, "bf16 panels: B is too short");
+            let b = match layout {
+                BLayout::Rows => Strided { ptr: b.as_ptr(), rs: n, cs: 1 },
+                BLayout::Transposed => Strided { ptr: b.as_ptr(), rs: 1, cs: k },
+            };
+            // SAFETY: B's k x n values are inside `b` (checked).
+            unsafe { bf16::pack_panels_of(par, b, k, n, out) };
+        }
+    }
+}
+
+/// `c = a · B + (beta · c + bias)` with B the `panels` [`pack_b`] wrote for `operands`, of
+/// `shape.k` depth, from its column `col` on (a multiple of every kernel's panel width).
+///
+/// # Safety
+/// As [`gemm_packed`]'s (or [`bf16::gemm_bf16`]'s): `a` and `c` valid for `shape`, `c` not
+/// overlapping them and written by no other thread meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn packed_product<T: Float>(operands: Operands, shape: Shape, a: Strided<T>, panels: &[T], col: usize, beta: T, bias: Option<&[T]>, c: RowsMut<T>) {
+    // SAFETY: forwarded; the panels hold B's columns from `col` on, of depth shape.k.
+    unsafe {
+        match operands {
+            Operands::F32 => gemm_packed(shape, a, &panels[col * shape.k..], beta, bias, c),
+            Operands::Bf16 => {
+                let b = BOperand::Panels { ptr: bf16::panels_at(panels.as_ptr().cast(), shape.k, col), depth: shape.k };
+                bf16::product_of(shape, a, b, beta, bias, c, Band::Full)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
