@@ -26,7 +26,8 @@ pub enum Peak {
 }
 
 impl Peak {
-    /// Measures the peak in GFLOP/s (under a second), on the page's clock.
+    /// Measures the peak in GFLOP/s (the CPU's up to about 1.5 s, WebGPU's under a second),
+    /// on the page's clock.
     pub async fn measure(&self) -> Result<f64, String> {
         let now = || crate::now_ms() / 1e3;
         match self {

@@ -563,7 +563,7 @@ impl Trainer {
 
     /// Measures the peak GFLOP/s the records' MFU is taken against, as `alpha-native info`
     /// does: the CPU's GEMM on the engine's threads, or WebGPU's f32 FMA limit on its device
-    /// (under a second). Resolves to it and keeps it.
+    /// (up to about 1.5 s). Resolves to it and keeps it.
     #[wasm_bindgen(js_name = measurePeak)]
     pub async fn measure_peak(&mut self) -> Result<f64, JsError> {
         let gflops = self.peak.measure().await.map_err(|e| js_error(format!("measuring the peak: {e}")))?;
