@@ -262,8 +262,9 @@ fn best_rate(pool: &ThreadPool, unit: usize, flops_per_rep: f64, work: &(dyn Fn(
 
 /// The cores' arithmetic limit in GFLOP/s, all threads together: each thread runs independent
 /// chains of the GEMM kernel's vector FMAs on registers only (no loads or stores), the best
-/// round ([`alpha_core::parallel::best_rate`]). No GEMM, Alpha's or any library's, can run faster at the same
-/// clock; but boost clocks follow the load, so the two compare only when measured together.
+/// round ([`alpha_core::parallel::best_rate`]). No GEMM, Alpha's or any library's, can run
+/// faster at the same clock; but boost clocks follow the load, so the two compare only when
+/// measured together.
 /// `None` where the GEMM kernel has no vector FMA (the portable and WebAssembly builds).
 pub fn fma_limit(pool: &ThreadPool) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
