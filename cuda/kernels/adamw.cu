@@ -1,20 +1,33 @@
 // AdamW (core/src/optim.rs, shaders/adamw.wgsl): PyTorch's operation order, the clip factor
 // folded into `grad_scale`, decay 1 - lr * weight_decay on matrices (1 elsewhere).
 
-// One parameter tensor's update (`len` elements of p, m, v, g); with `p_bf16`, also the
-// updated weights' bf16 copy the products read.
-extern "C" __global__ void adamw(float* p, float* m, float* v, const float* g, unsigned short* p_bf16, long long len, float grad_scale, float decay,
-                                 float one_minus_beta1, float beta2, float one_minus_beta2, float bc2_sqrt, float eps, float step_size) {
-    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= len) return;
-    float gi = g[idx] * grad_scale;
-    float pi = p[idx] * decay;
-    float mi = m[idx] + (gi - m[idx]) * one_minus_beta1;
-    float vi = v[idx] * beta2 + one_minus_beta2 * gi * gi;
-    float denom = sqrtf(vi) / bc2_sqrt + eps;
-    pi -= step_size * mi / denom;
-    p[idx] = pi;
-    m[idx] = mi;
-    v[idx] = vi;
-    if (p_bf16) p_bf16[idx] = to_bf16(pi);
+// A piece of one parameter tensor, at most a block's share: `len` elements from `offset` in
+// the parameter arena, weight-decayed where `decayed` is 1.
+struct AdamwChunk {
+    long long offset;
+    int len;
+    int decayed;
+};
+
+// One update of every parameter the moments hold (all, or a ZeRO-1 rank's shard starting at
+// `moments_start`): a block per chunk (the engine cuts them once), each element as the CPU's
+// scalar loop. With `p_bf16`, also the updated weights' bf16 copy the products read.
+extern "C" __global__ void adamw(float* p, float* m, float* v, const float* g, unsigned short* p_bf16, const AdamwChunk* chunks, long long moments_start,
+                                 float grad_scale, float matrix_decay, float one_minus_beta1, float beta2, float one_minus_beta2, float bc2_sqrt,
+                                 float eps, float step_size) {
+    AdamwChunk chunk = chunks[blockIdx.x];
+    float decay = chunk.decayed ? matrix_decay : 1.0f;
+    for (int i = threadIdx.x; i < chunk.len; i += blockDim.x) {
+        long long idx = chunk.offset + i, moment = idx - moments_start;
+        float gi = g[idx] * grad_scale;
+        float pi = p[idx] * decay;
+        float mi = m[moment] + (gi - m[moment]) * one_minus_beta1;
+        float vi = v[moment] * beta2 + one_minus_beta2 * gi * gi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        pi -= step_size * mi / denom;
+        p[idx] = pi;
+        m[moment] = mi;
+        v[moment] = vi;
+        if (p_bf16) p_bf16[idx] = to_bf16(pi);
+    }
 }

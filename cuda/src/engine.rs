@@ -25,6 +25,33 @@ use std::ops::Range;
 /// Blocks of the gradient norm's partial sums (grad_norm.cu): a fixed grid, so a fixed order.
 const NORM_BLOCKS: usize = 1024;
 
+/// AdamW's threads per block, and the most elements of a tensor one block updates.
+const ADAMW_THREADS: u32 = 256;
+const ADAMW_CHUNK: usize = 4096;
+
+/// A piece of one parameter tensor that one block of AdamW updates (adamw.cu's `AdamwChunk`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AdamwChunk {
+    offset: i64,
+    len: i32,
+    decayed: i32,
+}
+
+/// The parameters of `shard` cut into AdamW's chunks: each tensor's part in the shard, in
+/// pieces of at most [`ADAMW_CHUNK`] elements, weight-decayed where the tensor is a matrix.
+fn adamw_chunks(plan: &Plan, shard: &Range<usize>) -> Vec<AdamwChunk> {
+    let mut chunks = Vec::new();
+    for info in plan.params() {
+        let (lo, hi) = (info.span.offset.max(shard.start), info.span.end().min(shard.end));
+        for offset in (lo..hi).step_by(ADAMW_CHUNK) {
+            let len = ADAMW_CHUNK.min(hi - offset) as i32;
+            chunks.push(AdamwChunk { offset: offset as i64, len, decayed: info.kind.is_matrix() as i32 });
+        }
+    }
+    chunks
+}
+
 /// A model training on one CUDA device, one of `ranks` in a data-parallel run.
 pub struct CudaEngine<'r> {
     products: Products,
@@ -40,6 +67,8 @@ pub struct CudaEngine<'r> {
     adam_m: Buffer,
     adam_v: Buffer,
     shard: Range<usize>,
+    /// The shard cut into AdamW's blocks (see [`adamw_chunks`]).
+    adamw_chunks: Buffer,
     acts: Buffer,
     tokens: Buffer,
     targets: Buffer,
@@ -116,7 +145,9 @@ impl<'r> CudaEngine<'r> {
         let bf16 = arithmetic == Arithmetic::Bf16;
         let n = plan.tokens();
         let operand_len = bf16_operand_len(&plan);
+        let chunks = adamw_chunks(&plan, &shard);
         let engine = CudaEngine {
+            adamw_chunks: Buffer::zeroed(&device, "AdamW's chunks", chunks.len(), size_of::<AdamwChunk>())?,
             params: Buffer::f32s(&device, "the parameters", p)?,
             params_bf16: if bf16 { Some(Buffer::zeroed(&device, "the weights' bf16 copy", p, 2)?) } else { None },
             grads: Buffer::f32s(&device, "the gradients", p)?,
@@ -152,6 +183,7 @@ impl<'r> CudaEngine<'r> {
             sampler: None,
             kernels_per_step: 0,
         };
+        engine.adamw_chunks.upload(0, &chunks)?;
         engine.upload_state(start)?;
         Ok(engine)
     }
@@ -162,7 +194,8 @@ impl<'r> CudaEngine<'r> {
         let p = plan.params_len() as u64;
         let n = plan.tokens() as u64;
         let rope = if plan.attention_shape().rope.is_some() { plan.config.block_size * plan.config.head_size() } else { 0 };
-        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64) + 8 * n;
+        let chunks = (size_of::<AdamwChunk>() * adamw_chunks(plan, &(0..plan.params_len())).len()) as u64;
+        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64) + 8 * n + chunks;
         if arithmetic == Arithmetic::Bf16 {
             bytes += 2 * p + 2 * 2 * bf16_operand_len(plan) as u64;
         }
@@ -261,7 +294,8 @@ impl<'r> CudaEngine<'r> {
         Ok(host.iter().sum())
     }
 
-    /// AdamW over the moments' shard with the clip factor for `grad_norm`; advances the step.
+    /// AdamW over the moments' shard, in one launch, with the clip factor for `grad_norm`;
+    /// advances the step.
     fn apply(&mut self, grad_norm: f64) -> Result<(), CudaError> {
         let c = &self.cfg;
         let clip = if c.grad_clip > 0.0 { clip_factor(grad_norm, c.grad_clip) } else { 1.0 };
@@ -273,30 +307,23 @@ impl<'r> CudaEngine<'r> {
         let (one_m_b1, b2, one_m_b2) = ((1.0 - a.beta1) as f32, a.beta2 as f32, (1.0 - a.beta2) as f32);
         let (bc2_sqrt, eps, step_size, scale) = (bc2_sqrt as f32, a.eps as f32, (lr / bc1) as f32, clip as f32);
         let matrix_decay = (1.0 - lr * a.weight_decay) as f32;
-        for info in self.plan.params() {
-            let lo = info.span.offset.max(self.shard.start);
-            let hi = info.span.end().min(self.shard.end);
-            if lo >= hi {
-                continue;
-            }
-            let len = hi - lo;
-            let decay = if info.kind.is_matrix() { matrix_decay } else { 1.0 };
-            let p = self.params.tensor().part(lo, len).ptr;
-            let g = self.grads.tensor().part(lo, len).ptr;
-            let m = self.adam_m.tensor().part(lo - self.shard.start, len).ptr;
-            let v = self.adam_v.tensor().part(lo - self.shard.start, len).ptr;
-            let p_bf16 = self.params_bf16.as_ref().map_or(0, |b| b.tensor().ptr + 2 * lo as u64);
-            // SAFETY: `len` elements of each, p_bf16 the same parameters' copy.
-            unsafe {
-                self.device.launch(
-                    "adamw",
-                    len.div_ceil(256) as u32,
-                    256,
-                    &mut args![p, m, v, g, p_bf16, len as i64, scale, decay, one_m_b1, b2, one_m_b2, bc2_sqrt, eps, step_size],
-                )
-            }?;
+        let blocks = self.adamw_chunks.len() as u32;
+        if blocks == 0 {
+            return Ok(());
         }
-        Ok(())
+        let (p, g, m, v) = (self.params.tensor().ptr, self.grads.tensor().ptr, self.adam_m.tensor().ptr, self.adam_v.tensor().ptr);
+        let p_bf16 = self.params_bf16.as_ref().map_or(0, |b| b.tensor().ptr);
+        let (chunks, moments_start) = (self.adamw_chunks.tensor().ptr, self.shard.start as i64);
+        // SAFETY: the chunks lie in the parameters and, less `moments_start`, in the moments;
+        // p_bf16 is the parameters' copy.
+        unsafe {
+            self.device.launch(
+                "adamw",
+                blocks,
+                ADAMW_THREADS,
+                &mut args![p, m, v, g, p_bf16, chunks, moments_start, scale, matrix_decay, one_m_b1, b2, one_m_b2, bc2_sqrt, eps, step_size],
+            )
+        }
     }
 
     /// Sums (or, with ZeRO-1, reduces this rank's shard of) the gradients over the ranks
@@ -575,5 +602,34 @@ impl Engine for CudaEngine<'_> {
                 activation_buffers: 1,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alpha_core::GptConfig;
+
+    /// The chunks cover a shard once, in order, none longer than a block's share or across two
+    /// tensors, decayed exactly where AdamW on the CPU decays (the update itself: parity.rs).
+    #[test]
+    fn adamw_chunks_cover_the_shard_once_tensor_by_tensor() {
+        let plan = Plan::new(GptConfig::gpt2(65, 64, 2, 2, 96), 2, 64).unwrap();
+        let p = plan.params_len();
+        for shard in [0..p, shard(p, 3, 0), shard(p, 3, 1), shard(p, 3, 2)] {
+            let chunks = adamw_chunks(&plan, &shard);
+            let mut next = shard.start;
+            for c in &chunks {
+                assert_eq!(c.offset as usize, next, "shard {shard:?}: a gap or an overlap");
+                assert!(c.len > 0 && c.len as usize <= ADAMW_CHUNK);
+                let end = c.offset as usize + c.len as usize;
+                let info = plan.params().find(|i| i.span.offset <= next && next < i.span.end()).unwrap();
+                assert!(end <= info.span.end(), "a chunk across {info} and the next tensor");
+                assert_eq!(c.decayed == 1, info.kind.is_matrix(), "{info}");
+                next = end;
+            }
+            assert_eq!(next, shard.end, "shard {shard:?} not covered to its end");
+        }
+        assert!(adamw_chunks(&plan, &(0..p)).iter().any(|c| c.len as usize == ADAMW_CHUNK), "no tensor spans a whole chunk");
     }
 }

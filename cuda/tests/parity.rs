@@ -94,6 +94,10 @@ fn against_cpu_for(plan: Plan) {
     let mut gpu = cuda(dev, Arithmetic::F32, plan, &start);
     let (want, got) = (steps(&mut cpu, 20), steps(&mut gpu, 20));
     assert_steps_close(&format!("f32, dropout {dropout}"), &got, &want, 1e-5);
+    let (cpu_params, cuda_params) = (params(&cpu), params(&gpu));
+    let norm = |x: &mut dyn Iterator<Item = f32>| x.map(|e| (e as f64).powi(2)).sum::<f64>().sqrt();
+    let distance = norm(&mut cpu_params.iter().zip(&cuda_params).map(|(a, b)| a - b)) / norm(&mut cpu_params.iter().copied());
+    assert!(distance <= 1e-5, "f32, dropout {dropout}: the parameters after 20 steps are {distance:e} from the CPU's, relative in norm");
     let data = data();
     let mut rng = (alpha_core::Rng::new(9), alpha_core::Rng::new(9));
     let (a, b) = (now(cpu.evaluate(data[..].into(), 3, &mut rng.0)).unwrap(), now(gpu.evaluate(data[..].into(), 3, &mut rng.1)).unwrap());
