@@ -39,6 +39,24 @@ __device__ float block_reduce(float v, float* shared, float identity, Op op) {
 __device__ float block_sum(float v, float* shared) { return block_reduce(v, shared, 0.0f, Sum()); }
 __device__ float block_max(float v, float* shared) { return block_reduce(v, shared, NEG_INF, Max()); }
 
+// A thread's cell in a pass with a thread per (item, column) of `width` columns, the grid
+// (column tiles of blockDim.x) x items: its column `col` (at or past `width` in the last
+// tile's spare threads) and its `item`.
+struct Cell {
+    int col, item;
+};
+
+__device__ __forceinline__ Cell column_tile_cell(int width) {
+    int tiles = (width + blockDim.x - 1) / blockDim.x;
+    return Cell{(int)((blockIdx.x % tiles) * blockDim.x + threadIdx.x), (int)(blockIdx.x / tiles)};
+}
+
+// Row block `block`'s rows of `n`: from `*first` to `*end` (ROW_BLOCK, fewer in the last).
+__device__ __forceinline__ void row_block_rows(int block, int n, int* first, int* end) {
+    *first = block * ROW_BLOCK;
+    *end = *first + ROW_BLOCK < n ? *first + ROW_BLOCK : n;
+}
+
 // f32 to bf16 bits, rounding to nearest even (NaN stays NaN), as `half::bf16::from_f32`.
 __device__ __forceinline__ unsigned short to_bf16(float x) {
     unsigned int u = __float_as_uint(x);

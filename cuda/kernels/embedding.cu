@@ -14,14 +14,30 @@ extern "C" __global__ void embedding_forward(float* out, const float* wte, const
     out[idx] = v;
 }
 
-// dwte[tokens[i]] += dout[i], dwpe[i % seq] += dout[i] (where there is one): one thread per
-// column, rows in order (the CPU's order: the same bits, and no atomics).
-extern "C" __global__ void embedding_backward(float* dwte, float* dwpe, const float* dout, const unsigned int* tokens, int n, int c, int seq) {
-    int col = blockIdx.x * blockDim.x + threadIdx.x;
-    if (col >= c) return;
-    for (int i = 0; i < n; ++i) {
-        float g = dout[(long long)i * c + col];
-        dwte[(long long)tokens[i] * c + col] += g;
-        if (dwpe) dwpe[(long long)(i % seq) * c + col] += g;
-    }
+// The backward adds each row of dout to its token's row of dwte and its position's row of
+// dwpe, in row order as the CPU does (the same bits, and no atomics), a thread per (row of
+// the gradient, column) in two kernels.
+
+// dwte[t] += dout[i] for the rows i of token t, in order: the host groups the batch's rows
+// by token (`rows` ordered by token, then row; `starts` where each distinct token's run
+// begins, then the row count); one item per distinct token.
+extern "C" __global__ void embedding_backward_tokens(float* dwte, const float* dout, const unsigned int* tokens, const unsigned int* rows,
+                                                     const unsigned int* starts, int c) {
+    Cell cell = column_tile_cell(c);
+    if (cell.col >= c) return;
+    unsigned int first = starts[cell.item], end = starts[cell.item + 1];
+    float* w = dwte + (long long)tokens[rows[first]] * c + cell.col;
+    float s = *w;
+    for (unsigned int j = first; j < end; ++j) s += dout[(long long)rows[j] * c + cell.col];
+    *w = s;
+}
+
+// dwpe[p] += dout[i] for the rows i = p, p + seq, ... of n, in order; one item per position.
+extern "C" __global__ void embedding_backward_positions(float* dwpe, const float* dout, int n, int c, int seq) {
+    Cell cell = column_tile_cell(c);
+    if (cell.col >= c) return;
+    float* w = dwpe + (long long)cell.item * c + cell.col;
+    float s = *w;
+    for (int i = cell.item; i < n; i += seq) s += dout[(long long)i * c + cell.col];
+    *w = s;
 }

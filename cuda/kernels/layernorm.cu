@@ -41,17 +41,21 @@ extern "C" __global__ void layernorm_backward_input(float* dx, const float* dout
     }
 }
 
-// One thread per column, rows in order: dweight += sum(dout * xhat), dbias += sum(dout).
-extern "C" __global__ void layernorm_backward_params(float* dweight, float* dbias, const float* dout, const float* x, const float* mean,
-                                                     const float* rstd, int n, int c) {
-    int col = blockIdx.x * blockDim.x + threadIdx.x;
+// The weight and bias gradients' first pass (row_blocks.cu): partials [blocks, 2c], row b
+// [sum(dout * xhat), sum(dout)] over the block's rows in order; a thread per (row block,
+// column).
+extern "C" __global__ void layernorm_params_partials(float* partials, const float* dout, const float* x, const float* mean, const float* rstd, int n,
+                                                     int c) {
+    Cell cell = column_tile_cell(c);
+    int col = cell.col, first, end;
     if (col >= c) return;
+    row_block_rows(cell.item, n, &first, &end);
     float dw = 0.0f, db = 0.0f;
-    for (int i = 0; i < n; ++i) {
+    for (int i = first; i < end; ++i) {
         float g = dout[(long long)i * c + col];
         dw += g * ((x[(long long)i * c + col] - mean[i]) * rstd[i]);
         db += g;
     }
-    dweight[col] += dw;
-    dbias[col] += db;
+    partials[(long long)cell.item * 2 * c + col] = dw;
+    partials[(long long)cell.item * 2 * c + c + col] = db;
 }

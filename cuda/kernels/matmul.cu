@@ -1,6 +1,6 @@
 // The linear layer's kernels beside its cuBLASLt products (core/src/ops/matmul.rs,
-// shaders/matmul.wgsl): the epilogues, GELU's backward, the bias gradient and the operands'
-// rounding to bf16.
+// shaders/matmul.wgsl): the epilogues, GELU's backward, the bias gradient's row-block sums
+// and the operands' rounding to bf16.
 
 // After the product `acc [n, m]` (in `acc`): acc + bias (+ residual) in place; with
 // `gelu_out`, acc holds the pre-activation: gelu_out = gelu(acc + bias), and acc becomes the
@@ -50,13 +50,26 @@ extern "C" __global__ void swiglu_backward(float* d, const float* dh, int n, int
     d[at + h] *= dh[idx];
 }
 
-// dbias += column sums of dout [n, m]: one thread per column, rows in order.
-extern "C" __global__ void bias_grad(float* dbias, const float* dout, int n, int m) {
-    int col = blockIdx.x * blockDim.x + threadIdx.x;
+// The bias gradient's first pass (row_blocks.cu): partials [blocks, m], row b the column sums
+// of dout's rows b * ROW_BLOCK .. (b + 1) * ROW_BLOCK in order; a thread per (row block,
+// column). With `slope`, GELU's backward first, in place: dout *= slope (the CPU's one pass
+// over a block).
+extern "C" __global__ void bias_grad_partials(float* partials, float* dout, const float* slope, int n, int m) {
+    Cell cell = column_tile_cell(m);
+    int col = cell.col, first, end;
     if (col >= m) return;
+    row_block_rows(cell.item, n, &first, &end);
     float s = 0.0f;
-    for (int i = 0; i < n; ++i) s += dout[(long long)i * m + col];
-    dbias[col] += s;
+    for (int i = first; i < end; ++i) {
+        long long at = (long long)i * m + col;
+        float d = dout[at];
+        if (slope) {
+            d *= slope[at];
+            dout[at] = d;
+        }
+        s += d;
+    }
+    partials[(long long)cell.item * m + col] = s;
 }
 
 // A product's operand rounded to bf16 (--precision bf16).

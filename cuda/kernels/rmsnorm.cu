@@ -26,11 +26,14 @@ extern "C" __global__ void rmsnorm_backward_input(float* dx, const float* dout, 
     for (int i = lane; i < c; i += WARP) dx[at + i] += (dout[at + i] * weight[i] - x[at + i] * r * dnorm_xhat_mean) * r;
 }
 
-// One thread per column, rows in order: dweight += sum(dout * xhat).
-extern "C" __global__ void rmsnorm_backward_weight(float* dweight, const float* dout, const float* x, const float* rstd, int n, int c) {
-    int col = blockIdx.x * blockDim.x + threadIdx.x;
+// The weight gradient's first pass (row_blocks.cu): partials [blocks, c], row b sum(dout *
+// xhat) over the block's rows in order; a thread per (row block, column).
+extern "C" __global__ void rmsnorm_weight_partials(float* partials, const float* dout, const float* x, const float* rstd, int n, int c) {
+    Cell cell = column_tile_cell(c);
+    int col = cell.col, first, end;
     if (col >= c) return;
+    row_block_rows(cell.item, n, &first, &end);
     float dw = 0.0f;
-    for (int i = 0; i < n; ++i) dw += dout[(long long)i * c + col] * (x[(long long)i * c + col] * rstd[i]);
-    dweight[col] += dw;
+    for (int i = first; i < end; ++i) dw += dout[(long long)i * c + col] * (x[(long long)i * c + col] * rstd[i]);
+    partials[(long long)cell.item * c + col] = dw;
 }

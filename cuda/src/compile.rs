@@ -15,11 +15,12 @@ use std::path::PathBuf;
 const COMMON: &str = include_str!("../kernels/common.cuh");
 
 /// The kernel files: (name, source).
-pub const SOURCES: [(&str, &str); 10] = [
+pub const SOURCES: [(&str, &str); 11] = [
     ("embedding", include_str!("../kernels/embedding.cu")),
     ("layernorm", include_str!("../kernels/layernorm.cu")),
     ("rmsnorm", include_str!("../kernels/rmsnorm.cu")),
     ("matmul", include_str!("../kernels/matmul.cu")),
+    ("row_blocks", include_str!("../kernels/row_blocks.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
     ("cross_entropy", include_str!("../kernels/cross_entropy.cu")),
     ("dropout", include_str!("../kernels/dropout.cu")),
@@ -29,11 +30,12 @@ pub const SOURCES: [(&str, &str); 10] = [
 ];
 
 /// The kernels' entry points, by file.
-pub const ENTRY_POINTS: [(&str, &[&str]); 10] = [
-    ("embedding", &["embedding_forward", "embedding_backward"]),
-    ("layernorm", &["layernorm_forward", "layernorm_backward_input", "layernorm_backward_params"]),
-    ("rmsnorm", &["rmsnorm_forward", "rmsnorm_backward_input", "rmsnorm_backward_weight"]),
-    ("matmul", &["matmul_epilogue", "gelu_backward", "swiglu_forward", "swiglu_backward", "bias_grad", "round_to_bf16"]),
+pub const ENTRY_POINTS: [(&str, &[&str]); 11] = [
+    ("embedding", &["embedding_forward", "embedding_backward_tokens", "embedding_backward_positions"]),
+    ("layernorm", &["layernorm_forward", "layernorm_backward_input", "layernorm_params_partials"]),
+    ("rmsnorm", &["rmsnorm_forward", "rmsnorm_backward_input", "rmsnorm_weight_partials"]),
+    ("matmul", &["matmul_epilogue", "gelu_backward", "swiglu_forward", "swiglu_backward", "bias_grad_partials", "round_to_bf16"]),
+    ("row_blocks", &["add_partials"]),
     ("attention", &["attention_forward", "attention_backward_query", "attention_backward_key_value", "attention_rope_backward", "attention_decode"]),
     ("cross_entropy", &["cross_entropy"]),
     ("dropout", &["dropout"]),
@@ -42,9 +44,10 @@ pub const ENTRY_POINTS: [(&str, &[&str]); 10] = [
     ("peak", &["copy_bandwidth"]),
 ];
 
-/// The whole source NVRTC compiles for kernel file `source`.
+/// The whole source NVRTC compiles for kernel file `source`: the core's row block (the
+/// column sums' grouping, see row_blocks.cu), `common.cuh`, the file.
 pub fn full_source(source: &str) -> String {
-    format!("{COMMON}\n{source}")
+    format!("#define ROW_BLOCK {}\n{COMMON}\n{source}", alpha_core::ops::row_blocks::ROW_BLOCK)
 }
 
 /// NVRTC's version (major, minor).

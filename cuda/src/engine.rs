@@ -9,7 +9,7 @@
 use crate::blas::{Arithmetic, Products};
 use crate::device::{args, Device};
 use crate::error::CudaError;
-use crate::executor::{Arenas, CudaExecutor, Decoding};
+use crate::executor::{group_rows_by_token, Arenas, CudaExecutor, Decoding, TokenGroups};
 use crate::memory::Buffer;
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::engine::{Description, DeviceDescription, Engine, HostState, Pending, StepError, StepReport};
@@ -77,6 +77,11 @@ pub struct CudaEngine<'r> {
     /// With RoPE, attention's rotary table.
     rope: Option<Buffer>,
     host_batch: Vec<u32>,
+    /// The training batch's rows grouped by token (see [`TokenGroups`]): `[N]` rows then up to
+    /// `N + 1` starts, u32; on the host, the rows and starts of the last batch grouped.
+    token_groups: Buffer,
+    host_rows: Vec<u32>,
+    host_starts: Vec<u32>,
     step: u64,
     rng: Rng,
     /// Batch-1 memory for samples, made at the first.
@@ -171,6 +176,9 @@ impl<'r> CudaEngine<'r> {
                 None => None,
             },
             host_batch: vec![0; 2 * n],
+            token_groups: Buffer::zeroed(&device, "the batch's rows by token", 2 * n + 1, 4)?,
+            host_rows: vec![0; n],
+            host_starts: Vec::with_capacity(n + 1),
             tape: tape::record_to_vec(&plan),
             device,
             products,
@@ -195,7 +203,7 @@ impl<'r> CudaEngine<'r> {
         let n = plan.tokens() as u64;
         let rope = if plan.attention_shape().rope.is_some() { plan.config.block_size * plan.config.head_size() } else { 0 };
         let chunks = (size_of::<AdamwChunk>() * adamw_chunks(plan, &(0..plan.params_len())).len()) as u64;
-        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64) + 8 * n + chunks;
+        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64) + 8 * n + 4 * (2 * n + 1) + chunks;
         if arithmetic == Arithmetic::Bf16 {
             bytes += 2 * p + 2 * 2 * bf16_operand_len(plan) as u64;
         }
@@ -242,6 +250,10 @@ impl<'r> CudaEngine<'r> {
             targets: Some(self.targets.tensor()),
             operands_bf16: self.operands_bf16.as_ref().map(|(a, b)| (a.tensor(), b.tensor())),
             rope: self.rope.as_ref().map(Buffer::tensor),
+            token_groups: (backward && !self.host_starts.is_empty()).then(|| {
+                let (n, all) = (self.plan.tokens(), self.token_groups.tensor());
+                TokenGroups { rows: all.part(0, n), starts: all.part(n, self.host_starts.len()), count: self.host_starts.len() - 1 }
+            }),
         }
     }
 
@@ -252,6 +264,15 @@ impl<'r> CudaEngine<'r> {
         sample_batch(rng, data, self.plan.seq, x, y);
         self.tokens.upload(0, x)?;
         self.targets.upload(0, y)
+    }
+
+    /// Groups the loaded training batch's rows by token for the token embedding's gradient,
+    /// on the host, and copies the groups over.
+    fn group_batch(&mut self) -> Result<(), CudaError> {
+        let n = self.plan.tokens();
+        group_rows_by_token(&self.host_batch[..n], &mut self.host_rows, &mut self.host_starts);
+        self.token_groups.upload(0, &self.host_rows)?;
+        self.token_groups.upload(n, &self.host_starts)
     }
 
     /// The mean of the last forward's losses, summed in f64 in index order as the CPU does.
@@ -359,6 +380,7 @@ impl<'r> CudaEngine<'r> {
                 continue;
             }
             self.load_batch(data, &mut rng).map_err(device)?;
+            self.group_batch().map_err(device)?;
             self.rng = rng;
             observer.phase_end(Phase::Data);
             loss += self.forward_backward(micro, observer).map_err(device)?;

@@ -8,7 +8,7 @@ use crate::device::{args, Device};
 use crate::error::CudaError;
 use crate::memory::Tensor;
 use alpha_core::ops::dropout::{DropoutKey, Site};
-use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm};
+use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm, row_blocks};
 use alpha_core::plan::{Plan, Span};
 use alpha_core::tape::{Op, Pass};
 use alpha_core::walk::{Arena, Executor};
@@ -21,6 +21,12 @@ const WARPS: u32 = BLOCK / 32;
 /// Blocks of [`BLOCK`] threads covering `n` threads.
 fn blocks(n: usize) -> u32 {
     n.div_ceil(BLOCK as usize) as u32
+}
+
+/// Blocks of a pass with a thread per (item, column) of `width` columns: tiles of [`BLOCK`]
+/// columns by `items` (common.cuh's `column_tile_cell`).
+fn tile_grid(width: usize, items: usize) -> u32 {
+    (blocks(width) as usize * items) as u32
 }
 
 /// Blocks of [`WARPS`] warps covering `rows` warps.
@@ -48,6 +54,34 @@ pub(crate) struct Arenas {
     pub operands_bf16: Option<(Tensor, Tensor)>,
     /// With RoPE, attention's rotary table `[block_size, HS]` (see [`rope_table`]).
     pub rope: Option<Tensor>,
+    /// The batch's rows grouped by token (backward walks with a token embedding).
+    pub token_groups: Option<TokenGroups>,
+}
+
+/// The batch's rows grouped by token, for the token embedding's gradient (embedding.cu):
+/// `rows` `[N]` u32 ordered by token, then row; `starts` `[count + 1]` u32, where each of the
+/// `count` distinct tokens' runs begins, then N.
+#[derive(Clone, Copy)]
+pub(crate) struct TokenGroups {
+    pub rows: Tensor,
+    pub starts: Tensor,
+    pub count: usize,
+}
+
+/// `tokens`' rows grouped by token into `rows` (as long as `tokens`) and `starts` (cleared
+/// first): see [`TokenGroups`]. The count of groups is `starts.len() - 1`.
+pub(crate) fn group_rows_by_token(tokens: &[u32], rows: &mut [u32], starts: &mut Vec<u32>) {
+    for (i, r) in rows.iter_mut().enumerate() {
+        *r = i as u32;
+    }
+    rows.sort_unstable_by_key(|&r| (tokens[r as usize], r));
+    starts.clear();
+    for (j, &r) in rows.iter().enumerate() {
+        if j == 0 || tokens[r as usize] != tokens[rows[j - 1] as usize] {
+            starts.push(j as u32);
+        }
+    }
+    starts.push(rows.len() as u32);
 }
 
 /// The rotary table of a model with RoPE (`[block_size, HS]`, row `p` the cosines of
@@ -182,6 +216,36 @@ impl<'a> CudaExecutor<'a> {
         }
     }
 
+    /// The column sums' second pass (row_blocks.cu) after a first pass left `blocks(n)` rows of
+    /// `width` partials in the plan's scratch: columns below `split` added to `out`, the rest
+    /// to `second` (0: none).
+    fn add_partials(&mut self, n: usize, width: usize, split: usize, out: u64, second: u64) {
+        let partials = self.partials().ptr;
+        // SAFETY: `out` holds `split` floats, `second` `width - split`; the partials
+        // `blocks(n) * width`.
+        unsafe {
+            self.launch(
+                "add_partials",
+                blocks(width),
+                BLOCK,
+                &mut args![out, second, partials, row_blocks::blocks(n) as i32, width as i32, width as i32, split as i32],
+            )
+        }
+    }
+
+    /// The plan's scratch for the row blocks' partial column sums.
+    fn partials(&self) -> Tensor {
+        let span = self.plan.scratch().partials;
+        self.arenas.acts.part(span.offset, span.len)
+    }
+
+    /// Blocks of a row-block pass over `n` rows of `width` columns: a tile of [`BLOCK`]
+    /// columns by a row block each.
+    fn row_block_grid(&self, n: usize, width: usize) -> u32 {
+        assert!(row_blocks::blocks(n) * width <= self.partials().len, "the row blocks' partials past their scratch");
+        tile_grid(width, row_blocks::blocks(n))
+    }
+
     fn product(&mut self, p: Product, a: u64, b: u64, d: u64) {
         // SAFETY: the walk's tensors of this op, of the shapes `p` names.
         let r = unsafe { self.products.run(self.device, p, a, b, d) };
@@ -227,9 +291,23 @@ impl Executor for CudaExecutor<'_> {
         let c = self.plan.config.n_embd;
         let n = a.dout.len / c;
         let tokens = self.arenas.tokens.ptr;
-        let dwpe = a.dwpe.map_or(0, |w| w.ptr);
-        // SAFETY: as forward.
-        unsafe { self.launch("embedding_backward", blocks(c), BLOCK, &mut args![a.dwte.ptr, dwpe, a.dout.ptr, tokens, n as i32, c as i32, a.seq as i32]) }
+        let groups = self.arenas.token_groups.expect("the token embedding's backward needs the batch's rows grouped by token");
+        assert_eq!(groups.rows.len, n, "token groups of another batch");
+        // SAFETY: dwte [V, C], dout [n, C], n token ids, the groups of those ids.
+        unsafe {
+            self.launch(
+                "embedding_backward_tokens",
+                tile_grid(c, groups.count),
+                BLOCK,
+                &mut args![a.dwte.ptr, a.dout.ptr, tokens, groups.rows.ptr, groups.starts.ptr, c as i32],
+            )
+        }
+        if let Some(dwpe) = a.dwpe {
+            // SAFETY: dwpe [seq, C], dout [n, C].
+            unsafe {
+                self.launch("embedding_backward_positions", tile_grid(c, a.seq), BLOCK, &mut args![dwpe.ptr, a.dout.ptr, n as i32, c as i32, a.seq as i32])
+            }
+        }
     }
 
     fn layernorm_forward(&mut self, a: layernorm::Forward<Tensor, Tensor>) {
@@ -251,8 +329,11 @@ impl Executor for CudaExecutor<'_> {
         // SAFETY: rows of C, n of them.
         unsafe {
             self.launch("layernorm_backward_input", warp_blocks(n), BLOCK, &mut args![a.dx.ptr, dout, x, mean, rstd, a.weight.ptr, n as i32, c as i32]);
-            self.launch("layernorm_backward_params", blocks(c), BLOCK, &mut args![a.dweight.ptr, a.dbias.ptr, dout, x, mean, rstd, n as i32, c as i32]);
+            let grid = self.row_block_grid(n, 2 * c);
+            let partials = self.partials().ptr;
+            self.launch("layernorm_params_partials", grid, BLOCK, &mut args![partials, dout, x, mean, rstd, n as i32, c as i32]);
         }
+        self.add_partials(n, 2 * c, c, a.dweight.ptr, a.dbias.ptr);
     }
 
     fn rmsnorm_forward(&mut self, a: rmsnorm::Forward<Tensor, Tensor>) {
@@ -268,8 +349,11 @@ impl Executor for CudaExecutor<'_> {
         // SAFETY: rows of C, n of them.
         unsafe {
             self.launch("rmsnorm_backward_input", warp_blocks(n), BLOCK, &mut args![a.dx.ptr, dout, x, rstd, a.weight.ptr, n as i32, c as i32]);
-            self.launch("rmsnorm_backward_weight", blocks(c), BLOCK, &mut args![a.dweight.ptr, dout, x, rstd, n as i32, c as i32]);
+            let grid = self.row_block_grid(n, c);
+            let partials = self.partials().ptr;
+            self.launch("rmsnorm_weight_partials", grid, BLOCK, &mut args![partials, dout, x, rstd, n as i32, c as i32]);
         }
+        self.add_partials(n, c, c, a.dweight.ptr, 0);
     }
 
     fn matmul_forward(&mut self, a: matmul::Forward<Tensor, Tensor>) {
@@ -301,7 +385,10 @@ impl Executor for CudaExecutor<'_> {
     fn matmul_backward(&mut self, a: matmul::Backward<Tensor, Tensor>) {
         let (k, m) = (a.k, a.m);
         let n = a.x.len / k;
+        // GELU's backward rides on the bias gradient's pass where there is a bias.
+        let mut gelu_slope = None;
         match a.activation {
+            Some(matmul::ActivationGrad::Gelu { slope }) if a.dbias.is_some() => gelu_slope = Some(slope),
             // SAFETY: both [N, M].
             Some(matmul::ActivationGrad::Gelu { slope }) => unsafe {
                 self.launch("gelu_backward", blocks(n * m), BLOCK, &mut args![a.dout.ptr, slope.ptr, (n * m) as i64])
@@ -313,8 +400,10 @@ impl Executor for CudaExecutor<'_> {
             None => {}
         }
         if let Some(db) = a.dbias {
-            // SAFETY: dbias [M], dout [N, M].
-            unsafe { self.launch("bias_grad", blocks(m), BLOCK, &mut args![db.ptr, a.dout.ptr, n as i32, m as i32]) }
+            let (grid, partials, slope) = (self.row_block_grid(n, m), self.partials().ptr, gelu_slope.map_or(0, |s| s.ptr));
+            // SAFETY: dout and the slopes [N, M], the partials blocks(N) x M.
+            unsafe { self.launch("bias_grad_partials", grid, BLOCK, &mut args![partials, a.dout.ptr, slope, n as i32, m as i32]) };
+            self.add_partials(n, m, m, db.ptr, 0);
         }
         let dout = self.operand(a.dout, 1);
         if let Some(dx) = a.dx {

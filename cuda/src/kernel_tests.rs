@@ -5,7 +5,7 @@
 
 use crate::blas::{Arithmetic, Products};
 use crate::device::Device;
-use crate::executor::{Arenas, CudaExecutor, Decoding};
+use crate::executor::{group_rows_by_token, Arenas, CudaExecutor, Decoding, TokenGroups};
 use crate::memory::{Buffer, Tensor};
 use alpha_core::gemm::Operands;
 use alpha_core::ops::attention::KvCache;
@@ -44,6 +44,8 @@ struct Rig {
     buffers: Vec<Buffer>,
     /// The plan's rotary table, where it has RoPE.
     rope: Option<Buffer>,
+    /// The batch's rows grouped by token (in the first of `buffers`).
+    token_groups: TokenGroups,
     /// Last: dropped after everything allocated on it.
     device: Device,
 }
@@ -62,7 +64,14 @@ impl Rig {
             b.upload(0, &table).unwrap();
             b
         });
-        Rig { device, products, plan, acts, tokens, targets, buffers: Vec::new(), rope }
+        let (mut rows, mut starts) = (vec![0; ids.len()], Vec::new());
+        group_rows_by_token(ids, &mut rows, &mut starts);
+        let groups = Buffer::zeroed(&device, "rows by token", rows.len() + starts.len(), 4).unwrap();
+        groups.upload(0, &rows).unwrap();
+        groups.upload(rows.len(), &starts).unwrap();
+        let all = groups.tensor();
+        let token_groups = TokenGroups { rows: all.part(0, rows.len()), starts: all.part(rows.len(), starts.len()), count: starts.len() - 1 };
+        Rig { device, products, plan, acts, tokens, targets, buffers: vec![groups], rope, token_groups }
     }
 
     /// `data` on the device.
@@ -92,6 +101,7 @@ impl Rig {
             targets: Some(self.targets.tensor()),
             operands_bf16: None,
             rope: self.rope.as_ref().map(Buffer::tensor),
+            token_groups: Some(self.token_groups),
         };
         CudaExecutor::new(&self.device, &self.products, &self.plan, arenas)
     }
@@ -122,7 +132,8 @@ fn llama_plan(batch: usize, seq: usize, heads: usize, kv_heads: usize, embd: usi
 
 #[test]
 fn embedding_matches_the_cpu() {
-    let (b, t, c, v) = (2, 5, 37, 11);
+    // Tokens that repeat (a token's rows in order), columns over a block of threads.
+    let (b, t, c, v) = (3, 7, 300, 5);
     let mut rng = Rng::new(1);
     let ids: Vec<u32> = (0..b * t).map(|i| (i * 7 % v) as u32).collect();
     let mut rig = Rig::new(plan(v, b, t, 1, c), &ids);
@@ -145,7 +156,8 @@ fn embedding_matches_the_cpu() {
 
 #[test]
 fn layernorm_matches_the_cpu() {
-    let (n, c) = (13, 70);
+    // Rows over two row blocks of the parameters' sums, columns over a block of threads.
+    let (n, c) = (150, 300);
     let mut rng = Rng::new(2);
     let mut rig = Rig::new(plan(5, 1, n, 1, c), &vec![0; n]);
     let (x, w, bias, dout, dx0) =
@@ -183,7 +195,8 @@ fn layernorm_matches_the_cpu() {
 
 #[test]
 fn rmsnorm_matches_the_cpu() {
-    let (n, c, eps) = (13, 70, 1e-6);
+    // Ten row blocks: the partials' sums eight blocks at a time, then the rest.
+    let (n, c, eps) = (600, 300, 1e-6);
     let mut rng = Rng::new(2);
     let mut rig = Rig::new(plan(5, 1, n, 1, c), &vec![0; n]);
     let (x, w, dout, dx0, dw0) =
@@ -252,7 +265,8 @@ fn swiglu_matches_the_cpu() {
 
 #[test]
 fn matmul_and_its_epilogues_match_the_cpu() {
-    let (n, k, m) = (19, 37, 45);
+    // The bias gradient's rows over two row blocks, its columns over a block of threads.
+    let (n, k, m) = (150, 70, 270);
     for kind in ["none", "gelu", "residual"] {
         for with_bias in [true, false] {
             let what = format!("{kind}, bias {with_bias}");
