@@ -11,6 +11,7 @@ use crate::device::{args, Device};
 use crate::error::CudaError;
 use crate::executor::{group_rows_by_token, Arenas, CudaExecutor, Decoding, TokenGroups};
 use crate::memory::Buffer;
+use crate::profile::{Profiler, Work};
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::engine::{Description, DeviceDescription, Engine, HostState, Pending, StepError, StepReport};
 use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
@@ -20,6 +21,7 @@ use alpha_core::tape::{self, Observer, Op, Phase};
 use alpha_core::train::{LossScaleState, Ranks, RunState, StepStats, TrainConfig};
 use alpha_core::{walk, Plan, Rng};
 use std::borrow::Cow;
+use std::ffi::c_void;
 use std::ops::Range;
 
 /// Blocks of the gradient norm's partial sums (grad_norm.cu): a fixed grid, so a fixed order.
@@ -88,6 +90,8 @@ pub struct CudaEngine<'r> {
     sampler: Option<Sampler>,
     /// Kernels and products the last step queued.
     kernels_per_step: usize,
+    /// While an observer wants kernel times (`--trace`), what stamps them.
+    profiler: Option<Profiler>,
     /// Last: dropped after everything allocated on it.
     device: Device,
 }
@@ -190,6 +194,7 @@ impl<'r> CudaEngine<'r> {
             rng: start.rng,
             sampler: None,
             kernels_per_step: 0,
+            profiler: None,
         };
         engine.adamw_chunks.upload(0, &chunks)?;
         engine.upload_state(start)?;
@@ -288,14 +293,16 @@ impl<'r> CudaEngine<'r> {
         let key = self.plan.dropout_key(self.step * self.cfg.grad_accum as u64 + micro as u64);
         let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
         observer.phase_begin(Phase::Forward);
-        let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, self.arenas(false)).with_dropout_key(key);
+        let arenas = self.arenas(false);
+        let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, arenas).with_dropout_key(key).profiled(self.profiler.as_mut());
         walk::forward(&mut exec, &self.tape, Some(scale));
         let mut launches = exec.finish()?;
         let loss = self.mean_loss(&self.acts, &self.plan)?;
         observer.phase_end(Phase::Forward);
         observer.phase_begin(Phase::Backward);
         self.acts.clear(self.plan.scratch().dres.range())?;
-        let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, self.arenas(true)).with_dropout_key(key);
+        let arenas = self.arenas(true);
+        let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, arenas).with_dropout_key(key).profiled(self.profiler.as_mut());
         walk::backward(&mut exec, &self.plan, &self.tape);
         launches += exec.finish()?;
         self.kernels_per_step = launches;
@@ -305,11 +312,12 @@ impl<'r> CudaEngine<'r> {
     }
 
     /// The sum of squares of the gradients `range`, in f64 (a fixed order).
-    fn sum_squares(&self, range: Range<usize>) -> Result<f64, CudaError> {
+    fn sum_squares(&mut self, range: Range<usize>) -> Result<f64, CudaError> {
         let x = self.grads.tensor().part(range.start, range.len());
         let partials = self.norm_partials.tensor().ptr;
+        let work = Work { flops: 2.0 * x.len as f64, bytes: 4.0 * x.len as f64 + 8.0 * NORM_BLOCKS as f64 };
         // SAFETY: NORM_BLOCKS partials, `x.len` gradients.
-        unsafe { self.device.launch("sum_squares_partials", NORM_BLOCKS as u32, 256, &mut args![partials, x.ptr, x.len as i64]) }?;
+        unsafe { self.launch_update("grad_norm", "sum_squares_partials", NORM_BLOCKS as u32, 256, work, &mut args![partials, x.ptr, x.len as i64]) }?;
         let mut host = vec![0f64; NORM_BLOCKS];
         self.norm_partials.download(0, &mut host)?;
         Ok(host.iter().sum())
@@ -335,16 +343,42 @@ impl<'r> CudaEngine<'r> {
         let (p, g, m, v) = (self.params.tensor().ptr, self.grads.tensor().ptr, self.adam_m.tensor().ptr, self.adam_v.tensor().ptr);
         let p_bf16 = self.params_bf16.as_ref().map_or(0, |b| b.tensor().ptr);
         let (chunks, moments_start) = (self.adamw_chunks.tensor().ptr, self.shard.start as i64);
+        let len = self.shard.len() as f64;
+        let work = Work { flops: 0.0, bytes: len * (4.0 * 7.0 + if p_bf16 != 0 { 2.0 } else { 0.0 }) };
         // SAFETY: the chunks lie in the parameters and, less `moments_start`, in the moments;
         // p_bf16 is the parameters' copy.
         unsafe {
-            self.device.launch(
+            self.launch_update(
+                "adamw",
                 "adamw",
                 blocks,
                 ADAMW_THREADS,
+                work,
                 &mut args![p, m, v, g, p_bf16, chunks, moments_start, scale, matrix_decay, one_m_b1, b2, one_m_b2, bc2_sqrt, eps, step_size],
             )
         }
+    }
+
+    /// Queues kernel `name` of the update's op `op`, stamped while profiling (as the
+    /// executor stamps the walk's).
+    ///
+    /// # Safety
+    /// As [`Device::launch`].
+    unsafe fn launch_update(
+        &mut self,
+        op: &'static str,
+        name: &'static str,
+        grid: u32,
+        block: u32,
+        work: Work,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        if let Some(p) = self.profiler.as_mut() {
+            p.start(&self.device, "update", op, name, work)?;
+        }
+        // SAFETY: forwarded to the caller.
+        unsafe { self.device.launch(name, grid, block, args) }?;
+        self.profiler.as_mut().map_or(Ok(()), |p| p.end(&self.device))
     }
 
     /// Sums (or, with ZeRO-1, reduces this rank's shard of) the gradients over the ranks
@@ -368,6 +402,11 @@ impl<'r> CudaEngine<'r> {
     fn train_step(&mut self, data: Tokens<'_>, observer: &mut dyn Observer) -> Result<StepStats, StepError> {
         let device = |e: CudaError| StepError::Device(e.to_string());
         let (rank, ranks) = (self.ranks.rank(), self.ranks.ranks());
+        if observer.wants_kernel_times() {
+            self.profiler.get_or_insert_with(Profiler::new).clear();
+        } else {
+            self.profiler = None;
+        }
         self.grads.clear(0..self.grads.len()).map_err(device)?;
         let mut loss = 0.0;
         for micro in 0..self.cfg.grad_accum {
@@ -410,6 +449,9 @@ impl<'r> CudaEngine<'r> {
         self.apply(grad_norm).map_err(device)?;
         self.device.synchronize().map_err(device)?;
         observer.phase_end(Phase::Optimizer);
+        if let Some(p) = &self.profiler {
+            observer.kernel_times(&p.read().map_err(device)?);
+        }
         if self.sharded() {
             observer.phase_begin(Phase::Allreduce);
             self.gather_params().map_err(device)?;

@@ -7,6 +7,7 @@ use crate::blas::{Arithmetic, Product, Products};
 use crate::device::{args, Device};
 use crate::error::CudaError;
 use crate::memory::Tensor;
+use crate::profile::{Profiler, Work};
 use alpha_core::ops::dropout::{DropoutKey, Site};
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm, row_blocks};
 use alpha_core::plan::{Plan, Span};
@@ -138,12 +139,21 @@ pub(crate) struct CudaExecutor<'a> {
     /// Kernels and products queued.
     launches: usize,
     error: Option<CudaError>,
+    /// While profiling (`--trace`), what stamps each kernel, and the pass and op being queued.
+    profiler: Option<&'a mut Profiler>,
+    pass: &'static str,
+    op: &'static str,
 }
 
 impl<'a> CudaExecutor<'a> {
     /// An executor of `plan`'s tape over `arenas`.
     pub fn new(device: &'a Device, products: &'a Products, plan: &Plan, arenas: Arenas) -> Self {
-        CudaExecutor { device, products, arenas, plan: *plan, key: None, decoding: None, layer: 0, launches: 0, error: None }
+        CudaExecutor { device, products, arenas, plan: *plan, key: None, decoding: None, layer: 0, launches: 0, error: None, profiler: None, pass: "", op: "" }
+    }
+
+    /// Every kernel and product stamped by `profiler` (see [`Profiler`]), where there is one.
+    pub fn profiled(self, profiler: Option<&'a mut Profiler>) -> Self {
+        CudaExecutor { profiler, ..self }
     }
 
     /// Dropout masks of micro-batch `key`.
@@ -171,22 +181,27 @@ impl<'a> CudaExecutor<'a> {
         self.error.map_or(Ok(self.launches), Err)
     }
 
-    /// Keeps the first error.
-    fn keep(&mut self, r: Result<(), CudaError>) {
+    /// Queues one kernel or product, `kernel` doing `work`, by `queue` (stamped before and
+    /// after while profiling); keeps the first error.
+    fn queue(&mut self, kernel: &'static str, work: Work, queue: impl FnOnce(&Self) -> Result<(), CudaError>) {
         self.launches += 1;
+        let device = self.device;
+        let (pass, op) = (self.pass, self.op);
+        let mut r = self.profiler.as_deref_mut().map_or(Ok(()), |p| p.start(device, pass, op, kernel, work));
+        r = r.and_then(|()| queue(self));
+        r = r.and_then(|()| self.profiler.as_deref_mut().map_or(Ok(()), |p| p.end(device)));
         if let (Err(e), None) = (r, &self.error) {
             self.error = Some(e);
         }
     }
 
-    /// Queues kernel `name`.
+    /// Queues kernel `name` doing `work`.
     ///
     /// # Safety
     /// As [`Device::launch`].
-    unsafe fn launch(&mut self, name: &str, grid: u32, block: u32, args: &mut [*mut std::ffi::c_void]) {
+    unsafe fn launch(&mut self, name: &'static str, grid: u32, block: u32, work: Work, args: &mut [*mut std::ffi::c_void]) {
         // SAFETY: forwarded to the caller.
-        let r = unsafe { self.device.launch(name, grid, block, args) };
-        self.keep(r);
+        self.queue(name, work, |e| unsafe { e.device.launch(name, grid, block, args) });
     }
 
     /// `x` rounded to bf16 into scratch operand `which` (0 or 1).
@@ -195,7 +210,7 @@ impl<'a> CudaExecutor<'a> {
         let out = if which == 0 { a } else { b };
         assert!(x.len <= out.len, "an operand larger than the bf16 scratch");
         // SAFETY: both hold x.len elements.
-        unsafe { self.launch("round_to_bf16", blocks(x.len), BLOCK, &mut args![out.ptr, x.ptr, x.len as i64]) };
+        unsafe { self.launch("round_to_bf16", blocks(x.len), BLOCK, Work { flops: 0.0, bytes: 6.0 * x.len as f64 }, &mut args![out.ptr, x.ptr, x.len as i64]) };
         out.ptr
     }
 
@@ -228,6 +243,7 @@ impl<'a> CudaExecutor<'a> {
                 "add_partials",
                 blocks(width),
                 BLOCK,
+                Work::moving(row_blocks::blocks(n) * width + 2 * width),
                 &mut args![out, second, partials, row_blocks::blocks(n) as i32, width as i32, width as i32, split as i32],
             )
         }
@@ -247,9 +263,11 @@ impl<'a> CudaExecutor<'a> {
     }
 
     fn product(&mut self, p: Product, a: u64, b: u64, d: u64) {
+        let operand = if self.products.arithmetic() == Arithmetic::Bf16 { 2.0 } else { 4.0 };
+        let (m, n, k) = (p.m as f64, p.n as f64, p.k as f64);
+        let work = Work { flops: 2.0 * m * n * k, bytes: operand * (m * k + k * n) + 4.0 * m * n * (1.0 + p.accumulate as u8 as f64) };
         // SAFETY: the walk's tensors of this op, of the shapes `p` names.
-        let r = unsafe { self.products.run(self.device, p, a, b, d) };
-        self.keep(r);
+        self.queue("product", work, |e| unsafe { e.products.run(e.device, p, a, b, d) });
     }
 }
 
@@ -271,7 +289,8 @@ impl Executor for CudaExecutor<'_> {
         unsafe { self.write(arena, span) }
     }
 
-    fn begin(&mut self, _pass: Pass, index: usize, _op: &Op) {
+    fn begin(&mut self, pass: Pass, index: usize, op: &Op) {
+        (self.pass, self.op) = (pass.name(), op.name());
         self.layer = alpha_core::tape::block_of(index, self.plan.config.n_layer).unwrap_or(self.layer);
     }
 
@@ -283,7 +302,13 @@ impl Executor for CudaExecutor<'_> {
         let wpe = a.wpe.map_or(0, |w| w.ptr);
         // SAFETY: out [n, C], the tables, n token ids.
         unsafe {
-            self.launch("embedding_forward", blocks(n * c), BLOCK, &mut args![a.out.ptr, a.wte.ptr, wpe, tokens, n as i32, c as i32, a.seq as i32, first])
+            self.launch(
+                "embedding_forward",
+                blocks(n * c),
+                BLOCK,
+                Work::moving(n * c * (2 + a.wpe.is_some() as usize) + n),
+                &mut args![a.out.ptr, a.wte.ptr, wpe, tokens, n as i32, c as i32, a.seq as i32, first],
+            )
         }
     }
 
@@ -299,13 +324,20 @@ impl Executor for CudaExecutor<'_> {
                 "embedding_backward_tokens",
                 tile_grid(c, groups.count),
                 BLOCK,
+                Work::moving(n * c + 2 * groups.count * c + 2 * n + groups.count),
                 &mut args![a.dwte.ptr, a.dout.ptr, tokens, groups.rows.ptr, groups.starts.ptr, c as i32],
             )
         }
         if let Some(dwpe) = a.dwpe {
             // SAFETY: dwpe [seq, C], dout [n, C].
             unsafe {
-                self.launch("embedding_backward_positions", tile_grid(c, a.seq), BLOCK, &mut args![dwpe.ptr, a.dout.ptr, n as i32, c as i32, a.seq as i32])
+                self.launch(
+                    "embedding_backward_positions",
+                    tile_grid(c, a.seq),
+                    BLOCK,
+                    Work::moving(n * c + 2 * a.seq * c),
+                    &mut args![dwpe.ptr, a.dout.ptr, n as i32, c as i32, a.seq as i32],
+                )
             }
         }
     }
@@ -318,6 +350,7 @@ impl Executor for CudaExecutor<'_> {
                 "layernorm_forward",
                 warp_blocks(n),
                 BLOCK,
+                Work::moving(2 * n * c + 2 * c + 2 * n),
                 &mut args![a.out.ptr, a.mean.ptr, a.rstd.ptr, a.x.ptr, a.weight.ptr, a.bias.ptr, n as i32, c as i32],
             )
         }
@@ -328,10 +361,22 @@ impl Executor for CudaExecutor<'_> {
         let (dout, x, mean, rstd) = (a.dout.ptr, a.x.ptr, a.mean.ptr, a.rstd.ptr);
         // SAFETY: rows of C, n of them.
         unsafe {
-            self.launch("layernorm_backward_input", warp_blocks(n), BLOCK, &mut args![a.dx.ptr, dout, x, mean, rstd, a.weight.ptr, n as i32, c as i32]);
+            self.launch(
+                "layernorm_backward_input",
+                warp_blocks(n),
+                BLOCK,
+                Work::moving(4 * n * c + c + 2 * n),
+                &mut args![a.dx.ptr, dout, x, mean, rstd, a.weight.ptr, n as i32, c as i32],
+            );
             let grid = self.row_block_grid(n, 2 * c);
             let partials = self.partials().ptr;
-            self.launch("layernorm_params_partials", grid, BLOCK, &mut args![partials, dout, x, mean, rstd, n as i32, c as i32]);
+            self.launch(
+                "layernorm_params_partials",
+                grid,
+                BLOCK,
+                Work::moving(2 * n * c + 2 * n + row_blocks::blocks(n) * 2 * c),
+                &mut args![partials, dout, x, mean, rstd, n as i32, c as i32],
+            );
         }
         self.add_partials(n, 2 * c, c, a.dweight.ptr, a.dbias.ptr);
     }
@@ -340,7 +385,15 @@ impl Executor for CudaExecutor<'_> {
         let (n, c) = (a.rstd.len, a.weight.len);
         let eps = a.eps as f32;
         // SAFETY: rows of C, n of them.
-        unsafe { self.launch("rmsnorm_forward", warp_blocks(n), BLOCK, &mut args![a.out.ptr, a.rstd.ptr, a.x.ptr, a.weight.ptr, n as i32, c as i32, eps]) }
+        unsafe {
+            self.launch(
+                "rmsnorm_forward",
+                warp_blocks(n),
+                BLOCK,
+                Work::moving(2 * n * c + c + n),
+                &mut args![a.out.ptr, a.rstd.ptr, a.x.ptr, a.weight.ptr, n as i32, c as i32, eps],
+            )
+        }
     }
 
     fn rmsnorm_backward(&mut self, a: rmsnorm::Backward<Tensor, Tensor>) {
@@ -348,10 +401,22 @@ impl Executor for CudaExecutor<'_> {
         let (dout, x, rstd) = (a.dout.ptr, a.x.ptr, a.rstd.ptr);
         // SAFETY: rows of C, n of them.
         unsafe {
-            self.launch("rmsnorm_backward_input", warp_blocks(n), BLOCK, &mut args![a.dx.ptr, dout, x, rstd, a.weight.ptr, n as i32, c as i32]);
+            self.launch(
+                "rmsnorm_backward_input",
+                warp_blocks(n),
+                BLOCK,
+                Work::moving(4 * n * c + c + n),
+                &mut args![a.dx.ptr, dout, x, rstd, a.weight.ptr, n as i32, c as i32],
+            );
             let grid = self.row_block_grid(n, c);
             let partials = self.partials().ptr;
-            self.launch("rmsnorm_weight_partials", grid, BLOCK, &mut args![partials, dout, x, rstd, n as i32, c as i32]);
+            self.launch(
+                "rmsnorm_weight_partials",
+                grid,
+                BLOCK,
+                Work::moving(2 * n * c + n + row_blocks::blocks(n) * c),
+                &mut args![partials, dout, x, rstd, n as i32, c as i32],
+            );
         }
         self.add_partials(n, c, c, a.dweight.ptr, 0);
     }
@@ -373,12 +438,28 @@ impl Executor for CudaExecutor<'_> {
         if bias != 0 || gelu_out != 0 || residual != 0 {
             let slope = a.save_slope as i32;
             // SAFETY: target (and gelu_out, residual) [N, M], bias [M].
-            unsafe { self.launch("matmul_epilogue", blocks(n * m), BLOCK, &mut args![target.ptr, gelu_out, bias, residual, n as i32, m as i32, slope]) }
+            unsafe {
+                self.launch(
+                    "matmul_epilogue",
+                    blocks(n * m),
+                    BLOCK,
+                    Work::moving(n * m * (2 + (residual != 0) as usize + (gelu_out != 0) as usize) + m * (bias != 0) as usize),
+                    &mut args![target.ptr, gelu_out, bias, residual, n as i32, m as i32, slope],
+                )
+            }
         }
         if let matmul::Epilogue::SwiGlu { pre } = a.epilogue {
             let (h, slope) = (m / 2, a.save_slope as i32);
             // SAFETY: out [N, M/2], pre [N, M].
-            unsafe { self.launch("swiglu_forward", blocks(n * h), BLOCK, &mut args![a.out.ptr, pre.ptr, n as i32, h as i32, slope]) }
+            unsafe {
+                self.launch(
+                    "swiglu_forward",
+                    blocks(n * h),
+                    BLOCK,
+                    Work::moving(n * h * (3 + 2 * slope as usize)),
+                    &mut args![a.out.ptr, pre.ptr, n as i32, h as i32, slope],
+                )
+            }
         }
     }
 
@@ -391,18 +472,26 @@ impl Executor for CudaExecutor<'_> {
             Some(matmul::ActivationGrad::Gelu { slope }) if a.dbias.is_some() => gelu_slope = Some(slope),
             // SAFETY: both [N, M].
             Some(matmul::ActivationGrad::Gelu { slope }) => unsafe {
-                self.launch("gelu_backward", blocks(n * m), BLOCK, &mut args![a.dout.ptr, slope.ptr, (n * m) as i64])
+                self.launch("gelu_backward", blocks(n * m), BLOCK, Work::moving(3 * n * m), &mut args![a.dout.ptr, slope.ptr, (n * m) as i64])
             },
             // SAFETY: the slopes [N, M], dh [N, M/2].
             Some(matmul::ActivationGrad::SwiGlu { dh }) => unsafe {
-                self.launch("swiglu_backward", blocks(n * m / 2), BLOCK, &mut args![a.dout.ptr, dh.ptr, n as i32, (m / 2) as i32])
+                self.launch("swiglu_backward", blocks(n * m / 2), BLOCK, Work::moving(5 * n * m / 2), &mut args![a.dout.ptr, dh.ptr, n as i32, (m / 2) as i32])
             },
             None => {}
         }
         if let Some(db) = a.dbias {
             let (grid, partials, slope) = (self.row_block_grid(n, m), self.partials().ptr, gelu_slope.map_or(0, |s| s.ptr));
             // SAFETY: dout and the slopes [N, M], the partials blocks(N) x M.
-            unsafe { self.launch("bias_grad_partials", grid, BLOCK, &mut args![partials, a.dout.ptr, slope, n as i32, m as i32]) };
+            unsafe {
+                self.launch(
+                    "bias_grad_partials",
+                    grid,
+                    BLOCK,
+                    Work::moving(n * m * if slope != 0 { 3 } else { 1 } + row_blocks::blocks(n) * m),
+                    &mut args![partials, a.dout.ptr, slope, n as i32, m as i32],
+                )
+            };
             self.add_partials(n, m, m, db.ptr, 0);
         }
         let dout = self.operand(a.dout, 1);
@@ -433,6 +522,10 @@ impl Executor for CudaExecutor<'_> {
                         "attention_decode",
                         warp_blocks(s.heads),
                         BLOCK,
+                        Work {
+                            flops: 4.0 * (s.heads * (d.position + 1) * s.head_size) as f64,
+                            bytes: 4.0 * (2 * (d.position + 1) * kv + s.width() + s.heads * (s.head_size + 1)) as f64,
+                        },
                         &mut args![a.out.ptr, a.lse.ptr, keys.ptr, values.ptr, a.qkv.ptr, rope, pos, heads, kv_heads, hs, scale],
                     )
                 }
@@ -447,6 +540,7 @@ impl Executor for CudaExecutor<'_> {
                         "attention_forward",
                         warp_blocks(rows),
                         BLOCK,
+                        Work { flops: s.causal_flops(2.0), ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size) + rows) },
                         &mut args![a.out.ptr, a.lse.ptr, a.qkv.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
                     )
                 }
@@ -469,6 +563,7 @@ impl Executor for CudaExecutor<'_> {
                 "attention_backward_query",
                 warp_blocks(rows),
                 BLOCK,
+                Work { flops: s.causal_flops(3.0), ..Work::moving(s.batch * s.seq * (s.width() + 3 * s.heads * s.head_size) + 2 * rows) },
                 &mut args![dqkv, delta.ptr, dout, qkv, a.out.ptr, lse, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
             let key_rows = s.batch * s.kv_heads * s.seq;
@@ -476,12 +571,22 @@ impl Executor for CudaExecutor<'_> {
                 "attention_backward_key_value",
                 warp_blocks(key_rows),
                 BLOCK,
+                Work {
+                    flops: s.causal_flops(4.0),
+                    ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size + 2 * s.kv_heads * s.head_size) + 2 * rows)
+                },
                 &mut args![dqkv, dout, qkv, lse, delta.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
             if rope != 0 {
                 let pairs = s.batch * s.seq * (s.heads + s.kv_heads) * s.head_size / 2;
                 let n = (s.batch * s.seq) as i32;
-                self.launch("attention_rope_backward", blocks(pairs), BLOCK, &mut args![dqkv, rope, n, t, heads, kv_heads, hs]);
+                self.launch(
+                    "attention_rope_backward",
+                    blocks(pairs),
+                    BLOCK,
+                    Work::moving(4 * pairs + s.seq * s.head_size),
+                    &mut args![dqkv, rope, n, t, heads, kv_heads, hs],
+                );
             }
         }
     }
@@ -493,7 +598,15 @@ impl Executor for CudaExecutor<'_> {
         let Some(targets) = self.arenas.targets.map(|t| t.ptr) else { return };
         let (write_grad, scale) = (a.grad_scale.is_some() as i32, a.grad_scale.unwrap_or(0.0) as f32);
         // SAFETY: logits [N, V], losses and targets [N].
-        unsafe { self.launch("cross_entropy", n as u32, BLOCK, &mut args![a.losses.ptr, a.logits.ptr, targets, v as i32, a.classes as i32, write_grad, scale]) }
+        unsafe {
+            self.launch(
+                "cross_entropy",
+                n as u32,
+                BLOCK,
+                Work::moving(n * v * (1 + write_grad as usize) + 2 * n),
+                &mut args![a.losses.ptr, a.logits.ptr, targets, v as i32, a.classes as i32, write_grad, scale],
+            )
+        }
     }
 
     fn dropout_forward(&mut self, a: dropout::Forward<Tensor, Tensor>) {
@@ -502,7 +615,15 @@ impl Executor for CudaExecutor<'_> {
         let (site, len) = (a.site, a.out.len);
         let scale = site.scale() as f32;
         // SAFETY: out, y (and residual) of `len` elements.
-        unsafe { self.launch("dropout", blocks(len), BLOCK, &mut args![a.out.ptr, a.y.ptr, residual, len as i64, site.id, site.threshold, scale, key]) }
+        unsafe {
+            self.launch(
+                "dropout",
+                blocks(len),
+                BLOCK,
+                Work::moving(len * (2 + (residual != 0) as usize)),
+                &mut args![a.out.ptr, a.y.ptr, residual, len as i64, site.id, site.threshold, scale, key],
+            )
+        }
     }
 
     fn dropout_backward(&mut self, a: dropout::Backward<Tensor, Tensor>) {
@@ -510,6 +631,14 @@ impl Executor for CudaExecutor<'_> {
         let (site, len) = (a.site, a.dy.len);
         let scale = site.scale() as f32;
         // SAFETY: dy and dout of `len` elements.
-        unsafe { self.launch("dropout", blocks(len), BLOCK, &mut args![a.dy.ptr, a.dout.ptr, 0u64, len as i64, site.id, site.threshold, scale, key]) }
+        unsafe {
+            self.launch(
+                "dropout",
+                blocks(len),
+                BLOCK,
+                Work::moving(2 * len),
+                &mut args![a.dy.ptr, a.dout.ptr, 0u64, len as i64, site.id, site.threshold, scale, key],
+            )
+        }
     }
 }

@@ -22,6 +22,7 @@ mod executor;
 mod kernel_tests;
 mod memory;
 pub mod peak;
+mod profile;
 
 pub use blas::{Arithmetic, Products};
 pub use device::{Device, DeviceInfo};

@@ -176,3 +176,50 @@ fn samples_against_cpu(plan: Plan) {
     };
     assert_eq!(sample(&mut gpu), sample(&mut cpu), "greedy samples past the window's end (32) differ");
 }
+
+/// What `--trace` collects: the kernel times of each step.
+#[derive(Default)]
+struct KernelTimes(Vec<alpha_core::tape::KernelTime>);
+
+impl alpha_core::tape::Observer for KernelTimes {
+    fn wants_kernel_times(&self) -> bool {
+        true
+    }
+
+    fn kernel_times(&mut self, kernels: &[alpha_core::tape::KernelTime]) {
+        self.0 = kernels.to_vec();
+    }
+}
+
+/// A traced step times every kernel in queue order (forward, backward, then the update), and
+/// its products count every linear layer's FLOPs: 6 per weight the products read per token.
+#[test]
+fn traced_steps_time_every_kernel_with_its_work() {
+    let plan = plan(0.1, false);
+    let mut engine = cuda(device(), Arithmetic::F32, plan, &RunState::fresh(&plan, 2).unwrap());
+    let mut times = KernelTimes::default();
+    let data = data();
+    now(engine.step(data[..].into(), true, &mut times)).unwrap();
+    let kernels = &times.0;
+    assert!(kernels.len() >= engine.describe().device.unwrap().kernels_per_step, "{} kernels timed", kernels.len());
+    let mut passes: Vec<&str> = kernels.iter().map(|k| k.pass).collect();
+    passes.dedup();
+    assert_eq!(passes, ["forward", "backward", "update"]);
+    for (k, next) in kernels.iter().zip(kernels.iter().skip(1)) {
+        assert!(0.0 <= k.start_ns && k.start_ns <= k.end_ns && k.end_ns <= next.start_ns, "{k:?} then {next:?}");
+        assert!(k.bytes > 0.0, "{k:?} moves no bytes");
+    }
+    let ops: std::collections::BTreeSet<&str> = kernels.iter().map(|k| k.kernel).collect();
+    for kernel in ["product", "attention_forward", "attention_backward_key_value", "bias_grad_partials", "add_partials", "adamw", "sum_squares_partials"] {
+        assert!(ops.contains(kernel), "{kernel} not timed: {ops:?}");
+    }
+    let weights: usize = plan.params().filter(|p| p.kind.is_matrix() && p.kind != alpha_core::plan::ParamKind::Wpe).map(|p| p.span.len).sum();
+    let product_flops: f64 = kernels.iter().filter(|k| k.kernel == "product").map(|k| k.flops).sum();
+    assert_eq!(product_flops, 6.0 * (weights * plan.tokens()) as f64);
+    // An untraced step between two traced ones: the second has the first's kernels.
+    now(engine.step(data[..].into(), true, &mut ())).unwrap();
+    let mut again = KernelTimes::default();
+    now(engine.step(data[..].into(), true, &mut again)).unwrap();
+    let names = |t: &[alpha_core::tape::KernelTime]| t.iter().map(|k| (k.pass, k.op, k.kernel)).collect::<Vec<_>>();
+    assert_eq!(names(&again.0), names(kernels));
+}

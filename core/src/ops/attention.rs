@@ -52,6 +52,15 @@ impl AttentionShape {
         self.heads * self.head_size
     }
 
+    /// Floating-point operations of `products` `[T, T] x HS` products over the causal pairs
+    /// of every (batch, head) (a multiply-add is two), for a kernel's achieved FLOP/s: the
+    /// forward's two (the scores, probabilities times values), dQ's three (the scores again,
+    /// dout times values, dQ), dK and dV's four (those two, dV, dK).
+    pub fn causal_flops(&self, products: f64) -> f64 {
+        let pairs = (self.batch * self.heads) as f64 * self.seq as f64 * (self.seq + 1) as f64 / 2.0;
+        products * 2.0 * pairs * self.head_size as f64
+    }
+
     /// Width of a row of qkv: `(NH + 2 KVH) HS`.
     pub fn width(&self) -> usize {
         (self.heads + 2 * self.kv_heads) * self.head_size

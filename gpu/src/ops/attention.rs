@@ -35,14 +35,6 @@ fn block_grid(s: AttentionShape) -> [u32; 3] {
     [u(s.seq.div_ceil(64)), u(s.batch * s.heads), u(s.head_size.div_ceil(64))]
 }
 
-/// Floating-point operations of `products` head-size-deep products over the causal
-/// (query, key) pairs: the forward has two (scores, probabilities times values), dQ's kernel
-/// three (the scores again, dout times values, dQ), dK and dV's four (those two, dV, dK).
-fn attention_flops(s: AttentionShape, products: f64) -> f64 {
-    let pairs = (s.batch * s.heads) as f64 * s.seq as f64 * (s.seq + 1) as f64 / 2.0;
-    products * 2.0 * pairs * s.head_size as f64
-}
-
 /// Causal attention forward: `out [B, T, C]` and `lse [B, NH, T]` from `qkv [B, T, W]`;
 /// with dropout, the micro-batch's `key` (4 words); with RoPE, the rotary `table`.
 pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, View<'a>>, key: View<'a>, table: Option<View<'a>>) {
@@ -50,7 +42,7 @@ pub fn forward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Forward<View<'a>, V
     let key = dropout.map(|_| key);
     let views = [Some(out), Some(qkv), Some(lse), None, None, key, table];
     let i = p.push(Kernel::AttentionForward, &attention_words(shape, dropout), &views, block_grid(shape));
-    p.count_flops(i, attention_flops(shape, 2.0));
+    p.count_flops(i, shape.causal_flops(2.0));
 }
 
 /// One token's attention (batch 1, sequence 1) at the position `words[4]` against one layer's
@@ -80,10 +72,10 @@ pub fn backward<'a>(p: &mut ProgramBuilder<'a>, a: attention::Backward<View<'a>,
     p.push(Kernel::AttentionDelta, &w, &[Some(delta), Some(dout), Some(out)], delta_grid(shape));
     let views = [Some(dqkv), Some(qkv), Some(dout), Some(lse), Some(delta), dropout.map(|_| key), table];
     let i = p.push(Kernel::AttentionBackwardQ, &w, &views, block_grid(shape));
-    p.count_flops(i, attention_flops(shape, 3.0));
+    p.count_flops(i, shape.causal_flops(3.0));
     let kv_grid = [u(shape.seq.div_ceil(64)), u(shape.batch * shape.kv_heads), u(shape.head_size.div_ceil(64))];
     let i = p.push(Kernel::AttentionBackwardKv, &w, &views, kv_grid);
-    p.count_flops(i, attention_flops(shape, 4.0));
+    p.count_flops(i, shape.causal_flops(4.0));
     if shape.rope.is_some() {
         let rows = shape.batch * shape.seq;
         let pairs = (shape.heads + shape.kv_heads) * shape.head_size / 2;
