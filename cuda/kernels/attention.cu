@@ -1,15 +1,22 @@
 // Causal multi-head self-attention over the fused qkv [B, T, W] (core/src/ops/attention.rs,
 // shaders/attention.wgsl): q (NH heads), k and v (KVH heads each) side by side, W = (NH + 2
-// KVH) HS, query head h reading key/value head h / (NH / KVH). One warp per query row
-// (forward, dQ) or key row of a key/value head (dK and dV, summed over its query heads in
-// order), the lanes owning the head's dimensions d = lane + 32k; scores summed over the warp,
-// the softmax online. The probabilities are never stored: backward recomputes them from
-// `lse`. Every output element is written by one warp in a fixed order (dQ in its own pass, no
-// atomics). With a rotary table `rope` [T, HS] (row p: the cosines of position p's HS/2
-// angles, then their sines; null without RoPE), q and k are rotated as they are read
-// (rotate-half) and attention_rope_backward rotates dQ and dK back.
+// KVH) HS, query head h reading key/value head h / (NH / KVH). FlashAttention's order on the
+// SIMT cores: a block takes ROWS query rows of one head (forward, dQ) or ROWS key rows of a
+// key/value head (dK and dV, over its query heads in order), and walks the other side in
+// tiles staged in shared memory, so that every key (query) row read from memory serves the
+// block's ROWS rows. A row belongs to `parts` adjacent threads (a power of two), each owning
+// up to CHUNKS 4-float chunks of the head's dimensions (chunk part, part + parts, ...): its
+// dot products are summed over the row's threads by a fixed butterfly. The softmax is online
+// and the probabilities are never stored: backward recomputes them from `lse`. Every output
+// element is written by one thread in a fixed order (dQ in its own pass, no atomics). With a
+// rotary table `rope` [T, HS] (row p: the cosines of position p's HS/2 angles, then their
+// sines; null without RoPE), q and k are rotated as they are read (rotate-half) and
+// attention_rope_backward rotates dQ and dK back.
 
-#define MAX_DIMS 8  // head sizes up to 256
+#define ROWS 64      // rows of a block
+#define TILE 4096    // floats of one staged tile (a tile of keys, values, queries or dout)
+#define CHUNKS 8     // 4-float chunks of a row per thread: head sizes up to 32 * parts
+#define MAX_DIMS 8   // attention_decode's dimensions per lane: head sizes up to 256
 
 struct Dropout {
     int on;               // whether the probabilities are dropped
@@ -18,19 +25,6 @@ struct Dropout {
     float scale;          // 1 / (1 - p)
     DropoutKey key;
 };
-
-// The (batch * heads + head, row) of global warp `row` over [B, NH, T], its key/value head
-// `g`; `w` a row of qkv, `kv0` and `v0` the first k and v columns of head g, `head0` batch b's
-// row 0 of qkv.
-#define ROW_OF_WARP                                                          \
-    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;        \
-    int lane = threadIdx.x % WARP;                                           \
-    if (row >= batch * heads * seq) return;                                  \
-    int i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;       \
-    int c = heads * hs, g = h / (heads / kv_heads);                          \
-    long long w = (long long)(heads + 2 * kv_heads) * hs;                    \
-    int kv0 = c + g * hs, v0 = c + kv_heads * hs + g * hs;                   \
-    const float* head0 = qkv + (long long)b * seq * w;
 
 // Element d of head row `at` as attention reads it: rotated as position `pos` where `rope`
 // is a table (pair d, d + HS/2), else as it is.
@@ -41,152 +35,236 @@ __device__ __forceinline__ float rotated(const float* at, int d, int hs, const f
     return d < half ? at[d] * cs - at[d + half] * sn : at[d] * cs + at[d - half] * sn;
 }
 
-__device__ __forceinline__ void load_dims(float* r, const float* at, int lane, int hs) {
-    for (int k = 0; k < MAX_DIMS; ++k) {
-        int d = lane + WARP * k;
-        r[k] = d < hs ? at[d] : 0.0f;
-    }
-}
-
-// load_dims of a q or k row at position `pos`, rotated where `rope` is a table.
-__device__ __forceinline__ void load_rotated(float* r, const float* at, int lane, int hs, const float* rope, int pos) {
-    for (int k = 0; k < MAX_DIMS; ++k) {
-        int d = lane + WARP * k;
-        r[k] = d < hs ? rotated(at, d, hs, rope, pos) : 0.0f;
-    }
-}
-
-__device__ __forceinline__ float dot_dims(const float* r, const float* at, int lane, int hs) {
-    float s = 0.0f;
-    for (int k = 0; k < MAX_DIMS; ++k) {
-        int d = lane + WARP * k;
-        if (d < hs) s += r[k] * at[d];
-    }
-    return warp_sum(s);
-}
-
-// dot_dims with a q or k row at position `pos`, rotated where `rope` is a table.
-__device__ __forceinline__ float dot_rotated(const float* r, const float* at, int lane, int hs, const float* rope, int pos) {
-    float s = 0.0f;
-    for (int k = 0; k < MAX_DIMS; ++k) {
-        int d = lane + WARP * k;
-        if (d < hs) s += r[k] * rotated(at, d, hs, rope, pos);
-    }
-    return warp_sum(s);
-}
-
 __device__ __forceinline__ float dropped(Dropout drop, long long bh, int seq, int i, int j) {
     if (!drop.on) return 1.0f;
     return dropout_factor(((unsigned long long)(bh * seq + i)) * seq + j, drop.site, drop.threshold, drop.scale, drop.key);
 }
 
-// out = dropout(softmax(q k^T * scale, causal)) v per head; lse [B, NH, T].
-extern "C" __global__ void attention_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads, int kv_heads,
-                                             int hs, float scale, Dropout drop) {
-    ROW_OF_WARP
-    float q[MAX_DIMS], o[MAX_DIMS];
-    load_rotated(q, head0 + i * w + h * hs, lane, hs, rope, i);
-    for (int k = 0; k < MAX_DIMS; ++k) o[k] = 0.0f;
-    float m = NEG_INF, l = 0.0f;
-    for (int j = 0; j <= i; ++j) {
-        const float* kj = head0 + j * w + kv0;
-        float s = dot_rotated(q, kj, lane, hs, rope, j) * scale;
-        float m_new = fmaxf(m, s);
-        float corr = expf(m - m_new), p = expf(s - m_new);
-        l = l * corr + p;
-        float pd = p * dropped(drop, bh, seq, i, j);
-        const float* vj = head0 + j * w + v0;
-        for (int k = 0; k < MAX_DIMS; ++k) {
-            int d = lane + WARP * k;
-            if (d < hs) o[k] = o[k] * corr + pd * vj[d];
-        }
-        m = m_new;
-    }
-    float inv = 1.0f / l;
-    float* orow = out + ((long long)b * seq + i) * c + h * hs;
-    for (int k = 0; k < MAX_DIMS; ++k) {
-        int d = lane + WARP * k;
-        if (d < hs) orow[d] = o[k] * inv;
-    }
-    if (lane == 0) lse[row] = m + logf(l);
+// A block's place: `item` of ROWS rows of head `head` (of `heads`) of batch row `b`; this
+// thread's row `r` of them and its `part` of the row's dimensions.
+struct Place {
+    int parts, part, r, b, head, first;
+};
+
+__device__ __forceinline__ Place place(int seq, int heads) {
+    Place p;
+    p.parts = blockDim.x / ROWS;
+    p.part = threadIdx.x % p.parts;
+    p.r = threadIdx.x / p.parts;
+    int items = (seq + ROWS - 1) / ROWS;
+    p.first = (blockIdx.x % items) * ROWS;
+    p.head = (blockIdx.x / items) % heads;
+    p.b = blockIdx.x / items / heads;
+    return p;
 }
 
-// dQ of each query row, and delta = rowsum(dO * O) [B, NH, T] for the key pass.
+// The row's sum of a per-thread partial over its `parts` threads (a fixed butterfly).
+__device__ __forceinline__ float row_sum(float v, int parts) {
+    for (int o = 1; o < parts; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Dimension e (0..3) of chunk k of this thread's share of a row.
+__device__ __forceinline__ int dim(Place p, int k, int e) {
+    return 4 * (p.part + p.parts * k) + e;
+}
+
+// This thread's share of head row `at` (rotated as position `pos` where `rope` is a table),
+// zero past the head's `hs` dimensions.
+__device__ __forceinline__ void load_share(float (*x)[4], Place p, const float* at, int hs, const float* rope, int pos) {
+    for (int k = 0; k < CHUNKS; ++k)
+        for (int e = 0; e < 4; ++e) {
+            int d = dim(p, k, e);
+            x[k][e] = d < hs ? rotated(at, d, hs, rope, pos) : 0.0f;
+        }
+}
+
+// The dot product of this thread's share `x` with staged row `row`, before the row's threads
+// are summed.
+__device__ __forceinline__ float dot_share(const float (*x)[4], Place p, const float4* row) {
+    float s = 0.0f;
+    for (int k = 0; k < CHUNKS; ++k) {
+        float4 y = row[p.part + p.parts * k];
+        s += x[k][0] * y.x + x[k][1] * y.y + x[k][2] * y.z + x[k][3] * y.w;
+    }
+    return s;
+}
+
+// acc += a * row (this thread's share).
+__device__ __forceinline__ void add_share(float (*acc)[4], float a, Place p, const float4* row) {
+    for (int k = 0; k < CHUNKS; ++k) {
+        float4 y = row[p.part + p.parts * k];
+        acc[k][0] += a * y.x;
+        acc[k][1] += a * y.y;
+        acc[k][2] += a * y.z;
+        acc[k][3] += a * y.w;
+    }
+}
+
+// Stages `count` head rows from `first` (of `seq`) into `tile`, `width` floats each (the
+// row's threads' shares: zero past hs, and past the sequence): row j at `base + j * w`,
+// rotated as position j where `rope` is a table. Every thread of the block takes part.
+__device__ __forceinline__ void stage(float4* tile, const float* base, long long w, int first, int count, int seq, int hs, int width, const float* rope) {
+    float* t = (float*)tile;
+    for (int e = threadIdx.x; e < count * width; e += blockDim.x) {
+        int j = first + e / width, d = e % width;
+        t[e] = j < seq && d < hs ? rotated(base + (long long)j * w, d, hs, rope, j) : 0.0f;
+    }
+}
+
+// Staged rows per tile of `width` floats each.
+__device__ __forceinline__ int tile_rows(int width) {
+    return TILE / width < ROWS ? TILE / width : ROWS;
+}
+
+// out = dropout(softmax(q k^T * scale, causal)) v per head; lse [B, NH, T]. A block per ROWS
+// queries of a head, the keys up to its last query staged tile by tile.
+extern "C" __global__ void attention_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads, int kv_heads,
+                                             int hs, float scale, Dropout drop) {
+    __shared__ float4 keys[TILE / 4], values[TILE / 4];
+    Place p = place(seq, heads);
+    int i = p.first + p.r, c = heads * hs, g = p.head / (heads / kv_heads), width = 4 * CHUNKS * p.parts, rows = tile_rows(width);
+    long long w = (long long)(heads + 2 * kv_heads) * hs, bh = (long long)p.b * heads + p.head;
+    const float* head0 = qkv + (long long)p.b * seq * w;
+    bool valid = i < seq;
+    float q[CHUNKS][4], o[CHUNKS][4];
+    load_share(q, p, head0 + (valid ? i : 0) * w + p.head * hs, hs, rope, valid ? i : 0);
+    for (int k = 0; k < CHUNKS; ++k) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.0f;
+    float m = NEG_INF, l = 0.0f;
+    int end = p.first + ROWS < seq ? p.first + ROWS : seq;
+    for (int k0 = 0; k0 < end; k0 += rows) {
+        int count = end - k0 < rows ? end - k0 : rows;
+        __syncthreads();
+        stage(keys, head0 + c + g * hs, w, k0, count, seq, hs, width, rope);
+        stage(values, head0 + c + kv_heads * hs + g * hs, w, k0, count, seq, hs, width, 0);
+        __syncthreads();
+        for (int jj = 0; jj < count; ++jj) {
+            int j = k0 + jj;
+            float s = row_sum(dot_share(q, p, keys + jj * width / 4), p.parts) * scale;
+            if (!(valid && j <= i)) continue;
+            if (s > m) {
+                float corr = expf(m - s);
+                l *= corr;
+                for (int k = 0; k < CHUNKS; ++k) o[k][0] *= corr, o[k][1] *= corr, o[k][2] *= corr, o[k][3] *= corr;
+                m = s;
+            }
+            float e = expf(s - m);
+            l += e;
+            add_share(o, e * dropped(drop, bh, seq, i, j), p, values + jj * width / 4);
+        }
+    }
+    if (!valid) return;
+    float inv = 1.0f / l;
+    float* orow = out + ((long long)p.b * seq + i) * c + p.head * hs;
+    for (int k = 0; k < CHUNKS; ++k)
+        for (int e = 0; e < 4; ++e)
+            if (dim(p, k, e) < hs) orow[dim(p, k, e)] = o[k][e] * inv;
+    if (p.part == 0) lse[bh * seq + i] = m + logf(l);
+}
+
+// dQ of each query row, and delta = rowsum(dO * O) [B, NH, T] for the key pass: a block per
+// ROWS queries of a head, the keys and values up to its last query staged tile by tile.
 // With RoPE, dQ is left in the rotated space (attention_rope_backward rotates it back).
 extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out, const float* lse,
                                                     const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale, Dropout drop) {
-    ROW_OF_WARP
-    long long orow = ((long long)b * seq + i) * c + h * hs;
-    float q[MAX_DIMS], d_o[MAX_DIMS], dq[MAX_DIMS];
-    load_rotated(q, head0 + i * w + h * hs, lane, hs, rope, i);
-    load_dims(d_o, dout + orow, lane, hs);
-    float dl = dot_dims(d_o, out + orow, lane, hs);
-    for (int k = 0; k < MAX_DIMS; ++k) dq[k] = 0.0f;
-    float li = lse[row];
-    for (int j = 0; j <= i; ++j) {
-        const float* kj = head0 + j * w + kv0;
-        float p = expf(dot_rotated(q, kj, lane, hs, rope, j) * scale - li);
-        float dp = dot_dims(d_o, head0 + j * w + v0, lane, hs) * dropped(drop, bh, seq, i, j);
-        float ds = p * (dp - dl) * scale;
-        for (int k = 0; k < MAX_DIMS; ++k) {
-            int d = lane + WARP * k;
-            if (d < hs) dq[k] += ds * rotated(kj, d, hs, rope, j);
+    __shared__ float4 keys[TILE / 4], values[TILE / 4];
+    Place p = place(seq, heads);
+    int i = p.first + p.r, c = heads * hs, g = p.head / (heads / kv_heads), width = 4 * CHUNKS * p.parts, rows = tile_rows(width);
+    long long w = (long long)(heads + 2 * kv_heads) * hs, bh = (long long)p.b * heads + p.head;
+    const float* head0 = qkv + (long long)p.b * seq * w;
+    bool valid = i < seq;
+    int at = valid ? i : 0;
+    long long orow = ((long long)p.b * seq + at) * c + p.head * hs;
+    float q[CHUNKS][4], d_o[CHUNKS][4], o[CHUNKS][4], dq[CHUNKS][4];
+    load_share(q, p, head0 + at * w + p.head * hs, hs, rope, at);
+    load_share(d_o, p, dout + orow, hs, 0, 0);
+    load_share(o, p, out + orow, hs, 0, 0);
+    float dl = 0.0f;
+    for (int k = 0; k < CHUNKS; ++k) {
+        dl += d_o[k][0] * o[k][0] + d_o[k][1] * o[k][1] + d_o[k][2] * o[k][2] + d_o[k][3] * o[k][3];
+        dq[k][0] = dq[k][1] = dq[k][2] = dq[k][3] = 0.0f;
+    }
+    dl = row_sum(dl, p.parts);
+    float li = valid ? lse[bh * seq + i] : 0.0f;
+    int end = p.first + ROWS < seq ? p.first + ROWS : seq;
+    for (int k0 = 0; k0 < end; k0 += rows) {
+        int count = end - k0 < rows ? end - k0 : rows;
+        __syncthreads();
+        stage(keys, head0 + c + g * hs, w, k0, count, seq, hs, width, rope);
+        stage(values, head0 + c + kv_heads * hs + g * hs, w, k0, count, seq, hs, width, 0);
+        __syncthreads();
+        for (int jj = 0; jj < count; ++jj) {
+            int j = k0 + jj;
+            float s = row_sum(dot_share(q, p, keys + jj * width / 4), p.parts);
+            float dp = row_sum(dot_share(d_o, p, values + jj * width / 4), p.parts);
+            if (!(valid && j <= i)) continue;
+            float e = expf(s * scale - li);
+            float ds = e * (dp * dropped(drop, bh, seq, i, j) - dl) * scale;
+            add_share(dq, ds, p, keys + jj * width / 4);
         }
     }
-    float* dqrow = dqkv + ((long long)b * seq + i) * w + h * hs;
-    for (int k = 0; k < MAX_DIMS; ++k) {
-        int d = lane + WARP * k;
-        if (d < hs) dqrow[d] = dq[k];
-    }
-    if (lane == 0) delta[row] = dl;
+    if (!valid) return;
+    float* dqrow = dqkv + ((long long)p.b * seq + i) * w + p.head * hs;
+    for (int k = 0; k < CHUNKS; ++k)
+        for (int e = 0; e < 4; ++e)
+            if (dim(p, k, e) < hs) dqrow[dim(p, k, e)] = dq[k][e];
+    if (p.part == 0) delta[bh * seq + i] = dl;
 }
 
-// dK and dV of each key row of a key/value head (warp `row` over [B, KVH, T] is key i of
-// head g here), over its query heads in order and the queries that see the key. With RoPE,
-// dK is left in the rotated space.
+// dK and dV of each key row of a key/value head: a block per ROWS keys of head g, over its
+// query heads in order and, for each, the queries that see its keys staged tile by tile (with
+// their lse and delta). With RoPE, dK is left in the rotated space.
 extern "C" __global__ void attention_backward_key_value(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
                                                         const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale,
                                                         Dropout drop) {
-    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    int lane = threadIdx.x % WARP;
-    if (row >= batch * kv_heads * seq) return;
-    int i = row % seq, g = (row / seq) % kv_heads, b = row / seq / kv_heads;
-    int c = heads * hs, group = heads / kv_heads;
+    __shared__ float4 queries[TILE / 4], douts[TILE / 4];
+    __shared__ float tile_lse[ROWS], tile_delta[ROWS];
+    Place p = place(seq, kv_heads);
+    int i = p.first + p.r, g = p.head, c = heads * hs, group = heads / kv_heads, width = 4 * CHUNKS * p.parts, rows = tile_rows(width);
     long long w = (long long)(heads + 2 * kv_heads) * hs;
     int kv0 = c + g * hs, v0 = c + kv_heads * hs + g * hs;
-    const float* head0 = qkv + (long long)b * seq * w;
-    float kr[MAX_DIMS], vr[MAX_DIMS], dk[MAX_DIMS], dv[MAX_DIMS];
-    load_rotated(kr, head0 + i * w + kv0, lane, hs, rope, i);
-    load_dims(vr, head0 + i * w + v0, lane, hs);
-    for (int k = 0; k < MAX_DIMS; ++k) dk[k] = dv[k] = 0.0f;
+    const float* head0 = qkv + (long long)p.b * seq * w;
+    bool valid = i < seq;
+    int at = valid ? i : 0;
+    float kr[CHUNKS][4], vr[CHUNKS][4], dk[CHUNKS][4], dv[CHUNKS][4];
+    load_share(kr, p, head0 + at * w + kv0, hs, rope, at);
+    load_share(vr, p, head0 + at * w + v0, hs, 0, 0);
+    for (int k = 0; k < CHUNKS; ++k) dk[k][0] = dk[k][1] = dk[k][2] = dk[k][3] = dv[k][0] = dv[k][1] = dv[k][2] = dv[k][3] = 0.0f;
     for (int h = g * group; h < (g + 1) * group; ++h) {
-        long long bh = (long long)b * heads + h;
-        for (int qi = i; qi < seq; ++qi) {
-            const float* q = head0 + qi * w + h * hs;
-            const float* d_o = dout + ((long long)b * seq + qi) * c + h * hs;
-            long long at = bh * seq + qi;
-            float p = expf(dot_rotated(kr, q, lane, hs, rope, qi) * scale - lse[at]);
-            float dp = dot_dims(vr, d_o, lane, hs);
-            float f = dropped(drop, bh, seq, qi, i);
-            float ds = p * (dp * f - delta[at]) * scale;
-            float pd = p * f;
-            for (int k = 0; k < MAX_DIMS; ++k) {
-                int d = lane + WARP * k;
-                if (d < hs) {
-                    dv[k] += pd * d_o[d];
-                    dk[k] += ds * rotated(q, d, hs, rope, qi);
-                }
+        long long bh = (long long)p.b * heads + h;
+        for (int q0 = p.first; q0 < seq; q0 += rows) {
+            int count = seq - q0 < rows ? seq - q0 : rows;
+            __syncthreads();
+            stage(queries, head0 + h * hs, w, q0, count, seq, hs, width, rope);
+            stage(douts, dout + (long long)p.b * seq * c + h * hs, c, q0, count, seq, hs, width, 0);
+            for (int e = threadIdx.x; e < count; e += blockDim.x) {
+                tile_lse[e] = lse[bh * seq + q0 + e];
+                tile_delta[e] = delta[bh * seq + q0 + e];
+            }
+            __syncthreads();
+            for (int jj = 0; jj < count; ++jj) {
+                int qi = q0 + jj;
+                float s = row_sum(dot_share(kr, p, queries + jj * width / 4), p.parts);
+                float dp = row_sum(dot_share(vr, p, douts + jj * width / 4), p.parts);
+                if (!(valid && qi >= i)) continue;
+                float e = expf(s * scale - tile_lse[jj]);
+                float f = dropped(drop, bh, seq, qi, i);
+                float ds = e * (dp * f - tile_delta[jj]) * scale;
+                add_share(dv, e * f, p, douts + jj * width / 4);
+                add_share(dk, ds, p, queries + jj * width / 4);
             }
         }
     }
-    float* drow = dqkv + ((long long)b * seq + i) * w;
-    for (int k = 0; k < MAX_DIMS; ++k) {
-        int d = lane + WARP * k;
-        if (d < hs) {
-            drow[kv0 + d] = dk[k];
-            drow[v0 + d] = dv[k];
+    if (!valid) return;
+    float* drow = dqkv + ((long long)p.b * seq + i) * w;
+    for (int k = 0; k < CHUNKS; ++k)
+        for (int e = 0; e < 4; ++e) {
+            int d = dim(p, k, e);
+            if (d < hs) {
+                drow[kv0 + d] = dk[k][e];
+                drow[v0 + d] = dv[k][e];
+            }
         }
-    }
 }
 
 // RoPE's gradient: dQ and dK of every row of dqkv [B, T, W] rotated back in place, one thread
@@ -201,6 +279,25 @@ extern "C" __global__ void attention_rope_backward(float* dqkv, const float* rop
     float x = at[0], y = at[half];
     at[0] = x * cs + y * sn;
     at[half] = y * cs - x * sn;
+}
+
+// A row's dimensions d = lane + 32k of a warp's lane (attention_decode's layout), rotated as
+// position `pos` where `rope` is a table.
+__device__ __forceinline__ void load_rotated(float* r, const float* at, int lane, int hs, const float* rope, int pos) {
+    for (int k = 0; k < MAX_DIMS; ++k) {
+        int d = lane + WARP * k;
+        r[k] = d < hs ? rotated(at, d, hs, rope, pos) : 0.0f;
+    }
+}
+
+// The dot product of a warp's row (load_rotated's layout) with row `at`, in every lane.
+__device__ __forceinline__ float dot_dims(const float* r, const float* at, int lane, int hs) {
+    float s = 0.0f;
+    for (int k = 0; k < MAX_DIMS; ++k) {
+        int d = lane + WARP * k;
+        if (d < hs) s += r[k] * at[d];
+    }
+    return warp_sum(s);
 }
 
 // One token at position `pos` against a layer's cache (keys then values, [len, KVH * HS]

@@ -27,6 +27,10 @@ use std::ops::Range;
 /// Blocks of the gradient norm's partial sums (grad_norm.cu): a fixed grid, so a fixed order.
 const NORM_BLOCKS: usize = 1024;
 
+/// The widest head the attention kernels take (attention.cu: a row's threads own 32
+/// dimensions each, at most eight of them; decoding's warp owns 8 dimensions a lane).
+const MAX_HEAD_SIZE: usize = 256;
+
 /// AdamW's threads per block, and the most elements of a tensor one block updates.
 const ADAMW_THREADS: u32 = 256;
 const ADAMW_CHUNK: usize = 4096;
@@ -138,6 +142,10 @@ impl<'r> CudaEngine<'r> {
             return Err(CudaError::new(format!("{} parameters given, the model has {p}", start.params.len())));
         }
         cfg.validate().map_err(|e| CudaError::new(e.to_string()))?;
+        let head_size = plan.config.head_size();
+        if head_size > MAX_HEAD_SIZE {
+            return Err(CudaError::new(format!("heads of {head_size} dimensions: the CUDA attention kernels take up to {MAX_HEAD_SIZE} (more --heads)")));
+        }
         let needed = CudaEngine::memory_needed(&plan, arithmetic, if zero { ranks.ranks() } else { 1 });
         let (free, _) = device.memory()?;
         if needed > free as u64 {

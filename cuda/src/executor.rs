@@ -30,6 +30,22 @@ fn tile_grid(width: usize, items: usize) -> u32 {
     (blocks(width) as usize * items) as u32
 }
 
+/// Rows of a block of attention's tiled kernels (attention.cu's `ROWS`).
+const ATTENTION_ROWS: usize = 64;
+
+/// Blocks of attention's tiled kernels over `heads` heads of `s`: one per [`ATTENTION_ROWS`]
+/// rows of each (batch row, head).
+fn attention_blocks(s: attention::AttentionShape, heads: usize) -> u32 {
+    (s.batch * heads * s.seq.div_ceil(ATTENTION_ROWS)) as u32
+}
+
+/// Threads of a block of attention's tiled kernels: [`ATTENTION_ROWS`] rows of `parts`
+/// threads, each thread owning up to 32 of the head's dimensions (attention.cu's `CHUNKS`
+/// 4-float chunks), `parts` a power of two.
+fn attention_threads(s: attention::AttentionShape) -> u32 {
+    (ATTENTION_ROWS * s.head_size.div_ceil(32).next_power_of_two()) as u32
+}
+
 /// Blocks of [`WARPS`] warps covering `rows` warps.
 fn warp_blocks(rows: usize) -> u32 {
     rows.div_ceil(WARPS as usize) as u32
@@ -538,8 +554,8 @@ impl Executor for CudaExecutor<'_> {
                 unsafe {
                     self.launch(
                         "attention_forward",
-                        warp_blocks(rows),
-                        BLOCK,
+                        attention_blocks(s, s.heads),
+                        attention_threads(s),
                         Work { flops: s.causal_flops(2.0), ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size) + rows) },
                         &mut args![a.out.ptr, a.lse.ptr, a.qkv.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
                     )
@@ -561,16 +577,15 @@ impl Executor for CudaExecutor<'_> {
             let (dqkv, dout, qkv, lse) = (a.dqkv.ptr, a.dout.ptr, a.qkv.ptr, a.lse.ptr);
             self.launch(
                 "attention_backward_query",
-                warp_blocks(rows),
-                BLOCK,
+                attention_blocks(s, s.heads),
+                attention_threads(s),
                 Work { flops: s.causal_flops(3.0), ..Work::moving(s.batch * s.seq * (s.width() + 3 * s.heads * s.head_size) + 2 * rows) },
                 &mut args![dqkv, delta.ptr, dout, qkv, a.out.ptr, lse, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
-            let key_rows = s.batch * s.kv_heads * s.seq;
             self.launch(
                 "attention_backward_key_value",
-                warp_blocks(key_rows),
-                BLOCK,
+                attention_blocks(s, s.kv_heads),
+                attention_threads(s),
                 Work {
                     flops: s.causal_flops(4.0),
                     ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size + 2 * s.kv_heads * s.head_size) + 2 * rows)

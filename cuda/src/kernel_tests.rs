@@ -339,7 +339,9 @@ fn matmul_and_its_epilogues_match_the_cpu() {
 /// embeddings (dQ and dK rotated back).
 #[test]
 fn attention_matches_the_cpu_with_and_without_dropout() {
-    for p in [plan(5, 2, 7, 3, 120), llama_plan(2, 7, 6, 2, 48)] {
+    // Short and long sequences (past one block of 64 rows and one staged tile), head sizes
+    // of one to eight threads per row (8, 40, 72, 200 dimensions).
+    for p in [plan(5, 2, 7, 3, 120), llama_plan(2, 7, 6, 2, 48), plan(5, 1, 150, 3, 120), llama_plan(1, 70, 2, 1, 144), plan(5, 1, 40, 1, 200)] {
         check_attention(p);
     }
 }
