@@ -143,9 +143,34 @@ if len(cpu) != len(gpu) or len(cpu) < 20 or worst > tolerance:
 PY
 }
 
+# traced_steps BACKEND CONFIG FILE [FLAGS...]: 3 traced steps of CONFIG on BACKEND (after 2
+# warm-up steps) into FILE.trace.json, and their ms per step, FLOPs and top kernels with their
+# achieved rates into the summary. A config the device cannot hold is reported and the others
+# still run.
+traced_steps() {
+    local backend=$1 name=$2 file=$3
+    shift 3
+    stage "trace of the $name config's steps on $backend${*:+ ($*)}"
+    # shellcheck disable=SC2086 # the shape's flags split on purpose
+    if "$alpha" bench --backend "$backend" --iters 3 --warmup 2 --trace "$file.trace.json" --overwrite ${shape[$name]} "$@" > "$file.trace.txt" 2>&1; then
+        {
+            echo "The $name config, \`bench --backend $backend${*:+ $*} --trace\` (3 steps):"
+            echo
+            sed -n '/^  ms\/iter/p;/^  FLOPs/p' "$file.trace.txt"
+            echo
+            sed -n '/^trace:/,$p' "$file.trace.txt"
+            echo
+        } >> "$summary"
+    else
+        echo "The $name config's trace on $backend${*:+ ($*)} failed: $(tail -n 1 "$file.trace.txt")" >> "$summary"
+        echo >> "$summary"
+    fi
+}
+
 # The CUDA executor (a build with --features cuda): the device, its measured peaks, 20
-# steps against the CPU in f32 (TF32 off) and bf16, and each config in f32 and bf16 against
-# PyTorch eager fp32 and bf16 autocast (1 round each: GPU rounds agree within 1%).
+# steps against the CPU in f32 (TF32 off) and bf16, each config in f32 and bf16 against
+# PyTorch eager fp32 and bf16 autocast (1 round each: GPU rounds agree within 1%), and each
+# config's traced steps in bf16 (where the step's time goes, kernel by kernel).
 if "$alpha" info --backend cuda --json --measure-steps 0 > "$out/info-cuda.json" 2> "$out/info-cuda.err"; then
     stage "CUDA: parity and bench"
     python3 - "$out/info-cuda.json" >> "$summary" <<'PY'
@@ -167,6 +192,9 @@ PY
             --peers eager-bf16 | tee -a "$summary"
         echo >> "$summary"
     fi
+    for name in "${configs[@]}"; do
+        traced_steps cuda "$name" "$out/cuda-$name-bf16" --precision bf16
+    done
 else
     echo "No CUDA rows: $(tail -n 1 "$out/info-cuda.err")" >> "$summary"
     echo >> "$summary"
@@ -318,23 +346,8 @@ if [ -n "$f16_trace" ] && [[ " ${configs[*]} " == *" baby "* ]]; then traces+=("
 for t in "${traces[@]}"; do
     name=${t%%|*}
     flags=${t#*|}
-    file="$out/$name${flags:+-f16}"
-    stage "trace of the $name config's steps${flags:+ ($flags)}"
-    # A config the device cannot hold is reported and the others still run.
     # shellcheck disable=SC2086 # the flags split on purpose
-    if "$alpha" bench --backend gpu --iters 3 --warmup 2 --trace "$file.trace.json" --overwrite ${shape[$name]} $flags > "$file.trace.txt" 2>&1; then
-        {
-            echo "The $name config, \`bench --backend gpu${flags:+ $flags} --trace\` (3 steps):"
-            echo
-            sed -n '/^  ms\/iter/p;/^  FLOPs/p' "$file.trace.txt"
-            echo
-            sed -n '/^trace:/,$p' "$file.trace.txt"
-            echo
-        } >> "$summary"
-    else
-        echo "The $name config's trace${flags:+ ($flags)} failed: $(tail -n 1 "$file.trace.txt")" >> "$summary"
-        echo >> "$summary"
-    fi
+    traced_steps gpu "$name" "$out/$name${flags:+-f16}" $flags
 done
 
 # torch.compile last: its compiles are the slowest part, and a time limit then cuts only them.
