@@ -117,31 +117,63 @@ __device__ __forceinline__ int tile_rows(int width) {
     return TILE / width < ROWS ? TILE / width : ROWS;
 }
 
+// A thread's query row i of head `head` (Place) in the forward and dQ passes: its key/value
+// head g, qkv's row width w, batch row b's row 0 of qkv `head0`; `valid` where i < seq (the
+// last block's spare rows take part in staging and shuffles, and write nothing); the keys it
+// reads end before `end`, staged `rows` at a time, `width` floats a row.
+struct QueryRow {
+    Place p;
+    int i, c, g, width, rows, end;
+    long long w, bh;
+    const float* head0;
+    bool valid;
+};
+
+__device__ __forceinline__ QueryRow query_row(const float* qkv, int seq, int heads, int kv_heads, int hs) {
+    QueryRow q;
+    q.p = place(seq, heads);
+    q.i = q.p.first + q.p.r;
+    q.c = heads * hs;
+    q.g = q.p.head / (heads / kv_heads);
+    q.width = 4 * CHUNKS * q.p.parts;
+    q.rows = tile_rows(q.width);
+    q.end = q.p.first + ROWS < seq ? q.p.first + ROWS : seq;
+    q.w = (long long)(heads + 2 * kv_heads) * hs;
+    q.bh = (long long)q.p.b * heads + q.p.head;
+    q.head0 = qkv + (long long)q.p.b * seq * q.w;
+    q.valid = q.i < seq;
+    return q;
+}
+
+// Stages the tile of keys (rotated) and values of q's key/value head from key k0; the count
+// staged.
+__device__ __forceinline__ int stage_keys_values(float4* keys, float4* values, QueryRow q, int k0, int seq, int heads, int kv_heads, int hs, const float* rope) {
+    int count = q.end - k0 < q.rows ? q.end - k0 : q.rows;
+    __syncthreads();
+    stage(keys, q.head0 + q.c + q.g * hs, q.w, k0, count, seq, hs, q.width, rope);
+    stage(values, q.head0 + q.c + kv_heads * hs + q.g * hs, q.w, k0, count, seq, hs, q.width, 0);
+    __syncthreads();
+    return count;
+}
+
 // out = dropout(softmax(q k^T * scale, causal)) v per head; lse [B, NH, T]. A block per ROWS
 // queries of a head, the keys up to its last query staged tile by tile.
 extern "C" __global__ void attention_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads, int kv_heads,
                                              int hs, float scale, Dropout drop) {
     __shared__ float4 keys[TILE / 4], values[TILE / 4];
-    Place p = place(seq, heads);
-    int i = p.first + p.r, c = heads * hs, g = p.head / (heads / kv_heads), width = 4 * CHUNKS * p.parts, rows = tile_rows(width);
-    long long w = (long long)(heads + 2 * kv_heads) * hs, bh = (long long)p.b * heads + p.head;
-    const float* head0 = qkv + (long long)p.b * seq * w;
-    bool valid = i < seq;
+    QueryRow r = query_row(qkv, seq, heads, kv_heads, hs);
+    Place p = r.p;
+    int i = r.i, at = r.valid ? i : 0;
     float q[CHUNKS][4], o[CHUNKS][4];
-    load_share(q, p, head0 + (valid ? i : 0) * w + p.head * hs, hs, rope, valid ? i : 0);
+    load_share(q, p, r.head0 + at * r.w + p.head * hs, hs, rope, at);
     for (int k = 0; k < CHUNKS; ++k) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.0f;
     float m = NEG_INF, l = 0.0f;
-    int end = p.first + ROWS < seq ? p.first + ROWS : seq;
-    for (int k0 = 0; k0 < end; k0 += rows) {
-        int count = end - k0 < rows ? end - k0 : rows;
-        __syncthreads();
-        stage(keys, head0 + c + g * hs, w, k0, count, seq, hs, width, rope);
-        stage(values, head0 + c + kv_heads * hs + g * hs, w, k0, count, seq, hs, width, 0);
-        __syncthreads();
+    for (int k0 = 0; k0 < r.end; k0 += r.rows) {
+        int count = stage_keys_values(keys, values, r, k0, seq, heads, kv_heads, hs, rope);
         for (int jj = 0; jj < count; ++jj) {
             int j = k0 + jj;
-            float s = row_sum(dot_share(q, p, keys + jj * width / 4), p.parts) * scale;
-            if (!(valid && j <= i)) continue;
+            float s = row_sum(dot_share(q, p, keys + jj * r.width / 4), p.parts) * scale;
+            if (!(r.valid && j <= i)) continue;
             if (s > m) {
                 float corr = expf(m - s);
                 l *= corr;
@@ -150,16 +182,16 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
             }
             float e = expf(s - m);
             l += e;
-            add_share(o, e * dropped(drop, bh, seq, i, j), p, values + jj * width / 4);
+            add_share(o, e * dropped(drop, r.bh, seq, i, j), p, values + jj * r.width / 4);
         }
     }
-    if (!valid) return;
+    if (!r.valid) return;
     float inv = 1.0f / l;
-    float* orow = out + ((long long)p.b * seq + i) * c + p.head * hs;
+    float* orow = out + ((long long)p.b * seq + i) * r.c + p.head * hs;
     for (int k = 0; k < CHUNKS; ++k)
         for (int e = 0; e < 4; ++e)
             if (dim(p, k, e) < hs) orow[dim(p, k, e)] = o[k][e] * inv;
-    if (p.part == 0) lse[bh * seq + i] = m + logf(l);
+    if (p.part == 0) lse[r.bh * seq + i] = m + logf(l);
 }
 
 // dQ of each query row, and delta = rowsum(dO * O) [B, NH, T] for the key pass: a block per
@@ -168,15 +200,12 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
 extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out, const float* lse,
                                                     const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale, Dropout drop) {
     __shared__ float4 keys[TILE / 4], values[TILE / 4];
-    Place p = place(seq, heads);
-    int i = p.first + p.r, c = heads * hs, g = p.head / (heads / kv_heads), width = 4 * CHUNKS * p.parts, rows = tile_rows(width);
-    long long w = (long long)(heads + 2 * kv_heads) * hs, bh = (long long)p.b * heads + p.head;
-    const float* head0 = qkv + (long long)p.b * seq * w;
-    bool valid = i < seq;
-    int at = valid ? i : 0;
-    long long orow = ((long long)p.b * seq + at) * c + p.head * hs;
+    QueryRow r = query_row(qkv, seq, heads, kv_heads, hs);
+    Place p = r.p;
+    int i = r.i, at = r.valid ? i : 0;
+    long long orow = ((long long)p.b * seq + at) * r.c + p.head * hs;
     float q[CHUNKS][4], d_o[CHUNKS][4], o[CHUNKS][4], dq[CHUNKS][4];
-    load_share(q, p, head0 + at * w + p.head * hs, hs, rope, at);
+    load_share(q, p, r.head0 + at * r.w + p.head * hs, hs, rope, at);
     load_share(d_o, p, dout + orow, hs, 0, 0);
     load_share(o, p, out + orow, hs, 0, 0);
     float dl = 0.0f;
@@ -185,30 +214,25 @@ extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, c
         dq[k][0] = dq[k][1] = dq[k][2] = dq[k][3] = 0.0f;
     }
     dl = row_sum(dl, p.parts);
-    float li = valid ? lse[bh * seq + i] : 0.0f;
-    int end = p.first + ROWS < seq ? p.first + ROWS : seq;
-    for (int k0 = 0; k0 < end; k0 += rows) {
-        int count = end - k0 < rows ? end - k0 : rows;
-        __syncthreads();
-        stage(keys, head0 + c + g * hs, w, k0, count, seq, hs, width, rope);
-        stage(values, head0 + c + kv_heads * hs + g * hs, w, k0, count, seq, hs, width, 0);
-        __syncthreads();
+    float li = r.valid ? lse[r.bh * seq + i] : 0.0f;
+    for (int k0 = 0; k0 < r.end; k0 += r.rows) {
+        int count = stage_keys_values(keys, values, r, k0, seq, heads, kv_heads, hs, rope);
         for (int jj = 0; jj < count; ++jj) {
             int j = k0 + jj;
-            float s = row_sum(dot_share(q, p, keys + jj * width / 4), p.parts);
-            float dp = row_sum(dot_share(d_o, p, values + jj * width / 4), p.parts);
-            if (!(valid && j <= i)) continue;
+            float s = row_sum(dot_share(q, p, keys + jj * r.width / 4), p.parts);
+            float dp = row_sum(dot_share(d_o, p, values + jj * r.width / 4), p.parts);
+            if (!(r.valid && j <= i)) continue;
             float e = expf(s * scale - li);
-            float ds = e * (dp * dropped(drop, bh, seq, i, j) - dl) * scale;
-            add_share(dq, ds, p, keys + jj * width / 4);
+            float ds = e * (dp * dropped(drop, r.bh, seq, i, j) - dl) * scale;
+            add_share(dq, ds, p, keys + jj * r.width / 4);
         }
     }
-    if (!valid) return;
-    float* dqrow = dqkv + ((long long)p.b * seq + i) * w + p.head * hs;
+    if (!r.valid) return;
+    float* dqrow = dqkv + ((long long)p.b * seq + i) * r.w + p.head * hs;
     for (int k = 0; k < CHUNKS; ++k)
         for (int e = 0; e < 4; ++e)
             if (dim(p, k, e) < hs) dqrow[dim(p, k, e)] = dq[k][e];
-    if (p.part == 0) delta[bh * seq + i] = dl;
+    if (p.part == 0) delta[r.bh * seq + i] = dl;
 }
 
 // dK and dV of each key row of a key/value head: a block per ROWS keys of head g, over its
