@@ -12,7 +12,9 @@
 #                                   and alpha-native (--features cuda, and cuda,mpi where Open
 #                                   MPI's headers are) into target/cuda-check/
 #   scripts/cuda-check.sh           on the GPU machine: runs them (ALPHA_REQUIRE_CUDA=1: a
-#                                   missing device or library fails instead of skipping)
+#                                   missing device or library fails instead of skipping); every
+#                                   stage runs even when one before it failed (a lent GPU's
+#                                   minutes are rare), and the failed ones are named at the end
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=target/cuda-check
@@ -40,46 +42,58 @@ fi
 [ -x "$dir/parity" ] || { echo "no $dir/parity: run scripts/cuda-check.sh --build first (on a machine with Rust)" >&2; exit 1; }
 export ALPHA_REQUIRE_CUDA=1 ALPHA_REQUIRE_NVRTC=1
 started=$SECONDS
-stage() { echo "== $1 ($((SECONDS - started)) s)" >&2; }
+failed=()
+stage() { current=$1; echo "== $1 ($((SECONDS - started)) s)" >&2; }
+fail() { failed+=("$current"); echo "FAILED: $current" >&2; }
 stage "every kernel compiles with this machine's NVRTC"
-"$dir/kernels_compile" --test-threads 1
+"$dir/kernels_compile" --test-threads 1 || fail
 stage "every kernel against its CPU op"
-"$dir/kernels" --test-threads 1
+"$dir/kernels" --test-threads 1 || fail
 stage "the CUDA engine against the CPU's"
-"$dir/parity" --test-threads 1
+"$dir/parity" --test-threads 1 || fail
 stage "2 ranks against --grad-accum 2"
-"$dir/ranks"
+"$dir/ranks" || fail
 alpha="$dir/alpha-native"
 work=$(mktemp -d)
 common=(--layers 2 --heads 2 --embd 96 --block 32 --batch 8 --log-interval 1 --eval-interval 0 --sample-interval 0)
 train() { "$alpha" train "${common[@]}" "$@" > /dev/null; }
 losses() { python3 -c 'import json,sys; print(" ".join(str(r["loss"]) for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "train"))' "$1"; }
 stage "a checkpoint across CUDA and the CPU"
-train --backend cuda --iters 10 --out "$work/cuda"
-for backend in cpu cuda; do
-    cp -r "$work/cuda" "$work/resume-$backend"
-    train --backend "$backend" --resume "$work/resume-$backend/ckpt.safetensors" --iters 14 --out "$work/resume-$backend" --metrics "$work/$backend.jsonl"
-done
-python3 - "$(losses "$work/cpu.jsonl")" "$(losses "$work/cuda.jsonl")" <<'PY'
+across_backends() {
+    train --backend cuda --iters 10 --out "$work/cuda" || return
+    for backend in cpu cuda; do
+        cp -r "$work/cuda" "$work/resume-$backend"
+        train --backend "$backend" --resume "$work/resume-$backend/ckpt.safetensors" --iters 14 --out "$work/resume-$backend" --metrics "$work/$backend.jsonl" || return
+    done
+    python3 - "$(losses "$work/cpu.jsonl")" "$(losses "$work/cuda.jsonl")" <<'PY'
 import sys
 cpu, cuda = [list(map(float, a.split())) for a in sys.argv[1:]]
 worst = max(abs(a - b) / a for a, b in zip(cpu, cuda))
 assert len(cpu) == len(cuda) == 4 and worst <= 1e-5, f"resumed on the CPU {cpu} and on CUDA {cuda}"
 print(f"a CUDA checkpoint resumed on the CPU and on CUDA: 4 steps within {worst:.1e} relative")
 PY
+}
+across_backends || fail
 if command -v mpirun >/dev/null && [ -x "$dir/alpha-native-mpi" ]; then
     stage "2 ranks on one GPU against --grad-accum 2"
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    mpirun --oversubscribe -np 2 "$dir/alpha-native-mpi" train "${common[@]}" --backend cuda --device 0 --iters 5 --out "$work/ranks" --metrics "$work/ranks.jsonl" > /dev/null
-    train --backend cuda --iters 5 --grad-accum 2 --out "$work/accum" --metrics "$work/accum.jsonl"
-    python3 - "$(losses "$work/ranks.jsonl")" "$(losses "$work/accum.jsonl")" <<'PY'
+    ranks_against_accumulation() {
+        mpirun --oversubscribe -np 2 "$dir/alpha-native-mpi" train "${common[@]}" --backend cuda --device 0 --iters 5 --out "$work/ranks" --metrics "$work/ranks.jsonl" > /dev/null || return
+        train --backend cuda --iters 5 --grad-accum 2 --out "$work/accum" --metrics "$work/accum.jsonl" || return
+        python3 - "$(losses "$work/ranks.jsonl")" "$(losses "$work/accum.jsonl")" <<'PY'
 import sys
 ranks, accum = [list(map(float, a.split())) for a in sys.argv[1:]]
 worst = max(abs(a - b) / a for a, b in zip(ranks, accum))
 assert len(ranks) == len(accum) == 5 and worst <= 1e-6, f"2 ranks {ranks}, --grad-accum 2 {accum}"
 print(f"2 ranks on one GPU and --grad-accum 2: 5 steps within {worst:.1e} relative")
 PY
+    }
+    ranks_against_accumulation || fail
 else
     echo "skipped: 2 ranks (no mpirun here, or no alpha-native-mpi in $dir)"
 fi
 stage "done"
+if [ ${#failed[@]} -gt 0 ]; then
+    printf 'failed: %s\n' "${failed[@]}" >&2
+    exit 1
+fi

@@ -25,7 +25,9 @@
 # default the checkout's), GPU_BENCH_CONFIGS (default "small baby gpt2 smollm2"; "small" alone runs on
 # lavapipe in a few minutes, a check of this script), GPU_BENCH_ROUNDS (alternating rounds per
 # config, default 2), GPU_BENCH_COMPILE (0 leaves out the torch.compile rows, which compile for
-# a minute each), GPU_BENCH_BASELINES (other builds of alpha-native to time this one against on
+# a minute each), GPU_BENCH_BACKENDS (default "cuda gpu"; "cuda" alone measures the CUDA executor
+# without wgpu, which needs the Vulkan loader: a lent GPU's minutes for the rows that changed),
+# GPU_BENCH_BASELINES (other builds of alpha-native to time this one against on
 # the same card, as LABEL=PATH separated by spaces, e.g. "e12daff=/tmp/alpha-e12daff": the
 # baby config's steps, or the first config's, in f32 and, where the driver has the shape, in
 # f16 on the tensor cores, in alternating rounds; then each build's top kernels in f32;
@@ -47,6 +49,12 @@ declare -A shape=(
 for c in "${configs[@]}"; do
     [ -n "${shape[$c]:-}" ] || { echo "GPU_BENCH_CONFIGS: no config $c (small, baby, gpt2, smollm2)" >&2; exit 1; }
 done
+read -r -a backends <<< "${GPU_BENCH_BACKENDS:-cuda gpu}"
+for b in "${backends[@]}"; do
+    [ "$b" = cuda ] || [ "$b" = gpu ] || { echo "GPU_BENCH_BACKENDS: no backend $b (cuda, gpu)" >&2; exit 1; }
+done
+wgpu=0
+[[ " ${backends[*]} " == *" gpu "* ]] && wgpu=1
 started=$SECONDS
 stage() { echo "== $1 ($((SECONDS - started)) s)" >&2; }
 # The GPU backend parity() trains on.
@@ -62,6 +70,7 @@ fi
 [ -x "$alpha" ] || { echo "no alpha-native at $alpha: install Rust (cargo) or set ALPHA_NATIVE" >&2; exit 1; }
 commit=${ALPHA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
+if [ $wgpu = 1 ]; then
 stage "the GPU and its FMA limits"
 "$alpha" info --backend gpu --json --measure-steps 0 > "$out/info.json"
 card=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); a=d["device"] or {}; g=d["gpu_adapters"]; p=d["gpu_peak_gflops"]
@@ -75,6 +84,10 @@ if grep -q '16x16x16 f16->f32' "$out/info.json"; then
     "$alpha" info --backend gpu --precision f16 --tensor-cores --json --measure-steps 0 > "$out/info-tensor.json"
     card="$card; tensor cores (16x16x16 f16->f32) $(python3 -c 'import json,sys; print("%.3g TFLOP/s" % (json.load(open(sys.argv[1]))["gpu_peak_gflops"]["tensor"] / 1e3))' "$out/info-tensor.json")"
 fi
+else
+    "$alpha" info --json --measure-steps 0 > "$out/info.json"
+    card="the CUDA device below (wgpu left out: GPU_BENCH_BACKENDS=${backends[*]})"
+fi
 {
     echo "### GPU bench: $(date -u +%Y-%m-%d), commit $commit"
     echo
@@ -85,11 +98,12 @@ fi
 # What the driver's compiler made of each kernel at the baby config's head size (registers per
 # thread, local memory: occupancy and spills): with the f16 variants and the tensor-core GEMM
 # where the device has them, else fewer; a failure is reported and the rest goes on.
-stage "the driver's statistics of each kernel"
 kernel_runs=()
+[ $wgpu = 1 ] && stage "the driver's statistics of each kernel"
+[ $wgpu = 1 ] || { echo "The driver's statistics of each kernel: wgpu left out (GPU_BENCH_BACKENDS)"; echo; } >> "$summary"
 grep -q '16x16x16 f16->f32' "$out/info.json" && kernel_runs+=("--precision f16 --tensor-cores")
 grep -q '"shader-f16"' "$out/info.json" && kernel_runs+=("--precision f16 --tensor-cores off")
-kernel_runs+=("")
+[ $wgpu = 1 ] && kernel_runs+=("")
 for kernel_flags in "${kernel_runs[@]}"; do
     # shellcheck disable=SC2086 # the flags split on purpose
     if "$alpha" info --backend gpu --kernels --json --measure-steps 0 ${shape[baby]} $kernel_flags > "$out/kernels.json" 2> "$out/kernels.err"; then
@@ -171,7 +185,10 @@ traced_steps() {
 # steps against the CPU in f32 (TF32 off) and bf16, each config in f32 and bf16 against
 # PyTorch eager fp32 and bf16 autocast (1 round each: GPU rounds agree within 1%), and each
 # config's traced steps in bf16 (where the step's time goes, kernel by kernel).
-if "$alpha" info --backend cuda --json --measure-steps 0 > "$out/info-cuda.json" 2> "$out/info-cuda.err"; then
+if [[ " ${backends[*]} " != *" cuda "* ]]; then
+    echo "No CUDA rows: left out (GPU_BENCH_BACKENDS=${backends[*]})" >> "$summary"
+    echo >> "$summary"
+elif "$alpha" info --backend cuda --json --measure-steps 0 > "$out/info-cuda.json" 2> "$out/info-cuda.err"; then
     stage "CUDA: parity and bench"
     python3 - "$out/info-cuda.json" >> "$summary" <<'PY'
 import json, sys
@@ -195,9 +212,21 @@ PY
     for name in "${configs[@]}"; do
         traced_steps cuda "$name" "$out/cuda-$name-bf16" --precision bf16
     done
+    if [ "${GPU_BENCH_COMPILE:-1}" != 0 ] && python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+        stage "CUDA bf16 against torch.compile bf16 (1 round)"
+        python3 scripts/compare_pytorch.py --alpha "$alpha" --alpha-flags="--precision bf16" --backend cuda --configs "${configs[@]}" --rounds 1 \
+            --peers compile-bf16 | tee -a "$summary"
+        echo >> "$summary"
+    fi
 else
     echo "No CUDA rows: $(tail -n 1 "$out/info-cuda.err")" >> "$summary"
     echo >> "$summary"
+fi
+
+if [ $wgpu = 0 ]; then
+    stage "done"
+    cat "$summary"
+    exit 0
 fi
 
 stage "parity: 20 training steps on the CPU and on the GPU"
