@@ -1,10 +1,10 @@
 // Causal multi-head self-attention over the fused qkv [B, T, W] (core/src/ops/attention.rs,
 // shaders/attention.wgsl): q (NH heads), k and v (KVH heads each) side by side, W = (NH + 2
 // KVH) HS, query head h reading key/value head h / (NH / KVH). FlashAttention's order on the
-// SIMT cores: a block takes ROWS query rows of one head (forward, dQ) or ROWS key rows of a
-// key/value head (dK and dV, over its query heads in order), and walks the other side in
+// SIMT cores: a block takes up to ROWS query rows of one head (forward, dQ) or of key rows of
+// a key/value head (dK and dV, over its query heads in order), and walks the other side in
 // tiles staged in shared memory, so that every key (query) row read from memory serves the
-// block's ROWS rows. A row belongs to `parts` adjacent threads (a power of two), each owning
+// block's rows. A row belongs to `parts` adjacent threads (a power of two), each owning
 // up to CHUNKS 4-float chunks of the head's dimensions (chunk part, part + parts, ...): its
 // dot products are summed over the row's threads by a fixed butterfly. The softmax is online
 // and the probabilities are never stored: backward recomputes them from `lse`. Every output
@@ -13,7 +13,7 @@
 // sines; null without RoPE), q and k are rotated as they are read (rotate-half) and
 // attention_rope_backward rotates dQ and dK back.
 
-#define ROWS 64      // rows of a block
+#define ROWS 64      // rows of a block at most, and of a staged tile
 #define TILE 4096    // floats of one staged tile (a tile of keys, values, queries or dout)
 #define CHUNKS 8     // 4-float chunks of a row per thread: head sizes up to 32 * parts
 #define MAX_DIMS 8   // attention_decode's dimensions per lane: head sizes up to 256
@@ -40,19 +40,29 @@ __device__ __forceinline__ float dropped(Dropout drop, long long bh, int seq, in
     return dropout_factor(((unsigned long long)(bh * seq + i)) * seq + j, drop.site, drop.threshold, drop.scale, drop.key);
 }
 
-// A block's place: `item` of ROWS rows of head `head` (of `heads`) of batch row `b`; this
-// thread's row `r` of them and its `part` of the row's dimensions.
+// Threads of a row at head size hs: the power of two that gives each at most 32 dimensions.
+__device__ __forceinline__ int row_parts(int hs) {
+    int parts = 1;
+    while (32 * parts < hs) parts <<= 1;
+    return parts;
+}
+
+// A block's place: `rows` rows from `first` of head `head` (of `heads`) of batch row `b`
+// (blockDim.x / parts rows: the host launches 64 rows, or 256 threads where that is fewer,
+// which keeps the backward's registers within a multiprocessor's); this thread's row `r` of
+// them and its `part` of the row's dimensions.
 struct Place {
-    int parts, part, r, b, head, first;
+    int parts, part, rows, r, b, head, first;
 };
 
-__device__ __forceinline__ Place place(int seq, int heads) {
+__device__ __forceinline__ Place place(int seq, int heads, int hs) {
     Place p;
-    p.parts = blockDim.x / ROWS;
+    p.parts = row_parts(hs);
+    p.rows = blockDim.x / p.parts;
     p.part = threadIdx.x % p.parts;
     p.r = threadIdx.x / p.parts;
-    int items = (seq + ROWS - 1) / ROWS;
-    p.first = (blockIdx.x % items) * ROWS;
+    int items = (seq + p.rows - 1) / p.rows;
+    p.first = (blockIdx.x % items) * p.rows;
     p.head = (blockIdx.x / items) % heads;
     p.b = blockIdx.x / items / heads;
     return p;
@@ -131,13 +141,13 @@ struct QueryRow {
 
 __device__ __forceinline__ QueryRow query_row(const float* qkv, int seq, int heads, int kv_heads, int hs) {
     QueryRow q;
-    q.p = place(seq, heads);
+    q.p = place(seq, heads, hs);
     q.i = q.p.first + q.p.r;
     q.c = heads * hs;
     q.g = q.p.head / (heads / kv_heads);
     q.width = 4 * CHUNKS * q.p.parts;
     q.rows = tile_rows(q.width);
-    q.end = q.p.first + ROWS < seq ? q.p.first + ROWS : seq;
+    q.end = q.p.first + q.p.rows < seq ? q.p.first + q.p.rows : seq;
     q.w = (long long)(heads + 2 * kv_heads) * hs;
     q.bh = (long long)q.p.b * heads + q.p.head;
     q.head0 = qkv + (long long)q.p.b * seq * q.w;
@@ -156,8 +166,8 @@ __device__ __forceinline__ int stage_keys_values(float4* keys, float4* values, Q
     return count;
 }
 
-// out = dropout(softmax(q k^T * scale, causal)) v per head; lse [B, NH, T]. A block per ROWS
-// queries of a head, the keys up to its last query staged tile by tile.
+// out = dropout(softmax(q k^T * scale, causal)) v per head; lse [B, NH, T]. A block per
+// Place's rows of queries of a head, the keys up to its last query staged tile by tile.
 extern "C" __global__ void attention_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads, int kv_heads,
                                              int hs, float scale, Dropout drop) {
     __shared__ float4 keys[TILE / 4], values[TILE / 4];
@@ -195,7 +205,7 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
 }
 
 // dQ of each query row, and delta = rowsum(dO * O) [B, NH, T] for the key pass: a block per
-// ROWS queries of a head, the keys and values up to its last query staged tile by tile.
+// Place's rows of queries of a head, the keys and values up to its last query staged tile by tile.
 // With RoPE, dQ is left in the rotated space (attention_rope_backward rotates it back).
 extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out, const float* lse,
                                                     const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale, Dropout drop) {
@@ -235,7 +245,7 @@ extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, c
     if (p.part == 0) delta[r.bh * seq + i] = dl;
 }
 
-// dK and dV of each key row of a key/value head: a block per ROWS keys of head g, over its
+// dK and dV of each key row of a key/value head: a block per Place's rows of keys of head g, over its
 // query heads in order and, for each, the queries that see its keys staged tile by tile (with
 // their lse and delta). With RoPE, dK is left in the rotated space.
 extern "C" __global__ void attention_backward_key_value(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
@@ -243,7 +253,7 @@ extern "C" __global__ void attention_backward_key_value(float* dqkv, const float
                                                         Dropout drop) {
     __shared__ float4 queries[TILE / 4], douts[TILE / 4];
     __shared__ float tile_lse[ROWS], tile_delta[ROWS];
-    Place p = place(seq, kv_heads);
+    Place p = place(seq, kv_heads, hs);
     int i = p.first + p.r, g = p.head, c = heads * hs, group = heads / kv_heads, width = 4 * CHUNKS * p.parts, rows = tile_rows(width);
     long long w = (long long)(heads + 2 * kv_heads) * hs;
     int kv0 = c + g * hs, v0 = c + kv_heads * hs + g * hs;

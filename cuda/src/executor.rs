@@ -30,20 +30,30 @@ fn tile_grid(width: usize, items: usize) -> u32 {
     (blocks(width) as usize * items) as u32
 }
 
-/// Rows of a block of attention's tiled kernels (attention.cu's `ROWS`).
-const ATTENTION_ROWS: usize = 64;
-
-/// Blocks of attention's tiled kernels over `heads` heads of `s`: one per [`ATTENTION_ROWS`]
-/// rows of each (batch row, head).
-fn attention_blocks(s: attention::AttentionShape, heads: usize) -> u32 {
-    (s.batch * heads * s.seq.div_ceil(ATTENTION_ROWS)) as u32
+/// Threads of one row in attention's tiled kernels: a power of two giving each thread up to
+/// 32 of the head's dimensions (attention.cu's `row_parts`, `CHUNKS` 4-float chunks).
+fn attention_row_parts(s: attention::AttentionShape) -> usize {
+    s.head_size.div_ceil(32).next_power_of_two()
 }
 
-/// Threads of a block of attention's tiled kernels: [`ATTENTION_ROWS`] rows of `parts`
-/// threads, each thread owning up to 32 of the head's dimensions (attention.cu's `CHUNKS`
-/// 4-float chunks), `parts` a power of two.
+/// Rows of a block of attention's tiled kernels: 64 (attention.cu's `ROWS`), or fewer where
+/// 64 rows would take more than 256 threads (heads over 128 dimensions): the backward's
+/// threads hold about 200 registers each, and 512 of them would not fit a multiprocessor's
+/// 65536.
+fn attention_rows(s: attention::AttentionShape) -> usize {
+    64.min(256 / attention_row_parts(s))
+}
+
+/// Blocks of attention's tiled kernels over `heads` heads of `s`: one per
+/// [`attention_rows`] rows of each (batch row, head).
+fn attention_blocks(s: attention::AttentionShape, heads: usize) -> u32 {
+    (s.batch * heads * s.seq.div_ceil(attention_rows(s))) as u32
+}
+
+/// Threads of a block of attention's tiled kernels: [`attention_rows`] rows of
+/// [`attention_row_parts`] threads.
 fn attention_threads(s: attention::AttentionShape) -> u32 {
-    (ATTENTION_ROWS * s.head_size.div_ceil(32).next_power_of_two()) as u32
+    (attention_rows(s) * attention_row_parts(s)) as u32
 }
 
 /// Blocks of [`WARPS`] warps covering `rows` warps.
