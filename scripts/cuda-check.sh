@@ -4,13 +4,15 @@
 # CUDA engine against the CPU's (cuda/tests/parity.rs: 20 f32 steps within 1e-5 relative with
 # TF32 off, dropout's masks, bf16 within 2e-2 of f32, --recompute and resume bit for bit,
 # evaluation, greedy samples past the window); 2 ranks against --grad-accum 2
-# (cuda/tests/ranks.rs); then the CLI: a checkpoint trained on CUDA resumed on the CPU and on
-# CUDA (the same losses within 1e-5), and with mpirun, 2 ranks on the one GPU against one
-# process with --grad-accum 2.
+# (cuda/tests/ranks.rs); then the CLI: a checkpoint trained on CUDA resumed on the CPU, on
+# CUDA and, where wgpu finds an adapter, on wgpu (the same losses within 1e-5), and with
+# mpirun, 2 ranks on the one GPU against one process with --grad-accum 2.
 #
 #   scripts/cuda-check.sh --build   here, with Rust (no GPU needed): builds the test binaries
 #                                   and alpha-native (--features cuda, and cuda,mpi where Open
-#                                   MPI's headers are) into target/cuda-check/
+#                                   MPI's headers are, with Debian's Open MPI packages for a
+#                                   machine without mpirun) into target/cuda-check/, stripped
+#                                   of their symbols (what a lent GPU is sent is at most 64 MiB)
 #   scripts/cuda-check.sh           on the GPU machine: runs them (ALPHA_REQUIRE_CUDA=1: a
 #                                   missing device or library fails instead of skipping); every
 #                                   stage runs even when one before it failed (a lent GPU's
@@ -34,7 +36,13 @@ if [ "${1:-}" = --build ]; then
     if pkg-config --exists ompi 2>/dev/null || [ -e /usr/include/x86_64-linux-gnu/openmpi/mpi.h ]; then
         cargo build -q --profile test-opt -p alpha-native --features cuda,mpi --target-dir target/cuda-mpi
         cp target/cuda-mpi/test-opt/alpha-native "$dir/alpha-native-mpi"
+        mkdir "$dir/mpi-debs"
+        (cd "$dir/mpi-debs" && apt-get download -q openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15 libevent-core-2.1-7 \
+            libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 \
+            libnl-route-3-200 libnuma1 libmunge2)
     fi
+    find "$dir" -maxdepth 1 -type f -exec strip {} +
+    du -sh "$dir"
     ls -la "$dir"
     exit 0
 fi
@@ -60,20 +68,39 @@ train() { "$alpha" train "${common[@]}" "$@" > /dev/null; }
 losses() { python3 -c 'import json,sys; print(" ".join(str(r["loss"]) for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "train"))' "$1"; }
 stage "a checkpoint across CUDA and the CPU"
 across_backends() {
+    local backends=(cpu cuda)
+    if "$alpha" info --backend gpu --json --measure-steps 0 > /dev/null 2>&1; then
+        backends+=(gpu)
+    else
+        echo "no wgpu adapter here (the Vulkan loader and driver): the checkpoint is resumed on the CPU and CUDA only"
+    fi
     train --backend cuda --iters 10 --out "$work/cuda" || return
-    for backend in cpu cuda; do
+    for backend in "${backends[@]}"; do
         cp -r "$work/cuda" "$work/resume-$backend"
         train --backend "$backend" --resume "$work/resume-$backend/ckpt.safetensors" --iters 14 --out "$work/resume-$backend" --metrics "$work/$backend.jsonl" || return
     done
-    python3 - "$(losses "$work/cpu.jsonl")" "$(losses "$work/cuda.jsonl")" <<'PY'
+    local runs=()
+    for backend in "${backends[@]}"; do runs+=("$backend=$(losses "$work/$backend.jsonl")"); done
+    python3 - "${runs[@]}" <<'PY'
 import sys
-cpu, cuda = [list(map(float, a.split())) for a in sys.argv[1:]]
-worst = max(abs(a - b) / a for a, b in zip(cpu, cuda))
-assert len(cpu) == len(cuda) == 4 and worst <= 1e-5, f"resumed on the CPU {cpu} and on CUDA {cuda}"
-print(f"a CUDA checkpoint resumed on the CPU and on CUDA: 4 steps within {worst:.1e} relative")
+runs = {name: list(map(float, losses.split())) for name, losses in (a.split("=") for a in sys.argv[1:])}
+cpu = runs.pop("cpu")
+for name, steps in runs.items():
+    worst = max(abs(a - b) / a for a, b in zip(cpu, steps))
+    assert len(cpu) == len(steps) == 4 and worst <= 1e-5, f"resumed on the CPU {cpu} and on {name} {steps}"
+    print(f"a CUDA checkpoint resumed on the CPU and on {name}: 4 steps within {worst:.1e} relative")
 PY
 }
 across_backends || fail
+# A machine without mpirun (the lent GPU machines) runs the Open MPI that --build packed:
+# unpacked under a prefix of its own, which Open MPI takes from OPAL_PREFIX.
+if ! command -v mpirun >/dev/null && [ -d "$dir/mpi-debs" ]; then
+    ompi=$(mktemp -d)
+    for deb in "$dir"/mpi-debs/*.deb; do dpkg -x "$deb" "$ompi"; done
+    ln -s mpirun.openmpi "$ompi/usr/bin/mpirun"
+    export OPAL_PREFIX=$ompi/usr PATH=$ompi/usr/bin:$PATH
+    export LD_LIBRARY_PATH=$ompi/usr/lib/x86_64-linux-gnu:$ompi/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 if command -v mpirun >/dev/null && [ -x "$dir/alpha-native-mpi" ]; then
     stage "2 ranks on one GPU against --grad-accum 2"
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
