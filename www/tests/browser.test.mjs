@@ -183,14 +183,17 @@ test(`the first ${PARITY_STEPS} steps' losses equal alpha-native's on the CPU (1
 });
 
 // The Llama preset: RMSNorm, rotary attention over grouped heads, SwiGLU, on both backends.
+// WebGPU (SwiftShader, seconds a step on a slow machine) takes the parity steps; the CPU the
+// whole run, whose loss goes down.
 test(`the llama preset trains on WebGPU and on the CPU, its first ${PARITY_STEPS} steps alpha-native's`, async () => {
   const want = nativeLosses(["--config", "llama", "--lr", "3e-3", "--warmup", "10"], PARITY_STEPS, "native-llama");
-  for (const backend of ["webgpu", "cpu"]) {
-    const { page, errors } = await open(`?backend=${backend}&preset=llama&steps=${STEPS}&lr=3e-3&warmup=10&autostart=1`);
-    const s = await finished(page);
+  for (const [backend, steps] of [["webgpu", PARITY_STEPS], ["cpu", STEPS]]) {
+    const { page, errors } = await open(`?backend=${backend}&preset=llama&steps=${steps}&lr=3e-3&warmup=10&autostart=1`);
+    const s = await finished(page, 480_000);
     assert.equal(s.error, null);
     assert.equal(s.stats.backend, backend);
-    assert.ok(mean(s.losses.slice(-5)) < mean(s.losses.slice(0, 5)) - 0.1, `${backend} losses: ${s.losses.join(", ")}`);
+    assert.equal(s.losses.length, steps);
+    if (steps === STEPS) assert.ok(mean(s.losses.slice(-5)) < mean(s.losses.slice(0, 5)) - 0.1, `${backend} losses: ${s.losses.join(", ")}`);
     const tolerance = backend === "webgpu" && webgpuPrecision === "f16" ? 2e-2 : 1e-4;
     assertLossesMatch(`llama on ${backend}, ${PARITY_STEPS} steps`, s.losses.slice(0, PARITY_STEPS), want, tolerance);
     assert.match(await page.locator("#preset option:checked").textContent(), /^llama: Llama, 2 key\/value heads, 4 layers/);
@@ -352,8 +355,9 @@ test("Generate: greedy tokens are alpha-native sample's, they stream as they com
     assert.ok(await page.locator("#generate").isDisabled(), "nothing to generate from before a model exists");
     await page.locator("#checkpoint").setInputFiles(checkpoint);
     await page.waitForFunction(() => ["paused", "error"].includes(window.alpha?.status));
+    // Token by token on SwiftShader: seconds on a slow machine, beyond the default 30 s wait.
     const generated = async () => {
-      await page.waitForFunction(() => window.alpha.generation.status === "idle");
+      await page.waitForFunction(() => window.alpha.generation.status === "idle", null, { timeout: 180_000 });
       return page.evaluate(() => window.alpha.generation.text);
     };
     await page.fill("#prompt", "ROMEO:");
@@ -372,7 +376,7 @@ test("Generate: greedy tokens are alpha-native sample's, they stream as they com
     await page.fill("#gen-top-k", "20");
     await page.fill("#gen-top-p", "0.9");
     await page.click("#generate");
-    await page.waitForFunction(() => window.alpha.generation.status === "running" && window.alpha.generation.text.length > 40);
+    await page.waitForFunction(() => window.alpha.generation.status === "running" && window.alpha.generation.text.length > 40, null, { timeout: 180_000 });
     assert.ok(await page.locator("#generate").isDisabled());
     await page.click("#stop");
     const stopped = await generated();
