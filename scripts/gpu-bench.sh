@@ -12,7 +12,8 @@
 #
 # What a fresh GPU machine needs:
 #   - The Vulkan loader (libvulkan.so.1; Debian/Ubuntu package libvulkan1) and the GPU's Vulkan
-#     driver. NVIDIA's driver ships its ICD file (nvidia_icd.json); where `alpha-native info
+#     driver; NVIDIA's also loads glvnd's libraries (libglvnd0, libegl1, libgl1, libglx0,
+#     libopengl0, libgles2), without which wgpu finds no adapter. NVIDIA's driver ships its ICD file (nvidia_icd.json); where `alpha-native info
 #     --backend gpu` finds no adapter, point the loader at it, e.g.
 #     export VK_DRIVER_FILES=/usr/share/vulkan/icd.d/nvidia_icd.json (or where the driver put it).
 #   - alpha-native: built here when cargo is on PATH; else the binary at $ALPHA_NATIVE (default
