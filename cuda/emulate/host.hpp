@@ -88,6 +88,32 @@ inline unsigned __float_as_uint(float f) {
     return u;
 }
 
+// common.cuh's tensor-core product, computed from its definition in PTX's fragment layout:
+// each lane posts its fragments, waits for its warp's, and sums its four elements of D over
+// the 16 products in order (the device's order of summation is its own).
+#define ALPHA_HOST
+static thread_local unsigned warp_a[32][32][4], warp_b[32][32][2];
+
+inline float bf16_half(unsigned reg, int high) { return __int_as_float((int)((high ? reg >> 16 : reg & 0xffffu) << 16)); }
+
+inline void mma_bf16(float* d, const unsigned* a, const unsigned* b) {
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    std::memcpy(warp_a[warp][lane], a, sizeof warp_a[warp][lane]);
+    std::memcpy(warp_b[warp][lane], b, sizeof warp_b[warp][lane]);
+    wait_as(Fiber::AtWarp);
+    for (int i = 0; i < 4; ++i) {
+        int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float sum = d[i];
+        for (int k = 0; k < 16; ++k) {
+            float x = bf16_half(warp_a[warp][4 * (row % 8) + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2);
+            float y = bf16_half(warp_b[warp][4 * col + (k % 8) / 2][k / 8], k % 2);
+            sum += x * y;
+        }
+        d[i] = sum;
+    }
+    wait_as(Fiber::AtWarp);
+}
+
 // Calls `kernel` with the arguments `args` points to, as cuLaunchKernel's kernelParams.
 template <typename... A, std::size_t... I>
 void call_unpacked(void (*kernel)(A...), void** args, std::index_sequence<I...>) {

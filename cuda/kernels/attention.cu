@@ -373,3 +373,342 @@ extern "C" __global__ void attention_decode(float* out, float* lse, float* keys,
     }
     if (lane == 0) lse[h] = m + logf(l);
 }
+
+// ---- On the tensor cores: bf16 runs, head sizes that are multiples of 16 up to 64 ----
+// FlashAttention-2's order with bf16 operands and f32 sums (mma_bf16, common.cuh): a block of
+// 4 warps takes TC_ROWS query rows of a head (forward, dQ) or key rows of a key/value head
+// (dK and dV, over its query heads in order), 16 rows a warp, and walks the other side in
+// tiles of TC_TILE rows staged in shared memory as bf16 (q and k rotated as they are read).
+// Scores and their gradients stay in registers in the products' accumulator layout, which is
+// the next product's A operand once rounded (rows g and g + 8 of a warp's 16 in each lane, a
+// row's values over the 4 lanes of a quad): the probabilities are rounded to bf16 as the CPU's
+// bf16 attention rounds them (core/src/ops/attention.rs). Deterministic: every output element
+// is summed by one warp in a fixed order; dQ in its own pass, no atomics.
+
+#define TC_ROWS 64    // rows of a block: 4 warps of 16
+#define TC_TILE 64    // rows of a staged tile
+#define TC_STRIDE 72  // bf16 elements between a staged tile's rows (64 and 8 of padding: no bank conflicts)
+#define TC_STEPS 4    // 16-dimension steps of a head at most (head sizes up to 64)
+
+// Rows [first, first + TC_TILE) of a head as bf16 into `tile`: element d of row j at
+// `base + j * w + d`, rotated as position j where `rope` is a table; zero past `seq`. Every
+// thread of the block takes part.
+__device__ __forceinline__ void stage_bf16(unsigned short* tile, const float* base, long long w, int first, int seq, int hs, const float* rope) {
+    for (int e = threadIdx.x; e < TC_TILE * hs; e += blockDim.x) {
+        int jj = e / hs, d = e % hs, j = first + jj;
+        tile[jj * TC_STRIDE + d] = to_bf16(j < seq ? rotated(base + (long long)j * w, d, hs, rope, j) : 0.0f);
+    }
+}
+
+// A warp's A operand for its rows row0 + g and row0 + g + 8 (zero past `seq`) straight from
+// memory: element d of row i at `base + i * w + d`, rotated where `rope` is a table;
+// a[kk] holds dimensions 16 kk to 16 kk + 15.
+__device__ __forceinline__ void load_rows_a(unsigned (*a)[4], const float* base, long long w, int row0, int seq, int hs, const float* rope) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    #pragma unroll
+    for (int kk = 0; kk < TC_STEPS; ++kk)
+        #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            int i = row0 + g + 8 * half;
+            const float* at = base + (long long)i * w;
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (16 * kk < hs && i < seq)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) x[e] = rotated(at, 16 * kk + 2 * t + e % 2 + 8 * (e / 2), hs, rope, i);
+            a[kk][half] = pack_bf16(x[0], x[1]);
+            a[kk][2 + half] = pack_bf16(x[2], x[3]);
+        }
+}
+
+// The B operand of a product with a staged tile's rows as its columns (`tile` row n0 + g,
+// dimensions 16 kk + 2t...): scores against keys, dP against values.
+__device__ __forceinline__ void tile_rows_b(unsigned* b, const unsigned short* tile, int n0, int kk) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const unsigned short* row = tile + (n0 + g) * TC_STRIDE + 16 * kk + 2 * t;
+    b[0] = (unsigned)row[0] | ((unsigned)row[1] << 16);
+    b[1] = (unsigned)row[8] | ((unsigned)row[9] << 16);
+}
+
+// The B operand of a product summing over a staged tile's rows (rows 16 kk + 2t..., column
+// n0 + g of the head's dimensions): P · V, dS · K, and their transposes' partners.
+__device__ __forceinline__ void tile_columns_b(unsigned* b, const unsigned short* tile, int kk, int n0) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const unsigned short* col = tile + (16 * kk + 2 * t) * TC_STRIDE + n0 + g;
+    b[0] = (unsigned)col[0] | ((unsigned)col[TC_STRIDE] << 16);
+    b[1] = (unsigned)col[8 * TC_STRIDE] | ((unsigned)col[9 * TC_STRIDE] << 16);
+}
+
+// acc [16 x 8 tile n] = a · the staged tile's rows 8n... (their dimensions summed): a warp's
+// scores (or dP) against TC_TILE staged rows.
+__device__ __forceinline__ void against_tile(float (*acc)[4], const unsigned (*a)[4], const unsigned short* tile, int hs) {
+    #pragma unroll
+    for (int n = 0; n < TC_TILE / 8; ++n) {
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        #pragma unroll
+        for (int kk = 0; kk < TC_STEPS; ++kk)
+            if (16 * kk < hs) {
+                unsigned b[2];
+                tile_rows_b(b, tile, 8 * n, kk);
+                mma_bf16(acc[n], a[kk], b);
+            }
+    }
+}
+
+// out [16 x hs] += x · the staged tile (x [16 x TC_TILE] in the accumulator layout, rounded to
+// bf16 as the A operand): P · V, dS · K.
+__device__ __forceinline__ void times_tile(float (*out)[4], const float (*x)[4], const unsigned short* tile, int hs) {
+    #pragma unroll
+    for (int kk = 0; kk < TC_TILE / 16; ++kk) {
+        const float* lo = x[2 * kk];
+        const float* hi = x[2 * kk + 1];
+        unsigned a[4] = {pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]), pack_bf16(hi[0], hi[1]), pack_bf16(hi[2], hi[3])};
+        #pragma unroll
+        for (int n = 0; n < 2 * TC_STEPS; ++n)
+            if (8 * n < hs) {
+                unsigned b[2];
+                tile_columns_b(b, tile, kk, 8 * n);
+                mma_bf16(out[n], a, b);
+            }
+    }
+}
+
+// `v` summed (or maxed) over the 4 lanes that hold a row's values (a fixed butterfly).
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// A block's place in the tensor-core kernels: rows [first, first + TC_ROWS) of head `head`
+// (of `heads`) of batch row `b`; the warp's rows start at `row0`.
+struct TensorPlace {
+    int first, head, b, row0;
+};
+
+__device__ __forceinline__ TensorPlace tensor_place(int seq, int heads) {
+    int items = (seq + TC_ROWS - 1) / TC_ROWS;
+    TensorPlace p;
+    p.first = (blockIdx.x % items) * TC_ROWS;
+    p.head = (blockIdx.x / items) % heads;
+    p.b = blockIdx.x / items / heads;
+    p.row0 = p.first + 16 * (threadIdx.x / 32);
+    return p;
+}
+
+// As attention_forward, on the tensor cores: a block per TC_ROWS queries of a head; a warp
+// skips the key tiles past its last query.
+extern "C" __global__ void attention_tensor_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads,
+                                                    int kv_heads, int hs, float scale, Dropout drop) {
+    __shared__ unsigned short keys[TC_TILE * TC_STRIDE], values[TC_TILE * TC_STRIDE];
+    TensorPlace p = tensor_place(seq, heads);
+    int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs, kv = p.head / (heads / kv_heads);
+    long long w = (long long)(heads + 2 * kv_heads) * hs, bh = (long long)p.b * heads + p.head;
+    const float* head0 = qkv + (long long)p.b * seq * w;
+    unsigned q[TC_STEPS][4];
+    load_rows_a(q, head0 + p.head * hs, w, p.row0, seq, hs, rope);
+    float o[2 * TC_STEPS][4] = {}, m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    int end = p.first + TC_ROWS < seq ? p.first + TC_ROWS : seq;
+    for (int k0 = 0; k0 < end; k0 += TC_TILE) {
+        __syncthreads();
+        stage_bf16(keys, head0 + c + kv * hs, w, k0, seq, hs, rope);
+        stage_bf16(values, head0 + c + kv_heads * hs + kv * hs, w, k0, seq, hs, 0);
+        __syncthreads();
+        if (k0 > p.row0 + 15) continue;
+        float s[TC_TILE / 8][4];
+        against_tile(s, q, keys, hs);
+        #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            int i = p.row0 + g + 8 * half;
+            float mx = m[half];
+            #pragma unroll
+            for (int n = 0; n < TC_TILE / 8; ++n)
+                #pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    int j = k0 + 8 * n + 2 * t + e;
+                    float v = i < seq && j <= i ? s[n][2 * half + e] * scale : NEG_INF;
+                    s[n][2 * half + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            mx = quad_max(mx);
+            if (mx == NEG_INF) continue;  // no key of this row yet (a row past the sequence)
+            float corr = expf(m[half] - mx);
+            m[half] = mx;
+            l[half] *= corr;
+            #pragma unroll
+            for (int n = 0; n < 2 * TC_STEPS; ++n) o[n][2 * half] *= corr, o[n][2 * half + 1] *= corr;
+            #pragma unroll
+            for (int n = 0; n < TC_TILE / 8; ++n)
+                #pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float v = s[n][2 * half + e], pr = v == NEG_INF ? 0.0f : expf(v - mx);
+                    l[half] += pr;
+                    s[n][2 * half + e] = pr * dropped(drop, bh, seq, i, k0 + 8 * n + 2 * t + e);
+                }
+        }
+        // Rows with no key yet keep -inf scores: zero probabilities.
+        #pragma unroll
+        for (int n = 0; n < TC_TILE / 8; ++n)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (s[n][e] == NEG_INF) s[n][e] = 0.0f;
+        times_tile(o, s, values, hs);
+    }
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        int i = p.row0 + g + 8 * half;
+        float sum = quad_sum(l[half]);
+        if (i >= seq) continue;
+        float* orow = out + ((long long)p.b * seq + i) * c + p.head * hs;
+        #pragma unroll
+        for (int n = 0; n < 2 * TC_STEPS; ++n)
+            if (8 * n < hs) {
+                orow[8 * n + 2 * t] = o[n][2 * half] / sum;
+                orow[8 * n + 2 * t + 1] = o[n][2 * half + 1] / sum;
+            }
+        if (t == 0) lse[bh * seq + i] = m[half] + logf(sum);
+    }
+}
+
+// As attention_backward_query, on the tensor cores: dQ (rotated space) and delta of each
+// query row, a block per TC_ROWS queries of a head.
+extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
+                                                           const float* lse, const float* rope, int batch, int seq, int heads, int kv_heads,
+                                                           int hs, float scale, Dropout drop) {
+    __shared__ unsigned short keys[TC_TILE * TC_STRIDE], values[TC_TILE * TC_STRIDE];
+    TensorPlace p = tensor_place(seq, heads);
+    int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs, kv = p.head / (heads / kv_heads);
+    long long w = (long long)(heads + 2 * kv_heads) * hs, bh = (long long)p.b * heads + p.head;
+    const float* head0 = qkv + (long long)p.b * seq * w;
+    const float* dout0 = dout + (long long)p.b * seq * c + p.head * hs;
+    unsigned q[TC_STEPS][4], d_o[TC_STEPS][4];
+    load_rows_a(q, head0 + p.head * hs, w, p.row0, seq, hs, rope);
+    load_rows_a(d_o, dout0, c, p.row0, seq, hs, 0);
+    // delta = rowsum(dO * O) in f32, each lane over the dimensions its A operand holds.
+    float dl[2], li[2];
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        int i = p.row0 + g + 8 * half;
+        float v = 0.0f;
+        if (i < seq) {
+            const float* orow = out + ((long long)p.b * seq + i) * c + p.head * hs;
+            const float* drow = dout0 + (long long)i * c;
+            #pragma unroll
+            for (int kk = 0; kk < TC_STEPS; ++kk)
+                if (16 * kk < hs)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        int d = 16 * kk + 2 * t + e % 2 + 8 * (e / 2);
+                        v += drow[d] * orow[d];
+                    }
+        }
+        dl[half] = quad_sum(v);
+        li[half] = i < seq ? lse[bh * seq + i] : 0.0f;
+        if (i < seq && t == 0) delta[bh * seq + i] = dl[half];
+    }
+    float dq[2 * TC_STEPS][4] = {};
+    int end = p.first + TC_ROWS < seq ? p.first + TC_ROWS : seq;
+    for (int k0 = 0; k0 < end; k0 += TC_TILE) {
+        __syncthreads();
+        stage_bf16(keys, head0 + c + kv * hs, w, k0, seq, hs, rope);
+        stage_bf16(values, head0 + c + kv_heads * hs + kv * hs, w, k0, seq, hs, 0);
+        __syncthreads();
+        if (k0 > p.row0 + 15) continue;
+        float s[TC_TILE / 8][4], dp[TC_TILE / 8][4];
+        against_tile(s, q, keys, hs);
+        against_tile(dp, d_o, values, hs);
+        #pragma unroll
+        for (int n = 0; n < TC_TILE / 8; ++n)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int half = e / 2, i = p.row0 + g + 8 * half, j = k0 + 8 * n + 2 * t + e % 2;
+                float ds = 0.0f;
+                if (i < seq && j <= i) {
+                    float pr = expf(s[n][e] * scale - li[half]);
+                    ds = pr * (dp[n][e] * dropped(drop, bh, seq, i, j) - dl[half]) * scale;
+                }
+                s[n][e] = ds;
+            }
+        times_tile(dq, s, keys, hs);
+    }
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        int i = p.row0 + g + 8 * half;
+        if (i >= seq) continue;
+        float* dqrow = dqkv + ((long long)p.b * seq + i) * w + p.head * hs;
+        #pragma unroll
+        for (int n = 0; n < 2 * TC_STEPS; ++n)
+            if (8 * n < hs) {
+                dqrow[8 * n + 2 * t] = dq[n][2 * half];
+                dqrow[8 * n + 2 * t + 1] = dq[n][2 * half + 1];
+            }
+    }
+}
+
+// As attention_backward_key_value, on the tensor cores: dK (rotated space) and dV of each key
+// row of a key/value head, a block per TC_ROWS keys, over its query heads in order and the
+// query tiles from the block's first key.
+extern "C" __global__ void attention_tensor_backward_key_value(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
+                                                               const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale,
+                                                               Dropout drop) {
+    __shared__ unsigned short queries[TC_TILE * TC_STRIDE], douts[TC_TILE * TC_STRIDE];
+    __shared__ float tile_lse[TC_TILE], tile_delta[TC_TILE];
+    TensorPlace p = tensor_place(seq, kv_heads);
+    int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs, group = heads / kv_heads;
+    long long w = (long long)(heads + 2 * kv_heads) * hs;
+    int k_at = c + p.head * hs, v_at = c + kv_heads * hs + p.head * hs;
+    const float* head0 = qkv + (long long)p.b * seq * w;
+    unsigned k[TC_STEPS][4], v[TC_STEPS][4];
+    load_rows_a(k, head0 + k_at, w, p.row0, seq, hs, rope);
+    load_rows_a(v, head0 + v_at, w, p.row0, seq, hs, 0);
+    float dk[2 * TC_STEPS][4] = {}, dv[2 * TC_STEPS][4] = {};
+    for (int h = p.head * group; h < (p.head + 1) * group; ++h) {
+        long long bh = (long long)p.b * heads + h;
+        for (int q0 = p.first; q0 < seq; q0 += TC_TILE) {
+            __syncthreads();
+            stage_bf16(queries, head0 + h * hs, w, q0, seq, hs, rope);
+            stage_bf16(douts, dout + (long long)p.b * seq * c + h * hs, c, q0, seq, hs, 0);
+            for (int e = threadIdx.x; e < TC_TILE; e += blockDim.x) {
+                tile_lse[e] = q0 + e < seq ? lse[bh * seq + q0 + e] : 0.0f;
+                tile_delta[e] = q0 + e < seq ? delta[bh * seq + q0 + e] : 0.0f;
+            }
+            __syncthreads();
+            // Transposed scores and dP: keys (this warp's rows) against the tile's queries.
+            float s[TC_TILE / 8][4], dp[TC_TILE / 8][4];
+            against_tile(s, k, queries, hs);
+            against_tile(dp, v, douts, hs);
+            #pragma unroll
+            for (int n = 0; n < TC_TILE / 8; ++n)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int i = p.row0 + g + 8 * (e / 2), jj = 8 * n + 2 * t + e % 2, j = q0 + jj;
+                    float pd = 0.0f, ds = 0.0f;
+                    if (i < seq && j < seq && j >= i) {
+                        float pr = expf(s[n][e] * scale - tile_lse[jj]), f = dropped(drop, bh, seq, j, i);
+                        pd = pr * f;
+                        ds = pr * (dp[n][e] * f - tile_delta[jj]) * scale;
+                    }
+                    s[n][e] = pd;
+                    dp[n][e] = ds;
+                }
+            times_tile(dv, s, douts, hs);
+            times_tile(dk, dp, queries, hs);
+        }
+    }
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        int i = p.row0 + g + 8 * half;
+        if (i >= seq) continue;
+        float* drow = dqkv + ((long long)p.b * seq + i) * w;
+        #pragma unroll
+        for (int n = 0; n < 2 * TC_STEPS; ++n)
+            if (8 * n < hs)
+                #pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    drow[k_at + 8 * n + 2 * t + e] = dk[n][2 * half + e];
+                    drow[v_at + 8 * n + 2 * t + e] = dv[n][2 * half + e];
+                }
+    }
+}

@@ -65,6 +65,26 @@ __device__ __forceinline__ unsigned short to_bf16(float x) {
     return (unsigned short)(u >> 16);
 }
 
+// Two floats as bf16 in one register, the first in the low half (mma's operand layout).
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    return (unsigned)to_bf16(lo) | ((unsigned)to_bf16(hi) << 16);
+}
+
+// A warp's product on the tensor cores (sm_80 and later): D [16 x 8] f32 += A [16 x 16] ·
+// B [16 x 8], A and B bf16, in PTX's fragment layout for mma.m16n8k16 with lane = 4 g + t:
+// a[0] holds A (row g, columns 2t and 2t + 1), a[1] (row g + 8, the same columns), a[2] (row
+// g, columns 2t + 8 and 2t + 9), a[3] (row g + 8, those); b[0] holds B (rows 2t and 2t + 1,
+// column g), b[1] (rows 2t + 8 and 2t + 9, column g); d[0], d[1] are D (row g, columns 2t and
+// 2t + 1), d[2], d[3] (row g + 8, those). Every lane of the warp takes part. The host's
+// emulation (cuda/emulate/host.hpp) defines its own.
+#ifndef ALPHA_HOST
+__device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
 // GELU, tanh approximation, as core/src/ops/matmul.rs: x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3).
 #define GELU_SCALE 0.7978845608028654f
 #define GELU_CUBIC 0.044715f

@@ -56,6 +56,21 @@ fn attention_threads(s: attention::AttentionShape) -> u32 {
     (attention_rows(s) * attention_row_parts(s)) as u32
 }
 
+/// Rows of a block of attention's tensor-core kernels (attention.cu's `TC_ROWS`: 4 warps of 16).
+const TENSOR_ATTENTION_ROWS: usize = 64;
+
+/// Whether attention runs on the tensor cores: bf16 products (sm_80 and later) and a head of
+/// 16 to 64 dimensions in steps of 16 (attention.cu's `TC_STEPS`; wider heads would spill the
+/// backward's registers).
+fn tensor_attention(arithmetic: Arithmetic, s: attention::AttentionShape) -> bool {
+    arithmetic == Arithmetic::Bf16 && s.head_size.is_multiple_of(16) && s.head_size <= 64
+}
+
+/// Blocks of attention's tensor-core kernels over `heads` heads of `s`.
+fn tensor_attention_blocks(s: attention::AttentionShape, heads: usize) -> u32 {
+    (s.batch * heads * s.seq.div_ceil(TENSOR_ATTENTION_ROWS)) as u32
+}
+
 /// Blocks of [`WARPS`] warps covering `rows` warps.
 fn warp_blocks(rows: usize) -> u32 {
     rows.div_ceil(WARPS as usize) as u32
@@ -560,12 +575,17 @@ impl Executor for CudaExecutor<'_> {
                 let drop = DropoutArgs::new(a.dropout, self.key);
                 let rows = s.batch * s.heads * s.seq;
                 let (b, t) = (s.batch as i32, s.seq as i32);
+                let (name, grid, threads) = if tensor_attention(self.products.arithmetic(), s) {
+                    ("attention_tensor_forward", tensor_attention_blocks(s, s.heads), 128)
+                } else {
+                    ("attention_forward", attention_blocks(s, s.heads), attention_threads(s))
+                };
                 // SAFETY: qkv [B, T, W], out [B, T, C], lse [B, NH, T].
                 unsafe {
                     self.launch(
-                        "attention_forward",
-                        attention_blocks(s, s.heads),
-                        attention_threads(s),
+                        name,
+                        grid,
+                        threads,
                         Work { flops: s.causal_flops(2.0), ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size) + rows) },
                         &mut args![a.out.ptr, a.lse.ptr, a.qkv.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
                     )
@@ -582,20 +602,28 @@ impl Executor for CudaExecutor<'_> {
         let delta = self.arenas.acts.part(self.plan.scratch().attention.offset, rows);
         let (b, t, heads, kv_heads, hs) = (s.batch as i32, s.seq as i32, s.heads as i32, s.kv_heads as i32, s.head_size as i32);
         let rope = self.rope(s);
+        let tensor = tensor_attention(self.products.arithmetic(), s);
+        let (query, key_value) = if tensor {
+            ("attention_tensor_backward_query", "attention_tensor_backward_key_value")
+        } else {
+            ("attention_backward_query", "attention_backward_key_value")
+        };
+        let blocks_over = |heads| if tensor { tensor_attention_blocks(s, heads) } else { attention_blocks(s, heads) };
+        let threads = if tensor { 128 } else { attention_threads(s) };
         // SAFETY: as forward; delta [B, NH, T] in the attention scratch.
         unsafe {
             let (dqkv, dout, qkv, lse) = (a.dqkv.ptr, a.dout.ptr, a.qkv.ptr, a.lse.ptr);
             self.launch(
-                "attention_backward_query",
-                attention_blocks(s, s.heads),
-                attention_threads(s),
+                query,
+                blocks_over(s.heads),
+                threads,
                 Work { flops: s.causal_flops(3.0), ..Work::moving(s.batch * s.seq * (s.width() + 3 * s.heads * s.head_size) + 2 * rows) },
                 &mut args![dqkv, delta.ptr, dout, qkv, a.out.ptr, lse, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
             self.launch(
-                "attention_backward_key_value",
-                attention_blocks(s, s.kv_heads),
-                attention_threads(s),
+                key_value,
+                blocks_over(s.kv_heads),
+                threads,
                 Work {
                     flops: s.causal_flops(4.0),
                     ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size + 2 * s.kv_heads * s.head_size) + 2 * rows)
