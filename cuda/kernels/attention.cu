@@ -498,24 +498,51 @@ __device__ __forceinline__ TensorPlace tensor_place(int seq, int heads) {
     return p;
 }
 
+// The forward's and dQ's block of query rows (TensorPlace) of head `head`: its key/value head
+// `kv`, qkv's row width `w`, batch row b's row 0 of qkv `head0`; the keys it reads end before
+// `end`.
+struct TensorQueries {
+    TensorPlace p;
+    int kv, end;
+    long long w, bh;
+    const float* head0;
+};
+
+__device__ __forceinline__ TensorQueries tensor_queries(const float* qkv, int seq, int heads, int kv_heads, int hs) {
+    TensorQueries r;
+    r.p = tensor_place(seq, heads);
+    r.kv = r.p.head / (heads / kv_heads);
+    r.end = r.p.first + TC_ROWS < seq ? r.p.first + TC_ROWS : seq;
+    r.w = (long long)(heads + 2 * kv_heads) * hs;
+    r.bh = (long long)r.p.b * heads + r.p.head;
+    r.head0 = qkv + (long long)r.p.b * seq * r.w;
+    return r;
+}
+
+// Stages the tile of keys (rotated) and values of r's key/value head from key k0 as bf16.
+__device__ __forceinline__ void stage_key_value_tile(unsigned short* keys, unsigned short* values, TensorQueries r, int k0, int seq, int heads,
+                                                     int kv_heads, int hs, const float* rope) {
+    const float* keys0 = r.head0 + heads * hs + r.kv * hs;
+    __syncthreads();
+    stage_bf16(keys, keys0, r.w, k0, seq, hs, rope);
+    stage_bf16(values, keys0 + kv_heads * hs, r.w, k0, seq, hs, 0);
+    __syncthreads();
+}
+
 // As attention_forward, on the tensor cores: a block per TC_ROWS queries of a head; a warp
 // skips the key tiles past its last query.
 extern "C" __global__ void attention_tensor_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads,
                                                     int kv_heads, int hs, float scale, Dropout drop) {
     __shared__ unsigned short keys[TC_TILE * TC_STRIDE], values[TC_TILE * TC_STRIDE];
-    TensorPlace p = tensor_place(seq, heads);
-    int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs, kv = p.head / (heads / kv_heads);
-    long long w = (long long)(heads + 2 * kv_heads) * hs, bh = (long long)p.b * heads + p.head;
-    const float* head0 = qkv + (long long)p.b * seq * w;
+    TensorQueries r = tensor_queries(qkv, seq, heads, kv_heads, hs);
+    TensorPlace p = r.p;
+    int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs;
+    long long bh = r.bh;
     unsigned q[TC_STEPS][4];
-    load_rows_a(q, head0 + p.head * hs, w, p.row0, seq, hs, rope);
+    load_rows_a(q, r.head0 + p.head * hs, r.w, p.row0, seq, hs, rope);
     float o[2 * TC_STEPS][4] = {}, m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
-    int end = p.first + TC_ROWS < seq ? p.first + TC_ROWS : seq;
-    for (int k0 = 0; k0 < end; k0 += TC_TILE) {
-        __syncthreads();
-        stage_bf16(keys, head0 + c + kv * hs, w, k0, seq, hs, rope);
-        stage_bf16(values, head0 + c + kv_heads * hs + kv * hs, w, k0, seq, hs, 0);
-        __syncthreads();
+    for (int k0 = 0; k0 < r.end; k0 += TC_TILE) {
+        stage_key_value_tile(keys, values, r, k0, seq, heads, kv_heads, hs, rope);
         if (k0 > p.row0 + 15) continue;
         float s[TC_TILE / 8][4];
         against_tile(s, q, keys, hs);
@@ -578,13 +605,13 @@ extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* d
                                                            const float* lse, const float* rope, int batch, int seq, int heads, int kv_heads,
                                                            int hs, float scale, Dropout drop) {
     __shared__ unsigned short keys[TC_TILE * TC_STRIDE], values[TC_TILE * TC_STRIDE];
-    TensorPlace p = tensor_place(seq, heads);
-    int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs, kv = p.head / (heads / kv_heads);
-    long long w = (long long)(heads + 2 * kv_heads) * hs, bh = (long long)p.b * heads + p.head;
-    const float* head0 = qkv + (long long)p.b * seq * w;
+    TensorQueries r = tensor_queries(qkv, seq, heads, kv_heads, hs);
+    TensorPlace p = r.p;
+    int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs;
+    long long bh = r.bh;
     const float* dout0 = dout + (long long)p.b * seq * c + p.head * hs;
     unsigned q[TC_STEPS][4], d_o[TC_STEPS][4];
-    load_rows_a(q, head0 + p.head * hs, w, p.row0, seq, hs, rope);
+    load_rows_a(q, r.head0 + p.head * hs, r.w, p.row0, seq, hs, rope);
     load_rows_a(d_o, dout0, c, p.row0, seq, hs, 0);
     // delta = rowsum(dO * O) in f32, each lane over the dimensions its A operand holds.
     float dl[2], li[2];
@@ -609,12 +636,8 @@ extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* d
         if (i < seq && t == 0) delta[bh * seq + i] = dl[half];
     }
     float dq[2 * TC_STEPS][4] = {};
-    int end = p.first + TC_ROWS < seq ? p.first + TC_ROWS : seq;
-    for (int k0 = 0; k0 < end; k0 += TC_TILE) {
-        __syncthreads();
-        stage_bf16(keys, head0 + c + kv * hs, w, k0, seq, hs, rope);
-        stage_bf16(values, head0 + c + kv_heads * hs + kv * hs, w, k0, seq, hs, 0);
-        __syncthreads();
+    for (int k0 = 0; k0 < r.end; k0 += TC_TILE) {
+        stage_key_value_tile(keys, values, r, k0, seq, heads, kv_heads, hs, rope);
         if (k0 > p.row0 + 15) continue;
         float s[TC_TILE / 8][4], dp[TC_TILE / 8][4];
         against_tile(s, q, keys, hs);
@@ -637,7 +660,7 @@ extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* d
     for (int half = 0; half < 2; ++half) {
         int i = p.row0 + g + 8 * half;
         if (i >= seq) continue;
-        float* dqrow = dqkv + ((long long)p.b * seq + i) * w + p.head * hs;
+        float* dqrow = dqkv + ((long long)p.b * seq + i) * r.w + p.head * hs;
         #pragma unroll
         for (int n = 0; n < 2 * TC_STEPS; ++n)
             if (8 * n < hs) {
