@@ -44,21 +44,6 @@ fn attention_rows(s: attention::AttentionShape) -> usize {
     64.min(256 / attention_row_parts(s))
 }
 
-/// Blocks of attention's tiled kernels over `heads` heads of `s`: one per
-/// [`attention_rows`] rows of each (batch row, head).
-fn attention_blocks(s: attention::AttentionShape, heads: usize) -> u32 {
-    (s.batch * heads * s.seq.div_ceil(attention_rows(s))) as u32
-}
-
-/// Threads of a block of attention's tiled kernels: [`attention_rows`] rows of
-/// [`attention_row_parts`] threads.
-fn attention_threads(s: attention::AttentionShape) -> u32 {
-    (attention_rows(s) * attention_row_parts(s)) as u32
-}
-
-/// Rows of a block of attention's tensor-core kernels (attention.cu's `TC_ROWS`: 4 warps of 16).
-const TENSOR_ATTENTION_ROWS: usize = 64;
-
 /// Whether attention runs on the tensor cores: bf16 products (sm_80 and later) and a head of
 /// 16 to 64 dimensions in steps of 16 (attention.cu's `TC_STEPS`; wider heads would spill the
 /// backward's registers).
@@ -66,9 +51,12 @@ fn tensor_attention(arithmetic: Arithmetic, s: attention::AttentionShape) -> boo
     arithmetic == Arithmetic::Bf16 && s.head_size.is_multiple_of(16) && s.head_size <= 64
 }
 
-/// Blocks of attention's tensor-core kernels over `heads` heads of `s`.
-fn tensor_attention_blocks(s: attention::AttentionShape, heads: usize) -> u32 {
-    (s.batch * heads * s.seq.div_ceil(TENSOR_ATTENTION_ROWS)) as u32
+/// The grid and block of attention's kernels over `heads` heads of `s` (one block per rows of
+/// each (batch row, head)): on the tensor cores (`tensor`) 64 rows of 4 warps (attention.cu's
+/// `TC_ROWS`), else [`attention_rows`] rows of [`attention_row_parts`] threads.
+fn attention_launch(tensor: bool, s: attention::AttentionShape, heads: usize) -> (u32, u32) {
+    let (rows, threads) = if tensor { (64, 128) } else { (attention_rows(s), attention_rows(s) * attention_row_parts(s)) };
+    ((s.batch * heads * s.seq.div_ceil(rows)) as u32, threads as u32)
 }
 
 /// Blocks of [`WARPS`] warps covering `rows` warps.
@@ -575,11 +563,9 @@ impl Executor for CudaExecutor<'_> {
                 let drop = DropoutArgs::new(a.dropout, self.key);
                 let rows = s.batch * s.heads * s.seq;
                 let (b, t) = (s.batch as i32, s.seq as i32);
-                let (name, grid, threads) = if tensor_attention(self.products.arithmetic(), s) {
-                    ("attention_tensor_forward", tensor_attention_blocks(s, s.heads), 128)
-                } else {
-                    ("attention_forward", attention_blocks(s, s.heads), attention_threads(s))
-                };
+                let tensor = tensor_attention(self.products.arithmetic(), s);
+                let name = if tensor { "attention_tensor_forward" } else { "attention_forward" };
+                let (grid, threads) = attention_launch(tensor, s, s.heads);
                 // SAFETY: qkv [B, T, W], out [B, T, C], lse [B, NH, T].
                 unsafe {
                     self.launch(
@@ -608,21 +594,20 @@ impl Executor for CudaExecutor<'_> {
         } else {
             ("attention_backward_query", "attention_backward_key_value")
         };
-        let blocks_over = |heads| if tensor { tensor_attention_blocks(s, heads) } else { attention_blocks(s, heads) };
-        let threads = if tensor { 128 } else { attention_threads(s) };
+        let ((query_grid, threads), (key_value_grid, _)) = (attention_launch(tensor, s, s.heads), attention_launch(tensor, s, s.kv_heads));
         // SAFETY: as forward; delta [B, NH, T] in the attention scratch.
         unsafe {
             let (dqkv, dout, qkv, lse) = (a.dqkv.ptr, a.dout.ptr, a.qkv.ptr, a.lse.ptr);
             self.launch(
                 query,
-                blocks_over(s.heads),
+                query_grid,
                 threads,
                 Work { flops: s.causal_flops(3.0), ..Work::moving(s.batch * s.seq * (s.width() + 3 * s.heads * s.head_size) + 2 * rows) },
                 &mut args![dqkv, delta.ptr, dout, qkv, a.out.ptr, lse, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
             self.launch(
                 key_value,
-                blocks_over(s.kv_heads),
+                key_value_grid,
                 threads,
                 Work {
                     flops: s.causal_flops(4.0),
