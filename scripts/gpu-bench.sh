@@ -13,8 +13,9 @@
 # What a fresh GPU machine needs:
 #   - The Vulkan loader (libvulkan.so.1; Debian/Ubuntu package libvulkan1) and the GPU's Vulkan
 #     driver; NVIDIA's also loads glvnd's libraries (libglvnd0, libegl1, libgl1, libglx0,
-#     libopengl0, libgles2), without which wgpu finds no adapter. NVIDIA's driver ships its ICD file (nvidia_icd.json); where `alpha-native info
-#     --backend gpu` finds no adapter, point the loader at it, e.g.
+#     libopengl0, libgles2), without which wgpu finds no adapter. NVIDIA's driver ships its
+#     ICD file (nvidia_icd.json); where `alpha-native info --backend gpu` finds no adapter,
+#     point the loader at it, e.g.
 #     export VK_DRIVER_FILES=/usr/share/vulkan/icd.d/nvidia_icd.json (or where the driver put it).
 #   - alpha-native: built here when cargo is on PATH; else the binary at $ALPHA_NATIVE (default
 #     target/release/alpha-native) built on a machine with the same or an older glibc.
@@ -72,19 +73,19 @@ fi
 commit=${ALPHA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 if [ $wgpu = 1 ]; then
-stage "the GPU and its FMA limits"
-"$alpha" info --backend gpu --json --measure-steps 0 > "$out/info.json"
-card=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); a=d["device"] or {}; g=d["gpu_adapters"]; p=d["gpu_peak_gflops"]
+    stage "the GPU and its FMA limits"
+    "$alpha" info --backend gpu --json --measure-steps 0 > "$out/info.json"
+    card=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); a=d["device"] or {}; g=d["gpu_adapters"]; p=d["gpu_peak_gflops"]
 name = g[0]["name"] if g else "?"; drv = g[0]["driver"] if g else "?"
 f16 = "f16 %.3g TFLOP/s" % (p["f16"] / 1e3) if p["f16"] else "no shader-f16"
 coop = ", ".join(g[0]["cooperative_matrices"]) if g else ""
 print("%s (Vulkan driver %s); FMA limits f32 %.3g TFLOP/s, %s; cooperative matrices: %s" % (name, drv, p["f32"] / 1e3, f16, coop or "none"))' "$out/info.json")
-# The tensor cores' limit (the MFU denominator of --tensor-cores runs) where the driver has the
-# shape matmul_tensor needs.
-if grep -q '16x16x16 f16->f32' "$out/info.json"; then
-    "$alpha" info --backend gpu --precision f16 --tensor-cores --json --measure-steps 0 > "$out/info-tensor.json"
-    card="$card; tensor cores (16x16x16 f16->f32) $(python3 -c 'import json,sys; print("%.3g TFLOP/s" % (json.load(open(sys.argv[1]))["gpu_peak_gflops"]["tensor"] / 1e3))' "$out/info-tensor.json")"
-fi
+    # The tensor cores' limit (the MFU denominator of --tensor-cores runs) where the driver has the
+    # shape matmul_tensor needs.
+    if grep -q '16x16x16 f16->f32' "$out/info.json"; then
+        "$alpha" info --backend gpu --precision f16 --tensor-cores --json --measure-steps 0 > "$out/info-tensor.json"
+        card="$card; tensor cores (16x16x16 f16->f32) $(python3 -c 'import json,sys; print("%.3g TFLOP/s" % (json.load(open(sys.argv[1]))["gpu_peak_gflops"]["tensor"] / 1e3))' "$out/info-tensor.json")"
+    fi
 else
     "$alpha" info --json --measure-steps 0 > "$out/info.json"
     card="the CUDA device below (wgpu left out: GPU_BENCH_BACKENDS=${backends[*]})"
@@ -100,11 +101,14 @@ fi
 # thread, local memory: occupancy and spills): with the f16 variants and the tensor-core GEMM
 # where the device has them, else fewer; a failure is reported and the rest goes on.
 kernel_runs=()
-[ $wgpu = 1 ] && stage "the driver's statistics of each kernel"
-[ $wgpu = 1 ] || { echo "The driver's statistics of each kernel: wgpu left out (GPU_BENCH_BACKENDS)"; echo; } >> "$summary"
-grep -q '16x16x16 f16->f32' "$out/info.json" && kernel_runs+=("--precision f16 --tensor-cores")
-grep -q '"shader-f16"' "$out/info.json" && kernel_runs+=("--precision f16 --tensor-cores off")
-[ $wgpu = 1 ] && kernel_runs+=("")
+if [ $wgpu = 1 ]; then
+    stage "the driver's statistics of each kernel"
+    grep -q '16x16x16 f16->f32' "$out/info.json" && kernel_runs+=("--precision f16 --tensor-cores")
+    grep -q '"shader-f16"' "$out/info.json" && kernel_runs+=("--precision f16 --tensor-cores off")
+    kernel_runs+=("")
+else
+    { echo "The driver's statistics of each kernel: wgpu left out (GPU_BENCH_BACKENDS)"; echo; } >> "$summary"
+fi
 for kernel_flags in "${kernel_runs[@]}"; do
     # shellcheck disable=SC2086 # the flags split on purpose
     if "$alpha" info --backend gpu --kernels --json --measure-steps 0 ${shape[baby]} $kernel_flags > "$out/kernels.json" 2> "$out/kernels.err"; then
