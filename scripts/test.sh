@@ -85,7 +85,14 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     export XDG_RUNTIME_DIR
 fi
 
+# Each stage's start and the time since the suite's (the whole suite must fit CI's limit:
+# these say where it goes).
+stage() {
+    echo "== test.sh +$((SECONDS / 60))m$((SECONDS % 60))s: $*"
+}
+
 # Formatting first (rustfmt.toml): cheap, and it fails before the long builds.
+stage "formatting, import circles"
 if cargo fmt --version >/dev/null 2>&1; then
     cargo fmt --all --check
 else
@@ -96,19 +103,26 @@ fi
 python3 scripts/module_cycles.py --self-test
 python3 scripts/module_cycles.py
 
+stage "the workspace's tests"
 cargo test --workspace --profile test-opt
 # The CUDA executor without a GPU: every kernel compiles with NVRTC (a missing library fails),
 # and the CLI builds with it (its GPU tests: scripts/cuda-check.sh on a lent GPU).
-LD_LIBRARY_PATH="$nvrtc_lib" ALPHA_REQUIRE_NVRTC=1 cargo test --profile test-opt -p alpha-cuda --test kernels_compile
+# (--workspace, as above: one package alone resolves its dependencies' features apart and
+# rebuilds them.)
+stage "CUDA kernels through NVRTC, the CLI with CUDA"
+LD_LIBRARY_PATH="$nvrtc_lib" ALPHA_REQUIRE_NVRTC=1 cargo test --profile test-opt --workspace --test kernels_compile
 cargo build -q --profile test-opt -p alpha-native --features cuda
 # The tensor-core GEMM (and every other product) against the CPU on a lavapipe with
 # cooperative matrices: Mesa 26's, which scripts/lavapipe-coop.sh unpacks from Debian 13's
 # backports under target/ (Debian 12's has none).
+stage "the tensor-core GEMM on Mesa 26's lavapipe"
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/lavapipe-coop.sh" ALPHA_GPU_TENSOR_CORES=1 \
-    cargo test --profile test-opt -p alpha-gpu --test kernels -- matmul f16
+    cargo test --profile test-opt --workspace --test kernels -- matmul f16
 # Data parallelism: the build with MPI, its ranks launched by Open MPI's mpirun (as root in
 # CI containers: the two variables allow it).
+stage "data parallelism over MPI"
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 cargo test --profile test-opt -p alpha-native --features mpi --test mpi
+stage "tokenizer parity, docs, embedding examples"
 cargo build -q --profile test-opt -p alpha-native
 "$parity_venv/bin/python" scripts/tokenizer_parity.py target/test-opt/alpha-native
 # The docs: every relative link resolves and every README command that runs offline exits 0.
@@ -124,6 +138,7 @@ cargo run -q --profile test-opt -p alpha-core --example generate --features std,
 # The same on wgpu (lavapipe here): train, evaluate, sample, save; then generate from it.
 cargo run -q --profile test-opt -p alpha-gpu --example train_gpu -- data/shakespeare.txt "$example_ckpt" 20
 cargo run -q --profile test-opt -p alpha-core --example generate --features std,checkpoint -- "$example_ckpt" "ROMEO:" 20
+stage "API docs, packages, fuzz target"
 # The API docs (the crates are meant to be embedded): no broken or private links, no stray HTML.
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps
 # Every crate packages and builds from its packaged sources alone.
@@ -133,6 +148,7 @@ scripts/package-check.sh --quiet
 cargo build -q --manifest-path fuzz/Cargo.toml
 
 if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then
+    stage "no_std builds, the no_alloc example on a Cortex-M4F"
     target=thumbv7em-none-eabihf
     for features in "" "--features alloc" "--features checkpoint" "--features bpe"; do
         echo "no_std build of alpha-core for $target ${features:-(no features)}"
@@ -151,7 +167,7 @@ if [ "${ALPHA_SKIP_NO_STD:-0}" != 1 ]; then
 fi
 
 if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
-    echo "browser demo: wasm-pack build of alpha-web, then the Chromium tests"
+    stage "browser demo: wasm-pack build of alpha-web, then the Chromium tests"
     if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
         # shellcheck disable=SC1091
         . "$HOME/.config/wasm-toolchain.env"
@@ -164,6 +180,7 @@ if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
     # in both builds: SIMD128, and relaxed SIMD (its multiply-add kernel; target directory as
     # in build-web.sh). Node 20 runs relaxed SIMD only behind a V8 flag, which the runner does
     # not pass and NODE_OPTIONS does not accept: a `node` first on PATH adds it where needed.
+    stage "the GEMM tests on WebAssembly"
     export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner
     cargo test -p alpha-core --lib --profile test-opt --target wasm32-unknown-unknown
     node_shim="$(mktemp -d)"
@@ -179,7 +196,9 @@ if [ "${ALPHA_SKIP_WEB:-0}" != 1 ]; then
         cargo test -p alpha-core --lib --profile test-opt --target wasm32-unknown-unknown
     unset CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER
     unset RUSTUP_TOOLCHAIN
+    stage "the browser tests"
     cargo build -q --profile test-opt -p alpha-native
     (cd www && npm ci --no-audit --no-fund --silent && ALPHA_NATIVE="$PWD/../target/test-opt/alpha-native" \
         ALPHA_WEB_DIST="$PWD/../target/www-dist" npm test --silent)
 fi
+stage "done"

@@ -1,5 +1,5 @@
-//! No leaks over long runs: a tiny model trained for 10,000 steps on the CPU (5,000 on the GPU,
-//! lavapipe in CI, whose steps cost more) with evaluations, samples and checkpoints every
+//! No leaks over long runs: a tiny model trained for 10,000 steps on the CPU (1,000 on the GPU:
+//! lavapipe in CI, about 90 ms a step) with evaluations, samples and checkpoints every
 //! twentieth of the run, while the process's resident memory is sampled. After the first
 //! evaluation, sample and checkpoint have allocated what they keep, the resident set stays
 //! flat: its peak over the last fifth of the run is at most `MAX_GROWTH_KIB` above its peak
@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Allowed growth of the resident set between the two windows: allocator noise, far below
-/// what a leak of one checkpoint's copy (66 KiB) per save, or of a few hundred bytes per step,
-/// would show.
+/// what a leak of one checkpoint's copy (66 KiB) per save would show, or one of a hundred bytes
+/// per CPU step (a kilobyte per GPU step: a buffer, a bind group).
 const MAX_GROWTH_KIB: u64 = 512;
 
 /// The resident set of process `pid` in KiB (Linux's /proc).
@@ -84,6 +84,6 @@ fn ten_thousand_cpu_steps_keep_memory_flat() {
 }
 
 #[test]
-fn five_thousand_gpu_steps_keep_memory_flat() {
-    assert_flat("gpu", 5_000);
+fn a_thousand_gpu_steps_keep_memory_flat() {
+    assert_flat("gpu", 1_000);
 }
