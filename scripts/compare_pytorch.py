@@ -32,7 +32,8 @@ fraction of it, and PyTorch's median over it is the largest ratio any implementa
 reach in that run.
 `--backend gpu` (or `cuda`) runs Alpha with `--backend gpu` (wgpu; or `cuda`, a build with
 `--features cuda`) and PyTorch on CUDA (both wait for each step's end; gpt2 at block 1024,
-batch 8 there); the thread count does not apply there.
+batch 8 there, its vocabulary padded to 50304 on both sides); the thread count does not apply
+there.
 `--peers` picks the PyTorch sides, each timed in the same alternating rounds and shown in a row
 of its own: `eager` (fp32 eager, the default), `compile` (torch.compile, fp32), `eager-bf16`
 and `compile-bf16` (bf16 autocast, as nanoGPT on a GPU). `--alpha-flags` passes more flags to
@@ -59,8 +60,10 @@ CONFIGS = {
 # Timed and warm-up steps on a GPU, where a step takes milliseconds.
 GPU_STEPS = dict(iters=50, warmup=5)
 # Shapes that differ on a GPU: GPT-2 124M at its full context, batch 8 (a 6.7 GB activation
-# arena: a device whose max_buffer_size is smaller gets a "failed" row naming it).
-GPU_SHAPES = {"gpt2": dict(block=1024, batch=8, iters=20)}
+# arena: a device whose max_buffer_size is smaller gets a "failed" row naming it), its
+# vocabulary padded to a multiple of 64 on both sides as nanoGPT trains it (50304: the head's
+# products in whole tensor-core tiles; Alpha's padding gets no probability, PyTorch's does).
+GPU_SHAPES = {"gpt2": dict(block=1024, batch=8, iters=20, vocab_pad=64)}
 # PyTorch sides: nanogpt_reference.py bench's flags for each.
 PEERS = {
     "eager": [],
@@ -72,13 +75,14 @@ PEERS = {
 
 def model_flags(c, side="alpha"):
     """The model's flags for `side`: alpha-native's `--model gpt2` where the config has GPT-2's
-    vocabulary, nanogpt_reference.py's `--vocab`."""
+    vocabulary, nanogpt_reference.py's `--vocab`; each padded to `vocab_pad` where given."""
     shape = [f"--{k}={c[k]}" for k in ("layers", "heads", "embd")]
     llama = c.get("llama")
+    pad = c.get("vocab_pad", 1)
     if "vocab" in c and side == "alpha":
-        shape = [f"--model={llama['model'] if llama else 'gpt2'}"]
+        shape = [f"--model={llama['model'] if llama else 'gpt2'}"] + ([f"--vocab-pad={pad}"] if pad > 1 else [])
     elif "vocab" in c:
-        shape += [f"--vocab={c['vocab']}"]
+        shape += [f"--vocab={-(-c['vocab'] // pad) * pad}"]
         if llama:
             shape += ["--arch=llama"] + [f"--{k.replace('_', '-')}={v}" for k, v in llama.items() if k != "model"]
     return shape + [f"--{k}={c[k]}" for k in ("block", "batch")]

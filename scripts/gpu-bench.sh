@@ -45,7 +45,7 @@ read -r -a configs <<< "${GPU_BENCH_CONFIGS:-small baby gpt2 smollm2}"
 declare -A shape=(
     [small]="--layers 4 --heads 4 --embd 128 --block 64 --batch 12"
     [baby]="--layers 6 --heads 6 --embd 384 --block 256 --batch 64"
-    [gpt2]="--model gpt2 --block 1024 --batch 8"
+    [gpt2]="--model gpt2 --vocab-pad 64 --block 1024 --batch 8"
     [smollm2]="--model smollm2-135m --block 512 --batch 4"
 )
 for c in "${configs[@]}"; do
