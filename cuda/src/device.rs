@@ -10,6 +10,12 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
+/// The most threads a kernel's block may have. A thread holds at most 255 registers, so at
+/// 256 threads any kernel fits a block's 64K registers whatever ptxas gives it; a larger block
+/// of a register-hungry kernel fails to launch ("too many resources requested"), and only on
+/// a card (as attention's backward at head size 200 did with 512 threads).
+pub(crate) const MAX_BLOCK_THREADS: u32 = 256;
+
 /// The libraries a CUDA run loads: what `--backend cuda` needs installed.
 const LIBRARIES: [(&str, &str); 3] = [("cuda", "the NVIDIA driver"), ("nvrtc", "NVRTC (the CUDA toolkit's runtime compiler)"), ("cublasLt", "cuBLASLt")];
 
@@ -166,13 +172,16 @@ impl Device {
         }
     }
 
-    /// Queues kernel `name` over `grid` blocks of `block` threads with `args` (pointers to
+    /// Queues kernel `name` over `grid` blocks of at most [`MAX_BLOCK_THREADS`] threads with `args` (pointers to
     /// each argument, in the kernel's order and types).
     ///
     /// # Safety
     /// `args` match the kernel's parameters, and the memory they point to is valid for what
     /// the kernel reads and writes.
     pub(crate) unsafe fn launch(&self, name: &str, grid: u32, block: u32, args: &mut [*mut c_void]) -> Result<(), CudaError> {
+        // Checked on the host's emulation too, so that no GPU is needed to find a launch that
+        // would fail only on a card.
+        assert!(block <= MAX_BLOCK_THREADS, "{name}: {block} threads a block, past {MAX_BLOCK_THREADS}");
         match &self.inner {
             Inner::Cuda(c) => {
                 let f = *c.functions.get(name).unwrap_or_else(|| panic!("kernel {name} is not in compile::ENTRY_POINTS"));

@@ -4,7 +4,7 @@
 //! ([`CudaExecutor::finish`]), since the walk's calls return nothing.
 
 use crate::blas::{Arithmetic, Product, Products};
-use crate::device::{args, Device};
+use crate::device::{args, Device, MAX_BLOCK_THREADS};
 use crate::error::CudaError;
 use crate::memory::Tensor;
 use crate::profile::{Profiler, Work};
@@ -37,11 +37,10 @@ fn attention_row_parts(s: attention::AttentionShape) -> usize {
 }
 
 /// Rows of a block of attention's tiled kernels: 64 (attention.cu's `ROWS`), or fewer where
-/// 64 rows would take more than 256 threads (heads over 128 dimensions): the backward's
-/// threads hold about 200 registers each, and 512 of them would not fit a multiprocessor's
-/// 65536.
+/// 64 rows would take more than [`MAX_BLOCK_THREADS`] (heads over 128 dimensions: the
+/// backward's threads hold about 200 registers each).
 fn attention_rows(s: attention::AttentionShape) -> usize {
-    64.min(256 / attention_row_parts(s))
+    64.min(MAX_BLOCK_THREADS as usize / attention_row_parts(s))
 }
 
 /// Whether attention runs on the tensor cores: bf16 products (sm_80 and later) and a head of
