@@ -172,8 +172,9 @@ impl Device {
         }
     }
 
-    /// Queues kernel `name` over `grid` blocks of at most [`MAX_BLOCK_THREADS`] threads with `args` (pointers to
-    /// each argument, in the kernel's order and types).
+    /// Queues kernel `name` over `grid` blocks of `block` threads (at most
+    /// [`MAX_BLOCK_THREADS`]) with `args` (pointers to each argument, in the kernel's order and
+    /// types).
     ///
     /// # Safety
     /// `args` match the kernel's parameters, and the memory they point to is valid for what
