@@ -92,6 +92,20 @@ impl core::fmt::Display for StepError {
 
 impl core::error::Error for StepError {}
 
+impl StepError {
+    /// A device's report, read after the `unread` steps before step `step`, that `skipped` of
+    /// them had a non-finite loss or gradient norm and were not applied; `last`: the last
+    /// step's statistics.
+    pub fn skipped_updates(skipped: u64, unread: u64, step: u64, last: &StepStats) -> StepError {
+        let which = if unread == 1 { alloc::format!("step {}", step - 1) } else { alloc::format!("{skipped} of steps {}..={}", step - unread, step - 1) };
+        StepError::Diverged(alloc::format!(
+            "{which}: the loss or gradient norm was not finite (last step: loss {}, gradient norm {}); those updates were not applied",
+            last.loss,
+            last.grad_norm
+        ))
+    }
+}
+
 /// Where and how an engine trains, for messages and records.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Description {

@@ -17,6 +17,9 @@
 #include <utility>
 #include <vector>
 
+// CUDA's device math takes `isfinite` unqualified; <cmath> declares it in std only.
+using std::isfinite;
+
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };

@@ -1,5 +1,6 @@
 // AdamW (core/src/optim.rs, shaders/adamw.wgsl): PyTorch's operation order, the clip factor
-// folded into `grad_scale`, decay 1 - lr * weight_decay on matrices (1 elsewhere).
+// (the step's record, grad_norm.cu's check_step) scaling the gradients, decay
+// 1 - lr * weight_decay on matrices (1 elsewhere).
 
 // A piece of one parameter tensor, at most a block's share: `len` elements from `offset` in
 // the parameter arena, weight-decayed where `decayed` is 1.
@@ -11,10 +12,13 @@ struct AdamwChunk {
 
 // One update of every parameter the moments hold (all, or a ZeRO-1 rank's shard starting at
 // `moments_start`): a block per chunk (the engine cuts them once), each element as the CPU's
-// scalar loop. With `p_bf16`, also the updated weights' bf16 copy the products read.
+// scalar loop; nothing where the step's record says the update is skipped. With `p_bf16`,
+// also the updated weights' bf16 copy the products read.
 extern "C" __global__ void adamw(float* p, float* m, float* v, const float* g, unsigned short* p_bf16, const AdamwChunk* chunks, long long moments_start,
-                                 float grad_scale, float matrix_decay, float one_minus_beta1, float beta2, float one_minus_beta2, float bc2_sqrt,
+                                 const double* record, float matrix_decay, float one_minus_beta1, float beta2, float one_minus_beta2, float bc2_sqrt,
                                  float eps, float step_size) {
+    if (record[RECORD_APPLY] == 0.0) return;
+    float grad_scale = (float)record[RECORD_CLIP];
     AdamwChunk chunk = chunks[blockIdx.x];
     float decay = chunk.decayed ? matrix_decay : 1.0f;
     for (int i = threadIdx.x; i < chunk.len; i += blockDim.x) {

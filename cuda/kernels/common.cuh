@@ -6,6 +6,15 @@
 #define WARP 32
 #define NEG_INF __int_as_float(0xff800000)
 
+// The step's record (engine.rs, `Record`), f64 slots on the device that the host reads only
+// when it reports: the micro-batches' mean losses summed, the gradients' sum of squares, the
+// clip factor, whether the update applies (1 or 0), and the steps skipped since the last read.
+#define RECORD_LOSS 0
+#define RECORD_NORM 1
+#define RECORD_CLIP 2
+#define RECORD_APPLY 3
+#define RECORD_SKIPPED 4
+
 struct Sum {
     __device__ float operator()(float a, float b) const { return a + b; }
 };

@@ -49,10 +49,10 @@ pub const ENTRY_POINTS: [(&str, &[&str]); 11] = [
             "attention_tensor_backward_key_value",
         ],
     ),
-    ("cross_entropy", &["cross_entropy"]),
+    ("cross_entropy", &["cross_entropy", "add_mean_loss"]),
     ("dropout", &["dropout"]),
     ("adamw", &["adamw"]),
-    ("grad_norm", &["sum_squares_partials"]),
+    ("grad_norm", &["sum_squares_partials", "check_step"]),
     ("peak", &["copy_bandwidth"]),
 ];
 

@@ -1,21 +1,24 @@
 //! The CUDA [`Engine`] (alpha-core's one interface a run trains through): the step of
 //! alpha-core's [`Trainer`](alpha_core::train::Trainer), phase by phase, over device arenas.
-//! Micro-batches are drawn on the host and copied over; each forward and backward is the
-//! core's walk through the CUDA executor; the losses, the gradient norm's partials (and, in
-//! a data-parallel run, the gradients) come back to the host, which checks the step, sums
-//! in f64 and hands AdamW its constants. Every sum runs in a fixed order: the same bits on
-//! every run.
+//! Micro-batches are drawn on the host and copied over from page-locked memory; each forward
+//! and backward is the core's walk through the CUDA executor; the mean loss, the gradient
+//! norm, the clip factor and whether the update applies are summed and decided on the device,
+//! in the step's [`Record`], which the host reads only when the step reports (or before a
+//! checkpoint): a step queues its work and returns, with no wait for the device. A step whose
+//! loss or norm is not finite is skipped on the device and counted, and the next read is an
+//! error naming it. (In a data-parallel run the gradients, the loss and a ZeRO-1 shard's norm
+//! are summed over the ranks through the host.) Every sum runs in a fixed order: the same bits
+//! on every run.
 
 use crate::blas::{Arithmetic, Products};
 use crate::device::{args, Device};
 use crate::error::CudaError;
 use crate::executor::{group_rows_by_token, Arenas, CudaExecutor, Decoding, TokenGroups};
-use crate::memory::Buffer;
+use crate::memory::{Buffer, Staging};
 use crate::profile::{Profiler, Work};
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::engine::{Description, DeviceDescription, Engine, HostState, Pending, StepError, StepReport};
 use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
-use alpha_core::ops::grad_norm::clip_factor;
 use alpha_core::parallel::shard;
 use alpha_core::tape::{self, Observer, Op, Phase};
 use alpha_core::train::{LossScaleState, Ranks, RunState, StepStats, TrainConfig};
@@ -26,6 +29,20 @@ use std::ops::Range;
 
 /// Blocks of the gradient norm's partial sums (grad_norm.cu): a fixed grid, so a fixed order.
 const NORM_BLOCKS: usize = 1024;
+
+/// The step's record on the device, f64 slots (common.cuh's `RECORD_*`): the micro-batches'
+/// mean losses summed, the gradients' sum of squares, the clip factor, whether the update
+/// applies, and the steps skipped since the host last read it.
+struct Record;
+
+impl Record {
+    const LOSS: usize = 0;
+    const NORM: usize = 1;
+    /// The slots a step starts from zero: all but the skipped count.
+    const STEP: std::ops::Range<usize> = 0..4;
+    const SKIPPED: usize = 4;
+    const SLOTS: usize = 5;
+}
 
 /// The widest head the attention kernels take (attention.cu: a row's threads own 32
 /// dimensions each, at most eight of them; decoding's warp owns 8 dimensions a lane).
@@ -76,19 +93,24 @@ pub struct CudaEngine<'r> {
     /// The shard cut into AdamW's blocks (see [`adamw_chunks`]).
     adamw_chunks: Buffer,
     acts: Buffer,
-    tokens: Buffer,
-    targets: Buffer,
+    /// The batch, u32s: its `N` tokens, `N` targets, and for a training batch its rows
+    /// grouped by token (see [`TokenGroups`]): `N` rows, then up to `N + 1` starts.
+    batch: Buffer,
+    /// Where the host writes the batch to be copied over (`batch`'s layout).
+    staging: Staging,
     operands_bf16: Option<(Buffer, Buffer)>,
     norm_partials: Buffer,
+    /// The step's [`Record`].
+    record: Buffer,
     /// With RoPE, attention's rotary table.
     rope: Option<Buffer>,
-    host_batch: Vec<u32>,
-    /// The training batch's rows grouped by token (see [`TokenGroups`]): `[N]` rows then up to
-    /// `N + 1` starts, u32; on the host, the rows and starts of the last batch grouped.
-    token_groups: Buffer,
+    /// The rows and starts of the last training batch grouped by token, on the host.
     host_rows: Vec<u32>,
     host_starts: Vec<u32>,
     step: u64,
+    /// The last step's learning rate, and the steps since the record was last read.
+    lr: f64,
+    unread: u64,
     rng: Rng,
     /// Batch-1 memory for samples, made at the first.
     sampler: Option<Sampler>,
@@ -171,14 +193,15 @@ impl<'r> CudaEngine<'r> {
             adam_m: Buffer::f32s(&device, "AdamW's first moments", shard.len())?,
             adam_v: Buffer::f32s(&device, "AdamW's second moments", shard.len())?,
             acts: Buffer::f32s(&device, "the activations", plan.acts_len())?,
-            tokens: Buffer::zeroed(&device, "the batch's tokens", n, 4)?,
-            targets: Buffer::zeroed(&device, "the batch's targets", n, 4)?,
+            batch: Buffer::zeroed(&device, "the batch", 4 * n + 1, 4)?,
+            staging: Staging::new(&device, "the batch's staging", 4 * n + 1)?,
             operands_bf16: if bf16 {
                 Some((Buffer::zeroed(&device, "bf16 operands", operand_len, 2)?, Buffer::zeroed(&device, "bf16 operands", operand_len, 2)?))
             } else {
                 None
             },
             norm_partials: Buffer::zeroed(&device, "the gradient norm's partials", NORM_BLOCKS, 8)?,
+            record: Buffer::zeroed(&device, "the step's record", Record::SLOTS, 8)?,
             rope: match crate::executor::rope_table(&plan) {
                 Some(table) => {
                     let b = Buffer::f32s(&device, "the rotary table", table.len())?;
@@ -187,8 +210,6 @@ impl<'r> CudaEngine<'r> {
                 }
                 None => None,
             },
-            host_batch: vec![0; 2 * n],
-            token_groups: Buffer::zeroed(&device, "the batch's rows by token", 2 * n + 1, 4)?,
             host_rows: vec![0; n],
             host_starts: Vec::with_capacity(n + 1),
             tape: tape::record_to_vec(&plan),
@@ -199,6 +220,8 @@ impl<'r> CudaEngine<'r> {
             ranks,
             shard,
             step: start.step,
+            lr: 0.0,
+            unread: 0,
             rng: start.rng,
             sampler: None,
             kernels_per_step: 0,
@@ -216,7 +239,7 @@ impl<'r> CudaEngine<'r> {
         let n = plan.tokens() as u64;
         let rope = if plan.attention_shape().rope.is_some() { plan.config.block_size * plan.config.head_size() } else { 0 };
         let chunks = (size_of::<AdamwChunk>() * adamw_chunks(plan, &(0..plan.params_len())).len()) as u64;
-        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64) + 8 * n + 4 * (2 * n + 1) + chunks;
+        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64) + 4 * (4 * n + 1) + chunks;
         if arithmetic == Arithmetic::Bf16 {
             bytes += 2 * p + 2 * 2 * bf16_operand_len(plan) as u64;
         }
@@ -254,41 +277,44 @@ impl<'r> CudaEngine<'r> {
     }
 
     fn arenas(&self, backward: bool) -> Arenas {
+        let (n, batch) = (self.plan.tokens(), self.batch.tensor());
         Arenas {
             params: self.params.tensor(),
             params_bf16: self.params_bf16.as_ref().map(Buffer::tensor),
             grads: backward.then(|| self.grads.tensor()),
             acts: self.acts.tensor(),
-            tokens: self.tokens.tensor(),
-            targets: Some(self.targets.tensor()),
+            tokens: batch.part(0, n),
+            targets: Some(batch.part(n, n)),
             operands_bf16: self.operands_bf16.as_ref().map(|(a, b)| (a.tensor(), b.tensor())),
             rope: self.rope.as_ref().map(Buffer::tensor),
-            token_groups: (backward && !self.host_starts.is_empty()).then(|| {
-                let (n, all) = (self.plan.tokens(), self.token_groups.tensor());
-                TokenGroups { rows: all.part(0, n), starts: all.part(n, self.host_starts.len()), count: self.host_starts.len() - 1 }
+            token_groups: (backward && !self.host_starts.is_empty()).then(|| TokenGroups {
+                rows: batch.part(2 * n, n),
+                starts: batch.part(3 * n, self.host_starts.len()),
+                count: self.host_starts.len() - 1,
             }),
         }
     }
 
-    /// Draws the next batch of `data` with `rng` and copies it to the device.
-    fn load_batch(&mut self, data: Tokens<'_>, rng: &mut Rng) -> Result<(), CudaError> {
+    /// Draws the next batch of `data` with `rng` and queues its copy to the device; for
+    /// `training`, with its rows grouped by token for the token embedding's gradient.
+    fn load_batch(&mut self, data: Tokens<'_>, rng: &mut Rng, training: bool) -> Result<(), CudaError> {
         let n = self.plan.tokens();
-        let (x, y) = self.host_batch.split_at_mut(n);
-        sample_batch(rng, data, self.plan.seq, x, y);
-        self.tokens.upload(0, x)?;
-        self.targets.upload(0, y)
+        let staged = self.staging.get()?;
+        let (x, rest) = staged.split_at_mut(n);
+        sample_batch(rng, data, self.plan.seq, x, &mut rest[..n]);
+        let mut len = 2 * n;
+        if training {
+            group_rows_by_token(x, &mut self.host_rows, &mut self.host_starts);
+            let (rows, starts) = rest[n..].split_at_mut(n);
+            rows.copy_from_slice(&self.host_rows);
+            starts[..self.host_starts.len()].copy_from_slice(&self.host_starts);
+            len = 3 * n + self.host_starts.len();
+        }
+        self.staging.copy_to(&self.batch, 0, 0..len)
     }
 
-    /// Groups the loaded training batch's rows by token for the token embedding's gradient,
-    /// on the host, and copies the groups over.
-    fn group_batch(&mut self) -> Result<(), CudaError> {
-        let n = self.plan.tokens();
-        group_rows_by_token(&self.host_batch[..n], &mut self.host_rows, &mut self.host_starts);
-        self.token_groups.upload(0, &self.host_rows)?;
-        self.token_groups.upload(n, &self.host_starts)
-    }
-
-    /// The mean of the last forward's losses, summed in f64 in index order as the CPU does.
+    /// The mean of the last forward's losses, summed in f64 in index order as the CPU does
+    /// (read now: for evaluations).
     fn mean_loss(&self, acts: &Buffer, plan: &Plan) -> Result<f64, CudaError> {
         let losses = plan.head_acts().losses;
         let mut host = vec![0f32; losses.len];
@@ -296,84 +322,93 @@ impl<'r> CudaEngine<'r> {
         Ok(host.iter().map(|&l| l as f64).sum::<f64>() / host.len() as f64)
     }
 
-    /// A training forward and backward of micro-batch `micro` (loaded); its mean loss.
-    fn forward_backward(&mut self, micro: usize, observer: &mut dyn Observer) -> Result<f64, CudaError> {
+    /// Queues a training forward and backward of micro-batch `micro` (loaded), its mean loss
+    /// added to the record's.
+    fn forward_backward(&mut self, micro: usize) -> Result<(), CudaError> {
         let key = self.plan.dropout_key(self.step * self.cfg.grad_accum as u64 + micro as u64);
         let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
-        observer.phase_begin(Phase::Forward);
         let arenas = self.arenas(false);
         let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, arenas).with_dropout_key(key).profiled(self.profiler.as_mut());
         walk::forward(&mut exec, &self.tape, Some(scale));
         let mut launches = exec.finish()?;
-        let loss = self.mean_loss(&self.acts, &self.plan)?;
-        observer.phase_end(Phase::Forward);
-        observer.phase_begin(Phase::Backward);
+        let losses = self.plan.head_acts().losses;
+        let (record, x, n) = (self.record.tensor().ptr, self.acts.tensor().part(losses.offset, losses.len).ptr, losses.len as i32);
+        // SAFETY: the record's slots; `n` losses.
+        unsafe { self.launch_traced("forward", "cross_entropy", "add_mean_loss", 1, 32, Work::moving(losses.len), &mut args![record, x, n]) }?;
         self.acts.clear(self.plan.scratch().dres.range())?;
         let arenas = self.arenas(true);
         let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, arenas).with_dropout_key(key).profiled(self.profiler.as_mut());
         walk::backward(&mut exec, &self.plan, &self.tape);
         launches += exec.finish()?;
         self.kernels_per_step = launches;
-        self.device.synchronize()?;
-        observer.phase_end(Phase::Backward);
-        Ok(loss)
+        Ok(())
     }
 
-    /// The sum of squares of the gradients `range`, in f64 (a fixed order).
-    fn sum_squares(&mut self, range: Range<usize>) -> Result<f64, CudaError> {
+    /// Queues the sums of squares of the gradients `range` into the norm's partials.
+    fn sum_squares(&mut self, range: Range<usize>) -> Result<(), CudaError> {
         let x = self.grads.tensor().part(range.start, range.len());
         let partials = self.norm_partials.tensor().ptr;
         let work = Work { flops: 2.0 * x.len as f64, bytes: 4.0 * x.len as f64 + 8.0 * NORM_BLOCKS as f64 };
         // SAFETY: NORM_BLOCKS partials, `x.len` gradients.
-        unsafe { self.launch_update("grad_norm", "sum_squares_partials", NORM_BLOCKS as u32, 256, work, &mut args![partials, x.ptr, x.len as i64]) }?;
-        let mut host = vec![0f64; NORM_BLOCKS];
-        self.norm_partials.download(0, &mut host)?;
-        Ok(host.iter().sum())
+        unsafe { self.launch_traced("update", "grad_norm", "sum_squares_partials", NORM_BLOCKS as u32, 256, work, &mut args![partials, x.ptr, x.len as i64]) }
     }
 
-    /// AdamW over the moments' shard, in one launch, with the clip factor for `grad_norm`;
-    /// advances the step.
-    fn apply(&mut self, grad_norm: f64) -> Result<(), CudaError> {
+    /// Queues the step's check (grad_norm.cu's `check_step`): the norm from the `partials`
+    /// first partials (none: the record's norm is the host's), the clip factor, whether the
+    /// update applies.
+    fn check_step(&mut self, partials: usize) -> Result<(), CudaError> {
+        let (record, sums, count, max_norm) = (self.record.tensor().ptr, self.norm_partials.tensor().ptr, partials as i32, self.cfg.grad_clip);
+        let work = Work::moving(2 * partials);
+        // SAFETY: the record's slots; `count` partials.
+        unsafe { self.launch_traced("update", "grad_norm", "check_step", 1, 32, work, &mut args![record, sums, count, max_norm]) }
+    }
+
+    /// Queues AdamW over the moments' shard, in one launch (skipped on the device where the
+    /// record says so); advances the step and returns its learning rate.
+    fn apply(&mut self) -> Result<f64, CudaError> {
         let c = &self.cfg;
-        let clip = if c.grad_clip > 0.0 { clip_factor(grad_norm, c.grad_clip) } else { 1.0 };
         let lr = c.schedule.at(self.step);
         self.step += 1;
         let a = c.adamw;
         let bc1 = 1.0 - a.beta1.powf(self.step as f64);
         let bc2_sqrt = (1.0 - a.beta2.powf(self.step as f64)).sqrt();
         let (one_m_b1, b2, one_m_b2) = ((1.0 - a.beta1) as f32, a.beta2 as f32, (1.0 - a.beta2) as f32);
-        let (bc2_sqrt, eps, step_size, scale) = (bc2_sqrt as f32, a.eps as f32, (lr / bc1) as f32, clip as f32);
+        let (bc2_sqrt, eps, step_size) = (bc2_sqrt as f32, a.eps as f32, (lr / bc1) as f32);
         let matrix_decay = (1.0 - lr * a.weight_decay) as f32;
         let blocks = self.adamw_chunks.len() as u32;
         if blocks == 0 {
-            return Ok(());
+            return Ok(lr);
         }
         let (p, g, m, v) = (self.params.tensor().ptr, self.grads.tensor().ptr, self.adam_m.tensor().ptr, self.adam_v.tensor().ptr);
         let p_bf16 = self.params_bf16.as_ref().map_or(0, |b| b.tensor().ptr);
-        let (chunks, moments_start) = (self.adamw_chunks.tensor().ptr, self.shard.start as i64);
+        let (chunks, moments_start, record) = (self.adamw_chunks.tensor().ptr, self.shard.start as i64, self.record.tensor().ptr);
         let len = self.shard.len() as f64;
         let work = Work { flops: 0.0, bytes: len * (4.0 * 7.0 + if p_bf16 != 0 { 2.0 } else { 0.0 }) };
         // SAFETY: the chunks lie in the parameters and, less `moments_start`, in the moments;
-        // p_bf16 is the parameters' copy.
+        // p_bf16 is the parameters' copy; the record's slots.
         unsafe {
-            self.launch_update(
+            self.launch_traced(
+                "update",
                 "adamw",
                 "adamw",
                 blocks,
                 ADAMW_THREADS,
                 work,
-                &mut args![p, m, v, g, p_bf16, chunks, moments_start, scale, matrix_decay, one_m_b1, b2, one_m_b2, bc2_sqrt, eps, step_size],
+                &mut args![p, m, v, g, p_bf16, chunks, moments_start, record, matrix_decay, one_m_b1, b2, one_m_b2, bc2_sqrt, eps, step_size],
             )
-        }
+        }?;
+        Ok(lr)
     }
 
-    /// Queues kernel `name` of the update's op `op`, stamped while profiling (as the
-    /// executor stamps the walk's).
+    /// Queues kernel `name` of op `op` in pass `pass` (the walk's passes, or "update"),
+    /// stamped while profiling (as the executor stamps the walk's).
     ///
     /// # Safety
     /// As [`Device::launch`].
-    unsafe fn launch_update(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_traced(
         &mut self,
+        pass: &'static str,
         op: &'static str,
         name: &'static str,
         grid: u32,
@@ -382,7 +417,7 @@ impl<'r> CudaEngine<'r> {
         args: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
         if let Some(p) = self.profiler.as_mut() {
-            p.start(&self.device, "update", op, name, work)?;
+            p.start(&self.device, pass, op, name, work)?;
         }
         // SAFETY: forwarded to the caller.
         unsafe { self.device.launch(name, grid, block, args) }?;
@@ -406,66 +441,94 @@ impl<'r> CudaEngine<'r> {
         self.shard.len() < self.plan.params_len()
     }
 
-    /// [`Trainer::train_step_ranked`](alpha_core::train::Trainer::train_step_ranked) on the device.
-    fn train_step(&mut self, data: Tokens<'_>, observer: &mut dyn Observer) -> Result<StepStats, StepError> {
+    /// [`Trainer::train_step_ranked`](alpha_core::train::Trainer::train_step_ranked) on the device:
+    /// queued, and with `report` (or while the kernels are timed) waited for and its record
+    /// read.
+    fn train_step(&mut self, data: Tokens<'_>, report: bool, observer: &mut dyn Observer) -> Result<StepReport, StepError> {
         let device = |e: CudaError| StepError::Device(e.to_string());
         let (rank, ranks) = (self.ranks.rank(), self.ranks.ranks());
-        if observer.wants_kernel_times() {
+        let timed = observer.wants_kernel_times();
+        if timed {
             self.profiler.get_or_insert_with(Profiler::new).clear();
         } else {
             self.profiler = None;
         }
+        observer.phase_begin(Phase::Submit);
         self.grads.clear(0..self.grads.len()).map_err(device)?;
-        let mut loss = 0.0;
+        self.record.clear(Record::STEP).map_err(device)?;
         for micro in 0..self.cfg.grad_accum {
-            observer.phase_begin(Phase::Data);
             let mut rng = self.rng;
             if micro % ranks != rank {
                 skip_batch(&mut rng, data, self.plan.seq, self.plan.batch);
-                self.rng = rng;
-                observer.phase_end(Phase::Data);
-                continue;
+            } else {
+                self.load_batch(data, &mut rng, true).map_err(device)?;
+                self.forward_backward(micro).map_err(device)?;
             }
-            self.load_batch(data, &mut rng).map_err(device)?;
-            self.group_batch().map_err(device)?;
             self.rng = rng;
-            observer.phase_end(Phase::Data);
-            loss += self.forward_backward(micro, observer).map_err(device)?;
         }
+        observer.phase_end(Phase::Submit);
         if ranks > 1 {
             observer.phase_begin(Phase::Allreduce);
             self.sum_gradients().map_err(device)?;
-            loss = self.ranks.sum_f64(loss);
+            let loss = self.ranks.sum_f64(self.read_slot(Record::LOSS).map_err(device)?);
+            self.record.upload(Record::LOSS, &[loss]).map_err(device)?;
+            if self.sharded() {
+                self.sum_squares(self.shard.clone()).map_err(device)?;
+                let mut partials = vec![0f64; NORM_BLOCKS];
+                self.norm_partials.download(0, &mut partials).map_err(device)?;
+                let norm = self.ranks.sum_f64(partials.iter().sum());
+                self.record.upload(Record::NORM, &[norm]).map_err(device)?;
+            }
             observer.phase_end(Phase::Allreduce);
         }
-        loss /= self.cfg.grad_accum as f64;
-        observer.phase_begin(Phase::GradNorm);
-        let grad_norm = if self.sharded() {
-            self.ranks.sum_f64(self.sum_squares(self.shard.clone()).map_err(device)?).sqrt()
+        observer.phase_begin(Phase::Submit);
+        if self.sharded() {
+            self.check_step(0).map_err(device)?;
         } else {
-            self.sum_squares(0..self.plan.params_len()).map_err(device)?.sqrt()
-        };
-        observer.phase_end(Phase::GradNorm);
-        if !(loss.is_finite() && grad_norm.is_finite()) {
-            return Err(StepError::Diverged(format!(
-                "step {}: the loss or gradient norm was not finite (loss {loss}, gradient norm {grad_norm}); the update was not applied",
-                self.step
-            )));
+            self.sum_squares(0..self.plan.params_len()).map_err(device)?;
+            self.check_step(NORM_BLOCKS).map_err(device)?;
         }
-        let lr = self.cfg.schedule.at(self.step);
-        observer.phase_begin(Phase::Optimizer);
-        self.apply(grad_norm).map_err(device)?;
-        self.device.synchronize().map_err(device)?;
-        observer.phase_end(Phase::Optimizer);
-        if let Some(p) = &self.profiler {
-            observer.kernel_times(&p.read().map_err(device)?);
-        }
+        self.lr = self.apply().map_err(device)?;
+        self.unread += 1;
+        observer.phase_end(Phase::Submit);
         if self.sharded() {
             observer.phase_begin(Phase::Allreduce);
             self.gather_params().map_err(device)?;
             observer.phase_end(Phase::Allreduce);
         }
-        Ok(StepStats { loss, grad_norm, lr })
+        if !(report || timed) {
+            return Ok(StepReport { stats: None, loss_scaling: None });
+        }
+        observer.phase_begin(Phase::DeviceWait);
+        let stats = self.read_stats()?;
+        observer.phase_end(Phase::DeviceWait);
+        if let Some(p) = &self.profiler {
+            observer.kernel_times(&p.read().map_err(device)?);
+        }
+        Ok(StepReport { stats: Some(stats), loss_scaling: None })
+    }
+
+    /// Slot `slot` of the record, once the queued work is done.
+    fn read_slot(&self, slot: usize) -> Result<f64, CudaError> {
+        let mut value = [0f64];
+        self.record.download(slot, &mut value)?;
+        Ok(value[0])
+    }
+
+    /// The last step's statistics, once the queued work is done; an error if any step since
+    /// the last read was skipped (a non-finite loss or gradient norm).
+    fn read_stats(&mut self) -> Result<StepStats, StepError> {
+        let device = |e: CudaError| StepError::Device(e.to_string());
+        let mut record = [0f64; Record::SLOTS];
+        self.record.download(0, &mut record).map_err(device)?;
+        let unread = std::mem::take(&mut self.unread);
+        let last = StepStats { loss: record[Record::LOSS] / self.cfg.grad_accum as f64, grad_norm: record[Record::NORM].sqrt(), lr: self.lr };
+        let skipped = record[Record::SKIPPED] as u64;
+        if skipped > 0 {
+            self.record.upload(Record::SKIPPED, &[0f64]).map_err(device)?;
+            return Err(StepError::skipped_updates(skipped, unread, self.step, &last));
+        }
+        Ok(last)
     }
 
     /// ZeRO-1: every rank's updated shard of the parameters to every rank.
@@ -484,8 +547,8 @@ impl<'r> CudaEngine<'r> {
         if tokens.len() != n || targets.len() != n {
             return Err(CudaError::new(format!("a batch of this model has {n} tokens, got {}", tokens.len())));
         }
-        self.tokens.upload(0, tokens)?;
-        self.targets.upload(0, targets)?;
+        self.batch.upload(0, tokens)?;
+        self.batch.upload(n, targets)?;
         let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, self.arenas(false));
         walk::forward(&mut exec, &self.tape, None);
         exec.finish()?;
@@ -503,7 +566,7 @@ impl<'r> CudaEngine<'r> {
                 skip_batch(rng, data, self.plan.seq, self.plan.batch);
                 continue;
             }
-            self.load_batch(data, rng)?;
+            self.load_batch(data, rng, false)?;
             let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, self.arenas(false));
             walk::forward(&mut exec, &self.tape, None);
             exec.finish()?;
@@ -613,14 +676,13 @@ pub fn precision_name(arithmetic: Arithmetic) -> &'static str {
 }
 
 impl Engine for CudaEngine<'_> {
-    fn step<'a>(&'a mut self, data: Tokens<'a>, _report: bool, observer: &'a mut dyn Observer) -> Pending<'a, Result<StepReport, StepError>> {
-        let stats = self.train_step(data, observer);
-        Box::pin(std::future::ready(stats.map(|s| StepReport { stats: Some(s), loss_scaling: None })))
+    fn step<'a>(&'a mut self, data: Tokens<'a>, report: bool, observer: &'a mut dyn Observer) -> Pending<'a, Result<StepReport, StepError>> {
+        Box::pin(std::future::ready(self.train_step(data, report, observer)))
     }
 
     fn check(&mut self) -> Pending<'_, Result<(), StepError>> {
-        // Every step is checked as it ends.
-        Box::pin(std::future::ready(Ok(())))
+        let read = if self.unread > 0 { self.read_stats().map(|_| ()) } else { Ok(()) };
+        Box::pin(std::future::ready(read))
     }
 
     fn evaluate<'a>(&'a mut self, data: Tokens<'a>, iters: usize, rng: &'a mut Rng) -> Pending<'a, Result<f64, String>> {

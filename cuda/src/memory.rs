@@ -1,5 +1,6 @@
 //! Device memory: [`Buffer`]s the engine owns (the arenas, the batch, scratch) and the
-//! [`Tensor`] views of them the walk hands to each op.
+//! [`Tensor`] views of them the walk hands to each op; the page-locked [`Staging`] the batch
+//! is copied over from.
 
 use crate::device::{driver, Device};
 use crate::error::CudaError;
@@ -16,7 +17,7 @@ pub(crate) struct Tensor {
 }
 
 impl Tensor {
-    /// Elements `offset .. offset + len` of an f32 tensor.
+    /// Elements `offset .. offset + len` of a tensor of 4-byte elements (f32 or u32).
     pub fn part(self, offset: usize, len: usize) -> Tensor {
         assert!(offset + len <= self.len, "a part past its tensor's end");
         Tensor { ptr: self.ptr + 4 * offset as u64, len }
@@ -115,6 +116,90 @@ impl Buffer {
         }
         // SAFETY: in bounds of the allocation.
         unsafe { drv::memset_d8_async(at, 0, range.len() * self.size, std::ptr::null_mut()) }.map_err(driver("clearing memory"))
+    }
+}
+
+/// Page-locked host memory of `len` u32s that the device copies from while the host goes on
+/// (a copy from pageable memory first waits for all the queued work), with an event after
+/// the last copy queued from it: [`Staging::get`] waits for that copy before handing the
+/// memory out to be written again. Plain host memory where the host emulates the device.
+pub struct Staging {
+    ptr: *mut u32,
+    len: usize,
+    /// A real device's: the page-locked allocation and the event after its last copy.
+    pinned: Option<drv_sys::CUevent>,
+}
+
+impl Staging {
+    /// `len` zeroed u32s for `what` (named in an out-of-memory error).
+    pub fn new(device: &Device, what: &str, len: usize) -> Result<Staging, CudaError> {
+        let bytes = 4 * len.max(1);
+        if device.is_host() {
+            let ptr = Box::into_raw(vec![0u32; len.max(1)].into_boxed_slice()) as *mut u32;
+            return Ok(Staging { ptr, len, pinned: None });
+        }
+        let out_of_memory = format!("allocating {what} ({:.1} MiB of page-locked host memory)", bytes as f64 / 1048576.0);
+        // SAFETY: a fresh allocation of `bytes`, zeroed before use.
+        let ptr = unsafe { drv::malloc_host(bytes, 0) }.map_err(driver(&out_of_memory))? as *mut u32;
+        // SAFETY: `bytes` bytes at `ptr` are ours.
+        unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
+        let event = drv::event::create(drv_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        match event {
+            Ok(event) => Ok(Staging { ptr, len, pinned: Some(event) }),
+            Err(e) => {
+                // SAFETY: allocated above, not yet handed out.
+                let _ = unsafe { drv::free_host(ptr as *mut std::ffi::c_void) };
+                Err(driver("making an event")(e))
+            }
+        }
+    }
+
+    /// The memory to write, once the last copy from it has finished.
+    pub fn get(&mut self) -> Result<&mut [u32], CudaError> {
+        if let Some(event) = self.pinned {
+            // SAFETY: an event made with this staging (a fresh one is complete).
+            unsafe { drv::event::synchronize(event) }.map_err(driver("waiting for a copy to the device"))?;
+        }
+        // SAFETY: `len` u32s owned by this staging; no copy reads them now.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+    }
+
+    /// Queues a copy of elements `range` to `buffer` from its element `offset` (u32s).
+    pub fn copy_to(&self, buffer: &Buffer, offset: usize, range: std::ops::Range<usize>) -> Result<(), CudaError> {
+        assert!(buffer.size == 4 && range.end <= self.len && offset + range.len() <= buffer.len, "a copy past a buffer's end");
+        // SAFETY: in bounds of both (checked above).
+        let src = unsafe { std::slice::from_raw_parts(self.ptr.add(range.start), range.len()) };
+        match self.pinned {
+            None => {
+                // SAFETY: in bounds of the host allocation (checked above).
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), (buffer.ptr as *mut u32).add(offset), src.len()) };
+                Ok(())
+            }
+            Some(event) => {
+                // SAFETY: in bounds (checked above); the memory stays untouched until the
+                // event after the copy completes (`get` waits for it), and lives until then
+                // (drop waits too).
+                unsafe {
+                    drv::memcpy_htod_async(buffer.ptr + 4 * offset as u64, src, std::ptr::null_mut()).map_err(driver("copying to the device"))?;
+                    drv::event::record(event, std::ptr::null_mut()).map_err(driver("recording an event"))
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        match self.pinned {
+            // SAFETY: made in `new` from a boxed slice of `len.max(1)` u32s, freed once.
+            None => drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len.max(1))) }),
+            // SAFETY: made in `new`; the copy from it finishes before it is freed.
+            Some(event) => unsafe {
+                let _ = drv::event::synchronize(event);
+                let _ = drv::event::destroy(event);
+                let _ = drv::free_host(self.ptr as *mut std::ffi::c_void);
+            },
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! the host's emulation of one (`Device::emulated`: the kernels' and the executor's logic,
 //! not the device's rounding).
 
-use alpha_core::engine::{CpuEngine, Engine};
+use alpha_core::engine::{CpuEngine, Engine, StepError};
 use alpha_core::optim::{AdamWConfig, LrSchedule};
 use alpha_core::train::{OneRank, RunState, StepStats, TrainConfig};
 use alpha_core::{GptConfig, Plan, Serial};
@@ -152,6 +152,44 @@ fn recompute_and_resume_keep_every_bit() {
     let mut second = cuda(device(), Arithmetic::F32, plain, &resumed);
     steps(&mut second, 2);
     assert!(params(&whole) == params(&second), "a resumed run differs from the uninterrupted one");
+}
+
+/// Steps that do not report queue the same work as those that do (the same bits); a step whose
+/// loss or gradient norm is not finite is skipped on the device, and the next read (a report,
+/// or `check` before a checkpoint) is an error naming the skipped steps.
+#[test]
+fn unreported_steps_keep_every_bit_and_a_divergence_is_found_at_the_next_read() {
+    let plan = plan(0.0, false);
+    let start = RunState::fresh(&plan, 5).unwrap();
+    let data = data();
+    let quiet_step = |e: &mut CudaEngine| assert!(now(e.step(data[..].into(), false, &mut ())).unwrap().stats.is_none());
+    let mut reported = cuda(device(), Arithmetic::F32, plan, &start);
+    let want = steps(&mut reported, 3);
+    let mut quiet = cuda(device(), Arithmetic::F32, plan, &start);
+    quiet_step(&mut quiet);
+    quiet_step(&mut quiet);
+    now(quiet.check()).unwrap();
+    assert_eq!(now(quiet.step(data[..].into(), true, &mut ())).unwrap().stats.unwrap(), want[2]);
+    assert!(params(&quiet) == params(&reported), "unreported steps changed the parameters");
+
+    // At a learning rate of 1e30 the first step applies (its loss is finite) and the next two
+    // are not finite: skipped, so the parameters stay those of the first step.
+    let wild = TrainConfig { schedule: LrSchedule { max_lr: 1e30, min_lr: 1e30, warmup_iters: 0, decay_iters: 10 }, ..cfg(1) };
+    let diverging = |steps: usize| {
+        let mut e = CudaEngine::new(device(), Arithmetic::F32, plan, wild, &start, &OneRank, false).unwrap();
+        (0..steps).for_each(|_| quiet_step(&mut e));
+        e
+    };
+    let mut three = diverging(3);
+    let err = now(three.check()).unwrap_err();
+    assert!(matches!(err, StepError::Diverged(_)), "{err:?}");
+    assert!(err.to_string().starts_with("2 of steps 0..=2: the loss or gradient norm was not finite"), "{err}");
+    now(three.check()).expect("the skipped steps were reported once");
+    let mut one = diverging(1);
+    now(one.check()).expect("the first step applies");
+    assert!(params(&three) == params(&one), "a skipped step changed the parameters");
+    let err = now(three.step(data[..].into(), true, &mut ())).unwrap_err();
+    assert!(err.to_string().starts_with("step 3: the loss or gradient norm was not finite"), "{err}");
 }
 
 #[test]

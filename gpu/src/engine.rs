@@ -48,12 +48,7 @@ impl<'r> GpuEngine<'r> {
         let s = self.trainer.stats(self.lr).await.map_err(|e| StepError::Device(e.to_string()))?;
         let (unread, step) = (std::mem::take(&mut self.unread), self.trainer.step);
         if s.non_finite_losses > 0 {
-            let n = s.non_finite_losses;
-            let which = if unread == 1 { format!("step {}", step - 1) } else { format!("{n} of steps {}..={}", step - unread, step - 1) };
-            return Err(StepError::Diverged(format!(
-                "{which}: the loss or gradient norm was not finite (last step: loss {}, gradient norm {}); those updates were not applied",
-                s.last.loss, s.last.grad_norm
-            )));
+            return Err(StepError::skipped_updates(s.non_finite_losses, unread, step, &s.last));
         }
         Ok((s.last, s.loss_scale.map(|scale| LossScaling { scale, skipped: s.skipped })))
     }

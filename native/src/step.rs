@@ -156,9 +156,8 @@ impl Observer for StepClock<'_> {
 
     fn kernel_times(&mut self, kernels: &[KernelTime]) {
         if let Some(t) = self.trace.as_mut() {
-            // A device that queues its kernels phase by phase and waits for them before the
-            // step returns (CUDA) reports no submit and wait: its kernels ran within the step
-            // and ended as it did.
+            // An engine that reports no submit and wait ran its kernels within the step,
+            // which they ended with.
             let now = Instant::now();
             t.gpu_kernels(self.submitted.clone().unwrap_or(self.started..now), self.waited.unwrap_or(now), kernels);
         }
