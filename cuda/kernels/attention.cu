@@ -18,14 +18,6 @@
 #define CHUNKS 8     // 4-float chunks of a row per thread: head sizes up to 32 * parts
 #define MAX_DIMS 8   // attention_decode's dimensions per lane: head sizes up to 256
 
-struct Dropout {
-    int on;               // whether the probabilities are dropped
-    unsigned int site;    // the site's id
-    unsigned int threshold;
-    float scale;          // 1 / (1 - p)
-    DropoutKey key;
-};
-
 // Element d of head row `at` as attention reads it: rotated as position `pos` where `rope`
 // is a table (pair d, d + HS/2), else as it is.
 __device__ __forceinline__ float rotated(const float* at, int d, int hs, const float* rope, int pos) {
@@ -169,7 +161,8 @@ __device__ __forceinline__ int stage_keys_values(float4* keys, float4* values, Q
 // out = dropout(softmax(q k^T * scale, causal)) v per head; lse [B, NH, T]. A block per
 // Place's rows of queries of a head, the keys up to its last query staged tile by tile.
 extern "C" __global__ void attention_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads, int kv_heads,
-                                             int hs, float scale, Dropout drop) {
+                                             int hs, float scale, DropoutSite dropout) {
+    Dropout drop = load_dropout(dropout);
     __shared__ float4 keys[TILE / 4], values[TILE / 4];
     QueryRow r = query_row(qkv, seq, heads, kv_heads, hs);
     Place p = r.p;
@@ -208,7 +201,8 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
 // Place's rows of queries of a head, the keys and values up to its last query staged tile by tile.
 // With RoPE, dQ is left in the rotated space (attention_rope_backward rotates it back).
 extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out, const float* lse,
-                                                    const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale, Dropout drop) {
+                                                    const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
+    Dropout drop = load_dropout(dropout);
     __shared__ float4 keys[TILE / 4], values[TILE / 4];
     QueryRow r = query_row(qkv, seq, heads, kv_heads, hs);
     Place p = r.p;
@@ -250,7 +244,8 @@ extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, c
 // their lse and delta). With RoPE, dK is left in the rotated space.
 extern "C" __global__ void attention_backward_key_value(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
                                                         const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale,
-                                                        Dropout drop) {
+                                                        DropoutSite dropout) {
+    Dropout drop = load_dropout(dropout);
     __shared__ float4 queries[TILE / 4], douts[TILE / 4];
     __shared__ float tile_lse[ROWS], tile_delta[ROWS];
     Place p = place(seq, kv_heads, hs);
@@ -532,7 +527,8 @@ __device__ __forceinline__ void stage_key_value_tile(unsigned short* keys, unsig
 // As attention_forward, on the tensor cores: a block per TC_ROWS queries of a head; a warp
 // skips the key tiles past its last query.
 extern "C" __global__ void attention_tensor_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads,
-                                                    int kv_heads, int hs, float scale, Dropout drop) {
+                                                    int kv_heads, int hs, float scale, DropoutSite dropout) {
+    Dropout drop = load_dropout(dropout);
     __shared__ unsigned short keys[TC_TILE * TC_STRIDE], values[TC_TILE * TC_STRIDE];
     TensorQueries r = tensor_queries(qkv, seq, heads, kv_heads, hs);
     TensorPlace p = r.p;
@@ -603,7 +599,8 @@ extern "C" __global__ void attention_tensor_forward(float* out, float* lse, cons
 // query row, a block per TC_ROWS queries of a head.
 extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
                                                            const float* lse, const float* rope, int batch, int seq, int heads, int kv_heads,
-                                                           int hs, float scale, Dropout drop) {
+                                                           int hs, float scale, DropoutSite dropout) {
+    Dropout drop = load_dropout(dropout);
     __shared__ unsigned short keys[TC_TILE * TC_STRIDE], values[TC_TILE * TC_STRIDE];
     TensorQueries r = tensor_queries(qkv, seq, heads, kv_heads, hs);
     TensorPlace p = r.p;
@@ -675,7 +672,8 @@ extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* d
 // query tiles from the block's first key.
 extern "C" __global__ void attention_tensor_backward_key_value(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
                                                                const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale,
-                                                               Dropout drop) {
+                                                               DropoutSite dropout) {
+    Dropout drop = load_dropout(dropout);
     __shared__ unsigned short queries[TC_TILE * TC_STRIDE], douts[TC_TILE * TC_STRIDE];
     __shared__ float tile_lse[TC_TILE], tile_delta[TC_TILE];
     TensorPlace p = tensor_place(seq, kv_heads);

@@ -135,6 +135,32 @@ __device__ __forceinline__ unsigned int philox_word(unsigned long long idx, unsi
     return w == 0 ? c0 : w == 1 ? c1 : w == 2 ? c2 : c3;
 }
 
+// A dropout site as a kernel takes it: whether it drops, the site's id, its threshold and
+// scale (1 / (1 - p)), and where the micro-batch's key lies in device memory (with the batch:
+// the same launch every step, as a CUDA graph replays it).
+struct DropoutSite {
+    int on;
+    unsigned int site;
+    unsigned int threshold;
+    float scale;
+    const DropoutKey* key;
+};
+
+// The site with its key loaded, as a kernel's threads use it.
+struct Dropout {
+    int on;
+    unsigned int site;
+    unsigned int threshold;
+    float scale;
+    DropoutKey key;
+};
+
+__device__ __forceinline__ Dropout load_dropout(DropoutSite s) {
+    Dropout d = {s.on, s.site, s.threshold, s.scale, {0u, 0u, 0u, 0u}};
+    if (s.on) d.key = *s.key;
+    return d;
+}
+
 // What dropout multiplies element idx by: 0 where dropped, else `scale` (1 / (1 - p)).
 __device__ __forceinline__ float dropout_factor(unsigned long long idx, unsigned int site, unsigned int threshold, float scale, DropoutKey key) {
     return philox_word(idx, site, key) >= threshold ? scale : 0.0f;

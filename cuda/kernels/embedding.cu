@@ -26,6 +26,7 @@ extern "C" __global__ void embedding_backward_tokens(float* dwte, const float* d
     Cell cell = column_tile_cell(c);
     if (cell.col >= c) return;
     unsigned int first = starts[cell.item], end = starts[cell.item + 1];
+    if (first == end) return;  // a group past the batch's distinct tokens
     float* w = dwte + (long long)tokens[rows[first]] * c + cell.col;
     float s = *w;
     for (unsigned int j = first; j < end; ++j) s += dout[(long long)rows[j] * c + cell.col];

@@ -130,7 +130,7 @@ impl Products {
                 &pin.algo,
                 self.workspace.tensor().ptr as *mut c_void,
                 WORKSPACE,
-                std::ptr::null_mut(),
+                device.stream() as _,
             )
         }
         .map_err(blas("a product"))

@@ -77,8 +77,8 @@ impl DeviceInfo {
 }
 
 /// One GPU opened for a run: its context (current on the thread that opened it), the kernels
-/// compiled for it, and a cuBLASLt handle. Work is queued in order on the legacy default
-/// stream; reads wait for it. (With the `emulate` feature, for tests without a GPU, it may
+/// compiled for it, a cuBLASLt handle and the stream its work is queued on, in order; reads
+/// wait for it. (With the `emulate` feature, for tests without a GPU, it may
 /// instead be the host running the same kernels: `Device::emulated`.)
 pub struct Device {
     /// What it is.
@@ -99,6 +99,26 @@ pub(crate) struct Cuda {
     functions: HashMap<&'static str, drv_sys::CUfunction>,
     modules: Vec<drv_sys::CUmodule>,
     blas: lt_sys::cublasLtHandle_t,
+    /// Every kernel, product, clear and asynchronous copy: a stream of its own (the legacy
+    /// default stream cannot be captured into a graph), made blocking, so that the legacy
+    /// stream's synchronous copies wait for its work and it for theirs.
+    stream: drv_sys::CUstream,
+}
+
+/// Work captured once from the device's stream ([`Device::begin_capture`],
+/// [`Device::end_capture`]) and replayed with one launch ([`Device::replay`]): the same
+/// kernels with the same arguments, whose inputs the host changes in device memory between
+/// replays.
+pub(crate) struct Graph {
+    exec: drv_sys::CUgraphExec,
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: instantiated in `end_capture`, destroyed once (a replay still queued keeps
+        // what it needs).
+        let _ = unsafe { drv::graph::exec_destroy(self.exec) };
+    }
 }
 
 /// A driver error as a one-line message about `what`.
@@ -142,7 +162,8 @@ impl Device {
             driver_version,
         };
         let blas = lt::create_handle().map_err(|e| CudaError::new(format!("cuBLASLt did not start: {e}")))?;
-        let mut cuda = Cuda { ctx, functions: HashMap::new(), modules: Vec::new(), blas };
+        let stream = drv::stream::create(drv::stream::StreamKind::Default).map_err(driver("making a stream"))?;
+        let mut cuda = Cuda { ctx, functions: HashMap::new(), modules: Vec::new(), blas, stream };
         cuda.load_kernels(&info.arch())?;
         Ok(Device { info, inner: Inner::Cuda(cuda) })
     }
@@ -186,13 +207,65 @@ impl Device {
         match &self.inner {
             Inner::Cuda(c) => {
                 let f = *c.functions.get(name).unwrap_or_else(|| panic!("kernel {name} is not in compile::ENTRY_POINTS"));
-                // SAFETY: forwarded to the caller; the legacy default stream.
-                unsafe { drv::launch_kernel(f, (grid.max(1), 1, 1), (block, 1, 1), 0, std::ptr::null_mut(), args) }.map_err(driver(name))
+                // SAFETY: forwarded to the caller; the device's stream.
+                unsafe { drv::launch_kernel(f, (grid.max(1), 1, 1), (block, 1, 1), 0, c.stream, args) }.map_err(driver(name))
             }
             #[cfg(feature = "emulate")]
             // SAFETY: forwarded to the caller.
             Inner::Host(h) => unsafe { h.launch(name, grid.max(1), block, args) },
         }
+    }
+
+    /// The stream its work is queued on (null where the host emulates the device).
+    pub(crate) fn stream(&self) -> drv_sys::CUstream {
+        match &self.inner {
+            Inner::Cuda(c) => c.stream,
+            #[cfg(feature = "emulate")]
+            Inner::Host(_) => std::ptr::null_mut(),
+        }
+    }
+
+    /// Whether its work can be captured into a [`Graph`]: a real device's (the host's
+    /// emulation runs each launch as it is queued).
+    pub(crate) fn captures(&self) -> bool {
+        !self.is_host()
+    }
+
+    /// Starts capturing the work queued from this thread into a graph instead of running it
+    /// (a device that [`Device::captures`]); [`Device::end_capture`] ends it.
+    pub(crate) fn begin_capture(&self) -> Result<(), CudaError> {
+        use drv_sys::CUstreamCaptureMode as Mode;
+        // SAFETY: the device's live stream.
+        unsafe { drv::stream::begin_capture(self.stream(), Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }.map_err(driver("starting a graph's capture"))
+    }
+
+    /// Ends the capture [`Device::begin_capture`] started, once the work was `queued`: the
+    /// graph to replay, or the first error (queueing's, then the capture's).
+    pub(crate) fn end_capture(&self, queued: Result<(), CudaError>) -> Result<Graph, CudaError> {
+        // SAFETY: the device's stream, capturing.
+        let captured = unsafe { drv::stream::end_capture(self.stream()) };
+        let graph = match (queued, captured) {
+            (Ok(()), Ok(graph)) => graph,
+            (queued, captured) => {
+                if let Ok(graph) = captured {
+                    // SAFETY: made by the capture, not instantiated.
+                    let _ = unsafe { drv::graph::destroy(graph) };
+                }
+                queued?;
+                return Err(driver("capturing a graph")(captured.expect_err("not both captured and queued")));
+            }
+        };
+        // SAFETY: the graph just captured; destroyed once instantiated (the instance keeps its own copy).
+        let exec = unsafe { drv::graph::instantiate(graph, drv_sys::CUgraphInstantiate_flags(0)) };
+        // SAFETY: as above.
+        let _ = unsafe { drv::graph::destroy(graph) };
+        Ok(Graph { exec: exec.map_err(driver("instantiating a graph"))? })
+    }
+
+    /// Queues `graph`'s work once more.
+    pub(crate) fn replay(&self, graph: &Graph) -> Result<(), CudaError> {
+        // SAFETY: an instance made on this device, its memory alive (the engine's).
+        unsafe { drv::graph::launch(graph.exec, self.stream()) }.map_err(driver("launching a graph"))
     }
 
     /// Waits for everything queued; an error a kernel hit surfaces here.
@@ -249,8 +322,11 @@ impl Cuda {
 
 impl Drop for Cuda {
     fn drop(&mut self) {
-        // SAFETY: created in `open`, released once; the context is still alive (held).
+        // SAFETY: created in `open`, released once, the stream's work finished first; the
+        // context is still alive (held).
         unsafe {
+            let _ = drv::stream::synchronize(self.stream);
+            let _ = drv::stream::destroy(self.stream);
             let _ = lt::destroy_handle(self.blas);
             for &m in &self.modules {
                 let _ = drv::module::unload(m);

@@ -3,15 +3,16 @@
 //! Micro-batches are drawn on the host and copied over from page-locked memory; each forward
 //! and backward is the core's walk through the CUDA executor; the mean loss, the gradient
 //! norm, the clip factor and whether the update applies are summed and decided on the device,
-//! in the step's [`Record`], which the host reads only when the step reports (or before a
-//! checkpoint): a step queues its work and returns, with no wait for the device. A step whose
-//! loss or norm is not finite is skipped on the device and counted, and the next read is an
-//! error naming it. (In a data-parallel run the gradients, the loss and a ZeRO-1 shard's norm
-//! are summed over the ranks through the host.) Every sum runs in a fixed order: the same bits
-//! on every run.
+//! in the step's record, which the host reads only when the step reports (or before a
+//! checkpoint): a step queues its work and returns, with no wait for the device. Each
+//! micro-batch's forward and backward is one CUDA graph, captured once and replayed (launched
+//! kernel by kernel while they are timed). A step whose loss or norm is not finite is skipped
+//! on the device and counted, and the next read is an error naming it. (In a data-parallel run
+//! the gradients, the loss and a ZeRO-1 shard's norm are summed over the ranks through the
+//! host.) Every sum runs in a fixed order: the same bits on every run.
 
 use crate::blas::{Arithmetic, Products};
-use crate::device::{args, Device};
+use crate::device::{args, Device, Graph};
 use crate::error::CudaError;
 use crate::executor::{group_rows_by_token, Arenas, CudaExecutor, Decoding, TokenGroups};
 use crate::memory::{Buffer, Staging};
@@ -19,6 +20,7 @@ use crate::profile::{Profiler, Work};
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::engine::{Description, DeviceDescription, Engine, HostState, Pending, StepError, StepReport};
 use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
+use alpha_core::ops::dropout::DropoutKey;
 use alpha_core::parallel::shard;
 use alpha_core::tape::{self, Observer, Op, Phase};
 use alpha_core::train::{LossScaleState, Ranks, RunState, StepStats, TrainConfig};
@@ -42,6 +44,39 @@ impl Record {
     const STEP: std::ops::Range<usize> = 0..4;
     const SKIPPED: usize = 4;
     const SLOTS: usize = 5;
+}
+
+/// Where the batch buffer holds what, u32s: the `n` tokens and `n` targets, and for a training
+/// micro-batch its rows grouped by token (see [`TokenGroups`]: `n` rows, then the `groups + 1`
+/// starts, padded with `n` past the batch's distinct tokens, so that the embedding's gradient
+/// has the same grid every step) and its dropout key (`DropoutKey::words`).
+#[derive(Clone, Copy)]
+struct BatchLayout {
+    n: usize,
+    groups: usize,
+}
+
+impl BatchLayout {
+    fn new(plan: &Plan) -> BatchLayout {
+        let n = plan.tokens();
+        BatchLayout { n, groups: n.min(plan.config.vocab_size) }
+    }
+
+    fn rows(self) -> usize {
+        2 * self.n
+    }
+
+    fn starts(self) -> usize {
+        3 * self.n
+    }
+
+    fn key(self) -> usize {
+        self.starts() + self.groups + 1
+    }
+
+    fn len(self) -> usize {
+        self.key() + 4
+    }
 }
 
 /// The widest head the attention kernels take (attention.cu: a row's threads own 32
@@ -93,9 +128,9 @@ pub struct CudaEngine<'r> {
     /// The shard cut into AdamW's blocks (see [`adamw_chunks`]).
     adamw_chunks: Buffer,
     acts: Buffer,
-    /// The batch, u32s: its `N` tokens, `N` targets, and for a training batch its rows
-    /// grouped by token (see [`TokenGroups`]): `N` rows, then up to `N + 1` starts.
+    /// The batch, u32s, as [`BatchLayout`] lays it out.
     batch: Buffer,
+    layout: BatchLayout,
     /// Where the host writes the batch to be copied over (`batch`'s layout).
     staging: Staging,
     operands_bf16: Option<(Buffer, Buffer)>,
@@ -114,8 +149,12 @@ pub struct CudaEngine<'r> {
     rng: Rng,
     /// Batch-1 memory for samples, made at the first.
     sampler: Option<Sampler>,
-    /// Kernels and products the last step queued.
+    /// Kernels and products a micro-batch's forward and backward queue (0 until one has).
     kernels_per_step: usize,
+    /// Whether micro-batches run as a CUDA graph (`ALPHA_CUDA_GRAPHS=0`: launch by launch),
+    /// and the graph, once captured.
+    graphs: bool,
+    graph: Option<Graph>,
     /// While an observer wants kernel times (`--trace`), what stamps them.
     profiler: Option<Profiler>,
     /// Last: dropped after everything allocated on it.
@@ -185,6 +224,7 @@ impl<'r> CudaEngine<'r> {
         let n = plan.tokens();
         let operand_len = bf16_operand_len(&plan);
         let chunks = adamw_chunks(&plan, &shard);
+        let layout = BatchLayout::new(&plan);
         let engine = CudaEngine {
             adamw_chunks: Buffer::zeroed(&device, "AdamW's chunks", chunks.len(), size_of::<AdamwChunk>())?,
             params: Buffer::f32s(&device, "the parameters", p)?,
@@ -193,8 +233,9 @@ impl<'r> CudaEngine<'r> {
             adam_m: Buffer::f32s(&device, "AdamW's first moments", shard.len())?,
             adam_v: Buffer::f32s(&device, "AdamW's second moments", shard.len())?,
             acts: Buffer::f32s(&device, "the activations", plan.acts_len())?,
-            batch: Buffer::zeroed(&device, "the batch", 4 * n + 1, 4)?,
-            staging: Staging::new(&device, "the batch's staging", 4 * n + 1)?,
+            batch: Buffer::zeroed(&device, "the batch", layout.len(), 4)?,
+            staging: Staging::new(&device, "the batch's staging", layout.len())?,
+            layout,
             operands_bf16: if bf16 {
                 Some((Buffer::zeroed(&device, "bf16 operands", operand_len, 2)?, Buffer::zeroed(&device, "bf16 operands", operand_len, 2)?))
             } else {
@@ -211,7 +252,7 @@ impl<'r> CudaEngine<'r> {
                 None => None,
             },
             host_rows: vec![0; n],
-            host_starts: Vec::with_capacity(n + 1),
+            host_starts: Vec::with_capacity(layout.groups + 1),
             tape: tape::record_to_vec(&plan),
             device,
             products,
@@ -225,6 +266,8 @@ impl<'r> CudaEngine<'r> {
             rng: start.rng,
             sampler: None,
             kernels_per_step: 0,
+            graphs: std::env::var_os("ALPHA_CUDA_GRAPHS").is_none_or(|v| v != "0"),
+            graph: None,
             profiler: None,
         };
         engine.adamw_chunks.upload(0, &chunks)?;
@@ -232,14 +275,20 @@ impl<'r> CudaEngine<'r> {
         Ok(engine)
     }
 
+    /// The engine with its micro-batches run as one CUDA graph each (`graphs`, the default
+    /// unless `ALPHA_CUDA_GRAPHS=0`) or queued launch by launch: the same bits either way.
+    pub fn with_graphs(self, graphs: bool) -> Self {
+        CudaEngine { graphs, graph: None, ..self }
+    }
+
     /// Device bytes an engine for `plan` takes (a ZeRO-1 run's moments split `moment_shards`
     /// ways), before the kernels and cuBLASLt's workspace.
     pub fn memory_needed(plan: &Plan, arithmetic: Arithmetic, moment_shards: usize) -> u64 {
         let p = plan.params_len() as u64;
-        let n = plan.tokens() as u64;
+        let batch = BatchLayout::new(plan).len() as u64;
         let rope = if plan.attention_shape().rope.is_some() { plan.config.block_size * plan.config.head_size() } else { 0 };
         let chunks = (size_of::<AdamwChunk>() * adamw_chunks(plan, &(0..plan.params_len())).len()) as u64;
-        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64) + 4 * (4 * n + 1) + chunks;
+        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64 + batch) + chunks;
         if arithmetic == Arithmetic::Bf16 {
             bytes += 2 * p + 2 * 2 * bf16_operand_len(plan) as u64;
         }
@@ -277,7 +326,8 @@ impl<'r> CudaEngine<'r> {
     }
 
     fn arenas(&self, backward: bool) -> Arenas {
-        let (n, batch) = (self.plan.tokens(), self.batch.tensor());
+        let (layout, batch) = (self.layout, self.batch.tensor());
+        let n = layout.n;
         Arenas {
             params: self.params.tensor(),
             params_bf16: self.params_bf16.as_ref().map(Buffer::tensor),
@@ -287,30 +337,32 @@ impl<'r> CudaEngine<'r> {
             targets: Some(batch.part(n, n)),
             operands_bf16: self.operands_bf16.as_ref().map(|(a, b)| (a.tensor(), b.tensor())),
             rope: self.rope.as_ref().map(Buffer::tensor),
-            token_groups: (backward && !self.host_starts.is_empty()).then(|| TokenGroups {
-                rows: batch.part(2 * n, n),
-                starts: batch.part(3 * n, self.host_starts.len()),
-                count: self.host_starts.len() - 1,
+            token_groups: backward.then(|| TokenGroups {
+                rows: batch.part(layout.rows(), n),
+                starts: batch.part(layout.starts(), layout.groups + 1),
+                count: layout.groups,
             }),
         }
     }
 
-    /// Draws the next batch of `data` with `rng` and queues its copy to the device; for
-    /// `training`, with its rows grouped by token for the token embedding's gradient.
-    fn load_batch(&mut self, data: Tokens<'_>, rng: &mut Rng, training: bool) -> Result<(), CudaError> {
-        let n = self.plan.tokens();
+    /// Draws the next batch of `data` with `rng` and queues its copy to the device; for a
+    /// training micro-batch (its dropout key given), with its rows grouped by token for the
+    /// token embedding's gradient and the key (see [`BatchLayout`]).
+    fn load_batch(&mut self, data: Tokens<'_>, rng: &mut Rng, training: Option<DropoutKey>) -> Result<(), CudaError> {
+        let layout = self.layout;
+        let n = layout.n;
         let staged = self.staging.get()?;
         let (x, rest) = staged.split_at_mut(n);
         sample_batch(rng, data, self.plan.seq, x, &mut rest[..n]);
-        let mut len = 2 * n;
-        if training {
-            group_rows_by_token(x, &mut self.host_rows, &mut self.host_starts);
-            let (rows, starts) = rest[n..].split_at_mut(n);
-            rows.copy_from_slice(&self.host_rows);
-            starts[..self.host_starts.len()].copy_from_slice(&self.host_starts);
-            len = 3 * n + self.host_starts.len();
-        }
-        self.staging.copy_to(&self.batch, 0, 0..len)
+        let Some(key) = training else {
+            return self.staging.copy_to(&self.device, &self.batch, 0, 0..2 * n);
+        };
+        group_rows_by_token(x, &mut self.host_rows, &mut self.host_starts);
+        self.host_starts.resize(layout.groups + 1, n as u32);
+        staged[layout.rows()..layout.starts()].copy_from_slice(&self.host_rows);
+        staged[layout.starts()..layout.key()].copy_from_slice(&self.host_starts);
+        staged[layout.key()..layout.len()].copy_from_slice(&key.words());
+        self.staging.copy_to(&self.device, &self.batch, 0, 0..layout.len())
     }
 
     /// The mean of the last forward's losses, summed in f64 in index order as the CPU does
@@ -322,10 +374,30 @@ impl<'r> CudaEngine<'r> {
         Ok(host.iter().map(|&l| l as f64).sum::<f64>() / host.len() as f64)
     }
 
-    /// Queues a training forward and backward of micro-batch `micro` (loaded), its mean loss
-    /// added to the record's.
-    fn forward_backward(&mut self, micro: usize) -> Result<(), CudaError> {
-        let key = self.plan.dropout_key(self.step * self.cfg.grad_accum as u64 + micro as u64);
+    /// Queues a training forward and backward of the loaded micro-batch (see
+    /// [`CudaEngine::queue_forward_backward`]): while the kernels are not timed, as one CUDA
+    /// graph, captured at the first such micro-batch after one queued launch by launch (which
+    /// chose the products' algorithms), and replayed from then on.
+    fn forward_backward(&mut self, timed: bool) -> Result<(), CudaError> {
+        if timed || !self.graphs || !self.device.captures() {
+            return self.queue_forward_backward();
+        }
+        if self.graph.is_none() && self.kernels_per_step > 0 {
+            self.device.begin_capture()?;
+            let queued = self.queue_forward_backward();
+            self.graph = Some(self.device.end_capture(queued)?);
+        }
+        match &self.graph {
+            Some(graph) => self.device.replay(graph),
+            None => self.queue_forward_backward(),
+        }
+    }
+
+    /// Queues a training forward and backward of the loaded micro-batch, launch by launch, its
+    /// mean loss added to the record's: the same launches with the same arguments for every
+    /// micro-batch, whose batch, grouped rows and dropout key lie in the batch buffer.
+    fn queue_forward_backward(&mut self) -> Result<(), CudaError> {
+        let key = self.batch.tensor().part(self.layout.key(), 4);
         let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
         let arenas = self.arenas(false);
         let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, arenas).with_dropout_key(key).profiled(self.profiler.as_mut());
@@ -335,7 +407,7 @@ impl<'r> CudaEngine<'r> {
         let (record, x, n) = (self.record.tensor().ptr, self.acts.tensor().part(losses.offset, losses.len).ptr, losses.len as i32);
         // SAFETY: the record's slots; `n` losses.
         unsafe { self.launch_traced("forward", "cross_entropy", "add_mean_loss", 1, 32, Work::moving(losses.len), &mut args![record, x, n]) }?;
-        self.acts.clear(self.plan.scratch().dres.range())?;
+        self.acts.clear(&self.device, self.plan.scratch().dres.range())?;
         let arenas = self.arenas(true);
         let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, arenas).with_dropout_key(key).profiled(self.profiler.as_mut());
         walk::backward(&mut exec, &self.plan, &self.tape);
@@ -454,15 +526,16 @@ impl<'r> CudaEngine<'r> {
             self.profiler = None;
         }
         observer.phase_begin(Phase::Submit);
-        self.grads.clear(0..self.grads.len()).map_err(device)?;
-        self.record.clear(Record::STEP).map_err(device)?;
+        self.grads.clear(&self.device, 0..self.grads.len()).map_err(device)?;
+        self.record.clear(&self.device, Record::STEP).map_err(device)?;
         for micro in 0..self.cfg.grad_accum {
             let mut rng = self.rng;
             if micro % ranks != rank {
                 skip_batch(&mut rng, data, self.plan.seq, self.plan.batch);
             } else {
-                self.load_batch(data, &mut rng, true).map_err(device)?;
-                self.forward_backward(micro).map_err(device)?;
+                let key = self.plan.dropout_key(self.step * self.cfg.grad_accum as u64 + micro as u64);
+                self.load_batch(data, &mut rng, Some(key)).map_err(device)?;
+                self.forward_backward(timed).map_err(device)?;
             }
             self.rng = rng;
         }
@@ -566,7 +639,7 @@ impl<'r> CudaEngine<'r> {
                 skip_batch(rng, data, self.plan.seq, self.plan.batch);
                 continue;
             }
-            self.load_batch(data, rng, false)?;
+            self.load_batch(data, rng, None)?;
             let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, self.arenas(false));
             walk::forward(&mut exec, &self.tape, None);
             exec.finish()?;

@@ -8,7 +8,7 @@ use crate::device::{args, Device, MAX_BLOCK_THREADS};
 use crate::error::CudaError;
 use crate::memory::Tensor;
 use crate::profile::{Profiler, Work};
-use alpha_core::ops::dropout::{DropoutKey, Site};
+use alpha_core::ops::dropout::Site;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm, row_blocks};
 use alpha_core::plan::{Plan, Span};
 use alpha_core::tape::{Op, Pass};
@@ -89,7 +89,8 @@ pub(crate) struct Arenas {
 
 /// The batch's rows grouped by token, for the token embedding's gradient (embedding.cu):
 /// `rows` `[N]` u32 ordered by token, then row; `starts` `[count + 1]` u32, where each of the
-/// `count` distinct tokens' runs begins, then N.
+/// distinct tokens' runs begins, then N, repeated where the batch has fewer than `count`
+/// distinct tokens (empty groups, which the kernel skips: the same grid every step).
 #[derive(Clone, Copy)]
 pub(crate) struct TokenGroups {
     pub rows: Tensor,
@@ -133,7 +134,8 @@ pub(crate) struct Decoding {
     pub position: usize,
 }
 
-/// The kernels' view of a dropout site (attention.cu's `Dropout`).
+/// The kernels' view of a dropout site (common.cuh's `DropoutSite`): the micro-batch's key
+/// by its address, so that a step's launches are the same every step.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct DropoutArgs {
@@ -141,15 +143,15 @@ struct DropoutArgs {
     site: u32,
     threshold: u32,
     scale: f32,
-    key: [u32; 4],
+    key: u64,
 }
 
 impl DropoutArgs {
-    fn new(site: Option<Site>, key: Option<DropoutKey>) -> DropoutArgs {
+    fn new(site: Option<Site>, key: Option<Tensor>) -> DropoutArgs {
         match (site, key) {
-            (Some(s), Some(k)) => DropoutArgs { on: 1, site: s.id, threshold: s.threshold, scale: s.scale() as f32, key: k.words() },
+            (Some(s), Some(k)) => DropoutArgs { on: 1, site: s.id, threshold: s.threshold, scale: s.scale() as f32, key: k.ptr },
             (Some(_), None) => panic!("dropout needs the micro-batch's key"),
-            (None, _) => DropoutArgs { on: 0, site: 0, threshold: 0, scale: 1.0, key: [0; 4] },
+            (None, _) => DropoutArgs { on: 0, site: 0, threshold: 0, scale: 1.0, key: 0 },
         }
     }
 }
@@ -160,7 +162,8 @@ pub(crate) struct CudaExecutor<'a> {
     products: &'a Products,
     arenas: Arenas,
     plan: Plan,
-    key: Option<DropoutKey>,
+    /// The micro-batch's dropout key in device memory (`DropoutKey::words`, 4 u32s).
+    key: Option<Tensor>,
     decoding: Option<Decoding>,
     /// The block of the op being queued.
     layer: usize,
@@ -184,8 +187,9 @@ impl<'a> CudaExecutor<'a> {
         CudaExecutor { profiler, ..self }
     }
 
-    /// Dropout masks of micro-batch `key`.
-    pub fn with_dropout_key(self, key: DropoutKey) -> Self {
+    /// Dropout masks of the micro-batch whose key (`DropoutKey::words`, 4 u32s) lies at `key`.
+    pub fn with_dropout_key(self, key: Tensor) -> Self {
+        assert_eq!(key.len, 4, "a dropout key is 4 words");
         CudaExecutor { key: Some(key), ..self }
     }
 
@@ -647,10 +651,9 @@ impl Executor for CudaExecutor<'_> {
     }
 
     fn dropout_forward(&mut self, a: dropout::Forward<Tensor, Tensor>) {
-        let key = self.key.expect("dropout needs the micro-batch's key").words();
+        let drop = DropoutArgs::new(Some(a.site), self.key);
         let residual = a.residual.map_or(0, |r| r.ptr);
-        let (site, len) = (a.site, a.out.len);
-        let scale = site.scale() as f32;
+        let len = a.out.len;
         // SAFETY: out, y (and residual) of `len` elements.
         unsafe {
             self.launch(
@@ -658,24 +661,15 @@ impl Executor for CudaExecutor<'_> {
                 blocks(len),
                 BLOCK,
                 Work::moving(len * (2 + (residual != 0) as usize)),
-                &mut args![a.out.ptr, a.y.ptr, residual, len as i64, site.id, site.threshold, scale, key],
+                &mut args![a.out.ptr, a.y.ptr, residual, len as i64, drop],
             )
         }
     }
 
     fn dropout_backward(&mut self, a: dropout::Backward<Tensor, Tensor>) {
-        let key = self.key.expect("dropout needs the micro-batch's key").words();
-        let (site, len) = (a.site, a.dy.len);
-        let scale = site.scale() as f32;
+        let drop = DropoutArgs::new(Some(a.site), self.key);
+        let len = a.dy.len;
         // SAFETY: dy and dout of `len` elements.
-        unsafe {
-            self.launch(
-                "dropout",
-                blocks(len),
-                BLOCK,
-                Work::moving(2 * len),
-                &mut args![a.dy.ptr, a.dout.ptr, 0u64, len as i64, site.id, site.threshold, scale, key],
-            )
-        }
+        unsafe { self.launch("dropout", blocks(len), BLOCK, Work::moving(2 * len), &mut args![a.dy.ptr, a.dout.ptr, 0u64, len as i64, drop]) }
     }
 }

@@ -114,8 +114,10 @@ impl Rig {
     /// Runs `f` on an executor (with dropout `key`) and checks that it queued no error.
     fn run(&self, key: Option<DropoutKey>, f: impl FnOnce(&mut CudaExecutor<'_>)) {
         let mut e = self.exec();
+        let key_words = Buffer::zeroed(&self.device, "a dropout key", 4, 4).unwrap();
         if let Some(k) = key {
-            e = e.with_dropout_key(k);
+            key_words.upload(0, &k.words()).unwrap();
+            e = e.with_dropout_key(key_words.tensor());
         }
         f(&mut e);
         e.finish().unwrap();

@@ -105,8 +105,8 @@ impl Buffer {
         unsafe { drv::memcpy_dtoh_sync(out, self.ptr + (offset * self.size) as u64) }.map_err(driver("copying from the device"))
     }
 
-    /// Zeroes elements `range`, queued.
-    pub fn clear(&self, range: std::ops::Range<usize>) -> Result<(), CudaError> {
+    /// Zeroes elements `range`, queued on `device` (the buffer's).
+    pub fn clear(&self, device: &Device, range: std::ops::Range<usize>) -> Result<(), CudaError> {
         assert!(range.end <= self.len);
         let at = self.ptr + (range.start * self.size) as u64;
         if self.host.is_some() {
@@ -115,7 +115,7 @@ impl Buffer {
             return Ok(());
         }
         // SAFETY: in bounds of the allocation.
-        unsafe { drv::memset_d8_async(at, 0, range.len() * self.size, std::ptr::null_mut()) }.map_err(driver("clearing memory"))
+        unsafe { drv::memset_d8_async(at, 0, range.len() * self.size, device.stream()) }.map_err(driver("clearing memory"))
     }
 }
 
@@ -164,8 +164,9 @@ impl Staging {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
     }
 
-    /// Queues a copy of elements `range` to `buffer` from its element `offset` (u32s).
-    pub fn copy_to(&self, buffer: &Buffer, offset: usize, range: std::ops::Range<usize>) -> Result<(), CudaError> {
+    /// Queues on `device` (the buffer's) a copy of elements `range` to `buffer` from its
+    /// element `offset` (u32s).
+    pub fn copy_to(&self, device: &Device, buffer: &Buffer, offset: usize, range: std::ops::Range<usize>) -> Result<(), CudaError> {
         assert!(buffer.size == 4 && range.end <= self.len && offset + range.len() <= buffer.len, "a copy past a buffer's end");
         // SAFETY: in bounds of both (checked above).
         let src = unsafe { std::slice::from_raw_parts(self.ptr.add(range.start), range.len()) };
@@ -180,8 +181,8 @@ impl Staging {
                 // event after the copy completes (`get` waits for it), and lives until then
                 // (drop waits too).
                 unsafe {
-                    drv::memcpy_htod_async(buffer.ptr + 4 * offset as u64, src, std::ptr::null_mut()).map_err(driver("copying to the device"))?;
-                    drv::event::record(event, std::ptr::null_mut()).map_err(driver("recording an event"))
+                    drv::memcpy_htod_async(buffer.ptr + 4 * offset as u64, src, device.stream()).map_err(driver("copying to the device"))?;
+                    drv::event::record(event, device.stream()).map_err(driver("recording an event"))
                 }
             }
         }

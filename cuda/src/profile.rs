@@ -76,8 +76,8 @@ impl Profiler {
             });
         }
         match &mut self.stamps[i] {
-            // SAFETY: an event made above on the device's context; the legacy default stream.
-            Stamp::Event(e) => unsafe { drv::event::record(*e, std::ptr::null_mut()) }.map_err(driver("recording a timing event")),
+            // SAFETY: an event made above on the device's context; the device's stream.
+            Stamp::Event(e) => unsafe { drv::event::record(*e, device.stream()) }.map_err(driver("recording a timing event")),
             #[cfg(feature = "emulate")]
             Stamp::Host(t) => {
                 *t = std::time::Instant::now();
