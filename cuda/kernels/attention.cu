@@ -239,17 +239,21 @@ extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, c
     if (p.part == 0) delta[r.bh * seq + i] = dl;
 }
 
-// dK and dV of each key row of a key/value head: a block per Place's rows of keys of head g, over its
-// query heads in order and, for each, the queries that see its keys staged tile by tile (with
-// their lse and delta). With RoPE, dK is left in the rotated space.
-extern "C" __global__ void attention_backward_key_value(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
-                                                        const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale,
-                                                        DropoutSite dropout) {
+// dK and dV of each key row of a key/value head g, from the queries that see its keys staged
+// tile by tile (with their lse and delta). Without `partials` (one query head to each key/value
+// head), a block per Place's rows of keys of head g into dqkv; with grouped heads, a block per
+// rows of keys of one query head h (of g's), its share into `partials` [B, T, NH, 2, HS] (dK,
+// then dV), which attention_sum_key_value adds over g's query heads in order: the group's
+// heads spread over more blocks. With RoPE, dK is left in the rotated space.
+extern "C" __global__ void attention_backward_key_value(float* dqkv, float* partials, const float* dout, const float* qkv, const float* lse,
+                                                        const float* delta, const float* rope, int batch, int seq, int heads, int kv_heads, int hs,
+                                                        float scale, DropoutSite dropout) {
     Dropout drop = load_dropout(dropout);
     __shared__ float4 queries[TILE / 4], douts[TILE / 4];
     __shared__ float tile_lse[ROWS], tile_delta[ROWS];
-    Place p = place(seq, kv_heads, hs);
-    int i = p.first + p.r, g = p.head, c = heads * hs, group = heads / kv_heads, width = 4 * CHUNKS * p.parts, rows = tile_rows(width);
+    int group = heads / kv_heads;
+    Place p = place(seq, partials ? heads : kv_heads, hs);
+    int i = p.first + p.r, g = partials ? p.head / group : p.head, c = heads * hs, width = 4 * CHUNKS * p.parts, rows = tile_rows(width);
     long long w = (long long)(heads + 2 * kv_heads) * hs;
     int kv0 = c + g * hs, v0 = c + kv_heads * hs + g * hs;
     const float* head0 = qkv + (long long)p.b * seq * w;
@@ -259,7 +263,8 @@ extern "C" __global__ void attention_backward_key_value(float* dqkv, const float
     load_share(kr, p, head0 + at * w + kv0, hs, rope, at);
     load_share(vr, p, head0 + at * w + v0, hs, 0, 0);
     for (int k = 0; k < CHUNKS; ++k) dk[k][0] = dk[k][1] = dk[k][2] = dk[k][3] = dv[k][0] = dv[k][1] = dv[k][2] = dv[k][3] = 0.0f;
-    for (int h = g * group; h < (g + 1) * group; ++h) {
+    int h_end = partials ? p.head + 1 : (g + 1) * group;
+    for (int h = partials ? p.head : g * group; h < h_end; ++h) {
         long long bh = (long long)p.b * heads + h;
         for (int q0 = p.first; q0 < seq; q0 += rows) {
             int count = seq - q0 < rows ? seq - q0 : rows;
@@ -286,14 +291,35 @@ extern "C" __global__ void attention_backward_key_value(float* dqkv, const float
     }
     if (!valid) return;
     float* drow = dqkv + ((long long)p.b * seq + i) * w;
+    int k_at = kv0, v_at = v0;
+    if (partials) {
+        drow = partials + (((long long)p.b * seq + i) * heads + p.head) * 2 * hs;
+        k_at = 0;
+        v_at = hs;
+    }
     for (int k = 0; k < CHUNKS; ++k)
         for (int e = 0; e < 4; ++e) {
             int d = dim(p, k, e);
             if (d < hs) {
-                drow[kv0 + d] = dk[k][e];
-                drow[v0 + d] = dv[k][e];
+                drow[k_at + d] = dk[k][e];
+                drow[v_at + d] = dv[k][e];
             }
         }
+}
+
+// Grouped heads' dK and dV: each key/value head's rows summed over its query heads' shares in
+// `partials` [B, T, NH, 2, HS] in order, into dqkv [B, T, W]; a thread per (row, key/value
+// head, dimension of dK then dV).
+extern "C" __global__ void attention_sum_key_value(float* dqkv, const float* partials, int rows, int heads, int kv_heads, int hs) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x, per_row = (long long)kv_heads * 2 * hs;
+    if (idx >= rows * per_row) return;
+    long long r = idx / per_row;
+    int g = (int)(idx % per_row) / (2 * hs), e = (int)(idx % per_row) % (2 * hs), group = heads / kv_heads;
+    const float* share = partials + (r * heads + (long long)g * group) * 2 * hs + e;
+    float sum = share[0];
+    for (int h = 1; h < group; ++h) sum += share[(long long)h * 2 * hs];
+    int column = heads * hs + (e < hs ? g * hs + e : kv_heads * hs + g * hs + e - hs);
+    dqkv[r * (heads + 2 * kv_heads) * hs + column] = sum;
 }
 
 // RoPE's gradient: dQ and dK of every row of dqkv [B, T, W] rotated back in place, one thread
@@ -668,24 +694,27 @@ extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* d
 }
 
 // As attention_backward_key_value, on the tensor cores: dK (rotated space) and dV of each key
-// row of a key/value head, a block per TC_ROWS keys, over its query heads in order and the
-// query tiles from the block's first key.
-extern "C" __global__ void attention_tensor_backward_key_value(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
-                                                               const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale,
-                                                               DropoutSite dropout) {
+// row of a key/value head, a block per TC_ROWS keys, over the query tiles from the block's
+// first key: of its query heads in order, or with `partials` (grouped heads) of one query
+// head, into its share of `partials`.
+extern "C" __global__ void attention_tensor_backward_key_value(float* dqkv, float* partials, const float* dout, const float* qkv, const float* lse,
+                                                               const float* delta, const float* rope, int batch, int seq, int heads, int kv_heads,
+                                                               int hs, float scale, DropoutSite dropout) {
     Dropout drop = load_dropout(dropout);
     __shared__ unsigned short queries[TC_TILE * TC_STRIDE], douts[TC_TILE * TC_STRIDE];
     __shared__ float tile_lse[TC_TILE], tile_delta[TC_TILE];
-    TensorPlace p = tensor_place(seq, kv_heads);
-    int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs, group = heads / kv_heads;
+    int group = heads / kv_heads;
+    TensorPlace p = tensor_place(seq, partials ? heads : kv_heads);
+    int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs, kv = partials ? p.head / group : p.head;
     long long w = (long long)(heads + 2 * kv_heads) * hs;
-    int k_at = c + p.head * hs, v_at = c + kv_heads * hs + p.head * hs;
+    int k_at = c + kv * hs, v_at = c + kv_heads * hs + kv * hs;
     const float* head0 = qkv + (long long)p.b * seq * w;
     unsigned k[TC_STEPS][4], v[TC_STEPS][4];
     load_rows_a(k, head0 + k_at, w, p.row0, seq, hs, rope);
     load_rows_a(v, head0 + v_at, w, p.row0, seq, hs, 0);
     float dk[2 * TC_STEPS][4] = {}, dv[2 * TC_STEPS][4] = {};
-    for (int h = p.head * group; h < (p.head + 1) * group; ++h) {
+    int h_end = partials ? p.head + 1 : (kv + 1) * group;
+    for (int h = partials ? p.head : kv * group; h < h_end; ++h) {
         long long bh = (long long)p.b * heads + h;
         for (int q0 = p.first; q0 < seq; q0 += TC_TILE) {
             __syncthreads();
@@ -718,11 +747,13 @@ extern "C" __global__ void attention_tensor_backward_key_value(float* dqkv, cons
             times_tile(dk, dp, queries, hs);
         }
     }
+    if (partials) k_at = 0, v_at = hs;
     #pragma unroll
     for (int half = 0; half < 2; ++half) {
         int i = p.row0 + g + 8 * half;
         if (i >= seq) continue;
-        float* drow = dqkv + ((long long)p.b * seq + i) * w;
+        long long row = (long long)p.b * seq + i;
+        float* drow = partials ? partials + (row * heads + p.head) * 2 * hs : dqkv + row * w;
         #pragma unroll
         for (int n = 0; n < 2 * TC_STEPS; ++n)
             if (8 * n < hs)

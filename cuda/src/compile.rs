@@ -42,6 +42,7 @@ pub const ENTRY_POINTS: [(&str, &[&str]); 11] = [
             "attention_forward",
             "attention_backward_query",
             "attention_backward_key_value",
+            "attention_sum_key_value",
             "attention_rope_backward",
             "attention_decode",
             "attention_tensor_forward",

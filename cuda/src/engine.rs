@@ -14,7 +14,7 @@
 use crate::blas::{Arithmetic, Products};
 use crate::device::{args, Device, Graph};
 use crate::error::CudaError;
-use crate::executor::{group_rows_by_token, Arenas, CudaExecutor, Decoding, TokenGroups};
+use crate::executor::{attention_partials_len, group_rows_by_token, Arenas, CudaExecutor, Decoding, TokenGroups};
 use crate::memory::{Buffer, Staging};
 use crate::profile::{Profiler, Work};
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
@@ -139,6 +139,9 @@ pub struct CudaEngine<'r> {
     record: Buffer,
     /// With RoPE, attention's rotary table.
     rope: Option<Buffer>,
+    /// With grouped heads, attention's backward's shares of dK and dV (see
+    /// [`attention_partials_len`]).
+    attention_partials: Option<Buffer>,
     /// The rows and starts of the last training batch grouped by token, on the host.
     host_rows: Vec<u32>,
     host_starts: Vec<u32>,
@@ -251,6 +254,10 @@ impl<'r> CudaEngine<'r> {
                 }
                 None => None,
             },
+            attention_partials: match attention_partials_len(&plan) {
+                0 => None,
+                len => Some(Buffer::f32s(&device, "attention's shares of dK and dV", len)?),
+            },
             host_rows: vec![0; n],
             host_starts: Vec::with_capacity(layout.groups + 1),
             tape: tape::record_to_vec(&plan),
@@ -288,7 +295,8 @@ impl<'r> CudaEngine<'r> {
         let batch = BatchLayout::new(plan).len() as u64;
         let rope = if plan.attention_shape().rope.is_some() { plan.config.block_size * plan.config.head_size() } else { 0 };
         let chunks = (size_of::<AdamwChunk>() * adamw_chunks(plan, &(0..plan.params_len())).len()) as u64;
-        let mut bytes = 4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64 + batch) + chunks;
+        let mut bytes =
+            4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64 + batch + attention_partials_len(plan) as u64) + chunks;
         if arithmetic == Arithmetic::Bf16 {
             bytes += 2 * p + 2 * 2 * bf16_operand_len(plan) as u64;
         }
@@ -337,6 +345,7 @@ impl<'r> CudaEngine<'r> {
             targets: Some(batch.part(n, n)),
             operands_bf16: self.operands_bf16.as_ref().map(|(a, b)| (a.tensor(), b.tensor())),
             rope: self.rope.as_ref().map(Buffer::tensor),
+            attention_partials: self.attention_partials.as_ref().map(Buffer::tensor),
             token_groups: backward.then(|| TokenGroups {
                 rows: batch.part(layout.rows(), n),
                 starts: batch.part(layout.starts(), layout.groups + 1),

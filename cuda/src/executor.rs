@@ -85,6 +85,21 @@ pub(crate) struct Arenas {
     pub rope: Option<Tensor>,
     /// The batch's rows grouped by token (backward walks with a token embedding).
     pub token_groups: Option<TokenGroups>,
+    /// With grouped heads (fewer key/value heads than query heads), each query head's share of
+    /// dK and dV, `[N, NH, 2, HS]` (backward walks; see [`attention_partials_len`]).
+    pub attention_partials: Option<Tensor>,
+}
+
+/// Elements of the scratch where attention's backward leaves each query head's share of dK
+/// and dV when `plan`'s heads are grouped (0 where they are not): the shares spread a key/value
+/// head's work over its query heads' blocks, then are added in order (attention.cu).
+pub(crate) fn attention_partials_len(plan: &Plan) -> usize {
+    let s = plan.attention_shape();
+    if s.kv_heads < s.heads {
+        plan.tokens() * s.heads * 2 * s.head_size
+    } else {
+        0
+    }
 }
 
 /// The batch's rows grouped by token, for the token embedding's gradient (embedding.cu):
@@ -597,7 +612,15 @@ impl Executor for CudaExecutor<'_> {
         } else {
             ("attention_backward_query", "attention_backward_key_value")
         };
-        let ((query_grid, threads), (key_value_grid, _)) = (attention_launch(tensor, s, s.heads), attention_launch(tensor, s, s.kv_heads));
+        // Grouped heads: a block per rows of keys of each query head, its share of dK and dV
+        // into the partials, added after.
+        let partials = if s.kv_heads < s.heads {
+            self.arenas.attention_partials.expect("grouped heads' backward needs the attention partials")
+        } else {
+            Tensor { ptr: 0, len: 0 }
+        };
+        let key_value_heads = if partials.ptr != 0 { s.heads } else { s.kv_heads };
+        let ((query_grid, threads), (key_value_grid, _)) = (attention_launch(tensor, s, s.heads), attention_launch(tensor, s, key_value_heads));
         // SAFETY: as forward; delta [B, NH, T] in the attention scratch.
         unsafe {
             let (dqkv, dout, qkv, lse) = (a.dqkv.ptr, a.dout.ptr, a.qkv.ptr, a.lse.ptr);
@@ -616,8 +639,19 @@ impl Executor for CudaExecutor<'_> {
                     flops: s.causal_flops(4.0),
                     ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size + 2 * s.kv_heads * s.head_size) + 2 * rows)
                 },
-                &mut args![dqkv, dout, qkv, lse, delta.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
+                &mut args![dqkv, partials.ptr, dout, qkv, lse, delta.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
+            if partials.ptr != 0 {
+                let (n, sums) = (s.batch * s.seq, s.batch * s.seq * s.kv_heads * 2 * s.head_size);
+                assert!(partials.len >= n * s.heads * 2 * s.head_size, "the attention partials are too small");
+                self.launch(
+                    "attention_sum_key_value",
+                    blocks(sums),
+                    BLOCK,
+                    Work { flops: (sums * (s.heads / s.kv_heads - 1)) as f64, ..Work::moving(n * s.heads * 2 * s.head_size + sums) },
+                    &mut args![dqkv, partials.ptr, n as i32, heads, kv_heads, hs],
+                );
+            }
             if rope != 0 {
                 let pairs = s.batch * s.seq * (s.heads + s.kv_heads) * s.head_size / 2;
                 let n = (s.batch * s.seq) as i32;

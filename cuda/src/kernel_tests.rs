@@ -46,6 +46,8 @@ struct Rig {
     rope: Option<Buffer>,
     /// The batch's rows grouped by token (in the first of `buffers`).
     token_groups: TokenGroups,
+    /// With grouped heads, attention's partials (the second of `buffers`).
+    attention_partials: Option<Tensor>,
     /// Last: dropped after everything allocated on it.
     device: Device,
 }
@@ -76,7 +78,13 @@ impl Rig {
         groups.upload(rows.len(), &starts).unwrap();
         let all = groups.tensor();
         let token_groups = TokenGroups { rows: all.part(0, rows.len()), starts: all.part(rows.len(), starts.len()), count: starts.len() - 1 };
-        Rig { device, products, plan, acts, tokens, targets, buffers: vec![groups], rope, token_groups }
+        let mut buffers = vec![groups];
+        let partials_len = crate::executor::attention_partials_len(&plan);
+        if partials_len > 0 {
+            buffers.push(Buffer::f32s(&device, "attention partials", partials_len).unwrap());
+        }
+        let attention_partials = (partials_len > 0).then(|| buffers[1].tensor());
+        Rig { device, products, plan, acts, tokens, targets, buffers, rope, token_groups, attention_partials }
     }
 
     /// `data` on the device.
@@ -107,6 +115,7 @@ impl Rig {
             operands_bf16: None,
             rope: self.rope.as_ref().map(Buffer::tensor),
             token_groups: Some(self.token_groups),
+            attention_partials: self.attention_partials,
         };
         CudaExecutor::new(&self.device, &self.products, &self.plan, arenas)
     }
