@@ -223,6 +223,24 @@ pub trait Observer {
     fn kernel_times(&mut self, _kernels: &[KernelTime]) {}
 }
 
+/// What one kernel of a device does, for its achieved rates in traces: the floating-point
+/// operations of its products (0 for kernels without any) and the bytes of the tensors it
+/// reads and writes (each counted once: the least traffic it can have).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Work {
+    /// Floating-point operations (a multiply-add is two).
+    pub flops: f64,
+    /// Bytes of the tensors it reads and writes.
+    pub bytes: f64,
+}
+
+impl Work {
+    /// A kernel without products moving `floats` 4-byte elements.
+    pub fn moving(floats: usize) -> Work {
+        Work { flops: 0.0, bytes: 4.0 * floats as f64 }
+    }
+}
+
 /// One kernel of a step on a device, as the device's timestamps measured it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KernelTime {

@@ -7,11 +7,11 @@ use crate::blas::{Arithmetic, Product, Products};
 use crate::device::{args, Device, MAX_BLOCK_THREADS};
 use crate::error::CudaError;
 use crate::memory::Tensor;
-use crate::profile::{Profiler, Work};
+use crate::profile::Profiler;
 use alpha_core::ops::dropout::Site;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm, row_blocks};
 use alpha_core::plan::{Plan, Span};
-use alpha_core::tape::{Op, Pass};
+use alpha_core::tape::{Op, Pass, Work};
 use alpha_core::walk::{Arena, Executor};
 
 /// Threads per block of the element-wise, per-column and per-row kernels.

@@ -5,23 +5,8 @@
 
 use crate::device::{driver, Device, Inner};
 use crate::error::CudaError;
-use alpha_core::tape::KernelTime;
+use alpha_core::tape::{KernelTime, Work};
 use cudarc::driver::{result as drv, sys as drv_sys};
-
-/// What a kernel or product did: floating-point operations (a multiply-add is two) and the
-/// bytes it must read and write at least (each element once).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct Work {
-    pub flops: f64,
-    pub bytes: f64,
-}
-
-impl Work {
-    /// A kernel without products moving `floats` 4-byte elements.
-    pub fn moving(floats: usize) -> Work {
-        Work { flops: 0.0, bytes: 4.0 * floats as f64 }
-    }
-}
 
 /// A point on the device's clock: an event, or the host's clock on its emulation.
 enum Stamp {

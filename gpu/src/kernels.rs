@@ -390,16 +390,8 @@ struct Pending<'a> {
     work: Work,
 }
 
-/// What one dispatch does, for achieved rates in traces: the floating-point operations of its
-/// products (0 for kernels without any) and the bytes of the tensors it binds (each counted
-/// once: the least traffic it can have).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Work {
-    /// Floating-point operations (a multiply-add is two).
-    pub flops: f64,
-    /// Bytes of the bound tensors.
-    pub bytes: f64,
-}
+/// What one dispatch does (its products' operations, the bytes of the tensors it binds).
+pub use alpha_core::tape::Work;
 
 /// Collects dispatches, then builds their bind groups and uniform words at once.
 pub struct ProgramBuilder<'a> {
