@@ -5,8 +5,9 @@
 # TF32 off, dropout's masks, bf16 within 2e-2 of f32, --recompute and resume bit for bit,
 # evaluation, greedy samples past the window); 2 ranks against --grad-accum 2
 # (cuda/tests/ranks.rs); then the CLI: a checkpoint trained on CUDA resumed on the CPU, on
-# CUDA and, where wgpu finds an adapter, on wgpu (the same losses within 1e-5), and with
-# mpirun, 2 ranks on the one GPU against one process with --grad-accum 2.
+# CUDA and, where wgpu finds an adapter, on wgpu (the same losses within 1e-5), a diverging
+# run stopped with its last good checkpoint, and with mpirun, 2 ranks on the one GPU against
+# one process with --grad-accum 2.
 #
 #   scripts/cuda-check.sh --build   here, with Rust (no GPU needed): builds the test binaries
 #                                   and alpha-native (--features cuda, and cuda,mpi where Open
@@ -92,6 +93,18 @@ for name, steps in runs.items():
 PY
 }
 across_backends || fail
+stage "a diverging run stops at the next read and keeps the last good checkpoint"
+# The device skips the non-finite steps and the checkpoint after step 1 reads the record first.
+diverging() {
+    local err=$work/diverge.err
+    if "$alpha" train "${common[@]}" --backend cuda --lr 1e30 --warmup 0 --checkpoint-interval 1 --iters 5 --out "$work/diverge" > /dev/null 2> "$err"; then
+        echo "a run at --lr 1e30 did not stop"; return 1
+    fi
+    grep -q "training diverged at step 1: the loss or gradient norm was not finite" "$err" || { cat "$err"; return 1; }
+    grep -q "the last good checkpoint (.*step 1) is kept" "$err" || { cat "$err"; return 1; }
+    echo "diverged at step 1, the checkpoint of step 1 kept"
+}
+diverging || fail
 # A machine without mpirun (the lent GPU machines) runs the Open MPI that --build packed:
 # unpacked under a prefix of its own, which Open MPI takes from OPAL_PREFIX.
 if ! command -v mpirun >/dev/null && [ -d "$dir/mpi-debs" ]; then
