@@ -11,7 +11,7 @@
 #   tests and finite-difference gradient checks,
 #   the zero-allocation test, end-to-end CLI tests (bad input, hostile files and flags, seeded
 #   mutations of every file Alpha reads, out of memory under ulimit, a 10,000-step soak),
-#   cross-crate tests, every CUDA kernel compiled by NVRTC and the CLI built with CUDA (no GPU
+#   cross-crate tests, every CUDA kernel compiled by NVRTC (none spilling registers) and the CLI built with CUDA (no GPU
 #   needed; the CUDA tests themselves: scripts/cuda-check.sh on a GPU), data parallelism over
 #   MPI (mpirun, 2 ranks), every GPU kernel and the
 #   whole model against the CPU (on any Vulkan adapter; without a GPU, lavapipe), the products

@@ -74,21 +74,35 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
 /// Compiles kernel file `name` for `arch` (`"sm_90"`): a cubin for a real architecture,
 /// PTX for a virtual one (`"compute_90"`). A compile error carries NVRTC's log.
 pub fn compile(name: &str, source: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
+    compile_with(name, source, arch, false).map(|(image, _)| image)
+}
+
+/// As [`compile`] for a real architecture, with ptxas's report of each kernel (`Compiling
+/// entry function`, its registers, spills and shared memory: `--ptxas-options=--verbose`).
+pub fn compile_verbose(name: &str, source: &str, arch: &str) -> Result<(Vec<u8>, String), CudaError> {
+    compile_with(name, source, arch, true)
+}
+
+fn compile_with(name: &str, source: &str, arch: &str, verbose: bool) -> Result<(Vec<u8>, String), CudaError> {
     let src = CString::new(full_source(source)).expect("kernel sources hold no NUL");
     let file = CString::new(format!("{name}.cu")).expect("kernel names hold no NUL");
     let fail = |what: &str, e: nvrtc::NvrtcError| CudaError::new(format!("NVRTC {what} {name}.cu: {e:?}"));
     let prog = nvrtc::create_program(&src, Some(&file)).map_err(|e| fail("could not create", e))?;
-    let options = [format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "--fmad=true".to_string()];
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "--fmad=true".to_string()];
+    if verbose {
+        options.push("--ptxas-options=--verbose".to_string());
+    }
     // SAFETY: `prog` lives until destroyed below; the out-buffers are sized as NVRTC says.
     let result = unsafe {
-        match nvrtc::compile_program(prog, &options) {
-            Err(e) => {
-                let log = nvrtc::get_program_log(prog).map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>()).unwrap_or_default();
-                Err(CudaError::new(format!("NVRTC could not compile {name}.cu for {arch} ({e:?}):\n{}", log.trim_end_matches('\0'))))
-            }
+        let compiled = nvrtc::compile_program(prog, &options);
+        let log = nvrtc::get_program_log(prog).map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>()).unwrap_or_default();
+        let log = log.trim_end_matches('\0').to_string();
+        match compiled {
+            Err(e) => Err(CudaError::new(format!("NVRTC could not compile {name}.cu for {arch} ({e:?}):\n{log}"))),
             Ok(()) if arch.starts_with("sm_") => binary(prog, nvrtc_sys::nvrtcGetCUBINSize, nvrtc_sys::nvrtcGetCUBIN).map_err(|e| fail("gave no cubin for", e)),
             Ok(()) => binary(prog, nvrtc_sys::nvrtcGetPTXSize, nvrtc_sys::nvrtcGetPTX).map_err(|e| fail("gave no PTX for", e)),
         }
+        .map(|image| (image, log))
     };
     // SAFETY: created above, destroyed once.
     let _ = unsafe { nvrtc::destroy_program(prog) };
