@@ -7,6 +7,9 @@ Configurations:
   baby   nanoGPT's "baby GPT": 6 layers, 6 heads, 384 embd, block 256, batch 64
   gpt2   GPT-2 124M (alpha-native --model gpt2): 12 layers, 12 heads, 768 embd, vocabulary
          50257, block 256, batch 4
+  gpt2-b32  GPT-2 124M at batch 32 (on a GPU: block 1024, the MFU goal's shape)
+  gpt2-medium  GPT-2 350M (alpha-native --model gpt2-medium): 24 layers, 16 heads, 1024 embd,
+         block 256, batch 4 (on a GPU: block 1024, batch 16)
   smollm2  SmolLM2-135M's shape (alpha-native --model smollm2-135m: Llama family, 30 layers,
          9 heads over 3 key/value heads, 576 embd, SwiGLU 1536, vocabulary 49152, tied),
          block 512, batch 4; PyTorch's side is nanogpt_reference.py's Llama (F.rms_norm,
@@ -31,9 +34,9 @@ the rate no GEMM passes at the same clock) give the fastest step possible; each 
 fraction of it, and PyTorch's median over it is the largest ratio any implementation could
 reach in that run.
 `--backend gpu` (or `cuda`) runs Alpha with `--backend gpu` (wgpu; or `cuda`, a build with
-`--features cuda`) and PyTorch on CUDA (both wait for each step's end; gpt2 at block 1024,
-batch 8 there, its vocabulary padded to 50304 on both sides); the thread count does not apply
-there.
+`--features cuda`) and PyTorch on CUDA (both wait for each step's end; the GPT-2 sizes at block
+1024 there, gpt2 at batch 8, their vocabulary padded to 50304 on both sides); the thread count
+does not apply there.
 `--peers` picks the PyTorch sides, each timed in the same alternating rounds and shown in a row
 of its own: `eager` (fp32 eager, the default), `compile` (torch.compile, fp32), `eager-bf16`
 and `compile-bf16` (bf16 autocast, as nanoGPT on a GPU). `--alpha-flags` passes more flags to
@@ -54,6 +57,8 @@ CONFIGS = {
     "small": dict(layers=4, heads=4, embd=128, block=64, batch=12, iters=20, warmup=10, rounds=10),
     "baby": dict(layers=6, heads=6, embd=384, block=256, batch=64, iters=4, warmup=1, rounds=3),
     "gpt2": dict(layers=12, heads=12, embd=768, block=256, batch=4, vocab=50257, iters=3, warmup=1, rounds=3),
+    "gpt2-b32": dict(layers=12, heads=12, embd=768, block=256, batch=32, vocab=50257, iters=2, warmup=1, rounds=3),
+    "gpt2-medium": dict(layers=24, heads=16, embd=1024, block=256, batch=4, vocab=50257, model="gpt2-medium", iters=2, warmup=1, rounds=3),
     "smollm2": dict(layers=30, heads=9, embd=576, block=512, batch=4, vocab=49152, iters=2, warmup=1, rounds=3,
                     llama=dict(model="smollm2-135m", kv_heads=3, intermediate_size=1536, rope_theta=100000.0)),
 }
@@ -63,7 +68,11 @@ GPU_STEPS = dict(iters=50, warmup=5)
 # arena: a device whose max_buffer_size is smaller gets a "failed" row naming it), its
 # vocabulary padded to a multiple of 64 on both sides as nanoGPT trains it (50304: the head's
 # products in whole tensor-core tiles; Alpha's padding gets no probability, PyTorch's does).
-GPU_SHAPES = {"gpt2": dict(block=1024, batch=8, iters=20, vocab_pad=64)}
+GPU_SHAPES = {
+    "gpt2": dict(block=1024, batch=8, iters=20, vocab_pad=64),
+    "gpt2-b32": dict(block=1024, batch=32, iters=10, vocab_pad=64),
+    "gpt2-medium": dict(block=1024, batch=16, iters=10, vocab_pad=64),
+}
 # PyTorch sides: nanogpt_reference.py bench's flags for each.
 PEERS = {
     "eager": [],
@@ -74,13 +83,14 @@ PEERS = {
 
 
 def model_flags(c, side="alpha"):
-    """The model's flags for `side`: alpha-native's `--model gpt2` where the config has GPT-2's
-    vocabulary, nanogpt_reference.py's `--vocab`; each padded to `vocab_pad` where given."""
+    """The model's flags for `side`: alpha-native's `--model` (gpt2 unless the config names
+    another) where the config has a published vocabulary, nanogpt_reference.py's `--vocab`;
+    each padded to `vocab_pad` where given."""
     shape = [f"--{k}={c[k]}" for k in ("layers", "heads", "embd")]
     llama = c.get("llama")
     pad = c.get("vocab_pad", 1)
     if "vocab" in c and side == "alpha":
-        shape = [f"--model={llama['model'] if llama else 'gpt2'}"] + ([f"--vocab-pad={pad}"] if pad > 1 else [])
+        shape = [f"--model={llama['model'] if llama else c.get('model', 'gpt2')}"] + ([f"--vocab-pad={pad}"] if pad > 1 else [])
     elif "vocab" in c:
         shape += [f"--vocab={-(-c['vocab'] // pad) * pad}"]
         if llama:

@@ -25,7 +25,9 @@
 #
 # Environment: ALPHA_NATIVE (the binary), ALPHA_COMMIT (the commit ALPHA_NATIVE was built from;
 # default the checkout's), GPU_BENCH_CONFIGS (default "small baby gpt2 smollm2"; "small" alone runs on
-# lavapipe in a few minutes, a check of this script), GPU_BENCH_ROUNDS (alternating rounds per
+# lavapipe in a few minutes, a check of this script; "gpt2-b32 gpt2-medium" are issue 71's MFU
+# and gpt2-medium goals, GPT-2 124M at batch 32 and 350M at batch 16, block 1024: a few minutes
+# more, so not by default), GPU_BENCH_ROUNDS (alternating rounds per
 # config, default 2), GPU_BENCH_COMPILE (0 leaves out the torch.compile rows, which compile for
 # a minute each), GPU_BENCH_BACKENDS (default "cuda gpu"; "cuda" alone measures the CUDA executor
 # without wgpu, which needs the Vulkan loader: a lent GPU's minutes for the rows that changed),
@@ -47,9 +49,11 @@ declare -A shape=(
     [baby]="--layers 6 --heads 6 --embd 384 --block 256 --batch 64"
     [gpt2]="--model gpt2 --vocab-pad 64 --block 1024 --batch 8"
     [smollm2]="--model smollm2-135m --block 512 --batch 4"
+    [gpt2-b32]="--model gpt2 --vocab-pad 64 --block 1024 --batch 32"
+    [gpt2-medium]="--model gpt2-medium --vocab-pad 64 --block 1024 --batch 16"
 )
 for c in "${configs[@]}"; do
-    [ -n "${shape[$c]:-}" ] || { echo "GPU_BENCH_CONFIGS: no config $c (small, baby, gpt2, smollm2)" >&2; exit 1; }
+    [ -n "${shape[$c]:-}" ] || { echo "GPU_BENCH_CONFIGS: no config $c (small, baby, gpt2, smollm2, gpt2-b32, gpt2-medium)" >&2; exit 1; }
 done
 read -r -a backends <<< "${GPU_BENCH_BACKENDS:-cuda gpu}"
 for b in "${backends[@]}"; do
