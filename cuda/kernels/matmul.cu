@@ -77,3 +77,13 @@ extern "C" __global__ void round_to_bf16(unsigned short* out_bf16, const float* 
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < len) out_bf16[idx] = to_bf16(x[idx]);
 }
+
+// A weight gradient summed over token slices: dw [len] += the `splits` slices' products in
+// `partials` [splits, len], added in slice order (deterministic, as one product's sums).
+extern "C" __global__ void add_weight_grad_slices(float* dw, const float* partials, int splits, long long len) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= len) return;
+    float sum = partials[i];
+    for (int s = 1; s < splits; ++s) sum += partials[(long long)s * len + i];
+    dw[i] += sum;
+}

@@ -34,7 +34,7 @@ pub const ENTRY_POINTS: [(&str, &[&str]); 11] = [
     ("embedding", &["embedding_forward", "embedding_backward_tokens", "embedding_backward_positions"]),
     ("layernorm", &["layernorm_forward", "layernorm_backward_input", "layernorm_params_partials"]),
     ("rmsnorm", &["rmsnorm_forward", "rmsnorm_backward_input", "rmsnorm_weight_partials"]),
-    ("matmul", &["matmul_epilogue", "gelu_backward", "swiglu_forward", "swiglu_backward", "bias_grad_partials", "round_to_bf16"]),
+    ("matmul", &["matmul_epilogue", "gelu_backward", "swiglu_forward", "swiglu_backward", "bias_grad_partials", "round_to_bf16", "add_weight_grad_slices"]),
     ("row_blocks", &["add_partials"]),
     (
         "attention",

@@ -14,7 +14,7 @@
 use crate::blas::{Arithmetic, Products};
 use crate::device::{args, Device, Graph};
 use crate::error::CudaError;
-use crate::executor::{attention_partials_len, group_rows_by_token, Arenas, CudaExecutor, Decoding, TokenGroups};
+use crate::executor::{attention_partials_len, group_rows_by_token, weight_grad_slices_len, Arenas, CudaExecutor, Decoding, TokenGroups};
 use crate::memory::{Buffer, Staging};
 use crate::profile::Profiler;
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
@@ -142,6 +142,9 @@ pub struct CudaEngine<'r> {
     /// With grouped heads, attention's backward's shares of dK and dV (see
     /// [`attention_partials_len`]).
     attention_partials: Option<Buffer>,
+    /// Where the weight gradients' token slices are written (see
+    /// [`crate::executor::weight_grad_slices`]).
+    weight_grad_slices: Option<Buffer>,
     /// The rows and starts of the last training batch grouped by token, on the host.
     host_rows: Vec<u32>,
     host_starts: Vec<u32>,
@@ -258,6 +261,10 @@ impl<'r> CudaEngine<'r> {
                 0 => None,
                 len => Some(Buffer::f32s(&device, "attention's shares of dK and dV", len)?),
             },
+            weight_grad_slices: match weight_grad_slices_len(&plan) {
+                0 => None,
+                len => Some(Buffer::f32s(&device, "the weight gradients' token slices", len)?),
+            },
             host_rows: vec![0; n],
             host_starts: Vec::with_capacity(layout.groups + 1),
             tape: tape::record_to_vec(&plan),
@@ -295,8 +302,14 @@ impl<'r> CudaEngine<'r> {
         let batch = BatchLayout::new(plan).len() as u64;
         let rope = if plan.attention_shape().rope.is_some() { plan.config.block_size * plan.config.head_size() } else { 0 };
         let chunks = (size_of::<AdamwChunk>() * adamw_chunks(plan, &(0..plan.params_len())).len()) as u64;
-        let mut bytes =
-            4 * (2 * p + 2 * p.div_ceil(moment_shards as u64) + plan.acts_len() as u64 + rope as u64 + batch + attention_partials_len(plan) as u64) + chunks;
+        let mut bytes = 4
+            * (2 * p
+                + 2 * p.div_ceil(moment_shards as u64)
+                + plan.acts_len() as u64
+                + rope as u64
+                + batch
+                + (attention_partials_len(plan) + weight_grad_slices_len(plan)) as u64)
+            + chunks;
         if arithmetic == Arithmetic::Bf16 {
             bytes += 2 * p + 2 * 2 * bf16_operand_len(plan) as u64;
         }
@@ -346,6 +359,7 @@ impl<'r> CudaEngine<'r> {
             operands_bf16: self.operands_bf16.as_ref().map(|(a, b)| (a.tensor(), b.tensor())),
             rope: self.rope.as_ref().map(Buffer::tensor),
             attention_partials: self.attention_partials.as_ref().map(Buffer::tensor),
+            weight_grad_slices: self.weight_grad_slices.as_ref().map(Buffer::tensor),
             token_groups: backward.then(|| TokenGroups {
                 rows: batch.part(layout.rows(), n),
                 starts: batch.part(layout.starts(), layout.groups + 1),

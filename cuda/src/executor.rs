@@ -88,6 +88,40 @@ pub(crate) struct Arenas {
     /// With grouped heads (fewer key/value heads than query heads), each query head's share of
     /// dK and dV, `[N, NH, 2, HS]` (backward walks; see [`attention_partials_len`]).
     pub attention_partials: Option<Tensor>,
+    /// Where the token slices of the weight gradients' products are written (backward walks
+    /// whose batch is cut: see [`weight_grad_slices`]).
+    pub weight_grad_slices: Option<Tensor>,
+}
+
+/// Outputs the token slices of a weight gradient's product are meant to fill: about 256 tiles
+/// of 128 x 128, two waves of a 132-multiprocessor card.
+const SLICED_OUTPUTS: usize = 1 << 22;
+/// The fewest tokens a slice takes.
+const MIN_SLICE: usize = 512;
+
+/// How a weight gradient's product of `outputs` elements over `tokens` tokens is cut: `(slices,
+/// tokens a slice)`, the slices (but the last) of equal length, a multiple of 64 (their
+/// operands stay aligned). A weight gradient has few outputs and many tokens: in one product
+/// it would run on a few of a card's multiprocessors; its slices' products, added in order
+/// after (`add_weight_grad_slices`), fill about [`SLICED_OUTPUTS`], each over at least
+/// [`MIN_SLICE`] tokens. By the shape alone, so that every card sums in the same order.
+pub(crate) fn weight_grad_slices(outputs: usize, tokens: usize) -> (usize, usize) {
+    let wanted = SLICED_OUTPUTS.div_ceil(outputs.max(1)).min(tokens / MIN_SLICE).max(1);
+    if wanted == 1 {
+        return (1, tokens);
+    }
+    let len = tokens.div_ceil(wanted).next_multiple_of(64);
+    (tokens.div_ceil(len), len)
+}
+
+/// Elements of the scratch the weight gradients' slices are written to (0 where `plan`'s batch
+/// is too small to cut): `slices x outputs` stays under twice [`SLICED_OUTPUTS`].
+pub(crate) fn weight_grad_slices_len(plan: &Plan) -> usize {
+    if plan.tokens() >= 2 * MIN_SLICE {
+        2 * SLICED_OUTPUTS
+    } else {
+        0
+    }
 }
 
 /// Elements of the scratch where attention's backward leaves each query head's share of dK
@@ -547,9 +581,32 @@ impl Executor for CudaExecutor<'_> {
             let w = self.weight(a.weight);
             self.product(Product { transpose_a: false, transpose_b: false, m: k, n, k: m, accumulate: false }, w, dout, dx.ptr);
         }
-        // dw [M, K] += doutᵀ · x; column-major: dwᵀ [K, M] += xᵀ [K, N] · (doutᵀ stored [M, N])ᵀ.
+        // dw [M, K] += doutᵀ · x; column-major: dwᵀ [K, M] += xᵀ [K, N] · (doutᵀ stored [M, N])ᵀ,
+        // over slices of the N tokens where they are many for the outputs.
         let x = self.operand(a.x, 0);
-        self.product(Product { transpose_a: false, transpose_b: true, m: k, n: m, k: n, accumulate: true }, x, dout, a.dweight.ptr);
+        let (slices, len) = weight_grad_slices(k * m, n);
+        if slices == 1 {
+            self.product(Product { transpose_a: false, transpose_b: true, m: k, n: m, k: n, accumulate: true }, x, dout, a.dweight.ptr);
+            return;
+        }
+        let partials = self.arenas.weight_grad_slices.expect("a sliced weight gradient needs the slices' scratch");
+        assert!(slices * k * m <= partials.len, "the weight gradient's slices past their scratch");
+        let size = if self.products.arithmetic() == Arithmetic::Bf16 { 2 } else { 4 };
+        for s in 0..slices {
+            let (first, tokens) = (s * len, len.min(n - s * len));
+            let (xs, ds, out) = (x + (first * k * size) as u64, dout + (first * m * size) as u64, partials.ptr + (4 * s * k * m) as u64);
+            self.product(Product { transpose_a: false, transpose_b: true, m: k, n: m, k: tokens, accumulate: false }, xs, ds, out);
+        }
+        // SAFETY: dw [M, K], the slices [slices, M, K] in the scratch (checked above).
+        unsafe {
+            self.launch(
+                "add_weight_grad_slices",
+                blocks(k * m),
+                BLOCK,
+                Work { flops: (slices * k * m) as f64, ..Work::moving((slices + 2) * k * m) },
+                &mut args![a.dweight.ptr, partials.ptr, slices as i32, (k * m) as i64],
+            )
+        }
     }
 
     fn attention_forward(&mut self, a: attention::Forward<Tensor, Tensor>) {
