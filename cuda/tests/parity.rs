@@ -74,6 +74,12 @@ fn params(engine: &dyn Engine) -> Vec<f32> {
     now(engine.state()).unwrap().0.into_owned()
 }
 
+/// ‖got − want‖ / ‖want‖.
+fn distance_in_norm(got: &[f32], want: &[f32]) -> f64 {
+    let norm = |x: &mut dyn Iterator<Item = f32>| x.map(|e| (e as f64).powi(2)).sum::<f64>().sqrt();
+    norm(&mut got.iter().zip(want).map(|(g, w)| g - w)) / norm(&mut want.iter().copied())
+}
+
 fn assert_steps_close(what: &str, got: &[StepStats], want: &[StepStats], tolerance: f64) {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         for (name, a, b) in [("loss", g.loss, w.loss), ("gradient norm", g.grad_norm, w.grad_norm)] {
@@ -94,9 +100,7 @@ fn against_cpu_for(plan: Plan) {
     let mut gpu = cuda(dev, Arithmetic::F32, plan, &start);
     let (want, got) = (steps(&mut cpu, 20), steps(&mut gpu, 20));
     assert_steps_close(&format!("f32, dropout {dropout}"), &got, &want, 1e-5);
-    let (cpu_params, cuda_params) = (params(&cpu), params(&gpu));
-    let norm = |x: &mut dyn Iterator<Item = f32>| x.map(|e| (e as f64).powi(2)).sum::<f64>().sqrt();
-    let distance = norm(&mut cpu_params.iter().zip(&cuda_params).map(|(a, b)| a - b)) / norm(&mut cpu_params.iter().copied());
+    let distance = distance_in_norm(&params(&gpu), &params(&cpu));
     assert!(distance <= 1e-5, "f32, dropout {dropout}: the parameters after 20 steps are {distance:e} from the CPU's, relative in norm");
     let data = data();
     let mut rng = (alpha_core::Rng::new(9), alpha_core::Rng::new(9));
@@ -107,6 +111,19 @@ fn against_cpu_for(plan: Plan) {
 #[test]
 fn f32_steps_match_the_cpu() {
     against_cpu(0.0);
+}
+
+/// A batch of 1,024 tokens: the weight gradients' products run over token slices (2 of 512
+/// here), within the CPU's steps as the unsliced ones are.
+#[test]
+fn weight_gradients_over_token_slices_match_the_cpu() {
+    let plan = Plan::new(GptConfig::gpt2(72, 32, 1, 2, 32), 32, 32).and_then(|p| p.with_classes(65)).unwrap();
+    let start = RunState::fresh(&plan, 3).unwrap();
+    let mut cpu = CpuEngine::new(Serial, &OneRank, plan, cfg(1), start.clone()).unwrap();
+    let mut gpu = cuda(device(), Arithmetic::F32, plan, &start);
+    assert_steps_close("f32, 1,024 tokens", &steps(&mut gpu, 4), &steps(&mut cpu, 4), 1e-5);
+    let distance = distance_in_norm(&params(&gpu), &params(&cpu));
+    assert!(distance <= 1e-5, "the parameters after 4 steps are {distance:e} from the CPU's, relative in norm");
 }
 
 #[test]
