@@ -225,9 +225,9 @@ impl Device {
         }
     }
 
-    /// Whether its work can be captured into a [`Graph`]: a real device's (the host's
+    /// Whether its work can be captured into a CUDA graph: a real device's (the host's
     /// emulation runs each launch as it is queued).
-    pub(crate) fn captures(&self) -> bool {
+    pub fn captures(&self) -> bool {
         !self.is_host()
     }
 

@@ -295,6 +295,12 @@ impl<'r> CudaEngine<'r> {
         CudaEngine { graphs, graph: None, ..self }
     }
 
+    /// Whether its micro-batches run as a captured CUDA graph (from the second on a device that
+    /// captures, unless graphs are off).
+    pub fn graph_captured(&self) -> bool {
+        self.graph.is_some()
+    }
+
     /// Device bytes an engine for `plan` takes (a ZeRO-1 run's moments split `moment_shards`
     /// ways), before the kernels and cuBLASLt's workspace.
     pub fn memory_needed(plan: &Plan, arithmetic: Arithmetic, moment_shards: usize) -> u64 {
@@ -406,9 +412,10 @@ impl<'r> CudaEngine<'r> {
             return self.queue_forward_backward();
         }
         if self.graph.is_none() && self.kernels_per_step > 0 {
-            self.device.begin_capture()?;
+            let graphs_off = |e: CudaError| CudaError::new(format!("{e} (ALPHA_CUDA_GRAPHS=0 runs without CUDA graphs)"));
+            self.device.begin_capture().map_err(graphs_off)?;
             let queued = self.queue_forward_backward();
-            self.graph = Some(self.device.end_capture(queued)?);
+            self.graph = Some(self.device.end_capture(queued).map_err(graphs_off)?);
         }
         match &self.graph {
             Some(graph) => self.device.replay(graph),

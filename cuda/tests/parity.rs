@@ -220,6 +220,8 @@ fn graphs_keep_every_bit() {
         let engine = |graphs| CudaEngine::new(device(), arithmetic, plan, cfg(2), &start, &OneRank, false).unwrap().with_graphs(graphs);
         let (mut graphed, mut launched) = (engine(true), engine(false));
         assert_eq!(steps(&mut graphed, 3), steps(&mut launched, 3), "{arithmetic:?}: the steps' statistics differ");
+        assert_eq!(graphed.graph_captured(), graphed.device().captures(), "{arithmetic:?}: a device that captures graphs runs the micro-batches as one");
+        assert!(!launched.graph_captured());
         assert!(params(&graphed) == params(&launched), "{arithmetic:?}: the parameters differ");
     }
 }
