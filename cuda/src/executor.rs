@@ -343,8 +343,17 @@ impl<'a> CudaExecutor<'a> {
         tile_grid(width, row_blocks::blocks(n))
     }
 
+    /// Bytes of an element of the products' operands: 2 under bf16 products, else 4.
+    fn operand_bytes(&self) -> usize {
+        if self.products.arithmetic() == Arithmetic::Bf16 {
+            2
+        } else {
+            4
+        }
+    }
+
     fn product(&mut self, p: Product, a: u64, b: u64, d: u64) {
-        let operand = if self.products.arithmetic() == Arithmetic::Bf16 { 2.0 } else { 4.0 };
+        let operand = self.operand_bytes() as f64;
         let (m, n, k) = (p.m as f64, p.n as f64, p.k as f64);
         let work = Work { flops: 2.0 * m * n * k, bytes: operand * (m * k + k * n) + 4.0 * m * n * (1.0 + p.accumulate as u8 as f64) };
         // SAFETY: the walk's tensors of this op, of the shapes `p` names.
@@ -591,7 +600,7 @@ impl Executor for CudaExecutor<'_> {
         }
         let partials = self.arenas.weight_grad_slices.expect("a sliced weight gradient needs the slices' scratch");
         assert!(slices * k * m <= partials.len, "the weight gradient's slices past their scratch");
-        let size = if self.products.arithmetic() == Arithmetic::Bf16 { 2 } else { 4 };
+        let size = self.operand_bytes();
         for s in 0..slices {
             let (first, tokens) = (s * len, len.min(n - s * len));
             let (xs, ds, out) = (x + (first * k * size) as u64, dout + (first * m * size) as u64, partials.ptr + (4 * s * k * m) as u64);
@@ -671,12 +680,8 @@ impl Executor for CudaExecutor<'_> {
         };
         // Grouped heads: a block per rows of keys of each query head, its share of dK and dV
         // into the partials, added after.
-        let partials = if s.kv_heads < s.heads {
-            self.arenas.attention_partials.expect("grouped heads' backward needs the attention partials")
-        } else {
-            Tensor { ptr: 0, len: 0 }
-        };
-        let key_value_heads = if partials.ptr != 0 { s.heads } else { s.kv_heads };
+        let partials = (s.kv_heads < s.heads).then(|| self.arenas.attention_partials.expect("grouped heads' backward needs the attention partials"));
+        let key_value_heads = if partials.is_some() { s.heads } else { s.kv_heads };
         let ((query_grid, threads), (key_value_grid, _)) = (attention_launch(tensor, s, s.heads), attention_launch(tensor, s, key_value_heads));
         // SAFETY: as forward; delta [B, NH, T] in the attention scratch.
         unsafe {
@@ -696,9 +701,9 @@ impl Executor for CudaExecutor<'_> {
                     flops: s.causal_flops(4.0),
                     ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size + 2 * s.kv_heads * s.head_size) + 2 * rows)
                 },
-                &mut args![dqkv, partials.ptr, dout, qkv, lse, delta.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
+                &mut args![dqkv, partials.map_or(0, |p| p.ptr), dout, qkv, lse, delta.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
-            if partials.ptr != 0 {
+            if let Some(partials) = partials {
                 let (n, sums) = (s.batch * s.seq, s.batch * s.seq * s.kv_heads * 2 * s.head_size);
                 assert!(partials.len >= n * s.heads * 2 * s.head_size, "the attention partials are too small");
                 self.launch(
