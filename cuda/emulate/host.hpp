@@ -91,6 +91,12 @@ inline unsigned __float_as_uint(float f) {
     return u;
 }
 
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
 // common.cuh's tensor-core product, computed from its definition in PTX's fragment layout:
 // each lane posts its fragments, waits for its warp's, and sums its four elements of D over
 // the 16 products in order (the device's order of summation is its own).
@@ -115,6 +121,36 @@ inline void mma_bf16(float* d, const unsigned* a, const unsigned* b) {
         d[i] = sum;
     }
     wait_as(Fiber::AtWarp);
+}
+
+// TF32's product as mma.m16n8k8 (common.cuh's layout), the operands' low 13 bits ignored as
+// the device ignores them.
+inline float tf32_value(unsigned reg) { return __int_as_float((int)(reg & 0xffffe000u)); }
+
+inline void mma_tf32(float* d, const unsigned* a, const unsigned* b) {
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    std::memcpy(warp_a[warp][lane], a, 4 * sizeof(unsigned));
+    std::memcpy(warp_b[warp][lane], b, 2 * sizeof(unsigned));
+    wait_as(Fiber::AtWarp);
+    for (int i = 0; i < 4; ++i) {
+        int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float sum = d[i];
+        for (int k = 0; k < 8; ++k) {
+            float x = tf32_value(warp_a[warp][4 * (row % 8) + k % 4][row / 8 + 2 * (k / 4)]);
+            float y = tf32_value(warp_b[warp][4 * col + k % 4][k / 4]);
+            sum += x * y;
+        }
+        d[i] = sum;
+    }
+    wait_as(Fiber::AtWarp);
+}
+
+// cvt.rna.tf32.f32: to nearest, ties away from zero (a carry into the exponent rounds up a
+// power of two, or to infinity); NaN stays NaN.
+inline unsigned to_tf32(float x) {
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return u | 0x400000u;
+    return (u + 0x1000u) & 0xffffe000u;
 }
 
 // Calls `kernel` with the arguments `args` points to, as cuLaunchKernel's kernelParams.

@@ -395,101 +395,181 @@ extern "C" __global__ void attention_decode(float* out, float* lse, float* keys,
     if (lane == 0) lse[h] = m + logf(l);
 }
 
-// ---- On the tensor cores: bf16 runs, head sizes that are multiples of 16 up to 64 ----
-// FlashAttention-2's order with bf16 operands and f32 sums (mma_bf16, common.cuh): a block of
-// 4 warps takes TC_ROWS query rows of a head (forward, dQ) or key rows of a key/value head
-// (dK and dV, over its query heads in order), 16 rows a warp, and walks the other side in
-// tiles of TC_TILE rows staged in shared memory as bf16 (q and k rotated as they are read).
-// Scores and their gradients stay in registers in the products' accumulator layout, which is
-// the next product's A operand once rounded (rows g and g + 8 of a warp's 16 in each lane, a
-// row's values over the 4 lanes of a quad): the probabilities are rounded to bf16 as the CPU's
-// bf16 attention rounds them (core/src/ops/attention.rs). Deterministic: every output element
-// is summed by one warp in a fixed order; dQ in its own pass, no atomics.
+// ---- On the tensor cores: heads of 16 to 64 dimensions in steps of 16 (sm_80 and later) ----
+// FlashAttention-2's order with f32 sums: a block of 4 warps takes TC_ROWS query rows of a head
+// (forward, dQ) or key rows of a key/value head (dK and dV, over its query heads in order), 16
+// rows a warp, and walks the other side in tiles staged in shared memory (q and k rotated as
+// they are read). Scores and their gradients stay in registers in the products' accumulator
+// layout, which is the next product's A operand (rows g and g + 8 of a warp's 16 in each lane,
+// a row's values over the 4 lanes of a quad). Deterministic: every output element is summed by
+// one warp in a fixed order; dQ in its own pass, no atomics. Two kinds of operands, the
+// kernels' `Op`:
+// - Bf16Operands (bf16 runs): tiles staged as bf16, mma.m16n8k16; the probabilities and their
+//   gradients rounded to bf16 as the CPU's bf16 attention rounds them (core/src/ops/attention.rs).
+// - SplitTf32 (f32 runs): tiles staged as f32, every operand split where it is used into two
+//   TF32 parts, x = big + small (big = tf32(x), small = tf32(x - big)), and a · b summed as
+//   small · big + big · small + big · big by mma.m16n8k8 ("3xTF32"): within a few f32
+//   roundings, as PyTorch's memory-efficient attention runs fp32 from sm_80 (CUTLASS's
+//   OpMultiplyAddFastF32).
+// A lane (4 g + t) holds the same elements under both: of a 16 x 16 A step, rows g and g + 8 at
+// columns 2t, 2t + 1, 2t + 8 and 2t + 9, as `float a[8]` (a[0], a[1]: row g at 2t, 2t + 1;
+// a[2], a[3]: row g + 8 there; a[4..8): the same at 2t + 8, 2t + 9); of a 16 x 8 B step, column
+// g at rows 2t, 2t + 1, 2t + 8 and 2t + 9 (`b[4]`). mma.m16n8k16 takes exactly these; two
+// m16n8k8 steps take them as the columns (2t, 2t + 8) and then (2t + 1, 2t + 9): an order of
+// the sum that A and B follow alike.
 
 #define TC_ROWS 64    // rows of a block: 4 warps of 16
-#define TC_TILE 64    // rows of a staged tile
-#define TC_STRIDE 72  // bf16 elements between a staged tile's rows (64 and 8 of padding: no bank conflicts)
 #define TC_STEPS 4    // 16-dimension steps of a head at most (head sizes up to 64)
 
-// Rows [first, first + TC_TILE) of a head as bf16 into `tile`: element d of row j at
-// `base + j * w + d`, rotated as position j where `rope` is a table; zero past `seq`. Every
-// thread of the block takes part.
-__device__ __forceinline__ void stage_bf16(unsigned short* tile, const float* base, long long w, int first, int seq, int hs, const float* rope) {
-    for (int e = threadIdx.x; e < TC_TILE * hs; e += blockDim.x) {
+// bf16 operands, f32 sums: mma.m16n8k16.
+struct Bf16Operands {
+    typedef unsigned short Staged;
+    // Rows of a staged tile (of dK and dV's); elements between a tile's rows (64 and 8 of
+    // padding: no bank conflicts).
+    enum { TILE_ROWS = 64, KEY_VALUE_TILE_ROWS = 64, ROW_STRIDE = 72 };
+    struct A {
+        unsigned r[4];
+    };
+    typedef A Ready;  // an A step as the products take it
+    struct B {
+        unsigned r[2];
+    };
+    __device__ static Staged stage(float x) { return to_bf16(x); }
+    __device__ static A a(const float* x) { return A{{pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7])}}; }
+    __device__ static Ready ready(const A& a) { return a; }
+    __device__ static B b(Staged b0, Staged b1, Staged b2, Staged b3) {
+        return B{{(unsigned)b0 | ((unsigned)b1 << 16), (unsigned)b2 | ((unsigned)b3 << 16)}};
+    }
+    __device__ static void mma(float* d, const Ready& a, const B& b) { mma_bf16(d, a.r, b.r); }
+};
+
+// f32 operands split in two TF32 parts each, three mma.m16n8k8 products per step. Smaller tiles
+// than the bf16 kernels' (half, a quarter in dK and dV's, whose warps also hold K, V and both
+// gradients): an f32 operand takes twice a bf16 one's registers, and past 255 a kernel spills.
+struct SplitTf32 {
+    typedef float Staged;
+    enum { TILE_ROWS = 32, KEY_VALUE_TILE_ROWS = 16, ROW_STRIDE = 72 };
+    struct A {
+        float x[8];
+    };
+    struct Ready {
+        unsigned big[8], small[8];
+    };
+    struct B {
+        float y[4];
+    };
+    __device__ static Staged stage(float x) { return x; }
+    __device__ static A a(const float* x) {
+        A r;
+        #pragma unroll
+        for (int e = 0; e < 8; ++e) r.x[e] = x[e];
+        return r;
+    }
+    __device__ static void split(float x, unsigned* big, unsigned* small) {
+        *big = to_tf32(x);
+        *small = to_tf32(x - __uint_as_float(*big));
+    }
+    __device__ static Ready ready(const A& a) {
+        Ready r;
+        #pragma unroll
+        for (int e = 0; e < 8; ++e) split(a.x[e], &r.big[e], &r.small[e]);
+        return r;
+    }
+    __device__ static B b(Staged b0, Staged b1, Staged b2, Staged b3) { return B{{b0, b1, b2, b3}}; }
+    __device__ static void mma(float* d, const Ready& a, const B& b) {
+        unsigned big[4], small[4];
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) split(b.y[e], &big[e], &small[e]);
+        #pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            unsigned a_big[4] = {a.big[s], a.big[2 + s], a.big[4 + s], a.big[6 + s]};
+            unsigned a_small[4] = {a.small[s], a.small[2 + s], a.small[4 + s], a.small[6 + s]};
+            unsigned b_big[2] = {big[s], big[2 + s]}, b_small[2] = {small[s], small[2 + s]};
+            mma_tf32(d, a_small, b_big);
+            mma_tf32(d, a_big, b_small);
+            mma_tf32(d, a_big, b_big);
+        }
+    }
+};
+
+// Rows [first, first + R) of a head into `tile`: element d of row j at `base + j * w +
+// d`, rotated as position j where `rope` is a table; zero past `seq`. Every thread of the block
+// takes part.
+template <class Op, int R>
+__device__ __forceinline__ void stage_tile(typename Op::Staged* tile, const float* base, long long w, int first, int seq, int hs, const float* rope) {
+    for (int e = threadIdx.x; e < R * hs; e += blockDim.x) {
         int jj = e / hs, d = e % hs, j = first + jj;
-        tile[jj * TC_STRIDE + d] = to_bf16(j < seq ? rotated(base + (long long)j * w, d, hs, rope, j) : 0.0f);
+        tile[jj * Op::ROW_STRIDE + d] = Op::stage(j < seq ? rotated(base + (long long)j * w, d, hs, rope, j) : 0.0f);
     }
 }
 
 // A warp's A operand for its rows row0 + g and row0 + g + 8 (zero past `seq`) straight from
-// memory: element d of row i at `base + i * w + d`, rotated where `rope` is a table;
-// a[kk] holds dimensions 16 kk to 16 kk + 15.
-__device__ __forceinline__ void load_rows_a(unsigned (*a)[4], const float* base, long long w, int row0, int seq, int hs, const float* rope) {
+// memory: element d of row i at `base + i * w + d`, rotated where `rope` is a table; a[kk] holds
+// dimensions 16 kk to 16 kk + 15.
+template <class Op>
+__device__ __forceinline__ void load_rows_a(typename Op::A* a, const float* base, long long w, int row0, int seq, int hs, const float* rope) {
     int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
     #pragma unroll
-    for (int kk = 0; kk < TC_STEPS; ++kk)
+    for (int kk = 0; kk < TC_STEPS; ++kk) {
+        float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
             int i = row0 + g + 8 * half;
-            const float* at = base + (long long)i * w;
-            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (16 * kk < hs && i < seq)
                 #pragma unroll
-                for (int e = 0; e < 4; ++e) x[e] = rotated(at, 16 * kk + 2 * t + e % 2 + 8 * (e / 2), hs, rope, i);
-            a[kk][half] = pack_bf16(x[0], x[1]);
-            a[kk][2 + half] = pack_bf16(x[2], x[3]);
+                for (int e = 0; e < 4; ++e)
+                    x[2 * half + e % 2 + 4 * (e / 2)] = rotated(base + (long long)i * w, 16 * kk + 2 * t + e % 2 + 8 * (e / 2), hs, rope, i);
         }
+        a[kk] = Op::a(x);
+    }
 }
 
 // The B operand of a product with a staged tile's rows as its columns (`tile` row n0 + g,
 // dimensions 16 kk + 2t...): scores against keys, dP against values.
-__device__ __forceinline__ void tile_rows_b(unsigned* b, const unsigned short* tile, int n0, int kk) {
+template <class Op>
+__device__ __forceinline__ typename Op::B tile_rows_b(const typename Op::Staged* tile, int n0, int kk) {
     int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    const unsigned short* row = tile + (n0 + g) * TC_STRIDE + 16 * kk + 2 * t;
-    b[0] = (unsigned)row[0] | ((unsigned)row[1] << 16);
-    b[1] = (unsigned)row[8] | ((unsigned)row[9] << 16);
+    const typename Op::Staged* row = tile + (n0 + g) * Op::ROW_STRIDE + 16 * kk + 2 * t;
+    return Op::b(row[0], row[1], row[8], row[9]);
 }
 
 // The B operand of a product summing over a staged tile's rows (rows 16 kk + 2t..., column
 // n0 + g of the head's dimensions): P · V, dS · K, and their transposes' partners.
-__device__ __forceinline__ void tile_columns_b(unsigned* b, const unsigned short* tile, int kk, int n0) {
+template <class Op>
+__device__ __forceinline__ typename Op::B tile_columns_b(const typename Op::Staged* tile, int kk, int n0) {
     int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    const unsigned short* col = tile + (16 * kk + 2 * t) * TC_STRIDE + n0 + g;
-    b[0] = (unsigned)col[0] | ((unsigned)col[TC_STRIDE] << 16);
-    b[1] = (unsigned)col[8 * TC_STRIDE] | ((unsigned)col[9 * TC_STRIDE] << 16);
+    const typename Op::Staged* col = tile + (16 * kk + 2 * t) * Op::ROW_STRIDE + n0 + g;
+    return Op::b(col[0], col[Op::ROW_STRIDE], col[8 * Op::ROW_STRIDE], col[9 * Op::ROW_STRIDE]);
 }
 
 // acc [16 x 8 tile n] = a · the staged tile's rows 8n... (their dimensions summed): a warp's
-// scores (or dP) against TC_TILE staged rows.
-__device__ __forceinline__ void against_tile(float (*acc)[4], const unsigned (*a)[4], const unsigned short* tile, int hs) {
+// scores (or dP) against R staged rows.
+template <class Op, int R>
+__device__ __forceinline__ void against_tile(float (*acc)[4], const typename Op::A* a, const typename Op::Staged* tile, int hs) {
     #pragma unroll
-    for (int n = 0; n < TC_TILE / 8; ++n) {
-        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-        #pragma unroll
-        for (int kk = 0; kk < TC_STEPS; ++kk)
-            if (16 * kk < hs) {
-                unsigned b[2];
-                tile_rows_b(b, tile, 8 * n, kk);
-                mma_bf16(acc[n], a[kk], b);
-            }
-    }
+    for (int n = 0; n < R / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    #pragma unroll
+    for (int kk = 0; kk < TC_STEPS; ++kk)
+        if (16 * kk < hs) {
+            typename Op::Ready r = Op::ready(a[kk]);
+            #pragma unroll
+            for (int n = 0; n < R / 8; ++n) Op::mma(acc[n], r, tile_rows_b<Op>(tile, 8 * n, kk));
+        }
 }
 
-// out [16 x hs] += x · the staged tile (x [16 x TC_TILE] in the accumulator layout, rounded to
-// bf16 as the A operand): P · V, dS · K.
-__device__ __forceinline__ void times_tile(float (*out)[4], const float (*x)[4], const unsigned short* tile, int hs) {
+// out [16 x hs] += x · the staged tile (x [16 x R] in the accumulator layout, the A operand as
+// it stands: rounded to bf16, or split): P · V, dS · K.
+template <class Op, int R>
+__device__ __forceinline__ void times_tile(float (*out)[4], const float (*x)[4], const typename Op::Staged* tile, int hs) {
     #pragma unroll
-    for (int kk = 0; kk < TC_TILE / 16; ++kk) {
+    for (int kk = 0; kk < R / 16; ++kk) {
         const float* lo = x[2 * kk];
         const float* hi = x[2 * kk + 1];
-        unsigned a[4] = {pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]), pack_bf16(hi[0], hi[1]), pack_bf16(hi[2], hi[3])};
+        float step[8] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
+        typename Op::Ready r = Op::ready(Op::a(step));
         #pragma unroll
         for (int n = 0; n < 2 * TC_STEPS; ++n)
-            if (8 * n < hs) {
-                unsigned b[2];
-                tile_columns_b(b, tile, kk, 8 * n);
-                mma_bf16(out[n], a, b);
-            }
+            if (8 * n < hs) Op::mma(out[n], r, tile_columns_b<Op>(tile, kk, 8 * n));
     }
 }
 
@@ -540,40 +620,42 @@ __device__ __forceinline__ TensorQueries tensor_queries(const float* qkv, int se
     return r;
 }
 
-// Stages the tile of keys (rotated) and values of r's key/value head from key k0 as bf16.
-__device__ __forceinline__ void stage_key_value_tile(unsigned short* keys, unsigned short* values, TensorQueries r, int k0, int seq, int heads,
+// Stages the tile of keys (rotated) and values of r's key/value head from key k0.
+template <class Op>
+__device__ __forceinline__ void stage_key_value_tile(typename Op::Staged* keys, typename Op::Staged* values, TensorQueries r, int k0, int seq, int heads,
                                                      int kv_heads, int hs, const float* rope) {
     const float* keys0 = r.head0 + heads * hs + r.kv * hs;
     __syncthreads();
-    stage_bf16(keys, keys0, r.w, k0, seq, hs, rope);
-    stage_bf16(values, keys0 + kv_heads * hs, r.w, k0, seq, hs, 0);
+    stage_tile<Op, Op::TILE_ROWS>(keys, keys0, r.w, k0, seq, hs, rope);
+    stage_tile<Op, Op::TILE_ROWS>(values, keys0 + kv_heads * hs, r.w, k0, seq, hs, 0);
     __syncthreads();
 }
 
 // As attention_forward, on the tensor cores: a block per TC_ROWS queries of a head; a warp
 // skips the key tiles past its last query.
-extern "C" __global__ void attention_tensor_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads,
-                                                    int kv_heads, int hs, float scale, DropoutSite dropout) {
+template <class Op>
+__device__ void tensor_forward(float* out, float* lse, const float* qkv, const float* rope, int seq, int heads, int kv_heads, int hs, float scale,
+                               DropoutSite dropout) {
     Dropout drop = load_dropout(dropout);
-    __shared__ unsigned short keys[TC_TILE * TC_STRIDE], values[TC_TILE * TC_STRIDE];
+    __shared__ typename Op::Staged keys[Op::TILE_ROWS * Op::ROW_STRIDE], values[Op::TILE_ROWS * Op::ROW_STRIDE];
     TensorQueries r = tensor_queries(qkv, seq, heads, kv_heads, hs);
     TensorPlace p = r.p;
     int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs;
     long long bh = r.bh;
-    unsigned q[TC_STEPS][4];
-    load_rows_a(q, r.head0 + p.head * hs, r.w, p.row0, seq, hs, rope);
+    typename Op::A q[TC_STEPS];
+    load_rows_a<Op>(q, r.head0 + p.head * hs, r.w, p.row0, seq, hs, rope);
     float o[2 * TC_STEPS][4] = {}, m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
-    for (int k0 = 0; k0 < r.end; k0 += TC_TILE) {
-        stage_key_value_tile(keys, values, r, k0, seq, heads, kv_heads, hs, rope);
+    for (int k0 = 0; k0 < r.end; k0 += Op::TILE_ROWS) {
+        stage_key_value_tile<Op>(keys, values, r, k0, seq, heads, kv_heads, hs, rope);
         if (k0 > p.row0 + 15) continue;
-        float s[TC_TILE / 8][4];
-        against_tile(s, q, keys, hs);
+        float s[Op::TILE_ROWS / 8][4];
+        against_tile<Op, Op::TILE_ROWS>(s, q, keys, hs);
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
             int i = p.row0 + g + 8 * half;
             float mx = m[half];
             #pragma unroll
-            for (int n = 0; n < TC_TILE / 8; ++n)
+            for (int n = 0; n < Op::TILE_ROWS / 8; ++n)
                 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     int j = k0 + 8 * n + 2 * t + e;
@@ -589,7 +671,7 @@ extern "C" __global__ void attention_tensor_forward(float* out, float* lse, cons
             #pragma unroll
             for (int n = 0; n < 2 * TC_STEPS; ++n) o[n][2 * half] *= corr, o[n][2 * half + 1] *= corr;
             #pragma unroll
-            for (int n = 0; n < TC_TILE / 8; ++n)
+            for (int n = 0; n < Op::TILE_ROWS / 8; ++n)
                 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     float v = s[n][2 * half + e], pr = v == NEG_INF ? 0.0f : expf(v - mx);
@@ -599,11 +681,11 @@ extern "C" __global__ void attention_tensor_forward(float* out, float* lse, cons
         }
         // Rows with no key yet keep -inf scores: zero probabilities.
         #pragma unroll
-        for (int n = 0; n < TC_TILE / 8; ++n)
+        for (int n = 0; n < Op::TILE_ROWS / 8; ++n)
             #pragma unroll
             for (int e = 0; e < 4; ++e)
                 if (s[n][e] == NEG_INF) s[n][e] = 0.0f;
-        times_tile(o, s, values, hs);
+        times_tile<Op, Op::TILE_ROWS>(o, s, values, hs);
     }
     #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -623,19 +705,19 @@ extern "C" __global__ void attention_tensor_forward(float* out, float* lse, cons
 
 // As attention_backward_query, on the tensor cores: dQ (rotated space) and delta of each
 // query row, a block per TC_ROWS queries of a head.
-extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
-                                                           const float* lse, const float* rope, int batch, int seq, int heads, int kv_heads,
-                                                           int hs, float scale, DropoutSite dropout) {
+template <class Op>
+__device__ void tensor_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out, const float* lse,
+                                      const float* rope, int seq, int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
     Dropout drop = load_dropout(dropout);
-    __shared__ unsigned short keys[TC_TILE * TC_STRIDE], values[TC_TILE * TC_STRIDE];
+    __shared__ typename Op::Staged keys[Op::TILE_ROWS * Op::ROW_STRIDE], values[Op::TILE_ROWS * Op::ROW_STRIDE];
     TensorQueries r = tensor_queries(qkv, seq, heads, kv_heads, hs);
     TensorPlace p = r.p;
     int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs;
     long long bh = r.bh;
     const float* dout0 = dout + (long long)p.b * seq * c + p.head * hs;
-    unsigned q[TC_STEPS][4], d_o[TC_STEPS][4];
-    load_rows_a(q, r.head0 + p.head * hs, r.w, p.row0, seq, hs, rope);
-    load_rows_a(d_o, dout0, c, p.row0, seq, hs, 0);
+    typename Op::A q[TC_STEPS], d_o[TC_STEPS];
+    load_rows_a<Op>(q, r.head0 + p.head * hs, r.w, p.row0, seq, hs, rope);
+    load_rows_a<Op>(d_o, dout0, c, p.row0, seq, hs, 0);
     // delta = rowsum(dO * O) in f32, each lane over the dimensions its A operand holds.
     float dl[2], li[2];
     #pragma unroll
@@ -659,14 +741,14 @@ extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* d
         if (i < seq && t == 0) delta[bh * seq + i] = dl[half];
     }
     float dq[2 * TC_STEPS][4] = {};
-    for (int k0 = 0; k0 < r.end; k0 += TC_TILE) {
-        stage_key_value_tile(keys, values, r, k0, seq, heads, kv_heads, hs, rope);
+    for (int k0 = 0; k0 < r.end; k0 += Op::TILE_ROWS) {
+        stage_key_value_tile<Op>(keys, values, r, k0, seq, heads, kv_heads, hs, rope);
         if (k0 > p.row0 + 15) continue;
-        float s[TC_TILE / 8][4], dp[TC_TILE / 8][4];
-        against_tile(s, q, keys, hs);
-        against_tile(dp, d_o, values, hs);
+        float s[Op::TILE_ROWS / 8][4], dp[Op::TILE_ROWS / 8][4];
+        against_tile<Op, Op::TILE_ROWS>(s, q, keys, hs);
+        against_tile<Op, Op::TILE_ROWS>(dp, d_o, values, hs);
         #pragma unroll
-        for (int n = 0; n < TC_TILE / 8; ++n)
+        for (int n = 0; n < Op::TILE_ROWS / 8; ++n)
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int half = e / 2, i = p.row0 + g + 8 * half, j = k0 + 8 * n + 2 * t + e % 2;
@@ -677,7 +759,7 @@ extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* d
                 }
                 s[n][e] = ds;
             }
-        times_tile(dq, s, keys, hs);
+        times_tile<Op, Op::TILE_ROWS>(dq, s, keys, hs);
     }
     #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -697,40 +779,41 @@ extern "C" __global__ void attention_tensor_backward_query(float* dqkv, float* d
 // row of a key/value head, a block per TC_ROWS keys, over the query tiles from the block's
 // first key: of its query heads in order, or with `partials` (grouped heads) of one query
 // head, into its share of `partials`.
-extern "C" __global__ void attention_tensor_backward_key_value(float* dqkv, float* partials, const float* dout, const float* qkv, const float* lse,
-                                                               const float* delta, const float* rope, int batch, int seq, int heads, int kv_heads,
-                                                               int hs, float scale, DropoutSite dropout) {
+template <class Op>
+__device__ void tensor_backward_key_value(float* dqkv, float* partials, const float* dout, const float* qkv, const float* lse, const float* delta,
+                                          const float* rope, int seq, int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
+    enum { KV_ROWS = Op::KEY_VALUE_TILE_ROWS };
     Dropout drop = load_dropout(dropout);
-    __shared__ unsigned short queries[TC_TILE * TC_STRIDE], douts[TC_TILE * TC_STRIDE];
-    __shared__ float tile_lse[TC_TILE], tile_delta[TC_TILE];
+    __shared__ typename Op::Staged queries[KV_ROWS * Op::ROW_STRIDE], douts[KV_ROWS * Op::ROW_STRIDE];
+    __shared__ float tile_lse[KV_ROWS], tile_delta[KV_ROWS];
     int group = heads / kv_heads;
     TensorPlace p = tensor_place(seq, partials ? heads : kv_heads);
     int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs, kv = partials ? p.head / group : p.head;
     long long w = (long long)(heads + 2 * kv_heads) * hs;
     int k_at = c + kv * hs, v_at = c + kv_heads * hs + kv * hs;
     const float* head0 = qkv + (long long)p.b * seq * w;
-    unsigned k[TC_STEPS][4], v[TC_STEPS][4];
-    load_rows_a(k, head0 + k_at, w, p.row0, seq, hs, rope);
-    load_rows_a(v, head0 + v_at, w, p.row0, seq, hs, 0);
+    typename Op::A k[TC_STEPS], v[TC_STEPS];
+    load_rows_a<Op>(k, head0 + k_at, w, p.row0, seq, hs, rope);
+    load_rows_a<Op>(v, head0 + v_at, w, p.row0, seq, hs, 0);
     float dk[2 * TC_STEPS][4] = {}, dv[2 * TC_STEPS][4] = {};
     int h_end = partials ? p.head + 1 : (kv + 1) * group;
     for (int h = partials ? p.head : kv * group; h < h_end; ++h) {
         long long bh = (long long)p.b * heads + h;
-        for (int q0 = p.first; q0 < seq; q0 += TC_TILE) {
+        for (int q0 = p.first; q0 < seq; q0 += KV_ROWS) {
             __syncthreads();
-            stage_bf16(queries, head0 + h * hs, w, q0, seq, hs, rope);
-            stage_bf16(douts, dout + (long long)p.b * seq * c + h * hs, c, q0, seq, hs, 0);
-            for (int e = threadIdx.x; e < TC_TILE; e += blockDim.x) {
+            stage_tile<Op, KV_ROWS>(queries, head0 + h * hs, w, q0, seq, hs, rope);
+            stage_tile<Op, KV_ROWS>(douts, dout + (long long)p.b * seq * c + h * hs, c, q0, seq, hs, 0);
+            for (int e = threadIdx.x; e < KV_ROWS; e += blockDim.x) {
                 tile_lse[e] = q0 + e < seq ? lse[bh * seq + q0 + e] : 0.0f;
                 tile_delta[e] = q0 + e < seq ? delta[bh * seq + q0 + e] : 0.0f;
             }
             __syncthreads();
             // Transposed scores and dP: keys (this warp's rows) against the tile's queries.
-            float s[TC_TILE / 8][4], dp[TC_TILE / 8][4];
-            against_tile(s, k, queries, hs);
-            against_tile(dp, v, douts, hs);
+            float s[KV_ROWS / 8][4], dp[KV_ROWS / 8][4];
+            against_tile<Op, KV_ROWS>(s, k, queries, hs);
+            against_tile<Op, KV_ROWS>(dp, v, douts, hs);
             #pragma unroll
-            for (int n = 0; n < TC_TILE / 8; ++n)
+            for (int n = 0; n < KV_ROWS / 8; ++n)
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     int i = p.row0 + g + 8 * (e / 2), jj = 8 * n + 2 * t + e % 2, j = q0 + jj;
@@ -743,8 +826,8 @@ extern "C" __global__ void attention_tensor_backward_key_value(float* dqkv, floa
                     s[n][e] = pd;
                     dp[n][e] = ds;
                 }
-            times_tile(dv, s, douts, hs);
-            times_tile(dk, dp, queries, hs);
+            times_tile<Op, KV_ROWS>(dv, s, douts, hs);
+            times_tile<Op, KV_ROWS>(dk, dp, queries, hs);
         }
     }
     if (partials) k_at = 0, v_at = hs;
@@ -764,3 +847,24 @@ extern "C" __global__ void attention_tensor_backward_key_value(float* dqkv, floa
                 }
     }
 }
+
+// The tensor-core kernels, by operands: `attention_tensor_*` with bf16 ones, `attention_tf32x3_*`
+// with f32 ones split in three TF32 products (the SIMT kernels' arguments, as above).
+#define TENSOR_ATTENTION(PREFIX, OP)                                                                                                                    \
+    extern "C" __global__ void PREFIX##_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads,           \
+                                                int kv_heads, int hs, float scale, DropoutSite dropout) {                                                \
+        tensor_forward<OP>(out, lse, qkv, rope, seq, heads, kv_heads, hs, scale, dropout);                                                            \
+    }                                                                                                                                                   \
+    extern "C" __global__ void PREFIX##_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,               \
+                                                       const float* lse, const float* rope, int batch, int seq, int heads, int kv_heads, int hs,       \
+                                                       float scale, DropoutSite dropout) {                                                             \
+        tensor_backward_query<OP>(dqkv, delta, dout, qkv, out, lse, rope, seq, heads, kv_heads, hs, scale, dropout);                                  \
+    }                                                                                                                                                   \
+    extern "C" __global__ void PREFIX##_backward_key_value(float* dqkv, float* partials, const float* dout, const float* qkv, const float* lse,        \
+                                                           const float* delta, const float* rope, int batch, int seq, int heads, int kv_heads, int hs, \
+                                                           float scale, DropoutSite dropout) {                                                         \
+        tensor_backward_key_value<OP>(dqkv, partials, dout, qkv, lse, delta, rope, seq, heads, kv_heads, hs, scale, dropout);                         \
+    }
+
+TENSOR_ATTENTION(attention_tensor, Bf16Operands)
+TENSOR_ATTENTION(attention_tf32x3, SplitTf32)

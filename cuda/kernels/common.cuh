@@ -85,12 +85,31 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 // g, columns 2t + 8 and 2t + 9), a[3] (row g + 8, those); b[0] holds B (rows 2t and 2t + 1,
 // column g), b[1] (rows 2t + 8 and 2t + 9, column g); d[0], d[1] are D (row g, columns 2t and
 // 2t + 1), d[2], d[3] (row g + 8, those). Every lane of the warp takes part. The host's
-// emulation (cuda/emulate/host.hpp) defines its own.
+// emulation (cuda/emulate/host.hpp) defines its own of these and of to_tf32.
 #ifndef ALPHA_HOST
 __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, const unsigned* b) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The same with TF32 operands (10-bit mantissas), mma.m16n8k8: D [16 x 8] += A [16 x 8] · B [8 x
+// 8], a[0] holding A (row g, column t), a[1] (row g + 8, column t), a[2] (row g, column t + 4),
+// a[3] (row g + 8, column t + 4); b[0] B (row t, column g), b[1] (row t + 4, column g); d as
+// above.
+__device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// x rounded to TF32 (to nearest, ties away from zero), as f32 bits: the low 13 bits zero.
+// Volatile, so that it happens where it is written: hoisted out of a loop, the split operands
+// of a whole head would stay in registers and spill.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned r;
+    asm volatile("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
 }
 #endif
 

@@ -4,7 +4,7 @@
 //! ([`CudaExecutor::finish`]), since the walk's calls return nothing.
 
 use crate::blas::{Arithmetic, Product, Products};
-use crate::device::{args, Device, MAX_BLOCK_THREADS};
+use crate::device::{args, Device, DeviceInfo, MAX_BLOCK_THREADS};
 use crate::error::CudaError;
 use crate::memory::Tensor;
 use crate::profile::Profiler;
@@ -43,11 +43,29 @@ fn attention_rows(s: attention::AttentionShape) -> usize {
     64.min(MAX_BLOCK_THREADS as usize / attention_row_parts(s))
 }
 
-/// Whether attention runs on the tensor cores: bf16 products (sm_80 and later) and a head of
-/// 16 to 64 dimensions in steps of 16 (attention.cu's `TC_STEPS`; wider heads would spill the
-/// backward's registers).
-fn tensor_attention(arithmetic: Arithmetic, s: attention::AttentionShape) -> bool {
-    arithmetic == Arithmetic::Bf16 && s.head_size.is_multiple_of(16) && s.head_size <= 64
+/// Attention's kernels for a shape: their names, and whether they are the tensor cores' (blocks
+/// of 64 rows in 4 warps, attention.cu's `TC_ROWS`) or the SIMT ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AttentionKernels {
+    pub forward: &'static str,
+    pub backward_query: &'static str,
+    pub backward_key_value: &'static str,
+    pub tensor: bool,
+}
+
+/// The kernels attention of shape `s` runs on `device` in `arithmetic`: the tensor cores' from
+/// sm_80 for heads of 16 to 64 dimensions in steps of 16 (attention.cu's `TC_STEPS`; wider heads
+/// would spill the backward's registers), with bf16 operands under bf16 products and f32 ones
+/// split in three TF32 products otherwise (PyTorch's fp32 attention on these cards); the SIMT
+/// kernels for other heads and cards.
+pub(crate) fn attention_kernels(device: &DeviceInfo, arithmetic: Arithmetic, s: attention::AttentionShape) -> AttentionKernels {
+    let tensor = device.has_bf16() && s.head_size.is_multiple_of(16) && s.head_size <= 64;
+    let (forward, backward_query, backward_key_value) = match (tensor, arithmetic) {
+        (false, _) => ("attention_forward", "attention_backward_query", "attention_backward_key_value"),
+        (true, Arithmetic::Bf16) => ("attention_tensor_forward", "attention_tensor_backward_query", "attention_tensor_backward_key_value"),
+        (true, Arithmetic::F32 | Arithmetic::Tf32) => ("attention_tf32x3_forward", "attention_tf32x3_backward_query", "attention_tf32x3_backward_key_value"),
+    };
+    AttentionKernels { forward, backward_query, backward_key_value, tensor }
 }
 
 /// The grid and block of attention's kernels over `heads` heads of `s` (one block per rows of
@@ -647,13 +665,12 @@ impl Executor for CudaExecutor<'_> {
                 let drop = DropoutArgs::new(a.dropout, self.key);
                 let rows = s.batch * s.heads * s.seq;
                 let (b, t) = (s.batch as i32, s.seq as i32);
-                let tensor = tensor_attention(self.products.arithmetic(), s);
-                let name = if tensor { "attention_tensor_forward" } else { "attention_forward" };
-                let (grid, threads) = attention_launch(tensor, s, s.heads);
+                let kernels = attention_kernels(&self.device.info, self.products.arithmetic(), s);
+                let (grid, threads) = attention_launch(kernels.tensor, s, s.heads);
                 // SAFETY: qkv [B, T, W], out [B, T, C], lse [B, NH, T].
                 unsafe {
                     self.launch(
-                        name,
+                        kernels.forward,
                         grid,
                         threads,
                         Work { flops: s.causal_flops(2.0), ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size) + rows) },
@@ -672,29 +689,24 @@ impl Executor for CudaExecutor<'_> {
         let delta = self.arenas.acts.part(self.plan.scratch().attention.offset, rows);
         let (b, t, heads, kv_heads, hs) = (s.batch as i32, s.seq as i32, s.heads as i32, s.kv_heads as i32, s.head_size as i32);
         let rope = self.rope(s);
-        let tensor = tensor_attention(self.products.arithmetic(), s);
-        let (query, key_value) = if tensor {
-            ("attention_tensor_backward_query", "attention_tensor_backward_key_value")
-        } else {
-            ("attention_backward_query", "attention_backward_key_value")
-        };
+        let kernels = attention_kernels(&self.device.info, self.products.arithmetic(), s);
         // Grouped heads: a block per rows of keys of each query head, its share of dK and dV
         // into the partials, added after.
         let partials = (s.kv_heads < s.heads).then(|| self.arenas.attention_partials.expect("grouped heads' backward needs the attention partials"));
         let key_value_heads = if partials.is_some() { s.heads } else { s.kv_heads };
-        let ((query_grid, threads), (key_value_grid, _)) = (attention_launch(tensor, s, s.heads), attention_launch(tensor, s, key_value_heads));
+        let ((query_grid, threads), (key_value_grid, _)) = (attention_launch(kernels.tensor, s, s.heads), attention_launch(kernels.tensor, s, key_value_heads));
         // SAFETY: as forward; delta [B, NH, T] in the attention scratch.
         unsafe {
             let (dqkv, dout, qkv, lse) = (a.dqkv.ptr, a.dout.ptr, a.qkv.ptr, a.lse.ptr);
             self.launch(
-                query,
+                kernels.backward_query,
                 query_grid,
                 threads,
                 Work { flops: s.causal_flops(3.0), ..Work::moving(s.batch * s.seq * (s.width() + 3 * s.heads * s.head_size) + 2 * rows) },
                 &mut args![dqkv, delta.ptr, dout, qkv, a.out.ptr, lse, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
             self.launch(
-                key_value,
+                kernels.backward_key_value,
                 key_value_grid,
                 threads,
                 Work {

@@ -371,18 +371,17 @@ fn matmul_and_its_epilogues_match_the_cpu() {
 }
 
 /// GPT-2's heads, and the Llama family's: three query heads to each key/value head, rotary
-/// embeddings (dQ and dK rotated back).
+/// embeddings (dQ and dK rotated back); on the SIMT kernels (heads the tensor cores' kernels
+/// do not take).
 #[test]
 fn attention_matches_the_cpu_with_and_without_dropout() {
     // Short and long sequences (past one block of 64 rows and one staged tile), head sizes
     // of one to eight threads per row (8, 40, 72, 200 dimensions).
     for p in [plan(5, 2, 7, 3, 120), llama_plan(2, 7, 6, 2, 48), plan(5, 1, 150, 3, 120), llama_plan(1, 70, 2, 1, 144), plan(5, 1, 40, 1, 200)] {
-        check_attention(p);
+        let kernels = crate::executor::attention_kernels(&device().info, Arithmetic::F32, p.attention_shape());
+        assert_eq!(kernels.forward, "attention_forward");
+        check_attention_in(p, Arithmetic::F32);
     }
-}
-
-fn check_attention(p: Plan) {
-    check_attention_in(p, Arithmetic::F32);
 }
 
 /// A weight gradient over many tokens for its outputs is summed over token slices (here 1600
@@ -418,7 +417,21 @@ fn weight_gradients_over_token_slices_match_the_cpu() {
 #[test]
 fn attention_on_the_tensor_cores_follows_the_cpus_bf16() {
     for p in [plan(5, 2, 70, 3, 96), llama_plan(1, 150, 4, 2, 256), plan(5, 1, 40, 2, 32)] {
+        let kernels = crate::executor::attention_kernels(&device().info, Arithmetic::Bf16, p.attention_shape());
+        assert_eq!(kernels.forward, "attention_tensor_forward");
         check_attention_in(p, Arithmetic::Bf16);
+    }
+}
+
+/// In f32 runs the same heads run on the tensor cores too, each operand split in two TF32
+/// parts and three products summed: element by element within 1e-5 of the CPU's f32 op, as the
+/// SIMT kernels are.
+#[test]
+fn attention_in_f32_on_the_tensor_cores_matches_the_cpu() {
+    for p in [plan(5, 2, 70, 3, 96), llama_plan(1, 150, 4, 2, 256), plan(5, 1, 40, 2, 32)] {
+        let kernels = crate::executor::attention_kernels(&device().info, Arithmetic::F32, p.attention_shape());
+        assert_eq!(kernels.forward, "attention_tf32x3_forward");
+        check_attention_in(p, Arithmetic::F32);
     }
 }
 

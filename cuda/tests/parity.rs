@@ -1,5 +1,5 @@
 //! The CUDA engine against the CPU's: f32 steps within 1e-5 relative of the CPU's (TF32
-//! off), dropout's masks the CPU's, bf16 within 2e-2 of f32, `--recompute` and a resumed run
+//! off; attention in 3xTF32 on the tensor cores, as PyTorch's fp32 attention), dropout's masks the CPU's, bf16 within 2e-2 of f32, `--recompute` and a resumed run
 //! bit for bit, evaluation's losses, greedy samples. On a CUDA device where there is one
 //! (scripts/cuda-check.sh sets `ALPHA_REQUIRE_CUDA=1`: a missing device fails); elsewhere on
 //! the host's emulation of one (`Device::emulated`: the kernels' and the executor's logic,
@@ -100,8 +100,12 @@ fn against_cpu_for(plan: Plan) {
     let mut gpu = cuda(dev, Arithmetic::F32, plan, &start);
     let (want, got) = (steps(&mut cpu, 20), steps(&mut gpu, 20));
     assert_steps_close(&format!("f32, dropout {dropout}"), &got, &want, 1e-5);
+    // The parameters after 20 AdamW steps, which magnify the gradients' last bits (a small
+    // gradient's update is nearly its sign): attention's products run in 3xTF32 here (heads of
+    // 16 to 64 dimensions from sm_80, as PyTorch's fp32 attention), 1.0e-5 from the CPU's on the
+    // emulation where the SIMT kernels' plain f32 gave 7.4e-6.
     let distance = distance_in_norm(&params(&gpu), &params(&cpu));
-    assert!(distance <= 1e-5, "f32, dropout {dropout}: the parameters after 20 steps are {distance:e} from the CPU's, relative in norm");
+    assert!(distance <= 3e-5, "f32, dropout {dropout}: the parameters after 20 steps are {distance:e} from the CPU's, relative in norm");
     let data = data();
     let mut rng = (alpha_core::Rng::new(9), alpha_core::Rng::new(9));
     let (a, b) = (now(cpu.evaluate(data[..].into(), 3, &mut rng.0)).unwrap(), now(gpu.evaluate(data[..].into(), 3, &mut rng.1)).unwrap());
@@ -286,7 +290,9 @@ fn traced_steps_time_every_kernel_with_its_work() {
         assert!(k.bytes > 0.0, "{k:?} moves no bytes");
     }
     let ops: std::collections::BTreeSet<&str> = kernels.iter().map(|k| k.kernel).collect();
-    for kernel in ["product", "attention_forward", "attention_backward_key_value", "bias_grad_partials", "add_partials", "adamw", "sum_squares_partials"] {
+    for kernel in
+        ["product", "attention_tf32x3_forward", "attention_tf32x3_backward_key_value", "bias_grad_partials", "add_partials", "adamw", "sum_squares_partials"]
+    {
         assert!(ops.contains(kernel), "{kernel} not timed: {ops:?}");
     }
     let weights: usize = plan.params().filter(|p| p.kind.is_matrix() && p.kind != alpha_core::plan::ParamKind::Wpe).map(|p| p.span.len).sum();
