@@ -7,7 +7,7 @@
 # (cuda/tests/ranks.rs); then the CLI: a checkpoint trained on CUDA resumed on the CPU, on
 # CUDA and, where wgpu finds an adapter, on wgpu (the same losses within 1e-5), a diverging
 # run stopped with its last good checkpoint, and with mpirun, 2 ranks on the one GPU against
-# one process with --grad-accum 2.
+# one process with --grad-accum 2 (their gradients summed during the backward, and after it).
 #
 #   scripts/cuda-check.sh --build   here, with Rust (no GPU needed): builds the test binaries
 #                                   and alpha-native (--features cuda, and cuda,mpi where Open
@@ -119,13 +119,16 @@ if command -v mpirun >/dev/null && [ -x "$dir/alpha-native-mpi" ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     ranks_against_accumulation() {
         mpirun --oversubscribe -np 2 "$dir/alpha-native-mpi" train "${common[@]}" --backend cuda --device 0 --iters 5 --out "$work/ranks" --metrics "$work/ranks.jsonl" > /dev/null || return
+        # The gradients summed after the backward instead of during it: the same sums.
+        mpirun --oversubscribe -np 2 -x ALPHA_CUDA_OVERLAP=0 "$dir/alpha-native-mpi" train "${common[@]}" --backend cuda --device 0 --iters 5 --out "$work/after" --metrics "$work/after.jsonl" > /dev/null || return
         train --backend cuda --iters 5 --grad-accum 2 --out "$work/accum" --metrics "$work/accum.jsonl" || return
-        python3 - "$(losses "$work/ranks.jsonl")" "$(losses "$work/accum.jsonl")" <<'PY'
+        python3 - "$(losses "$work/ranks.jsonl")" "$(losses "$work/after.jsonl")" "$(losses "$work/accum.jsonl")" <<'PY'
 import sys
-ranks, accum = [list(map(float, a.split())) for a in sys.argv[1:]]
+ranks, after, accum = [list(map(float, a.split())) for a in sys.argv[1:]]
 worst = max(abs(a - b) / a for a, b in zip(ranks, accum))
 assert len(ranks) == len(accum) == 5 and worst <= 1e-6, f"2 ranks {ranks}, --grad-accum 2 {accum}"
-print(f"2 ranks on one GPU and --grad-accum 2: 5 steps within {worst:.1e} relative")
+assert ranks == after, f"2 ranks summing during the backward {ranks}, after it {after}"
+print(f"2 ranks on one GPU and --grad-accum 2: 5 steps within {worst:.1e} relative; the sums during the backward give the bits of those after it")
 PY
     }
     ranks_against_accumulation || fail

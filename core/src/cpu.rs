@@ -10,7 +10,7 @@ use crate::ops::dropout::{self, DropoutKey};
 use crate::ops::{attention, cross_entropy, embedding, layernorm, matmul, rmsnorm};
 use crate::parallel::Parallel;
 use crate::plan::{Plan, Scratch, Span};
-use crate::tape::{Observer, Op, Pass};
+use crate::tape::{FinishedGradients, Observer, Op, Pass};
 use crate::walk::{Arena, Executor};
 use core::marker::PhantomData;
 
@@ -48,11 +48,7 @@ impl<T> RawArena<T> {
 /// [`CpuExecutor::handing_out_finished`]).
 struct Finished<'a, T> {
     take: &'a mut dyn FnMut(&'a mut [T]),
-    /// The token and position tables end here: the LM head writes the token table's gradient
-    /// first and the embedding last, so they are final only when the walk ends.
-    tables_end: usize,
-    /// Gradients from here on have been handed out.
-    from: usize,
+    gradients: FinishedGradients,
 }
 
 /// A decoding walk's KV cache and position (see [`CpuExecutor::decoding`]).
@@ -147,15 +143,11 @@ impl<'a, T: Float> CpuExecutor<'a, T> {
     }
 
     /// Handing `take`, after each op of a backward walk, the gradients that op finished (maybe
-    /// none): the walk writes a block's parameters' gradients only in that block's ops, and
-    /// visits the blocks from the last to the first, so gradients from the lowest parameter an
-    /// op wrote (the token and position tables aside) up are final once it has run. The
-    /// slices come in descending order and are never touched by the walk again; what is left
-    /// when the walk ends (the tables) is `grads[..len - handed out]`. Data parallelism sums
-    /// them while the backward goes on.
+    /// none; see [`FinishedGradients`]). The slices come in descending order and are never
+    /// touched by the walk again; what is left when the walk ends (the tables) is
+    /// `grads[..len - handed out]`. Data parallelism sums them while the backward goes on.
     pub fn handing_out_finished(mut self, plan: &Plan, take: &'a mut dyn FnMut(&'a mut [T])) -> Self {
-        let tables_end = plan.blocks_params_start();
-        self.finished = Some(Finished { take, tables_end, from: plan.params_len() });
+        self.finished = Some(Finished { take, gradients: FinishedGradients::new(plan) });
         self
     }
 
@@ -211,11 +203,9 @@ impl<'a, T: Float> Executor for CpuExecutor<'a, T> {
             o.end(pass, index, op);
         }
         if let (Pass::Backward, Some(f), Some(grads)) = (pass, self.finished.as_mut(), self.grads.as_ref()) {
-            let lowest = op.params().into_iter().flatten().map(|s| s.offset).filter(|&o| o >= f.tables_end).min().unwrap_or(f.from).min(f.from);
-            // SAFETY: no op of the rest of the walk writes at or above `lowest` (see
-            // `handing_out_finished`), and this span was never handed out before.
-            let done = unsafe { grads.get(Span { offset: lowest, len: f.from - lowest }) };
-            f.from = lowest;
+            // SAFETY: no op of the rest of the walk writes this span (see `FinishedGradients`),
+            // and it was never handed out before.
+            let done = unsafe { grads.get(f.gradients.after(op)) };
             (f.take)(done);
         }
     }

@@ -363,6 +363,40 @@ pub fn block_of(index: usize, n_layer: usize) -> Option<usize> {
     (block < n_layer).then_some(block)
 }
 
+/// The gradients a backward walk has finished, so that data parallelism can sum them while
+/// the walk goes on: the walk writes a block's parameters' gradients only in that block's ops
+/// and visits the blocks from the last to the first, so the gradients from the lowest
+/// parameter an op wrote (the token and position tables aside) up are final once it has run.
+/// The tables' (`..plan.blocks_params_start()`) are final only when the walk ends: the LM head
+/// writes the token table's gradient first and the embedding last.
+#[derive(Clone, Copy, Debug)]
+pub struct FinishedGradients {
+    tables_end: usize,
+    /// Gradients from here up have been handed out.
+    from: usize,
+}
+
+impl FinishedGradients {
+    /// Nothing of `plan`'s gradients handed out yet.
+    pub fn new(plan: &Plan) -> FinishedGradients {
+        FinishedGradients { tables_end: plan.blocks_params_start(), from: plan.params_len() }
+    }
+
+    /// After backward op `op` has run, the gradients it finished (maybe none): below the last
+    /// span handed out, never handed out again.
+    pub fn after(&mut self, op: &Op) -> Span {
+        let lowest = op.params().into_iter().flatten().map(|s| s.offset).filter(|&o| o >= self.tables_end).min().unwrap_or(self.from).min(self.from);
+        let done = Span { offset: lowest, len: self.from - lowest };
+        self.from = lowest;
+        done
+    }
+
+    /// When the walk has ended, what it has not handed out: the tables' gradients, from 0.
+    pub fn rest(&self) -> Span {
+        Span { offset: 0, len: self.from }
+    }
+}
+
 /// The `(K, M)` of every matmul of `tape` (for sizing a backend's matmul scratch).
 pub fn matmul_shapes(tape: &[Op]) -> impl Iterator<Item = (usize, usize)> + '_ {
     tape.iter().filter_map(|op| match *op {

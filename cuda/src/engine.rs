@@ -9,19 +9,21 @@
 //! kernel by kernel while they are timed). A step whose loss or norm is not finite is skipped
 //! on the device and counted, and the next read is an error naming it. (In a data-parallel run
 //! the gradients, the loss and a ZeRO-1 shard's norm are summed over the ranks through the
-//! host.) Every sum runs in a fixed order: the same bits on every run.
+//! host; whole gradients piece by piece during the backward of the rank's last micro-batch,
+//! as the CPU's ranks sum them.) Every sum runs in a fixed order: the same bits on every run.
 
 use crate::blas::{Arithmetic, Products};
 use crate::device::{args, Device, Graph};
 use crate::error::CudaError;
 use crate::executor::{attention_partials_len, group_rows_by_token, weight_grad_slices_len, Arenas, CudaExecutor, Decoding, TokenGroups};
-use crate::memory::{Buffer, Staging};
+use crate::memory::{Buffer, HostMirror, Staging};
 use crate::profile::Profiler;
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
 use alpha_core::engine::{Description, DeviceDescription, Engine, HostState, Pending, StepError, StepReport};
 use alpha_core::model::{sample_token, ContextWindow, SamplingConfig};
 use alpha_core::ops::dropout::DropoutKey;
 use alpha_core::parallel::shard;
+use alpha_core::plan::Span;
 use alpha_core::tape::{self, Observer, Op, Phase, Work};
 use alpha_core::train::{LossScaleState, Ranks, RunState, StepStats, TrainConfig};
 use alpha_core::{walk, Plan, Rng};
@@ -161,6 +163,13 @@ pub struct CudaEngine<'r> {
     /// and the graph, once captured.
     graphs: bool,
     graph: Option<Graph>,
+    /// With whole gradients summed over ranks (not ZeRO-1's shards), the host copy they are
+    /// summed in.
+    mirror: Option<HostMirror>,
+    /// Whether those sums start during the backward of the rank's last micro-batch of a step,
+    /// piece by piece as it finishes them (launched kernel by kernel: the host waits for each
+    /// piece), or after it, all at once (`ALPHA_CUDA_OVERLAP=0`, to measure the difference).
+    overlap_sums: bool,
     /// While an observer wants kernel times (`--trace`), what stamps them.
     profiler: Option<Profiler>,
     /// Last: dropped after everything allocated on it.
@@ -231,6 +240,7 @@ impl<'r> CudaEngine<'r> {
         let operand_len = bf16_operand_len(&plan);
         let chunks = adamw_chunks(&plan, &shard);
         let layout = BatchLayout::new(&plan);
+        let mirror = if ranks.ranks() > 1 && !zero { Some(HostMirror::new(&device, "the gradients' host copy", p)?) } else { None };
         let engine = CudaEngine {
             adamw_chunks: Buffer::zeroed(&device, "AdamW's chunks", chunks.len(), size_of::<AdamwChunk>())?,
             params: Buffer::f32s(&device, "the parameters", p)?,
@@ -282,6 +292,8 @@ impl<'r> CudaEngine<'r> {
             kernels_per_step: 0,
             graphs: std::env::var_os("ALPHA_CUDA_GRAPHS").is_none_or(|v| v != "0"),
             graph: None,
+            mirror,
+            overlap_sums: std::env::var_os("ALPHA_CUDA_OVERLAP").is_none_or(|v| v != "0"),
             profiler: None,
         };
         engine.adamw_chunks.upload(0, &chunks)?;
@@ -293,6 +305,13 @@ impl<'r> CudaEngine<'r> {
     /// unless `ALPHA_CUDA_GRAPHS=0`) or queued launch by launch: the same bits either way.
     pub fn with_graphs(self, graphs: bool) -> Self {
         CudaEngine { graphs, graph: None, ..self }
+    }
+
+    /// The engine with its ranks' sums of whole gradients started during the backward
+    /// (`overlap`, the default unless `ALPHA_CUDA_OVERLAP=0`) or after it: the same bits
+    /// either way.
+    pub fn with_overlapped_sums(self, overlap: bool) -> Self {
+        CudaEngine { overlap_sums: overlap, ..self }
     }
 
     /// Whether its micro-batches run as a captured CUDA graph (from the second on a device that
@@ -409,24 +428,26 @@ impl<'r> CudaEngine<'r> {
     /// chose the products' algorithms), and replayed from then on.
     fn forward_backward(&mut self, timed: bool) -> Result<(), CudaError> {
         if timed || !self.graphs || !self.device.captures() {
-            return self.queue_forward_backward();
+            return self.queue_forward_backward(false);
         }
         if self.graph.is_none() && self.kernels_per_step > 0 {
             let graphs_off = |e: CudaError| CudaError::new(format!("{e} (ALPHA_CUDA_GRAPHS=0 runs without CUDA graphs)"));
             self.device.begin_capture().map_err(graphs_off)?;
-            let queued = self.queue_forward_backward();
+            let queued = self.queue_forward_backward(false);
             self.graph = Some(self.device.end_capture(queued).map_err(graphs_off)?);
         }
         match &self.graph {
             Some(graph) => self.device.replay(graph),
-            None => self.queue_forward_backward(),
+            None => self.queue_forward_backward(false),
         }
     }
 
     /// Queues a training forward and backward of the loaded micro-batch, launch by launch, its
     /// mean loss added to the record's: the same launches with the same arguments for every
-    /// micro-batch, whose batch, grouped rows and dropout key lie in the batch buffer.
-    fn queue_forward_backward(&mut self) -> Result<(), CudaError> {
+    /// micro-batch, whose batch, grouped rows and dropout key lie in the batch buffer. Where it
+    /// `hands_out` the gradients, each piece the backward finishes is queued to be copied into
+    /// the mirror as soon as it is final (the tables' last).
+    fn queue_forward_backward(&mut self, hands_out: bool) -> Result<(), CudaError> {
         let key = self.batch.tensor().part(self.layout.key(), 4);
         let scale = 1.0 / (self.plan.tokens() * self.cfg.grad_accum) as f64;
         let arenas = self.arenas(false);
@@ -439,9 +460,23 @@ impl<'r> CudaEngine<'r> {
         unsafe { self.launch_traced("forward", "cross_entropy", "add_mean_loss", 1, 32, Work::moving(losses.len), &mut args![record, x, n]) }?;
         self.acts.clear(&self.device, self.plan.scratch().dres.range())?;
         let arenas = self.arenas(true);
-        let mut exec = CudaExecutor::new(&self.device, &self.products, &self.plan, arenas).with_dropout_key(key).profiled(self.profiler.as_mut());
+        let exec = CudaExecutor::new(&self.device, &self.products, &self.plan, arenas).with_dropout_key(key).profiled(self.profiler.as_mut());
+        let (device, grads) = (&self.device, &self.grads);
+        let mut mirror = self.mirror.as_mut().filter(|_| hands_out);
+        let (mut copied, mut handed_from) = (Ok(()), grads.len());
+        let mut take = |done: Span| {
+            handed_from = done.offset;
+            if let (Ok(()), Some(m)) = (&copied, mirror.as_deref_mut()) {
+                copied = m.copy_piece(device, grads, done.range());
+            }
+        };
+        let mut exec = if hands_out { exec.handing_out_finished(&self.plan, &mut take) } else { exec };
         walk::backward(&mut exec, &self.plan, &self.tape);
         launches += exec.finish()?;
+        copied?;
+        if let Some(m) = mirror {
+            m.copy_piece(device, grads, 0..handed_from)?;
+        }
         self.kernels_per_step = launches;
         Ok(())
     }
@@ -527,16 +562,20 @@ impl<'r> CudaEngine<'r> {
     }
 
     /// Sums (or, with ZeRO-1, reduces this rank's shard of) the gradients over the ranks
-    /// through host memory.
-    fn sum_gradients(&mut self) -> Result<(), CudaError> {
-        let mut host = vec![0f32; self.grads.len()];
-        self.grads.download(0, &mut host)?;
-        if self.sharded() {
+    /// through host memory: whole ones in the mirror, from the pieces the backward copied
+    /// there where it was `overlapped`, else copied whole now.
+    fn sum_gradients(&mut self, overlapped: bool) -> Result<(), CudaError> {
+        let Some(mirror) = self.mirror.as_mut() else {
+            let mut host = vec![0f32; self.grads.len()];
+            self.grads.download(0, &mut host)?;
             self.ranks.sum_shard(&mut host);
-        } else {
-            self.ranks.sum(&mut host);
+            return self.grads.upload(0, &host);
+        };
+        if !overlapped {
+            mirror.copy_piece(&self.device, &self.grads, 0..self.grads.len())?;
         }
-        self.grads.upload(0, &host)
+        mirror.sum_pieces(self.ranks)?;
+        mirror.copy_back(&self.device, &self.grads)
     }
 
     fn sharded(&self) -> bool {
@@ -558,6 +597,9 @@ impl<'r> CudaEngine<'r> {
         observer.phase_begin(Phase::Submit);
         self.grads.clear(&self.device, 0..self.grads.len()).map_err(device)?;
         self.record.clear(&self.device, Record::STEP).map_err(device)?;
+        // Whole gradients are summed while this rank's last micro-batch's backward runs.
+        let last = (0..self.cfg.grad_accum).rev().find(|m| m % ranks == rank);
+        let overlapped = self.mirror.is_some() && self.overlap_sums && last.is_some();
         for micro in 0..self.cfg.grad_accum {
             let mut rng = self.rng;
             if micro % ranks != rank {
@@ -565,14 +607,18 @@ impl<'r> CudaEngine<'r> {
             } else {
                 let key = self.plan.dropout_key(self.step * self.cfg.grad_accum as u64 + micro as u64);
                 self.load_batch(data, &mut rng, Some(key)).map_err(device)?;
-                self.forward_backward(timed).map_err(device)?;
+                if overlapped && Some(micro) == last {
+                    self.queue_forward_backward(true).map_err(device)?;
+                } else {
+                    self.forward_backward(timed).map_err(device)?;
+                }
             }
             self.rng = rng;
         }
         observer.phase_end(Phase::Submit);
         if ranks > 1 {
             observer.phase_begin(Phase::Allreduce);
-            self.sum_gradients().map_err(device)?;
+            self.sum_gradients(overlapped).map_err(device)?;
             let loss = self.ranks.sum_f64(self.read_slot(Record::LOSS).map_err(device)?);
             self.record.upload(Record::LOSS, &[loss]).map_err(device)?;
             if self.sharded() {

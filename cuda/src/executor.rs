@@ -11,7 +11,7 @@ use crate::profile::Profiler;
 use alpha_core::ops::dropout::Site;
 use alpha_core::ops::{attention, cross_entropy, dropout, embedding, layernorm, matmul, rmsnorm, row_blocks};
 use alpha_core::plan::{Plan, Span};
-use alpha_core::tape::{Op, Pass, Work};
+use alpha_core::tape::{FinishedGradients, Op, Pass, Work};
 use alpha_core::walk::{Arena, Executor};
 
 /// Threads per block of the element-wise, per-column and per-row kernels.
@@ -239,6 +239,9 @@ pub(crate) struct CudaExecutor<'a> {
     error: Option<CudaError>,
     /// While profiling (`--trace`), what stamps each kernel, and the pass and op being queued.
     profiler: Option<&'a mut Profiler>,
+    /// Where a backward walk hands out the gradients it has finished (see
+    /// [`CudaExecutor::handing_out_finished`]).
+    finished: Option<(FinishedGradients, &'a mut dyn FnMut(Span))>,
     pass: &'static str,
     op: &'static str,
 }
@@ -246,7 +249,29 @@ pub(crate) struct CudaExecutor<'a> {
 impl<'a> CudaExecutor<'a> {
     /// An executor of `plan`'s tape over `arenas`.
     pub fn new(device: &'a Device, products: &'a Products, plan: &Plan, arenas: Arenas) -> Self {
-        CudaExecutor { device, products, arenas, plan: *plan, key: None, decoding: None, layer: 0, launches: 0, error: None, profiler: None, pass: "", op: "" }
+        CudaExecutor {
+            device,
+            products,
+            arenas,
+            plan: *plan,
+            key: None,
+            decoding: None,
+            layer: 0,
+            launches: 0,
+            error: None,
+            profiler: None,
+            finished: None,
+            pass: "",
+            op: "",
+        }
+    }
+
+    /// Handing `take`, after each op of a backward walk is queued, the span of the gradients
+    /// it finished (when it finished any; see [`FinishedGradients`]): final once the work
+    /// queued so far has run. The spans come in descending order; what is left when the walk
+    /// ends (the tables) lies below the last one.
+    pub fn handing_out_finished(self, plan: &Plan, take: &'a mut dyn FnMut(Span)) -> Self {
+        CudaExecutor { finished: Some((FinishedGradients::new(plan), take)), ..self }
     }
 
     /// Every kernel and product stamped by `profiler` (see [`Profiler`]), where there is one.
@@ -400,6 +425,15 @@ impl Executor for CudaExecutor<'_> {
     fn begin(&mut self, pass: Pass, index: usize, op: &Op) {
         (self.pass, self.op) = (pass.name(), op.name());
         self.layer = alpha_core::tape::block_of(index, self.plan.config.n_layer).unwrap_or(self.layer);
+    }
+
+    fn end(&mut self, pass: Pass, _index: usize, op: &Op) {
+        if let (Pass::Backward, Some((gradients, take))) = (pass, self.finished.as_mut()) {
+            let done = gradients.after(op);
+            if done.len > 0 {
+                take(done);
+            }
+        }
     }
 
     fn embedding_forward(&mut self, a: embedding::Forward<Tensor, Tensor>) {

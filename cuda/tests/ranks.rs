@@ -1,7 +1,8 @@
 //! Data parallelism on the CUDA engine: 2 ranks (threads here, each with its own device or
 //! emulation, exchanging through host memory as MPI ranks do) take the steps of one process
 //! with `--grad-accum 2` (losses within 1e-6 per step) and hold the same model, with and
-//! without ZeRO-1. On the host's
+//! without ZeRO-1; whole gradients summed piece by piece during the backward give the bits
+//! of the sum after it. On the host's
 //! emulation where no CUDA device is found (scripts/cuda-check.sh runs the CLI's mpirun
 //! check on a GPU).
 
@@ -11,15 +12,24 @@ use alpha_core::parallel::shard;
 use alpha_core::train::{OneRank, Ranks, RunState, TrainConfig};
 use alpha_core::{GptConfig, Plan};
 use alpha_cuda::{Arithmetic, CudaEngine, Device};
+use std::cell::RefCell;
 use std::sync::{Barrier, Mutex};
 
 /// Ranks as threads: each collective posts this rank's values, waits for the others', and
-/// combines them in rank order.
+/// combines them in rank order. A started sum waits for `finish_sums`, as a non-blocking MPI
+/// sum may: a caller that reads its values before then reads them unsummed.
 struct Threads<'a> {
     rank: usize,
     ranks: usize,
     barrier: &'a Barrier,
     posted: &'a Mutex<Vec<Vec<f64>>>,
+    started: RefCell<Vec<(*mut f32, usize)>>,
+}
+
+impl<'a> Threads<'a> {
+    fn new(rank: usize, ranks: usize, barrier: &'a Barrier, posted: &'a Mutex<Vec<Vec<f64>>>) -> Self {
+        Threads { rank, ranks, barrier, posted, started: RefCell::new(Vec::new()) }
+    }
 }
 
 impl Threads<'_> {
@@ -48,6 +58,15 @@ impl Ranks<f32> for Threads<'_> {
     }
     fn sum_f64(&self, value: f64) -> f64 {
         self.exchange(std::iter::once(value)).iter().map(|r| r[0]).sum()
+    }
+    unsafe fn start_sum(&self, values: &mut [f32]) {
+        self.started.borrow_mut().push((values.as_mut_ptr(), values.len()));
+    }
+    fn finish_sums(&self) {
+        for (ptr, len) in self.started.take() {
+            // SAFETY: `start_sum`'s caller keeps the values alive and untouched until now.
+            self.sum(unsafe { std::slice::from_raw_parts_mut(ptr, len) });
+        }
     }
     fn sum_shard(&self, values: &mut [f32]) {
         self.sum(values)
@@ -104,35 +123,43 @@ fn run(engine: &mut dyn Engine, data: &[u32]) -> (Vec<f64>, Vec<f32>) {
     (losses, now(engine.state()).unwrap().0.into_owned())
 }
 
-fn two_ranks_equal_grad_accum(zero: bool) {
+/// Each of 2 ranks' losses and model after 4 steps.
+fn two_ranks(zero: bool, overlap: bool) -> Vec<(Vec<f64>, Vec<f32>)> {
     let (plan, cfg, start, data) = setup();
-    let mut alone = CudaEngine::new(device(), Arithmetic::F32, plan, cfg, &start, &OneRank, false).unwrap();
-    let (want, _) = run(&mut alone, &data);
     let (barrier, posted) = (Barrier::new(2), Mutex::new(vec![Vec::new(); 2]));
-    let results: Vec<(Vec<f64>, Vec<f32>)> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let ranks: Vec<_> = (0..2)
             .map(|rank| {
                 let (start, data, barrier, posted) = (&start, &data, &barrier, &posted);
                 s.spawn(move || {
-                    let ranks = Threads { rank, ranks: 2, barrier, posted };
-                    let mut engine = CudaEngine::new(device(), Arithmetic::F32, plan, cfg, start, &ranks, zero).unwrap();
-                    run(&mut engine, data)
+                    let ranks = Threads::new(rank, 2, barrier, posted);
+                    let engine = CudaEngine::new(device(), Arithmetic::F32, plan, cfg, start, &ranks, zero).unwrap();
+                    run(&mut engine.with_overlapped_sums(overlap), data)
                 })
             })
             .collect();
         ranks.into_iter().map(|r| r.join().unwrap()).collect()
-    });
+    })
+}
+
+fn two_ranks_equal_grad_accum(zero: bool) -> Vec<(Vec<f64>, Vec<f32>)> {
+    let (plan, cfg, start, data) = setup();
+    let mut alone = CudaEngine::new(device(), Arithmetic::F32, plan, cfg, &start, &OneRank, false).unwrap();
+    let (want, _) = run(&mut alone, &data);
+    let results = two_ranks(zero, true);
     for (rank, (losses, params)) in results.iter().enumerate() {
         for (step, (a, b)) in losses.iter().zip(&want).enumerate() {
             assert!((a - b).abs() <= 1e-6 * b, "zero {zero}, rank {rank}, step {step}: loss {a} vs one process's {b}");
         }
         assert!(*params == results[0].1, "zero {zero}: rank {rank} holds another model than rank 0");
     }
+    results
 }
 
 #[test]
 fn two_ranks_take_the_steps_of_grad_accum_2() {
-    two_ranks_equal_grad_accum(false);
+    let overlapped = two_ranks_equal_grad_accum(false);
+    assert!(overlapped == two_ranks(false, false), "the sums started during the backward differ from the sums after it");
 }
 
 #[test]
