@@ -409,29 +409,20 @@ fn weight_gradients_over_token_slices_match_the_cpu() {
     }
 }
 
-/// With bf16 products, heads of 16 to 64 dimensions run on the tensor cores: bf16 operands
-/// (the probabilities and their gradients rounded too), f32 sums; against the CPU's f32 op
-/// within 1e-2 relative in norm, the bound core's own bf16 attention keeps from f32 (its
-/// bf16 kernel needs AVX512-BF16, which a test machine may lack). Several blocks and tiles,
-/// GQA, RoPE, dropout, heads of 16, 32 and 64.
+/// Heads of 16 to 64 dimensions run on the tensor cores. With bf16 products their operands
+/// are bf16 (the probabilities and their gradients rounded too), summed in f32: against the
+/// CPU's f32 op within 1e-2 relative in norm, the bound core's own bf16 attention keeps from
+/// f32 (its bf16 kernel needs AVX512-BF16, which a test machine may lack). In f32 runs each
+/// f32 operand is split into two TF32 parts and three products summed: element by element
+/// within 1e-5, as the SIMT kernels are. Several blocks and tiles, GQA, RoPE, dropout, heads of
+/// 16, 32 and 64.
 #[test]
-fn attention_on_the_tensor_cores_follows_the_cpus_bf16() {
-    for p in [plan(5, 2, 70, 3, 96), llama_plan(1, 150, 4, 2, 256), plan(5, 1, 40, 2, 32)] {
-        let kernels = crate::executor::attention_kernels(&device().info, Arithmetic::Bf16, p.attention_shape());
-        assert_eq!(kernels.forward, "attention_tensor_forward");
-        check_attention_in(p, Arithmetic::Bf16);
-    }
-}
-
-/// In f32 runs the same heads run on the tensor cores too, each operand split in two TF32
-/// parts and three products summed: element by element within 1e-5 of the CPU's f32 op, as the
-/// SIMT kernels are.
-#[test]
-fn attention_in_f32_on_the_tensor_cores_matches_the_cpu() {
-    for p in [plan(5, 2, 70, 3, 96), llama_plan(1, 150, 4, 2, 256), plan(5, 1, 40, 2, 32)] {
-        let kernels = crate::executor::attention_kernels(&device().info, Arithmetic::F32, p.attention_shape());
-        assert_eq!(kernels.forward, "attention_tf32x3_forward");
-        check_attention_in(p, Arithmetic::F32);
+fn attention_on_the_tensor_cores_matches_the_cpu() {
+    for (arithmetic, kernel) in [(Arithmetic::Bf16, "attention_tensor_forward"), (Arithmetic::F32, "attention_tf32x3_forward")] {
+        for p in [plan(5, 2, 70, 3, 96), llama_plan(1, 150, 4, 2, 256), plan(5, 1, 40, 2, 32)] {
+            assert_eq!(crate::executor::attention_kernels(&device().info, arithmetic, p.attention_shape()).forward, kernel);
+            check_attention_in(p, arithmetic);
+        }
     }
 }
 
