@@ -10,7 +10,7 @@
 //! on the device and counted, and the next read is an error naming it. (In a data-parallel run
 //! the gradients, the loss and a ZeRO-1 shard's norm are summed over the ranks through the
 //! host; whole gradients piece by piece during the backward of the rank's last micro-batch,
-//! as the CPU's ranks sum them.) Every sum runs in a fixed order: the same bits on every run.
+//! launched kernel by kernel, as the CPU's ranks sum them.) Every sum runs in a fixed order: the same bits on every run.
 
 use crate::blas::{Arithmetic, Products};
 use crate::device::{args, Device, Graph};
