@@ -390,11 +390,6 @@ impl FinishedGradients {
         self.from = lowest;
         done
     }
-
-    /// When the walk has ended, what it has not handed out: the tables' gradients, from 0.
-    pub fn rest(&self) -> Span {
-        Span { offset: 0, len: self.from }
-    }
 }
 
 /// The `(K, M)` of every matmul of `tape` (for sizing a backend's matmul scratch).
