@@ -377,9 +377,9 @@ fn matmul_and_its_epilogues_match_the_cpu() {
 fn attention_matches_the_cpu_with_and_without_dropout() {
     // Short and long sequences (past one block of 64 rows and one staged tile), head sizes
     // of one to eight threads per row (8, 40, 72, 200 dimensions).
+    let info = device().info;
     for p in [plan(5, 2, 7, 3, 120), llama_plan(2, 7, 6, 2, 48), plan(5, 1, 150, 3, 120), llama_plan(1, 70, 2, 1, 144), plan(5, 1, 40, 1, 200)] {
-        let kernels = crate::executor::attention_kernels(&device().info, Arithmetic::F32, p.attention_shape());
-        assert_eq!(kernels.forward, "attention_forward");
+        assert_eq!(crate::executor::attention_kernels(&info, Arithmetic::F32, p.attention_shape()).forward, "attention_forward");
         check_attention_in(p, Arithmetic::F32);
     }
 }
@@ -418,9 +418,10 @@ fn weight_gradients_over_token_slices_match_the_cpu() {
 /// 16, 32 and 64.
 #[test]
 fn attention_on_the_tensor_cores_matches_the_cpu() {
+    let info = device().info;
     for (arithmetic, kernel) in [(Arithmetic::Bf16, "attention_tensor_forward"), (Arithmetic::F32, "attention_tf32x3_forward")] {
         for p in [plan(5, 2, 70, 3, 96), llama_plan(1, 150, 4, 2, 256), plan(5, 1, 40, 2, 32)] {
-            assert_eq!(crate::executor::attention_kernels(&device().info, arithmetic, p.attention_shape()).forward, kernel);
+            assert_eq!(crate::executor::attention_kernels(&info, arithmetic, p.attention_shape()).forward, kernel);
             check_attention_in(p, arithmetic);
         }
     }

@@ -369,7 +369,10 @@ impl Drop for Copies {
                 let _ = drv::event::synchronize(self.returned);
                 let _ = drv::event::destroy(self.returned);
             }
-            for &e in self.arrived.iter().chain([&self.ready].into_iter().filter(|e| !e.is_null())) {
+            if !self.ready.is_null() {
+                let _ = drv::event::destroy(self.ready);
+            }
+            for &e in &self.arrived {
                 let _ = drv::event::destroy(e);
             }
             let _ = drv::stream::destroy(self.stream);

@@ -1,6 +1,7 @@
 //! The CUDA engine against the CPU's: f32 steps within 1e-5 relative of the CPU's (TF32
-//! off; attention in 3xTF32 on the tensor cores, as PyTorch's fp32 attention), dropout's masks the CPU's, bf16 within 2e-2 of f32, `--recompute` and a resumed run
-//! bit for bit, evaluation's losses, greedy samples. On a CUDA device where there is one
+//! off; attention in 3xTF32 on the tensor cores, as PyTorch's fp32 attention), dropout's
+//! masks the CPU's, bf16 within 2e-2 of f32, `--recompute` and a resumed run bit for bit,
+//! evaluation's losses, greedy samples. On a CUDA device where there is one
 //! (scripts/cuda-check.sh sets `ALPHA_REQUIRE_CUDA=1`: a missing device fails); elsewhere on
 //! the host's emulation of one (`Device::emulated`: the kernels' and the executor's logic,
 //! not the device's rounding).
