@@ -4,9 +4,9 @@
 //! - `params`, `grads`, `adam_m`, `adam_v`: [`Plan::params_len`] elements each, one layout
 //!   (a parameter's gradient and moments sit at the parameter's offset);
 //! - `acts`: [`Plan::acts_len`] elements: saved activations, then backward scratch. Every
-//!   activation span starts at a multiple of [`ACT_ALIGN`] elements. Under the GPU's f16
-//!   precision the activations that only feed linear layers are stored as f16, two to an
-//!   element (see [`Plan::with_half_activations`]).
+//!   activation span starts at a multiple of [`ACT_ALIGN`] elements. Under wgpu's f16
+//!   precision and CUDA's bf16 products the activations that feed the linear layers (and
+//!   qkv) are stored as 16-bit floats, two to an element (see [`Plan::with_half_activations`]).
 //!
 //! Parameters are laid out in nanoGPT's `state_dict` order with `nn.Linear` layout
 //! (`[out_features, in_features]`), so a checkpoint is the params arena cut at the offsets.
@@ -300,7 +300,7 @@ pub struct Plan {
     pub seq: usize,
     /// Activation checkpointing (see [`Plan::with_recompute`]).
     recompute: bool,
-    /// f16 storage of the linear layers' inputs (see [`Plan::with_half_activations`]).
+    /// 16-bit storage of the linear layers' inputs (see [`Plan::with_half_activations`]).
     half_activations: bool,
     /// Logits in use (see [`Plan::with_classes`]).
     classes: usize,
@@ -361,7 +361,8 @@ impl Bump {
         self.take_stored(len, false)
     }
 
-    /// A span of `len` elements, stored as f16 (in `len / 2` arena elements) where `half`.
+    /// A span of `len` elements, stored as 16-bit floats (in `len / 2` arena elements) where
+    /// `half`.
     fn take_stored(&mut self, len: usize, half: bool) -> Span {
         let s = Span { offset: self.0, len };
         self.0 += aligned(if half { len.div_ceil(2) } else { len });
@@ -435,24 +436,24 @@ impl Plan {
 
     /// This plan with the linear layers' inputs and qkv (both LayerNorm outputs, qkv and the
     /// attention and GELU outputs of every block, the final LayerNorm's output) stored as
-    /// f16, in half the room: the GPU's f16 precision, whose products round their operands to
-    /// f16 anyway (and whose attention reads qkv as autocast's does, in f16). A block's
-    /// activations shrink from about 16 values per token and channel to 11. Spans keep their
-    /// length in elements; [`Plan::is_half`] tells them apart and [`Plan::stored_len`] gives
-    /// their room. Only the GPU runs such a plan.
+    /// 16-bit floats, in half the room: wgpu's f16 precision (f16) and CUDA's bf16 products
+    /// (bf16), whose products round their operands so anyway (and whose attention reads qkv as
+    /// autocast's does). A block's activations shrink from about 16 values per token and
+    /// channel to 11. Spans keep their length in elements; [`Plan::is_half`] tells them apart
+    /// and [`Plan::stored_len`] gives their room. The CPU runs no such plan.
     pub fn with_half_activations(mut self, half: bool) -> Plan {
         self.half_activations = half;
         self.with_recompute(self.recompute)
     }
 
-    /// Whether activation `span` is stored as f16 (see [`Plan::with_half_activations`]).
+    /// Whether activation `span` is stored as 16-bit floats (see [`Plan::with_half_activations`]).
     pub fn is_half(&self, span: Span) -> bool {
         let layers = if self.recompute { 1 } else { self.config.n_layer };
         self.half_activations
             && (span == self.head_acts().lnf || (0..layers).map(|l| self.layer_acts(l)).any(|a| [a.ln1, a.qkv, a.atty, a.ln2, a.fc_gelu].contains(&span)))
     }
 
-    /// Arena elements activation `span` occupies: its length, half of it stored as f16.
+    /// Arena elements activation `span` occupies: its length, half of it stored as 16-bit floats.
     pub fn stored_len(&self, span: Span) -> usize {
         if self.is_half(span) {
             span.len.div_ceil(2)

@@ -19,12 +19,14 @@
 #define MAX_DIMS 8   // attention_decode's dimensions per lane: head sizes up to 256
 
 // Element d of head row `at` as attention reads it: rotated as position `pos` where `rope`
-// is a table (pair d, d + HS/2), else as it is.
-__device__ __forceinline__ float rotated(const float* at, int d, int hs, const float* rope, int pos) {
-    if (!rope) return at[d];
+// is a table (pair d, d + HS/2), else as it is. qkv's elements are f32, or bf16 where a bf16
+// run stores them so (the kernels named `*_bf16`, which also write and read `out` in bf16).
+template <class T>
+__device__ __forceinline__ float rotated(const T* at, int d, int hs, const float* rope, int pos) {
+    if (!rope) return as_float(at[d]);
     int half = hs / 2, p = d % half;
     float cs = rope[(long long)pos * hs + p], sn = rope[(long long)pos * hs + half + p];
-    return d < half ? at[d] * cs - at[d + half] * sn : at[d] * cs + at[d - half] * sn;
+    return d < half ? as_float(at[d]) * cs - as_float(at[d + half]) * sn : as_float(at[d]) * cs + as_float(at[d - half]) * sn;
 }
 
 __device__ __forceinline__ float dropped(Dropout drop, long long bh, int seq, int i, int j) {
@@ -73,7 +75,8 @@ __device__ __forceinline__ int dim(Place p, int k, int e) {
 
 // This thread's share of head row `at` (rotated as position `pos` where `rope` is a table),
 // zero past the head's `hs` dimensions.
-__device__ __forceinline__ void load_share(float (*x)[4], Place p, const float* at, int hs, const float* rope, int pos) {
+template <class T>
+__device__ __forceinline__ void load_share(float (*x)[4], Place p, const T* at, int hs, const float* rope, int pos) {
     for (int k = 0; k < CHUNKS; ++k)
         for (int e = 0; e < 4; ++e) {
             int d = dim(p, k, e);
@@ -106,7 +109,8 @@ __device__ __forceinline__ void add_share(float (*acc)[4], float a, Place p, con
 // Stages `count` head rows from `first` (of `seq`) into `tile`, `width` floats each (the
 // row's threads' shares: zero past hs, and past the sequence): row j at `base + j * w`,
 // rotated as position j where `rope` is a table. Every thread of the block takes part.
-__device__ __forceinline__ void stage(float4* tile, const float* base, long long w, int first, int count, int seq, int hs, int width, const float* rope) {
+template <class T>
+__device__ __forceinline__ void stage(float4* tile, const T* base, long long w, int first, int count, int seq, int hs, int width, const float* rope) {
     float* t = (float*)tile;
     for (int e = threadIdx.x; e < count * width; e += blockDim.x) {
         int j = first + e / width, d = e % width;
@@ -123,16 +127,18 @@ __device__ __forceinline__ int tile_rows(int width) {
 // head g, qkv's row width w, batch row b's row 0 of qkv `head0`; `valid` where i < seq (the
 // last block's spare rows take part in staging and shuffles, and write nothing); the keys it
 // reads end before `end`, staged `rows` at a time, `width` floats a row.
+template <class T>
 struct QueryRow {
     Place p;
     int i, c, g, width, rows, end;
     long long w, bh;
-    const float* head0;
+    const T* head0;
     bool valid;
 };
 
-__device__ __forceinline__ QueryRow query_row(const float* qkv, int seq, int heads, int kv_heads, int hs) {
-    QueryRow q;
+template <class T>
+__device__ __forceinline__ QueryRow<T> query_row(const T* qkv, int seq, int heads, int kv_heads, int hs) {
+    QueryRow<T> q;
     q.p = place(seq, heads, hs);
     q.i = q.p.first + q.p.r;
     q.c = heads * hs;
@@ -149,7 +155,8 @@ __device__ __forceinline__ QueryRow query_row(const float* qkv, int seq, int hea
 
 // Stages the tile of keys (rotated) and values of q's key/value head from key k0; the count
 // staged.
-__device__ __forceinline__ int stage_keys_values(float4* keys, float4* values, QueryRow q, int k0, int seq, int heads, int kv_heads, int hs, const float* rope) {
+template <class T>
+__device__ __forceinline__ int stage_keys_values(float4* keys, float4* values, QueryRow<T> q, int k0, int seq, int heads, int kv_heads, int hs, const float* rope) {
     int count = q.end - k0 < q.rows ? q.end - k0 : q.rows;
     __syncthreads();
     stage(keys, q.head0 + q.c + q.g * hs, q.w, k0, count, seq, hs, q.width, rope);
@@ -160,11 +167,11 @@ __device__ __forceinline__ int stage_keys_values(float4* keys, float4* values, Q
 
 // out = dropout(softmax(q k^T * scale, causal)) v per head; lse [B, NH, T]. A block per
 // Place's rows of queries of a head, the keys up to its last query staged tile by tile.
-extern "C" __global__ void attention_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads, int kv_heads,
-                                             int hs, float scale, DropoutSite dropout) {
+template <class T>
+__device__ void simt_forward(T* out, float* lse, const T* qkv, const float* rope, int seq, int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
     Dropout drop = load_dropout(dropout);
     __shared__ float4 keys[TILE / 4], values[TILE / 4];
-    QueryRow r = query_row(qkv, seq, heads, kv_heads, hs);
+    QueryRow<T> r = query_row(qkv, seq, heads, kv_heads, hs);
     Place p = r.p;
     int i = r.i, at = r.valid ? i : 0;
     float q[CHUNKS][4], o[CHUNKS][4];
@@ -190,21 +197,22 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
     }
     if (!r.valid) return;
     float inv = 1.0f / l;
-    float* orow = out + ((long long)p.b * seq + i) * r.c + p.head * hs;
+    T* orow = out + ((long long)p.b * seq + i) * r.c + p.head * hs;
     for (int k = 0; k < CHUNKS; ++k)
         for (int e = 0; e < 4; ++e)
-            if (dim(p, k, e) < hs) orow[dim(p, k, e)] = o[k][e] * inv;
+            if (dim(p, k, e) < hs) store(&orow[dim(p, k, e)], o[k][e] * inv);
     if (p.part == 0) lse[r.bh * seq + i] = m + logf(l);
 }
 
 // dQ of each query row, and delta = rowsum(dO * O) [B, NH, T] for the key pass: a block per
 // Place's rows of queries of a head, the keys and values up to its last query staged tile by tile.
 // With RoPE, dQ is left in the rotated space (attention_rope_backward rotates it back).
-extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out, const float* lse,
-                                                    const float* rope, int batch, int seq, int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
+template <class T>
+__device__ void simt_backward_query(float* dqkv, float* delta, const float* dout, const T* qkv, const T* out, const float* lse, const float* rope, int seq,
+                                    int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
     Dropout drop = load_dropout(dropout);
     __shared__ float4 keys[TILE / 4], values[TILE / 4];
-    QueryRow r = query_row(qkv, seq, heads, kv_heads, hs);
+    QueryRow<T> r = query_row(qkv, seq, heads, kv_heads, hs);
     Place p = r.p;
     int i = r.i, at = r.valid ? i : 0;
     long long orow = ((long long)p.b * seq + at) * r.c + p.head * hs;
@@ -245,9 +253,9 @@ extern "C" __global__ void attention_backward_query(float* dqkv, float* delta, c
 // rows of keys of one query head h (of g's), its share into `partials` [B, T, NH, 2, HS] (dK,
 // then dV), which attention_sum_key_value adds over g's query heads in order: the group's
 // heads spread over more blocks. With RoPE, dK is left in the rotated space.
-extern "C" __global__ void attention_backward_key_value(float* dqkv, float* partials, const float* dout, const float* qkv, const float* lse,
-                                                        const float* delta, const float* rope, int batch, int seq, int heads, int kv_heads, int hs,
-                                                        float scale, DropoutSite dropout) {
+template <class T>
+__device__ void simt_backward_key_value(float* dqkv, float* partials, const float* dout, const T* qkv, const float* lse, const float* delta,
+                                        const float* rope, int seq, int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
     Dropout drop = load_dropout(dropout);
     __shared__ float4 queries[TILE / 4], douts[TILE / 4];
     __shared__ float tile_lse[ROWS], tile_delta[ROWS];
@@ -256,7 +264,7 @@ extern "C" __global__ void attention_backward_key_value(float* dqkv, float* part
     int i = p.first + p.r, g = partials ? p.head / group : p.head, c = heads * hs, width = 4 * CHUNKS * p.parts, rows = tile_rows(width);
     long long w = (long long)(heads + 2 * kv_heads) * hs;
     int kv0 = c + g * hs, v0 = c + kv_heads * hs + g * hs;
-    const float* head0 = qkv + (long long)p.b * seq * w;
+    const T* head0 = qkv + (long long)p.b * seq * w;
     bool valid = i < seq;
     int at = valid ? i : 0;
     float kr[CHUNKS][4], vr[CHUNKS][4], dk[CHUNKS][4], dv[CHUNKS][4];
@@ -306,6 +314,27 @@ extern "C" __global__ void attention_backward_key_value(float* dqkv, float* part
             }
         }
 }
+
+// The SIMT kernels' entry points: `attention_*` over f32 qkv and out, `attention_*_bf16` over
+// bf16 ones.
+#define SIMT_ATTENTION(SUFFIX, T)                                                                                                                       \
+    extern "C" __global__ void attention_forward##SUFFIX(T* out, float* lse, const T* qkv, const float* rope, int batch, int seq, int heads,         \
+                                                         int kv_heads, int hs, float scale, DropoutSite dropout) {                                      \
+        simt_forward(out, lse, qkv, rope, seq, heads, kv_heads, hs, scale, dropout);                                                                   \
+    }                                                                                                                                                   \
+    extern "C" __global__ void attention_backward_query##SUFFIX(float* dqkv, float* delta, const float* dout, const T* qkv, const T* out,            \
+                                                                const float* lse, const float* rope, int batch, int seq, int heads, int kv_heads,      \
+                                                                int hs, float scale, DropoutSite dropout) {                                            \
+        simt_backward_query(dqkv, delta, dout, qkv, out, lse, rope, seq, heads, kv_heads, hs, scale, dropout);                                        \
+    }                                                                                                                                                   \
+    extern "C" __global__ void attention_backward_key_value##SUFFIX(float* dqkv, float* partials, const float* dout, const T* qkv, const float* lse,  \
+                                                                    const float* delta, const float* rope, int batch, int seq, int heads,              \
+                                                                    int kv_heads, int hs, float scale, DropoutSite dropout) {                          \
+        simt_backward_key_value(dqkv, partials, dout, qkv, lse, delta, rope, seq, heads, kv_heads, hs, scale, dropout);                               \
+    }
+
+SIMT_ATTENTION(, float)
+SIMT_ATTENTION(_bf16, unsigned short)
 
 // Grouped heads' dK and dV: each key/value head's rows summed over its query heads' shares in
 // `partials` [B, T, NH, 2, HS] in order, into dqkv [B, T, W]; a thread per (row, key/value
@@ -495,8 +524,8 @@ struct SplitTf32 {
 // Rows [first, first + R) of a head into `tile`: element d of row j at `base + j * w +
 // d`, rotated as position j where `rope` is a table; zero past `seq`. Every thread of the block
 // takes part.
-template <class Op, int R>
-__device__ __forceinline__ void stage_tile(typename Op::Staged* tile, const float* base, long long w, int first, int seq, int hs, const float* rope) {
+template <class Op, int R, class T>
+__device__ __forceinline__ void stage_tile(typename Op::Staged* tile, const T* base, long long w, int first, int seq, int hs, const float* rope) {
     for (int e = threadIdx.x; e < R * hs; e += blockDim.x) {
         int jj = e / hs, d = e % hs, j = first + jj;
         tile[jj * Op::ROW_STRIDE + d] = Op::stage(j < seq ? rotated(base + (long long)j * w, d, hs, rope, j) : 0.0f);
@@ -506,8 +535,8 @@ __device__ __forceinline__ void stage_tile(typename Op::Staged* tile, const floa
 // A warp's A operand for its rows row0 + g and row0 + g + 8 (zero past `seq`) straight from
 // memory: element d of row i at `base + i * w + d`, rotated where `rope` is a table; a[kk] holds
 // dimensions 16 kk to 16 kk + 15.
-template <class Op>
-__device__ __forceinline__ void load_rows_a(typename Op::A* a, const float* base, long long w, int row0, int seq, int hs, const float* rope) {
+template <class Op, class T>
+__device__ __forceinline__ void load_rows_a(typename Op::A* a, const T* base, long long w, int row0, int seq, int hs, const float* rope) {
     int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
     #pragma unroll
     for (int kk = 0; kk < TC_STEPS; ++kk) {
@@ -602,15 +631,17 @@ __device__ __forceinline__ TensorPlace tensor_place(int seq, int heads) {
 // The forward's and dQ's block of query rows (TensorPlace) of head `head`: its key/value head
 // `kv`, qkv's row width `w`, batch row b's row 0 of qkv `head0`; the keys it reads end before
 // `end`.
+template <class T>
 struct TensorQueries {
     TensorPlace p;
     int kv, end;
     long long w, bh;
-    const float* head0;
+    const T* head0;
 };
 
-__device__ __forceinline__ TensorQueries tensor_queries(const float* qkv, int seq, int heads, int kv_heads, int hs) {
-    TensorQueries r;
+template <class T>
+__device__ __forceinline__ TensorQueries<T> tensor_queries(const T* qkv, int seq, int heads, int kv_heads, int hs) {
+    TensorQueries<T> r;
     r.p = tensor_place(seq, heads);
     r.kv = r.p.head / (heads / kv_heads);
     r.end = r.p.first + TC_ROWS < seq ? r.p.first + TC_ROWS : seq;
@@ -621,10 +652,10 @@ __device__ __forceinline__ TensorQueries tensor_queries(const float* qkv, int se
 }
 
 // Stages the tile of keys (rotated) and values of r's key/value head from key k0.
-template <class Op>
-__device__ __forceinline__ void stage_key_value_tile(typename Op::Staged* keys, typename Op::Staged* values, TensorQueries r, int k0, int seq, int heads,
-                                                     int kv_heads, int hs, const float* rope) {
-    const float* keys0 = r.head0 + heads * hs + r.kv * hs;
+template <class Op, class T>
+__device__ __forceinline__ void stage_key_value_tile(typename Op::Staged* keys, typename Op::Staged* values, TensorQueries<T> r, int k0, int seq,
+                                                     int heads, int kv_heads, int hs, const float* rope) {
+    const T* keys0 = r.head0 + heads * hs + r.kv * hs;
     __syncthreads();
     stage_tile<Op, Op::TILE_ROWS>(keys, keys0, r.w, k0, seq, hs, rope);
     stage_tile<Op, Op::TILE_ROWS>(values, keys0 + kv_heads * hs, r.w, k0, seq, hs, 0);
@@ -633,12 +664,12 @@ __device__ __forceinline__ void stage_key_value_tile(typename Op::Staged* keys, 
 
 // As attention_forward, on the tensor cores: a block per TC_ROWS queries of a head; a warp
 // skips the key tiles past its last query.
-template <class Op>
-__device__ void tensor_forward(float* out, float* lse, const float* qkv, const float* rope, int seq, int heads, int kv_heads, int hs, float scale,
+template <class Op, class T>
+__device__ void tensor_forward(T* out, float* lse, const T* qkv, const float* rope, int seq, int heads, int kv_heads, int hs, float scale,
                                DropoutSite dropout) {
     Dropout drop = load_dropout(dropout);
     __shared__ typename Op::Staged keys[Op::TILE_ROWS * Op::ROW_STRIDE], values[Op::TILE_ROWS * Op::ROW_STRIDE];
-    TensorQueries r = tensor_queries(qkv, seq, heads, kv_heads, hs);
+    TensorQueries<T> r = tensor_queries(qkv, seq, heads, kv_heads, hs);
     TensorPlace p = r.p;
     int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs;
     long long bh = r.bh;
@@ -692,12 +723,12 @@ __device__ void tensor_forward(float* out, float* lse, const float* qkv, const f
         int i = p.row0 + g + 8 * half;
         float sum = quad_sum(l[half]);
         if (i >= seq) continue;
-        float* orow = out + ((long long)p.b * seq + i) * c + p.head * hs;
+        T* orow = out + ((long long)p.b * seq + i) * c + p.head * hs;
         #pragma unroll
         for (int n = 0; n < 2 * TC_STEPS; ++n)
             if (8 * n < hs) {
-                orow[8 * n + 2 * t] = o[n][2 * half] / sum;
-                orow[8 * n + 2 * t + 1] = o[n][2 * half + 1] / sum;
+                store(&orow[8 * n + 2 * t], o[n][2 * half] / sum);
+                store(&orow[8 * n + 2 * t + 1], o[n][2 * half + 1] / sum);
             }
         if (t == 0) lse[bh * seq + i] = m[half] + logf(sum);
     }
@@ -705,12 +736,12 @@ __device__ void tensor_forward(float* out, float* lse, const float* qkv, const f
 
 // As attention_backward_query, on the tensor cores: dQ (rotated space) and delta of each
 // query row, a block per TC_ROWS queries of a head.
-template <class Op>
-__device__ void tensor_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out, const float* lse,
-                                      const float* rope, int seq, int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
+template <class Op, class T>
+__device__ void tensor_backward_query(float* dqkv, float* delta, const float* dout, const T* qkv, const T* out, const float* lse, const float* rope,
+                                      int seq, int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
     Dropout drop = load_dropout(dropout);
     __shared__ typename Op::Staged keys[Op::TILE_ROWS * Op::ROW_STRIDE], values[Op::TILE_ROWS * Op::ROW_STRIDE];
-    TensorQueries r = tensor_queries(qkv, seq, heads, kv_heads, hs);
+    TensorQueries<T> r = tensor_queries(qkv, seq, heads, kv_heads, hs);
     TensorPlace p = r.p;
     int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs;
     long long bh = r.bh;
@@ -725,7 +756,7 @@ __device__ void tensor_backward_query(float* dqkv, float* delta, const float* do
         int i = p.row0 + g + 8 * half;
         float v = 0.0f;
         if (i < seq) {
-            const float* orow = out + ((long long)p.b * seq + i) * c + p.head * hs;
+            const T* orow = out + ((long long)p.b * seq + i) * c + p.head * hs;
             const float* drow = dout0 + (long long)i * c;
             #pragma unroll
             for (int kk = 0; kk < TC_STEPS; ++kk)
@@ -733,7 +764,7 @@ __device__ void tensor_backward_query(float* dqkv, float* delta, const float* do
                     #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         int d = 16 * kk + 2 * t + e % 2 + 8 * (e / 2);
-                        v += drow[d] * orow[d];
+                        v += drow[d] * as_float(orow[d]);
                     }
         }
         dl[half] = quad_sum(v);
@@ -779,8 +810,8 @@ __device__ void tensor_backward_query(float* dqkv, float* delta, const float* do
 // row of a key/value head, a block per TC_ROWS keys, over the query tiles from the block's
 // first key: of its query heads in order, or with `partials` (grouped heads) of one query
 // head, into its share of `partials`.
-template <class Op>
-__device__ void tensor_backward_key_value(float* dqkv, float* partials, const float* dout, const float* qkv, const float* lse, const float* delta,
+template <class Op, class T>
+__device__ void tensor_backward_key_value(float* dqkv, float* partials, const float* dout, const T* qkv, const float* lse, const float* delta,
                                           const float* rope, int seq, int heads, int kv_heads, int hs, float scale, DropoutSite dropout) {
     enum { KV_ROWS = Op::KEY_VALUE_TILE_ROWS };
     Dropout drop = load_dropout(dropout);
@@ -791,7 +822,7 @@ __device__ void tensor_backward_key_value(float* dqkv, float* partials, const fl
     int t = threadIdx.x % 4, g = threadIdx.x % 32 / 4, c = heads * hs, kv = partials ? p.head / group : p.head;
     long long w = (long long)(heads + 2 * kv_heads) * hs;
     int k_at = c + kv * hs, v_at = c + kv_heads * hs + kv * hs;
-    const float* head0 = qkv + (long long)p.b * seq * w;
+    const T* head0 = qkv + (long long)p.b * seq * w;
     typename Op::A k[TC_STEPS], v[TC_STEPS];
     load_rows_a<Op>(k, head0 + k_at, w, p.row0, seq, hs, rope);
     load_rows_a<Op>(v, head0 + v_at, w, p.row0, seq, hs, 0);
@@ -849,22 +880,24 @@ __device__ void tensor_backward_key_value(float* dqkv, float* partials, const fl
 }
 
 // The tensor-core kernels, by operands: `attention_tensor_*` with bf16 ones, `attention_tf32x3_*`
-// with f32 ones split in three TF32 products (the SIMT kernels' arguments, as above).
-#define TENSOR_ATTENTION(PREFIX, OP)                                                                                                                    \
-    extern "C" __global__ void PREFIX##_forward(float* out, float* lse, const float* qkv, const float* rope, int batch, int seq, int heads,           \
-                                                int kv_heads, int hs, float scale, DropoutSite dropout) {                                                \
+// with f32 ones split in three TF32 products (the SIMT kernels' arguments, as above); `*_bf16`
+// over bf16 qkv and out (bf16 runs store them so).
+#define TENSOR_ATTENTION(PREFIX, SUFFIX, OP, T)                                                                                                         \
+    extern "C" __global__ void PREFIX##_forward##SUFFIX(T* out, float* lse, const T* qkv, const float* rope, int batch, int seq, int heads,          \
+                                                        int kv_heads, int hs, float scale, DropoutSite dropout) {                                       \
         tensor_forward<OP>(out, lse, qkv, rope, seq, heads, kv_heads, hs, scale, dropout);                                                            \
     }                                                                                                                                                   \
-    extern "C" __global__ void PREFIX##_backward_query(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,               \
-                                                       const float* lse, const float* rope, int batch, int seq, int heads, int kv_heads, int hs,       \
-                                                       float scale, DropoutSite dropout) {                                                             \
+    extern "C" __global__ void PREFIX##_backward_query##SUFFIX(float* dqkv, float* delta, const float* dout, const T* qkv, const T* out,              \
+                                                               const float* lse, const float* rope, int batch, int seq, int heads, int kv_heads,       \
+                                                               int hs, float scale, DropoutSite dropout) {                                             \
         tensor_backward_query<OP>(dqkv, delta, dout, qkv, out, lse, rope, seq, heads, kv_heads, hs, scale, dropout);                                  \
     }                                                                                                                                                   \
-    extern "C" __global__ void PREFIX##_backward_key_value(float* dqkv, float* partials, const float* dout, const float* qkv, const float* lse,        \
-                                                           const float* delta, const float* rope, int batch, int seq, int heads, int kv_heads, int hs, \
-                                                           float scale, DropoutSite dropout) {                                                         \
+    extern "C" __global__ void PREFIX##_backward_key_value##SUFFIX(float* dqkv, float* partials, const float* dout, const T* qkv, const float* lse,   \
+                                                                   const float* delta, const float* rope, int batch, int seq, int heads,               \
+                                                                   int kv_heads, int hs, float scale, DropoutSite dropout) {                           \
         tensor_backward_key_value<OP>(dqkv, partials, dout, qkv, lse, delta, rope, seq, heads, kv_heads, hs, scale, dropout);                         \
     }
 
-TENSOR_ATTENTION(attention_tensor, Bf16Operands)
-TENSOR_ATTENTION(attention_tf32x3, SplitTf32)
+TENSOR_ATTENTION(attention_tensor, , Bf16Operands, float)
+TENSOR_ATTENTION(attention_tensor, _bf16, Bf16Operands, unsigned short)
+TENSOR_ATTENTION(attention_tf32x3, , SplitTf32, float)

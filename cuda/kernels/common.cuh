@@ -1,7 +1,8 @@
 // Prepended to every kernel file of alpha-cuda (the twin of shaders/common.wgsl): warp
 // reductions, bf16 rounding, GELU and the Philox dropout masks, in the CPU's formulas.
-// Tensors are f32 unless named `*_bf16` (bf16 as its 16 bits). Lengths and indices are
-// 32-bit where a tensor fits 2^31 elements (the plan checks it), 64-bit for dropout counters.
+// Tensors are f32 unless named `*_bf16` or typed by a template's element type (bf16 as its 16
+// bits). Lengths and indices are 32-bit where a tensor fits 2^31 elements (the plan checks it),
+// 64-bit for dropout counters.
 
 #define WARP 32
 #define NEG_INF __int_as_float(0xff800000)
@@ -73,6 +74,16 @@ __device__ __forceinline__ unsigned short to_bf16(float x) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (unsigned short)(u >> 16);
 }
+
+// An element of a tensor as f32: itself, or a bf16 activation widened (bf16 runs store the
+// linear layers' inputs and qkv so: the plan's half activations). Kernels that read or write
+// such a tensor are templates over its element type, `float` or `unsigned short`.
+__device__ __forceinline__ float as_float(float x) { return x; }
+__device__ __forceinline__ float as_float(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
+
+// `v` stored as the element type: itself, or rounded to bf16.
+__device__ __forceinline__ void store(float* at, float v) { *at = v; }
+__device__ __forceinline__ void store(unsigned short* at, float v) { *at = to_bf16(v); }
 
 // Two floats as bf16 in one register, the first in the low half (mma's operand layout).
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {

@@ -2,8 +2,10 @@
 
 #define LAYERNORM_EPS 1e-5f
 
-// One warp per row: out = (x - mean) * rstd * weight + bias, saving mean and rstd.
-extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* weight, const float* bias, int n, int c) {
+// One warp per row: out = (x - mean) * rstd * weight + bias, saving mean and rstd; `out` f32,
+// or bf16 in bf16 runs (layernorm_forward_bf16: the products' input, stored as they read it).
+template <class Out>
+__device__ void layernorm_rows(Out* out, float* mean, float* rstd, const float* x, const float* weight, const float* bias, int n, int c) {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= n) return;
     const float* xr = x + (long long)row * c;
@@ -13,12 +15,21 @@ extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rst
     float v = 0.0f;
     for (int i = lane; i < c; i += WARP) v += (xr[i] - m) * (xr[i] - m);
     float r = 1.0f / sqrtf(warp_sum(v) / c + LAYERNORM_EPS);
-    float* o = out + (long long)row * c;
-    for (int i = lane; i < c; i += WARP) o[i] = (xr[i] - m) * r * weight[i] + bias[i];
+    Out* o = out + (long long)row * c;
+    for (int i = lane; i < c; i += WARP) store(&o[i], (xr[i] - m) * r * weight[i] + bias[i]);
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
     }
+}
+
+extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* weight, const float* bias, int n, int c) {
+    layernorm_rows(out, mean, rstd, x, weight, bias, n, c);
+}
+
+extern "C" __global__ void layernorm_forward_bf16(unsigned short* out, float* mean, float* rstd, const float* x, const float* weight, const float* bias,
+                                                  int n, int c) {
+    layernorm_rows(out, mean, rstd, x, weight, bias, n, c);
 }
 
 // One warp per row: dx += (dout * w - mean(dout * w) - xhat * mean(dout * w * xhat)) * rstd.

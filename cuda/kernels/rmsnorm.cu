@@ -1,17 +1,27 @@
 // RMSNorm over the last dimension with a weight and no bias, the Llama family's
 // (core/src/ops/rmsnorm.rs, shaders/rmsnorm.wgsl).
 
-// One warp per row: out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), saved.
-extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int n, int c, float eps) {
+// One warp per row: out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), saved; `out`
+// f32, or bf16 in bf16 runs (rmsnorm_forward_bf16, as layernorm's).
+template <class Out>
+__device__ void rmsnorm_rows(Out* out, float* rstd, const float* x, const float* weight, int n, int c, float eps) {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= n) return;
     const float* xr = x + (long long)row * c;
     float q = 0.0f;
     for (int i = lane; i < c; i += WARP) q += xr[i] * xr[i];
     float r = 1.0f / sqrtf(warp_sum(q) / c + eps);
-    float* o = out + (long long)row * c;
-    for (int i = lane; i < c; i += WARP) o[i] = xr[i] * r * weight[i];
+    Out* o = out + (long long)row * c;
+    for (int i = lane; i < c; i += WARP) store(&o[i], xr[i] * r * weight[i]);
     if (lane == 0) rstd[row] = r;
+}
+
+extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int n, int c, float eps) {
+    rmsnorm_rows(out, rstd, x, weight, n, c, eps);
+}
+
+extern "C" __global__ void rmsnorm_forward_bf16(unsigned short* out, float* rstd, const float* x, const float* weight, int n, int c, float eps) {
+    rmsnorm_rows(out, rstd, x, weight, n, c, eps);
 }
 
 // One warp per row: dx += (dout * w - xhat * mean(dout * w * xhat)) * rstd.

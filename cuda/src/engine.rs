@@ -15,7 +15,7 @@
 use crate::blas::{Arithmetic, Products};
 use crate::device::{args, Device, Graph};
 use crate::error::CudaError;
-use crate::executor::{attention_partials_len, group_rows_by_token, weight_grad_slices_len, Arenas, CudaExecutor, Decoding, TokenGroups};
+use crate::executor::{attention_partials_len, bf16_operand_len, group_rows_by_token, weight_grad_slices_len, Arenas, CudaExecutor, Decoding, TokenGroups};
 use crate::memory::{Buffer, HostMirror, Staging};
 use crate::profile::Profiler;
 use alpha_core::data::{sample_batch, skip_batch, Tokens};
@@ -218,6 +218,7 @@ impl<'r> CudaEngine<'r> {
             return Err(CudaError::new(format!("{} parameters given, the model has {p}", start.params.len())));
         }
         cfg.validate().map_err(|e| CudaError::new(e.to_string()))?;
+        let plan = stored(plan, arithmetic, bf16_activations_by_default());
         let head_size = plan.config.head_size();
         if head_size > MAX_HEAD_SIZE {
             return Err(CudaError::new(format!("heads of {head_size} dimensions: the CUDA attention kernels take up to {MAX_HEAD_SIZE} (more --heads)")));
@@ -314,6 +315,25 @@ impl<'r> CudaEngine<'r> {
         CudaEngine { overlap_sums: overlap, ..self }
     }
 
+    /// The engine with the activations the products read (the linear layers' inputs, and qkv)
+    /// stored as bf16 under bf16 products where `on` (the default unless
+    /// `ALPHA_CUDA_BF16_ACTIVATIONS=0`; `Plan::with_half_activations`), else as f32 and rounded
+    /// for each product: its activations allocated anew. f32 products store them as f32.
+    pub fn with_bf16_activations(self, on: bool) -> Result<Self, CudaError> {
+        let plan = stored(self.plan, self.arithmetic(), on);
+        if plan == self.plan {
+            return Ok(self);
+        }
+        let acts = Buffer::f32s(&self.device, "the activations", plan.acts_len())?;
+        Ok(CudaEngine { acts, tape: tape::record_to_vec(&plan), plan, graph: None, kernels_per_step: 0, ..self })
+    }
+
+    /// Whether it stores the activations the products read as bf16 (see
+    /// [`CudaEngine::with_bf16_activations`]).
+    pub fn stores_bf16_activations(&self) -> bool {
+        self.plan.is_half(self.plan.head_acts().lnf)
+    }
+
     /// Whether its micro-batches run as a captured CUDA graph (from the second on a device that
     /// captures, unless graphs are off).
     pub fn graph_captured(&self) -> bool {
@@ -323,6 +343,7 @@ impl<'r> CudaEngine<'r> {
     /// Device bytes an engine for `plan` takes (a ZeRO-1 run's moments split `moment_shards`
     /// ways), before the kernels and cuBLASLt's workspace.
     pub fn memory_needed(plan: &Plan, arithmetic: Arithmetic, moment_shards: usize) -> u64 {
+        let plan = &stored(*plan, arithmetic, bf16_activations_by_default());
         let p = plan.params_len() as u64;
         let batch = BatchLayout::new(plan).len() as u64;
         let rope = if plan.attention_shape().rope.is_some() { plan.config.block_size * plan.config.head_size() } else { 0 };
@@ -356,7 +377,7 @@ impl<'r> CudaEngine<'r> {
             let len = self.params.len();
             let (out, x) = (copy.tensor().ptr, self.params.tensor().ptr);
             // SAFETY: both hold the parameters.
-            unsafe { self.device.launch("round_to_bf16", len.div_ceil(256) as u32, 256, &mut args![out, x, len as i64]) }?;
+            unsafe { self.device.launch("round_to_bf16", len.div_ceil(256) as u32, 256, &mut args![out, x, 0u64, len as i64, 1i32]) }?;
         }
         Ok(())
     }
@@ -809,10 +830,17 @@ impl<'r> CudaEngine<'r> {
     }
 }
 
-/// Elements of each bf16 operand scratch: the widest product input or output gradient, the
-/// batch's tokens by the widest of the vocabulary and the MLP.
-fn bf16_operand_len(plan: &Plan) -> usize {
-    plan.tokens() * plan.config.vocab_size.max(4 * plan.config.n_embd)
+/// The plan an engine in `arithmetic` walks for `plan`: under bf16 products, the activations the
+/// products read stored as bf16 where `bf16_activations` (they read them as bf16 anyway, and
+/// attention reads qkv so, as PyTorch's autocast stores them); as f32 otherwise.
+fn stored(plan: Plan, arithmetic: Arithmetic, bf16_activations: bool) -> Plan {
+    plan.with_half_activations(arithmetic == Arithmetic::Bf16 && bf16_activations)
+}
+
+/// Whether bf16 runs store activations as bf16: unless `ALPHA_CUDA_BF16_ACTIVATIONS=0` (f32
+/// activations rounded for each product, to measure the difference).
+fn bf16_activations_by_default() -> bool {
+    std::env::var_os("ALPHA_CUDA_BF16_ACTIVATIONS").is_none_or(|v| v != "0")
 }
 
 /// The arithmetic's name in records and messages.

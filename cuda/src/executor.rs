@@ -53,18 +53,26 @@ pub(crate) struct AttentionKernels {
     pub tensor: bool,
 }
 
-/// The kernels attention of shape `s` runs on `device` in `arithmetic`: the tensor cores' from
-/// sm_80 for heads of 16 to 64 dimensions in steps of 16 (attention.cu's `TC_STEPS`; wider heads
-/// would spill the backward's registers), with bf16 operands under bf16 products and f32 ones
-/// split in three TF32 products otherwise (PyTorch's fp32 attention on these cards); the SIMT
-/// kernels for other heads and cards.
-pub(crate) fn attention_kernels(device: &DeviceInfo, arithmetic: Arithmetic, s: attention::AttentionShape) -> AttentionKernels {
+/// The kernels attention of shape `s` runs on `device` in `arithmetic`, over qkv and its output
+/// stored as bf16 where `stored_bf16` (a bf16 run's activations), else as f32: the tensor
+/// cores' from sm_80 for heads of 16 to 64 dimensions in steps of 16 (attention.cu's
+/// `TC_STEPS`; wider heads would spill the backward's registers), with bf16 operands under bf16
+/// products and f32 ones split in three TF32 products otherwise (PyTorch's fp32 attention on
+/// these cards); the SIMT kernels for other heads and cards.
+pub(crate) fn attention_kernels(device: &DeviceInfo, arithmetic: Arithmetic, s: attention::AttentionShape, stored_bf16: bool) -> AttentionKernels {
     let tensor = device.has_bf16() && s.head_size.is_multiple_of(16) && s.head_size <= 64;
-    let (forward, backward_query, backward_key_value) = match (tensor, arithmetic) {
-        (false, _) => ("attention_forward", "attention_backward_query", "attention_backward_key_value"),
-        (true, Arithmetic::Bf16) => ("attention_tensor_forward", "attention_tensor_backward_query", "attention_tensor_backward_key_value"),
-        (true, Arithmetic::F32 | Arithmetic::Tf32) => ("attention_tf32x3_forward", "attention_tf32x3_backward_query", "attention_tf32x3_backward_key_value"),
+    let (forward, backward_query, backward_key_value) = match (tensor, arithmetic, stored_bf16) {
+        (true, Arithmetic::Bf16, false) => ("attention_tensor_forward", "attention_tensor_backward_query", "attention_tensor_backward_key_value"),
+        (true, Arithmetic::Bf16, true) => ("attention_tensor_forward_bf16", "attention_tensor_backward_query_bf16", "attention_tensor_backward_key_value_bf16"),
+        (true, Arithmetic::F32 | Arithmetic::Tf32, false) => {
+            ("attention_tf32x3_forward", "attention_tf32x3_backward_query", "attention_tf32x3_backward_key_value")
+        }
+        (_, _, false) => ("attention_forward", "attention_backward_query", "attention_backward_key_value"),
+        // f32 products never meet bf16 activations (the engine stores them so only under bf16
+        // ones); were they to, the SIMT kernels take them.
+        (_, _, true) => ("attention_forward_bf16", "attention_backward_query_bf16", "attention_backward_key_value_bf16"),
     };
+    let tensor = tensor && (arithmetic == Arithmetic::Bf16 || !stored_bf16);
     AttentionKernels { forward, backward_query, backward_key_value, tensor }
 }
 
@@ -97,7 +105,7 @@ pub(crate) struct Arenas {
     /// Targets `[N]`, u32 (walks with a loss).
     pub targets: Option<Tensor>,
     /// Under bf16 products, two bf16 scratch tensors for the operands the walk rounds (an
-    /// input, a gradient), each as large as the largest.
+    /// input, a gradient), each at least [`bf16_operand_len`] long.
     pub operands_bf16: Option<(Tensor, Tensor)>,
     /// With RoPE, attention's rotary table `[block_size, HS]` (see [`rope_table`]).
     pub rope: Option<Tensor>,
@@ -109,6 +117,15 @@ pub(crate) struct Arenas {
     /// Where the token slices of the weight gradients' products are written (backward walks
     /// whose batch is cut: see [`weight_grad_slices`]).
     pub weight_grad_slices: Option<Tensor>,
+}
+
+/// Elements of each bf16 operand scratch of [`Arenas`]: the batch's tokens by the widest product
+/// input or output gradient (the vocabulary, the MLP's widths), or by twice qkv's width: a bf16
+/// run stores qkv as bf16, its product's f32 sums landing first in the second scratch (whose
+/// gradients the forward does not round), two bf16 elements to each.
+pub(crate) fn bf16_operand_len(plan: &Plan) -> usize {
+    let c = &plan.config;
+    plan.tokens() * c.vocab_size.max(c.fc_width()).max(c.hidden()).max(c.n_embd).max(2 * c.qkv_width())
 }
 
 /// Outputs the token slices of a weight gradient's product are meant to fill: about 256 tiles
@@ -334,7 +351,15 @@ impl<'a> CudaExecutor<'a> {
         let out = if which == 0 { a } else { b };
         assert!(x.len <= out.len, "an operand larger than the bf16 scratch");
         // SAFETY: both hold x.len elements.
-        unsafe { self.launch("round_to_bf16", blocks(x.len), BLOCK, Work { flops: 0.0, bytes: 6.0 * x.len as f64 }, &mut args![out.ptr, x.ptr, x.len as i64]) };
+        unsafe {
+            self.launch(
+                "round_to_bf16",
+                blocks(x.len),
+                BLOCK,
+                Work { flops: 0.0, bytes: 6.0 * x.len as f64 },
+                &mut args![out.ptr, x.ptr, 0u64, x.len as i64, 1i32],
+            )
+        };
         out.ptr
     }
 
@@ -346,11 +371,13 @@ impl<'a> CudaExecutor<'a> {
         }
     }
 
-    /// The products' operand for activation `x`: rounded to bf16 under bf16 products.
+    /// The products' operand for activation `x`: under bf16 products, itself where it is stored
+    /// as bf16, else rounded to bf16.
     fn operand(&mut self, x: Tensor, which: usize) -> u64 {
-        if self.products.arithmetic() == Arithmetic::Bf16 {
+        if self.products.arithmetic() == Arithmetic::Bf16 && !x.bf16 {
             self.rounded(x, which)
         } else {
+            assert!(!x.bf16 || self.products.arithmetic() == Arithmetic::Bf16, "a bf16 activation as an f32 product's operand");
             x.ptr
         }
     }
@@ -402,6 +429,29 @@ impl<'a> CudaExecutor<'a> {
         // SAFETY: the walk's tensors of this op, of the shapes `p` names.
         self.queue("product", work, |e| unsafe { e.products.run(e.device, p, a, b, d) });
     }
+
+    /// A linear layer whose output a bf16 run stores as bf16 (qkv): the product's f32 sums into
+    /// the second bf16 operand scratch (free in a forward; see [`bf16_operand_len`]), then with
+    /// the bias rounded into the output, once, as the f32 output's epilogue would leave it.
+    fn matmul_forward_to_bf16(&mut self, a: matmul::Forward<Tensor, Tensor>) {
+        let (k, m) = (a.k, a.m);
+        let n = a.x.len / k;
+        let (_, scratch) = self.arenas.operands_bf16.expect("bf16 activations need the bf16 operands' scratch");
+        assert!(2 * n * m <= scratch.len, "a product's sums past the bf16 operands' scratch");
+        let (w, x) = (self.weight(a.weight), self.operand(a.x, 0));
+        self.product(Product { transpose_a: true, transpose_b: false, m, n, k, accumulate: false }, w, x, scratch.ptr);
+        let bias = a.bias.map_or(0, |b| b.ptr);
+        // SAFETY: the sums [N, M] in the scratch (checked above), out [N, M] bf16, bias [M].
+        unsafe {
+            self.launch(
+                "round_to_bf16",
+                blocks(n * m),
+                BLOCK,
+                Work { flops: 0.0, bytes: (6 * n * m + 4 * m * (bias != 0) as usize) as f64 },
+                &mut args![a.out.ptr, scratch.ptr, bias, (n * m) as i64, m as i32],
+            )
+        }
+    }
 }
 
 impl Executor for CudaExecutor<'_> {
@@ -410,6 +460,11 @@ impl Executor for CudaExecutor<'_> {
 
     unsafe fn write(&self, arena: Arena, span: Span) -> Tensor {
         let base = match arena {
+            Arena::Acts if self.plan.is_half(span) => {
+                // Half the room, in bf16 (see `Plan::with_half_activations`).
+                let room = self.arenas.acts.part(span.offset, self.plan.stored_len(span));
+                return Tensor { len: span.len, bf16: true, ..room };
+            }
             Arena::Acts => self.arenas.acts,
             Arena::Params => self.arenas.params,
             Arena::Grads => self.arenas.grads.expect("a backward walk needs the gradients"),
@@ -486,13 +541,14 @@ impl Executor for CudaExecutor<'_> {
 
     fn layernorm_forward(&mut self, a: layernorm::Forward<Tensor, Tensor>) {
         let (n, c) = (a.mean.len, a.weight.len);
+        let (kernel, out_bytes) = if a.out.bf16 { ("layernorm_forward_bf16", 2.0) } else { ("layernorm_forward", 4.0) };
         // SAFETY: rows of C, n of them.
         unsafe {
             self.launch(
-                "layernorm_forward",
+                kernel,
                 warp_blocks(n),
                 BLOCK,
-                Work::moving(2 * n * c + 2 * c + 2 * n),
+                Work { bytes: Work::moving(n * c + 2 * c + 2 * n).bytes + out_bytes * (n * c) as f64, flops: 0.0 },
                 &mut args![a.out.ptr, a.mean.ptr, a.rstd.ptr, a.x.ptr, a.weight.ptr, a.bias.ptr, n as i32, c as i32],
             )
         }
@@ -526,13 +582,14 @@ impl Executor for CudaExecutor<'_> {
     fn rmsnorm_forward(&mut self, a: rmsnorm::Forward<Tensor, Tensor>) {
         let (n, c) = (a.rstd.len, a.weight.len);
         let eps = a.eps as f32;
+        let (kernel, out_bytes) = if a.out.bf16 { ("rmsnorm_forward_bf16", 2.0) } else { ("rmsnorm_forward", 4.0) };
         // SAFETY: rows of C, n of them.
         unsafe {
             self.launch(
-                "rmsnorm_forward",
+                kernel,
                 warp_blocks(n),
                 BLOCK,
-                Work::moving(2 * n * c + c + n),
+                Work { bytes: Work::moving(n * c + c + n).bytes + out_bytes * (n * c) as f64, flops: 0.0 },
                 &mut args![a.out.ptr, a.rstd.ptr, a.x.ptr, a.weight.ptr, n as i32, c as i32, eps],
             )
         }
@@ -566,6 +623,10 @@ impl Executor for CudaExecutor<'_> {
     fn matmul_forward(&mut self, a: matmul::Forward<Tensor, Tensor>) {
         let (k, m) = (a.k, a.m);
         let n = a.x.len / k;
+        if a.out.bf16 && matches!(a.epilogue, matmul::Epilogue::None) {
+            return self.matmul_forward_to_bf16(a);
+        }
+        assert!(!a.out.bf16 || matches!(a.epilogue, matmul::Epilogue::Gelu { .. } | matmul::Epilogue::SwiGlu { .. }), "the residual stream is stored as f32");
         let (target, gelu_out, residual) = match a.epilogue {
             matmul::Epilogue::None => (a.out, 0, 0),
             matmul::Epilogue::Gelu { pre } => (pre, a.out.ptr, 0),
@@ -579,26 +640,31 @@ impl Executor for CudaExecutor<'_> {
         let bias = a.bias.map_or(0, |b| b.ptr);
         if bias != 0 || gelu_out != 0 || residual != 0 {
             let slope = a.save_slope as i32;
+            let (kernel, gelu_bytes) = if a.out.bf16 && gelu_out != 0 { ("matmul_epilogue_bf16", 2) } else { ("matmul_epilogue", 4) };
             // SAFETY: target (and gelu_out, residual) [N, M], bias [M].
             unsafe {
                 self.launch(
-                    "matmul_epilogue",
+                    kernel,
                     blocks(n * m),
                     BLOCK,
-                    Work::moving(n * m * (2 + (residual != 0) as usize + (gelu_out != 0) as usize) + m * (bias != 0) as usize),
+                    Work {
+                        flops: 0.0,
+                        bytes: (4 * (n * m * (2 + (residual != 0) as usize) + m * (bias != 0) as usize) + gelu_bytes * n * m * (gelu_out != 0) as usize) as f64,
+                    },
                     &mut args![target.ptr, gelu_out, bias, residual, n as i32, m as i32, slope],
                 )
             }
         }
         if let matmul::Epilogue::SwiGlu { pre } = a.epilogue {
             let (h, slope) = (m / 2, a.save_slope as i32);
+            let (kernel, out_bytes) = if a.out.bf16 { ("swiglu_forward_bf16", 2) } else { ("swiglu_forward", 4) };
             // SAFETY: out [N, M/2], pre [N, M].
             unsafe {
                 self.launch(
-                    "swiglu_forward",
+                    kernel,
                     blocks(n * h),
                     BLOCK,
-                    Work::moving(n * h * (3 + 2 * slope as usize)),
+                    Work { flops: 0.0, bytes: (n * h * (4 * (2 + 2 * slope as usize) + out_bytes)) as f64 },
                     &mut args![a.out.ptr, pre.ptr, n as i32, h as i32, slope],
                 )
             }
@@ -675,8 +741,10 @@ impl Executor for CudaExecutor<'_> {
         let scale = (1.0 / (s.head_size as f64).sqrt()) as f32;
         let (heads, kv_heads, hs) = (s.heads as i32, s.kv_heads as i32, s.head_size as i32);
         let rope = self.rope(s);
+        assert_eq!(a.qkv.bf16, a.out.bf16, "attention's qkv and output stored alike");
         match self.decoding {
             Some(d) => {
+                assert!(!a.qkv.bf16, "decoding runs on f32 activations");
                 let kv = s.kv_heads * s.head_size;
                 let keys = d.cache.part(2 * self.layer * d.len * kv, d.len * kv);
                 let values = d.cache.part((2 * self.layer + 1) * d.len * kv, d.len * kv);
@@ -699,7 +767,8 @@ impl Executor for CudaExecutor<'_> {
                 let drop = DropoutArgs::new(a.dropout, self.key);
                 let rows = s.batch * s.heads * s.seq;
                 let (b, t) = (s.batch as i32, s.seq as i32);
-                let kernels = attention_kernels(&self.device.info, self.products.arithmetic(), s);
+                let kernels = attention_kernels(&self.device.info, self.products.arithmetic(), s, a.qkv.bf16);
+                let stored = a.qkv.element_bytes() as f64;
                 let (grid, threads) = attention_launch(kernels.tensor, s, s.heads);
                 // SAFETY: qkv [B, T, W], out [B, T, C], lse [B, NH, T].
                 unsafe {
@@ -707,7 +776,7 @@ impl Executor for CudaExecutor<'_> {
                         kernels.forward,
                         grid,
                         threads,
-                        Work { flops: s.causal_flops(2.0), ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size) + rows) },
+                        Work { flops: s.causal_flops(2.0), bytes: stored * (s.batch * s.seq * (s.width() + s.heads * s.head_size)) as f64 + 4.0 * rows as f64 },
                         &mut args![a.out.ptr, a.lse.ptr, a.qkv.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
                     )
                 }
@@ -723,7 +792,9 @@ impl Executor for CudaExecutor<'_> {
         let delta = self.arenas.acts.part(self.plan.scratch().attention.offset, rows);
         let (b, t, heads, kv_heads, hs) = (s.batch as i32, s.seq as i32, s.heads as i32, s.kv_heads as i32, s.head_size as i32);
         let rope = self.rope(s);
-        let kernels = attention_kernels(&self.device.info, self.products.arithmetic(), s);
+        assert_eq!(a.qkv.bf16, a.out.bf16, "attention's qkv and output stored alike");
+        let kernels = attention_kernels(&self.device.info, self.products.arithmetic(), s, a.qkv.bf16);
+        let (stored, tokens) = (a.qkv.element_bytes() as f64, (s.batch * s.seq) as f64);
         // Grouped heads: a block per rows of keys of each query head, its share of dK and dV
         // into the partials, added after.
         let partials = (s.kv_heads < s.heads).then(|| self.arenas.attention_partials.expect("grouped heads' backward needs the attention partials"));
@@ -736,7 +807,10 @@ impl Executor for CudaExecutor<'_> {
                 kernels.backward_query,
                 query_grid,
                 threads,
-                Work { flops: s.causal_flops(3.0), ..Work::moving(s.batch * s.seq * (s.width() + 3 * s.heads * s.head_size) + 2 * rows) },
+                Work {
+                    flops: s.causal_flops(3.0),
+                    bytes: tokens * (stored * (s.width() + s.heads * s.head_size) as f64 + 4.0 * (2 * s.heads * s.head_size) as f64) + 8.0 * rows as f64,
+                },
                 &mut args![dqkv, delta.ptr, dout, qkv, a.out.ptr, lse, rope, b, t, heads, kv_heads, hs, scale, drop],
             );
             self.launch(
@@ -745,7 +819,7 @@ impl Executor for CudaExecutor<'_> {
                 threads,
                 Work {
                     flops: s.causal_flops(4.0),
-                    ..Work::moving(s.batch * s.seq * (s.width() + s.heads * s.head_size + 2 * s.kv_heads * s.head_size) + 2 * rows)
+                    bytes: tokens * (stored * s.width() as f64 + 4.0 * (s.heads * s.head_size + 2 * s.kv_heads * s.head_size) as f64) + 8.0 * rows as f64,
                 },
                 &mut args![dqkv, partials.map_or(0, |p| p.ptr), dout, qkv, lse, delta.ptr, rope, b, t, heads, kv_heads, hs, scale, drop],
             );

@@ -7,6 +7,7 @@ use crate::blas::{Arithmetic, Products};
 use crate::device::Device;
 use crate::executor::{group_rows_by_token, Arenas, CudaExecutor, Decoding, TokenGroups};
 use crate::memory::{Buffer, Tensor};
+use alpha_core::gemm::bf16::{bf16_to_f32, round_bf16};
 use alpha_core::gemm::Operands;
 use alpha_core::ops::attention::KvCache;
 use alpha_core::ops::dropout::{DropoutKey, Site};
@@ -24,6 +25,24 @@ fn device() -> Device {
 
 fn random(rng: &mut Rng, len: usize, scale: f32) -> Vec<f32> {
     (0..len).map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale).collect()
+}
+
+/// `xs` rounded to bf16, as bits.
+fn bf16_bits(xs: &[f32]) -> Vec<u16> {
+    xs.iter().map(|&x| round_bf16(x)).collect()
+}
+
+/// `got` equal to `want` element by element (f32 values, or bf16 bits); a NaN fails.
+fn assert_same<T: Copy + PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!("{what}[{i}]: {:?} where the f32 kernels give {:?}", got[i], want[i]);
+    }
+}
+
+/// bf16 bits as f32 values.
+fn widened(bits: &[u16]) -> Vec<f32> {
+    bits.iter().map(|&b| bf16_to_f32(b)).collect()
 }
 
 /// `got` within `tol` of `want`, relative to 1 or the value.
@@ -117,6 +136,22 @@ impl Rig {
     fn get(&self, t: Tensor) -> Vec<f32> {
         let b = self.buffers.iter().find(|b| b.tensor() == t).expect("a tensor of this rig");
         let mut out = vec![0f32; t.len];
+        b.download(0, &mut out).unwrap();
+        out
+    }
+
+    /// `data` rounded to bf16 on the device, as a bf16 run stores an activation.
+    fn put_bf16(&mut self, data: &[f32]) -> Tensor {
+        let b = Buffer::zeroed(&self.device, "a bf16 test tensor", data.len(), 2).unwrap();
+        b.upload(0, &bf16_bits(data)).unwrap();
+        self.buffers.push(b);
+        self.buffers.last().unwrap().tensor()
+    }
+
+    /// A bf16 tensor's elements as their bits, after the queued work.
+    fn get_bits(&self, t: Tensor) -> Vec<u16> {
+        let b = self.buffers.iter().find(|b| b.tensor() == t).expect("a tensor of this rig");
+        let mut out = vec![0u16; t.len];
         b.download(0, &mut out).unwrap();
         out
     }
@@ -379,7 +414,7 @@ fn attention_matches_the_cpu_with_and_without_dropout() {
     // of one to eight threads per row (8, 40, 72, 200 dimensions).
     let info = device().info;
     for p in [plan(5, 2, 7, 3, 120), llama_plan(2, 7, 6, 2, 48), plan(5, 1, 150, 3, 120), llama_plan(1, 70, 2, 1, 144), plan(5, 1, 40, 1, 200)] {
-        assert_eq!(crate::executor::attention_kernels(&info, Arithmetic::F32, p.attention_shape()).forward, "attention_forward");
+        assert_eq!(crate::executor::attention_kernels(&info, Arithmetic::F32, p.attention_shape(), false).forward, "attention_forward");
         check_attention_in(p, Arithmetic::F32);
     }
 }
@@ -421,9 +456,110 @@ fn attention_on_the_tensor_cores_matches_the_cpu() {
     let info = device().info;
     for (arithmetic, kernel) in [(Arithmetic::Bf16, "attention_tensor_forward"), (Arithmetic::F32, "attention_tf32x3_forward")] {
         for p in [plan(5, 2, 70, 3, 96), llama_plan(1, 150, 4, 2, 256), plan(5, 1, 40, 2, 32)] {
-            assert_eq!(crate::executor::attention_kernels(&info, arithmetic, p.attention_shape()).forward, kernel);
+            assert_eq!(crate::executor::attention_kernels(&info, arithmetic, p.attention_shape(), false).forward, kernel);
             check_attention_in(p, arithmetic);
         }
+    }
+}
+
+/// A bf16 run stores the products' inputs and qkv as bf16: the kernels writing them give the f32
+/// kernels' results rounded to bf16, bit for bit (the same arithmetic, one rounding at the
+/// store), and what they save beside (the norms' statistics, GELU's and SwiGLU's slopes) is the
+/// same. The products before: a linear layer into a bf16 output (qkv) with and without a bias,
+/// and into GELU.
+#[test]
+fn stored_bf16_activations_are_the_f32_results_rounded() {
+    let (n, c) = (70, 300);
+    let mut rng = Rng::new(5);
+    let mut rig = Rig::with_arithmetic(plan(5, 1, n, 1, c), &vec![0; n], Arithmetic::Bf16);
+    let (x, w, bias) = (random(&mut rng, n * c, 2.0), random(&mut rng, c, 1.0), random(&mut rng, c, 1.0));
+    let (g_x, g_w, g_b) = (rig.put(&x), rig.put(&w), rig.put(&bias));
+    let (out32, out16) = (rig.put(&vec![0f32; n * c]), rig.put_bf16(&vec![0f32; n * c]));
+    let stats: Vec<Tensor> = (0..4).map(|_| rig.put(&vec![0f32; n])).collect();
+    rig.run(None, |e| {
+        e.layernorm_forward(layernorm::Forward { out: out32, mean: stats[0], rstd: stats[1], x: g_x, weight: g_w, bias: g_b });
+        e.layernorm_forward(layernorm::Forward { out: out16, mean: stats[2], rstd: stats[3], x: g_x, weight: g_w, bias: g_b });
+    });
+    assert_same("layernorm's output", &rig.get_bits(out16), &bf16_bits(&rig.get(out32)));
+    assert_same("layernorm's means", &rig.get(stats[2]), &rig.get(stats[0]));
+    assert_same("layernorm's rstd", &rig.get(stats[3]), &rig.get(stats[1]));
+    rig.run(None, |e| {
+        e.rmsnorm_forward(rmsnorm::Forward { out: out32, rstd: stats[0], x: g_x, weight: g_w, eps: 1e-6 });
+        e.rmsnorm_forward(rmsnorm::Forward { out: out16, rstd: stats[2], x: g_x, weight: g_w, eps: 1e-6 });
+    });
+    assert_same("rmsnorm's output", &rig.get_bits(out16), &bf16_bits(&rig.get(out32)));
+    assert_same("rmsnorm's rstd", &rig.get(stats[2]), &rig.get(stats[0]));
+
+    let (k, m) = (c, 2 * 46);
+    // Without the engine's bf16 copy of the weights, bf16 products read the weight as given.
+    let (weight, pre_bias) = (rig.put_bf16(&random(&mut rng, m * k, 1.0)), rig.put(&random(&mut rng, m, 1.0)));
+    let (pre32, pre16) = (rig.put(&vec![0f32; n * m]), rig.put(&vec![0f32; n * m]));
+    let (wide32, wide16) = (rig.put(&vec![0f32; n * m]), rig.put_bf16(&vec![0f32; n * m]));
+    for bias in [Some(pre_bias), None] {
+        rig.run(None, |e| {
+            for out in [wide32, wide16] {
+                e.matmul_forward(matmul::Forward { out, x: g_x, weight, bias, epilogue: matmul::Epilogue::None, save_slope: false, k, m });
+            }
+        });
+        assert_same(&format!("a product into bf16 (bias {})", bias.is_some()), &rig.get_bits(wide16), &bf16_bits(&rig.get(wide32)));
+    }
+    for swiglu in [false, true] {
+        let width = if swiglu { m / 2 } else { m };
+        let (half32, half16) = (rig.put(&vec![0f32; n * width]), rig.put_bf16(&vec![0f32; n * width]));
+        rig.run(None, |e| {
+            for (out, pre) in [(half32, pre32), (half16, pre16)] {
+                let epilogue = if swiglu { matmul::Epilogue::SwiGlu { pre } } else { matmul::Epilogue::Gelu { pre } };
+                let bias = (!swiglu).then_some(pre_bias);
+                e.matmul_forward(matmul::Forward { out, x: g_x, weight, bias, epilogue, save_slope: true, k, m });
+            }
+        });
+        let what = if swiglu { "SwiGLU" } else { "GELU" };
+        assert_same(&format!("{what}'s output"), &rig.get_bits(half16), &bf16_bits(&rig.get(half32)));
+        assert_same(&format!("{what}'s slopes"), &rig.get(pre16), &rig.get(pre32));
+    }
+}
+
+/// Attention over qkv and an output stored as bf16 (bf16 runs) gives, on the tensor cores and
+/// on the SIMT kernels, the f32 kernels' results on the same values: the output rounded to
+/// bf16, lse and dqkv bit for bit. GQA, RoPE and dropout included.
+#[test]
+fn attention_over_bf16_activations_gives_the_f32_kernels_results() {
+    let info = device().info;
+    let cases = [
+        (plan(5, 2, 70, 3, 96), "attention_tensor_forward_bf16"),
+        (llama_plan(1, 80, 4, 2, 256), "attention_tensor_forward_bf16"),
+        (plan(5, 1, 40, 3, 120), "attention_forward_bf16"),
+    ];
+    for (p, kernel) in cases {
+        let s = p.attention_shape();
+        if info.has_bf16() {
+            assert_eq!(crate::executor::attention_kernels(&info, Arithmetic::Bf16, s, true).forward, kernel);
+        }
+        let (c, w, n) = (s.heads * s.head_size, s.width(), s.batch * s.seq);
+        let (site, key) = (Some(Site { id: 4, threshold: 1 << 30 }), Some(DropoutKey { seed: 11, draw: 3 }));
+        let mut rng = Rng::new(6);
+        let mut rig = Rig::with_arithmetic(p, &vec![0; n], Arithmetic::Bf16);
+        let (qkv, dout) = (widened(&bf16_bits(&random(&mut rng, n * w, 1.0))), random(&mut rng, n * c, 1.0));
+        let lse_len = s.batch * s.heads * s.seq;
+        let (qkv32, qkv16, g_dout) = (rig.put(&qkv), rig.put_bf16(&qkv), rig.put(&dout));
+        let (out32, out16, lse32, lse16) =
+            (rig.put(&vec![0f32; n * c]), rig.put_bf16(&vec![0f32; n * c]), rig.put(&vec![0f32; lse_len]), rig.put(&vec![0f32; lse_len]));
+        rig.run(key, |e| {
+            e.attention_forward(attention::Forward { out: out32, lse: lse32, qkv: qkv32, shape: s, dropout: site });
+            e.attention_forward(attention::Forward { out: out16, lse: lse16, qkv: qkv16, shape: s, dropout: site });
+        });
+        let what = format!("{:?}, head size {}", s.rope.map(|_| "RoPE"), s.head_size);
+        assert_same(&format!("{what}: out"), &rig.get_bits(out16), &bf16_bits(&rig.get(out32)));
+        assert_same(&format!("{what}: lse"), &rig.get(lse16), &rig.get(lse32));
+        // The backward reads the output as stored: the f32 kernels its widened values.
+        let out_widened = rig.put(&widened(&rig.get_bits(out16)));
+        let (dqkv32, dqkv16) = (rig.put(&vec![0f32; n * w]), rig.put(&vec![0f32; n * w]));
+        rig.run(key, |e| {
+            for (dqkv, qkv, out) in [(dqkv32, qkv32, out_widened), (dqkv16, qkv16, out16)] {
+                e.attention_backward(attention::Backward { dqkv, dout: g_dout, qkv, out, lse: lse32, shape: s, dropout: site });
+            }
+        });
+        assert_same(&format!("{what}: dqkv"), &rig.get(dqkv16), &rig.get(dqkv32));
     }
 }
 

@@ -15,13 +15,25 @@ pub(crate) struct Tensor {
     pub ptr: drv_sys::CUdeviceptr,
     /// Elements.
     pub len: usize,
+    /// Elements of 2 bytes, bf16 (an activation a bf16 run stores so, a bf16 copy or scratch),
+    /// else of 4 (f32 or u32).
+    pub bf16: bool,
 }
 
 impl Tensor {
-    /// Elements `offset .. offset + len` of a tensor of 4-byte elements (f32 or u32).
+    /// Elements `offset .. offset + len`.
     pub fn part(self, offset: usize, len: usize) -> Tensor {
         assert!(offset + len <= self.len, "a part past its tensor's end");
-        Tensor { ptr: self.ptr + 4 * offset as u64, len }
+        Tensor { ptr: self.ptr + (self.element_bytes() * offset) as u64, len, ..self }
+    }
+
+    /// Bytes of an element: 2 or 4.
+    pub fn element_bytes(self) -> usize {
+        if self.bf16 {
+            2
+        } else {
+            4
+        }
     }
 }
 
@@ -66,9 +78,9 @@ impl Buffer {
         Buffer::zeroed(device, what, len, 4)
     }
 
-    /// The whole buffer as a tensor of its elements.
+    /// The whole buffer as a tensor of its elements (bf16 where they take 2 bytes).
     pub fn tensor(&self) -> Tensor {
-        Tensor { ptr: self.ptr, len: self.len }
+        Tensor { ptr: self.ptr, len: self.len, bf16: self.size == 2 }
     }
 
     /// Elements.
