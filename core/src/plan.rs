@@ -446,14 +446,16 @@ impl Plan {
         self.with_recompute(self.recompute)
     }
 
-    /// Whether activation `span` is stored as 16-bit floats (see [`Plan::with_half_activations`]).
+    /// Whether activation `span` is stored as 16-bit floats (see
+    /// [`Plan::with_half_activations`]).
     pub fn is_half(&self, span: Span) -> bool {
         let layers = if self.recompute { 1 } else { self.config.n_layer };
         self.half_activations
             && (span == self.head_acts().lnf || (0..layers).map(|l| self.layer_acts(l)).any(|a| [a.ln1, a.qkv, a.atty, a.ln2, a.fc_gelu].contains(&span)))
     }
 
-    /// Arena elements activation `span` occupies: its length, half of it stored as 16-bit floats.
+    /// Arena elements activation `span` occupies: its length, half of it stored as 16-bit
+    /// floats.
     pub fn stored_len(&self, span: Span) -> usize {
         if self.is_half(span) {
             span.len.div_ceil(2)
