@@ -70,8 +70,9 @@ extern "C" __global__ void swiglu_backward(float* d, const float* dh, int n, int
 // The bias gradient's first pass (row_blocks.cu): partials [blocks, m], row b the column sums
 // of dout's rows b * ROW_BLOCK .. (b + 1) * ROW_BLOCK in order; a thread per (row block,
 // column). With `slope`, GELU's backward first, in place: dout *= slope (the CPU's one pass
-// over a block).
-extern "C" __global__ void bias_grad_partials(float* partials, float* dout, const float* slope, int n, int m) {
+// over a block). With `dout_bf16` (bf16 products), dout rounded into it too: the products'
+// operand.
+extern "C" __global__ void bias_grad_partials(float* partials, float* dout, const float* slope, unsigned short* dout_bf16, int n, int m) {
     Cell cell = column_tile_cell(m);
     int col = cell.col, first, end;
     if (col >= m) return;
@@ -84,6 +85,7 @@ extern "C" __global__ void bias_grad_partials(float* partials, float* dout, cons
             d *= slope[at];
             dout[at] = d;
         }
+        if (dout_bf16) dout_bf16[at] = to_bf16(d);
         s += d;
     }
     partials[(long long)cell.item * m + col] = s;

@@ -688,21 +688,32 @@ impl Executor for CudaExecutor<'_> {
             },
             None => {}
         }
+        // Under bf16 products the bias gradient's pass, which reads every element of dout, also
+        // writes the products' bf16 copy of it (no rounding pass of its own).
+        let mut dout_bf16 = None;
         if let Some(db) = a.dbias {
             let (grid, partials, slope) = (self.row_block_grid(n, m), self.partials().ptr, gelu_slope.map_or(0, |s| s.ptr));
-            // SAFETY: dout and the slopes [N, M], the partials blocks(N) x M.
+            if let (Arithmetic::Bf16, Some((_, scratch))) = (self.products.arithmetic(), self.arenas.operands_bf16) {
+                assert!(n * m <= scratch.len, "a gradient larger than the bf16 scratch");
+                dout_bf16 = Some(scratch.ptr);
+            }
+            let copy = dout_bf16.map_or(0, |_| 2 * n * m);
+            // SAFETY: dout and the slopes [N, M], the partials blocks(N) x M, the copy [N, M].
             unsafe {
                 self.launch(
                     "bias_grad_partials",
                     grid,
                     BLOCK,
-                    Work::moving(n * m * if slope != 0 { 3 } else { 1 } + row_blocks::blocks(n) * m),
-                    &mut args![partials, a.dout.ptr, slope, n as i32, m as i32],
+                    Work { flops: 0.0, bytes: Work::moving(n * m * if slope != 0 { 3 } else { 1 } + row_blocks::blocks(n) * m).bytes + copy as f64 },
+                    &mut args![partials, a.dout.ptr, slope, dout_bf16.unwrap_or(0), n as i32, m as i32],
                 )
             };
             self.add_partials(n, m, m, db.ptr, 0);
         }
-        let dout = self.operand(a.dout, 1);
+        let dout = match dout_bf16 {
+            Some(copy) => copy,
+            None => self.operand(a.dout, 1),
+        };
         if let Some(dx) = a.dx {
             // dx [N, K] = dout [N, M] · w [M, K]; column-major: dxᵀ [K, N] = wᵀ [K, M] · doutᵀ [M, N].
             let w = self.weight(a.weight);
