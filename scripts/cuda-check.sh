@@ -2,8 +2,9 @@
 # Every CUDA test, on a lent GPU, within 3 minutes of device time: each kernel file compiles
 # with the machine's NVRTC; every kernel against its CPU op (cuda/src/kernel_tests.rs); the
 # CUDA engine against the CPU's (cuda/tests/parity.rs: 20 f32 steps within 1e-5 relative with
-# TF32 off, dropout's masks, bf16 within 2e-2 of f32, --recompute and resume bit for bit,
-# evaluation, greedy samples past the window); 2 ranks against --grad-accum 2
+# TF32 off, dropout's masks, bf16 within 2e-2 of f32, bf16 activations against f32 ones (the
+# first step's loss bit for bit), --recompute and resume bit for bit, evaluation, greedy
+# samples past the window); 2 ranks against --grad-accum 2
 # (cuda/tests/ranks.rs); then the CLI: a checkpoint trained on CUDA resumed on the CPU, on
 # CUDA and, where wgpu finds an adapter, on wgpu (the same losses within 1e-5), a diverging
 # run stopped with its last good checkpoint, and with mpirun, 2 ranks on the one GPU against
