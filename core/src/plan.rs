@@ -449,9 +449,18 @@ impl Plan {
     /// Whether activation `span` is stored as 16-bit floats (see
     /// [`Plan::with_half_activations`]).
     pub fn is_half(&self, span: Span) -> bool {
+        if !self.half_activations || span.offset < self.blocks_start() {
+            return false;
+        }
+        // Only the block whose activations hold the span's offset can have it (executors ask
+        // for every tensor they touch).
         let layers = if self.recompute { 1 } else { self.config.n_layer };
-        self.half_activations
-            && (span == self.head_acts().lnf || (0..layers).map(|l| self.layer_acts(l)).any(|a| [a.ln1, a.qkv, a.atty, a.ln2, a.fc_gelu].contains(&span)))
+        let l = (span.offset - self.blocks_start()) / self.layer_acts_len;
+        let in_block = l < layers && {
+            let a = self.layer_acts(l);
+            [a.ln1, a.qkv, a.atty, a.ln2, a.fc_gelu].contains(&span)
+        };
+        in_block || span == self.head_acts().lnf
     }
 
     /// Arena elements activation `span` occupies: its length, half of it stored as 16-bit
