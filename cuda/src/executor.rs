@@ -61,18 +61,19 @@ pub(crate) struct AttentionKernels {
 /// these cards); the SIMT kernels for other heads and cards.
 pub(crate) fn attention_kernels(device: &DeviceInfo, arithmetic: Arithmetic, s: attention::AttentionShape, stored_bf16: bool) -> AttentionKernels {
     let tensor = device.has_bf16() && s.head_size.is_multiple_of(16) && s.head_size <= 64;
-    let (forward, backward_query, backward_key_value) = match (tensor, arithmetic, stored_bf16) {
-        (true, Arithmetic::Bf16, false) => ("attention_tensor_forward", "attention_tensor_backward_query", "attention_tensor_backward_key_value"),
-        (true, Arithmetic::Bf16, true) => ("attention_tensor_forward_bf16", "attention_tensor_backward_query_bf16", "attention_tensor_backward_key_value_bf16"),
-        (true, Arithmetic::F32 | Arithmetic::Tf32, false) => {
-            ("attention_tf32x3_forward", "attention_tf32x3_backward_query", "attention_tf32x3_backward_key_value")
+    let ((forward, backward_query, backward_key_value), tensor) = match (tensor, arithmetic, stored_bf16) {
+        (true, Arithmetic::Bf16, false) => (("attention_tensor_forward", "attention_tensor_backward_query", "attention_tensor_backward_key_value"), true),
+        (true, Arithmetic::Bf16, true) => {
+            (("attention_tensor_forward_bf16", "attention_tensor_backward_query_bf16", "attention_tensor_backward_key_value_bf16"), true)
         }
-        (_, _, false) => ("attention_forward", "attention_backward_query", "attention_backward_key_value"),
+        (true, Arithmetic::F32 | Arithmetic::Tf32, false) => {
+            (("attention_tf32x3_forward", "attention_tf32x3_backward_query", "attention_tf32x3_backward_key_value"), true)
+        }
+        (_, _, false) => (("attention_forward", "attention_backward_query", "attention_backward_key_value"), false),
         // f32 products never meet bf16 activations (the engine stores them so only under bf16
         // ones); were they to, the SIMT kernels take them.
-        (_, _, true) => ("attention_forward_bf16", "attention_backward_query_bf16", "attention_backward_key_value_bf16"),
+        (_, _, true) => (("attention_forward_bf16", "attention_backward_query_bf16", "attention_backward_key_value_bf16"), false),
     };
-    let tensor = tensor && (arithmetic == Arithmetic::Bf16 || !stored_bf16);
     AttentionKernels { forward, backward_query, backward_key_value, tensor }
 }
 
@@ -351,16 +352,19 @@ impl<'a> CudaExecutor<'a> {
         let out = if which == 0 { a } else { b };
         assert!(x.len <= out.len, "an operand larger than the bf16 scratch");
         // SAFETY: both hold x.len elements.
-        unsafe {
-            self.launch(
-                "round_to_bf16",
-                blocks(x.len),
-                BLOCK,
-                Work { flops: 0.0, bytes: 6.0 * x.len as f64 },
-                &mut args![out.ptr, x.ptr, 0u64, x.len as i64, 1i32],
-            )
-        };
+        unsafe { self.round_to_bf16(out.ptr, x.ptr, None, x.len) };
         out.ptr
+    }
+
+    /// Queues `x` [len / M, M] (+ `bias` [M]) rounded to bf16 into `out`.
+    ///
+    /// # Safety
+    /// `x` holds `len` f32s, `out` room for `len` bf16s, `bias` its M f32s.
+    unsafe fn round_to_bf16(&mut self, out: u64, x: u64, bias: Option<Tensor>, len: usize) {
+        let (bias, m) = bias.map_or((0, 1), |b| (b.ptr, b.len));
+        let work = Work { flops: 0.0, bytes: (6 * len + 4 * m * (bias != 0) as usize) as f64 };
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch("round_to_bf16", blocks(len), BLOCK, work, &mut args![out, x, bias, len as i64, m as i32]) }
     }
 
     /// The products' operand for weight `w`: its bf16 copy under bf16 products.
@@ -374,11 +378,10 @@ impl<'a> CudaExecutor<'a> {
     /// The products' operand for activation `x`: under bf16 products, itself where it is stored
     /// as bf16, else rounded to bf16.
     fn operand(&mut self, x: Tensor, which: usize) -> u64 {
-        if self.products.arithmetic() == Arithmetic::Bf16 && !x.bf16 {
-            self.rounded(x, which)
-        } else {
-            assert!(!x.bf16 || self.products.arithmetic() == Arithmetic::Bf16, "a bf16 activation as an f32 product's operand");
-            x.ptr
+        match (self.products.arithmetic(), x.bf16) {
+            (Arithmetic::Bf16, false) => self.rounded(x, which),
+            (Arithmetic::Bf16, true) | (_, false) => x.ptr,
+            (_, true) => panic!("a bf16 activation as an f32 product's operand"),
         }
     }
 
@@ -434,23 +437,19 @@ impl<'a> CudaExecutor<'a> {
     /// the second bf16 operand scratch (free in a forward; see [`bf16_operand_len`]), then with
     /// the bias rounded into the output, once, as the f32 output's epilogue would leave it.
     fn matmul_forward_to_bf16(&mut self, a: matmul::Forward<Tensor, Tensor>) {
-        let (k, m) = (a.k, a.m);
-        let n = a.x.len / k;
         let (_, scratch) = self.arenas.operands_bf16.expect("bf16 activations need the bf16 operands' scratch");
-        assert!(2 * n * m <= scratch.len, "a product's sums past the bf16 operands' scratch");
-        let (w, x) = (self.weight(a.weight), self.operand(a.x, 0));
-        self.product(Product { transpose_a: true, transpose_b: false, m, n, k, accumulate: false }, w, x, scratch.ptr);
-        let bias = a.bias.map_or(0, |b| b.ptr);
+        assert!(2 * a.out.len <= scratch.len, "a product's sums past the bf16 operands' scratch");
+        self.linear_product(&a, scratch.ptr);
         // SAFETY: the sums [N, M] in the scratch (checked above), out [N, M] bf16, bias [M].
-        unsafe {
-            self.launch(
-                "round_to_bf16",
-                blocks(n * m),
-                BLOCK,
-                Work { flops: 0.0, bytes: (6 * n * m + 4 * m * (bias != 0) as usize) as f64 },
-                &mut args![a.out.ptr, scratch.ptr, bias, (n * m) as i64, m as i32],
-            )
-        }
+        unsafe { self.round_to_bf16(a.out.ptr, scratch.ptr, a.bias, a.out.len) }
+    }
+
+    /// A linear layer's product into `d`: out [N, M] = x [N, K] · w [M, K]ᵀ, column-major:
+    /// outᵀ [M, N] = (wᵀ stored [K, M])ᵀ · xᵀ [K, N].
+    fn linear_product(&mut self, a: &matmul::Forward<Tensor, Tensor>, d: u64) {
+        let (k, m) = (a.k, a.m);
+        let (w, x) = (self.weight(a.weight), self.operand(a.x, 0));
+        self.product(Product { transpose_a: true, transpose_b: false, m, n: a.x.len / k, k, accumulate: false }, w, x, d);
     }
 }
 
@@ -634,9 +633,7 @@ impl Executor for CudaExecutor<'_> {
             // The product into `pre`, SwiGLU over its halves after it (below).
             matmul::Epilogue::SwiGlu { pre } => (pre, 0, 0),
         };
-        // out [N, M] = x [N, K] · w [M, K]ᵀ, column-major: outᵀ [M, N] = (wᵀ stored [K, M])ᵀ · xᵀ [K, N].
-        let (w, x) = (self.weight(a.weight), self.operand(a.x, 0));
-        self.product(Product { transpose_a: true, transpose_b: false, m, n, k, accumulate: false }, w, x, target.ptr);
+        self.linear_product(&a, target.ptr);
         let bias = a.bias.map_or(0, |b| b.ptr);
         if bias != 0 || gelu_out != 0 || residual != 0 {
             let slope = a.save_slope as i32;
