@@ -1,5 +1,6 @@
 //! The matrix products through cuBLASLt's `result` layer: column-major `D = A·B (+ D)` with
-//! each operand transposed or not, f32 or bf16 operands, f32 sums and output. Each product's
+//! each operand transposed or not, f32 or bf16 operands, f32 sums and output, and what
+//! cuBLASLt's epilogue can add as it writes D ([`Addends`]: a bias, a residual). Each product's
 //! algorithm is chosen once, on its first call, among those without split-K reductions (so
 //! that every run sums in the same order), and pinned.
 //!
@@ -43,18 +44,43 @@ pub struct Product {
     pub accumulate: bool,
 }
 
-/// What picks an algorithm: the product and its operands' alignments (cuBLASLt's fast
-/// algorithms assume aligned operands).
+/// What cuBLASLt's epilogue adds to a product's sums as it writes D, in place of a pass of
+/// Alpha's own over D after it (`matmul_epilogue`): a bias `[m]` over D's columns and a matrix
+/// C `[m, n]` laid out as D (the residual stream), both f32; 0 for none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Addends {
+    /// The bias's device address, or 0.
+    pub bias: u64,
+    /// C's device address, or 0.
+    pub c: u64,
+}
+
+impl Addends {
+    /// Whether it adds anything.
+    pub fn any(self) -> bool {
+        self.bias != 0 || self.c != 0
+    }
+}
+
+/// What picks an algorithm: the product, its operands' alignments (A, B, D; cuBLASLt's fast
+/// algorithms assume aligned operands) and its addends' (0: none).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     product: Product,
     align: [u32; 3],
+    bias: u32,
+    c: u32,
+}
+
+/// A product's descriptor and its operands' layouts (A, B, and D, which C shares).
+struct Descriptors {
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: [sys::cublasLtMatrixLayout_t; 3],
 }
 
 /// A product's descriptors and its pinned algorithm.
 struct Pinned {
-    desc: sys::cublasLtMatmulDesc_t,
-    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    d: Descriptors,
     algo: sys::cublasLtMatmulAlgo_t,
 }
 
@@ -64,8 +90,11 @@ const WORKSPACE: usize = 32 << 20;
 /// The products of one engine, in one [`Arithmetic`].
 pub struct Products {
     arithmetic: Arithmetic,
+    /// Whether [`Addends`] ride on cuBLASLt's epilogue where it has an algorithm for them.
+    fuse: bool,
     workspace: Buffer,
-    pinned: RefCell<HashMap<Key, Pinned>>,
+    /// Each key's algorithm; none where cuBLASLt has none for a key with addends.
+    pinned: RefCell<HashMap<Key, Option<Pinned>>>,
 }
 
 fn blas(what: &str) -> impl FnOnce(lt::CublasError) -> CudaError + '_ {
@@ -77,13 +106,28 @@ fn alignment(ptr: u64) -> u32 {
     1 << (ptr | 256).trailing_zeros()
 }
 
+/// [`alignment`] of an addend, 0 where there is none.
+fn addend_alignment(ptr: u64) -> u32 {
+    if ptr == 0 {
+        0
+    } else {
+        alignment(ptr)
+    }
+}
+
 impl Products {
     /// Products in `arithmetic` (an error where the device lacks it).
     pub fn new(device: &Device, arithmetic: Arithmetic) -> Result<Products, CudaError> {
         if arithmetic == Arithmetic::Bf16 && !device.info.has_bf16() {
             return Err(CudaError::new(format!("--precision bf16 needs sm_80 or later; {} is {}", device.info.name, device.info.arch())));
         }
-        Ok(Products { arithmetic, workspace: Buffer::zeroed(device, "cuBLASLt's workspace", WORKSPACE, 1)?, pinned: RefCell::new(HashMap::new()) })
+        Ok(Products { arithmetic, fuse: true, workspace: Buffer::zeroed(device, "cuBLASLt's workspace", WORKSPACE, 1)?, pinned: RefCell::new(HashMap::new()) })
+    }
+
+    /// The products with [`Addends`] summed in by cuBLASLt's epilogue where `on` (the default)
+    /// and it has an algorithm for them, else never ([`Products::fuses`] says no).
+    pub fn with_fused_epilogues(self, on: bool) -> Self {
+        Products { fuse: on, ..self }
     }
 
     /// The arithmetic.
@@ -91,39 +135,76 @@ impl Products {
         self.arithmetic
     }
 
-    /// Queues `p` with `a` and `b` (bf16 under [`Arithmetic::Bf16`], else f32) into f32 `d`.
+    /// Whether [`Products::run`] takes `add` with `p` over these pointers: fused epilogues on
+    /// and an algorithm for them (on the host's emulation: a bias 16-byte aligned, the
+    /// alignment cuBLASLt's bias epilogues are reported to need). Picks and pins the algorithm.
+    pub fn fuses(&self, device: &Device, p: Product, a: u64, b: u64, d: u64, add: Addends) -> Result<bool, CudaError> {
+        if !self.fuse || !add.any() {
+            return Ok(!add.any());
+        }
+        #[cfg(feature = "emulate")]
+        if device.is_host() {
+            return Ok(add.bias.is_multiple_of(16));
+        }
+        let key = Products::key(p, a, b, d, add);
+        let mut pinned = self.pinned.borrow_mut();
+        if let Some(pin) = pinned.get(&key) {
+            return Ok(pin.is_some());
+        }
+        let pin = self.pin(device.blas(), key, add.bias)?;
+        Ok(pinned.entry(key).or_insert(pin).is_some())
+    }
+
+    fn key(p: Product, a: u64, b: u64, d: u64, add: Addends) -> Key {
+        Key { product: p, align: [alignment(a), alignment(b), alignment(d)], bias: addend_alignment(add.bias), c: addend_alignment(add.c) }
+    }
+
+    /// Queues `p` with `a` and `b` (bf16 under [`Arithmetic::Bf16`], else f32) into f32 `d`,
+    /// `add` summed in (where [`Products::fuses`] said so; an error else).
     ///
     /// # Safety
     /// The pointers hold the operands `p` describes, stored densely (leading dimension the
-    /// stored rows), and `d` overlaps neither.
-    pub unsafe fn run(&self, device: &Device, p: Product, a: u64, b: u64, d: u64) -> Result<(), CudaError> {
+    /// stored rows), and `d` overlaps neither; `add`'s bias holds `p.m` f32s, its C `p.m *
+    /// p.n` (it may be `d`).
+    pub unsafe fn run(&self, device: &Device, p: Product, a: u64, b: u64, d: u64, add: Addends) -> Result<(), CudaError> {
+        assert!(!(p.accumulate && add.c != 0), "a product accumulates into D or adds a C, not both");
+        if add.any() && !self.fuses(device, p, a, b, d, add)? {
+            return Err(CudaError::new(format!("cuBLASLt: no algorithm adds {add:?} to the product {p:?}")));
+        }
         #[cfg(feature = "emulate")]
         if device.is_host() {
             // SAFETY: forwarded to the caller (host pointers).
-            unsafe { host_product(p, self.arithmetic == Arithmetic::Bf16, a, b, d) };
+            unsafe { host_product(p, self.arithmetic == Arithmetic::Bf16, a, b, d, add) };
             return Ok(());
         }
         let handle = device.blas();
-        let key = Key { product: p, align: [alignment(a), alignment(b), alignment(d)] };
+        let key = Products::key(p, a, b, d, add);
         let mut pinned = self.pinned.borrow_mut();
         let pin = match pinned.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.pin(handle, key)?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.pin(handle, key, 0)?),
         };
-        let (alpha, beta) = (1.0f32, if p.accumulate { 1.0f32 } else { 0.0 });
-        let [la, lb, ld] = pin.layouts;
+        let pin = pin.as_ref().expect("a product without addends always has an algorithm");
+        if add.bias != 0 {
+            // SAFETY: the bias pointer attribute of a live descriptor (keys of one alignment
+            // share it: each call sets its own).
+            unsafe { set_bias_pointer(pin.d.desc, add.bias) }?;
+        }
+        let (alpha, beta) = (1.0f32, if p.accumulate || add.c != 0 { 1.0f32 } else { 0.0 });
+        let c = if add.c != 0 { add.c } else { d };
+        let [la, lb, ld] = pin.d.layouts;
         // SAFETY: descriptors made for these shapes; pointers as the caller promises.
         unsafe {
             lt::matmul(
                 handle,
-                pin.desc,
+                pin.d.desc,
                 &alpha as *const f32 as *const c_void,
                 &beta as *const f32 as *const c_void,
                 a as *const c_void,
                 la,
                 b as *const c_void,
                 lb,
-                d as *const c_void,
+                c as *const c_void,
                 ld,
                 d as *mut c_void,
                 ld,
@@ -136,70 +217,102 @@ impl Products {
         .map_err(blas("a product"))
     }
 
-    /// The descriptors of `key`'s product and the fastest algorithm without a split-K reduction.
-    fn pin(&self, handle: sys::cublasLtHandle_t, key: Key) -> Result<Pinned, CudaError> {
+    /// The descriptors of `key`'s product and the fastest algorithm without a split-K
+    /// reduction; none where the key has addends and cuBLASLt offers no algorithm for them.
+    /// `bias`: the bias's address where the key has one (the search reads its alignment).
+    fn pin(&self, handle: sys::cublasLtHandle_t, key: Key, bias: u64) -> Result<Option<Pinned>, CudaError> {
         let p = key.product;
         let (compute, operand) = match self.arithmetic {
             Arithmetic::F32 => (sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F),
             Arithmetic::Tf32 => (sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, sys::cudaDataType::CUDA_R_32F),
             Arithmetic::Bf16 => (sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_16BF),
         };
-        let desc = lt::create_matmul_desc(compute, sys::cudaDataType::CUDA_R_32F).map_err(blas("a product's descriptor"))?;
-        let set_op = |attr, transpose: bool| {
-            let op: i32 = transpose as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
-                                            // SAFETY: an i32 attribute of a live descriptor.
-            unsafe { lt::set_matmul_desc_attribute(desc, attr, &op as *const i32 as *const c_void, 4) }.map_err(blas("a product's transposes"))
-        };
-        set_op(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, p.transpose_a)?;
-        set_op(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, p.transpose_b)?;
         let (a_rows, a_cols) = if p.transpose_a { (p.k, p.m) } else { (p.m, p.k) };
         let (b_rows, b_cols) = if p.transpose_b { (p.n, p.k) } else { (p.k, p.n) };
         let layout = |ty, rows: usize, cols: usize| lt::create_matrix_layout(ty, rows as u64, cols as u64, rows as i64).map_err(blas("a matrix layout"));
-        let layouts = [layout(operand, a_rows, a_cols)?, layout(operand, b_rows, b_cols)?, layout(sys::cudaDataType::CUDA_R_32F, p.m, p.n)?];
+        let d = Descriptors {
+            desc: lt::create_matmul_desc(compute, sys::cudaDataType::CUDA_R_32F).map_err(blas("a product's descriptor"))?,
+            layouts: [layout(operand, a_rows, a_cols)?, layout(operand, b_rows, b_cols)?, layout(sys::cudaDataType::CUDA_R_32F, p.m, p.n)?],
+        };
+        let set = |attr, value: &[u8]| {
+            // SAFETY: a live descriptor; the value's size is the attribute's.
+            unsafe { lt::set_matmul_desc_attribute(d.desc, attr, value.as_ptr() as *const c_void, value.len()) }.map_err(blas("a product's descriptor"))
+        };
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
+        set(D::CUBLASLT_MATMUL_DESC_TRANSA, &(p.transpose_a as i32).to_ne_bytes())?;
+        set(D::CUBLASLT_MATMUL_DESC_TRANSB, &(p.transpose_b as i32).to_ne_bytes())?;
+        if key.bias != 0 {
+            set(D::CUBLASLT_MATMUL_DESC_EPILOGUE, &(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32).to_ne_bytes())?;
+            set(D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &(sys::cudaDataType::CUDA_R_32F as i32).to_ne_bytes())?;
+            // SAFETY: a live descriptor.
+            unsafe { set_bias_pointer(d.desc, bias) }?;
+        }
         let pref = lt::create_matmul_pref().map_err(blas("the search's preferences"))?;
         let set_pref = |attr, value: &[u8]| {
             // SAFETY: a live preference; the value's size is the attribute's.
             unsafe { lt::set_matmul_pref_attribute(pref, attr, value.as_ptr() as *const c_void, value.len()) }.map_err(blas("a search preference"))
         };
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
-        set_pref(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(WORKSPACE as u64).to_ne_bytes())?;
-        // No reduction scheme at all: no split-K, whose sums could land in any order.
-        set_pref(P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &0u32.to_ne_bytes())?;
-        set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align[0].to_ne_bytes())?;
-        set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align[1].to_ne_bytes())?;
-        set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align[2].to_ne_bytes())?;
-        set_pref(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align[2].to_ne_bytes())?;
-        // SAFETY: live descriptors of this product.
-        let found = unsafe { lt::get_matmul_algo_heuristic(handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref) };
+        let c_align = if key.c != 0 { key.c } else { key.align[2] };
+        let prefs = [
+            (P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(WORKSPACE as u64).to_ne_bytes()[..]),
+            // No reduction scheme at all: no split-K, whose sums could land in any order.
+            (P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &0u32.to_ne_bytes()),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align[0].to_ne_bytes()),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align[1].to_ne_bytes()),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_align.to_ne_bytes()),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align[2].to_ne_bytes()),
+        ];
+        let found = prefs.iter().try_for_each(|&(attr, value)| set_pref(attr, value)).map(|()| {
+            let [la, lb, ld] = d.layouts;
+            // SAFETY: live descriptors of this product.
+            unsafe { lt::get_matmul_algo_heuristic(handle, d.desc, la, lb, ld, ld, pref) }
+        });
         // SAFETY: created above, destroyed once.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
-        let found = found.map_err(|e| CudaError::new(format!("cuBLASLt has no algorithm for the product {p:?} in {:?}: {e}", self.arithmetic)))?;
-        Ok(Pinned { desc, layouts, algo: found.algo })
+        match found? {
+            Ok(found) => Ok(Some(Pinned { d, algo: found.algo })),
+            // Addends are cuBLASLt's to take or leave: without them Alpha's own pass adds them.
+            Err(_) if key.bias != 0 || key.c != 0 => Ok(None),
+            Err(e) => Err(CudaError::new(format!("cuBLASLt has no algorithm for the product {p:?} in {:?}: {e}", self.arithmetic))),
+        }
     }
 }
 
-impl Drop for Products {
+/// Sets the bias a product with a bias epilogue adds.
+///
+/// # Safety
+/// `desc` is a live descriptor.
+unsafe fn set_bias_pointer(desc: sys::cublasLtMatmulDesc_t, bias: u64) -> Result<(), CudaError> {
+    // SAFETY: a pointer-sized attribute of a live descriptor.
+    unsafe {
+        lt::set_matmul_desc_attribute(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias as *const u64 as *const c_void, 8)
+    }
+    .map_err(blas("a product's bias"))
+}
+
+impl Drop for Descriptors {
     fn drop(&mut self) {
-        for pin in self.pinned.get_mut().values() {
-            // SAFETY: created in `pin`, destroyed once, no longer queued (the device waits
-            // when the workspace is freed after this).
-            unsafe {
-                let _ = lt::destroy_matmul_desc(pin.desc);
-                for &l in &pin.layouts {
-                    let _ = lt::destroy_matrix_layout(l);
-                }
+        // SAFETY: created in `Products::pin`, destroyed once, no longer queued (the products'
+        // workspace, freed before their descriptors, waited for the device).
+        unsafe {
+            let _ = lt::destroy_matmul_desc(self.desc);
+            for &l in &self.layouts {
+                let _ = lt::destroy_matrix_layout(l);
             }
         }
     }
 }
 
 #[cfg(feature = "emulate")]
-/// `p` on host pointers: column-major `D = op(A)·op(B) (+ D)`, summed in f64; the operands
-/// bf16 (as their 16 bits) where `bf16`, else f32.
+/// `p` on host pointers: column-major `D = op(A)·op(B) (+ D)`, summed in f64, then as cuBLASLt's
+/// epilogue `+ C + bias` in f32 where `add` has them; the operands bf16 (as their 16 bits)
+/// where `bf16`, else f32.
 ///
 /// # Safety
-/// The pointers hold `p`'s operands (host memory), `d` apart from them.
-unsafe fn host_product(p: Product, bf16: bool, a: u64, b: u64, d: u64) {
+/// The pointers hold `p`'s operands and `add`'s (host memory), `d` apart from A and B.
+unsafe fn host_product(p: Product, bf16: bool, a: u64, b: u64, d: u64, add: Addends) {
     let read = |ptr: u64, i: usize| -> f64 {
         // SAFETY: in bounds of an operand, as the caller promises.
         unsafe {
@@ -219,9 +332,18 @@ unsafe fn host_product(p: Product, bf16: bool, a: u64, b: u64, d: u64) {
                 let y = if p.transpose_b { read(b, j + l * n) } else { read(b, l + j * k) };
                 sum += x * y;
             }
-            // SAFETY: D is m x n, as the caller promises.
-            let out = unsafe { &mut *(d as *mut f32).add(i + j * m) };
-            *out = if p.accumulate { (*out as f64 + sum) as f32 } else { sum as f32 };
+            // SAFETY: D and C are m x n, the bias m, as the caller promises.
+            unsafe {
+                let out = &mut *(d as *mut f32).add(i + j * m);
+                let mut v = if p.accumulate { (*out as f64 + sum) as f32 } else { sum as f32 };
+                if add.c != 0 {
+                    v += *(add.c as *const f32).add(i + j * m);
+                }
+                if add.bias != 0 {
+                    v += *(add.bias as *const f32).add(i);
+                }
+                *out = v;
+            }
         }
     }
 }

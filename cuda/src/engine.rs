@@ -235,7 +235,10 @@ impl<'r> CudaEngine<'r> {
             )));
         }
         let shard = if zero { shard(p, ranks.ranks(), ranks.rank()) } else { 0..p };
-        let products = Products::new(&device, arithmetic)?;
+        // The bias and residual on cuBLASLt's epilogues unless `ALPHA_CUDA_FUSED_EPILOGUES=0`
+        // (Alpha's own pass after each product, to measure the difference).
+        let fused = std::env::var_os("ALPHA_CUDA_FUSED_EPILOGUES").is_none_or(|v| v != "0");
+        let products = Products::new(&device, arithmetic)?.with_fused_epilogues(fused);
         let bf16 = arithmetic == Arithmetic::Bf16;
         let n = plan.tokens();
         let operand_len = bf16_operand_len(&plan);

@@ -3,7 +3,7 @@
 //! for later, unlike wgpu's programs). An error is kept and returned after the walk
 //! ([`CudaExecutor::finish`]), since the walk's calls return nothing.
 
-use crate::blas::{Arithmetic, Product, Products};
+use crate::blas::{Addends, Arithmetic, Product, Products};
 use crate::device::{args, Device, DeviceInfo, MAX_BLOCK_THREADS};
 use crate::error::CudaError;
 use crate::memory::Tensor;
@@ -332,6 +332,11 @@ impl<'a> CudaExecutor<'a> {
         let mut r = self.profiler.as_deref_mut().map_or(Ok(()), |p| p.start(device, pass, op, kernel, work));
         r = r.and_then(|()| queue(self));
         r = r.and_then(|()| self.profiler.as_deref_mut().map_or(Ok(()), |p| p.end(device)));
+        self.keep(r);
+    }
+
+    /// Keeps `r`'s error where it is the walk's first.
+    fn keep(&mut self, r: Result<(), CudaError>) {
         if let (Err(e), None) = (r, &self.error) {
             self.error = Some(e);
         }
@@ -425,31 +430,43 @@ impl<'a> CudaExecutor<'a> {
         }
     }
 
-    fn product(&mut self, p: Product, a: u64, b: u64, d: u64) {
+    /// Queues product `p` into `d`, `add` summed in by cuBLASLt's epilogue.
+    fn product(&mut self, p: Product, a: u64, b: u64, d: u64, add: Addends) {
         let operand = self.operand_bytes() as f64;
         let (m, n, k) = (p.m as f64, p.n as f64, p.k as f64);
-        let work = Work { flops: 2.0 * m * n * k, bytes: operand * (m * k + k * n) + 4.0 * m * n * (1.0 + p.accumulate as u8 as f64) };
+        let outputs = 1.0 + (p.accumulate || add.c != 0) as u8 as f64;
+        let work = Work { flops: 2.0 * m * n * k, bytes: operand * (m * k + k * n) + 4.0 * m * n * outputs + 4.0 * m * (add.bias != 0) as u8 as f64 };
         // SAFETY: the walk's tensors of this op, of the shapes `p` names.
-        self.queue("product", work, |e| unsafe { e.products.run(e.device, p, a, b, d) });
+        self.queue("product", work, |e| unsafe { e.products.run(e.device, p, a, b, d, add) });
     }
 
-    /// A linear layer whose output a bf16 run stores as bf16 (qkv): the product's f32 sums into
-    /// the second bf16 operand scratch (free in a forward; see [`bf16_operand_len`]), then with
-    /// the bias rounded into the output, once, as the f32 output's epilogue would leave it.
+    /// A linear layer whose output a bf16 run stores as bf16 (qkv): the product's f32 sums
+    /// (with the bias, by cuBLASLt's epilogue where it takes it) into the second bf16 operand
+    /// scratch (free in a forward; see [`bf16_operand_len`]), then rounded into the output,
+    /// once (with the bias where cuBLASLt left it), as the f32 output would hold it.
     fn matmul_forward_to_bf16(&mut self, a: matmul::Forward<Tensor, Tensor>) {
         let (_, scratch) = self.arenas.operands_bf16.expect("bf16 activations need the bf16 operands' scratch");
         assert!(2 * a.out.len <= scratch.len, "a product's sums past the bf16 operands' scratch");
-        self.linear_product(&a, scratch.ptr);
+        let bias_added = self.linear_product(&a, scratch.ptr, Addends { bias: a.bias.map_or(0, |b| b.ptr), c: 0 });
+        let bias = if bias_added { None } else { a.bias };
         // SAFETY: the sums [N, M] in the scratch (checked above), out [N, M] bf16, bias [M].
-        unsafe { self.round_to_bf16(a.out.ptr, scratch.ptr, a.bias, a.out.len) }
+        unsafe { self.round_to_bf16(a.out.ptr, scratch.ptr, bias, a.out.len) }
     }
 
     /// A linear layer's product into `d`: out [N, M] = x [N, K] · w [M, K]ᵀ, column-major:
-    /// outᵀ [M, N] = (wᵀ stored [K, M])ᵀ · xᵀ [K, N].
-    fn linear_product(&mut self, a: &matmul::Forward<Tensor, Tensor>, d: u64) {
+    /// outᵀ [M, N] = (wᵀ stored [K, M])ᵀ · xᵀ [K, N]; `add` summed in by cuBLASLt's epilogue
+    /// where it takes it (the answer: the caller adds them where not).
+    fn linear_product(&mut self, a: &matmul::Forward<Tensor, Tensor>, d: u64, add: Addends) -> bool {
         let (k, m) = (a.k, a.m);
         let (w, x) = (self.weight(a.weight), self.operand(a.x, 0));
-        self.product(Product { transpose_a: true, transpose_b: false, m, n: a.x.len / k, k, accumulate: false }, w, x, d);
+        let p = Product { transpose_a: true, transpose_b: false, m, n: a.x.len / k, k, accumulate: false };
+        let fused = add.any()
+            && self.products.fuses(self.device, p, w, x, d, add).unwrap_or_else(|e| {
+                self.keep(Err(e));
+                false
+            });
+        self.product(p, w, x, d, if fused { add } else { Addends::default() });
+        fused
     }
 }
 
@@ -633,9 +650,12 @@ impl Executor for CudaExecutor<'_> {
             // The product into `pre`, SwiGLU over its halves after it (below).
             matmul::Epilogue::SwiGlu { pre } => (pre, 0, 0),
         };
-        self.linear_product(&a, target.ptr);
         let bias = a.bias.map_or(0, |b| b.ptr);
-        if bias != 0 || gelu_out != 0 || residual != 0 {
+        // The bias and the residual ride on cuBLASLt's epilogue where it takes them and no
+        // activation follows; else `matmul_epilogue` adds them in a pass of its own.
+        let fusable = matches!(a.epilogue, matmul::Epilogue::None | matmul::Epilogue::Residual { .. });
+        let fused = self.linear_product(&a, target.ptr, if fusable { Addends { bias, c: residual } } else { Addends::default() });
+        if !fused && (bias != 0 || gelu_out != 0 || residual != 0) {
             let slope = a.save_slope as i32;
             let (kernel, gelu_bytes) = if a.out.bf16 && gelu_out != 0 { ("matmul_epilogue_bf16", 2) } else { ("matmul_epilogue", 4) };
             // SAFETY: target (and gelu_out, residual) [N, M], bias [M].
@@ -714,14 +734,14 @@ impl Executor for CudaExecutor<'_> {
         if let Some(dx) = a.dx {
             // dx [N, K] = dout [N, M] · w [M, K]; column-major: dxᵀ [K, N] = wᵀ [K, M] · doutᵀ [M, N].
             let w = self.weight(a.weight);
-            self.product(Product { transpose_a: false, transpose_b: false, m: k, n, k: m, accumulate: false }, w, dout, dx.ptr);
+            self.product(Product { transpose_a: false, transpose_b: false, m: k, n, k: m, accumulate: false }, w, dout, dx.ptr, Addends::default());
         }
         // dw [M, K] += doutᵀ · x; column-major: dwᵀ [K, M] += xᵀ [K, N] · (doutᵀ stored [M, N])ᵀ,
         // over slices of the N tokens where they are many for the outputs.
         let x = self.operand(a.x, 0);
         let (slices, len) = weight_grad_slices(k * m, n);
         if slices == 1 {
-            self.product(Product { transpose_a: false, transpose_b: true, m: k, n: m, k: n, accumulate: true }, x, dout, a.dweight.ptr);
+            self.product(Product { transpose_a: false, transpose_b: true, m: k, n: m, k: n, accumulate: true }, x, dout, a.dweight.ptr, Addends::default());
             return;
         }
         let partials = self.arenas.weight_grad_slices.expect("a sliced weight gradient needs the slices' scratch");
@@ -730,7 +750,7 @@ impl Executor for CudaExecutor<'_> {
         for s in 0..slices {
             let (first, tokens) = (s * len, len.min(n - s * len));
             let (xs, ds, out) = (x + (first * k * size) as u64, dout + (first * m * size) as u64, partials.ptr + (4 * s * k * m) as u64);
-            self.product(Product { transpose_a: false, transpose_b: true, m: k, n: m, k: tokens, accumulate: false }, xs, ds, out);
+            self.product(Product { transpose_a: false, transpose_b: true, m: k, n: m, k: tokens, accumulate: false }, xs, ds, out, Addends::default());
         }
         // SAFETY: dw [M, K], the slices [slices, M, K] in the scratch (checked above).
         unsafe {

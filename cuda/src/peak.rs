@@ -4,7 +4,7 @@
 //! Unstable: public for `alpha-native info` and the tests; it changes with any release (see the
 //! crate's Stability section).
 
-use crate::blas::{Arithmetic, Product, Products};
+use crate::blas::{Addends, Arithmetic, Product, Products};
 use crate::device::{args, Device};
 use crate::error::CudaError;
 use crate::memory::Buffer;
@@ -32,7 +32,7 @@ pub fn product_gflops(device: &Device, arithmetic: Arithmetic, n: usize) -> Resu
     let d = Buffer::f32s(device, "a peak's product", n * n)?;
     let p = Product { transpose_a: true, transpose_b: false, m: n, n, k: n, accumulate: false };
     // SAFETY: n x n operands and output, apart.
-    let seconds = best_seconds(device, 5, || unsafe { products.run(device, p, a.tensor().ptr, b.tensor().ptr, d.tensor().ptr) })?;
+    let seconds = best_seconds(device, 5, || unsafe { products.run(device, p, a.tensor().ptr, b.tensor().ptr, d.tensor().ptr, Addends::default()) })?;
     Ok(2.0 * (n as f64).powi(3) / seconds / 1e9)
 }
 
