@@ -35,7 +35,10 @@
 # the same card, as LABEL=PATH separated by spaces, e.g. "e12daff=/tmp/alpha-e12daff": the
 # baby config's steps, or the first config's, in f32 and, where the driver has the shape, in
 # f16 on the tensor cores, in alternating rounds; then each build's top kernels in f32;
-# scripts/build-revisions.sh builds them and prints this list).
+# scripts/build-revisions.sh builds them and prints this list), GPU_BENCH_SWITCHES (CUDA's
+# switches to time off against all on, e.g. "ALPHA_CUDA_FUSED_EPILOGUES ALPHA_CUDA_BF16_ACTIVATIONS
+# ALPHA_CUDA_GRAPHS": the gpt2 config's bf16 steps, or the first config's, each switch set to 0
+# in turn, in alternating rounds; a minute or two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bench}
@@ -190,6 +193,49 @@ traced_steps() {
     fi
 }
 
+# switches_off CONFIG SWITCH...: CONFIG's bf16 steps on CUDA with everything on and with each
+# SWITCH=0 in turn, in alternating rounds, as a table of medians and ratios in the summary.
+switches_off() {
+    local name=$1
+    shift
+    stage "CUDA with each of $* off against all on: the $name config in bf16 ($rounds rounds)"
+    rm -f "$out"/switch-*.ms
+    local round s
+    for round in $(seq "$rounds"); do
+        for s in all-on "$@"; do
+            local off=()
+            [ "$s" = all-on ] || off=("$s=0")
+            # shellcheck disable=SC2086 # the shape's flags split on purpose
+            if env "${off[@]}" "$alpha" bench --backend cuda --precision bf16 --json --iters 10 --warmup 3 ${shape[$name]} > "$out/switch.json" 2> "$out/switch.err"; then
+                python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ms_per_iter"]["median"])' "$out/switch.json" >> "$out/switch-$s.ms"
+            else
+                echo "$round, $s: $(tail -n 1 "$out/switch.err")" >&2
+            fi
+        done
+    done
+    python3 - "$out" "$name" all-on "$@" >> "$summary" <<'PY'
+import os, statistics, sys
+out, config, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+median = {}
+for name in names:
+    path = f"{out}/switch-{name}.ms"
+    times = [float(t) for t in open(path)] if os.path.exists(path) else []
+    median[name] = (statistics.median(times), len(times)) if times else None
+print(f"CUDA's switches, the {config} config, `bench --backend cuda --precision bf16 --iters 10 --warmup 3` in alternating rounds (median ms per step):\n")
+print("| run | ms per step | all on is faster by |")
+print("|---|---|---|")
+for name in names:
+    label = "all on" if name == "all-on" else f"{name}=0"
+    if median[name] is None:
+        print(f"| {label} | failed | - |")
+        continue
+    ms, n = median[name]
+    ratio = f"{ms / median['all-on'][0]:.3f}x" if median["all-on"] and name != "all-on" else "-"
+    print(f"| {label} | {ms:.2f} ({n} rounds) | {ratio} |")
+print()
+PY
+}
+
 # The CUDA executor (a build with --features cuda): the device, its measured peaks, 20
 # steps against the CPU in f32 (TF32 off) and bf16, each config in f32 and bf16 against
 # PyTorch eager fp32 and bf16 autocast (1 round each: GPU rounds agree within 1%), and each
@@ -221,6 +267,12 @@ PY
     for name in "${configs[@]}"; do
         traced_steps cuda "$name" "$out/cuda-$name-bf16" --precision bf16
     done
+    if [ -n "${GPU_BENCH_SWITCHES:-}" ]; then
+        switch_config=${configs[0]}
+        [[ " ${configs[*]} " == *" gpt2 "* ]] && switch_config=gpt2
+        read -r -a switches <<< "$GPU_BENCH_SWITCHES"
+        switches_off "$switch_config" "${switches[@]}"
+    fi
     if [ "${GPU_BENCH_COMPILE:-1}" != 0 ] && python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
         stage "CUDA bf16 against torch.compile bf16 (1 round)"
         python3 scripts/compare_pytorch.py --alpha "$alpha" --alpha-flags="--precision bf16" --backend cuda --configs "${configs[@]}" --rounds 1 \

@@ -3,8 +3,10 @@
 // gets no probability and a zero gradient.
 
 // losses[row] = logsumexp(row[..classes]) - row[target]; with `write_grad`, the row replaced
-// by grad_scale * (softmax(row) - onehot(target)).
-extern "C" __global__ void cross_entropy(float* losses, float* logits, const unsigned int* targets, int v, int classes, int write_grad, float grad_scale) {
+// by grad_scale * (softmax(row) - onehot(target)), or where `grad_bf16` (bf16 products) that
+// gradient rounded into its row instead: the LM head's backward operand, the f32 one unread.
+extern "C" __global__ void cross_entropy(float* losses, float* logits, unsigned short* grad_bf16, const unsigned int* targets, int v, int classes, int write_grad,
+                                         float grad_scale) {
     __shared__ float shared[32];
     float* x = logits + (long long)blockIdx.x * v;
     int target = targets[blockIdx.x];
@@ -21,7 +23,10 @@ extern "C" __global__ void cross_entropy(float* losses, float* logits, const uns
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
         float g = j < classes ? expf(x[j] - m) * to_grad : 0.0f;
         if (j == target) g -= grad_scale;
-        x[j] = g;
+        if (grad_bf16)
+            grad_bf16[(long long)blockIdx.x * v + j] = to_bf16(g);
+        else
+            x[j] = g;
     }
 }
 

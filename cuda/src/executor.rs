@@ -421,6 +421,22 @@ impl<'a> CudaExecutor<'a> {
         tile_grid(width, row_blocks::blocks(n))
     }
 
+    /// Where the cross-entropy writes the gradient of `logits` (the plan's) under bf16 products:
+    /// rounded to bf16 into the second operand scratch, the LM head's backward operand as it
+    /// would round it, in place of the f32 gradient (which nothing else reads). The scratch is
+    /// free from the forward's end (the cross-entropy is its last op) to the LM head's backward
+    /// (the backward's first product).
+    fn dlogits_bf16(&self, logits: Tensor) -> Option<u64> {
+        let span = self.plan.head_acts().logits;
+        match (self.products.arithmetic(), self.arenas.operands_bf16) {
+            (Arithmetic::Bf16, Some((_, scratch))) if logits == self.arenas.acts.part(span.offset, span.len) => {
+                assert!(logits.len <= scratch.len, "the logits past the bf16 operands' scratch");
+                Some(scratch.ptr)
+            }
+            _ => None,
+        }
+    }
+
     /// Bytes of an element of the products' operands: 2 under bf16 products, else 4.
     fn operand_bytes(&self) -> usize {
         if self.products.arithmetic() == Arithmetic::Bf16 {
@@ -727,7 +743,7 @@ impl Executor for CudaExecutor<'_> {
             };
             self.add_partials(n, m, m, db.ptr, 0);
         }
-        let dout = match dout_bf16 {
+        let dout = match dout_bf16.or_else(|| self.dlogits_bf16(a.dout)) {
             Some(copy) => copy,
             None => self.operand(a.dout, 1),
         };
@@ -882,14 +898,17 @@ impl Executor for CudaExecutor<'_> {
         // Without targets (sampling) there is no loss: the logits are the output.
         let Some(targets) = self.arenas.targets.map(|t| t.ptr) else { return };
         let (write_grad, scale) = (a.grad_scale.is_some() as i32, a.grad_scale.unwrap_or(0.0) as f32);
-        // SAFETY: logits [N, V], losses and targets [N].
+        let grad_bf16 = self.dlogits_bf16(a.logits).filter(|_| write_grad != 0);
+        let grad_bytes = write_grad as usize * if grad_bf16.is_some() { 2 } else { 4 };
+        // SAFETY: logits [N, V] (and their bf16 gradient, in a scratch of at least N x V), losses
+        // and targets [N].
         unsafe {
             self.launch(
                 "cross_entropy",
                 n as u32,
                 BLOCK,
-                Work::moving(n * v * (1 + write_grad as usize) + 2 * n),
-                &mut args![a.losses.ptr, a.logits.ptr, targets, v as i32, a.classes as i32, write_grad, scale],
+                Work { flops: 0.0, bytes: (n * v * (4 + grad_bytes) + 8 * n) as f64 },
+                &mut args![a.losses.ptr, a.logits.ptr, grad_bf16.unwrap_or(0), targets, v as i32, a.classes as i32, write_grad, scale],
             )
         }
     }

@@ -687,6 +687,42 @@ fn cross_entropy_matches_the_cpu_with_padding() {
     }
 }
 
+/// Under bf16 products the cross-entropy of the plan's logits writes their gradient rounded to
+/// bf16 into the LM head's operand scratch: the f32 kernel's gradient rounded, bit for bit, with
+/// the same losses; the LM head's backward then reads it, as it would read the f32 gradient
+/// rounded by a pass of its own.
+#[test]
+fn bf16_cross_entropy_leaves_the_lm_heads_operand() {
+    let (n, v, classes, c) = (6, 300, 257, 40);
+    let mut rng = Rng::new(8);
+    let targets: Vec<u32> = vec![0, 256, 17, 100, 100, 3];
+    let p = plan(v, 1, n, 1, c);
+    let (logits, x, w) = (random(&mut rng, n * v, 5.0), random(&mut rng, n * c, 1.0), random(&mut rng, v * c, 1.0));
+    let mut rig32 = Rig::new(p, &targets);
+    let (losses32, grad32) = (rig32.put(&vec![0f32; n]), rig32.put(&logits));
+    rig32.run(None, |e| e.cross_entropy(cross_entropy::Forward { losses: losses32, logits: grad32, grad_scale: Some(0.25), classes }));
+
+    let mut rig = Rig::with_arithmetic(p, &targets, Arithmetic::Bf16);
+    let span = p.head_acts().logits;
+    rig.acts.upload(span.offset, &logits).unwrap();
+    let g_logits = rig.acts.tensor().part(span.offset, span.len);
+    let losses = rig.put(&vec![0f32; n]);
+    rig.run(None, |e| e.cross_entropy(cross_entropy::Forward { losses, logits: g_logits, grad_scale: Some(0.25), classes }));
+    assert_same("losses", &rig.get(losses), &rig32.get(losses32));
+    let copy = rig.operands_bf16.unwrap().1;
+    assert_same("the gradient's bf16 copy", &rig.get_bits(copy)[..n * v], &bf16_bits(&rig32.get(grad32)));
+
+    let (g_x, g_w, g_grad) = (rig.put_bf16(&x), rig.put_weight(&w, Arithmetic::Bf16), rig.put(&rig32.get(grad32)));
+    let outs: Vec<Tensor> = (0..2).flat_map(|_| [rig.put(&vec![0f32; n * c]), rig.put(&vec![0f32; v * c])]).collect();
+    for (dout, dx, dweight) in [(g_logits, outs[0], outs[1]), (g_grad, outs[2], outs[3])] {
+        rig.run(None, |e| {
+            e.matmul_backward(matmul::Backward { dx: Some(dx), dweight, dbias: None, dout, x: g_x, weight: g_w, activation: None, k: c, m: v });
+        });
+    }
+    assert_same("the LM head's dx", &rig.get(outs[0]), &rig.get(outs[2]));
+    assert_same("the LM head's dweight", &rig.get(outs[1]), &rig.get(outs[3]));
+}
+
 #[test]
 fn dropout_draws_the_cpus_masks() {
     let len = 1000;
