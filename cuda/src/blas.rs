@@ -168,23 +168,27 @@ impl Products {
     /// p.n` (it may be `d`).
     pub unsafe fn run(&self, device: &Device, p: Product, a: u64, b: u64, d: u64, add: Addends) -> Result<(), CudaError> {
         assert!(!(p.accumulate && add.c != 0), "a product accumulates into D or adds a C, not both");
-        if add.any() && !self.fuses(device, p, a, b, d, add)? {
-            return Err(CudaError::new(format!("cuBLASLt: no algorithm adds {add:?} to the product {p:?}")));
-        }
+        let declined = || CudaError::new(format!("cuBLASLt: no algorithm adds {add:?} to the product {p:?}"));
         #[cfg(feature = "emulate")]
         if device.is_host() {
+            if !self.fuses(device, p, a, b, d, add)? {
+                return Err(declined());
+            }
             // SAFETY: forwarded to the caller (host pointers).
             unsafe { host_product(p, self.arithmetic == Arithmetic::Bf16, a, b, d, add) };
             return Ok(());
+        }
+        if add.any() && !self.fuse {
+            return Err(declined());
         }
         let handle = device.blas();
         let key = Products::key(p, a, b, d, add);
         let mut pinned = self.pinned.borrow_mut();
         let pin = match pinned.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.pin(handle, key, 0)?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.pin(handle, key, add.bias)?),
         };
-        let pin = pin.as_ref().expect("a product without addends always has an algorithm");
+        let pin = pin.as_ref().ok_or_else(declined)?;
         if add.bias != 0 {
             // SAFETY: the bias pointer attribute of a live descriptor (keys of one alignment
             // share it: each call sets its own).
