@@ -14,8 +14,11 @@
 #                                   and alpha-native (--features cuda, and cuda,mpi where Open
 #                                   MPI's headers are, with Debian's Open MPI packages for a
 #                                   machine without mpirun) into target/cuda-check/, stripped
-#                                   of their symbols (what a lent GPU is sent is at most 64 MiB)
-#   scripts/cuda-check.sh           on the GPU machine: runs them (ALPHA_REQUIRE_CUDA=1: a
+#                                   of their symbols (what a lent GPU is sent is at most 64 MiB),
+#                                   with Debian's Vulkan loader and glvnd for the wgpu rows
+#   scripts/cuda-check.sh           on the GPU machine: sets up what it lacks from those
+#                                   packages (scripts/lent-gpu-env.sh, which gpu-bench.sh's
+#                                   shell sources too), then runs them (ALPHA_REQUIRE_CUDA=1: a
 #                                   missing device or library fails instead of skipping); every
 #                                   stage runs even when one before it failed (a lent GPU's
 #                                   minutes are rare), and the failed ones are named at the end
@@ -43,6 +46,10 @@ if [ "${1:-}" = --build ]; then
             libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 \
             libnl-route-3-200 libnuma1 libmunge2)
     fi
+    # The Vulkan loader and glvnd's libraries, which NVIDIA's Vulkan driver loads: a lent GPU
+    # machine has neither (scripts/lent-gpu-env.sh unpacks them there).
+    mkdir "$dir/vulkan-debs"
+    (cd "$dir/vulkan-debs" && apt-get download -q libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2)
     find "$dir" -maxdepth 1 -type f -exec strip {} +
     du -sh "$dir"
     ls -la "$dir"
@@ -50,6 +57,9 @@ if [ "${1:-}" = --build ]; then
 fi
 
 [ -x "$dir/parity" ] || { echo "no $dir/parity: run scripts/cuda-check.sh --build first (on a machine with Rust)" >&2; exit 1; }
+# What a bare lent GPU machine lacks (the Vulkan loader, Open MPI, CUDA's libraries on the
+# library path), from the packages --build packed.
+ALPHA_CUDA_CHECK_DIR=$dir . scripts/lent-gpu-env.sh
 export ALPHA_REQUIRE_CUDA=1 ALPHA_REQUIRE_NVRTC=1
 started=$SECONDS
 failed=()
@@ -106,15 +116,6 @@ diverging() {
     echo "diverged at step 1, the checkpoint of step 1 kept"
 }
 diverging || fail
-# A machine without mpirun (the lent GPU machines) runs the Open MPI that --build packed:
-# unpacked under a prefix of its own, which Open MPI takes from OPAL_PREFIX.
-if ! command -v mpirun >/dev/null && [ -d "$dir/mpi-debs" ]; then
-    ompi=$(mktemp -d)
-    for deb in "$dir"/mpi-debs/*.deb; do dpkg -x "$deb" "$ompi"; done
-    ln -s mpirun.openmpi "$ompi/usr/bin/mpirun"
-    export OPAL_PREFIX=$ompi/usr PATH=$ompi/usr/bin:$PATH
-    export LD_LIBRARY_PATH=$ompi/usr/lib/x86_64-linux-gnu:$ompi/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
 if command -v mpirun >/dev/null && [ -x "$dir/alpha-native-mpi" ]; then
     stage "2 ranks on one GPU against --grad-accum 2"
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -17,6 +17,9 @@
 #     ICD file (nvidia_icd.json); where `alpha-native info --backend gpu` finds no adapter,
 #     point the loader at it, e.g.
 #     export VK_DRIVER_FILES=/usr/share/vulkan/icd.d/nvidia_icd.json (or where the driver put it).
+#     On a bare lent GPU machine, `. scripts/lent-gpu-env.sh` first does all of this (and puts
+#     CUDA's libraries on the library path) from the packages `scripts/cuda-check.sh --build`
+#     packed.
 #   - alpha-native: built here when cargo is on PATH; else the binary at $ALPHA_NATIVE (default
 #     target/release/alpha-native) built on a machine with the same or an older glibc.
 #   - python3 (the parity check); PyTorch with CUDA for the PyTorch rows (left out without it).
