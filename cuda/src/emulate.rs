@@ -14,9 +14,9 @@ use std::path::Path;
 /// What every emulated kernel file starts with.
 const HOST: &str = include_str!("../emulate/host.hpp");
 
-/// The C++ compiler's flags for a kernel file (part of the cache's key). -O2 runs the
-/// emulated tests about 1.5 times as fast as -O1; the kernels view memory through more than
-/// one type (a `float4` tile staged as floats), as CUDA allows, so no strict aliasing.
+/// The C++ compiler's flags for a kernel file (part of the cache's key): optimised, since
+/// the emulated tests are long, but without strict aliasing, since the kernels view memory
+/// through more than one type (a `float4` tile staged as floats), as CUDA allows.
 const FLAGS: [&str; 6] = ["-std=c++20", "-O2", "-fno-strict-aliasing", "-shared", "-fPIC", "-pthread"];
 
 type Entry = unsafe extern "C" fn(*mut *mut c_void);
